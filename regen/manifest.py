@@ -1,0 +1,357 @@
+"""The manifest: one strict YAML file that says what to regenerate, with what, and how.
+
+Every model rejects unknown keys. Paths in a manifest are relative to the manifest's folder.
+Dotted CLI overrides (``-o sampling.temperature=0``) are applied to the raw mapping and then
+validated by the same models, so they fail exactly like a bad file would.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from regen.errors import ConfigError
+from regen.sample import stable_hash
+
+ADAPTERS = (
+    "sharegpt",
+    "ultrachat",
+    "openthoughts",
+    "perfectblend",
+    "opencodereasoning",
+    "xlam",
+    "glaive",
+    "swe_gym",
+    "magicoder",
+    "kimi_native",
+)
+AdapterName = Literal[
+    "sharegpt",
+    "ultrachat",
+    "openthoughts",
+    "perfectblend",
+    "opencodereasoning",
+    "xlam",
+    "glaive",
+    "swe_gym",
+    "magicoder",
+    "kimi_native",
+]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Target(Strict):
+    """The target model, as served and as tokenized."""
+
+    #: the model name the endpoints serve (checked against /v1/models)
+    model: str = Field(min_length=1)
+    #: local directory holding the target's tokenizer and chat template
+    tokenizer: str = Field(min_length=1)
+    #: template flavour recorded in the fingerprint (e.g. "kimi-k2.5"); the tokenizer's own
+    #: chat template is what renders
+    template: str = "kimi-k2.5"
+    #: allow the tokenizer directory's own Python code (Kimi's tiktoken tokenizer needs it)
+    trust_remote_code: bool = False
+
+
+class Sampling(Strict):
+    """How the target answers. Part of the fingerprint."""
+
+    #: sampling temperature
+    temperature: float = Field(default=0.6, ge=0.0, le=2.0)
+    #: nucleus sampling
+    top_p: float = Field(default=0.95, gt=0.0, le=1.0)
+    #: top-k (SGLang extra; -1 or None disables)
+    top_k: int | None = None
+    #: maximum completion tokens per turn
+    max_tokens: int = Field(default=4096, gt=0)
+    #: thinking on or off (sent as chat_template_kwargs.thinking)
+    thinking: bool = True
+    #: extra chat_template_kwargs sent to the server and used for the local render
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    #: ask the server for prompt/output token ids (non-streaming; SGLang return_token_ids)
+    server_token_ids: bool = False
+    #: sampling seed sent to the server (None: let the server choose)
+    seed: int | None = None
+
+    def template_kwargs(self) -> dict[str, Any]:
+        return {"thinking": self.thinking, **self.chat_template_kwargs}
+
+
+class Endpoint(Strict):
+    """One OpenAI-compatible server. The API key never lives in the manifest."""
+
+    #: base URL including /v1, e.g. http://10.0.0.5:30000/v1
+    url: str = Field(min_length=1)
+    #: environment variable holding the API key
+    api_key_env: str | None = None
+    #: file holding the API key (relative to the manifest)
+    api_key_file: str | None = None
+    #: relative share of traffic when routing
+    weight: float = Field(default=1.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return v.rstrip("/")
+
+
+class Engine(Strict):
+    """How hard to push. Not part of the fingerprint: change freely between resumes."""
+
+    #: Ray actors issuing requests
+    workers: int = Field(default=2, ge=1)
+    #: requests in flight per actor (upper bound; adaptive concurrency may use fewer)
+    concurrency: int = Field(default=64, ge=1)
+    #: attempts per request before the sample is left for the next run
+    max_attempts: int = Field(default=8, ge=1)
+    #: first backoff delay, seconds
+    backoff_initial_s: float = Field(default=1.0, gt=0)
+    #: backoff cap, seconds
+    backoff_max_s: float = Field(default=60.0, gt=0)
+    #: per-request timeout, seconds (a stall longer than this is a transient failure)
+    request_timeout_s: float = Field(default=1800.0, gt=0)
+    #: consecutive failures that take an endpoint out of rotation
+    endpoint_failure_threshold: int = Field(default=5, ge=1)
+    #: seconds between probes of an endpoint out of rotation
+    endpoint_probe_interval_s: float = Field(default=15.0, gt=0)
+    #: completed samples buffered before a Parquet part is written
+    part_size: int = Field(default=256, ge=1)
+    #: seconds after which a non-empty buffer is written as a part anyway
+    part_interval_s: float = Field(default=30.0, gt=0)
+
+
+class HubRef(Strict):
+    """A Hugging Face hub dataset."""
+
+    #: dataset id, e.g. "Aeala/ShareGPT_Vicuna_unfiltered"
+    id: str = Field(min_length=1)
+    #: dataset config name
+    config: str | None = None
+    #: split
+    split: str = "train"
+    #: git revision (pin it for reproducible runs)
+    revision: str | None = None
+
+
+class Filters(Strict):
+    """Row filters applied after the adapter."""
+
+    #: drop samples whose non-assistant text exceeds this many characters
+    max_prompt_chars: int | None = Field(default=None, gt=0)
+    #: drop samples whose non-assistant text is shorter than this
+    min_prompt_chars: int = Field(default=1, ge=0)
+    #: drop samples with more assistant turns than this
+    max_turns: int | None = Field(default=None, gt=0)
+
+
+class Source(Strict):
+    """One input dataset."""
+
+    #: unique name; prefixes every sample id of this source
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    #: row-shape adapter
+    adapter: AdapterName
+    #: a hub dataset ...
+    hub: HubRef | None = None
+    #: ... or a local JSONL / Parquet file (relative to the manifest)
+    path: str | None = None
+    #: keep at most this many samples (after filters and dedup); None keeps all
+    limit: int | None = Field(default=None, ge=0)
+    #: regenerate the answers, or pass pre-tokenized rows through
+    mode: Literal["regenerate", "native"] = "regenerate"
+    #: which assistant turns to regenerate
+    turns: Literal["all", "last"] = "all"
+    #: row filters
+    filters: Filters = Field(default_factory=Filters)
+    #: planning assumption: output tokens per regenerated turn, low and high
+    output_tokens: tuple[int, int] = (600, 1400)
+
+    @model_validator(mode="after")
+    def _check(self) -> Source:
+        if (self.hub is None) == (self.path is None):
+            raise ValueError("give exactly one of 'hub' or 'path'")
+        if (self.mode == "native") != (self.adapter == "kimi_native"):
+            raise ValueError("mode 'native' goes with adapter 'kimi_native' (and only with it)")
+        lo, hi = self.output_tokens
+        if not 0 < lo <= hi:
+            raise ValueError("output_tokens must be [low, high] with 0 < low <= high")
+        return self
+
+
+class Export(Strict):
+    """What `regen export` keeps."""
+
+    #: drop rows whose finish_reason is "length"
+    drop_truncated: bool = True
+    #: drop rows longer than this many tokens (None keeps all)
+    max_length: int | None = Field(default=None, gt=0)
+    #: shuffle seed
+    seed: int = 0
+    #: rows per JSONL shard
+    shard_rows: int = Field(default=10_000, gt=0)
+
+
+class Manifest(Strict):
+    """A whole regeneration job."""
+
+    #: run name shown in the dashboard
+    name: str = Field(min_length=1)
+    target: Target
+    sampling: Sampling = Field(default_factory=Sampling)
+    #: OpenAI-compatible servers; `regen run --endpoint` replaces this list
+    endpoints: list[Endpoint] = Field(default_factory=list)
+    engine: Engine = Field(default_factory=Engine)
+    sources: list[Source] = Field(min_length=1)
+    export: Export = Field(default_factory=Export)
+    #: folder the manifest was loaded from (relative paths resolve against it); set by load
+    base_dir: str = "."
+
+    @field_validator("sources")
+    @classmethod
+    def _unique_names(cls, v: list[Source]) -> list[Source]:
+        seen: set[str] = set()
+        for s in v:
+            if s.name in seen:
+                raise ValueError(f"duplicate source name {s.name!r}")
+            seen.add(s.name)
+        return v
+
+    def resolve(self, path: str) -> Path:
+        """A manifest-relative path made absolute."""
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else (Path(self.base_dir) / p).resolve()
+
+    def source(self, name: str) -> Source:
+        for s in self.sources:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def fingerprint(self) -> str:
+        """What must not change under a resumed run: sources, model, sampling, template."""
+        return stable_hash(
+            {
+                "target": self.target.model_dump(mode="json"),
+                "sampling": self.sampling.model_dump(mode="json"),
+                "sources": [s.model_dump(mode="json") for s in self.sources],
+            },
+            n=32,
+        )
+
+    def to_yaml(self) -> str:
+        data = self.model_dump(mode="json", exclude={"base_dir"})
+        return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.sub=value`` overrides to a raw mapping. Values parse as YAML scalars.
+
+    List elements are addressed by index (``sources.0.limit=10``) or, for ``sources``, by
+    name (``sources.sharegpt.limit=10``).
+    """
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value", field=item)
+        key, raw = item.split("=", 1)
+        parts = [p for p in key.strip().split(".") if p]
+        if not parts:
+            raise ConfigError(f"override {item!r} has an empty key", field=item)
+        value = yaml.safe_load(raw) if raw.strip() else ""
+        node: Any = data
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            if isinstance(node, list):
+                idx = _list_index(node, part, key)
+                if last:
+                    node[idx] = value
+                else:
+                    node = node[idx]
+            elif isinstance(node, dict):
+                if last:
+                    node[part] = value
+                else:
+                    node = node.setdefault(part, {})
+            else:
+                raise ConfigError(f"override {key!r}: {part!r} is not inside a mapping", field=key)
+    return data
+
+
+def _list_index(node: list[Any], part: str, key: str) -> int:
+    if part.isdigit() and int(part) < len(node):
+        return int(part)
+    for i, el in enumerate(node):
+        if isinstance(el, dict) and el.get("name") == part:
+            return i
+    raise ConfigError(f"override {key!r}: no list element {part!r}", field=key)
+
+
+def parse_manifest(data: Any, *, base_dir: str | Path = ".", origin: str = "manifest") -> Manifest:
+    """Validate a raw mapping; a failure becomes one ConfigError naming the first bad field."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: expected a mapping at top level, got {type(data).__name__}")
+    data = {**data, "base_dir": str(base_dir)}
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as e:
+        raise _config_error(e, origin, data) from None
+
+
+def load_manifest(path: str | Path, overrides: list[str] | None = None) -> Manifest:
+    """Load, override and validate a manifest file; check that local source files exist."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read manifest {str(p)!r}: {e.strerror or e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if isinstance(data, dict) and overrides:
+        data = apply_overrides(data, overrides)
+    m = parse_manifest(data, base_dir=p.resolve().parent, origin=str(p))
+    for i, s in enumerate(m.sources):
+        if s.path is not None and not m.resolve(s.path).exists():
+            raise ConfigError(
+                f"{p}: sources.{i}.path: file not found: {m.resolve(s.path)} (source {s.name!r})",
+                field=f"sources.{i}.path",
+            )
+    return m
+
+
+def _config_error(e: ValidationError, origin: str, data: dict[str, Any]) -> ConfigError:
+    err = e.errors()[0]
+    loc = [str(x) for x in err["loc"]]
+    # pydantic puts the union/literal tag in the location; keep only real path parts
+    path = ".".join(x for x in loc if not x.startswith(("function-", "literal[")))
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key (not allowed here)"
+    where = path or "(top level)"
+    hint = _source_hint(loc, data)
+    inp = err.get("input")
+    shown = ""
+    if err["type"] not in ("extra_forbidden", "missing") and not isinstance(inp, dict | list):
+        shown = f" (got {json.dumps(inp, default=str)[:80]})"
+    extra = f" [{len(e.errors()) - 1} more error(s)]" if len(e.errors()) > 1 else ""
+    return ConfigError(f"{origin}: {where}{hint}: {msg}{shown}{extra}", field=path or None)
+
+
+def _source_hint(loc: list[str], data: dict[str, Any]) -> str:
+    if len(loc) >= 2 and loc[0] == "sources" and loc[1].isdigit():
+        try:
+            name = data["sources"][int(loc[1])].get("name")
+        except (KeyError, IndexError, TypeError, AttributeError):
+            return ""
+        return f" (source {name!r})" if name else ""
+    return ""
