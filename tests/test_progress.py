@@ -1,0 +1,177 @@
+"""ProgressSnapshot: the exact progress.json shape, round trips, helpers, and clear rejections."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from regen.errors import RunDirError
+from regen.progress import (
+    SERIES_MAX_POINTS,
+    SERIES_WINDOW_S,
+    EndpointProgress,
+    OutputHistogram,
+    ProgressSnapshot,
+    SourceProgress,
+)
+
+CONTRACT_EXAMPLE = {
+    "version": 1,
+    "name": "kimi-regen",
+    "model": "moonshotai/Kimi-K2.5",
+    "session": "s-20261129-0835",
+    "host": "node-1",
+    "pid": 4242,
+    "state": "running",
+    "run_started_at": 1000.0,
+    "started_at": 2000.0,
+    "updated_at": 2100.5,
+    "endpoints_configured": ["http://10.0.0.5:30000/v1", "http://10.0.0.6:30000/v1"],
+    "sources": {
+        "sharegpt": {
+            "total": 100,
+            "done": 40,
+            "failed": 2,
+            "truncated": 3,
+            "rows": 90,
+            "prompt_tokens": 12000,
+            "completion_tokens": 55000,
+            "regenerate": True,
+        },
+        "kimi": {
+            "total": 10,
+            "done": 10,
+            "failed": 0,
+            "truncated": 0,
+            "rows": 10,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "regenerate": False,
+        },
+    },
+    "in_flight": 17,
+    "requests": {"sent": 120, "ok": 100, "retried": 6, "failed": 2},
+    "token_series": [[2000.0, 0], [2005.0, 900], [2010.0, 2100]],
+    "errors": {"timeout": {"count": 4, "last_message": "read timed out", "last_at": 2090.0}},
+    "endpoints": [
+        {
+            "url": "http://10.0.0.5:30000/v1",
+            "in_flight": 9,
+            "healthy": True,
+            "latency_p50_s": 12.5,
+            "ok": 60,
+            "errors": 1,
+        },
+        {
+            "url": "http://10.0.0.6:30000/v1",
+            "in_flight": 8,
+            "healthy": False,
+            "latency_p50_s": None,
+            "ok": 40,
+            "errors": 5,
+        },
+    ],
+    "output_tokens_hist": {"edges": [0, 256, 1024], "counts": [10, 70, 20]},
+}
+
+
+def test_contract_example_round_trips_exactly() -> None:
+    snap = ProgressSnapshot.from_dict(json.loads(json.dumps(CONTRACT_EXAMPLE)))
+    assert snap.to_dict() == CONTRACT_EXAMPLE
+    assert json.loads(json.dumps(snap.to_dict())) == CONTRACT_EXAMPLE
+
+
+def test_parsed_values_and_totals() -> None:
+    snap = ProgressSnapshot.from_dict(CONTRACT_EXAMPLE)
+    assert snap.sources["sharegpt"].remaining == 58
+    assert snap.sources["kimi"].regenerate is False
+    assert (snap.total, snap.done, snap.failed, snap.truncated) == (110, 50, 2, 3)
+    assert snap.completion_tokens == 55000
+    assert snap.endpoints[1] == EndpointProgress(
+        url="http://10.0.0.6:30000/v1",
+        in_flight=8,
+        healthy=False,
+        latency_p50_s=None,
+        ok=40,
+        errors=5,
+    )
+    assert snap.token_series[-1] == (2010.0, 2100)
+    assert snap.errors["timeout"].count == 4
+
+
+def test_fresh_snapshot_serializes_to_the_full_shape() -> None:
+    snap = ProgressSnapshot(name="n", model="m", session="s", host="h", pid=1)
+    snap.sources["a"] = SourceProgress(total=5)
+    d = snap.to_dict()
+    assert set(d) == set(CONTRACT_EXAMPLE)
+    assert set(d["sources"]["a"]) == set(CONTRACT_EXAMPLE["sources"]["sharegpt"])
+    assert len(d["output_tokens_hist"]["edges"]) == len(d["output_tokens_hist"]["counts"])
+    assert ProgressSnapshot.from_dict(d) == snap
+
+
+def test_histogram_bins_by_lower_bounds_last_open() -> None:
+    h = OutputHistogram(edges=[0, 100, 1000], counts=[0, 0, 0])
+    for n in (0, 99, 100, 999, 1000, 50_000):
+        h.add(n)
+    assert h.counts == [2, 2, 2]
+    h.add(5, n=3)
+    assert h.counts == [5, 2, 2]
+    assert h.total == 9
+
+
+def test_histogram_with_closed_bins_counts_overflow_in_last_bin() -> None:
+    h = OutputHistogram(edges=[0, 100, 1000], counts=[0, 0])
+    for n in (5, 150, 5000):
+        h.add(n)
+    assert h.counts == [1, 2]
+
+
+def test_token_series_one_point_per_step_and_trimmed_to_window() -> None:
+    snap = ProgressSnapshot(name="n", model="m", session="s", host="h", pid=1)
+    for i in range(0, 2000):
+        snap.add_token_point(float(i), i * 10)  # one call per second
+    ts = [t for t, _ in snap.token_series]
+    assert all(b - a == 5.0 for a, b in itertools.pairwise(ts))
+    assert ts[-1] == 1995.0
+    assert ts[0] >= 1995.0 - SERIES_WINDOW_S
+    assert len(ts) <= SERIES_MAX_POINTS
+    snap.add_token_point(1996.0, 19960, force=True)
+    assert snap.token_series[-1] == (1996.0, 19960)
+
+
+def test_record_error_counts_and_keeps_last_message() -> None:
+    snap = ProgressSnapshot(name="n", model="m", session="s", host="h", pid=1)
+    snap.record_error("timeout", "first", 1.0)
+    snap.record_error("timeout", "second", 2.0)
+    assert snap.errors["timeout"].count == 2
+    assert snap.errors["timeout"].last_message == "second"
+    assert snap.errors["timeout"].last_at == 2.0
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda d: d.update(version=2), "version 2"),
+        (lambda d: d.update(state="sleeping"), "state"),
+        (lambda d: d.pop("name"), "'name'"),
+        (lambda d: d["sources"]["sharegpt"].update(done="40"), "sources.sharegpt"),
+        (lambda d: d["sources"]["sharegpt"].update(regenerate=1), "regenerate"),
+        (lambda d: d.update(pid=True), "'pid'"),
+        (lambda d: d.update(token_series=[[1.0]]), "token_series.0"),
+        (lambda d: d["output_tokens_hist"].update(counts=[1]), "output_tokens_hist"),
+        (lambda d: d["endpoints"][0].pop("url"), "endpoints.0"),
+    ],
+)
+def test_bad_shapes_are_rejected_naming_the_field(mutate, needle: str) -> None:
+    d = json.loads(json.dumps(CONTRACT_EXAMPLE))
+    mutate(d)
+    with pytest.raises(RunDirError, match=r"progress\.json") as ei:
+        ProgressSnapshot.from_dict(d)
+    assert needle in str(ei.value)
+
+
+def test_not_an_object_is_rejected() -> None:
+    with pytest.raises(RunDirError):
+        ProgressSnapshot.from_dict([1, 2])
