@@ -1,0 +1,155 @@
+"""RunDir: the run directory as a filesystem, over pyarrow.fs (local paths and URIs).
+
+A run directory is a local path (``runs/demo``) or any URI pyarrow.fs understands
+(``file:///abs/path``, ``s3://bucket/prefix``, ...). ``RunDir`` only knows relative paths
+below that root; what lives there (run.json, lock.json, journal/, parts/, failures/,
+progress.json, ...) is documented in :mod:`regen.store`.
+
+Writes that readers may race with (JSON snapshots) go to a temporary sibling name first and are
+then moved over the target, so a reader sees the old or the new file, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from regen.errors import RunDirError
+
+log = logging.getLogger(__name__)
+
+TMP_PREFIX = ".tmp-"
+
+
+class RunDir:
+    """A directory (local or remote) addressed by relative paths."""
+
+    __slots__ = ("fs", "root", "uri")
+
+    def __init__(self, fs: pafs.FileSystem, root: str, uri: str) -> None:
+        self.fs = fs  #: the pyarrow filesystem
+        self.root = root.rstrip("/") or "/"  #: root path inside ``fs``
+        self.uri = uri  #: what the user gave (for messages)
+
+    @classmethod
+    def open(cls, uri: str | os.PathLike[str], *, create: bool = True) -> RunDir:
+        """Open (and by default create) the run directory at a local path or pyarrow URI."""
+        text = os.fspath(uri)
+        if "://" in text:
+            try:
+                fs, root = pafs.FileSystem.from_uri(text)
+            except (ValueError, OSError) as e:
+                raise RunDirError(f"cannot open run directory {text!r}: {e}") from None
+        else:
+            fs, root = pafs.LocalFileSystem(), str(Path(text).expanduser().absolute())
+        rd = cls(fs, root, text)
+        if create:
+            try:
+                fs.create_dir(rd.root, recursive=True)
+            except OSError as e:
+                raise RunDirError(f"cannot create run directory {text!r}: {e}") from None
+        return rd
+
+    # -- paths ----------------------------------------------------------------------------
+    def path(self, rel: str) -> str:
+        """The filesystem path of ``rel`` (a '/'-separated path below the root)."""
+        rel = rel.strip("/")
+        return f"{self.root}/{rel}" if rel else self.root
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.fs, pafs.LocalFileSystem)
+
+    # -- queries ----------------------------------------------------------------------------
+    def exists(self, rel: str) -> bool:
+        return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
+
+    def list(self, rel_dir: str = "") -> list[str]:
+        """Names (not paths) of the entries of ``rel_dir``, sorted; [] when it does not exist.
+
+        Temporary files (``.tmp-*``) are left out.
+        """
+        sel = pafs.FileSelector(self.path(rel_dir), allow_not_found=True, recursive=False)
+        names = (info.base_name for info in self.fs.get_file_info(sel))
+        return sorted(n for n in names if not n.startswith(TMP_PREFIX))
+
+    def size(self, rel: str) -> int:
+        info = self.fs.get_file_info(self.path(rel))
+        return info.size or 0
+
+    # -- bytes ------------------------------------------------------------------------------
+    def read_bytes(self, rel: str) -> bytes | None:
+        """The file's bytes, or None when it does not exist."""
+        try:
+            with self.fs.open_input_stream(self.path(rel)) as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def read_text(self, rel: str) -> str | None:
+        data = self.read_bytes(rel)
+        return None if data is None else data.decode("utf-8")
+
+    def write_bytes_atomic(self, rel: str, data: bytes) -> None:
+        """Write to a temporary sibling, then move it over ``rel``."""
+        parent, _, name = rel.strip("/").rpartition("/")
+        if parent:
+            self.makedirs(parent)
+        tmp = (
+            f"{parent}/{TMP_PREFIX}{uuid.uuid4().hex[:8]}-{name}"
+            if parent
+            else (f"{TMP_PREFIX}{uuid.uuid4().hex[:8]}-{name}")
+        )
+        try:
+            with self.fs.open_output_stream(self.path(tmp)) as f:
+                f.write(data)
+            self.fs.move(self.path(tmp), self.path(rel))
+        except BaseException:
+            self.delete(tmp)
+            raise
+
+    def write_text_atomic(self, rel: str, text: str) -> None:
+        self.write_bytes_atomic(rel, text.encode("utf-8"))
+
+    # -- JSON -------------------------------------------------------------------------------
+    def read_json(self, rel: str) -> dict[str, Any] | None:
+        """The JSON object stored at ``rel``; None when missing or unreadable (half-written)."""
+        data = self.read_bytes(rel)
+        if data is None:
+            return None
+        try:
+            obj = json.loads(data)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            log.warning("%s: %s is not valid JSON; ignoring it", self.uri, rel)
+            return None
+        return obj if isinstance(obj, dict) else None
+
+    def write_json_atomic(self, rel: str, obj: Any) -> None:
+        """Atomically replace ``rel`` with ``obj`` as JSON."""
+        self.write_bytes_atomic(rel, json.dumps(obj, ensure_ascii=False, indent=1).encode())
+
+    # -- housekeeping ---------------------------------------------------------------------
+    def makedirs(self, rel: str) -> None:
+        self.fs.create_dir(self.path(rel), recursive=True)
+
+    def delete(self, rel: str) -> None:
+        """Delete a file if it exists."""
+        try:
+            self.fs.delete_file(self.path(rel))
+        except FileNotFoundError:
+            pass
+        except OSError as e:  # some filesystems report a missing file differently
+            if self.exists(rel):
+                raise RunDirError(f"{self.uri}: cannot delete {rel}: {e}") from None
+
+    def move(self, src: str, dst: str) -> None:
+        self.fs.move(self.path(src), self.path(dst))
+
+    def __repr__(self) -> str:
+        return f"RunDir({self.uri!r})"
