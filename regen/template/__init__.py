@@ -1,0 +1,9 @@
+"""Kimi-format rendering and tokenization, and the tiny test tokenizer.
+
+- ``regen.template.render.KimiRenderer``: renders a turn's prompt with the target tokenizer's own
+  chat template and tokenizes prompt and response separately.
+- ``regen.template.tiny.build_tiny_tokenizer``: the tiny Kimi-format tokenizer for tests and the
+  demo (committed under ``manifests/demo/tokenizer/``).
+- ``regen.template.demo_native``: the demo's pre-tokenized rows
+  (``manifests/demo/kimi_native.jsonl``).
+"""
