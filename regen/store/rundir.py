@@ -70,14 +70,14 @@ class RunDir:
     def exists(self, rel: str) -> bool:
         return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
 
-    def list(self, rel_dir: str = "") -> list[str]:
+    def list(self, rel_dir: str = "", *, include_temp: bool = False) -> list[str]:
         """Names (not paths) of the entries of ``rel_dir``, sorted; [] when it does not exist.
 
-        Temporary files (``.tmp-*``) are left out.
+        Temporary files (``.tmp-*``) are left out unless ``include_temp``.
         """
         sel = pafs.FileSelector(self.path(rel_dir), allow_not_found=True, recursive=False)
         names = (info.base_name for info in self.fs.get_file_info(sel))
-        return sorted(n for n in names if not n.startswith(TMP_PREFIX))
+        return sorted(n for n in names if include_temp or not n.startswith(TMP_PREFIX))
 
     def size(self, rel: str) -> int:
         info = self.fs.get_file_info(self.path(rel))
