@@ -307,7 +307,11 @@ def parse_manifest(data: Any, *, base_dir: str | Path = ".", origin: str = "mani
 
 
 def load_manifest(path: str | Path, overrides: list[str] | None = None) -> Manifest:
-    """Load, override and validate a manifest file; check that local source files exist."""
+    """Load, override and validate a manifest file.
+
+    Source files are not opened here: regen.sources reports a missing file (or an unreachable
+    hub id) as a SourceError naming the source and its field, in manifest order.
+    """
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -319,14 +323,7 @@ def load_manifest(path: str | Path, overrides: list[str] | None = None) -> Manif
         raise ConfigError(f"{p}: not valid YAML: {e}") from None
     if isinstance(data, dict) and overrides:
         data = apply_overrides(data, overrides)
-    m = parse_manifest(data, base_dir=p.resolve().parent, origin=str(p))
-    for i, s in enumerate(m.sources):
-        if s.path is not None and not m.resolve(s.path).exists():
-            raise ConfigError(
-                f"{p}: sources.{i}.path: file not found: {m.resolve(s.path)} (source {s.name!r})",
-                field=f"sources.{i}.path",
-            )
-    return m
+    return parse_manifest(data, base_dir=p.resolve().parent, origin=str(p))
 
 
 def _config_error(e: ValidationError, origin: str, data: dict[str, Any]) -> ConfigError:

@@ -1,0 +1,27 @@
+"""Sources: read the manifest's datasets and turn their rows into samples.
+
+    reader.py    raw rows from a local JSONL/Parquet file or a hub dataset
+    shapes.py    the seven row-shape parsers (CONTRACTS §5) and role mapping
+    adapters.py  the ten adapters by manifest name; stable ids (``iter_source``)
+    stream.py    all sources → filters → dedup → limits, with counts (``read_samples``)
+
+Owns no files.
+"""
+
+from regen.sources.adapters import NATIVE_ADAPTERS, PARSERS, NativeCheck, adapt_row, iter_source
+from regen.sources.reader import RawRow, iter_raw
+from regen.sources.stream import ReadStats, SourceStats, filter_reason, read_samples
+
+__all__ = [
+    "NATIVE_ADAPTERS",
+    "PARSERS",
+    "NativeCheck",
+    "RawRow",
+    "ReadStats",
+    "SourceStats",
+    "adapt_row",
+    "filter_reason",
+    "iter_raw",
+    "iter_source",
+    "read_samples",
+]

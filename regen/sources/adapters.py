@@ -1,0 +1,115 @@
+"""The ten source adapters, registered by the names in :data:`regen.manifest.ADAPTERS`.
+
+An adapter turns one raw row into a :class:`~regen.sample.Sample` or a
+:class:`~regen.sample.Rejection`. :func:`iter_source` runs a source's adapter over its raw rows
+and gives every sample its stable id: ``{source}:{upstream id}`` when the row has one, else
+``{source}:h{hash of the conversation}``. When an id repeats within a source with different
+content, the later rows get ``#{content hash[:8]}`` appended (rows in source order; identical
+content is left to dedup). Owns no files.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from functools import partial
+
+from regen.errors import RowError
+from regen.manifest import Manifest, Source
+from regen.sample import Rejection, Sample, make_sample_id
+from regen.sources import shapes
+from regen.sources.reader import RawRow, iter_raw
+
+log = logging.getLogger(__name__)
+
+#: adapter name → row parser (regenerate-mode shapes)
+PARSERS: dict[str, shapes.Parser] = {
+    "sharegpt": shapes.parse_from_value,
+    "openthoughts": partial(shapes.parse_from_value, system_key="system"),
+    "perfectblend": shapes.parse_from_value,
+    "ultrachat": shapes.parse_messages,
+    "swe_gym": shapes.parse_messages,
+    "opencodereasoning": shapes.parse_input_output,
+    "xlam": shapes.parse_xlam,
+    "glaive": shapes.parse_glaive,
+    "magicoder": shapes.parse_instruction_response,
+}
+#: adapters whose rows are pre-tokenized (mode native)
+NATIVE_ADAPTERS = frozenset({"kimi_native"})
+
+NativeCheck = Callable[[Sample], "str | None"]
+
+
+def adapt_row(source: Source, raw: RawRow) -> Sample | Rejection:
+    """One raw row through ``source``'s adapter (the id is not yet disambiguated)."""
+    try:
+        if source.adapter in NATIVE_ADAPTERS:
+            tok = shapes.parse_native(raw.data)
+            sample = Sample(
+                id="",
+                source=source.name,
+                messages=[],
+                mode="native",
+                turns=source.turns,
+                input_ids=tok.input_ids,
+                loss_mask=tok.loss_mask,
+                row=raw.row,
+            )
+            upstream = tok.upstream_id
+            sample.id = (
+                f"{source.name}:{str(upstream).strip()}"
+                if upstream is not None
+                else f"{source.name}:h{sample.content_hash}"
+            )
+            return sample
+        parsed = PARSERS[source.adapter](raw.data)
+        shapes.check_conversation(parsed.messages)
+    except RowError as e:
+        return Rejection(source.name, raw.row, e.reason, e.detail, e.field)
+    return Sample(
+        id=make_sample_id(source.name, parsed.upstream_id, parsed.messages),
+        source=source.name,
+        messages=parsed.messages,
+        tools=parsed.tools,
+        mode=source.mode,
+        turns=source.turns,
+        row=raw.row,
+        meta=parsed.meta,
+    )
+
+
+def iter_source(
+    manifest: Manifest,
+    source: Source,
+    native_check: NativeCheck | None = None,
+) -> Iterator[Sample | Rejection]:
+    """Every row of ``source`` as a sample with a stable id, or a rejection with a reason.
+
+    ``native_check`` (from regen.native) is asked about each structurally valid native row and
+    returns a rejection reason or None. Raises SourceError when the source cannot be read.
+    """
+    seen: dict[str, str] = {}  # id → content hash of its first row
+    for raw in iter_raw(manifest, source):
+        if isinstance(raw, Rejection):
+            yield raw
+            continue
+        item = adapt_row(source, raw)
+        if isinstance(item, Sample):
+            if item.mode == "native" and native_check is not None:
+                reason = native_check(item)
+                if reason:
+                    yield Rejection(source.name, raw.row, reason, "native check", "input_ids")
+                    continue
+            item.id = _disambiguate(seen, item)
+        yield item
+
+
+def _disambiguate(seen: dict[str, str], sample: Sample) -> str:
+    h = sample.content_hash
+    first = seen.setdefault(sample.id, h)
+    if first == h:
+        return sample.id
+    new_id = f"{sample.id}#{h[:8]}"
+    seen.setdefault(new_id, h)
+    log.debug("%s row %d: id %s repeats with other content", sample.source, sample.row, sample.id)
+    return new_id

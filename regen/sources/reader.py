@@ -1,0 +1,166 @@
+"""Raw rows of one source: a local JSONL or Parquet file, or a Hugging Face hub dataset.
+
+Reads only; owns no files. Rows are numbered from 1 in file order (JSONL: the line number, so a
+person can open the file at that line; Parquet and hub: the row ordinal). Memory is bounded: JSONL
+is read line by line (a line longer than ``MAX_ROW_BYTES`` is rejected as ``too_long`` without
+being held whole), Parquet in record batches, hub datasets as a stream.
+
+A row that cannot be decoded (invalid UTF-8, malformed JSON, not an object) is a
+:class:`~regen.sample.Rejection`; a source that cannot be read at all (missing file, unknown file
+type, unreachable hub id) raises :class:`~regen.errors.SourceError` naming the source and the
+manifest field (``sources.N.path`` or ``sources.N.hub``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from regen.errors import SourceError
+from regen.manifest import Manifest, Source
+from regen.sample import Rejection
+
+log = logging.getLogger(__name__)
+
+#: longest JSONL line accepted (bytes); longer lines are rejected as ``too_long``
+MAX_ROW_BYTES = 16 * 1024 * 1024
+#: rows per Parquet record batch
+PARQUET_BATCH_ROWS = 512
+#: seconds allowed to open a TCP connection to the hub before the source counts as unreachable
+HUB_CONNECT_TIMEOUT_S = float(os.environ.get("REGEN_HUB_CONNECT_TIMEOUT_S", "5"))
+
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+@dataclass(slots=True, frozen=True)
+class RawRow:
+    """One decoded row of a source, before any adapter looked at it."""
+
+    row: int  #: 1-based position in the source (JSONL: line number)
+    data: dict[str, Any]
+
+
+def source_field(manifest: Manifest, source: Source) -> str:
+    """The dotted manifest field that says where ``source`` lives (for error messages)."""
+    idx = next(i for i, s in enumerate(manifest.sources) if s.name == source.name)
+    return f"sources.{idx}.{'path' if source.path is not None else 'hub'}"
+
+
+def iter_raw(manifest: Manifest, source: Source) -> Iterator[RawRow | Rejection]:
+    """Every row of ``source`` in order, decoded, or a rejection for a row that cannot be."""
+    field = source_field(manifest, source)
+    if source.path is not None:
+        path = manifest.resolve(source.path)
+        if not path.is_file():
+            raise SourceError(source.name, f"{field}: file not found: {path}")
+        name = path.name.lower()
+        if name.endswith(JSONL_SUFFIXES):
+            yield from _iter_jsonl(source.name, path)
+        elif name.endswith(PARQUET_SUFFIXES):
+            yield from _iter_parquet(source.name, field, path)
+        else:
+            raise SourceError(
+                source.name, f"{field}: unknown file type {path.suffix!r} (use .jsonl or .parquet)"
+            )
+    else:
+        yield from _iter_hub(source, field)
+
+
+def _iter_jsonl(name: str, path: Path) -> Iterator[RawRow | Rejection]:
+    with path.open("rb") as f:
+        lineno = 0
+        while True:
+            line = f.readline(MAX_ROW_BYTES + 1)
+            if not line:
+                return
+            lineno += 1
+            if len(line) > MAX_ROW_BYTES:
+                while line and not line.endswith(b"\n"):  # skip the rest of the long line
+                    line = f.readline(MAX_ROW_BYTES)
+                yield Rejection(name, lineno, "too_long", f"line longer than {MAX_ROW_BYTES} bytes")
+                continue
+            if not line.strip():
+                continue
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield Rejection(name, lineno, "invalid_utf8", f"byte {e.start}: {e.reason}")
+                continue
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as e:
+                yield Rejection(name, lineno, "malformed_json", f"{e.msg} at column {e.colno}")
+                continue
+            if not isinstance(data, dict):
+                yield Rejection(
+                    name, lineno, "malformed_json", f"expected an object, got {type(data).__name__}"
+                )
+                continue
+            yield RawRow(lineno, data)
+
+
+def _iter_parquet(name: str, field: str, path: Path) -> Iterator[RawRow]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+        row = 0
+        for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+            for data in batch.to_pylist():
+                row += 1
+                yield RawRow(row, data)
+    except (OSError, ValueError) as e:  # pyarrow.ArrowException subclasses these
+        raise SourceError(name, f"{field}: cannot read Parquet {path}: {_one_line(e)}") from None
+
+
+def _iter_hub(source: Source, field: str) -> Iterator[RawRow]:
+    hub = source.hub
+    assert hub is not None
+    where = f"{field}: hub dataset {hub.id!r}"
+    if not _hub_offline():
+        _probe_hub(source.name, where)
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(
+            hub.id, hub.config, split=hub.split, revision=hub.revision, streaming=True
+        )
+        for row, data in enumerate(ds, start=1):
+            yield RawRow(row, dict(data))
+    except SourceError:
+        raise
+    except Exception as e:  # the hub stack raises many unrelated types; all mean "unreachable"
+        raise SourceError(source.name, f"{where} cannot be read: {_one_line(e)}") from None
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _probe_hub(name: str, where: str) -> None:
+    """Fail in seconds when the hub endpoint cannot be reached (the hub client retries ~25 s)."""
+    from huggingface_hub import constants
+
+    url = urlsplit(constants.ENDPOINT)
+    host = url.hostname or ""
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=HUB_CONNECT_TIMEOUT_S):
+            pass
+    except OSError as e:
+        raise SourceError(
+            name, f"{where} is unreachable: cannot connect to {host}:{port} ({_one_line(e)})"
+        ) from None
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 240 else text[:237] + "..."

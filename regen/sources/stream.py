@@ -1,0 +1,137 @@
+"""All sources of a manifest as one deterministic stream of samples, with counts.
+
+Order of work per source, sources in manifest order:
+adapter → filters (min/max prompt chars, max turns; regenerate mode only) → exact-duplicate drop
+within and across sources (by ``Sample.content_hash``; the first occurrence wins) → per-source
+limit (reading stops once the limit is reached). Memory: one set of content hashes plus a
+per-source id map. Owns no files.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from regen.manifest import Filters, Manifest
+from regen.sample import Rejection, Sample
+from regen.sources.adapters import NativeCheck, iter_source
+
+log = logging.getLogger(__name__)
+
+#: rejections kept per source as examples for people (all are counted)
+EXAMPLES_PER_SOURCE = 5
+
+
+@dataclass(slots=True)
+class SourceStats:
+    """Counts of one source's rows."""
+
+    name: str
+    read: int = 0  #: rows seen (including rejected ones)
+    rejected: dict[str, int] = field(default_factory=dict)  #: reason → rows
+    filtered: dict[str, int] = field(default_factory=dict)  #: filter name → samples
+    duplicates: int = 0  #: exact duplicates dropped (within or across sources)
+    kept: int = 0  #: samples passed on
+    regenerate_turns: int = 0  #: requests the kept samples need
+    native_tokens: int = 0  #: tokens of kept native rows
+    limit_reached: bool = False  #: reading stopped at the source's limit
+    examples: list[str] = field(default_factory=list)  #: first rejections, as text
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
+
+    @property
+    def filtered_total(self) -> int:
+        return sum(self.filtered.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "read": self.read,
+            "rejected": dict(sorted(self.rejected.items())),
+            "rejected_total": self.rejected_total,
+            "filtered": dict(sorted(self.filtered.items())),
+            "duplicates": self.duplicates,
+            "kept": self.kept,
+            "regenerate_turns": self.regenerate_turns,
+            "native_tokens": self.native_tokens,
+            "limit_reached": self.limit_reached,
+            "examples": list(self.examples),
+        }
+
+
+@dataclass(slots=True)
+class ReadStats:
+    """Counts of every source read so far, in manifest order."""
+
+    sources: dict[str, SourceStats] = field(default_factory=dict)
+
+    def for_source(self, name: str) -> SourceStats:
+        if name not in self.sources:
+            self.sources[name] = SourceStats(name)
+        return self.sources[name]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: s.to_dict() for name, s in self.sources.items()}
+
+
+def filter_reason(sample: Sample, filters: Filters) -> str | None:
+    """The name of the first filter ``sample`` fails, or None. Native rows are not filtered."""
+    if sample.mode == "native":
+        return None
+    chars = sample.prompt_chars()
+    if chars < filters.min_prompt_chars:
+        return "min_prompt_chars"
+    if filters.max_prompt_chars is not None and chars > filters.max_prompt_chars:
+        return "max_prompt_chars"
+    if filters.max_turns is not None and sample.assistant_turns() > filters.max_turns:
+        return "max_turns"
+    return None
+
+
+def read_samples(
+    manifest: Manifest,
+    stats: ReadStats | None = None,
+    native_check: NativeCheck | None = None,
+) -> Iterator[Sample]:
+    """Filtered, deduplicated, limited samples of all sources in manifest order.
+
+    Raises SourceError (naming the source and its manifest field) when a source cannot be read;
+    sources before it have already been yielded.
+    """
+    stats = stats if stats is not None else ReadStats()
+    seen: set[str] = set()
+    for source in manifest.sources:
+        st = stats.for_source(source.name)
+        if source.limit == 0:
+            st.limit_reached = True
+            continue
+        for item in iter_source(manifest, source, native_check):
+            st.read += 1
+            if isinstance(item, Rejection):
+                st.rejected[item.reason] = st.rejected.get(item.reason, 0) + 1
+                if len(st.examples) < EXAMPLES_PER_SOURCE:
+                    st.examples.append(str(item))
+                log.debug("%s", item)
+                continue
+            reason = filter_reason(item, source.filters)
+            if reason:
+                st.filtered[reason] = st.filtered.get(reason, 0) + 1
+                continue
+            h = item.content_hash
+            if h in seen:
+                st.duplicates += 1
+                continue
+            seen.add(h)
+            st.kept += 1
+            st.regenerate_turns += item.turns_to_regenerate()
+            if item.input_ids is not None:
+                st.native_tokens += len(item.input_ids)
+            yield item
+            if source.limit is not None and st.kept >= source.limit:
+                st.limit_reached = True
+                break
+        if st.rejected:
+            log.info("source %s: %d rows rejected %s", source.name, st.rejected_total, st.rejected)
