@@ -1,0 +1,268 @@
+"""The training row: one Parquet row per regenerated assistant turn (or per native row).
+
+This module defines the schema of every Parquet part under ``RUN_DIR/parts/`` (written by
+``regen.store``, read by ``regen.export`` and the monitor); docs/format.md explains it for users.
+Row dicts are JSON-native (they also travel as journal lines), one key per column:
+
+=================  ==================  ========================================================
+column             type                meaning
+=================  ==================  ========================================================
+sample_id          string, required    stable sample id (``{source}:{id}``)
+source             string, required    manifest source name
+turn               int32, required     index of the regenerated assistant turn in the sample
+                                       (0-based; native rows: 0)
+messages           string (JSON)       the request messages of this turn (OpenAI dicts, incl.
+                                       reasoning_content / tool_calls / tool results)
+tools              string (JSON)/null  the tool declarations sent with the request
+reasoning          string/null         reasoning the server returned (null: none returned)
+content            string              content the server returned
+tool_calls         string (JSON)       tool calls the server returned (OpenAI shape), ``[]``
+finish_reason      string/null         ``stop``, ``length``, ``tool_calls``, ...; null: native
+truncated          bool                finish_reason == "length"
+text               string/null         the row as Kimi-format text (prompt + response);
+                                       null for native rows (no tokenizer at hand)
+input_ids          list<int32>, req.   prompt ids + response ids
+loss_mask          list<int8>, req.    0 on the prompt, 1 on the response (same length)
+num_tokens         int32, required     len(input_ids)
+loss_tokens        int32, required     sum(loss_mask)
+prompt_tokens      int32               server-reported prompt tokens, else the row's prompt
+                                       length (native: count of mask 0)
+completion_tokens  int32               server-reported completion tokens, else the row's
+                                       response length (native: count of mask 1)
+reasoning_tokens   int32/null          server-reported, when sent
+cached_tokens      int32/null          server-reported prefix-cache hits, when sent
+model              string/null         model name the server reported
+endpoint           string/null         base URL of the endpoint that answered
+token_source       string, required    ``server`` (the server's prompt/output ids are the row),
+                                       ``local`` (rendered + tokenized here), ``native``
+token_check        string/null         server rows: the local render compared with the
+                                       server ids: ``match``, ``prompt_mismatch``,
+                                       ``response_mismatch``, ``mismatch``, ``render_error``;
+                                       null when there was nothing to compare
+im_end_added       bool                server rows: ``<|im_end|>`` was appended because the
+                                       server stopped without returning it (see below)
+template_hash      string/null         KimiRenderer.template_hash (template + kwargs + vocab)
+attempts           int32               requests it took
+latency_s          float64             request latency
+ttft_s             float64/null        time to first token (streaming)
+created_at         string, required    ISO-8601 UTC time the row was built
+=================  ==================  ========================================================
+
+Server ids: when the server returned ``prompt_token_ids`` and ``output_token_ids`` those ARE
+the row. A turn that finished normally (not ``length``) must end with the end-of-turn token for
+the draft to learn where answers stop; SGLang may or may not include the stop token in the
+returned output ids, so when the last output id is not ``<|im_end|>`` (or the tokenizer's eos)
+``<|im_end|>`` is appended with mask 1 and ``im_end_added`` is set. Truncated turns get nothing
+appended. The local render is then a cross-check recorded in ``token_check``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+
+from regen.errors import RowError, TemplateError
+from regen.result import TurnResult
+from regen.sample import Message, Sample
+from regen.template.render import KimiRenderer, messages_json
+
+SCHEMA: pa.Schema = pa.schema(
+    [
+        pa.field("sample_id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("turn", pa.int32(), nullable=False),
+        pa.field("messages", pa.string()),
+        pa.field("tools", pa.string()),
+        pa.field("reasoning", pa.string()),
+        pa.field("content", pa.string()),
+        pa.field("tool_calls", pa.string()),
+        pa.field("finish_reason", pa.string()),
+        pa.field("truncated", pa.bool_()),
+        pa.field("text", pa.string()),
+        pa.field("input_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("loss_mask", pa.list_(pa.int8()), nullable=False),
+        pa.field("num_tokens", pa.int32(), nullable=False),
+        pa.field("loss_tokens", pa.int32(), nullable=False),
+        pa.field("prompt_tokens", pa.int32()),
+        pa.field("completion_tokens", pa.int32()),
+        pa.field("reasoning_tokens", pa.int32()),
+        pa.field("cached_tokens", pa.int32()),
+        pa.field("model", pa.string()),
+        pa.field("endpoint", pa.string()),
+        pa.field("token_source", pa.string(), nullable=False),
+        pa.field("token_check", pa.string()),
+        pa.field("im_end_added", pa.bool_()),
+        pa.field("template_hash", pa.string()),
+        pa.field("attempts", pa.int32()),
+        pa.field("latency_s", pa.float64()),
+        pa.field("ttft_s", pa.float64()),
+        pa.field("created_at", pa.string(), nullable=False),
+    ]
+)
+COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
+TOKEN_SOURCES = ("server", "local", "native")
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def build_turn_row(
+    sample: Sample,
+    turn: int,
+    request_messages: list[Message],
+    result: TurnResult,
+    renderer: KimiRenderer,
+) -> dict[str, Any]:
+    """The training row of one regenerated assistant turn (see the module docstring)."""
+    tools = sample.tools or None
+    local = None
+    render_error: TemplateError | None = None
+    try:
+        local = renderer.render_turn(
+            request_messages,
+            tools,
+            reasoning=result.reasoning,
+            content=result.content,
+            tool_calls=result.tool_calls,
+            finish_reason=result.finish_reason,
+        )
+    except TemplateError as e:
+        render_error = e
+
+    im_end_added = False
+    if result.prompt_token_ids is not None and result.output_token_ids is not None:
+        prompt_ids = list(result.prompt_token_ids)
+        response_ids = list(result.output_token_ids)
+        if not result.truncated and (not response_ids or response_ids[-1] not in renderer.end_ids):
+            response_ids.append(renderer.im_end_id)
+            im_end_added = True
+        token_source = "server"
+        if local is None:
+            token_check = "render_error"
+        else:
+            p_ok = local.prompt_ids == prompt_ids
+            r_ok = local.response_ids == response_ids
+            token_check = {
+                (True, True): "match",
+                (False, True): "prompt_mismatch",
+                (True, False): "response_mismatch",
+                (False, False): "mismatch",
+            }[(p_ok, r_ok)]
+        text = local.text if token_check == "match" and local else None
+        if text is None:
+            text = renderer.decode(prompt_ids + response_ids)
+    else:
+        if local is None:
+            assert render_error is not None
+            raise render_error
+        prompt_ids, response_ids = local.prompt_ids, local.response_ids
+        token_source, token_check, text = "local", None, local.text
+
+    input_ids = prompt_ids + response_ids
+    if not response_ids:
+        raise TemplateError(f"{sample.id} turn {turn}: empty response, nothing to train on")
+    return {
+        "sample_id": sample.id,
+        "source": sample.source,
+        "turn": turn,
+        "messages": messages_json(request_messages),
+        "tools": json.dumps(tools, ensure_ascii=False) if tools else None,
+        "reasoning": result.reasoning,
+        "content": result.content,
+        "tool_calls": json.dumps([c.to_openai() for c in result.tool_calls], ensure_ascii=False),
+        "finish_reason": result.finish_reason,
+        "truncated": result.truncated,
+        "text": text,
+        "input_ids": input_ids,
+        "loss_mask": [0] * len(prompt_ids) + [1] * len(response_ids),
+        "num_tokens": len(input_ids),
+        "loss_tokens": len(response_ids),
+        "prompt_tokens": result.prompt_tokens
+        if result.prompt_tokens is not None
+        else len(prompt_ids),
+        "completion_tokens": result.completion_tokens
+        if result.completion_tokens is not None
+        else len(response_ids),
+        "reasoning_tokens": result.reasoning_tokens,
+        "cached_tokens": result.cached_tokens,
+        "model": result.model,
+        "endpoint": result.endpoint,
+        "token_source": token_source,
+        "token_check": token_check,
+        "im_end_added": im_end_added,
+        "template_hash": renderer.template_hash,
+        "attempts": result.attempts,
+        "latency_s": float(result.latency_s),
+        "ttft_s": result.ttft_s,
+        "created_at": _now(),
+    }
+
+
+def native_row(sample: Sample) -> dict[str, Any]:
+    """The row of a native sample: its ids and mask passed through unchanged.
+
+    Validate it first (``regen.native.validate_native``); this only checks the lengths.
+    """
+    ids, mask = sample.input_ids, sample.loss_mask
+    if ids is None or mask is None or len(ids) != len(mask):
+        raise RowError("length_mismatch", f"{sample.id}: input_ids and loss_mask differ")
+    loss = sum(mask)
+    return {
+        "sample_id": sample.id,
+        "source": sample.source,
+        "turn": 0,
+        "messages": "[]",
+        "tools": None,
+        "reasoning": None,
+        "content": "",
+        "tool_calls": "[]",
+        "finish_reason": None,
+        "truncated": False,
+        "text": None,
+        "input_ids": list(ids),
+        "loss_mask": list(mask),
+        "num_tokens": len(ids),
+        "loss_tokens": loss,
+        "prompt_tokens": len(ids) - loss,
+        "completion_tokens": loss,
+        "reasoning_tokens": None,
+        "cached_tokens": None,
+        "model": None,
+        "endpoint": None,
+        "token_source": "native",
+        "token_check": None,
+        "im_end_added": False,
+        "template_hash": None,
+        "attempts": 0,
+        "latency_s": 0.0,
+        "ttft_s": None,
+        "created_at": _now(),
+    }
+
+
+def rows_to_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
+    """Rows as a table of :data:`SCHEMA`; a row with missing or unknown keys is refused."""
+    want = set(COLUMNS)
+    for i, row in enumerate(rows):
+        keys = set(row)
+        if keys != want:
+            missing, extra = sorted(want - keys), sorted(keys - want)
+            raise RowError(
+                "row_schema",
+                f"row {i} ({row.get('sample_id')!r}): missing {missing}, unknown {extra}",
+            )
+    try:
+        return pa.Table.from_pylist(list(rows), schema=SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+        raise RowError("row_schema", f"rows do not fit regen.rows.SCHEMA: {e}") from e
+
+
+def token_check_counts(rows: Sequence[dict[str, Any]]) -> Counter[str]:
+    """How many rows have each token_check value (mismatches are counted, never hidden)."""
+    return Counter(r["token_check"] for r in rows if r.get("token_check") is not None)

@@ -1,0 +1,242 @@
+"""KimiRenderer: one regenerated assistant turn as Kimi-format text, token ids and loss mask.
+
+Owns no files. The prompt half is rendered by the target tokenizer's OWN chat template
+(``apply_chat_template(messages, tools=..., add_generation_prompt=True, **template_kwargs)``),
+so history turns look exactly as the server showed them (including the "trap" of CONTRACTS §1:
+reasoning of history turns is dropped by the template, as at serving time).
+
+The response half is reassembled from what the server returned, reading how the rendered
+prompt ends (never assuming one template variant):
+
+- prompt ends with ``<think>`` ("open", K2.5 thinking):
+  ``{reasoning}</think>{content}{calls}<|im_end|>``
+- prompt ends with ``</think>`` ("closed", K2.5 ``thinking=False``):
+  ``{content}{calls}<|im_end|>``
+- otherwise ("none", e.g. K2-Thinking, the model writes ``<think>`` itself):
+  ``<think>{reasoning}</think>{content}{calls}<|im_end|>``, the think block only when the server
+  returned reasoning (``reasoning is not None``).
+
+``{calls}`` is Kimi's tool-call section: ``<|tool_calls_section_begin|>`` + per call
+``<|tool_call_begin|>{id}<|tool_call_argument_begin|>{arguments}<|tool_call_end|>`` +
+``<|tool_calls_section_end|>`` (id defaults to ``functions.{name}:{index}``; arguments verbatim).
+A truncated turn (``finish_reason == "length"``) gets no ``<|im_end|>``, and when it stopped
+inside the reasoning (no content, no calls) no ``</think>`` either: only what the model produced.
+
+Prompt and response are tokenized separately (``add_special_tokens=False``) and concatenated, so
+no token spans the boundary; the loss mask is 1 on the response tokens only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from regen.errors import TemplateError
+from regen.sample import Message, ToolCall, stable_hash
+
+log = logging.getLogger(__name__)
+
+ThinkState = Literal["open", "closed", "none"]
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+IM_END = "<|im_end|>"
+CALLS_BEGIN = "<|tool_calls_section_begin|>"
+CALLS_END = "<|tool_calls_section_end|>"
+CALL_BEGIN = "<|tool_call_begin|>"
+CALL_ARGS = "<|tool_call_argument_begin|>"
+CALL_END = "<|tool_call_end|>"
+
+
+@dataclass(slots=True)
+class RenderedTurn:
+    """One turn rendered locally: text halves, their token ids, and the prompt's think state."""
+
+    prompt_text: str
+    response_text: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    think_state: ThinkState
+
+    @property
+    def text(self) -> str:
+        return self.prompt_text + self.response_text
+
+    @property
+    def input_ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    @property
+    def loss_mask(self) -> list[int]:
+        return [0] * len(self.prompt_ids) + [1] * len(self.response_ids)
+
+
+def tool_calls_section(calls: Sequence[ToolCall]) -> str:
+    """Kimi's tool-call section for ``calls`` ('' when there are none)."""
+    if not calls:
+        return ""
+    parts = [CALLS_BEGIN]
+    for i, c in enumerate(calls):
+        call_id = c.id or f"functions.{c.name}:{i}"
+        parts.append(f"{CALL_BEGIN}{call_id}{CALL_ARGS}{c.arguments}{CALL_END}")
+    parts.append(CALLS_END)
+    return "".join(parts)
+
+
+def think_state(prompt_text: str) -> ThinkState:
+    """Whether the rendered generation prompt left ``<think>`` open, closed it, or has none."""
+    tail = prompt_text.rstrip()
+    if tail.endswith(THINK_OPEN):
+        return "open"
+    if tail.endswith(THINK_CLOSE):
+        return "closed"
+    return "none"
+
+
+def response_text(
+    state: ThinkState,
+    reasoning: str | None,
+    content: str,
+    tool_calls: Sequence[ToolCall] = (),
+    finish_reason: str = "stop",
+) -> str:
+    """The text the model produced after a prompt in ``state`` (see the module docstring)."""
+    calls = tool_calls_section(tool_calls)
+    truncated = finish_reason == "length"
+    end = "" if truncated else IM_END
+    cut_in_reasoning = truncated and not content and not calls
+    if state == "open":
+        if cut_in_reasoning:
+            return reasoning or ""
+        return f"{reasoning or ''}{THINK_CLOSE}{content}{calls}{end}"
+    if state == "closed":
+        if reasoning:
+            raise TemplateError(
+                "the prompt closed <think> (thinking off) but the server returned reasoning; "
+                "check chat_template_kwargs against the server's reasoning parser"
+            )
+        return f"{content}{calls}{end}"
+    if reasoning is None:
+        return f"{content}{calls}{end}"
+    if cut_in_reasoning:
+        return f"{THINK_OPEN}{reasoning}"
+    return f"{THINK_OPEN}{reasoning}{THINK_CLOSE}{content}{calls}{end}"
+
+
+class KimiRenderer:
+    """Renders and tokenizes turns with a target tokenizer and its own chat template."""
+
+    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
+        template = getattr(tokenizer, "chat_template", None)
+        if not template:
+            raise TemplateError("the tokenizer has no chat template")
+        if isinstance(template, dict):  # named templates: the default one renders
+            template = template.get("default") or next(iter(template.values()))
+        ids = [tokenizer.convert_tokens_to_ids(t) for t in (IM_END, THINK_OPEN, THINK_CLOSE)]
+        if ids[0] is None or ids[0] == getattr(tokenizer, "unk_token_id", None):
+            raise TemplateError(f"the tokenizer has no {IM_END} token: not a Kimi tokenizer")
+        #: id of ``<|im_end|>``
+        self.im_end_id: int = int(ids[0])
+        #: ids that end a turn (``<|im_end|>`` and the tokenizer's eos)
+        self.end_ids: frozenset[int] = frozenset(
+            i for i in (self.im_end_id, getattr(tokenizer, "eos_token_id", None)) if i is not None
+        )
+        #: number of ids (``len(tokenizer)``, added tokens included)
+        self.vocab_size: int = len(tokenizer)
+        #: hash of the chat template, template kwargs and vocab size (goes into rows/fingerprints)
+        self.template_hash: str = stable_hash(
+            {"template": template, "kwargs": self.template_kwargs, "vocab": self.vocab_size}
+        )
+
+    # -- construction -------------------------------------------------------------------
+    @classmethod
+    def from_dir(
+        cls,
+        path: str | os.PathLike[str],
+        trust_remote_code: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> KimiRenderer:
+        """Load a local tokenizer directory (transformers); remote code only when allowed."""
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        except (OSError, ValueError) as e:
+            hint = "" if trust_remote_code else " (does it need target.trust_remote_code: true?)"
+            raise TemplateError(f"cannot load tokenizer from {str(path)!r}: {e}{hint}") from e
+        return cls(tok, template_kwargs)
+
+    @classmethod
+    def from_manifest(cls, manifest: Any) -> KimiRenderer:
+        """The renderer a manifest asks for: its target tokenizer and template kwargs."""
+        return cls.from_dir(
+            manifest.resolve(manifest.target.tokenizer),
+            trust_remote_code=manifest.target.trust_remote_code,
+            template_kwargs=manifest.sampling.template_kwargs(),
+        )
+
+    # -- text and ids -------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; nothing added around it."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` with special tokens kept."""
+        return self.tokenizer.decode(
+            list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+
+    def render_prompt(
+        self,
+        messages: Sequence[Message | dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The generation prompt for the next assistant turn, as the template renders it."""
+        msgs = [m.to_openai() if isinstance(m, Message) else m for m in messages]
+        try:
+            text = self.tokenizer.apply_chat_template(
+                msgs,
+                tools=tools or None,
+                add_generation_prompt=True,
+                tokenize=False,
+                **self.template_kwargs,
+            )
+        except Exception as e:  # jinja errors, raise_exception() in templates, bad shapes
+            raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from e
+        if not isinstance(text, str):
+            raise TemplateError(f"chat template returned {type(text).__name__}, not text")
+        return text
+
+    def render_turn(
+        self,
+        messages: Sequence[Message | dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        reasoning: str | None,
+        content: str,
+        tool_calls: Sequence[ToolCall] = (),
+        finish_reason: str = "stop",
+    ) -> RenderedTurn:
+        """Prompt (template) + reassembled response, tokenized separately."""
+        prompt = self.render_prompt(messages, tools)
+        state = think_state(prompt)
+        response = response_text(state, reasoning, content, tool_calls, finish_reason)
+        return RenderedTurn(
+            prompt_text=prompt,
+            response_text=response,
+            prompt_ids=self.encode(prompt),
+            response_ids=self.encode(response),
+            think_state=state,
+        )
+
+
+def messages_json(messages: Sequence[Message | dict[str, Any]]) -> str:
+    """The request messages as a JSON array of OpenAI message dicts."""
+    msgs = [m.to_openai() if isinstance(m, Message) else m for m in messages]
+    return json.dumps(msgs, ensure_ascii=False)
