@@ -1,0 +1,127 @@
+"""The refreshing view of a run: `regen monitor`, and the view `regen run` shows in its terminal.
+
+Each tick reads progress.json, lock.json and run.json (through :class:`regen.status.RunView`),
+computes the numbers and redraws; the cost does not depend on the size of the run. A tick that
+fails to read (a file being replaced on a slow filesystem, a network hiccup) keeps the last good
+frame and shows the error under it. When the console is not a terminal the same numbers are
+logged as one plain line per ``log_every_s`` instead (:func:`monitor.plain.log_line`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from rich.console import Console, RenderableType
+from rich.live import Live
+from rich.text import Text
+
+from monitor.plain import log_line
+from monitor.render import frame
+from regen.errors import RegenError
+from regen.status import STALL_AFTER_S, RunNumbers, RunView
+
+log = logging.getLogger(__name__)
+
+
+class Ticker:
+    """Reads and renders one tick at a time; remembers the last good numbers."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], *, stall_after_s: float = STALL_AFTER_S):
+        self.run_dir = os.fspath(run_dir)
+        self.stall_after_s = stall_after_s
+        self.view: RunView | None = None
+        self.last: RunNumbers | None = None
+        self.error = ""
+
+    def tick(self, now: float | None = None) -> RunNumbers | None:
+        """Refresh the numbers; on a read error keep the previous ones and remember the error."""
+        try:
+            if self.view is None:
+                self.view = RunView(self.run_dir)
+            self.last = self.view.numbers(now, stall_after_s=self.stall_after_s)
+            self.error = ""
+        except (RegenError, OSError) as e:
+            self.error = f"cannot read {self.run_dir}: {e}"
+            log.debug("%s", self.error)
+        return self.last
+
+    def renderable(self, width: int) -> RenderableType:
+        if self.last is None:
+            return Text(self.error or f"waiting for {self.run_dir} ...", style="yellow")
+        note = f"{self.error} (showing the last good read)" if self.error else ""
+        return frame(self.last, width=width, note=note)
+
+
+def watch(
+    run_dir: str | os.PathLike[str],
+    *,
+    refresh_s: float = 2.0,
+    console: Console | None = None,
+    stop_event: threading.Event | None = None,
+    stall_after_s: float = STALL_AFTER_S,
+    log_every_s: float = 60.0,
+) -> RunNumbers | None:
+    """Show the run until ``stop_event`` is set (or Ctrl-C); returns the last numbers.
+
+    On a terminal: a rich Live dashboard redrawn every ``refresh_s``. Otherwise: one plain log
+    line every ``log_every_s`` (and one at the end).
+    """
+    console = console or Console()
+    stop = stop_event or threading.Event()
+    ticker = Ticker(run_dir, stall_after_s=stall_after_s)
+    if not console.is_terminal:
+        _log_tick(ticker)
+        while not stop.wait(log_every_s):
+            _log_tick(ticker)
+        _log_tick(ticker)  # the final state
+        return ticker.last
+    ticker.tick()
+    with Live(
+        ticker.renderable(console.width),
+        console=console,
+        auto_refresh=False,
+        redirect_stdout=True,
+        redirect_stderr=True,
+    ) as live:
+        try:
+            while not stop.wait(refresh_s):
+                ticker.tick()
+                live.update(ticker.renderable(console.width), refresh=True)
+        except KeyboardInterrupt:
+            pass
+        ticker.tick()
+        live.update(ticker.renderable(console.width), refresh=True)
+    return ticker.last
+
+
+def _log_tick(ticker: Ticker) -> None:
+    n = ticker.tick()
+    if ticker.error:
+        log.warning("%s", ticker.error)
+    elif n is not None:
+        log.info("%s", log_line(n))
+
+
+def run_in_thread(
+    run_dir: str | os.PathLike[str],
+    stop_event: threading.Event,
+    *,
+    refresh_s: float = 2.0,
+    console: Console | None = None,
+    log_every_s: float = 60.0,
+) -> threading.Thread:
+    """Start :func:`watch` in a daemon thread (what `regen run` calls); set ``stop_event`` and
+    join the thread to draw the final frame (or log the final line)."""
+
+    def target() -> None:
+        try:
+            watch(run_dir, refresh_s=refresh_s, console=console, stop_event=stop_event,
+                  log_every_s=log_every_s)  # fmt: skip
+        except Exception:  # the view must never take the run down
+            log.exception("the progress view stopped")
+
+    t = threading.Thread(target=target, name="regen-monitor", daemon=True)
+    t.start()
+    return t

@@ -1,0 +1,31 @@
+"""Plain one-line summaries of a run for logs (when stdout is not a terminal, e.g. ray job)."""
+
+from __future__ import annotations
+
+from monitor.render import fmt_duration, fmt_int
+from regen.status import RunNumbers
+
+
+def log_line(n: RunNumbers) -> str:
+    """``name state done/total (pct) failed trunc | tok/s 1m/5m/15m | in-flight | ETA | errors``."""
+    rates = "/".join("—" if r.tok_s is None else f"{r.tok_s:,.0f}" for r in n.rates)
+    if n.state == "finished" and n.remaining == 0:
+        eta = "done"
+    elif n.eta is None:
+        eta = "—"
+    else:
+        eta = (
+            f"{fmt_duration(n.eta.seconds)} "
+            f"[{fmt_duration(n.eta.low_s)}–{fmt_duration(n.eta.high_s)}]"
+        )
+    errors = sum(e.count for e in n.errors)
+    top = f" (top {n.errors[0].kind} x{fmt_int(n.errors[0].count)})" if n.errors else ""
+    state = n.state + (f" ({n.state_reason})" if n.state_reason else "")
+    down = sum(1 for e in n.endpoints if e.healthy is False)
+    eps = f"{len(n.endpoints) - down}/{len(n.endpoints)} up"
+    return (
+        f"{n.name} {state} | {fmt_int(n.done)}/{fmt_int(n.total)} ({100 * n.fraction:.1f}%) "
+        f"failed {fmt_int(n.failed)} trunc {fmt_int(n.truncated)} | "
+        f"tok/s 1m/5m/15m {rates} | in flight {fmt_int(n.in_flight)} | endpoints {eps} | "
+        f"ETA {eta} | errors {fmt_int(errors)}{top}"
+    )

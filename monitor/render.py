@@ -1,0 +1,341 @@
+"""One dashboard frame: a rich renderable built from :class:`regen.status.RunNumbers`.
+
+Pure: no file access, no clock (``numbers.now`` is the clock). Layout, top to bottom: header
+(run, model, state, times), one progress bar per source, then throughput + ETA, endpoints and
+output lengths side by side, then errors by class.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from regen.status import RunNumbers
+
+STATE_STYLE = {
+    "running": ("●", "bold green"),
+    "stalled": ("◐", "bold yellow"),
+    "dead": ("✖", "bold red"),
+    "finished": ("✔", "bold cyan"),
+    "interrupted": ("■", "bold yellow"),
+    "failed": ("✖", "bold red"),
+    "starting": ("○", "bold blue"),
+    "empty": ("○", "dim"),
+}
+BAR_WIDTH = 28
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def fmt_int(n: float) -> str:
+    return f"{round(n):,}"
+
+
+def fmt_tokens(n: float) -> str:
+    """1234 -> 1.2K, 3.4M, 5.6B."""
+    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.1f}{unit}"
+    return f"{round(n)}"
+
+
+def fmt_duration(s: float | None) -> str:
+    if s is None:
+        return "—"
+    s = int(max(0, round(s)))
+    d, rem = divmod(s, 86400)
+    h, rem = divmod(rem, 3600)
+    m, sec = divmod(rem, 60)
+    if d:
+        return f"{d}d {h:02d}h"
+    if h:
+        return f"{h}h {m:02d}m"
+    if m:
+        return f"{m}m {sec:02d}s"
+    return f"{sec}s"
+
+
+def fmt_time(t: float | None) -> str:
+    if not t:
+        return "—"
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
+
+
+def progress_bar(
+    total: int, done: int, truncated: int, failed: int, width: int = BAR_WIDTH
+) -> Text:
+    """done (green, truncated part yellow), failed (red), remaining (dim)."""
+    bar = Text()
+    if total <= 0:
+        return bar.append("·" * width, style="dim")
+    cells = [round(width * x / total) for x in (done - truncated, truncated, failed)]
+    cells[0] = max(0, min(width, cells[0]))
+    cells[1] = max(0, min(width - cells[0], cells[1]))
+    cells[2] = max(0, min(width - cells[0] - cells[1], cells[2]))
+    bar.append("█" * cells[0], style="green")
+    bar.append("█" * cells[1], style="yellow")
+    bar.append("█" * cells[2], style="red")
+    return bar.append("░" * (width - sum(cells)), style="grey35")
+
+
+def header(n: RunNumbers) -> Panel:
+    icon, style = STATE_STYLE.get(n.state, ("?", "bold"))
+    state = Text(f"{icon} {n.state.upper()}", style=style)
+    if n.state_reason:
+        state.append(f"  {n.state_reason}", style="dim")
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("state", state)
+    grid.add_row("model", Text(n.model or "—", style="magenta"))
+    healthy = sum(1 for e in n.endpoints if e.healthy)
+    eps = ", ".join(n.endpoints_configured) or "—"
+    grid.add_row("endpoints", Text(f"{len(n.endpoints)} ({healthy} healthy)  {eps}"))
+    grid.add_row(
+        "started",
+        Text(
+            f"{fmt_time(n.run_started_at)}  (this session {fmt_time(n.started_at)}, "
+            f"host {n.host or '—'} pid {n.pid or '—'})"
+        ),
+    )
+    ago = f", updated {fmt_duration(n.now - n.updated_at)} ago" if n.updated_at else ""
+    grid.add_row(
+        "elapsed",
+        Text(f"{fmt_duration(n.elapsed_s)}  (session {fmt_duration(n.session_elapsed_s)}{ago})"),
+    )
+    title = Text(f" regen · {n.name or '?'} ", style="bold white on blue")
+    return Panel(grid, title=title, title_align="left", subtitle=n.uri or None, border_style=style)
+
+
+def sources_table(n: RunNumbers, width: int = 120) -> Table:
+    """One row per source and a total; narrow terminals drop the token columns."""
+    wide = width >= 110
+    bar_w = max(10, min(BAR_WIDTH, width - (92 if wide else 70)))
+    t = Table(expand=True, box=None, pad_edge=False, header_style="bold")
+    t.add_column("source", no_wrap=True)
+    t.add_column("progress", no_wrap=True)
+    t.add_column("done", justify="right")
+    t.add_column("total", justify="right")
+    t.add_column("%", justify="right")
+    t.add_column("failed", justify="right")
+    t.add_column("trunc", justify="right")
+    if wide:
+        t.add_column("tok/turn", justify="right")
+        t.add_column("compl. tok", justify="right")
+    for s in n.sources:
+        pct = 100.0 * (s.done + s.failed) / s.total if s.total else 0.0
+        name = Text(s.name) if s.regenerate else Text(f"{s.name} (native)", style="dim")
+        cells: list[RenderableType] = [
+            name,
+            progress_bar(s.total, s.done, s.truncated, s.failed, bar_w),
+            fmt_int(s.done),
+            fmt_int(s.total),
+            f"{pct:5.1f}",
+            Text(fmt_int(s.failed), style="red" if s.failed else "dim"),
+            Text(fmt_int(s.truncated), style="yellow" if s.truncated else "dim"),
+        ]
+        if wide:
+            cells.append(fmt_int(s.tokens_per_turn) if s.tokens_per_turn else "—")
+            cells.append(fmt_tokens(s.completion_tokens))
+        t.add_row(*cells)
+    t.add_section()
+    total: list[RenderableType] = [
+        Text("TOTAL", style="bold"),
+        progress_bar(n.total, n.done, n.truncated, n.failed, bar_w),
+        Text(fmt_int(n.done), style="bold"),
+        Text(fmt_int(n.total), style="bold"),
+        Text(f"{100.0 * n.fraction:5.1f}", style="bold"),
+        Text(fmt_int(n.failed), style="bold red" if n.failed else "dim"),
+        Text(fmt_int(n.truncated), style="bold yellow" if n.truncated else "dim"),
+    ]
+    if wide:
+        total.append(
+            fmt_int(n.completion_tokens / n.rows) if n.rows and n.completion_tokens else "—"
+        )
+        total.append(Text(fmt_tokens(n.completion_tokens), style="bold"))
+    t.add_row(*total)
+    return t
+
+
+def throughput_panel(n: RunNumbers) -> Panel:
+    g = Table.grid(padding=(0, 2))
+    g.add_column(style="bold")
+    g.add_column(justify="right")
+    for r in n.rates:
+        label = f"{int(r.window_s // 60)} min"
+        if r.tok_s is None:
+            g.add_row(label, Text("—", style="dim"))
+            continue
+        partial = r.span_s + 1e-6 < r.window_s
+        txt = Text(f"{r.tok_s:,.0f} tok/s", style="cyan")
+        if partial:
+            txt.append(f" ({fmt_duration(r.span_s)})", style="dim")
+        g.add_row(label, txt)
+    g.add_row("in flight", Text(fmt_int(n.in_flight), style="cyan"))
+    rq = n.requests
+    g.add_row("requests", Text(f"{fmt_int(rq['sent'])} sent · {fmt_int(rq['ok'])} ok"))
+    g.add_row("", Text(f"{fmt_int(rq['retried'])} retried · {fmt_int(rq['failed'])} failed"))
+    g.add_row("", "")
+    if n.state == "finished" and n.remaining == 0:
+        g.add_row("ETA", Text("done", style="bold cyan"))
+    elif n.eta is None:
+        g.add_row("ETA", Text("— (no rate yet)" if n.state == "running" else "—", style="dim"))
+    else:
+        e = n.eta
+        g.add_row("ETA", Text(fmt_duration(e.seconds), style="bold green"))
+        g.add_row("band", Text(f"{fmt_duration(e.low_s)} – {fmt_duration(e.high_s)}"))
+        g.add_row("finishes", Text(fmt_time(n.now + e.seconds)))
+        g.add_row("left", Text(f"~{fmt_tokens(e.tokens)} tokens"))
+        if e.assumed_sources:
+            g.add_row("", Text(f"assumed: {', '.join(e.assumed_sources)}", style="dim"))
+    return Panel(g, title="throughput · ETA", title_align="left", border_style="cyan")
+
+
+def endpoints_panel(n: RunNumbers) -> Panel:
+    t = Table(box=None, pad_edge=False, header_style="bold", expand=True)
+    t.add_column("endpoint", overflow="ellipsis", no_wrap=True, ratio=1)
+    t.add_column("", no_wrap=True)
+    t.add_column("in fl.", justify="right")
+    t.add_column("p50", justify="right")
+    t.add_column("ok", justify="right")
+    t.add_column("err", justify="right")
+    for e in n.endpoints:
+        if e.healthy is None:
+            health = Text("?", style="dim")
+        else:
+            health = Text("up", style="green") if e.healthy else Text("DOWN", style="bold red")
+        url = e.url.removeprefix("http://").removeprefix("https://").removesuffix("/v1")
+        t.add_row(
+            url,
+            health,
+            fmt_int(e.in_flight),
+            f"{e.latency_p50_s:.1f}s" if e.latency_p50_s is not None else "—",
+            fmt_int(e.ok),
+            Text(fmt_int(e.errors), style="red" if e.errors else "dim"),
+        )
+    if not n.endpoints:
+        t.add_row(Text("none reported", style="dim"), "", "", "", "", "")
+    return Panel(t, title="endpoints", title_align="left", border_style="blue")
+
+
+def fmt_len(n: float) -> str:
+    """Token counts as bin labels: 512, 1K, 1.5K, 32K."""
+    if n < 1024:
+        return f"{round(n)}"
+    return f"{n / 1024:.1f}".removesuffix(".0") + "K"
+
+
+class Histogram:
+    """A vertical bar chart that fits its width: one column per bin, label and share below."""
+
+    def __init__(self, edges: list[int], counts: list[int], height: int = 4) -> None:
+        nz = [i for i, c in enumerate(counts) if c]
+        self.bins = list(range(nz[0], nz[-1] + 1)) if nz else []
+        self.edges, self.counts, self.height = edges, counts, height
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        counts, total = self.counts, sum(self.counts)
+        if not self.bins or not total:
+            yield Text("no finished turns yet", style="dim")
+            return
+        col = min(7, options.max_width // len(self.bins))
+        peak = max(counts)
+        if col < 4:  # too narrow for columns: one sparkline
+            spark = "".join(SPARK[min(7, int(8 * counts[i] / peak))] for i in self.bins)
+            yield Text(spark, style="magenta")
+            last = fmt_len(self.edges[self.bins[-1]])
+            yield Text(f"{fmt_len(self.edges[self.bins[0]])} … {last}", style="dim")
+            return
+        open_last = len(self.edges) == len(counts) and self.bins[-1] == len(counts) - 1
+        for row in range(self.height, 0, -1):  # top row first
+            line = Text(style="magenta")
+            for i in self.bins:
+                fill = counts[i] / peak * self.height * 8 - (row - 1) * 8  # eighths of this row
+                ch = "█" if fill >= 8 else SPARK[int(fill) - 1] if fill >= 1 else " "
+                if row == 1 and counts[i] and fill < 1:
+                    ch = "▁"
+                line.append(" " + ch * (col - 2) + " ")
+            yield line
+        labels = [fmt_len(self.edges[i]) for i in self.bins]
+        if open_last:
+            labels[-1] += "+"
+        yield Text("".join(lb.center(col)[:col] for lb in labels), style="dim")
+        yield Text("".join(f"{100 * counts[i] / total:.0f}%".center(col)[:col] for i in self.bins))
+
+
+def lengths_panel(n: RunNumbers) -> Panel:
+    """Completion tokens per turn: histogram, with count, median and p90 in the title."""
+    counts, edges = n.hist_counts, n.hist_edges
+    title = "output tokens / turn"
+    total = sum(counts)
+    if total:
+        median = _quantile(edges, counts, 0.5)
+        p90 = _quantile(edges, counts, 0.9)
+        title += f" · {fmt_int(total)} turns · median ~{fmt_len(median)} · p90 ~{fmt_len(p90)}"
+    return Panel(Histogram(edges, counts), title=title, title_align="left", border_style="magenta")
+
+
+def _quantile(edges: list[int], counts: list[int], q: float) -> float:
+    """Linear within the bin; the open last bin is taken as [lo, 1.5 lo)."""
+    total = sum(counts)
+    want = q * total
+    acc = 0.0
+    for i, c in enumerate(counts):
+        if c and acc + c >= want:
+            lo = edges[i]
+            hi = edges[i + 1] if i + 1 < len(edges) else lo * 1.5
+            return lo + (hi - lo) * (want - acc) / c
+        acc += c
+    return float(edges[len(counts) - 1]) if counts else 0.0
+
+
+def errors_panel(n: RunNumbers) -> Panel:
+    if not n.errors:
+        return Panel(Text("none", style="green"), title="errors", title_align="left")
+    t = Table(box=None, pad_edge=False, header_style="bold", expand=True)
+    t.add_column("class", no_wrap=True, style="red")
+    t.add_column("count", justify="right")
+    t.add_column("last", justify="right", no_wrap=True)
+    t.add_column("last message", overflow="ellipsis", no_wrap=True, ratio=1)
+    for e in n.errors[:8]:
+        ago = fmt_duration(n.now - e.last_at) + " ago" if e.last_at else "—"
+        t.add_row(e.kind, fmt_int(e.count), ago, e.last_message)
+    if len(n.errors) > 8:
+        t.add_row(Text(f"+{len(n.errors) - 8} more classes", style="dim"), "", "", "")
+    return Panel(t, title="errors by class", title_align="left", border_style="red")
+
+
+def frame(n: RunNumbers, *, width: int = 120, note: str = "") -> RenderableType:
+    """The whole dashboard for one tick, laid out for a terminal ``width`` columns wide."""
+    row = Table.grid(expand=True, padding=(0, 1))
+    row.add_column(ratio=2 if width >= 110 else 1)
+    row.add_column(ratio=3 if width >= 110 else 1)
+    row.add_row(throughput_panel(n), Group(endpoints_panel(n), lengths_panel(n)))
+    parts: list[RenderableType] = [
+        header(n),
+        Panel(sources_table(n, width), title="sources", title_align="left", border_style="green"),
+        row,
+        errors_panel(n),
+    ]
+    if note:
+        parts.append(Text(note, style="yellow"))
+    return Group(*parts)
+
+
+def render_text(n: RunNumbers, *, width: int = 120, color: bool = False, note: str = "") -> str:
+    """The frame as a string (for --once to a file, tests, the benchmark and the README)."""
+    console = Console(
+        file=io.StringIO(),
+        width=width,
+        record=False,
+        force_terminal=color,
+        color_system="truecolor" if color else None,
+        legacy_windows=False,
+    )
+    console.print(frame(n, width=width, note=note))
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    return out

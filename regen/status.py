@@ -1,0 +1,536 @@
+"""The numbers of a run from its run directory: shared by `regen status` and the dashboard.
+
+Reads, per refresh, three small files of the run directory and nothing else (never Parquet)::
+
+    RUN_DIR/progress.json   counters snapshot (regen.progress.ProgressSnapshot)
+    RUN_DIR/lock.json       {owner, host, pid, session, started_at, heartbeat_at}
+    RUN_DIR/run.json        {name, fingerprint, model, created_at, regen_version, endpoints}
+
+and once, when opened, ``RUN_DIR/manifest.yaml`` for the per-source ``output_tokens`` planning
+assumption (used for sources that have no finished sample yet).
+
+Definitions (all pure functions of those files and ``now``):
+
+- rates: completion tokens per second over the last 1, 5 and 15 minutes of ``token_series``,
+  ending at its last point (shorter when the session is younger; ``span_s`` says how long);
+- state: ``running``; ``stalled`` (holder alive but no new completion tokens for
+  ``stall_after_s``); ``dead`` (progress says running but the lock holder is gone: lock missing,
+  heartbeat older than 30 s, or its pid is gone on this host); ``finished`` / ``interrupted`` /
+  ``failed`` (as the driver last wrote); ``starting`` / ``empty`` (no progress.json yet, holder
+  alive / not);
+- ETA: remaining samples per source (total - done - failed) x observed completion tokens per
+  sample of that source (manifest ``output_tokens`` per turn when it has none yet), divided by
+  the recent rate (5 min, else 15, else 1). The band combines the spread of the three rates with
+  the uncertainty of each source's mean length (coefficient of variation from
+  ``output_tokens_hist`` / sqrt(turns seen), two sigma, capped at 50 %).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import yaml
+
+from regen.errors import RunDirError
+from regen.progress import PROGRESS_FILE, ProgressSnapshot
+
+log = logging.getLogger(__name__)
+
+RUN_FILE = "run.json"
+LOCK_FILE = "lock.json"
+MANIFEST_FILE = "manifest.yaml"
+
+#: a lock whose heartbeat is older than this means the holder is gone (regen.store's rule)
+LOCK_STALE_S = 30.0
+#: no new completion tokens for this long while the holder lives = stalled
+STALL_AFTER_S = 300.0
+#: the rate windows, seconds
+RATE_WINDOWS_S = (60.0, 300.0, 900.0)
+#: a rate needs at least this much series span
+MIN_RATE_SPAN_S = 10.0
+#: planning assumption (output tokens per turn) when the manifest does not say
+DEFAULT_OUTPUT_TOKENS = (600, 1400)
+#: two-sigma band on a source's mean length, never wider than this fraction
+MAX_LENGTH_REL = 0.5
+
+
+# ---- reading the run directory (the one place that touches files) ---------------------------
+
+
+@dataclass(slots=True)
+class RunFiles:
+    """What one refresh read."""
+
+    progress: ProgressSnapshot | None
+    lock: dict[str, Any] | None
+    run: dict[str, Any] | None
+
+
+class RunView:
+    """A read-only view of a run directory, opened once and read every tick."""
+
+    def __init__(self, uri: str | os.PathLike[str]) -> None:
+        from regen.store import RunDir
+
+        self.uri = os.fspath(uri)
+        self.rd = RunDir.open(self.uri, create=False)
+        if not self.rd.exists(""):
+            raise RunDirError(f"run directory {self.uri!r} does not exist")
+        self.assumptions = _output_token_assumptions(self.rd.read_text(MANIFEST_FILE))
+
+    def read(self) -> RunFiles:
+        """Read progress.json, lock.json and run.json (nothing else)."""
+        raw = self.rd.read_json(PROGRESS_FILE)
+        progress = None if raw is None else ProgressSnapshot.from_dict(raw)
+        run = self.rd.read_json(RUN_FILE)
+        lock = self.rd.read_json(LOCK_FILE)
+        if progress is None and run is None and not self.rd.exists(MANIFEST_FILE):
+            raise RunDirError(f"{self.uri!r} is not a run directory (no run.json, progress.json)")
+        return RunFiles(progress=progress, lock=lock, run=run)
+
+    def numbers(self, now: float | None = None, **kw: Any) -> RunNumbers:
+        """Read and compute in one go."""
+        return compute(self.read(), now=time.time() if now is None else now,
+                       assumptions=self.assumptions, uri=self.uri, **kw)  # fmt: skip
+
+
+def _output_token_assumptions(text: str | None) -> dict[str, tuple[int, int]]:
+    """``{source: (low, high)}`` from a manifest's text; {} when absent or unreadable."""
+    if not text:
+        return {}
+    try:
+        data = yaml.safe_load(text)
+        out = {}
+        for s in data.get("sources", []):
+            lo, hi = s.get("output_tokens", DEFAULT_OUTPUT_TOKENS)
+            out[str(s["name"])] = (int(lo), int(hi))
+        return out
+    except (yaml.YAMLError, AttributeError, KeyError, TypeError, ValueError) as e:
+        log.warning("manifest.yaml: cannot read output_tokens assumptions: %s", e)
+        return {}
+
+
+# ---- the numbers ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Rate:
+    window_s: float
+    tok_s: float | None  #: None when the series is too short
+    span_s: float  #: how much of the window the series covers
+
+
+@dataclass(slots=True)
+class Eta:
+    seconds: float
+    low_s: float
+    high_s: float
+    tokens: float  #: remaining completion tokens, estimate
+    tokens_low: float
+    tokens_high: float
+    rate_tok_s: float  #: the rate the estimate divides by
+    assumed_sources: list[str]  #: sources estimated from the manifest (no data yet)
+
+
+@dataclass(slots=True)
+class SourceNumbers:
+    name: str
+    total: int
+    done: int
+    failed: int
+    truncated: int
+    remaining: int
+    rows: int
+    prompt_tokens: int
+    completion_tokens: int
+    regenerate: bool
+    tokens_per_turn: float | None  #: observed mean completion tokens per regenerated turn
+    tokens_per_sample: float | None  #: observed mean completion tokens per done sample
+
+
+@dataclass(slots=True)
+class ErrorNumbers:
+    kind: str
+    count: int
+    last_message: str
+    last_at: float
+
+
+@dataclass(slots=True)
+class EndpointNumbers:
+    url: str
+    in_flight: int
+    healthy: bool | None  #: None: configured but no report yet
+    latency_p50_s: float | None
+    ok: int
+    errors: int
+
+
+@dataclass(slots=True)
+class Holder:
+    """The lock holder, as lock.json describes it."""
+
+    owner: str
+    host: str
+    pid: int
+    session: str
+    heartbeat_age_s: float
+    alive: bool
+    why_gone: str  #: "" when alive
+
+
+@dataclass(slots=True)
+class RunNumbers:
+    """Everything `regen status` prints and the dashboard shows."""
+
+    uri: str
+    now: float
+    name: str
+    model: str
+    state: str
+    state_reason: str
+    session: str
+    host: str
+    pid: int
+    run_started_at: float | None
+    started_at: float | None
+    updated_at: float | None
+    elapsed_s: float  #: since the run was created (to now while alive, else to the last update)
+    session_elapsed_s: float
+    endpoints_configured: list[str]
+    total: int
+    done: int
+    failed: int
+    truncated: int
+    remaining: int
+    rows: int
+    prompt_tokens: int
+    completion_tokens: int
+    session_tokens: int  #: completion tokens of this session (last token_series point)
+    in_flight: int
+    requests: dict[str, int]
+    rates: list[Rate]
+    eta: Eta | None
+    sources: list[SourceNumbers]
+    errors: list[ErrorNumbers]
+    endpoints: list[EndpointNumbers]
+    hist_edges: list[int]
+    hist_counts: list[int]
+    holder: Holder | None
+    last_progress_at: float | None  #: last time completion tokens grew
+
+    @property
+    def fraction(self) -> float:
+        return (self.done + self.failed) / self.total if self.total else 0.0
+
+    def rate(self, window_s: float) -> float | None:
+        for r in self.rates:
+            if r.window_s == window_s:
+                return r.tok_s
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["fraction"] = self.fraction
+        return d
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (OverflowError, ValueError):
+        return False
+    return True
+
+
+def read_holder(
+    lock: dict[str, Any] | None,
+    now: float,
+    *,
+    hostname: str | None = None,
+    pid_alive: Callable[[int], bool] = _pid_alive,
+) -> Holder | None:
+    """The lock holder and whether it is alive (fresh heartbeat; pid exists when on this host)."""
+    if lock is None:
+        return None
+    hostname = socket.gethostname() if hostname is None else hostname
+    try:
+        beat = float(lock.get("heartbeat_at", 0.0))
+        pid = int(lock.get("pid", -1))
+    except (TypeError, ValueError):
+        beat, pid = 0.0, -1
+    host = str(lock.get("host", ""))
+    age = now - beat
+    why = ""
+    if age > LOCK_STALE_S:
+        why = f"heartbeat {_age(age)} old"
+    elif host == hostname and not pid_alive(pid):
+        why = f"pid {pid} is gone on {host}"
+    return Holder(
+        owner=str(lock.get("owner", "")),
+        host=host,
+        pid=pid,
+        session=str(lock.get("session", "")),
+        heartbeat_age_s=age,
+        alive=not why,
+        why_gone=why,
+    )
+
+
+def window_rate(series: list[tuple[float, int]], window_s: float) -> Rate:
+    """Tokens/s over the last ``window_s`` of the series (linear between points)."""
+    if len(series) < 2:
+        return Rate(window_s, None, 0.0)
+    t_end, v_end = series[-1]
+    t0 = max(t_end - window_s, series[0][0])
+    span = t_end - t0
+    if span < MIN_RATE_SPAN_S:
+        return Rate(window_s, None, span)
+    return Rate(window_s, max(0.0, (v_end - _value_at(series, t0)) / span), span)
+
+
+def _value_at(series: list[tuple[float, int]], t: float) -> float:
+    prev_t, prev_v = series[0]
+    if t <= prev_t:
+        return float(prev_v)
+    for cur_t, cur_v in series[1:]:
+        if cur_t >= t:
+            if cur_t == prev_t:
+                return float(cur_v)
+            return prev_v + (cur_v - prev_v) * (t - prev_t) / (cur_t - prev_t)
+        prev_t, prev_v = cur_t, cur_v
+    return float(prev_v)
+
+
+def last_growth_at(series: list[tuple[float, int]]) -> float | None:
+    """The time of the last series point whose value grew (the first point when none grew)."""
+    if not series:
+        return None
+    for (_, v0), (t1, v1) in zip(reversed(series[:-1]), reversed(series[1:]), strict=True):
+        if v1 > v0:
+            return t1
+    return series[0][0]
+
+
+def length_cv(edges: list[int], counts: list[int]) -> float:
+    """Coefficient of variation of the output lengths in the histogram (1.0 with no data)."""
+    n = sum(counts)
+    if n == 0:
+        return 1.0
+    mids = []
+    for i in range(len(counts)):
+        lo = edges[i]
+        hi = edges[i + 1] if i + 1 < len(edges) else lo * 1.5 or 1
+        mids.append((lo + hi) / 2)
+    mean = sum(m * c for m, c in zip(mids, counts, strict=True)) / n
+    if mean <= 0:
+        return 1.0
+    var = sum(c * (m - mean) ** 2 for m, c in zip(mids, counts, strict=True)) / n
+    return math.sqrt(var) / mean
+
+
+def estimate_eta(
+    sources: list[SourceNumbers],
+    rates: list[Rate],
+    assumptions: dict[str, tuple[int, int]],
+    cv: float,
+) -> Eta | None:
+    """Remaining tokens (with a band) over the recent rate (with a band); None without a rate."""
+    tok = tok_lo = tok_hi = 0.0
+    assumed = []
+    for s in sources:
+        if not s.regenerate or s.remaining == 0:
+            continue
+        if s.tokens_per_sample is not None and s.rows > 0:
+            rel = min(MAX_LENGTH_REL, 2.0 * cv / math.sqrt(s.rows))
+            mid = s.tokens_per_sample
+            lo, hi = mid * (1 - rel), mid * (1 + rel)
+        else:
+            lo, hi = assumptions.get(s.name, DEFAULT_OUTPUT_TOKENS)
+            mid = (lo + hi) / 2
+            assumed.append(s.name)
+        tok += s.remaining * mid
+        tok_lo += s.remaining * lo
+        tok_hi += s.remaining * hi
+    by_window = {r.window_s: r.tok_s for r in rates if r.tok_s}
+    if tok == 0:
+        rate = by_window.get(300.0) or next(iter(by_window.values()), 0.0)
+        return Eta(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, rate or 0.0, assumed)
+    if not by_window:
+        return None
+    rate = by_window.get(300.0) or by_window.get(900.0) or by_window[min(by_window)]
+    r_lo, r_hi = min(by_window.values()), max(by_window.values())
+    return Eta(
+        seconds=tok / rate,
+        low_s=tok_lo / r_hi,
+        high_s=tok_hi / r_lo,
+        tokens=tok,
+        tokens_low=tok_lo,
+        tokens_high=tok_hi,
+        rate_tok_s=rate,
+        assumed_sources=assumed,
+    )
+
+
+def compute(
+    files: RunFiles,
+    *,
+    now: float,
+    assumptions: dict[str, tuple[int, int]] | None = None,
+    uri: str = "",
+    stall_after_s: float = STALL_AFTER_S,
+    hostname: str | None = None,
+    pid_alive: Callable[[int], bool] = _pid_alive,
+) -> RunNumbers:
+    """All numbers of a run from what one refresh read; ``now`` is injected (epoch seconds)."""
+    p = files.progress
+    run = files.run or {}
+    holder = read_holder(files.lock, now, hostname=hostname, pid_alive=pid_alive)
+    alive = holder is not None and holder.alive
+    series = p.token_series if p else []
+    growth = last_growth_at(series)
+
+    # state
+    if p is None:
+        state = "starting" if alive else "empty"
+        reason = "no progress.json yet"
+    elif p.state == "running":
+        last = max(growth or p.started_at, p.started_at)
+        if not alive:
+            state = "dead"
+            reason = holder.why_gone if holder else "lock.json is gone"
+        elif holder is not None and holder.session and holder.session != p.session:
+            state, reason = "starting", f"new session {holder.session}"
+        elif now - last > stall_after_s:
+            state = "stalled"
+            reason = f"no new tokens for {_age(now - last)}"
+        elif now - p.updated_at > stall_after_s:
+            state = "stalled"
+            reason = f"progress.json not updated for {_age(now - p.updated_at)}"
+        else:
+            state, reason = "running", ""
+    elif alive and holder is not None and holder.session and holder.session != p.session:
+        state, reason = "starting", f"new session {holder.session} (last: {p.state})"
+    else:
+        state, reason = p.state, ""
+
+    srcs: list[SourceNumbers] = []
+    if p is not None:
+        for name, s in p.sources.items():
+            srcs.append(
+                SourceNumbers(
+                    name=name,
+                    total=s.total,
+                    done=s.done,
+                    failed=s.failed,
+                    truncated=s.truncated,
+                    remaining=s.remaining,
+                    rows=s.rows,
+                    prompt_tokens=s.prompt_tokens,
+                    completion_tokens=s.completion_tokens,
+                    regenerate=s.regenerate,
+                    tokens_per_turn=s.completion_tokens / s.rows
+                    if s.rows and s.completion_tokens
+                    else None,
+                    tokens_per_sample=s.completion_tokens / s.done
+                    if s.done and s.completion_tokens
+                    else None,
+                )
+            )
+    rates = [window_rate(series, w) for w in RATE_WINDOWS_S]
+    edges = list(p.output_tokens_hist.edges) if p else []
+    counts = list(p.output_tokens_hist.counts) if p else []
+    eta = estimate_eta(srcs, rates, assumptions or {}, length_cv(edges, counts))
+    if (
+        state in ("dead", "failed", "interrupted", "finished")
+        and eta is not None
+        and eta.tokens > 0
+    ):
+        eta = None  # nobody is working on it: no time estimate
+
+    # endpoints: what the driver reported, plus configured ones it did not report
+    live = state in ("running", "stalled", "starting")
+    eps = [
+        EndpointNumbers(
+            e.url, e.in_flight if live else 0, e.healthy, e.latency_p50_s, e.ok, e.errors
+        )
+        for e in (p.endpoints if p else [])
+    ]
+    configured = list(p.endpoints_configured) if p else list(run.get("endpoints", []))
+    seen = {e.url for e in eps}
+    eps += [EndpointNumbers(u, 0, None, None, 0, 0) for u in configured if u not in seen]
+
+    end = now if live or p is None else p.updated_at
+    run_start = p.run_started_at if p else run.get("created_at")
+    return RunNumbers(
+        uri=uri,
+        now=now,
+        name=p.name if p else str(run.get("name", "")),
+        model=p.model if p else str(run.get("model", "")),
+        state=state,
+        state_reason=reason,
+        session=p.session if p else "",
+        host=p.host if p else "",
+        pid=p.pid if p else 0,
+        run_started_at=run_start,
+        started_at=p.started_at if p else None,
+        updated_at=p.updated_at if p else None,
+        elapsed_s=max(0.0, end - run_start) if run_start else 0.0,
+        session_elapsed_s=max(0.0, end - p.started_at) if p else 0.0,
+        endpoints_configured=configured,
+        total=sum(s.total for s in srcs),
+        done=sum(s.done for s in srcs),
+        failed=sum(s.failed for s in srcs),
+        truncated=sum(s.truncated for s in srcs),
+        remaining=sum(s.remaining for s in srcs),
+        rows=sum(s.rows for s in srcs),
+        prompt_tokens=sum(s.prompt_tokens for s in srcs),
+        completion_tokens=sum(s.completion_tokens for s in srcs),
+        session_tokens=series[-1][1] if series else 0,
+        in_flight=p.in_flight if p and live else 0,
+        requests={
+            "sent": p.requests.sent if p else 0,
+            "ok": p.requests.ok if p else 0,
+            "retried": p.requests.retried if p else 0,
+            "failed": p.requests.failed if p else 0,
+        },
+        rates=rates,
+        eta=eta,
+        sources=srcs,
+        errors=sorted(
+            (ErrorNumbers(k, e.count, e.last_message, e.last_at) for k, e in p.errors.items())
+            if p
+            else [],
+            key=lambda e: (-e.count, e.kind),
+        ),
+        endpoints=eps,
+        hist_edges=edges,
+        hist_counts=counts,
+        holder=holder,
+        last_progress_at=growth,
+    )
+
+
+def read_numbers(uri: str | os.PathLike[str], now: float | None = None, **kw: Any) -> RunNumbers:
+    """Open the run directory at ``uri`` and compute its numbers once."""
+    return RunView(uri).numbers(now, **kw)
+
+
+def _age(seconds: float) -> str:
+    s = int(max(0, seconds))
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    return f"{s // 3600} h {s % 3600 // 60} min"
