@@ -1,0 +1,197 @@
+"""Map a failed request to the regen error taxonomy, by exception type and HTTP status only.
+
+The rules (message text is never read):
+
+- connection refused / reset before any stream chunk arrived → ``ConnectError``;
+  the connection dropping after chunks arrived → ``StreamCutError``;
+- any timeout (connect, read stall, our own deadline) → ``RequestTimeoutError``;
+- 408 and 5xx → ``ServerError`` (Retry-After kept when sent);
+- 429 → ``RateLimitedError`` with ``retry_after`` from the Retry-After header (seconds or an
+  HTTP date; ``retry-after-ms`` also read);
+- 413, or 400 whose structured error ``code``/``type`` is ``context_length_exceeded`` →
+  ``ContextLengthError``; every other 4xx (400, 401, 403, 404, 409, 422, ...) →
+  ``PermanentError``. SGLang reports an over-long prompt as a plain 400 ``BadRequestError``
+  whose only hint is the message text, so there it is a ``PermanentError``: it is recorded
+  with the server's message and not retried either way;
+- an error object sent inside a stream (no HTTP status) → classified by its integer ``code``
+  when that is an HTTP status, else ``ServerError`` (the server failed mid-generation).
+
+Error messages carry the endpoint URL and the server's own message, never the API key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx2
+import openai
+
+from regen.errors import (
+    ConnectError,
+    ContextLengthError,
+    PermanentError,
+    RateLimitedError,
+    RegenError,
+    RequestError,
+    RequestTimeoutError,
+    ServerError,
+    StreamCutError,
+)
+
+#: structured error codes/types that mean "the prompt does not fit the context"
+CONTEXT_LENGTH_CODES = frozenset({"context_length_exceeded", "context_window_exceeded"})
+
+
+def parse_retry_after(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``retry-after-ms`` or ``Retry-After`` header (seconds or HTTP date).
+
+    ``now`` is the current Unix time (injectable for tests). Returns None when absent/unparsable.
+    """
+    if not headers:
+        return None
+    ms = _header(headers, "retry-after-ms")
+    if ms is not None:
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    raw = _header(headers, "retry-after")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    ref = time.time() if now is None else now
+    return max(0.0, when.timestamp() - ref)
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    get = getattr(headers, "get", None)
+    if get is None:
+        return None
+    value = get(name)
+    if value is None:
+        # plain dicts are case-sensitive
+        for k, v in headers.items():
+            if k.lower() == name:
+                return v
+    return value
+
+
+def status_error(
+    status: int,
+    message: str,
+    *,
+    endpoint: str | None,
+    headers: Mapping[str, str] | None = None,
+    body: Any = None,
+    now: float | None = None,
+) -> RequestError:
+    """The taxonomy class for an HTTP error status (see the module docstring for the rules)."""
+    text = f"HTTP {status} from {endpoint}: {message}"
+    if status == 429:
+        return RateLimitedError(
+            text, retry_after=parse_retry_after(headers, now), status=status, endpoint=endpoint
+        )
+    if status == 408 or status >= 500:
+        return ServerError(
+            text, retry_after=parse_retry_after(headers, now), status=status, endpoint=endpoint
+        )
+    if status == 413 or (status == 400 and _is_context_length(body)):
+        return ContextLengthError(text, status=status, endpoint=endpoint)
+    return PermanentError(text, status=status, endpoint=endpoint)
+
+
+def _is_context_length(body: Any) -> bool:
+    if not isinstance(body, Mapping):
+        return False
+    inner = body.get("error") if isinstance(body.get("error"), Mapping) else body
+    for key in ("code", "type"):
+        value = inner.get(key)
+        if isinstance(value, str) and value.lower() in CONTEXT_LENGTH_CODES:
+            return True
+    return False
+
+
+def _body_message(body: Any, fallback: str) -> str:
+    if isinstance(body, Mapping):
+        inner = body.get("error") if isinstance(body.get("error"), Mapping) else body
+        for key in ("message", "detail"):
+            value = inner.get(key)
+            if isinstance(value, str) and value:
+                return value[:500]
+    if isinstance(body, str) and body:
+        return body[:500]
+    return fallback[:500]
+
+
+def map_error(
+    exc: BaseException,
+    *,
+    endpoint: str | None,
+    received: bool = False,
+    now: float | None = None,
+) -> RegenError:
+    """Translate an exception raised while calling ``endpoint`` into the regen taxonomy.
+
+    ``received`` says whether stream chunks had already arrived (a drop then is a stream cut).
+    A RegenError passes through unchanged; an exception this module does not know is returned
+    as a ``PermanentError`` naming its type (a bug or an unexpected response, not worth a retry).
+    """
+    if isinstance(exc, RegenError):
+        return exc
+    if isinstance(exc, openai.APIStatusError):
+        return status_error(
+            exc.status_code,
+            _body_message(exc.body, exc.message),
+            endpoint=endpoint,
+            headers=exc.response.headers,
+            body=exc.body,
+            now=now,
+        )
+    if isinstance(exc, openai.APITimeoutError | httpx2.TimeoutException | TimeoutError):
+        return RequestTimeoutError(f"request to {endpoint} timed out", endpoint=endpoint)
+    if isinstance(exc, asyncio.TimeoutError):  # alias of TimeoutError on 3.11, kept explicit
+        return RequestTimeoutError(f"request to {endpoint} timed out", endpoint=endpoint)
+    if isinstance(exc, openai.APIConnectionError | httpx2.TransportError | ConnectionError):
+        cause = exc.__cause__ if isinstance(exc, openai.APIConnectionError) else exc
+        if isinstance(cause, httpx2.TimeoutException):
+            return RequestTimeoutError(f"request to {endpoint} timed out", endpoint=endpoint)
+        what = type(cause or exc).__name__
+        if received:
+            return StreamCutError(f"stream from {endpoint} cut mid-way ({what})", endpoint=endpoint)
+        return ConnectError(f"cannot reach {endpoint} ({what})", endpoint=endpoint)
+    if isinstance(exc, openai.APIError):
+        # An error object inside an SSE stream: no HTTP status on the exception.
+        code = _int_code(exc.body)
+        message = _body_message(exc.body, exc.message)
+        if code is not None and 400 <= code < 600:
+            return status_error(code, message, endpoint=endpoint, body=exc.body, now=now)
+        return ServerError(f"error in stream from {endpoint}: {message}", endpoint=endpoint)
+    return PermanentError(
+        f"unexpected {type(exc).__name__} from {endpoint}: {str(exc)[:300]}", endpoint=endpoint
+    )
+
+
+def _int_code(body: Any) -> int | None:
+    if not isinstance(body, Mapping):
+        return None
+    for key in ("code", "status", "status_code"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.isdigit():
+            return int(value)
+    return None

@@ -1,0 +1,396 @@
+"""``EndpointRouter``: which endpoint gets the next request.
+
+- **Least outstanding, weighted**: among endpoints in rotation with room, the one with the
+  lowest ``(in_flight + 1) / weight`` (ties: manifest order).
+- **Affinity**: all turns of one sample go to the endpoint that served its first turn (prefix
+  cache), unless that endpoint left rotation; then the sample is rebound. ``forget(sample_id)``
+  drops the binding when the sample is done (memory stays bounded by samples in flight).
+- **In-flight limit** per endpoint: a knob (``set_limit``), started from the server's
+  ``max_running_requests`` when it reports one (None: unlimited). Adaptive concurrency can
+  move it later; the router only enforces it.
+- **Health**: ``endpoint_failure_threshold`` consecutive transient failures take an endpoint
+  out of rotation ("down"). It comes back either by a probe (``probe_once`` / ``run_probes``:
+  ``GET /health``, else ``GET /v1/models``, every ``endpoint_probe_interval_s``) or, when no
+  probe function is given, by a half-open trial: once the interval has passed, one real
+  request is let through; success restores it, failure sends it down for another interval.
+  A 429 is not a health failure (the server answered; it is counted as ``throttled``), nor is
+  a permanent error.
+
+All asyncio, single event loop; the clock is injectable for tests. Owns no files on disk;
+``snapshot()`` is a plain dict for the progress file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from regen.errors import EndpointError, PermanentError, RateLimitedError
+
+log = logging.getLogger(__name__)
+
+UP = "up"
+DOWN = "down"
+HALF_OPEN = "half_open"
+
+#: async (url) -> True when the endpoint answers again
+ProbeFn = Callable[[str], Awaitable[bool]]
+
+#: weight of the newest latency in the moving average
+LATENCY_EWMA_ALPHA = 0.2
+
+
+@dataclass(slots=True)
+class _State:
+    url: str
+    weight: float = 1.0
+    limit: int | None = None
+    in_flight: int = 0
+    requests: int = 0
+    ok: int = 0
+    failures: int = 0
+    throttled: int = 0
+    consecutive_failures: int = 0
+    state: str = UP
+    down_since: float | None = None
+    next_probe_at: float | None = None
+    trial_in_flight: bool = False
+    latency_sum_s: float = 0.0
+    latency_ewma_s: float | None = None
+    last_error: str | None = None
+
+    def has_room(self) -> bool:
+        return self.limit is None or self.in_flight < self.limit
+
+
+@dataclass(slots=True)
+class Lease:
+    """One request's hold on an endpoint; give it back with :meth:`EndpointRouter.release`."""
+
+    url: str
+    sample_id: str
+    started_at: float
+    trial: bool = False  #: a half-open trial request
+
+
+class EndpointRouter:
+    """Chooses endpoints for requests; tracks in-flight counts, latency and health."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[Any],
+        *,
+        failure_threshold: int = 5,
+        probe_interval_s: float = 15.0,
+        probe: ProbeFn | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``endpoints``: URLs, :class:`regen.manifest.Endpoint` or
+        :class:`regen.client.EndpointInfo` (weight and max_running_requests are read)."""
+        if not endpoints:
+            raise EndpointError("the router needs at least one endpoint")
+        self._eps: dict[str, _State] = {}
+        for e in endpoints:
+            if isinstance(e, str):
+                st = _State(url=e.rstrip("/"))
+            else:
+                st = _State(
+                    url=e.url,
+                    weight=float(getattr(e, "weight", 1.0)),
+                    limit=getattr(e, "max_running_requests", None),
+                )
+            self._eps[st.url] = st
+        self.failure_threshold = failure_threshold
+        self.probe_interval_s = probe_interval_s
+        self._probe = probe
+        self._clock = clock
+        self._affinity: dict[str, str] = {}
+        self._changed = asyncio.Event()
+
+    @classmethod
+    def from_engine(
+        cls,
+        endpoints: Sequence[Any],
+        engine: Any,
+        *,
+        probe: ProbeFn | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> EndpointRouter:
+        """Built with a :class:`regen.manifest.Engine`'s threshold and probe interval."""
+        return cls(
+            endpoints,
+            failure_threshold=engine.endpoint_failure_threshold,
+            probe_interval_s=engine.endpoint_probe_interval_s,
+            probe=probe,
+            clock=clock,
+        )
+
+    # ---- knobs and views -------------------------------------------------------------------
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._eps)
+
+    def healthy_urls(self) -> list[str]:
+        return [u for u, s in self._eps.items() if s.state == UP]
+
+    def in_flight(self, url: str) -> int:
+        return self._eps[url].in_flight
+
+    def limit(self, url: str) -> int | None:
+        return self._eps[url].limit
+
+    def set_limit(self, url: str, limit: int | None) -> None:
+        """Set the in-flight cap of one endpoint (None: unlimited)."""
+        if limit is not None and limit < 1:
+            raise ValueError("an in-flight limit must be >= 1 (or None)")
+        self._eps[url].limit = limit
+        self._notify()
+
+    def state(self, url: str) -> str:
+        self._refresh(self._eps[url], self._clock())
+        return self._eps[url].state
+
+    def affinity(self, sample_id: str) -> str | None:
+        return self._affinity.get(sample_id)
+
+    def forget(self, sample_id: str) -> None:
+        """Drop a finished sample's endpoint binding."""
+        self._affinity.pop(sample_id, None)
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        """Per-endpoint stats as a plain JSON-able dict (for the progress snapshot)."""
+        now = self._clock()
+        out: dict[str, dict[str, Any]] = {}
+        for url, s in self._eps.items():
+            self._refresh(s, now)
+            done = s.ok + s.failures + s.throttled
+            out[url] = {
+                "state": s.state,
+                "in_flight": s.in_flight,
+                "limit": s.limit,
+                "weight": s.weight,
+                "requests": s.requests,
+                "ok": s.ok,
+                "failures": s.failures,
+                "throttled": s.throttled,
+                "consecutive_failures": s.consecutive_failures,
+                "latency_avg_s": round(s.latency_sum_s / done, 4) if done else None,
+                "latency_ewma_s": None if s.latency_ewma_s is None else round(s.latency_ewma_s, 4),
+                "down_for_s": None if s.down_since is None else round(now - s.down_since, 3),
+                "last_error": s.last_error,
+            }
+        return out
+
+    # ---- choosing ---------------------------------------------------------------------------
+
+    def try_acquire(self, sample_id: str) -> Lease | None:
+        """A lease on the endpoint for this sample's next request, or None if none has room."""
+        now = self._clock()
+        for s in self._eps.values():
+            self._refresh(s, now)
+        bound = self._affinity.get(sample_id)
+        if bound is not None:
+            s = self._eps[bound]
+            if s.state == UP:
+                return self._lease(s, sample_id, now) if s.has_room() else None
+            if s.state == HALF_OPEN and not s.trial_in_flight:
+                return self._lease(s, sample_id, now)
+        chosen: _State | None = None
+        for s in self._eps.values():
+            if s.state == HALF_OPEN and not s.trial_in_flight:
+                chosen = s  # probe it with a real request first
+                break
+        if chosen is None:
+            best = None
+            for s in self._eps.values():
+                if s.state != UP or not s.has_room():
+                    continue
+                score = (s.in_flight + 1) / s.weight
+                if best is None or score < best:
+                    best, chosen = score, s
+        if chosen is None:
+            return None
+        self._affinity[sample_id] = chosen.url
+        return self._lease(chosen, sample_id, now)
+
+    async def acquire(self, sample_id: str) -> Lease:
+        """Wait until an endpoint has room for this sample (wakes on release or recovery)."""
+        while True:
+            lease = self.try_acquire(sample_id)
+            if lease is not None:
+                return lease
+            changed = self._changed
+            wait = self._next_half_open_in()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout=wait)
+
+    def release(
+        self, lease: Lease, error: BaseException | None = None, *, latency_s: float | None = None
+    ) -> None:
+        """Give a lease back. ``error``: the exception the request ended with (None: success)."""
+        s = self._eps[lease.url]
+        now = self._clock()
+        s.in_flight -= 1
+        if lease.trial:
+            s.trial_in_flight = False
+        lat = now - lease.started_at if latency_s is None else latency_s
+        s.latency_sum_s += lat
+        s.latency_ewma_s = (
+            lat
+            if s.latency_ewma_s is None
+            else (1 - LATENCY_EWMA_ALPHA) * s.latency_ewma_s + LATENCY_EWMA_ALPHA * lat
+        )
+        if error is None or isinstance(error, PermanentError):
+            s.ok += 1
+            self._succeeded(s)
+        elif isinstance(error, RateLimitedError):
+            s.throttled += 1
+            s.last_error = type(error).__name__
+        else:
+            s.failures += 1
+            s.last_error = f"{type(error).__name__}: {str(error)[:200]}"
+            self._failed(s, now)
+        self._notify()
+
+    def abandon(self, lease: Lease) -> None:
+        """Give a lease back without counting an outcome (the request was cancelled)."""
+        s = self._eps[lease.url]
+        s.in_flight -= 1
+        if lease.trial:
+            s.trial_in_flight = False
+        self._notify()
+
+    @contextlib.asynccontextmanager
+    async def lease(self, sample_id: str) -> AsyncIterator[Lease]:
+        """``async with router.lease(sid) as l:`` acquire, then release with the outcome."""
+        held = await self.acquire(sample_id)
+        try:
+            yield held
+        except Exception as e:
+            self.release(held, e)
+            raise
+        except BaseException:  # cancelled: give the slot back, count nothing
+            self.abandon(held)
+            raise
+        else:
+            self.release(held)
+
+    # ---- health -----------------------------------------------------------------------------
+
+    async def probe_once(self) -> list[str]:
+        """Probe every endpoint out of rotation whose probe is due; return those back in."""
+        if self._probe is None:
+            return []
+        now = self._clock()
+        due = [
+            s
+            for s in self._eps.values()
+            if s.state == DOWN and s.next_probe_at is not None and now >= s.next_probe_at
+        ]
+        back: list[str] = []
+        for s in due:
+            try:
+                ok = await self._probe(s.url)
+            except Exception:
+                ok = False
+            if ok:
+                self._succeeded(s)
+                back.append(s.url)
+            else:
+                s.next_probe_at = self._clock() + self.probe_interval_s
+        if back:
+            self._notify()
+        return back
+
+    async def run_probes(
+        self,
+        stop: asyncio.Event,
+        *,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        tick_s: float | None = None,
+    ) -> None:
+        """Probe due endpoints until ``stop`` is set (run it as a background task)."""
+        tick = tick_s if tick_s is not None else min(self.probe_interval_s, 1.0)
+        while not stop.is_set():
+            await self.probe_once()
+            await sleep(tick)
+
+    def _lease(self, s: _State, sample_id: str, now: float) -> Lease:
+        trial = s.state == HALF_OPEN
+        if trial:
+            s.trial_in_flight = True
+        s.in_flight += 1
+        s.requests += 1
+        return Lease(url=s.url, sample_id=sample_id, started_at=now, trial=trial)
+
+    def _refresh(self, s: _State, now: float) -> None:
+        if (
+            s.state == DOWN
+            and self._probe is None
+            and s.next_probe_at is not None
+            and now >= s.next_probe_at
+        ):
+            s.state = HALF_OPEN
+
+    def _succeeded(self, s: _State) -> None:
+        s.consecutive_failures = 0
+        if s.state != UP:
+            log.info("endpoint %s back in rotation", s.url)
+            s.state = UP
+            s.down_since = None
+            s.next_probe_at = None
+
+    def _failed(self, s: _State, now: float) -> None:
+        s.consecutive_failures += 1
+        if s.state == HALF_OPEN:
+            s.state = DOWN
+            s.next_probe_at = now + self.probe_interval_s
+            log.warning("endpoint %s failed its trial request; still out of rotation", s.url)
+        elif s.state == UP and s.consecutive_failures >= self.failure_threshold:
+            s.state = DOWN
+            s.down_since = now
+            s.next_probe_at = now + self.probe_interval_s
+            log.warning(
+                "endpoint %s out of rotation after %d consecutive failures (last: %s)",
+                s.url,
+                s.consecutive_failures,
+                s.last_error,
+            )
+
+    def _next_half_open_in(self) -> float | None:
+        if self._probe is not None:
+            return self.probe_interval_s  # a probe task may bring one back; look again then
+        now = self._clock()
+        waits = [
+            s.next_probe_at - now
+            for s in self._eps.values()
+            if s.state == DOWN and s.next_probe_at is not None
+        ]
+        return max(0.01, min(waits)) if waits else None
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+
+async def http_probe(url: str, *, timeout_s: float = 5.0) -> bool:
+    """Default probe: ``GET {root}/health`` answers 200, else ``GET {url}/models`` does."""
+    import httpx2
+
+    from regen.client.endpoints import server_root
+
+    async with httpx2.AsyncClient(timeout=timeout_s) as http:
+        for target in (f"{server_root(url)}/health", f"{url}/models"):
+            try:
+                resp = await http.get(target)
+            except Exception:
+                continue
+            if resp.status_code == 200:
+                return True
+    return False

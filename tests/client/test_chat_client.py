@@ -1,0 +1,322 @@
+"""ChatClient against a fake transport: what it sends, what it assembles, how it fails."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx2
+import pytest
+from _chat_fakes import (
+    MESSAGES,
+    MODEL,
+    OK_CHUNKS,
+    URL,
+    Script,
+    chunk,
+    cut_response,
+    error_response,
+    make_client,
+    stream_response,
+)
+
+from regen.client import resolve_api_key
+from regen.errors import (
+    ConfigError,
+    ConnectError,
+    ContextLengthError,
+    PermanentError,
+    RateLimitedError,
+    RequestTimeoutError,
+    ServerError,
+    StreamCutError,
+)
+from regen.manifest import Endpoint, Sampling
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def complete(client, tools=None):
+    async def go():
+        try:
+            return await client.complete(MESSAGES, tools, sample_id="s:1")
+        finally:
+            await client.aclose()
+
+    return run(go())
+
+
+# ---- what is sent -----------------------------------------------------------------------------
+
+
+def test_streaming_request_carries_sampling_and_template_kwargs():
+    script = Script(stream_response(OK_CHUNKS))
+    sampling = Sampling(
+        temperature=0.3,
+        top_p=0.9,
+        max_tokens=77,
+        thinking=False,
+        chat_template_kwargs={"x": 1},
+        top_k=20,
+        seed=5,
+    )
+    complete(make_client(script, sampling=sampling))
+    (body,) = script.bodies()
+    assert body["model"] == MODEL
+    assert body["messages"] == MESSAGES
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert (body["temperature"], body["top_p"], body["max_tokens"]) == (0.3, 0.9, 77)
+    assert body["top_k"] == 20 and body["seed"] == 5
+    assert body["chat_template_kwargs"] == {"thinking": False, "x": 1}
+    assert "return_token_ids" not in body
+    assert script.requests[0].url == f"{URL}/chat/completions"
+
+
+def test_unset_top_k_and_seed_are_not_sent_and_tools_are():
+    script = Script(stream_response(OK_CHUNKS))
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    complete(make_client(script), tools)
+    (body,) = script.bodies()
+    assert "top_k" not in body and "seed" not in body
+    assert body["tools"] == tools
+    assert body["chat_template_kwargs"] == {"thinking": True}
+
+
+# ---- what is assembled ------------------------------------------------------------------------
+
+
+def test_stream_assembles_content_reasoning_and_usage_in_last_chunk():
+    chunks = [
+        chunk(role="assistant", reasoning="Let me "),
+        chunk(reasoning="think."),
+        chunk(content="Hi"),
+        chunk(content=" there", finish="stop"),
+        chunk(
+            choices=False,
+            usage={
+                "prompt_tokens": 11,
+                "completion_tokens": 6,
+                "total_tokens": 17,
+                "reasoning_tokens": 3,
+                "prompt_tokens_details": {"cached_tokens": 8},
+            },
+        ),
+    ]
+    r = complete(make_client(Script(stream_response(chunks))))
+    assert r.content == "Hi there"
+    assert r.reasoning == "Let me think."
+    assert r.finish_reason == "stop"
+    assert (r.prompt_tokens, r.completion_tokens) == (11, 6)
+    assert (r.reasoning_tokens, r.cached_tokens) == (3, 8)
+    assert r.model == MODEL and r.endpoint == URL and r.attempts == 1
+    assert r.tool_calls == ()
+
+
+def test_stream_usage_on_the_finish_reason_chunk_and_no_done_marker():
+    chunks = [
+        chunk(content="a"),
+        chunk(
+            content="b",
+            finish="length",
+            usage={"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6},
+        ),
+    ]
+    r = complete(make_client(Script(stream_response(chunks, done=False))))
+    assert (r.content, r.finish_reason, r.truncated) == ("ab", "length", True)
+    assert (r.prompt_tokens, r.completion_tokens) == (4, 2)
+    assert r.reasoning is None
+
+
+def test_tool_calls_are_assembled_from_deltas():
+    def tc(index, *, id=None, name=None, args=None):
+        fn = {}
+        if name is not None:
+            fn["name"] = name
+        if args is not None:
+            fn["arguments"] = args
+        d = {"index": index, "function": fn}
+        if id is not None:
+            d["id"], d["type"] = id, "function"
+        return d
+
+    chunks = [
+        chunk(content="Calling."),
+        chunk(tool_calls=[tc(0, id="functions.get:0", name="get", args="")]),
+        chunk(tool_calls=[tc(0, args='{"city": ')]),
+        chunk(tool_calls=[tc(0, args='"Oslo"}')]),
+        chunk(tool_calls=[tc(1, id="functions.put:1", name="put", args='{"k": 1}')]),
+        chunk(finish="tool_calls"),
+        chunk(choices=False, usage={"prompt_tokens": 9, "completion_tokens": 12}),
+    ]
+    r = complete(make_client(Script(stream_response(chunks))))
+    assert r.finish_reason == "tool_calls"
+    assert r.content == "Calling."
+    assert [(c.id, c.name, c.arguments) for c in r.tool_calls] == [
+        ("functions.get:0", "get", '{"city": "Oslo"}'),
+        ("functions.put:1", "put", '{"k": 1}'),
+    ]
+
+
+def test_latency_and_ttft_use_the_clock():
+    ticks = iter([100.0, 100.5, 101.0, 101.25, 102.0, 103.0])
+    r = complete(make_client(Script(stream_response(OK_CHUNKS)), clock=lambda: next(ticks)))
+    # start 100.0; chunks at 100.5 (role, empty content), 101.0 ("Hello"), 101.25, 102.0
+    assert r.ttft_s == pytest.approx(1.0)
+    assert r.latency_s == pytest.approx(3.0)
+
+
+def test_non_streaming_asks_for_and_reads_server_token_ids():
+    body = {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 0,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "ok", "reasoning_content": "hm"},
+                "prompt_token_ids": [1, 2, 3],
+                "token_ids": [7, 8, 9, 10],
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+    }
+    script = Script(httpx2.Response(200, json=body))
+    r = complete(make_client(script, sampling=Sampling(server_token_ids=True)))
+    (sent,) = script.bodies()
+    assert sent.get("stream") in (None, False) and "stream_options" not in sent
+    assert sent["return_prompt_token_ids"] is True and sent["return_token_ids"] is True
+    assert (r.content, r.reasoning, r.finish_reason) == ("ok", "hm", "stop")
+    assert r.prompt_token_ids == [1, 2, 3]
+    assert r.output_token_ids == [7, 8, 9, 10]
+    assert (r.prompt_tokens, r.completion_tokens, r.ttft_s) == (3, 4, None)
+
+
+# ---- how it fails (mapped by type and status) -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("step", "expected"),
+    [
+        (httpx2.ConnectError("refused"), ConnectError),
+        (httpx2.ReadError("reset by peer"), ConnectError),
+        (httpx2.ReadTimeout("stall"), RequestTimeoutError),
+        (httpx2.ConnectTimeout("slow"), RequestTimeoutError),
+        (error_response(408), ServerError),
+        (error_response(500), ServerError),
+        (error_response(503), ServerError),
+        (error_response(429), RateLimitedError),
+        (error_response(400), PermanentError),
+        (error_response(401), PermanentError),
+        (error_response(403), PermanentError),
+        (error_response(404), PermanentError),
+        (error_response(422, {"detail": "Unexpected fields"}), PermanentError),
+        (error_response(413), ContextLengthError),
+        (
+            error_response(
+                400, {"error": {"message": "too long", "code": "context_length_exceeded"}}
+            ),
+            ContextLengthError,
+        ),
+    ],
+)
+def test_errors_map_by_type_and_status(step, expected):
+    with pytest.raises(expected) as info:
+        complete(make_client(Script(step)))
+    assert type(info.value) is expected
+    assert info.value.endpoint == URL
+    if isinstance(step, httpx2.Response):
+        assert info.value.status == step.status_code
+
+
+def test_context_length_is_not_guessed_from_message_text():
+    body = {"object": "error", "message": "maximum context length exceeded", "code": 400}
+    with pytest.raises(PermanentError) as info:
+        complete(make_client(Script(error_response(400, body))))
+    assert type(info.value) is PermanentError
+    assert "maximum context length" in str(info.value)  # the reason is kept for the record
+
+
+def test_stream_without_finish_reason_is_a_stream_cut():
+    chunks = [chunk(content="partial")]
+    with pytest.raises(StreamCutError):
+        complete(make_client(Script(stream_response(chunks))))
+
+
+def test_connection_dropped_mid_stream_is_a_stream_cut():
+    with pytest.raises(StreamCutError):
+        complete(make_client(Script(cut_response([chunk(content="part")]))))
+
+
+def test_error_object_inside_the_stream():
+    bad = [chunk(content="a"), {"error": {"message": "engine died", "code": 503}}]
+    with pytest.raises(ServerError):
+        complete(make_client(Script(stream_response(bad))))
+    plain = [chunk(content="a"), {"error": "something broke"}]
+    with pytest.raises(ServerError):
+        complete(make_client(Script(stream_response(plain))))
+    rejected = [{"error": {"message": "bad request", "code": 400}}]
+    with pytest.raises(PermanentError):
+        complete(make_client(Script(stream_response(rejected))))
+
+
+# ---- the API key --------------------------------------------------------------------------------
+
+
+def test_api_key_from_env_is_sent_and_never_in_errors(monkeypatch):
+    secret = "sk-very-secret-123"
+    monkeypatch.setenv("REGEN_TEST_KEY", secret)
+    script = Script(error_response(401))
+    ep = Endpoint(url=URL, api_key_env="REGEN_TEST_KEY")
+    with pytest.raises(PermanentError) as info:
+        complete(make_client(script, endpoint=ep))
+    assert script.requests[0].headers["authorization"] == f"Bearer {secret}"
+    assert secret not in str(info.value) and secret not in repr(info.value)
+    # the SDK exception (whose request holds the key) is not chained for tracebacks or pickling
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_api_key_from_file_relative_to_base_dir(tmp_path):
+    (tmp_path / "key.txt").write_text("file-key\n")
+    ep = Endpoint(url=URL, api_key_file="key.txt")
+    assert resolve_api_key(ep, tmp_path) == "file-key"
+    script = Script(stream_response(OK_CHUNKS))
+    complete(make_client(script, endpoint=ep, base_dir=tmp_path))
+    assert script.requests[0].headers["authorization"] == "Bearer file-key"
+
+
+def test_missing_key_source_is_a_config_error(monkeypatch, tmp_path):
+    monkeypatch.delenv("REGEN_TEST_NO_KEY", raising=False)
+    with pytest.raises(ConfigError, match="REGEN_TEST_NO_KEY"):
+        resolve_api_key(Endpoint(url=URL, api_key_env="REGEN_TEST_NO_KEY"))
+    with pytest.raises(ConfigError, match="api_key_file"):
+        resolve_api_key(Endpoint(url=URL, api_key_file="nope.txt"), tmp_path)
+    assert resolve_api_key(Endpoint(url=URL)) == "EMPTY"
+
+
+def test_messages_are_sent_verbatim():
+    script = Script(stream_response(OK_CHUNKS))
+    msgs = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "t0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "content": "res", "tool_call_id": "t0"},
+    ]
+
+    async def go():
+        c = make_client(script)
+        await c.complete(msgs, None, sample_id="s")
+        await c.aclose()
+
+    run(go())
+    assert json.loads(script.requests[0].content)["messages"] == msgs

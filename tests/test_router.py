@@ -1,0 +1,230 @@
+"""EndpointRouter: least outstanding (weighted), affinity, limits, health, probes. Fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from regen.client import EndpointInfo
+from regen.errors import ConnectError, ContextLengthError, RateLimitedError, ServerError
+from regen.manifest import Endpoint, Engine
+from regen.router import DOWN, HALF_OPEN, UP, EndpointRouter
+
+A, B, C = "http://a:1/v1", "http://b:1/v1", "http://c:1/v1"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def router(*eps, clock=None, **kw):
+    return EndpointRouter(list(eps or (A, B)), clock=clock or Clock(), **kw)
+
+
+def test_least_outstanding_spreads_new_samples():
+    r = router(A, B, C)
+    urls = [r.try_acquire(f"s{i}").url for i in range(6)]
+    assert urls == [A, B, C, A, B, C]
+    assert r.snapshot()[A]["in_flight"] == 2
+
+
+def test_release_makes_an_endpoint_the_least_loaded_again():
+    r = router(A, B)
+    la, lb, la2 = r.try_acquire("s0"), r.try_acquire("s1"), r.try_acquire("s2")
+    assert (la.url, lb.url, la2.url) == (A, B, A)
+    r.release(lb)
+    assert r.try_acquire("s3").url == B  # B has 0 in flight, A has 2
+
+
+def test_weights_shift_traffic():
+    r = EndpointRouter([Endpoint(url=A, weight=3.0), Endpoint(url=B, weight=1.0)], clock=Clock())
+    urls = [r.try_acquire(f"s{i}").url for i in range(8)]
+    assert urls.count(A) == 6 and urls.count(B) == 2
+
+
+def test_affinity_keeps_a_sample_on_its_endpoint():
+    r = router(A, B)
+    first = r.try_acquire("conv")
+    r.release(first)
+    others = [r.try_acquire(f"x{i}") for i in range(3)]  # load A more than B if same
+    assert first.url == A and [o.url for o in others] == [A, B, A]
+    again = r.try_acquire("conv")
+    assert again.url == A  # A is busier, but the prefix cache is there
+    r.forget("conv")
+    assert r.affinity("conv") is None
+
+
+def test_in_flight_limit_from_max_running_requests_and_knob():
+    infos = [
+        EndpointInfo(url=A, weight=1.0, models=("m",), max_running_requests=2),
+        EndpointInfo(url=B, weight=1.0, models=("m",), max_running_requests=1),
+    ]
+    r = EndpointRouter(infos, clock=Clock())
+    leases = [r.try_acquire(f"s{i}") for i in range(3)]
+    assert [lease.url for lease in leases] == [A, B, A]
+    assert r.try_acquire("s3") is None  # all full
+    r.set_limit(B, 2)
+    assert r.try_acquire("s3").url == B
+    assert (r.limit(A), r.limit(B)) == (2, 2)
+    with pytest.raises(ValueError):
+        r.set_limit(A, 0)
+
+
+def test_affine_endpoint_full_means_wait_not_move():
+    r = EndpointRouter([Endpoint(url=A), Endpoint(url=B)], clock=Clock())
+    r.set_limit(A, 1)
+    r.set_limit(B, 5)
+    first = r.try_acquire("conv")
+    assert first.url == A
+    assert r.try_acquire("conv") is None  # A full: wait for it, B has no cache for this sample
+
+
+def test_failure_threshold_takes_endpoint_out_and_affinity_moves():
+    clock = Clock()
+    r = router(A, B, clock=clock, failure_threshold=3, probe_interval_s=10.0)
+    lease = r.try_acquire("conv")
+    assert lease.url == A
+    r.release(lease, ConnectError("refused"))
+    for _ in range(2):
+        r.release(r.try_acquire("conv"), ServerError("500"))
+    assert r.state(A) == DOWN
+    assert r.healthy_urls() == [B]
+    nxt = r.try_acquire("conv")
+    assert nxt.url == B and r.affinity("conv") == B
+    snap = r.snapshot()[A]
+    assert snap["state"] == "down" and snap["failures"] == 3
+    assert snap["consecutive_failures"] == 3 and snap["last_error"].startswith("ServerError")
+
+
+def test_success_resets_the_consecutive_count():
+    r = router(A, clock=Clock(), failure_threshold=2)
+    r.release(r.try_acquire("s"), ConnectError("x"))
+    r.release(r.try_acquire("s"))
+    r.release(r.try_acquire("s"), ConnectError("x"))
+    assert r.state(A) == UP
+
+
+def test_429_and_permanent_errors_do_not_count_against_health():
+    r = router(A, clock=Clock(), failure_threshold=1)
+    r.release(r.try_acquire("s"), RateLimitedError("slow", retry_after=1))
+    r.release(r.try_acquire("s"), ContextLengthError("too long", status=400))
+    assert r.state(A) == UP
+    snap = r.snapshot()[A]
+    assert (snap["throttled"], snap["ok"], snap["failures"]) == (1, 1, 0)
+
+
+def test_half_open_trial_brings_it_back_after_the_interval():
+    clock = Clock()
+    r = router(A, B, clock=clock, failure_threshold=1, probe_interval_s=15.0)
+    r.release(r.try_acquire("s0"), ConnectError("down"))
+    assert r.state(A) == DOWN
+    clock.t += 14.9
+    assert r.try_acquire("s1").url == B
+    clock.t += 0.2
+    assert r.state(A) == HALF_OPEN
+    trial = r.try_acquire("s2")
+    assert trial.url == A and trial.trial
+    assert r.try_acquire("s3").url == B  # one trial at a time
+    r.release(trial, ConnectError("still down"))
+    assert r.state(A) == DOWN
+    clock.t += 15.0
+    trial = r.try_acquire("s4")
+    assert trial.url == A and trial.trial
+    r.release(trial)
+    assert r.state(A) == UP and r.healthy_urls() == [A, B]
+
+
+def test_probe_brings_it_back():
+    clock = Clock()
+    answers = {A: False}
+    probed = []
+
+    async def probe(url: str) -> bool:
+        probed.append(url)
+        return answers[url]
+
+    r = router(A, B, clock=clock, failure_threshold=1, probe_interval_s=5.0, probe=probe)
+
+    async def go():
+        r.release(r.try_acquire("s"), ConnectError("down"))
+        assert await r.probe_once() == []  # not due yet
+        clock.t += 5.0
+        assert r.state(A) == DOWN  # with a probe there is no half-open trial
+        assert await r.probe_once() == []
+        clock.t += 5.0
+        answers[A] = True
+        assert await r.probe_once() == [A]
+
+    asyncio.run(go())
+    assert probed == [A, A]
+    assert r.state(A) == UP
+
+
+def test_run_probes_loop_is_bounded_by_stop():
+    clock = Clock()
+    r = router(A, clock=clock, failure_threshold=1, probe_interval_s=1.0, probe=None)
+    ticks = []
+
+    async def go():
+        stop = asyncio.Event()
+
+        async def sleep(s: float) -> None:
+            ticks.append(s)
+            if len(ticks) == 3:
+                stop.set()
+
+        await r.run_probes(stop, sleep=sleep)
+
+    asyncio.run(go())
+    assert ticks == [1.0, 1.0, 1.0]
+
+
+def test_acquire_waits_for_a_release():
+    r = EndpointRouter([Endpoint(url=A)], clock=Clock())
+    r.set_limit(A, 1)
+
+    async def go():
+        held = await r.acquire("s0")
+        waiter = asyncio.create_task(r.acquire("s1"))
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        r.release(held)
+        got = await asyncio.wait_for(waiter, timeout=5)
+        return got
+
+    assert asyncio.run(go()).url == A
+
+
+def test_lease_context_manager_records_outcomes():
+    r = router(A, clock=Clock(), failure_threshold=5)
+
+    async def go():
+        async with r.lease("s0") as lease:
+            assert r.in_flight(lease.url) == 1
+        with pytest.raises(ServerError):
+            async with r.lease("s1"):
+                raise ServerError("boom")
+
+    asyncio.run(go())
+    snap = r.snapshot()[A]
+    assert (snap["in_flight"], snap["ok"], snap["failures"], snap["requests"]) == (0, 1, 1, 2)
+
+
+def test_latency_stats_and_from_engine():
+    clock = Clock()
+    r = EndpointRouter.from_engine(
+        [A], Engine(endpoint_failure_threshold=2, endpoint_probe_interval_s=3.0), clock=clock
+    )
+    assert (r.failure_threshold, r.probe_interval_s) == (2, 3.0)
+    lease = r.try_acquire("s")
+    clock.t += 2.0
+    r.release(lease)
+    r.release(r.try_acquire("s"), latency_s=4.0)
+    snap = r.snapshot()[A]
+    assert snap["latency_avg_s"] == 3.0
+    assert snap["latency_ewma_s"] == pytest.approx(0.8 * 2.0 + 0.2 * 4.0)
