@@ -1,0 +1,145 @@
+"""KimiRenderer: response reassembly per think state, split tokenization, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from regen.errors import TemplateError
+from regen.sample import Message, ToolCall
+from regen.template.render import (
+    KimiRenderer,
+    response_text,
+    think_state,
+    tool_calls_section,
+)
+
+TOKENIZER = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "tokenizer"
+CALL = ToolCall(id="functions.get_weather:0", name="get_weather", arguments='{"city": "Oslo"}')
+SECTION = (
+    "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+    '<|tool_call_argument_begin|>{"city": "Oslo"}<|tool_call_end|><|tool_calls_section_end|>'
+)
+
+
+@pytest.fixture(scope="module")
+def renderer() -> KimiRenderer:
+    return KimiRenderer.from_dir(TOKENIZER)
+
+
+def test_think_state_reads_the_prompt_tail() -> None:
+    assert think_state("...<|im_middle|><think>") == "open"
+    assert think_state("...<|im_middle|><think></think>") == "closed"
+    assert think_state("...<|im_middle|>") == "none"
+    assert think_state("...<|im_middle|><think>\n") == "open"
+
+
+def test_tool_calls_section_default_id_and_verbatim_arguments() -> None:
+    assert tool_calls_section([CALL]) == SECTION
+    no_id = ToolCall(id="", name="f", arguments="not json, kept verbatim")
+    assert tool_calls_section([CALL, no_id]).endswith(
+        "<|tool_call_begin|>functions.f:1<|tool_call_argument_begin|>not json, kept verbatim"
+        "<|tool_call_end|><|tool_calls_section_end|>"
+    )
+    assert tool_calls_section([]) == ""
+
+
+@pytest.mark.parametrize(
+    ("state", "reasoning", "content", "calls", "finish", "expected"),
+    [
+        ("open", "R", "C", (), "stop", "R</think>C<|im_end|>"),
+        ("open", None, "C", (), "stop", "</think>C<|im_end|>"),
+        ("open", "R", "", (CALL,), "tool_calls", "R</think>" + SECTION + "<|im_end|>"),
+        ("open", "R", "", (), "length", "R"),  # cut inside the reasoning
+        ("open", "R", "Par", (), "length", "R</think>Par"),  # cut inside the content
+        ("closed", None, "C", (), "stop", "C<|im_end|>"),
+        ("closed", "", "C", (CALL,), "stop", "C" + SECTION + "<|im_end|>"),
+        ("none", "R", "C", (), "stop", "<think>R</think>C<|im_end|>"),
+        ("none", None, "C", (), "stop", "C<|im_end|>"),
+        ("none", "R", "", (), "length", "<think>R"),
+    ],
+)
+def test_response_text(
+    state: str, reasoning: str | None, content: str, calls: tuple, finish: str, expected: str
+) -> None:
+    assert response_text(state, reasoning, content, calls, finish) == expected  # type: ignore[arg-type]
+
+
+def test_closed_prompt_with_reasoning_is_an_error() -> None:
+    with pytest.raises(TemplateError, match="thinking off"):
+        response_text("closed", "some reasoning", "C")
+
+
+def test_render_turn_splits_prompt_and_response(renderer: KimiRenderer) -> None:
+    msgs = [Message("user", "Hello there")]
+    turn = renderer.render_turn(msgs, None, reasoning="Be kind.", content="Hi!")
+    assert turn.think_state == "open"
+    assert turn.response_text == "Be kind.</think>Hi!<|im_end|>"
+    assert turn.prompt_ids == renderer.encode(turn.prompt_text)
+    assert turn.response_ids == renderer.encode(turn.response_text)
+    assert turn.input_ids == turn.prompt_ids + turn.response_ids
+    assert turn.loss_mask == [0] * len(turn.prompt_ids) + [1] * len(turn.response_ids)
+    assert renderer.decode(turn.input_ids) == turn.text
+    # the boundary falls on a special token, so joint tokenization agrees
+    assert renderer.encode(turn.text) == turn.input_ids
+
+
+def test_thinking_off_renderer(tmp_path: Path) -> None:
+    r = KimiRenderer.from_dir(TOKENIZER, template_kwargs={"thinking": False})
+    turn = r.render_turn([Message("user", "Hi")], None, reasoning=None, content="Hey.")
+    assert turn.prompt_text.endswith("<|im_middle|><think></think>")
+    assert turn.response_text == "Hey.<|im_end|>"
+    with pytest.raises(TemplateError):
+        r.render_turn([Message("user", "Hi")], None, reasoning="oops", content="Hey.")
+
+
+def test_k2_thinking_style_prompt_without_think(renderer: KimiRenderer) -> None:
+    """A template whose generation prompt stops at <|im_middle|>: the model writes <think>."""
+    original = renderer.tokenizer.chat_template
+    gen = "{%- if thinking is defined and not thinking -%}<think></think>{%- else -%}<think>"
+    assert original.count(gen) == 1
+    renderer.tokenizer.chat_template = original.replace(gen, "{%- if false -%}{%- else -%}")
+    try:
+        turn = renderer.render_turn([Message("user", "Hi")], None, reasoning="R", content="C")
+    finally:
+        renderer.tokenizer.chat_template = original
+    assert turn.think_state == "none"
+    assert turn.prompt_text.endswith("<|im_assistant|>assistant<|im_middle|>")
+    assert turn.response_text == "<think>R</think>C<|im_end|>"
+
+
+def test_template_errors_become_template_error(renderer: KimiRenderer) -> None:
+    with pytest.raises(TemplateError, match="chat template failed"):
+        renderer.render_prompt([{"role": "assistant", "tool_calls": [{"function": 3}]}])
+
+
+def test_ids_and_hash(renderer: KimiRenderer) -> None:
+    assert renderer.im_end_id == renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert renderer.im_end_id in renderer.end_ids
+    other = KimiRenderer.from_dir(TOKENIZER, template_kwargs={"thinking": False})
+    assert other.template_hash != renderer.template_hash
+
+
+def test_missing_tokenizer_dir_is_a_template_error(tmp_path: Path) -> None:
+    with pytest.raises(TemplateError, match="cannot load tokenizer"):
+        KimiRenderer.from_dir(tmp_path / "nope")
+
+
+def test_from_manifest_uses_target_tokenizer_and_template_kwargs() -> None:
+    from regen.manifest import parse_manifest
+
+    m = parse_manifest(
+        {
+            "name": "t",
+            "target": {"model": "tiny", "tokenizer": "tokenizer"},
+            "sampling": {"thinking": False},
+            "sources": [
+                {"name": "n", "adapter": "kimi_native", "mode": "native", "path": "x.jsonl"}
+            ],
+        },
+        base_dir=TOKENIZER.parent,
+    )
+    r = KimiRenderer.from_manifest(m)
+    assert r.template_kwargs == {"thinking": False}
+    assert r.render_prompt([Message("user", "Hi")]).endswith("<think></think>")
