@@ -1,0 +1,345 @@
+"""regen.status: rates, ETA band and states from synthetic run directories (``now`` injected)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from monitor.synthetic import make_snapshot, write_run_dir
+from regen.errors import RunDirError
+from regen.progress import EndpointProgress, ProgressSnapshot, SourceProgress
+from regen.status import (
+    LOCK_STALE_S,
+    STALL_AFTER_S,
+    Rate,
+    RunFiles,
+    RunView,
+    compute,
+    last_growth_at,
+    length_cv,
+    read_numbers,
+    window_rate,
+)
+
+NOW = 1_800_000_000.0
+HOST = "node-a"
+
+
+def series(rate_at, start: float, end: float, step: float = 5.0) -> list[tuple[float, int]]:
+    """Cumulative tokens sampled every ``step`` s; ``rate_at(t)`` is the tok/s at time t."""
+    out, total, t = [], 0.0, start
+    while t <= end + 1e-9:
+        out.append((t, round(total)))
+        total += rate_at(t) * step
+        t += step
+    return out
+
+
+def snap(**kw) -> ProgressSnapshot:
+    s = ProgressSnapshot(name="run", model="m", session="s1", host=HOST, pid=123)
+    s.run_started_at = NOW - 7200
+    s.started_at = NOW - 3600
+    s.updated_at = NOW - 1
+    for k, v in kw.items():
+        setattr(s, k, v)
+    return s
+
+
+def lock(beat_age: float = 2.0, host: str = HOST, pid: int = 123, session: str = "s1") -> dict:
+    return {"owner": "regen run", "host": host, "pid": pid, "session": session,
+            "started_at": NOW - 3600, "heartbeat_at": NOW - beat_age}  # fmt: skip
+
+
+def numbers(progress, lk, *, alive=True, **kw):
+    return compute(RunFiles(progress, lk, None), now=NOW, hostname=HOST,
+                   pid_alive=lambda pid: alive, **kw)  # fmt: skip
+
+
+# ---- rates -----------------------------------------------------------------------------------
+
+
+def test_constant_rate_is_the_same_over_every_window() -> None:
+    s = series(lambda t: 100.0, NOW - 1200, NOW)
+    for w in (60.0, 300.0, 900.0):
+        r = window_rate(s, w)
+        assert r.tok_s == pytest.approx(100.0)
+        assert r.span_s == w
+
+
+def test_windows_see_a_rate_change_differently() -> None:
+    # 100 tok/s until 5 min ago, then 300 tok/s
+    s = series(lambda t: 100.0 if t < NOW - 300 else 300.0, NOW - 1200, NOW)
+    assert window_rate(s, 60).tok_s == pytest.approx(300.0)
+    assert window_rate(s, 300).tok_s == pytest.approx(300.0)
+    assert window_rate(s, 900).tok_s == pytest.approx((300 * 300 + 600 * 100) / 900)
+
+
+def test_window_start_between_points_is_interpolated() -> None:
+    s = [(0.0, 0), (10.0, 1000), (20.0, 1000), (30.0, 4000)]
+    # last 25 s: from t=5 (value 500, interpolated) to t=30 (4000)
+    assert window_rate(s, 25).tok_s == pytest.approx(3500 / 25)
+
+
+def test_young_session_rates_cover_what_exists_and_too_short_is_none() -> None:
+    s = series(lambda t: 50.0, NOW - 30, NOW)
+    r = window_rate(s, 300)
+    assert (r.tok_s, r.span_s) == (pytest.approx(50.0), 30.0)
+    assert window_rate(series(lambda t: 50.0, NOW - 5, NOW), 60).tok_s is None
+    assert window_rate([(NOW, 10)], 60) == Rate(60, None, 0.0)
+    assert window_rate([], 60).tok_s is None
+
+
+def test_last_growth_is_the_last_point_that_grew() -> None:
+    assert last_growth_at([(0.0, 0), (5.0, 10), (10.0, 10), (15.0, 10)]) == 5.0
+    assert last_growth_at([(0.0, 7), (5.0, 7)]) == 0.0
+    assert last_growth_at([]) is None
+
+
+def test_length_cv_from_histogram() -> None:
+    # two equal bins with midpoints 50 and 150: mean 100, std 50
+    assert length_cv([0, 100, 200], [5, 5]) == pytest.approx(0.5)
+    assert length_cv([0, 100], [0, 0]) == 1.0
+
+
+# ---- ETA -------------------------------------------------------------------------------------
+
+
+def two_sources() -> dict[str, SourceProgress]:
+    return {
+        # observed: 100 done, 200 turns x 500 tokens = 1000 tokens per sample; 400 remain
+        "a": SourceProgress(total=510, done=100, failed=10, rows=200, completion_tokens=100_000),
+        # no data yet: the manifest's output_tokens decide
+        "b": SourceProgress(total=100),
+        # native: costs no tokens
+        "n": SourceProgress(total=50, done=0, regenerate=False),
+    }
+
+
+def test_eta_combines_observed_lengths_and_manifest_assumption() -> None:
+    p = snap(sources=two_sources(), token_series=series(lambda t: 100.0, NOW - 1200, NOW))
+    n = numbers(p, lock(), assumptions={"b": (200, 600)})
+    e = n.eta
+    assert e is not None
+    assert e.tokens == pytest.approx(400 * 1000 + 100 * 400)
+    rel = 2.0 * 1.0 / math.sqrt(200)  # cv 1.0 (empty histogram), 200 turns seen
+    assert e.tokens_low == pytest.approx(400 * 1000 * (1 - rel) + 100 * 200)
+    assert e.tokens_high == pytest.approx(400 * 1000 * (1 + rel) + 100 * 600)
+    assert e.seconds == pytest.approx(440_000 / 100)
+    assert e.low_s == pytest.approx(e.tokens_low / 100) and e.high_s == pytest.approx(
+        e.tokens_high / 100
+    )
+    assert e.assumed_sources == ["b"]
+    assert n.remaining == 400 + 100 + 50
+
+
+def test_eta_band_widens_with_the_spread_of_rates() -> None:
+    # 100 tok/s until 5 min ago, then 300: 1 min/5 min see 300, 15 min sees 166.7
+    s = series(lambda t: 100.0 if t < NOW - 300 else 300.0, NOW - 1200, NOW)
+    p = snap(sources=two_sources(), token_series=s)
+    e = numbers(p, lock(), assumptions={"b": (200, 600)}).eta
+    assert e is not None
+    assert e.rate_tok_s == pytest.approx(300.0)  # the 5-minute rate
+    assert e.seconds == pytest.approx(e.tokens / 300.0)
+    assert e.low_s == pytest.approx(e.tokens_low / 300.0)
+    assert e.high_s == pytest.approx(e.tokens_high / ((300 * 300 + 600 * 100) / 900))
+    assert e.low_s < e.seconds < e.high_s
+
+
+def test_eta_without_any_data_uses_default_assumption_for_every_source() -> None:
+    sources = {"a": SourceProgress(total=10), "b": SourceProgress(total=30)}
+    p = snap(sources=sources, token_series=series(lambda t: 10.0, NOW - 600, NOW))
+    e = numbers(p, lock(), assumptions={}).eta
+    assert e is not None
+    assert e.assumed_sources == ["a", "b"]
+    assert e.tokens == pytest.approx(40 * 1000)  # (600 + 1400) / 2 per sample
+    assert (e.tokens_low, e.tokens_high) == (40 * 600, 40 * 1400)
+
+
+def test_narrow_histogram_gives_a_narrower_length_band() -> None:
+    sources = {"a": SourceProgress(total=1100, done=100, rows=100, completion_tokens=50_000)}
+    s = series(lambda t: 100.0, NOW - 1200, NOW)
+    wide = numbers(snap(sources=sources, token_series=s), lock()).eta
+    p = snap(sources=sources, token_series=s)
+    p.output_tokens_hist.edges, p.output_tokens_hist.counts = [0, 490, 510], [0, 100, 0]
+    narrow = numbers(p, lock()).eta
+    assert wide is not None and narrow is not None
+    assert narrow.tokens == wide.tokens
+    assert narrow.tokens_high - narrow.tokens_low < (wide.tokens_high - wide.tokens_low) / 10
+
+
+def test_eta_is_none_without_a_rate_and_zero_when_nothing_remains() -> None:
+    p = snap(sources=two_sources(), token_series=[])
+    assert numbers(p, lock()).eta is None
+    done = {"a": SourceProgress(total=5, done=4, failed=1, rows=4, completion_tokens=40)}
+    p = snap(sources=done, token_series=series(lambda t: 1.0, NOW - 600, NOW))
+    e = numbers(p, lock()).eta
+    assert e is not None and e.seconds == 0.0 and e.tokens == 0.0
+
+
+# ---- states ----------------------------------------------------------------------------------
+
+
+def growing() -> list[tuple[float, int]]:
+    return series(lambda t: 100.0, NOW - 1200, NOW - 2)
+
+
+def flat_since(t_flat: float) -> list[tuple[float, int]]:
+    return series(lambda t: 100.0 if t < t_flat else 0.0, NOW - 1200, NOW - 2)
+
+
+def test_running_when_holder_alive_and_tokens_grow() -> None:
+    n = numbers(snap(token_series=growing()), lock())
+    assert (n.state, n.state_reason) == ("running", "")
+    assert n.holder is not None and n.holder.alive
+
+
+def test_stalled_when_holder_alive_but_no_new_tokens() -> None:
+    n = numbers(snap(token_series=flat_since(NOW - 400)), lock(), stall_after_s=300)
+    assert n.state == "stalled"
+    assert "no new tokens" in n.state_reason
+    # the same directory is still running under a more patient threshold
+    assert numbers(snap(token_series=flat_since(NOW - 400)), lock(), stall_after_s=600).state == (
+        "running"
+    )
+
+
+def test_stalled_when_progress_json_stops_being_updated() -> None:
+    n = numbers(snap(token_series=growing(), updated_at=NOW - STALL_AFTER_S - 5), lock())
+    assert n.state == "stalled"
+    assert "progress.json" in n.state_reason
+
+
+def test_young_session_without_tokens_yet_is_running() -> None:
+    p = snap(started_at=NOW - 60, token_series=[(NOW - 55, 0), (NOW - 5, 0)])
+    assert numbers(p, lock()).state == "running"
+
+
+def test_dead_when_heartbeat_is_stale() -> None:
+    eps = [EndpointProgress("http://127.0.0.1:1/v1", in_flight=5)]
+    p = snap(sources=two_sources(), token_series=growing(), endpoints=eps, in_flight=5)
+    assert numbers(p, lock()).endpoints[0].in_flight == 5
+    n = numbers(p, lock(beat_age=LOCK_STALE_S + 1))
+    assert n.state == "dead"
+    assert "heartbeat" in n.state_reason
+    assert n.in_flight == 0 and n.endpoints[0].in_flight == 0
+    assert n.eta is None
+
+
+def test_dead_when_pid_is_gone_on_this_host() -> None:
+    n = numbers(snap(token_series=growing()), lock(), alive=False)
+    assert n.state == "dead"
+    assert "pid 123" in n.state_reason
+
+
+def test_pid_on_another_host_is_not_checked() -> None:
+    n = numbers(snap(token_series=growing()), lock(host="node-b"), alive=False)
+    assert n.state == "running"
+
+
+def test_dead_when_lock_is_gone_but_progress_says_running() -> None:
+    n = numbers(snap(token_series=growing()), None)
+    assert (n.state, n.state_reason) == ("dead", "lock.json is gone")
+
+
+@pytest.mark.parametrize("final", ["finished", "interrupted", "failed"])
+def test_final_states_come_from_the_driver(final: str) -> None:
+    n = numbers(snap(state=final, token_series=growing()), None)
+    assert n.state == final
+    assert n.elapsed_s == pytest.approx(7200 - 1)  # up to the last update, not to now
+
+
+def test_new_session_holding_the_lock_is_starting() -> None:
+    n = numbers(snap(state="interrupted"), lock(session="s2"))
+    assert n.state == "starting"
+    n = numbers(snap(state="running", token_series=growing()), lock(session="s2"))
+    assert n.state == "starting"
+
+
+def test_no_progress_yet() -> None:
+    assert numbers(None, lock()).state == "starting"
+    assert numbers(None, None).state == "empty"
+
+
+def test_real_pid_check_on_this_host(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    gone_pid = int(done.stdout)
+    p = snap(token_series=growing())
+    alive = compute(RunFiles(p, lock(pid=os.getpid()), None), now=NOW, hostname=HOST)
+    dead = compute(RunFiles(p, lock(pid=gone_pid), None), now=NOW, hostname=HOST)
+    assert (alive.state, dead.state) == ("running", "dead")
+
+
+# ---- the run directory -------------------------------------------------------------------------
+
+
+def test_numbers_from_a_synthetic_run_directory(tmp_path: Path) -> None:
+    s = make_snapshot(NOW, host=HOST)
+    write_run_dir(tmp_path, s, now=NOW, output_tokens={"sharegpt": (100, 200)})
+    view = RunView(tmp_path)
+    assert view.assumptions["sharegpt"] == (100, 200)
+    n = view.numbers(NOW, hostname=HOST, pid_alive=lambda pid: True)
+    assert n.state == "running"
+    assert (n.total, n.done, n.failed, n.truncated) == (s.total, s.done, s.failed, s.truncated)
+    assert n.completion_tokens == s.completion_tokens
+    assert [x.name for x in n.sources] == list(s.sources)
+    assert n.rate(300.0) == pytest.approx(2300.0, rel=0.05)
+    assert n.errors[0].kind == "server_error" and n.errors[0].count == 183
+    assert n.in_flight == 187
+    d = json.loads(json.dumps(n.to_dict()))
+    assert d["done"] == s.done and d["state"] == "running" and d["eta"]["seconds"] > 0
+
+
+def test_a_tick_reads_only_the_three_small_files(tmp_path: Path, monkeypatch) -> None:
+    from regen.store import RunDir
+
+    write_run_dir(tmp_path, make_snapshot(NOW), now=NOW)
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "parts" / "x.parquet").write_bytes(b"not parquet")
+    view = RunView(tmp_path)
+    seen: list[str] = []
+    orig = RunDir.read_bytes
+
+    def spy(self, rel: str):
+        seen.append(rel)
+        return orig(self, rel)
+
+    monkeypatch.setattr(RunDir, "read_bytes", spy)
+    monkeypatch.setattr(RunDir, "list", lambda *a, **k: pytest.fail("a tick must not list"))
+    view.numbers(NOW)
+    assert sorted(seen) == ["lock.json", "progress.json", "run.json"]
+
+
+def test_pyarrow_uri_and_missing_directories(tmp_path: Path) -> None:
+    write_run_dir(tmp_path / "run", make_snapshot(NOW, state="finished"), now=NOW, lock="none")
+    n = read_numbers(f"file://{tmp_path / 'run'}", NOW)
+    assert n.state == "finished" and n.total == 88_088
+    with pytest.raises(RunDirError, match="does not exist"):
+        RunView(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RunDirError, match="not a run directory"):
+        read_numbers(tmp_path / "empty", NOW)
+
+
+def test_broken_progress_json_is_a_clear_error(tmp_path: Path) -> None:
+    write_run_dir(tmp_path, make_snapshot(NOW), now=NOW)
+    d = json.loads((tmp_path / "progress.json").read_text())
+    d["version"] = 99
+    (tmp_path / "progress.json").write_text(json.dumps(d))
+    with pytest.raises(RunDirError, match="version 99"):
+        read_numbers(tmp_path, NOW)
+
+
+def test_configured_endpoints_without_reports_are_listed_unknown(tmp_path: Path) -> None:
+    s = make_snapshot(NOW)
+    s.endpoints = s.endpoints[:1]
+    write_run_dir(tmp_path, s, now=NOW)
+    n = read_numbers(tmp_path, NOW)
+    assert [e.healthy for e in n.endpoints] == [True, None, None]
+    assert [e.url for e in n.endpoints] == s.endpoints_configured
