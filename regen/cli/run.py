@@ -1,0 +1,142 @@
+"""`regen run MANIFEST --out RUN_DIR`: regenerate (or resume) a job through Ray."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import threading
+
+NAME = "run"
+HELP = "regenerate the manifest's samples into a run directory (running it again resumes)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("manifest", metavar="MANIFEST", help="manifest YAML")
+    p.add_argument(
+        "--out",
+        required=True,
+        metavar="RUN_DIR",
+        help="run directory: local path or pyarrow URI (s3://..., file://...)",
+    )
+    p.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="OpenAI-compatible base URL incl. /v1 (repeatable; replaces the manifest's endpoints)",
+    )
+    p.add_argument("--workers", type=int, metavar="N", help="Ray actors (engine.workers)")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        metavar="N",
+        help="requests in flight per actor (engine.concurrency)",
+    )
+    p.add_argument("--limit", type=int, metavar="N", help="keep only the first N samples")
+    p.add_argument(
+        "-o",
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="manifest override, e.g. -o sampling.max_tokens=256 (repeatable)",
+    )
+    p.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="request samples with a recorded permanent failure again",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="continue a run directory made by a different manifest fingerprint",
+    )
+    p.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="Ray cluster to join (default $RAY_ADDRESS, else a local Ray)",
+    )
+    p.add_argument(
+        "--then-train",
+        metavar="TRAIN_YAML",
+        help="when the run finishes, launch training with this config (regen train)",
+    )
+    p.add_argument("--no-view", action="store_true", help="no live progress view")  # fmt: skip
+
+
+def options_from_args(args: argparse.Namespace):  # -> RunOptions
+    from regen.engine import RunOptions
+
+    if args.limit is not None and args.limit < 0:
+        from regen.errors import ConfigError
+
+        raise ConfigError("--limit must be >= 0", field="--limit")
+    return RunOptions(
+        endpoints=list(args.endpoint) or None,
+        workers=args.workers,
+        concurrency=args.concurrency,
+        limit=args.limit,
+        retry_failed=args.retry_failed,
+        force=args.force,
+        address=args.address,
+    )
+
+
+def execute(args: argparse.Namespace, *, view: bool = True) -> int:
+    """Run the job described by parsed arguments; shared with pipelines.regenerate."""
+    from rich.console import Console
+
+    from regen.engine import run_job
+    from regen.engine.actor import quiet_http_logs
+    from regen.manifest import load_manifest
+
+    quiet_http_logs()
+    console = Console()
+    manifest = load_manifest(args.manifest, args.override)
+    opts = options_from_args(args)
+    stop_view = threading.Event()
+    thread = None
+    if view and not getattr(args, "no_view", False):
+        from monitor.live import run_in_thread
+
+        thread = run_in_thread(args.out, stop_view, log_every_s=30.0)
+    try:
+        summary = run_job(manifest, args.out, opts)
+    finally:
+        stop_view.set()
+        if thread is not None:
+            thread.join(timeout=10)
+    console.print(
+        f"[bold]{summary.state}[/]: {summary.done:,}/{summary.total:,} samples done "
+        f"({summary.completed_now:,} this session), {summary.failed_permanent:,} failed "
+        f"permanently, {summary.failed_transient:,} left for the next run; "
+        f"run dir {summary.run_dir}",
+        highlight=False,
+    )
+    if summary.state == "interrupted":
+        console.print("run the same command again to resume", highlight=False)
+        return 130
+    if summary.failed_transient:
+        console.print(
+            "some samples ran out of retries: run the same command again", highlight=False
+        )
+    if args.then_train and summary.state == "finished":
+        return _then_train(args, console)
+    return 0
+
+
+def _then_train(args: argparse.Namespace, console) -> int:
+    if importlib.util.find_spec("regen.train.launch") is None:
+        from regen.errors import ConfigError
+
+        raise ConfigError("--then-train: regen.train.launch is not available", field="--then-train")
+    from regen.train.launch import launch_training
+
+    result = launch_training(args.out, args.then_train, address=args.address)
+    state = getattr(result, "state", None)
+    console.print(f"training job: {state}", highlight=False)
+    return 0 if state in (None, "SUCCEEDED", "PENDING", "RUNNING") else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    return execute(args)

@@ -1,0 +1,155 @@
+"""The driver's counters, published as ``RUN_DIR/progress.json`` (see :mod:`regen.progress`).
+
+Source counters start from the parts of earlier sessions (the done-set) and the failures on
+record, then grow as samples complete. Request counters and endpoint views come from the
+workers' snapshots; the driver sums them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+from typing import Any
+
+from regen.engine.worker import SampleOutcome
+from regen.progress import (
+    PROGRESS_FILE,
+    EndpointProgress,
+    ErrorInfo,
+    ProgressSnapshot,
+    RequestCounts,
+    SourceProgress,
+)
+from regen.store.journal import DoneSet
+from regen.store.rundir import RunDir
+
+
+class ProgressTracker:
+    """Builds the progress snapshot of one session and writes it atomically."""
+
+    def __init__(
+        self,
+        rd: RunDir,
+        *,
+        name: str,
+        model: str,
+        session: str,
+        run_started_at: float,
+        endpoints: list[str],
+    ) -> None:
+        now = time.time()
+        self.rd = rd
+        self.snap = ProgressSnapshot(
+            name=name,
+            model=model,
+            session=session,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            state="running",
+            run_started_at=run_started_at,
+            started_at=now,
+            updated_at=now,
+            endpoints_configured=list(endpoints),
+        )
+        self.session_tokens = 0
+        self._driver_errors: dict[str, ErrorInfo] = {}
+        self._worker_errors: dict[str, ErrorInfo] = {}
+        self.snap.add_token_point(now, 0, force=True)
+
+    def source(self, name: str) -> SourceProgress:
+        return self.snap.sources.setdefault(name, SourceProgress())
+
+    def start_from(
+        self, done: DoneSet, totals: dict[str, tuple[int, bool]], failed: dict[str, int]
+    ) -> None:
+        """Counters of earlier sessions: totals {source: (samples, regenerate)}."""
+        for name, (total, regen_) in totals.items():
+            sp = self.source(name)
+            sp.total, sp.regenerate = total, regen_
+            sp.failed = failed.get(name, 0)
+        for name, t in done.sources.items():
+            sp = self.source(name)
+            sp.done, sp.rows, sp.truncated = t.done, t.rows, t.truncated
+            sp.prompt_tokens, sp.completion_tokens = t.prompt_tokens, t.completion_tokens
+
+    def sample_done(self, source: str, rows: list[dict[str, Any]], *, was_failed: bool) -> None:
+        sp = self.source(source)
+        sp.done += 1
+        sp.rows += len(rows)
+        if was_failed:
+            sp.failed = max(0, sp.failed - 1)
+        trunc = False
+        for r in rows:
+            pt = int(r.get("prompt_tokens") or 0)
+            ct = int(r.get("completion_tokens") or 0)
+            sp.prompt_tokens += pt
+            sp.completion_tokens += ct
+            self.session_tokens += ct
+            if r.get("prompt_tokens") is not None:  # regenerated turns only (native rows: None)
+                self.snap.output_tokens_hist.add(ct)
+            trunc = trunc or r.get("finish_reason") == "length"
+        sp.truncated += int(trunc)
+
+    def sample_failed(self, out: SampleOutcome, *, newly_permanent: bool) -> None:
+        if newly_permanent:
+            self.source(out.source).failed += 1
+
+    def driver_error(self, kind: str, message: str) -> None:
+        info = self._driver_errors.setdefault(kind, ErrorInfo())
+        info.count += 1
+        info.last_message = message[:500]
+        info.last_at = time.time()
+
+    def workers(self, snaps: list[dict[str, Any]]) -> None:
+        """Fold the workers' snapshots (requests, errors, endpoints)."""
+        if not snaps:
+            return
+        req = RequestCounts()
+        errors: dict[str, ErrorInfo] = {}
+        eps: dict[str, EndpointProgress] = {}
+        lats: dict[str, list[float]] = {}
+        in_flight = 0
+        for s in snaps:
+            in_flight += s["in_flight"]
+            req.sent += s["sent"]
+            req.ok += s["ok"]
+            req.retried += s["retried"]
+            req.failed += s["failed"]
+            for kind, (count, msg, at) in s["errors"].items():
+                e = errors.setdefault(kind, ErrorInfo())
+                e.count += count
+                if at >= e.last_at:
+                    e.last_message, e.last_at = msg, at
+            for url, ep in s["endpoints"].items():
+                cur = eps.setdefault(url, EndpointProgress(url=url, healthy=True))
+                cur.in_flight += ep["in_flight"]
+                cur.ok += ep["ok"]
+                cur.errors += ep["failures"] + ep["throttled"]
+                cur.healthy = cur.healthy and ep["state"] == "up"
+            for url, values in s.get("latencies", {}).items():
+                lats.setdefault(url, []).extend(values)
+        for url, values in lats.items():
+            if url in eps and values:
+                eps[url].latency_p50_s = round(statistics.median(values), 4)
+        self.snap.in_flight = in_flight
+        self.snap.requests = req
+        self._worker_errors = errors
+        self.snap.endpoints = list(eps.values())
+
+    def write(self, state: str | None = None) -> None:
+        now = time.time()
+        if state is not None:
+            self.snap.state = state  # type: ignore[assignment]
+        self.snap.updated_at = now
+        self.snap.add_token_point(now, self.session_tokens, force=state is not None)
+        merged = {k: ErrorInfo(v.count, v.last_message, v.last_at)
+                  for k, v in self._worker_errors.items()}  # fmt: skip
+        for k, v in self._driver_errors.items():
+            e = merged.setdefault(k, ErrorInfo())
+            e.count += v.count
+            if v.last_at >= e.last_at:
+                e.last_message, e.last_at = v.last_message, v.last_at
+        self.snap.errors = merged
+        self.rd.write_json_atomic(PROGRESS_FILE, self.snap.to_dict())

@@ -1,0 +1,219 @@
+"""One worker: turns samples into rows with up to C requests in flight.
+
+Owns no files. A :class:`SampleWorker` lives inside a Ray actor (see :mod:`regen.engine.actor`)
+or, in unit tests, on a plain event loop. It holds one :class:`~regen.client.ChatClient` per
+endpoint and one :class:`~regen.router.EndpointRouter`; every try of every request takes a lease
+from the router (least outstanding, sample affinity, health), so all turns of a sample go to the
+same endpoint while it is healthy, and a failing endpoint leaves rotation between retries.
+
+A sample holds one of the worker's C slots from its first request to its last, so multi-turn
+chains are not starved by newer samples. Rows are built (tokenized) off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from regen.engine.turns import DoneTurn, regenerate
+from regen.errors import RegenError, RequestError, TransientError
+from regen.manifest import Endpoint, Manifest
+from regen.result import TurnResult
+from regen.sample import Sample
+
+log = logging.getLogger(__name__)
+
+#: (sample, done turns) -> rows; default: regen.rows.build_turn_row with the manifest's renderer
+RowBuilder = Callable[[Sample, list[DoneTurn]], list[dict[str, Any]]]
+
+
+@dataclass(slots=True)
+class SampleOutcome:
+    """What happened to one sample: its rows, or why it has none."""
+
+    sample_id: str
+    source: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    status: str = "done"  #: "done" | "permanent" | "transient"
+    kind: str = ""  #: error class (RegenError.kind) when not done
+    http_status: int | None = None
+    message: str = ""
+    attempts: int = 0  #: tries of the failing request
+    requests: int = 0  #: tries of all requests of this sample
+
+
+@dataclass(slots=True)
+class ErrorCount:
+    count: int = 0
+    last_message: str = ""
+    last_at: float = 0.0
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """Counters of one worker since it started (the driver sums them over workers)."""
+
+    in_flight: int = 0  #: requests in flight now
+    sent: int = 0  #: tries sent
+    ok: int = 0
+    retried: int = 0  #: tries that failed transiently and were retried
+    failed: int = 0  #: requests given up (permanent, or transient after max_attempts)
+    errors: dict[str, ErrorCount] = field(default_factory=dict)
+    latencies: dict[str, list[float]] = field(default_factory=dict)  #: recent, per endpoint
+
+    def error(self, kind: str, message: str) -> None:
+        e = self.errors.setdefault(kind, ErrorCount())
+        e.count += 1
+        e.last_message = message[:500]
+        e.last_at = time.time()
+
+
+def default_row_builder(manifest: Manifest) -> RowBuilder:
+    """Rows through regen.rows.build_turn_row with the manifest's Kimi renderer."""
+    from regen.rows import build_turn_row
+    from regen.template.render import KimiRenderer
+
+    renderer = KimiRenderer.from_manifest(manifest)
+
+    def build(sample: Sample, turns: list[DoneTurn]) -> list[dict[str, Any]]:
+        return [
+            build_turn_row(sample, t.turn, t.request_messages, t.result, renderer) for t in turns
+        ]
+
+    return build
+
+
+class SampleWorker:
+    """Regenerates samples against a set of endpoints; C requests in flight at most."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        endpoints: list[Any],
+        concurrency: int,
+        *,
+        row_builder: RowBuilder | None = None,
+        client_factory: Any = None,
+        retry: Any = None,
+        probe: Any = None,
+    ) -> None:
+        """``endpoints``: :class:`regen.client.EndpointInfo` (from the start check) or
+        :class:`regen.manifest.Endpoint`; keys are read from the endpoints' env/file."""
+        from regen.client import ChatClient, RetryPolicy
+        from regen.router import EndpointRouter, http_probe
+
+        self.manifest = manifest
+        self.retry = retry or RetryPolicy.from_engine(manifest.engine)
+        by_url = {e.url: e for e in manifest.endpoints}
+        self.clients: dict[str, Any] = {}
+        for info in endpoints:
+            ep = by_url.get(info.url) or (info if isinstance(info, Endpoint) else None)
+            ep = ep or Endpoint(url=info.url, weight=getattr(info, "weight", 1.0))
+            self.clients[info.url] = ChatClient.from_manifest(
+                manifest, ep, client_factory=client_factory, retry=self.retry
+            )
+        self.router = EndpointRouter.from_engine(
+            endpoints, manifest.engine, probe=probe if probe is not None else http_probe
+        )
+        self.slots = asyncio.Semaphore(concurrency)
+        self.concurrency = concurrency
+        self.stats = WorkerStats()
+        self._rows = row_builder or default_row_builder(manifest)
+        self._probe_stop = asyncio.Event()
+        self._probe_task: asyncio.Task[None] | None = None
+
+    def _ensure_probes(self) -> None:
+        if self._probe_task is None:
+            self._probe_task = asyncio.get_running_loop().create_task(
+                self.router.run_probes(self._probe_stop)
+            )
+
+    async def _complete(
+        self,
+        out: SampleOutcome,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+    ) -> TurnResult:
+        """One turn: each try leases an endpoint; transient failures retried per the policy."""
+        st = self.stats
+        sample_id = out.sample_id
+
+        async def attempt(n: int) -> TurnResult:
+            async with self.router.lease(sample_id) as lease:
+                st.sent += 1
+                out.requests += 1
+                st.in_flight += 1
+                t0 = time.monotonic()
+                try:
+                    res = await self.clients[lease.url].complete_once(
+                        messages, tools, sample_id=sample_id
+                    )
+                finally:
+                    st.in_flight -= 1
+                lat = st.latencies.setdefault(lease.url, [])
+                lat.append(time.monotonic() - t0)
+                if len(lat) > 256:
+                    del lat[:128]
+                return res
+
+        def on_failure(err: TransientError, n: int, wait: float) -> None:
+            st.error(err.kind, str(err))
+            if n < self.retry.max_attempts:
+                st.retried += 1
+
+        result, attempts = await self.retry.call(attempt, on_failure=on_failure)
+        result.attempts = attempts
+        st.ok += 1
+        return result
+
+    async def process(self, sample: Sample) -> SampleOutcome:
+        """All turns of one sample, then its rows; failures become an outcome, not an error."""
+        self._ensure_probes()
+        out = SampleOutcome(sample.id, sample.source)
+        try:
+            async with self.slots:
+                turns = await regenerate(
+                    sample, lambda msgs, tools: self._complete(out, msgs, tools)
+                )
+            out.rows = await asyncio.to_thread(self._rows, sample, turns)
+        except RequestError as e:
+            self.stats.failed += 1
+            if not isinstance(e, TransientError):
+                self.stats.error(e.kind, str(e))
+            out.status = "transient" if isinstance(e, TransientError) else "permanent"
+            out.kind, out.http_status, out.message = e.kind, e.status, str(e)[:1000]
+            out.attempts = int(getattr(e, "attempts", 1) or 1)
+        except RegenError as e:  # a row that cannot be built (template, bad row): permanent
+            self.stats.error(e.kind, str(e))
+            out.status, out.kind, out.message = "permanent", e.kind, str(e)[:1000]
+        finally:
+            self.router.forget(sample.id)
+        return out
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters and per-endpoint state, as plain data for the driver."""
+        st = self.stats
+        return {
+            "in_flight": st.in_flight,
+            "sent": st.sent,
+            "ok": st.ok,
+            "retried": st.retried,
+            "failed": st.failed,
+            "errors": {k: [v.count, v.last_message, v.last_at] for k, v in st.errors.items()},
+            "endpoints": self.router.snapshot(),
+            "latencies": {u: list(v[-64:]) for u, v in st.latencies.items()},
+        }
+
+    async def aclose(self) -> None:
+        self._probe_stop.set()
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+        for c in self.clients.values():
+            try:
+                await c.aclose()
+            except Exception as e:  # closing is best effort
+                log.debug("closing client: %s", e)
