@@ -97,7 +97,7 @@ def _iter_jsonl(name: str, path: Path) -> Iterator[RawRow | Rejection]:
             try:
                 data = json.loads(text)
             except json.JSONDecodeError as e:
-                yield Rejection(name, lineno, "malformed_json", f"{e.msg} at column {e.colno}")
+                yield Rejection(name, lineno, "malformed_json", f"{e.msg} (column {e.colno})")
                 continue
             if not isinstance(data, dict):
                 yield Rejection(

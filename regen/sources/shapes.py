@@ -4,7 +4,9 @@ Each parser takes one raw row (a dict) and returns a :class:`Parsed` conversatio
 :class:`~regen.errors.RowError` with a short stable reason code and the offending field:
 
     missing_field  wrong_type  unknown_role  empty_turn  empty_prompt  no_user_turn
-    bad_tool_json  malformed_chat  bad_tokens  length_mismatch  bad_mask  empty_tokens  no_loss
+    bad_tool_json  malformed_chat
+    native rows (same codes as regen.native): id_type  empty  length_mismatch  mask_value
+    id_out_of_vocab  mask_all_zero
 
 Owns no files.
 """
@@ -446,19 +448,19 @@ def parse_native(row: dict[str, Any]) -> Tokens:
         if not isinstance(seq, list) or not all(
             isinstance(x, int) and not isinstance(x, bool) for x in seq
         ):
-            raise RowError("bad_tokens", "expected a list of integers", field=key)
+            raise RowError("id_type", "expected a list of integers", field=key)
     if not ids:
-        raise RowError("empty_tokens", "input_ids is empty", field="input_ids")
+        raise RowError("empty", "input_ids is empty", field="input_ids")
     if len(ids) != len(mask):
         raise RowError(
             "length_mismatch", f"{len(ids)} input_ids vs {len(mask)} loss_mask", field="loss_mask"
         )
     if any(x < 0 for x in ids):
-        raise RowError("bad_tokens", "negative token id", field="input_ids")
+        raise RowError("id_out_of_vocab", "negative token id", field="input_ids")
     if any(x not in (0, 1) for x in mask):
-        raise RowError("bad_mask", "loss_mask values must be 0 or 1", field="loss_mask")
+        raise RowError("mask_value", "loss_mask values must be 0 or 1", field="loss_mask")
     if not any(mask):
-        raise RowError("no_loss", "loss_mask has no 1", field="loss_mask")
+        raise RowError("mask_all_zero", "loss_mask has no 1", field="loss_mask")
     return Tokens(list(ids), list(mask), _upstream_id(row, "id"))
 
 

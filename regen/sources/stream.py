@@ -134,4 +134,4 @@ def read_samples(
                 st.limit_reached = True
                 break
         if st.rejected:
-            log.info("source %s: %d rows rejected %s", source.name, st.rejected_total, st.rejected)
+            log.debug("source %s: %d rows rejected %s", source.name, st.rejected_total, st.rejected)
