@@ -1,0 +1,183 @@
+"""The tiny model and a real `transformers serve` of it, driven through ChatClient and the router.
+
+One module-scoped server; every request is small (max_tokens <= 12) to keep the module quick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from regen.client import ChatClient, RetryPolicy, check_endpoints
+from regen.errors import ConfigError, EndpointError, PermanentError
+from regen.manifest import Endpoint, Sampling
+from regen.router import EndpointRouter
+from regen.serving import TransformersServer, build_tiny_model
+from regen.serving.tiny_model import MARKER
+
+pytestmark = [pytest.mark.server, pytest.mark.timeout(240)]
+
+TOKENIZER = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "tokenizer"
+MSGS = [{"role": "user", "content": "Tell me about the tiny model."}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a word up.",
+            "parameters": {"type": "object", "properties": {"word": {"type": "string"}}},
+        },
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", TOKENIZER)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    with TransformersServer(model_dir, log_path=log, startup_timeout_s=120) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def prompt_len(tokenizer, messages, tools=None, **kw) -> int:
+    ids = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **kw
+    )
+    return len(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+
+def client(server, **sampling) -> ChatClient:
+    return ChatClient(
+        Endpoint(url=server.url),
+        model=server.model_name,
+        sampling=Sampling(**{"max_tokens": 8, **sampling}),
+        retry=RetryPolicy(max_attempts=1),
+        timeout_s=60,
+    )
+
+
+async def _complete(c: ChatClient, messages, tools=None):
+    try:
+        return await c.complete(messages, tools, sample_id="t")
+    finally:
+        await c.aclose()
+
+
+def test_tiny_model_is_built_once_and_cached(model_dir, tmp_path):
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["hidden_size"] == 64 and config["num_hidden_layers"] == 2
+    assert config["vocab_size"] == 1024  # the tiny tokenizer's full size
+    copied = (model_dir / "tokenizer.json").read_bytes()
+    assert copied == (TOKENIZER / "tokenizer.json").read_bytes()
+    weights = model_dir / "model.safetensors"
+    before = (weights.stat().st_mtime_ns, (model_dir / MARKER).read_text())
+    assert build_tiny_model(model_dir, TOKENIZER) == model_dir
+    assert (weights.stat().st_mtime_ns, (model_dir / MARKER).read_text()) == before
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "precious.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="not a tiny-model build"):
+        build_tiny_model(foreign, TOKENIZER)
+    assert (foreign / "precious.txt").read_text() == "keep me"
+
+
+def test_models_endpoint_and_start_check(server, model_dir):
+    assert server.url.endswith("/v1") and server.url.startswith("http://127.0.0.1:")
+    assert server.model_name == str(model_dir)
+    (info,) = asyncio.run(check_endpoints([Endpoint(url=server.url)], server.model_name))
+    assert info.models == (str(model_dir),)
+    assert info.server_info is False and info.max_running_requests is None
+    with pytest.raises(EndpointError, match="it serves"):
+        asyncio.run(check_endpoints([Endpoint(url=server.url)], "moonshotai/Kimi-K2.5"))
+
+
+def test_streamed_usage_matches_the_servers_counts(server, tokenizer):
+    r = asyncio.run(_complete(client(server, max_tokens=12, thinking=True), MSGS))
+    assert r.prompt_tokens == prompt_len(tokenizer, MSGS, thinking=True)
+    assert r.finish_reason in ("stop", "length")
+    if r.finish_reason == "length":
+        assert r.completion_tokens == 12
+    else:
+        assert 1 <= r.completion_tokens <= 12
+    assert r.model == server.model_name and r.endpoint == server.url
+    assert r.latency_s > 0 and (r.ttft_s is None or 0 < r.ttft_s <= r.latency_s)
+    assert r.reasoning is None  # no reasoning parser for this tokenizer
+
+
+def test_chat_template_kwargs_are_honoured(server, tokenizer):
+    async def both():
+        on = await _complete(client(server, max_tokens=1, thinking=True), MSGS)
+        off = await _complete(client(server, max_tokens=1, thinking=False), MSGS)
+        return on, off
+
+    on, off = asyncio.run(both())
+    assert on.prompt_tokens == prompt_len(tokenizer, MSGS, thinking=True)
+    assert off.prompt_tokens == prompt_len(tokenizer, MSGS, thinking=False)
+    assert off.prompt_tokens != on.prompt_tokens  # <think></think> vs <think>
+
+
+def test_tools_are_rendered_by_the_template(server, tokenizer):
+    r = asyncio.run(_complete(client(server, max_tokens=2), MSGS, TOOLS))
+    assert r.prompt_tokens == prompt_len(tokenizer, MSGS, TOOLS, thinking=True)
+
+
+def test_concurrent_requests_through_the_router(server):
+    infos = asyncio.run(check_endpoints([Endpoint(url=server.url)], server.model_name))
+    router = EndpointRouter(infos)
+    router.set_limit(server.url, 3)
+    c = client(server, max_tokens=4)
+
+    async def one(i: int):
+        async with router.lease(f"s{i}"):
+            msgs = [{"role": "user", "content": f"q {i}"}]
+            return await c.complete(msgs, None, sample_id=f"s{i}")
+
+    async def all_():
+        try:
+            return await asyncio.gather(*(one(i) for i in range(6)))
+        finally:
+            await c.aclose()
+
+    results = asyncio.run(all_())
+    assert all(r.completion_tokens and r.completion_tokens <= 4 for r in results)
+    snap = router.snapshot()[server.url]
+    assert (snap["requests"], snap["ok"], snap["in_flight"], snap["state"]) == (6, 6, 0, "up")
+
+
+def test_fields_outside_its_schema_are_permanent_errors(server):
+    with pytest.raises(PermanentError) as info:
+        asyncio.run(_complete(client(server, server_token_ids=True), MSGS))
+    assert info.value.status == 422
+    wrong = ChatClient(
+        Endpoint(url=server.url), model="not-this-model", sampling=Sampling(max_tokens=2)
+    )
+    with pytest.raises(PermanentError) as info:
+        asyncio.run(_complete(wrong, MSGS))
+    assert info.value.status == 400
+
+
+def test_stop_ends_the_process_group(model_dir):
+    srv = TransformersServer(model_dir, startup_timeout_s=120).start()
+    pid, url = srv.pid, srv.root
+    assert pid is not None and httpx2.get(f"{url}/health").status_code == 200
+    srv.stop()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
+    with pytest.raises(httpx2.ConnectError):
+        httpx2.get(f"{url}/health", timeout=2)
