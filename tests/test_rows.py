@@ -1,0 +1,208 @@
+"""Training rows: masked spans are exactly the produced turn; server ids; native; the schema."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from regen.errors import RowError, TemplateError
+from regen.result import TurnResult
+from regen.rows import (
+    COLUMNS,
+    SCHEMA,
+    build_turn_row,
+    native_row,
+    rows_to_table,
+    token_check_counts,
+)
+from regen.sample import Message, Sample, ToolCall
+from regen.template.render import KimiRenderer
+
+TOKENIZER = Path(__file__).resolve().parents[1] / "manifests" / "demo" / "tokenizer"
+CALL = ToolCall(id="functions.get_weather:0", name="get_weather", arguments='{"city": "Oslo"}')
+
+
+@pytest.fixture(scope="module")
+def renderer() -> KimiRenderer:
+    return KimiRenderer.from_dir(TOKENIZER, template_kwargs={"thinking": True})
+
+
+def _result(reasoning: str | None, content: str, **kw) -> TurnResult:
+    base = dict(tool_calls=(), finish_reason="stop", model="tiny", endpoint="http://127.0.0.1:1")
+    base.update(kw)
+    return TurnResult(content=content, reasoning=reasoning, **base)  # type: ignore[arg-type]
+
+
+def _split(row: dict) -> tuple[list[int], list[int]]:
+    mask = row["loss_mask"]
+    first = mask.index(1)
+    assert set(mask[:first]) == {0} and set(mask[first:]) == {1}, "mask is one contiguous span"
+    return row["input_ids"][:first], row["input_ids"][first:]
+
+
+def test_multi_turn_reasoning_every_row_masks_exactly_its_turn(renderer: KimiRenderer) -> None:
+    users = ["Pick a number.", "Double it.", "Now write it in words, please."]
+    produced = [
+        ("Any small number will do; choose seven.", "Seven."),
+        ("Seven times two is fourteen.", "Fourteen."),
+        ("Spell 14 out.", "fourteen — in words."),
+    ]
+    sample = Sample(id="demo:1", source="demo", messages=[])
+    history: list[Message] = []
+    rows = []
+    for turn, (user, (reasoning, content)) in enumerate(zip(users, produced, strict=True)):
+        history.append(Message("user", user))
+        request = list(history)
+        row = build_turn_row(sample, turn, request, _result(reasoning, content), renderer)
+        rows.append(row)
+        history.append(Message("assistant", content, reasoning=reasoning))
+
+        prompt_ids, response_ids = _split(row)
+        assert renderer.decode(response_ids) == f"{reasoning}</think>{content}<|im_end|>"
+        assert renderer.decode(prompt_ids) == renderer.render_prompt(request)
+        assert row["text"] == renderer.render_prompt(request) + renderer.decode(response_ids)
+        assert row["loss_tokens"] == len(response_ids)
+        assert row["num_tokens"] == len(row["input_ids"]) == len(row["loss_mask"])
+        assert row["token_source"] == "local" and row["token_check"] is None
+        assert json.loads(row["messages"]) == [m.to_openai() for m in request]
+    # history turns are shown as at serving time: reasoning dropped by the template (the trap)
+    assert "<think></think>Seven.<|im_end|>" in rows[2]["text"]
+    assert "Any small number" not in rows[2]["text"].split("<think>Spell")[0]
+    assert [r["turn"] for r in rows] == [0, 1, 2]
+
+
+def test_tool_call_turn(renderer: KimiRenderer) -> None:
+    sample = Sample(id="t:1", source="t", messages=[], tools=[{"type": "function"}])
+    res = _result("Need the tool.", "", tool_calls=(CALL,), finish_reason="tool_calls")
+    row = build_turn_row(sample, 0, [Message("user", "Weather in Oslo?")], res, renderer)
+    _, response_ids = _split(row)
+    assert renderer.decode(response_ids) == (
+        "Need the tool.</think><|tool_calls_section_begin|><|tool_call_begin|>"
+        'functions.get_weather:0<|tool_call_argument_begin|>{"city": "Oslo"}'
+        "<|tool_call_end|><|tool_calls_section_end|><|im_end|>"
+    )
+    assert json.loads(row["tool_calls"]) == [CALL.to_openai()]
+    assert json.loads(row["tools"]) == [{"type": "function"}]
+    assert row["text"].startswith("<|im_system|>tool_declare<|im_middle|>")
+
+
+def test_truncated_turn_has_no_end_token(renderer: KimiRenderer) -> None:
+    sample = Sample(id="t:2", source="t", messages=[])
+    res = _result("I was thinking about", "", finish_reason="length")
+    row = build_turn_row(sample, 0, [Message("user", "Think long.")], res, renderer)
+    _, response_ids = _split(row)
+    assert renderer.decode(response_ids) == "I was thinking about"
+    assert row["truncated"] is True and row["finish_reason"] == "length"
+
+
+def _server_result(renderer: KimiRenderer, request: list[Message], **kw) -> TurnResult:
+    local = renderer.render_turn(request, None, reasoning="R.", content="Answer.")
+    return _result(
+        "R.",
+        "Answer.",
+        prompt_token_ids=list(local.prompt_ids),
+        output_token_ids=list(local.response_ids[:-1]),  # server stopped without <|im_end|>
+        prompt_tokens=len(local.prompt_ids),
+        completion_tokens=len(local.response_ids) - 1,
+        **kw,
+    )
+
+
+def test_server_ids_are_the_row_and_match_is_recorded(renderer: KimiRenderer) -> None:
+    request = [Message("user", "Hi")]
+    res = _server_result(renderer, request)
+    row = build_turn_row(Sample(id="s:1", source="s", messages=[]), 0, request, res, renderer)
+    assert row["token_source"] == "server"
+    assert row["token_check"] == "match"
+    assert row["im_end_added"] is True
+    assert row["input_ids"] == res.prompt_token_ids + res.output_token_ids + [renderer.im_end_id]
+    assert row["completion_tokens"] == res.completion_tokens  # server usage kept as reported
+
+    # output ids that already end with <|im_end|> get nothing appended
+    res.output_token_ids = [*res.output_token_ids, renderer.im_end_id]
+    row = build_turn_row(Sample(id="s:1", source="s", messages=[]), 0, request, res, renderer)
+    assert row["im_end_added"] is False and row["token_check"] == "match"
+    assert row["input_ids"][-1] == renderer.im_end_id and row["input_ids"][-2] != renderer.im_end_id
+
+
+def test_server_ids_win_over_a_disagreeing_render(renderer: KimiRenderer) -> None:
+    request = [Message("user", "Hi")]
+    sample = Sample(id="s:2", source="s", messages=[])
+    res = _server_result(renderer, request)
+    res.prompt_token_ids = [*res.prompt_token_ids[:-1], 7]  # the server saw something else
+    row = build_turn_row(sample, 0, request, res, renderer)
+    assert row["token_check"] == "prompt_mismatch"
+    assert row["input_ids"][: len(res.prompt_token_ids)] == res.prompt_token_ids
+    assert row["text"] == renderer.decode(row["input_ids"])
+
+    res2 = _server_result(renderer, request)
+    res2.output_token_ids = [5, *res2.output_token_ids]
+    row2 = build_turn_row(sample, 0, request, res2, renderer)
+    assert row2["token_check"] == "response_mismatch"
+    assert token_check_counts([row, row2, row2]) == {"prompt_mismatch": 1, "response_mismatch": 2}
+
+
+def test_truncated_server_ids_get_nothing_appended(renderer: KimiRenderer) -> None:
+    request = [Message("user", "Hi")]
+    res = _server_result(renderer, request, finish_reason="length")
+    row = build_turn_row(Sample(id="s:3", source="s", messages=[]), 0, request, res, renderer)
+    assert row["im_end_added"] is False
+    assert row["input_ids"] == res.prompt_token_ids + res.output_token_ids
+
+
+def test_render_error_with_server_ids_keeps_the_row_and_says_so() -> None:
+    off = KimiRenderer.from_dir(TOKENIZER, template_kwargs={"thinking": False})
+    request = [Message("user", "Hi")]
+    res = _result("unexpected reasoning", "Hey.", prompt_token_ids=[1, 2], output_token_ids=[3])
+    row = build_turn_row(Sample(id="s:4", source="s", messages=[]), 0, request, res, off)
+    assert row["token_check"] == "render_error"
+    assert row["input_ids"] == [1, 2, 3, off.im_end_id]
+    assert row["loss_mask"] == [0, 0, 1, 1]
+    # without server ids the inconsistency cannot be turned into a row
+    res.prompt_token_ids = res.output_token_ids = None
+    with pytest.raises(TemplateError):
+        build_turn_row(Sample(id="s:4", source="s", messages=[]), 0, request, res, off)
+
+
+def test_native_row_passes_through_unchanged() -> None:
+    ids, mask = [1013, 1020, 5, 6, 1011], [0, 0, 1, 1, 1]
+    s = Sample(id="n:1", source="n", messages=[], mode="native", input_ids=ids, loss_mask=mask)
+    row = native_row(s)
+    assert row["input_ids"] == ids and row["loss_mask"] == mask
+    assert row["input_ids"] is not ids  # a copy, never shared with the sample
+    assert (row["token_source"], row["prompt_tokens"], row["completion_tokens"]) == ("native", 2, 3)
+    with pytest.raises(RowError):
+        native_row(Sample(id="n:2", source="n", messages=[], input_ids=[1], loss_mask=[]))
+
+
+def test_rows_to_table_round_trip_and_strictness(renderer: KimiRenderer) -> None:
+    row = build_turn_row(
+        Sample(id="r:1", source="r", messages=[]),
+        0,
+        [Message("user", "Grüße 🙂")],
+        _result("R", "C", ttft_s=0.25),
+        renderer,
+    )
+    nat = native_row(Sample(id="n:1", source="n", messages=[], input_ids=[1, 2], loss_mask=[0, 1]))
+    assert set(row) == set(COLUMNS) == set(nat)
+    rows = [json.loads(json.dumps(r)) for r in (row, nat)]  # rows are JSON-native (journal)
+    table = rows_to_table(rows)
+    assert table.schema.equals(SCHEMA)
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    back = pq.read_table(io.BytesIO(buf.getvalue()))
+    assert back.schema.field("input_ids").type == pa.list_(pa.int32())
+    assert back.schema.field("loss_mask").type == pa.list_(pa.int8())
+    assert back.to_pylist() == rows
+
+    with pytest.raises(RowError, match="unknown"):
+        rows_to_table([{**row, "extra": 1}])
+    with pytest.raises(RowError, match="missing"):
+        rows_to_table([{k: v for k, v in row.items() if k != "turn"}])
+    with pytest.raises(RowError):
+        rows_to_table([{**row, "input_ids": ["x"]}])
