@@ -71,7 +71,7 @@ def make_snapshot(
     )
     hist = OutputHistogram()
     for i, (name, total, regen, per_turn, turns) in enumerate(sources):
-        f = 1.0 if not regen else min(1.0, fraction * (1.25 - 0.05 * i))
+        f = 1.0 if not regen or fraction >= 1 else min(1.0, fraction * (1.25 - 0.05 * i))
         done = round(total * f)
         rows = round(done * turns)
         failed = 0 if not regen else min(total - done, (i * 7) % 23)
