@@ -98,7 +98,7 @@ def make_snapshot(
         wave = 0.06 * rate_tok_s * 60.0 * math.sin(dt / 240.0)
         snap.token_series.append((t, max(0, round(total_now - rate_tok_s * dt + wave))))
     live = state == "running"
-    snap.in_flight = 187 if live else 0
+    snap.in_flight = 127 if live else 0
     snap.requests.sent = 31_520
     snap.requests.ok = 31_190
     snap.requests.retried = 241
@@ -115,7 +115,7 @@ def make_snapshot(
     snap.endpoints = [
         EndpointProgress(ENDPOINTS[0], 64 if live else 0, True, 41.8, 12_911, 3),
         EndpointProgress(ENDPOINTS[1], 63 if live else 0, True, 44.2, 12_640, 11),
-        EndpointProgress(ENDPOINTS[2], 60 if live else 0, False, None, 5_639, 188),
+        EndpointProgress(ENDPOINTS[2], 0, False, None, 5_639, 188),
     ]
     return snap
 
@@ -218,3 +218,25 @@ def write_parts(uri: str | os.PathLike[str], rows: int, *, rows_per_part: int = 
             pq.write_table(table, f)
         n_parts += 1
     return n_parts
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m monitor.synthetic RUN_DIR``: write a production-like running run there."""
+    import argparse
+    import time
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("run_dir")
+    ap.add_argument("--state", default="running",
+                    choices=["running", "finished", "interrupted", "failed"])  # fmt: skip
+    ap.add_argument("--fraction", type=float, default=0.45)
+    args = ap.parse_args(argv)
+    now = time.time()
+    snap = make_snapshot(now, fraction=args.fraction, state=args.state, host="gpu-node-01",
+                         pid=48213)  # fmt: skip
+    write_run_dir(args.run_dir, snap, now=now, lock="live" if args.state == "running" else "none")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -291,7 +291,7 @@ def test_numbers_from_a_synthetic_run_directory(tmp_path: Path) -> None:
     assert [x.name for x in n.sources] == list(s.sources)
     assert n.rate(300.0) == pytest.approx(2300.0, rel=0.05)
     assert n.errors[0].kind == "server_error" and n.errors[0].count == 183
-    assert n.in_flight == 187
+    assert n.in_flight == 127
     d = json.loads(json.dumps(n.to_dict()))
     assert d["done"] == s.done and d["state"] == "running" and d["eta"]["seconds"] > 0
 

@@ -29,7 +29,7 @@ def test_log_line_carries_the_dashboard_numbers(tmp_path: Path) -> None:
     )
     rates = "/".join(f"{r.tok_s:,.0f}" for r in n.rates)
     assert f"tok/s 1m/5m/15m {rates}" in line
-    assert "in flight 187" in line and "endpoints 2/3 up" in line
+    assert "in flight 127" in line and "endpoints 2/3 up" in line
     assert "errors 189 (top server_error x183)" in line
     assert "\n" not in line
 
