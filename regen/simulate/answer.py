@@ -1,0 +1,402 @@
+"""The simulator's deterministic answer: a pure function of the request.
+
+``answer(request)`` depends only on the request's ``messages``, ``tools``, ``seed`` and the
+``thinking`` switch in ``chat_template_kwargs`` (plus ``max_tokens``, which only cuts). The same
+request always gets byte-identical reasoning, content and tool calls, whatever faults, timing or
+server process served it, so a test can compare stored content with ``answer(request)``.
+
+Lengths are long-tailed: the total is lognormal around :attr:`AnswerConfig.mean_tokens`; with
+thinking on, a share of 30-80% goes to reasoning. A ``max_tokens`` cap keeps the first tokens
+(reasoning, then content, then whole tool calls) and sets ``finish_reason`` to ``"length"``.
+Tokens are the word pieces of :mod:`regen.simulate.tokens`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from regen.simulate.tokens import count_tokens, split_pieces
+
+_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "that",
+    "it",
+    "for",
+    "as",
+    "with",
+    "was",
+    "on",
+    "be",
+    "by",
+    "this",
+    "are",
+    "from",
+    "at",
+    "or",
+    "an",
+    "have",
+    "not",
+    "which",
+    "but",
+    "all",
+    "can",
+    "one",
+    "has",
+    "more",
+    "when",
+    "there",
+    "will",
+    "were",
+    "some",
+    "their",
+    "what",
+    "out",
+    "would",
+    "about",
+    "into",
+    "than",
+    "only",
+    "other",
+    "time",
+    "new",
+    "these",
+    "two",
+    "may",
+    "first",
+    "then",
+    "any",
+    "like",
+    "over",
+    "such",
+    "our",
+    "also",
+    "most",
+    "where",
+    "after",
+    "through",
+    "well",
+    "because",
+    "each",
+    "between",
+    "both",
+    "under",
+    "never",
+    "same",
+    "another",
+    "while",
+    "model",
+    "draft",
+    "token",
+    "answer",
+    "batch",
+    "server",
+    "request",
+    "value",
+    "result",
+    "reason",
+    "step",
+    "check",
+    "simple",
+    "number",
+    "state",
+    "order",
+    "write",
+    "read",
+    "layer",
+    "hidden",
+    "weight",
+    "cache",
+    "queue",
+    "slot",
+    "speculative",
+    "decode",
+    "prefix",
+    "sample",
+    "turn",
+    "stream",
+    "parse",
+    "verify",
+    "measure",
+    "compute",
+    "function",
+    "argument",
+    "return",
+    "error",
+    "retry",
+    "backoff",
+    "length",
+    "context",
+    "prompt",
+    "output",
+    "input",
+    "format",
+    "schema",
+    "record",
+    "shard",
+    "endpoint",
+    "accept",
+    "reject",
+    "greedy",
+    "sampling",
+    "tensor",
+    "vector",
+    "matrix",
+    "gradient",
+    "training",
+    "inference",
+    "latency",
+    "throughput",
+    "capacity",
+    "utilization",
+    "deterministic",
+    "consistent",
+    "careful",
+    "therefore",
+    "however",
+    "first",
+    "second",
+    "finally",
+    "example",
+    "consider",
+    "suppose",
+    "notice",
+    "indeed",
+    "thus",
+    "hence",
+]
+
+#: the tokens a tool-call section costs besides its ids and arguments (section + call markers)
+SECTION_TOKENS = 2
+CALL_TOKENS = 3
+
+
+class AnswerConfig(BaseModel):
+    """Knobs of the answer function (the server's ``--mean-tokens`` etc.)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: mean total completion length in simulated tokens (lognormal)
+    mean_tokens: float = Field(256.0, gt=0)
+    #: sigma of the lognormal; 0 gives every answer the mean length
+    length_sigma: float = Field(1.0, ge=0)
+    #: probability that a request with tools answers with tool calls
+    tool_call_rate: float = Field(0.5, ge=0, le=1)
+
+
+@dataclass(slots=True, frozen=True)
+class SimToolCall:
+    """One tool call of a simulated answer (OpenAI shape: id, function name, JSON arguments)."""
+
+    id: str
+    name: str
+    arguments: str
+    tokens: int  #: simulated tokens this call costs
+
+    def as_openai(self, index: int) -> dict[str, Any]:
+        return {
+            "index": index,
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(slots=True, frozen=True)
+class SimAnswer:
+    """What the simulated model produces for one request."""
+
+    reasoning: str  #: "" when thinking is off
+    content: str
+    tool_calls: tuple[SimToolCall, ...]
+    finish_reason: str  #: "stop", "tool_calls" or "length"
+    reasoning_pieces: tuple[str, ...]  #: the tokens of ``reasoning``
+    content_pieces: tuple[str, ...]  #: the tokens of ``content``
+    tool_tokens: int  #: tokens of the tool-call section (0 without calls)
+    prompt_tokens: int  #: simulated prompt length (see tokens.prompt_tokens)
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return len(self.reasoning_pieces)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.reasoning_pieces) + len(self.content_pieces) + self.tool_tokens
+
+
+DEFAULT_CONFIG = AnswerConfig()
+
+
+def thinking_enabled(request: Mapping[str, Any]) -> bool:
+    """The request's thinking switch (``chat_template_kwargs.thinking``; default on, as K2.5)."""
+    kwargs = request.get("chat_template_kwargs") or {}
+    for key in ("thinking", "enable_thinking"):
+        if key in kwargs:
+            return bool(kwargs[key])
+    return True
+
+
+def requested_max_tokens(request: Mapping[str, Any]) -> int | None:
+    """``max_completion_tokens`` or ``max_tokens``, whichever the request sets."""
+    value = request.get("max_completion_tokens")
+    if value is None:
+        value = request.get("max_tokens")
+    return None if value is None else int(value)
+
+
+def answer_seed(request: Mapping[str, Any]) -> bytes:
+    """The digest the answer is drawn from (independent of max_tokens)."""
+    material = {
+        "messages": request.get("messages"),
+        "tools": request.get("tools") or None,
+        "seed": request.get("seed"),
+        "thinking": thinking_enabled(request),
+    }
+    blob = json.dumps(material, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).digest()
+
+
+def _sentence_pieces(rng: random.Random, n: int) -> list[str]:
+    """Exactly ``n`` simulated tokens of English-looking text."""
+    pieces: list[str] = []
+    start = True
+    left_in_sentence = rng.randint(5, 16)
+    while len(pieces) < n:
+        word = rng.choice(_WORDS)
+        if start:
+            word = word.capitalize()
+            sep = "" if not pieces else ("\n\n" if rng.random() < 0.15 else " ")
+            start = False
+        else:
+            sep = " "
+        pieces.extend(split_pieces(sep + word))
+        left_in_sentence -= 1
+        if left_in_sentence <= 0:
+            pieces.append(".")
+            start = True
+            left_in_sentence = rng.randint(5, 16)
+        elif rng.random() < 0.06:
+            pieces.append(",")
+    return pieces[:n]
+
+
+def _argument_value(rng: random.Random, schema: Any) -> Any:
+    if not isinstance(schema, Mapping):
+        return rng.choice(_WORDS)
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return rng.choice(schema["enum"])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    if kind in ("integer", "int"):
+        return rng.randint(0, 100)
+    if kind in ("number", "float"):
+        return round(rng.uniform(0, 100), 2)
+    if kind in ("boolean", "bool"):
+        return rng.random() < 0.5
+    if kind == "array":
+        return [_argument_value(rng, schema.get("items")) for _ in range(rng.randint(1, 2))]
+    if kind in ("object", "dict"):
+        return {}
+    return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 3)))
+
+
+def _tool_calls(
+    rng: random.Random, tools: list[Any], messages: list[Any]
+) -> tuple[SimToolCall, ...]:
+    usable = []
+    for tool in tools:
+        fn = tool.get("function") if isinstance(tool, Mapping) else None
+        if isinstance(fn, Mapping) and isinstance(fn.get("name"), str) and fn["name"]:
+            usable.append(fn)
+    if not usable:
+        return ()
+    counter = sum(
+        len(m.get("tool_calls") or ())
+        for m in messages
+        if isinstance(m, Mapping) and m.get("role") == "assistant"
+    )
+    n_calls = 2 if len(usable) > 1 and rng.random() < 0.2 else 1
+    calls = []
+    for i in range(n_calls):
+        fn = rng.choice(usable)
+        params = fn.get("parameters") if isinstance(fn.get("parameters"), Mapping) else {}
+        props = params.get("properties") if isinstance(params.get("properties"), Mapping) else {}
+        required = [k for k in params.get("required") or () if k in props] or list(props)[:3]
+        args = {k: _argument_value(rng, props[k]) for k in required}
+        arguments = json.dumps(args, ensure_ascii=False)
+        call_id = f"functions.{fn['name']}:{counter + i}"
+        tokens = CALL_TOKENS + count_tokens(call_id) + count_tokens(arguments)
+        calls.append(SimToolCall(call_id, fn["name"], arguments, tokens))
+    return tuple(calls)
+
+
+def answer(
+    request: Mapping[str, Any],
+    config: AnswerConfig = DEFAULT_CONFIG,
+    *,
+    default_max_tokens: int | None = None,
+    prompt_tokens: int | None = None,
+) -> SimAnswer:
+    """The simulated model's answer to a ``/v1/chat/completions`` request body.
+
+    ``default_max_tokens`` applies when the request sets no limit (the server passes
+    context length minus prompt length); ``prompt_tokens`` overrides the simulated count.
+    """
+    from regen.simulate.tokens import prompt_tokens as count_prompt
+
+    messages = list(request.get("messages") or ())
+    tools = list(request.get("tools") or ())
+    rng = random.Random(int.from_bytes(answer_seed(request)[:16], "big"))
+    sigma = config.length_sigma
+    mu = math.log(config.mean_tokens) - sigma * sigma / 2
+    total = max(1, round(math.exp(rng.gauss(mu, sigma)))) if sigma else round(config.mean_tokens)
+    total = max(1, total)
+    thinking = thinking_enabled(request)
+    n_reason = max(1, round(total * rng.uniform(0.3, 0.8))) if thinking else 0
+    n_content = max(1, total - n_reason)
+    calls: tuple[SimToolCall, ...] = ()
+    if tools and rng.random() < config.tool_call_rate:
+        calls = _tool_calls(rng, tools, messages)
+        if calls:
+            n_content = min(n_content, rng.randint(0, 12))
+    text_rng = random.Random(rng.getrandbits(64))
+    reasoning = _sentence_pieces(text_rng, n_reason)
+    content = _sentence_pieces(text_rng, n_content)
+    tool_tokens = SECTION_TOKENS + sum(c.tokens for c in calls) if calls else 0
+
+    finish = "tool_calls" if calls else "stop"
+    cap = requested_max_tokens(request)
+    if cap is None:
+        cap = default_max_tokens
+    if cap is not None and len(reasoning) + len(content) + tool_tokens > cap:
+        cap = max(cap, 0)
+        finish = "length"
+        reasoning = reasoning[:cap]
+        content = content[: max(0, cap - len(reasoning))]
+        calls, tool_tokens = (), 0
+        # tokens of a partial tool-call section are not shown (the parser holds them back)
+        # but were generated: account for them so the answer uses exactly `cap` tokens.
+        tool_tokens = cap - len(reasoning) - len(content)
+    return SimAnswer(
+        reasoning="".join(reasoning),
+        content="".join(content),
+        tool_calls=calls,
+        finish_reason=finish,
+        reasoning_pieces=tuple(reasoning),
+        content_pieces=tuple(content),
+        tool_tokens=tool_tokens,
+        prompt_tokens=count_prompt(messages, tools) if prompt_tokens is None else prompt_tokens,
+    )
