@@ -344,6 +344,7 @@ class ChatClient:
         )
         output_ids = (
             _id_list(_extra(choice, "token_ids"))
+            or _id_list(_extra(choice, "response_token_ids"))
             or _id_list(_extra(choice, "output_token_ids"))
             or _id_list(_extra(msg, "token_ids"))
         )
