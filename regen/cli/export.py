@@ -1,0 +1,115 @@
+"""`regen export RUN_DIR --out DIR`: SpecForge JSONL shards + stats.json from a run directory.
+
+Defaults come from the run directory's manifest.yaml ``export`` section when it has one; flags
+override them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+NAME = "export"
+HELP = "write SpecForge pre-tokenized (or raw-conversation) JSONL shards and stats.json"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory (path or pyarrow URI)")
+    parser.add_argument("--out", required=True, help="output directory (path or pyarrow URI)")
+    parser.add_argument("--seed", type=int, default=None, help="shuffle seed (manifest: 0)")
+    trunc = parser.add_mutually_exclusive_group()
+    trunc.add_argument(
+        "--drop-truncated",
+        dest="drop_truncated",
+        action="store_true",
+        default=None,
+        help="drop rows whose finish_reason is 'length' (default)",
+    )
+    trunc.add_argument(
+        "--keep-truncated", dest="drop_truncated", action="store_false", help="keep them"
+    )
+    parser.add_argument(
+        "--max-length", type=int, default=None, help="drop rows longer than N tokens"
+    )
+    parser.add_argument(
+        "--shard-rows",
+        type=int,
+        default=None,
+        help="rows per shard (manifest: 10000; 0 = one shard, what SpecForge's prompts_path reads)",
+    )
+    parser.add_argument(
+        "--format",
+        dest="fmt",
+        choices=("pretokenized", "conversations"),
+        default="pretokenized",
+        help="pretokenized {input_ids, loss_mask} (default) or raw conversations",
+    )
+
+
+def _manifest_defaults(run_dir: str) -> dict[str, Any]:
+    import yaml
+    from pydantic import ValidationError
+
+    from regen.errors import RegenError
+    from regen.manifest import Export
+    from regen.store.rundir import RunDir
+
+    try:
+        text = RunDir.open(run_dir, create=False).read_text("manifest.yaml")
+        data = yaml.safe_load(text) if text else None
+        section = data.get("export") if isinstance(data, dict) else None
+        return Export.model_validate(section or {}).model_dump()
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValidationError, RegenError):
+        return Export().model_dump()  # an unreadable manifest only loses the defaults
+
+
+def run(args: argparse.Namespace) -> int:
+    from regen.export import export_run
+
+    d = _manifest_defaults(args.run_dir)
+
+    def pick(flag: Any, key: str) -> Any:
+        return d[key] if flag is None else flag
+
+    stats = export_run(
+        args.run_dir,
+        args.out,
+        seed=pick(args.seed, "seed"),
+        drop_truncated=pick(args.drop_truncated, "drop_truncated"),
+        max_length=pick(args.max_length, "max_length"),
+        shard_rows=pick(args.shard_rows, "shard_rows"),
+        fmt=args.fmt,
+    )
+    console = Console()
+    table = Table(title=f"export {escape(args.run_dir)} → {escape(args.out)} ({stats.format})")
+    for col in ("source", "read", "written", "tokens", "loss tokens", "mask", "dropped"):
+        table.add_column(col, justify="left" if col in ("source", "dropped") else "right")
+    for name, s in stats.sources.items():
+        dropped = ", ".join(f"{k} {v}" for k, v in sorted(s.dropped.items())) or "-"
+        table.add_row(
+            escape(name),
+            f"{s.rows_read:,}",
+            f"{s.rows:,}",
+            f"{s.tokens:,}",
+            f"{s.loss_tokens:,}",
+            f"{s.mask_coverage:.1%}",
+            escape(dropped),
+        )
+    console.print(table)
+    checks = ", ".join(f"{k} {v}" for k, v in sorted(stats.token_check.items())) or "none"
+    console.print(
+        f"{stats.rows_written:,} rows, {stats.tokens:,} tokens in {len(stats.shards)} shard(s); "
+        f"server token check: {escape(checks)}",
+        highlight=False,
+    )
+    mismatches = sum(v for k, v in stats.token_check.items() if k != "match")
+    if mismatches:
+        console.print(
+            f"[yellow]{mismatches} row(s) where the local render disagreed with the server ids "
+            "(the server ids were kept)[/]"
+        )
+    return 0

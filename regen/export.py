@@ -1,0 +1,320 @@
+"""Export a run directory's rows for SpecForge.
+
+Reads every Parquet part ``RUN_DIR/parts/*.parquet`` (schema ``regen.rows.SCHEMA``; temp files
+``.tmp-*`` are ignored) through the run directory's pyarrow filesystem, and writes to ``OUT``
+(local path or pyarrow URI)::
+
+    OUT/
+      shard-00000.jsonl ...        fmt="pretokenized": one {"input_ids": [...], "loss_mask": [...]}
+                                   per line (compact JSON), SpecForge's ``data.prompts_path``
+      conversations-00000.jsonl    fmt="conversations": {"id", "conversations": [...], "tools"?}
+                                   per line, SpecForge's ``data.train_data_path``
+      stats.json                   what was kept and dropped, rows and tokens per source
+
+Rules, in this order: rows are deduplicated by (sample_id, turn) (first in part-name order
+wins), then truncated rows (finish_reason "length") are dropped unless kept, rows longer than
+``max_length`` tokens are dropped (never cut: a cut row would change its mask), rows without a
+single loss token are dropped (SpecForge would skip them silently). The kept rows are sorted by
+(sample_id, turn) and shuffled with ``random.Random(seed)``, so the output depends only on the
+rows and the seed, never on part order. Shards are consecutive slices of that one order:
+concatenating them in name order gives the single file SpecForge 0.2.0 reads
+(``data.prompts_path`` is one path); ``shard_rows=0`` writes one shard. Native rows come out
+byte-identical to their input ids and mask. Earlier shards of the same format in OUT are removed.
+
+The conversations variant has one record per sample (its highest kept turn): the request
+messages of that turn plus the regenerated assistant message, with ``reasoning_content`` on
+assistant messages (SpecForge's thinking parser reads it; its default parser keeps only role,
+content and tool_calls, and its template route drops history reasoning and inserts its own
+default system prompt, so prefer the pre-tokenized export). Native rows cannot be expressed as
+conversations and are counted as ``not_convertible``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from regen.errors import ConfigError, RunDirError
+from regen.store.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+Format = Literal["pretokenized", "conversations"]
+FORMATS: tuple[str, ...] = ("pretokenized", "conversations")
+PARTS_DIR = "parts"
+STATS_FILE = "stats.json"
+SHARD_PREFIX: dict[str, str] = {"pretokenized": "shard-", "conversations": "conversations-"}
+
+_KEY_COLUMNS = (
+    "sample_id",
+    "source",
+    "turn",
+    "truncated",
+    "num_tokens",
+    "loss_tokens",
+    "token_source",
+    "token_check",
+)
+_DATA_COLUMNS: dict[str, tuple[str, ...]] = {
+    "pretokenized": ("input_ids", "loss_mask"),
+    "conversations": ("messages", "tools", "reasoning", "content", "tool_calls"),
+}
+
+
+@dataclass(slots=True)
+class SourceStats:
+    """Per-source numbers in stats.json."""
+
+    rows_read: int = 0
+    rows: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+    truncated_seen: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def mask_coverage(self) -> float:
+        return self.loss_tokens / self.tokens if self.tokens else 0.0
+
+
+@dataclass(slots=True)
+class ExportStats:
+    """What an export kept and dropped; written as OUT/stats.json."""
+
+    run_dir: str
+    out: str
+    format: str
+    seed: int
+    drop_truncated: bool
+    max_length: int | None
+    shard_rows: int
+    parts: int = 0
+    rows_read: int = 0
+    rows_written: int = 0
+    tokens: int = 0  #: tokens of the written rows
+    loss_tokens: int = 0  #: tokens with loss_mask 1 in the written rows
+    dropped: dict[str, int] = field(default_factory=dict)
+    sources: dict[str, SourceStats] = field(default_factory=dict)
+    token_source: dict[str, int] = field(default_factory=dict)  #: written rows per source kind
+    token_check: dict[str, int] = field(default_factory=dict)  #: read rows per check result
+    shards: list[dict[str, Any]] = field(default_factory=list)  #: {file, rows, tokens}
+
+    @property
+    def mask_coverage(self) -> float:
+        return self.loss_tokens / self.tokens if self.tokens else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["mask_coverage"] = round(self.mask_coverage, 6)
+        for name, s in self.sources.items():
+            d["sources"][name]["mask_coverage"] = round(s.mask_coverage, 6)
+        d["created_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+        return d
+
+
+def export_run(
+    run_dir: str,
+    out: str,
+    *,
+    seed: int = 0,
+    drop_truncated: bool = True,
+    max_length: int | None = None,
+    shard_rows: int = 10000,
+    fmt: Format = "pretokenized",
+) -> ExportStats:
+    """Export every row of ``run_dir`` to ``out`` (see the module docstring)."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"export format must be one of {FORMATS}, got {fmt!r}", field="format")
+    if shard_rows < 0:
+        raise ConfigError("shard_rows must be >= 0 (0: one shard)", field="shard_rows")
+    if max_length is not None and max_length <= 0:
+        raise ConfigError("max_length must be > 0", field="max_length")
+    rd = RunDir.open(run_dir, create=False)
+    stats = ExportStats(
+        run_dir=str(run_dir),
+        out=str(out),
+        format=fmt,
+        seed=seed,
+        drop_truncated=drop_truncated,
+        max_length=max_length,
+        shard_rows=shard_rows,
+    )
+    table = _read_parts(rd, fmt, stats)
+    order = _select(table, fmt, stats, drop_truncated=drop_truncated, max_length=max_length)
+    sids, turns = table.column("sample_id").to_pylist(), table.column("turn").to_pylist()
+    order.sort(key=lambda i: (sids[i], turns[i]))
+    random.Random(seed).shuffle(order)
+
+    dest = RunDir.open(out, create=True)
+    _remove_old_shards(dest, fmt)
+    size = shard_rows or max(len(order), 1)
+    for n, start in enumerate(range(0, len(order), size)):
+        chunk = table.take(pa.array(order[start : start + size], type=pa.int64()))
+        name = f"{SHARD_PREFIX[fmt]}{n:05d}.jsonl"
+        lines = _pretokenized_lines(chunk) if fmt == "pretokenized" else _conversation_lines(chunk)
+        _write_lines(dest, name, lines)
+        tokens = sum(chunk.column("num_tokens").to_pylist())
+        stats.shards.append({"file": name, "rows": chunk.num_rows, "tokens": tokens})
+    dest.write_json_atomic(STATS_FILE, stats.to_dict())
+    log.info(
+        "exported %d of %d rows (%d tokens, mask coverage %.3f) to %s in %d shard(s)",
+        stats.rows_written,
+        stats.rows_read,
+        stats.tokens,
+        stats.mask_coverage,
+        out,
+        len(stats.shards),
+    )
+    return stats
+
+
+def _read_parts(rd: RunDir, fmt: str, stats: ExportStats) -> pa.Table:
+    if not rd.exists(""):
+        raise RunDirError(f"run directory {rd.uri!r} does not exist")
+    names = [n for n in rd.list(PARTS_DIR) if n.endswith(".parquet")]
+    columns = list(_KEY_COLUMNS + _DATA_COLUMNS[fmt])
+    tables = []
+    for name in names:
+        path = rd.path(f"{PARTS_DIR}/{name}")
+        try:
+            schema = pq.read_schema(path, filesystem=rd.fs)
+            missing = [c for c in columns if c not in schema.names]
+            if missing:
+                raise RunDirError(f"{rd.uri}: part {name} lacks column(s) {missing}")
+            tables.append(pq.read_table(path, columns=columns, filesystem=rd.fs))
+        except (OSError, pa.ArrowInvalid) as e:
+            raise RunDirError(f"{rd.uri}: cannot read part {name}: {e}") from e
+    stats.parts = len(tables)
+    if not tables:
+        log.warning("%s: no Parquet parts under %s/", rd.uri, PARTS_DIR)
+        return _empty(columns)
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def _empty(columns: list[str]) -> pa.Table:
+    from regen.rows import SCHEMA
+
+    return SCHEMA.empty_table().select(columns)
+
+
+def _select(
+    table: pa.Table,
+    fmt: str,
+    stats: ExportStats,
+    *,
+    drop_truncated: bool,
+    max_length: int | None,
+) -> list[int]:
+    """Indices of the rows to write; fills the read/drop/keep numbers of ``stats``."""
+    sids = table.column("sample_id").to_pylist()
+    turns = table.column("turn").to_pylist()
+    sources = table.column("source").to_pylist()
+    truncated = table.column("truncated").to_pylist()
+    ntok = table.column("num_tokens").to_pylist()
+    nloss = table.column("loss_tokens").to_pylist()
+    kinds = table.column("token_source").to_pylist()
+    checks = table.column("token_check").to_pylist()
+    dropped: Counter[str] = Counter()
+    per_source: dict[str, SourceStats] = defaultdict(SourceStats)
+    seen: set[tuple[str, int]] = set()
+    keep: list[int] = []
+    for i, sid in enumerate(sids):
+        src = per_source[sources[i]]
+        src.rows_read += 1
+        if checks[i] is not None:
+            stats.token_check[checks[i]] = stats.token_check.get(checks[i], 0) + 1
+        key = (sid, turns[i])
+        reason = None
+        if key in seen:
+            reason = "duplicate"
+        else:
+            seen.add(key)
+            if truncated[i]:
+                src.truncated_seen += 1
+            if truncated[i] and drop_truncated:
+                reason = "truncated"
+            elif max_length is not None and ntok[i] > max_length:
+                reason = "too_long"
+            elif not nloss[i]:
+                reason = "no_loss_tokens"
+            elif fmt == "conversations" and kinds[i] == "native":
+                reason = "not_convertible"
+        if reason is not None:
+            dropped[reason] += 1
+            src.dropped[reason] = src.dropped.get(reason, 0) + 1
+            continue
+        keep.append(i)
+    if fmt == "conversations":  # one record per sample: its highest kept turn
+        best: dict[str, int] = {}
+        for i in keep:
+            if sids[i] not in best or turns[i] > turns[best[sids[i]]]:
+                best[sids[i]] = i
+        chosen = set(best.values())
+        for i in keep:
+            if i not in chosen:
+                dropped["earlier_turn"] += 1
+                d = per_source[sources[i]].dropped
+                d["earlier_turn"] = d.get("earlier_turn", 0) + 1
+        keep = [i for i in keep if i in chosen]
+    for i in keep:
+        src = per_source[sources[i]]
+        src.rows += 1
+        src.tokens += ntok[i]
+        src.loss_tokens += nloss[i]
+        stats.token_source[kinds[i]] = stats.token_source.get(kinds[i], 0) + 1
+    stats.rows_read = len(sids)
+    stats.rows_written = len(keep)
+    stats.tokens = sum(ntok[i] for i in keep)
+    stats.loss_tokens = sum(nloss[i] for i in keep)
+    stats.dropped = dict(sorted(dropped.items()))
+    stats.sources = dict(sorted(per_source.items()))
+    return keep
+
+
+def _pretokenized_lines(chunk: pa.Table) -> list[str]:
+    ids = chunk.column("input_ids").to_pylist()
+    masks = chunk.column("loss_mask").to_pylist()
+    return [
+        json.dumps({"input_ids": a, "loss_mask": m}, separators=(",", ":"))
+        for a, m in zip(ids, masks, strict=True)
+    ]
+
+
+def _conversation_lines(chunk: pa.Table) -> list[str]:
+    lines = []
+    for r in chunk.select(
+        ["sample_id", "turn", "messages", "tools", "reasoning", "content", "tool_calls"]
+    ).to_pylist():
+        answer: dict[str, Any] = {"role": "assistant", "content": r["content"] or ""}
+        if r["reasoning"] is not None:
+            answer["reasoning_content"] = r["reasoning"]
+        calls = json.loads(r["tool_calls"] or "[]")
+        if calls:
+            answer["tool_calls"] = calls
+        rec: dict[str, Any] = {
+            "id": r["sample_id"],
+            "conversations": [*json.loads(r["messages"] or "[]"), answer],
+        }
+        if r["tools"]:
+            rec["tools"] = json.loads(r["tools"])
+        lines.append(json.dumps(rec, ensure_ascii=False, separators=(",", ":")))
+    return lines
+
+
+def _remove_old_shards(dest: RunDir, fmt: str) -> None:
+    for name in dest.list(""):
+        if name.startswith(SHARD_PREFIX[fmt]) and name.endswith(".jsonl"):
+            dest.delete(name)
+
+
+def _write_lines(dest: RunDir, name: str, lines: list[str]) -> None:
+    data = "".join(line + "\n" for line in lines).encode("utf-8")
+    dest.write_bytes_atomic(name, data)

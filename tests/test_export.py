@@ -1,0 +1,248 @@
+"""regen export: dedup, drops, deterministic shuffle, shards, native byte identity, SpecForge."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from regen.errors import ConfigError
+from regen.export import export_run
+from regen.native import VocabInfo, validate_native
+from regen.result import TurnResult
+from regen.rows import build_turn_row, native_row, rows_to_table
+from regen.sample import Message, Sample, ToolCall
+from regen.template.render import KimiRenderer
+
+REPO = Path(__file__).resolve().parents[1]
+TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"
+NATIVE = REPO / "manifests" / "demo" / "kimi_native.jsonl"
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+
+
+def _res(reasoning: str | None, content: str, finish: str = "stop", calls=()) -> TurnResult:
+    return TurnResult(
+        content=content,
+        reasoning=reasoning,
+        tool_calls=tuple(calls),
+        finish_reason=finish,
+        model="tiny",
+        endpoint="http://127.0.0.1:9",
+    )
+
+
+def _native_samples() -> list[Sample]:
+    vocab = VocabInfo.from_dir(TOKENIZER)
+    out, seen = [], set()
+    for line in NATIVE.read_text().splitlines():
+        r = json.loads(line)
+        s = Sample(
+            id=f"native:{r['id']}",
+            source="native",
+            messages=[],
+            mode="native",
+            input_ids=r["input_ids"],
+            loss_mask=r["loss_mask"],
+        )
+        if validate_native(s, vocab) is None and s.id not in seen:
+            seen.add(s.id)
+            out.append(s)
+    return out
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run directory with two parts, a stray temp part, and every kind of row."""
+    r = KimiRenderer.from_dir(TOKENIZER)
+    root = tmp_path_factory.mktemp("run")
+    chat = Sample(id="chat:1", source="chat", messages=[], tools=None)
+    u1, u2 = Message("user", "Pick a number."), Message("user", "Double it.")
+    a1 = Message("assistant", "Seven.", reasoning="Choose seven.")
+    rows_a = [
+        build_turn_row(chat, 0, [u1], _res("Choose seven.", "Seven."), r),
+        build_turn_row(chat, 1, [u1, a1, u2], _res("Times two.", "Fourteen."), r),
+        build_turn_row(
+            Sample(id="chat:2", source="chat", messages=[]),
+            0,
+            [Message("user", "Write a long story.")],
+            _res("Once upon", "", finish="length"),
+            r,
+        ),
+        build_turn_row(
+            Sample(id="tools:1", source="tools", messages=[], tools=TOOLS),
+            0,
+            [Message("user", "Weather in Oslo?")],
+            _res(
+                "Call it.",
+                "",
+                "tool_calls",
+                [ToolCall("functions.get_weather:0", "get_weather", '{"city": "Oslo"}')],
+            ),
+            r,
+        ),
+        build_turn_row(
+            Sample(id="chat:3", source="chat", messages=[]),
+            0,
+            [Message("user", "Explain " + "very " * 60 + "briefly.")],
+            _res("Long prompt.", "Ok."),
+            r,
+        ),
+    ]
+    natives = [native_row(s) for s in _native_samples()]
+    zero = native_row(
+        Sample(id="native:zero", source="native", messages=[], input_ids=[1, 2], loss_mask=[0, 0])
+    )
+    rows_b = [*natives, zero, dict(rows_a[0])]  # rows_a[0] again: a duplicate (sample, turn)
+    (root / "parts").mkdir()
+    pq.write_table(rows_to_table(rows_a), root / "parts" / "s1-00000.parquet")
+    pq.write_table(rows_to_table(rows_b), root / "parts" / "s1-00001.parquet")
+    (root / "parts" / ".tmp-s1-00002.parquet").write_bytes(b"half a file")
+    (root / "manifest.yaml").write_text("name: x\nexport:\n  seed: 5\n  shard_rows: 3\n")
+    return root
+
+
+def _lines(out: Path, prefix: str = "shard-") -> list[str]:
+    files = sorted(out.glob(f"{prefix}*.jsonl"))
+    return [line for f in files for line in f.read_text().splitlines()]
+
+
+def test_pretokenized_export_numbers(run_dir: Path, tmp_path: Path) -> None:
+    stats = export_run(str(run_dir), str(tmp_path / "out"), shard_rows=0)
+    assert stats.parts == 2
+    assert stats.rows_read == 5 + 4 + 1 + 1
+    assert stats.dropped == {"duplicate": 1, "no_loss_tokens": 1, "truncated": 1}
+    assert stats.rows_written == 8
+    assert stats.sources["chat"].rows == 3 and stats.sources["chat"].truncated_seen == 1
+    assert stats.sources["native"].rows == 4
+    assert stats.sources["tools"].rows == 1
+    assert stats.token_source == {"local": 4, "native": 4}
+    lines = _lines(tmp_path / "out")
+    assert len(lines) == 8 and [s["file"] for s in stats.shards] == ["shard-00000.jsonl"]
+    recs = [json.loads(x) for x in lines]
+    assert all(list(rec) == ["input_ids", "loss_mask"] for rec in recs)
+    assert stats.tokens == sum(len(rec["input_ids"]) for rec in recs)
+    assert stats.loss_tokens == sum(sum(rec["loss_mask"]) for rec in recs)
+    saved = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert saved["rows_written"] == 8 and saved["dropped"] == stats.dropped
+    assert 0 < saved["mask_coverage"] < 1
+    assert saved["sources"]["chat"]["dropped"] == {"duplicate": 1, "truncated": 1}
+
+
+def test_native_rows_come_out_byte_identical(run_dir: Path, tmp_path: Path) -> None:
+    export_run(str(run_dir), str(tmp_path / "out"))
+    out = set(_lines(tmp_path / "out"))
+    natives = _native_samples()
+    assert len(natives) == 4
+    for line in NATIVE.read_text().splitlines():
+        rec = json.loads(line)
+        if f"native:{rec['id']}" not in {s.id for s in natives}:
+            continue
+        expected = json.dumps(
+            {"input_ids": rec["input_ids"], "loss_mask": rec["loss_mask"]}, separators=(",", ":")
+        )
+        assert expected in out
+        # and the exact bytes of the input file's arrays
+        assert line.split('"input_ids":', 1)[1].rstrip("}") == expected.split('"input_ids":', 1)[
+            1
+        ].rstrip("}")
+
+
+def test_shuffle_is_deterministic_and_independent_of_part_order(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    export_run(str(run_dir), str(tmp_path / "a"), seed=3, shard_rows=0)
+    export_run(str(run_dir), str(tmp_path / "b"), seed=3, shard_rows=0)
+    export_run(str(run_dir), str(tmp_path / "c"), seed=4, shard_rows=0)
+    renamed = tmp_path / "renamed"
+    shutil.copytree(run_dir, renamed)
+    parts = renamed / "parts"
+    (parts / "s1-00000.parquet").rename(parts / "z-late.parquet")
+    export_run(str(renamed), str(tmp_path / "d"), seed=3, shard_rows=0)
+    a, b, c, d = (_lines(tmp_path / x) for x in "abcd")
+    assert a == b == d
+    assert a != c and sorted(a) == sorted(c)
+
+
+def test_shards_are_slices_of_one_order(run_dir: Path, tmp_path: Path) -> None:
+    one = export_run(str(run_dir), str(tmp_path / "one"), shard_rows=0)
+    three = export_run(str(run_dir), str(tmp_path / "three"), shard_rows=3)
+    assert [s["rows"] for s in three.shards] == [3, 3, 2]
+    assert _lines(tmp_path / "three") == _lines(tmp_path / "one")
+    assert one.rows_written == three.rows_written
+    # a re-export with fewer shards removes the stale ones
+    export_run(str(run_dir), str(tmp_path / "three"), shard_rows=0)
+    assert sorted(p.name for p in (tmp_path / "three").glob("*.jsonl")) == ["shard-00000.jsonl"]
+
+
+def test_keep_truncated_and_max_length(run_dir: Path, tmp_path: Path) -> None:
+    kept = export_run(str(run_dir), str(tmp_path / "k"), drop_truncated=False)
+    assert kept.rows_written == 9 and "truncated" not in kept.dropped
+    all_lens = sorted(len(json.loads(x)["input_ids"]) for x in _lines(tmp_path / "k"))
+    limit = all_lens[-2]  # drops exactly the longest row
+    assert all_lens[-1] > limit
+    short = export_run(str(run_dir), str(tmp_path / "s"), drop_truncated=False, max_length=limit)
+    assert short.dropped["too_long"] == 1 and short.rows_written == 8
+    assert all(len(json.loads(x)["input_ids"]) <= limit for x in _lines(tmp_path / "s"))
+
+
+def test_specforge_accepts_every_row_with_masks_unchanged(run_dir: Path, tmp_path: Path) -> None:
+    from specforge.data.prompt_builder import prepare_prompt_tasks
+
+    stats = export_run(str(run_dir), str(tmp_path / "out"), shard_rows=0)
+    path = tmp_path / "out" / "shard-00000.jsonl"
+    tasks = prepare_prompt_tasks(
+        path,
+        None,
+        chat_template=None,
+        max_length=1_000_000,
+        is_preformatted=False,
+        train_only_last_turn=False,
+        cache_dir=None,
+        cache_key=None,
+        num_proc=None,
+    )
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert len(tasks) == len(lines) == stats.rows_written
+    for task, rec in zip(tasks, lines, strict=True):
+        assert task["payload"] == rec
+
+
+def test_conversations_variant(run_dir: Path, tmp_path: Path) -> None:
+    stats = export_run(str(run_dir), str(tmp_path / "c"), fmt="conversations", shard_rows=0)
+    recs = {r["id"]: r for r in map(json.loads, _lines(tmp_path / "c", "conversations-"))}
+    assert sorted(recs) == ["chat:1", "chat:3", "tools:1"]
+    assert stats.dropped["not_convertible"] == 4 and stats.dropped["earlier_turn"] == 1
+    conv = recs["chat:1"]["conversations"]
+    assert [m["role"] for m in conv] == ["user", "assistant", "user", "assistant"]
+    assert conv[1]["reasoning_content"] == "Choose seven."  # history as the request sent it
+    assert conv[-1] == {
+        "role": "assistant",
+        "content": "Fourteen.",
+        "reasoning_content": "Times two.",
+    }
+    assert recs["tools:1"]["tools"] == TOOLS
+    assert recs["tools:1"]["conversations"][-1]["tool_calls"][0]["id"] == (
+        "functions.get_weather:0"
+    )
+    assert "tools" not in recs["chat:1"]
+
+
+def test_bad_arguments(run_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        export_run(str(run_dir), str(tmp_path / "o"), fmt="csv")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        export_run(str(run_dir), str(tmp_path / "o"), shard_rows=-1)
+
+
+def test_cli_uses_manifest_defaults_and_reports_errors(run_dir: Path, tmp_path: Path) -> None:
+    from regen.cli.main import main
+
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "o")]) == 0
+    stats = json.loads((tmp_path / "o" / "stats.json").read_text())
+    assert (stats["seed"], stats["shard_rows"], len(stats["shards"])) == (5, 3, 3)
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "o"), "--keep-truncated"]) == 0
+    assert json.loads((tmp_path / "o" / "stats.json").read_text())["rows_written"] == 9
+    assert main(["export", str(tmp_path / "missing"), "--out", str(tmp_path / "o2")]) == 2
