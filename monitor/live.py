@@ -97,9 +97,11 @@ def watch(
 
 
 def _log_tick(ticker: Ticker) -> None:
+    had = ticker.last is not None
     n = ticker.tick()
     if ticker.error:
-        log.warning("%s", ticker.error)
+        # before the first good read the directory may simply not exist yet (regen run)
+        log.log(logging.WARNING if had else logging.DEBUG, "%s", ticker.error)
     elif n is not None:
         log.info("%s", log_line(n))
 
