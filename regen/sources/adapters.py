@@ -3,9 +3,11 @@
 An adapter turns one raw row into a :class:`~regen.sample.Sample` or a
 :class:`~regen.sample.Rejection`. :func:`iter_source` runs a source's adapter over its raw rows
 and gives every sample its stable id: ``{source}:{upstream id}`` when the row has one, else
-``{source}:h{hash of the conversation}``. When an id repeats within a source with different
-content, the later rows get ``#{content hash[:8]}`` appended (rows in source order; identical
-content is left to dedup). Owns no files.
+``{source}:h{hash of the conversation}``. SWE-Gym's ``instance_id`` names a task with several
+trajectories, so its ids are always ``{source}:{instance_id}#{hash[:8]}``. When an id still
+repeats within a source with different content, the later rows (in source order) get
+``#{content hash[:8]}`` appended; identical content is left to dedup. Ids are therefore stable
+under reordering wherever upstream ids are unique. Owns no files.
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ from functools import partial
 
 from regen.errors import RowError
 from regen.manifest import Manifest, Source
-from regen.sample import Rejection, Sample, make_sample_id
+from regen.sample import (
+    Message,
+    Rejection,
+    Sample,
+    make_sample_id,
+    normalized_message,
+    stable_hash,
+)
 from regen.sources import shapes
 from regen.sources.reader import RawRow, iter_raw
 
@@ -66,8 +75,11 @@ def adapt_row(source: Source, raw: RawRow) -> Sample | Rejection:
         shapes.check_conversation(parsed.messages)
     except RowError as e:
         return Rejection(source.name, raw.row, e.reason, e.detail, e.field)
+    upstream = parsed.upstream_id
+    if upstream is not None and not parsed.id_unique:
+        upstream = f"{str(upstream).strip()}#{_messages_hash(parsed.messages)[:8]}"
     return Sample(
-        id=make_sample_id(source.name, parsed.upstream_id, parsed.messages),
+        id=make_sample_id(source.name, upstream, parsed.messages),
         source=source.name,
         messages=parsed.messages,
         tools=parsed.tools,
@@ -76,6 +88,10 @@ def adapt_row(source: Source, raw: RawRow) -> Sample | Rejection:
         row=raw.row,
         meta=parsed.meta,
     )
+
+
+def _messages_hash(messages: list[Message]) -> str:
+    return stable_hash([normalized_message(m) for m in messages])
 
 
 def iter_source(

@@ -142,7 +142,10 @@ def _iter_hub(source: Source, field: str) -> Iterator[RawRow]:
 
 
 def _hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    """The hub client's own offline switch (HF_HUB_OFFLINE, read when it was imported)."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
 
 
 def _probe_hub(name: str, where: str) -> None:

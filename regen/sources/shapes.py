@@ -45,6 +45,9 @@ class Parsed:
     tools: list[dict[str, Any]] | None = None
     upstream_id: Any | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    #: False when the upstream id names a group of rows (SWE-Gym's instance_id: several
+    #: trajectories per task); the sample id then always carries a content hash
+    id_unique: bool = True
 
 
 @dataclass(slots=True)
@@ -223,7 +226,10 @@ def parse_messages(row: dict[str, Any]) -> Parsed:
         else:
             messages.append(Message(role, content))  # type: ignore[arg-type]
     tools = _tools_column(row.get("tools"), "tools")
-    return Parsed(messages, tools, _upstream_id(row, "id", "prompt_id", "instance_id"))
+    upstream = _upstream_id(row, "id", "prompt_id")
+    if upstream is not None:
+        return Parsed(messages, tools, upstream)
+    return Parsed(messages, tools, _upstream_id(row, "instance_id"), id_unique=False)
 
 
 # --- 3. input/output --------------------------------------------------------------------------
