@@ -15,13 +15,13 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from regen.client.errors import map_error
 from regen.client.retry import FailureHook, RetryPolicy
-from regen.errors import ConfigError, PermanentError, StreamCutError
+from regen.client.stream import StreamAccumulator, usage_fields
+from regen.errors import ConfigError, PermanentError, RegenError, StreamCutError
 from regen.manifest import Endpoint, Manifest, Sampling
 from regen.result import TurnResult
 from regen.sample import ToolCall
@@ -82,67 +82,6 @@ def resolve_api_key(endpoint: Endpoint, base_dir: str | Path = ".") -> str:
     return NO_KEY
 
 
-@dataclass(slots=True)
-class _ToolCallParts:
-    id: str = ""
-    name: str = ""
-    arguments: list[str] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class _Accumulator:
-    """Assembles a streamed answer chunk by chunk."""
-
-    content: list[str] = field(default_factory=list)
-    reasoning: list[str] = field(default_factory=list)
-    tools: dict[int, _ToolCallParts] = field(default_factory=dict)
-    finish_reason: str | None = None
-    model: str = ""
-    usage: Any = None
-    first_token_at: float | None = None
-    chunks: int = 0
-
-    def add(self, chunk: Any, now: float) -> None:
-        self.chunks += 1
-        if getattr(chunk, "model", None):
-            self.model = chunk.model
-        if getattr(chunk, "usage", None) is not None:
-            self.usage = chunk.usage
-        for choice in chunk.choices or ():
-            if choice.index not in (0, None):
-                continue
-            delta = choice.delta
-            got = False
-            if delta is not None:
-                if delta.content:
-                    self.content.append(delta.content)
-                    got = True
-                reasoning = _reasoning_of(delta)
-                if reasoning:
-                    self.reasoning.append(reasoning)
-                    got = True
-                for tc in delta.tool_calls or ():
-                    parts = self.tools.setdefault(tc.index or 0, _ToolCallParts())
-                    if tc.id:
-                        parts.id = tc.id
-                    if tc.function is not None:
-                        if tc.function.name:
-                            parts.name += tc.function.name
-                        if tc.function.arguments:
-                            parts.arguments.append(tc.function.arguments)
-                    got = True
-            if got and self.first_token_at is None:
-                self.first_token_at = now
-            if choice.finish_reason:
-                self.finish_reason = choice.finish_reason
-
-    def tool_calls(self) -> tuple[ToolCall, ...]:
-        return tuple(
-            ToolCall(id=p.id, name=p.name, arguments="".join(p.arguments))
-            for _, p in sorted(self.tools.items())
-        )
-
-
 def _extra(obj: Any, name: str) -> Any:
     """A field the SDK does not type (``reasoning_content``, ``prompt_token_ids``, ...)."""
     if obj is None:
@@ -161,23 +100,12 @@ def _reasoning_of(obj: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _usage_fields(usage: Any) -> dict[str, int | None]:
+def _usage_of(usage: Any) -> dict[str, int | None]:
+    """Usage fields of an SDK usage object (non-streaming path)."""
     if usage is None:
         return {}
-    details = getattr(usage, "completion_tokens_details", None)
-    reasoning = getattr(details, "reasoning_tokens", None) if details is not None else None
-    if reasoning is None:
-        reasoning = _extra(usage, "reasoning_tokens")
-    pdetails = getattr(usage, "prompt_tokens_details", None)
-    cached = getattr(pdetails, "cached_tokens", None) if pdetails is not None else None
-    if cached is None and isinstance(pdetails, dict):
-        cached = pdetails.get("cached_tokens")
-    return {
-        "prompt_tokens": getattr(usage, "prompt_tokens", None),
-        "completion_tokens": getattr(usage, "completion_tokens", None),
-        "reasoning_tokens": reasoning,
-        "cached_tokens": cached,
-    }
+    dump = usage.model_dump() if hasattr(usage, "model_dump") else dict(usage)
+    return usage_fields(dump)
 
 
 def _id_list(value: Any) -> list[int] | None:
@@ -294,16 +222,16 @@ class ChatClient:
         return await self._whole(kw, start, sample_id)
 
     async def _stream(self, kw: dict[str, Any], start: float, sample_id: str) -> TurnResult:
-        acc = _Accumulator()
+        acc = StreamAccumulator(endpoint=self.url, clock=self._clock)
         try:
-            stream = await self._client.chat.completions.create(**kw)
-            try:
-                async for chunk in stream:
-                    acc.add(chunk, self._clock())
-            finally:
-                close = getattr(stream, "close", None)
-                if close is not None:
-                    await close()
+            create = self._client.chat.completions.with_streaming_response.create
+            async with create(**kw) as resp:
+                async for line in resp.iter_lines():
+                    acc.feed_line(line)
+                    if acc.done:
+                        break
+        except RegenError:
+            raise
         except Exception as e:
             raise self._mapped(e, sample_id, received=acc.chunks > 0) from None
         end = self._clock()
@@ -321,7 +249,7 @@ class ChatClient:
             endpoint=self.url,
             latency_s=end - start,
             ttft_s=None if acc.first_token_at is None else acc.first_token_at - start,
-            **_usage_fields(acc.usage),
+            **acc.usage_fields(),
         )
 
     async def _whole(self, kw: dict[str, Any], start: float, sample_id: str) -> TurnResult:
@@ -359,7 +287,7 @@ class ChatClient:
             output_token_ids=output_ids,
             latency_s=end - start,
             ttft_s=None,
-            **_usage_fields(resp.usage),
+            **_usage_of(resp.usage),
         )
 
     def _mapped(self, exc: BaseException, sample_id: str, *, received: bool = False) -> Exception:

@@ -175,14 +175,19 @@ def map_error(
         return ConnectError(f"cannot reach {endpoint} ({what})", endpoint=endpoint)
     if isinstance(exc, openai.APIError):
         # An error object inside an SSE stream: no HTTP status on the exception.
-        code = _int_code(exc.body)
-        message = _body_message(exc.body, exc.message)
-        if code is not None and 400 <= code < 600:
-            return status_error(code, message, endpoint=endpoint, body=exc.body, now=now)
-        return ServerError(f"error in stream from {endpoint}: {message}", endpoint=endpoint)
+        return stream_error(exc.body if exc.body is not None else exc.message, endpoint=endpoint)
     return PermanentError(
         f"unexpected {type(exc).__name__} from {endpoint}: {str(exc)[:300]}", endpoint=endpoint
     )
+
+
+def stream_error(body: Any, *, endpoint: str | None) -> RequestError:
+    """The error for an ``error`` object sent inside a stream (it has no HTTP status)."""
+    code = _int_code(body)
+    message = _body_message(body, "error in stream")
+    if code is not None and 400 <= code < 600:
+        return status_error(code, message, endpoint=endpoint, body=body)
+    return ServerError(f"error in stream from {endpoint}: {message}", endpoint=endpoint)
 
 
 def _int_code(body: Any) -> int | None:

@@ -161,10 +161,9 @@ def test_tool_calls_are_assembled_from_deltas():
 
 
 def test_latency_and_ttft_use_the_clock():
-    ticks = iter([100.0, 100.5, 101.0, 101.25, 102.0, 103.0])
+    ticks = iter([100.0, 100.5, 103.0])  # request start, first token ("Hello"), end
     r = complete(make_client(Script(stream_response(OK_CHUNKS)), clock=lambda: next(ticks)))
-    # start 100.0; chunks at 100.5 (role, empty content), 101.0 ("Hello"), 101.25, 102.0
-    assert r.ttft_s == pytest.approx(1.0)
+    assert r.ttft_s == pytest.approx(0.5)
     assert r.latency_s == pytest.approx(3.0)
 
 
