@@ -131,6 +131,7 @@ def build_turn_row(
             content=result.content,
             tool_calls=result.tool_calls,
             finish_reason=result.finish_reason,
+            completion_tokens=result.completion_tokens,
         )
     except TemplateError as e:
         render_error = e

@@ -20,7 +20,8 @@ prompt ends (never assuming one template variant):
 ``<|tool_call_begin|>{id}<|tool_call_argument_begin|>{arguments}<|tool_call_end|>`` +
 ``<|tool_calls_section_end|>`` (id defaults to ``functions.{name}:{index}``; arguments verbatim).
 A truncated turn (``finish_reason == "length"``) gets no ``<|im_end|>``, and when it stopped
-inside the reasoning (no content, no calls) no ``</think>`` either: only what the model produced.
+inside the reasoning (no content, no calls) no ``</think>`` either: only what the model produced
+(unless the server's completion token count shows the cut came right after ``</think>``).
 
 Prompt and response are tokenized separately (``add_special_tokens=False``) and concatenated, so
 no token spans the boundary; the loss mask is 1 on the response tokens only.
@@ -222,16 +223,33 @@ class KimiRenderer:
         content: str,
         tool_calls: Sequence[ToolCall] = (),
         finish_reason: str = "stop",
+        completion_tokens: int | None = None,
     ) -> RenderedTurn:
-        """Prompt (template) + reassembled response, tokenized separately."""
+        """Prompt (template) + reassembled response, tokenized separately.
+
+        A turn cut (``length``) with reasoning but no content is ambiguous: the model may or
+        may not have emitted ``</think>`` as its last token. When ``completion_tokens`` (the
+        server's count) is given and says so, ``</think>`` is kept.
+        """
         prompt = self.render_prompt(messages, tools)
         state = think_state(prompt)
         response = response_text(state, reasoning, content, tool_calls, finish_reason)
+        response_ids = self.encode(response)
+        if (
+            finish_reason == "length"
+            and reasoning is not None
+            and not content
+            and not tool_calls
+            and state != "closed"
+            and completion_tokens == len(response_ids) + 1
+        ):
+            response += THINK_CLOSE
+            response_ids = self.encode(response)
         return RenderedTurn(
             prompt_text=prompt,
             response_text=response,
             prompt_ids=self.encode(prompt),
-            response_ids=self.encode(response),
+            response_ids=response_ids,
             think_state=state,
         )
 

@@ -143,3 +143,20 @@ def test_from_manifest_uses_target_tokenizer_and_template_kwargs() -> None:
     r = KimiRenderer.from_manifest(m)
     assert r.template_kwargs == {"thinking": False}
     assert r.render_prompt([Message("user", "Hi")]).endswith("<think></think>")
+
+
+def test_cut_right_after_think_close_is_read_from_the_completion_count(
+    renderer: KimiRenderer,
+) -> None:
+    msgs = [Message("user", "Think.")]
+    plain = renderer.render_turn(msgs, None, reasoning="R r", content="", finish_reason="length")
+    assert plain.response_text == "R r"
+    n = len(plain.response_ids)
+    closed = renderer.render_turn(
+        msgs, None, reasoning="R r", content="", finish_reason="length", completion_tokens=n + 1
+    )
+    assert closed.response_text == "R r</think>"
+    same = renderer.render_turn(
+        msgs, None, reasoning="R r", content="", finish_reason="length", completion_tokens=n
+    )
+    assert same.response_text == "R r"
