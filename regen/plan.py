@@ -154,7 +154,7 @@ def load_tokenizer(manifest: Manifest) -> Any | None:
     """The target tokenizer when ``target.tokenizer`` is an existing directory, else None."""
     path = manifest.resolve(manifest.target.tokenizer)
     if not Path(path).is_dir():
-        log.info("no tokenizer directory at %s: prompt tokens are a chars/4 estimate", path)
+        log.debug("no tokenizer directory at %s: prompt tokens are a chars/4 estimate", path)
         return None
     from transformers import AutoTokenizer
 

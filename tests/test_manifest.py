@@ -1,0 +1,191 @@
+"""Manifest validation: each kind of mistake gives one clear message naming the field."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from regen.errors import ConfigError, RegenError, SourceError
+from regen.manifest import load_manifest
+from regen.sources import read_samples
+
+REPO = Path(__file__).resolve().parents[1]
+
+BASE: dict[str, Any] = {
+    "name": "t",
+    "target": {"model": "m", "tokenizer": "tok"},
+    "sampling": {"temperature": 0.6},
+    "sources": [
+        {"name": "a", "adapter": "magicoder", "path": "a.jsonl"},
+        {"name": "b", "adapter": "sharegpt", "path": "b.jsonl", "limit": 5},
+    ],
+}
+
+
+def write(tmp: Path, data: dict[str, Any]) -> Path:
+    (tmp / "a.jsonl").write_text('{"instruction": "q", "response": "r"}\n')
+    (tmp / "b.jsonl").write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n')
+    p = tmp / "m.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def load_and_read(path: Path, overrides: list[str] | None = None) -> None:
+    list(read_samples(load_manifest(path, overrides)))
+
+
+def _set(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    d = copy.deepcopy(data)
+    node: Any = d
+    *head, last = dotted.split(".")
+    for k in head:
+        node = node[int(k)] if isinstance(node, list) else node[k]
+    node[int(last) if isinstance(node, list) else last] = value
+    return d
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "expect"),
+    [
+        (
+            lambda d: _set(d, "sampling.temprature", 0.5),
+            ConfigError,
+            "sampling.temprature: unknown key",
+        ),
+        (
+            lambda d: _set(d, "sources.1.colour", "red"),
+            ConfigError,
+            "sources.1.colour (source 'b'): unknown key",
+        ),
+        (
+            lambda d: _set(d, "sampling.max_tokens", "lots"),
+            ConfigError,
+            "sampling.max_tokens: Input should be a valid integer",
+        ),
+        (
+            lambda d: _set(d, "sources.1.name", "a"),
+            ConfigError,
+            "sources: Value error, duplicate source name 'a'",
+        ),
+        (
+            lambda d: _set(d, "sources.1.path", "gone.jsonl"),
+            SourceError,
+            "source 'b': sources.1.path: file not found",
+        ),
+        (
+            lambda d: _set(d, "sources.1.limit", -1),
+            ConfigError,
+            "sources.1.limit (source 'b'): Input should be greater than or equal to 0 (got -1)",
+        ),
+        (
+            lambda d: _set(d, "sources.0.adapter", "csv"),
+            ConfigError,
+            "sources.0.adapter (source 'a'): Input should be",
+        ),
+        (
+            lambda d: _set(d, "sources.0.turns", "first"),
+            ConfigError,
+            "sources.0.turns (source 'a'): Input should be 'all' or 'last'",
+        ),
+        (
+            lambda d: {k: v for k, v in d.items() if k != "target"},
+            ConfigError,
+            "target: Field required",
+        ),
+    ],
+    ids=[
+        "unknown-key",
+        "unknown-source-key",
+        "wrong-type",
+        "duplicate-source",
+        "missing-file",
+        "negative-limit",
+        "unknown-adapter",
+        "bad-turns",
+        "missing-section",
+    ],
+)
+def test_manifest_errors_name_the_field(
+    tmp_path: Path, change: Any, error: type[RegenError], expect: str
+) -> None:
+    path = write(tmp_path, change(BASE))
+    with pytest.raises(error) as e:
+        load_and_read(path)
+    msg = str(e.value)
+    assert expect in msg
+    assert "\n" not in msg
+
+
+def test_valid_manifest_resolves_paths_against_its_folder(tmp_path: Path) -> None:
+    m = load_manifest(write(tmp_path, BASE))
+    assert m.resolve("a.jsonl") == tmp_path / "a.jsonl"
+    assert [s.name for s in m.sources] == ["a", "b"]
+
+
+def test_overrides_apply_by_name_and_index(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE)
+    m = load_manifest(path, ["sampling.temperature=0", "sources.b.limit=3", "sources.0.limit=1"])
+    assert m.sampling.temperature == 0.0
+    assert (m.source("b").limit, m.source("a").limit) == (3, 1)
+    m2 = load_manifest(path, ["sources.a.output_tokens=[10, 20]"])
+    assert m2.source("a").output_tokens == (10, 20)
+
+
+@pytest.mark.parametrize(
+    ("override", "expect"),
+    [
+        ("sampling.temperature=hot", "sampling.temperature: Input should be a valid number"),
+        ("sampling.temperature=5", "sampling.temperature: Input should be less than or equal to 2"),
+        ("sources.b.limit=-3", "sources.1.limit (source 'b'): Input should be greater than"),
+        ("sources.nope.limit=3", "override 'sources.nope.limit': no list element 'nope'"),
+        ("sampling.colour=1", "sampling.colour: unknown key"),
+        ("sampling", "override 'sampling' is not key=value"),
+    ],
+)
+def test_overrides_validated_like_the_file(tmp_path: Path, override: str, expect: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_manifest(write(tmp_path, BASE), [override])
+    assert expect in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["demo.yaml", "kimi-k25-eagle3.yaml"])
+def test_bundled_manifests_validate(name: str) -> None:
+    m = load_manifest(REPO / "manifests" / name)
+    assert [s.adapter for s in m.sources] == [
+        "sharegpt",
+        "ultrachat",
+        "openthoughts",
+        "perfectblend",
+        "opencodereasoning",
+        "xlam",
+        "glaive",
+        "swe_gym",
+        "magicoder",
+        "kimi_native",
+    ]
+    assert m.sources[-1].mode == "native"
+    assert m.source("swe_gym").turns == "last"
+
+
+def test_production_manifest_mix() -> None:
+    m = load_manifest(REPO / "manifests" / "kimi-k25-eagle3.yaml")
+    limits = {s.name: s.limit for s in m.sources}
+    assert limits == {
+        "sharegpt": 15000,
+        "ultrachat": 15000,
+        "openthoughts": 10000,
+        "perfectblend": 15000,
+        "opencodereasoning": 8000,
+        "xlam": 5000,
+        "glaive": 4288,
+        "swe_gym": 6000,
+        "magicoder": 5000,
+        "kimi_native": 4800,
+    }
+    assert sum(v for v in limits.values() if v) == 88088
+    assert m.target.trust_remote_code and m.sampling.thinking
+    assert all(s.hub is not None for s in m.sources[:-1]) and m.sources[-1].path is not None
