@@ -1,0 +1,65 @@
+"""`regen serve-command DRAFT_DIR`: print the SGLang command that serves the trained draft."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+from rich.console import Console
+from rich.markup import escape
+
+NAME = "serve-command"
+HELP = "print the SGLang command serving the target with the trained EAGLE-3 draft"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("draft_dir", metavar="DRAFT_DIR", help="the trained draft (HF/SGLang dir)")
+    parser.add_argument("--target", default=None, help="target model path (default: --config's)")
+    parser.add_argument("--config", default=None, help="train.yaml (serving, target defaults)")
+    parser.add_argument("--tp", type=int, default=None, help="tensor parallel size (default 8)")
+    parser.add_argument("--num-steps", type=int, default=None, help="--speculative-num-steps")
+    parser.add_argument("--eagle-topk", type=int, default=None, help="--speculative-eagle-topk")
+    parser.add_argument(
+        "--num-draft-tokens", type=int, default=None, help="--speculative-num-draft-tokens"
+    )
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--no-kimi-flags", action="store_true", help="leave out the Kimi flags")
+
+
+def run(args: argparse.Namespace) -> int:
+    from regen.errors import ConfigError
+    from regen.train.config import ServingSpec, load_train_config
+    from regen.train.serving import check_draft_dir, serve_argv
+
+    cfg = load_train_config(args.config) if args.config else None
+    serving = cfg.serving if cfg else ServingSpec()
+    updates = {
+        k: v
+        for k, v in {
+            "tp": args.tp,
+            "num_steps": args.num_steps,
+            "eagle_topk": args.eagle_topk,
+            "num_draft_tokens": args.num_draft_tokens,
+        }.items()
+        if v is not None
+    }
+    serving = ServingSpec.model_validate({**serving.model_dump(), **updates})
+    target = args.target or (cfg.target.path if cfg else None)
+    if not target:
+        raise ConfigError("--target (or --config with target.path) is required", field="target")
+    check_draft_dir(
+        args.draft_dir,
+        target_hidden=cfg.target.hidden_size if cfg else None,
+        num_layers=cfg.target.num_layers if cfg else None,
+    )
+    argv = serve_argv(
+        args.draft_dir,
+        target=target,
+        serving=serving,
+        host=args.host,
+        port=args.port,
+        kimi=not args.no_kimi_flags,
+    )
+    Console().print(escape(shlex.join(argv)), highlight=False, soft_wrap=True)
+    return 0

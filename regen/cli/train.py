@@ -1,0 +1,85 @@
+"""`regen train RUN_DIR --config train.yaml`: launch EAGLE-3 draft training as a Ray GPU job."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+from rich.console import Console
+from rich.markup import escape
+
+NAME = "train"
+HELP = "export a finished run, write the SpecForge run config, and submit training to Ray"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (shared path)")
+    parser.add_argument("--config", required=True, help="train.yaml")
+    parser.add_argument("--address", default=None, help="Ray dashboard URL (default $RAY_ADDRESS)")
+    parser.add_argument("--gpus", type=int, default=None, help="GPUs to ask for (default: config)")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the config and command; submit nothing"
+    )
+    parser.add_argument(
+        "--launcher-cmd",
+        default=None,
+        help="wrapper before `specforge train ...` on the cluster (default $REGEN_TRAIN_LAUNCHER)",
+    )
+    parser.add_argument(
+        "--python", default=None, help="python on the cluster (default $REGEN_TRAIN_PYTHON)"
+    )
+    parser.add_argument("--detach", action="store_true", help="submit and return; do not follow")
+    parser.add_argument("--poll", type=float, default=10.0, help="seconds between status polls")
+
+
+def run(args: argparse.Namespace) -> int:
+    from regen.train.launch import launch_training
+
+    out = Console()
+    result = launch_training(
+        args.run_dir,
+        args.config,
+        address=args.address,
+        gpus=args.gpus,
+        dry_run=args.dry_run,
+        launcher=args.launcher_cmd,
+        python=args.python,
+        follow=not args.detach,
+        poll_s=args.poll,
+        on_state=lambda s: out.print(f"job state: [bold]{s}[/]"),
+    )
+    plan = result.plan
+    scan = plan.scan
+    out.print(
+        f"data: {scan.rows} rows, {scan.loss_tokens} trained tokens of {scan.tokens} "
+        f"({plan.prompts_path})",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if args.dry_run:
+        out.rule(f"SpecForge run config {plan.run_yaml}")
+        out.print(
+            escape(plan.run_yaml.read_text(encoding="utf-8")), highlight=False, soft_wrap=True
+        )
+        out.rule("command")
+        out.print(
+            f"trainer argv:   {escape(shlex.join(plan.argv))}", highlight=False, soft_wrap=True
+        )
+        out.print(f"job entrypoint: {escape(plan.entrypoint)}", highlight=False, soft_wrap=True)
+        out.print(f"GPUs requested: {plan.gpus}", highlight=False, soft_wrap=True)
+        validated = (
+            "SpecForge schema + regen checks" if plan.specforge_validated else "regen checks"
+        )
+        out.print(f"validated by:   {validated}", highlight=False, soft_wrap=True)
+        return 0
+    out.print(
+        f"submitted {result.submission_id} ({plan.gpus} GPUs)", highlight=False, soft_wrap=True
+    )
+    if result.state in ("FAILED", "STOPPED"):
+        out.print(
+            f"[red]job {result.state}[/]: {escape(result.message or '')}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return 1
+    return 0

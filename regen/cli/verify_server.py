@@ -1,0 +1,40 @@
+"""`regen verify-server URL --draft DRAFT_DIR`: fail unless the server runs EAGLE3 with it."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.markup import escape
+
+NAME = "verify-server"
+HELP = "check a running SGLang server really serves EAGLE3 with the given draft"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", metavar="URL", help="server base URL, e.g. http://host:30000")
+    parser.add_argument("--draft", required=True, help="the draft directory the server must use")
+    parser.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout in seconds")
+
+
+def run(args: argparse.Namespace) -> int:
+    from regen.train.serving import verify_server
+
+    check = verify_server(args.url, args.draft, timeout=args.timeout)
+    out = Console()
+    out.print(
+        f"[green]ok[/] {escape(check.url)}: {check.algorithm} with draft "
+        f"{escape(check.draft_path)} (steps={check.num_steps}, topk={check.eagle_topk}, "
+        f"draft_tokens={check.num_draft_tokens})",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if check.avg_accept_length is not None:
+        out.print(
+            f"avg_spec_accept_length: {check.avg_accept_length:.3f}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    else:
+        out.print("avg_spec_accept_length: not reported yet", highlight=False, soft_wrap=True)
+    return 0

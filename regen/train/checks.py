@@ -1,0 +1,97 @@
+"""Our own checks of a train config, run before submitting and again on the cluster.
+
+Applies every trap of :mod:`regen.train.traps` to a :class:`TrainConfig`, and, where the target
+checkpoint is readable (on the cluster), compares the config's numbers with the target's own
+``config.json``. Reads ``TARGET/config.json``; owns no files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from regen.errors import ConfigError, TrapError
+from regen.train import traps
+from regen.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+def check_train_config(cfg: TrainConfig) -> list[int]:
+    """Refuse every trap visible in the config alone; return aux ids in SpecForge numbering."""
+    traps.check_algorithm(cfg.draft.algorithm, "draft.algorithm")
+    traps.check_algorithm(cfg.capture.speculative_algorithm, "capture.speculative_algorithm")
+    traps.check_algorithm(cfg.serving.speculative_algorithm, "serving.speculative_algorithm")
+    aux = traps.check_aux_layer_ids(
+        cfg.draft.aux_layer_ids, cfg.draft.layer_numbering, cfg.target.num_layers
+    )
+    traps.check_fc_width(aux, cfg.target.hidden_size, cfg.draft.fc_input_size)
+    traps.check_draft_hidden(cfg.draft.hidden_size, cfg.target.hidden_size)
+    traps.check_vocab(
+        target_vocab=cfg.target.vocab_size,
+        draft_vocab=cfg.draft.vocab_size,
+        draft_vocab_size=cfg.draft.draft_vocab_size,
+        tokenizer_size=cfg.target.tokenizer_size,
+    )
+    _check_deployment(cfg)
+    return aux
+
+
+def _check_deployment(cfg: TrainConfig) -> None:
+    dep = cfg.deployment
+    if dep.mode != "disaggregated":
+        raise ConfigError(
+            "deployment.mode: pre-tokenized prompts train online, which SpecForge runs only "
+            "as deployment.mode=disaggregated",
+            field="deployment.mode",
+        )
+    if cfg.training.tp_size != 1:
+        raise ConfigError(
+            "training.tp_size: SpecForge's online consumer needs trainer tp_size 1 (target "
+            "tensor parallelism belongs to the capture servers)",
+            field="training.tp_size",
+        )
+    if dep.nnodes > 1 and not dep.master_addr:
+        raise ConfigError(
+            "deployment.master_addr is required when nnodes > 1", field="deployment.master_addr"
+        )
+    if dep.nnodes > 1 and not dep.consumer_state_dir:
+        raise ConfigError(
+            "deployment.consumer_state_dir is required when nnodes > 1",
+            field="deployment.consumer_state_dir",
+        )
+
+
+def text_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """The language-model part of a (possibly multimodal, e.g. K2.5) config.json."""
+    inner = raw.get("text_config")
+    return inner if isinstance(inner, dict) else raw
+
+
+def read_target_config(path: str) -> dict[str, Any] | None:
+    """The target's config.json (its text part), or None when it is not readable here."""
+    f = Path(path) / "config.json"
+    try:
+        return text_config(json.loads(f.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return None
+
+
+def check_against_target(cfg: TrainConfig, target: dict[str, Any]) -> None:
+    """The config's target numbers must be the target's own (layers, hidden, vocab)."""
+    pairs = [
+        ("target.num_layers", cfg.target.num_layers, target.get("num_hidden_layers")),
+        ("target.hidden_size", cfg.target.hidden_size, target.get("hidden_size")),
+        ("target.vocab_size", cfg.target.vocab_size, target.get("vocab_size")),
+    ]
+    for field, mine, theirs in pairs:
+        if theirs is not None and mine != theirs:
+            trap = traps.TRAP_VOCAB if field == "target.vocab_size" else traps.TRAP_TARGET_SHAPE
+            raise TrapError(
+                trap,
+                f"{field} is {mine} but {cfg.target.path}/config.json says {theirs}; every "
+                "layer-id and width check would be checked against the wrong model.",
+                f"set {field} to {theirs}.",
+            )

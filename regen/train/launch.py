@@ -1,0 +1,281 @@
+"""Launch draft training as a Ray job: export, write and validate the run config, submit, follow.
+
+``launch_training(run_dir, train_yaml)`` is the one path used by ``regen train``,
+``pipelines/train_draft.py`` and ``regen run --then-train``. The Ray job's entrypoint is
+``python -m regen.train.preflight --run-dir RUN_DIR``: on the cluster it re-checks everything
+and then executes the exact argv ``specforge train --config RUN_DIR/train/run.yaml`` (prefixed
+by a launcher wrapper only when one is configured: ``--launcher-cmd`` or
+``$REGEN_TRAIN_LAUNCHER``, for tests and dry runs on machines without SpecForge's GPU stack).
+Files written are listed in :mod:`regen.train.layout`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from regen.errors import ConfigError
+from regen.store import RunDir
+from regen.train import layout
+from regen.train.checks import check_against_target, check_train_config, read_target_config
+from regen.train.config import TrainConfig, load_train_config
+from regen.train.specforge_config import (
+    check_run_config_shape,
+    draft_config,
+    run_config,
+    specforge_available,
+    validate_with_specforge,
+    write_yaml,
+)
+from regen.train.traps import PromptScan, check_loss_masks, check_vocab, scan_prompts
+
+log = logging.getLogger(__name__)
+
+#: wrapper put in front of the specforge argv on the cluster (shell-split), e.g. "echo"
+LAUNCHER_ENV = "REGEN_TRAIN_LAUNCHER"
+#: python the job's entrypoint runs on the cluster (default: "python")
+PYTHON_ENV = "REGEN_TRAIN_PYTHON"
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+
+
+@dataclass(slots=True)
+class TrainPlan:
+    """Everything prepared for one submission."""
+
+    run_dir: str
+    config: TrainConfig
+    run_yaml: Path
+    draft_config: Path
+    prompts_path: Path
+    argv: list[str]
+    exec_argv: list[str]
+    entrypoint: str
+    gpus: int
+    scan: PromptScan
+    specforge_validated: bool
+
+
+@dataclass(slots=True)
+class LaunchResult:
+    """What launch_training did."""
+
+    plan: TrainPlan
+    submission_id: str | None = None
+    state: str | None = None
+    message: str | None = None
+    states: list[str] = field(default_factory=list)
+
+
+def specforge_argv(run_yaml: Path) -> list[str]:
+    """The exact command that trains the draft."""
+    return ["specforge", "train", "--config", str(run_yaml)]
+
+
+def _launcher(launcher: str | None) -> list[str]:
+    text = launcher if launcher is not None else os.environ.get(LAUNCHER_ENV, "")
+    return shlex.split(text)
+
+
+def prepare_training(
+    run_dir: str | Path,
+    config_path: str | Path,
+    *,
+    gpus: int | None = None,
+    launcher: str | None = None,
+    python: str | None = None,
+) -> TrainPlan:
+    """Check the config, export if needed, scan the data, write and validate run.yaml."""
+    cfg = load_train_config(config_path)
+    rd = layout.open_local(run_dir)
+    aux = check_train_config(cfg)
+    target = read_target_config(cfg.target.path)
+    if target is not None:
+        check_against_target(cfg, target)
+
+    shards = layout.ensure_export(rd, cfg)
+    prompts = layout.prompts_file(rd, shards)
+    scan = scan_prompts([prompts])
+    check_loss_masks(scan)
+    check_vocab(
+        target_vocab=cfg.target.vocab_size,
+        draft_vocab=cfg.draft.vocab_size,
+        draft_vocab_size=cfg.draft.draft_vocab_size,
+        max_token_id=scan.max_token_id,
+    )
+
+    rd.makedirs(layout.TRAIN_DIR)
+    rd.write_text_atomic(layout.TRAIN_YAML, cfg.to_yaml())
+    draft_path = Path(rd.path(layout.DRAFT_CONFIG))
+    rd.write_json_atomic(layout.DRAFT_CONFIG, draft_config(cfg, aux))
+    run_yaml = Path(rd.path(layout.RUN_YAML))
+    control = cfg.deployment.control_dir or rd.path(layout.CONTROL_DIR)
+    run = run_config(
+        cfg,
+        aux_ids_specforge=aux,
+        draft_config_path=str(draft_path),
+        prompts_path=str(prompts),
+        run_id=cfg.run_id or Path(rd.root).name,
+        control_dir=control,
+    )
+    check_run_config_shape(run)
+    write_yaml(run_yaml, run)
+    validated = specforge_available()
+    if validated:
+        validate_with_specforge(run_yaml)
+    else:
+        log.warning("SpecForge is not importable here; run.yaml is validated on the cluster")
+
+    argv = specforge_argv(run_yaml)
+    exec_argv = [*_launcher(launcher), *argv]
+    py = python or os.environ.get(PYTHON_ENV, "python")
+    entrypoint = shlex.join([py, "-m", "regen.train.preflight", "--run-dir", rd.root])
+    n_gpus = gpus if gpus is not None else cfg.gpus
+    rd.write_json_atomic(
+        layout.COMMAND,
+        {
+            "argv": argv,
+            "exec_argv": exec_argv,
+            "entrypoint": entrypoint,
+            "gpus": n_gpus,
+            "run_yaml": str(run_yaml),
+            "prompts_path": str(prompts),
+        },
+    )
+    return TrainPlan(
+        run_dir=rd.root,
+        config=cfg,
+        run_yaml=run_yaml,
+        draft_config=draft_path,
+        prompts_path=prompts,
+        argv=argv,
+        exec_argv=exec_argv,
+        entrypoint=entrypoint,
+        gpus=n_gpus,
+        scan=scan,
+        specforge_validated=validated,
+    )
+
+
+def _client(address: str | None) -> Any:
+    from ray.job_submission import JobSubmissionClient
+
+    addr = address or os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS
+    try:
+        return JobSubmissionClient(addr)
+    except Exception as e:  # ray raises ConnectionError/RuntimeError/ValueError here
+        raise ConfigError(f"cannot reach the Ray cluster at {addr}: {e}") from None
+
+
+def _record_state(rd: RunDir, state: str, message: str | None = None) -> dict[str, Any]:
+    job = rd.read_json(layout.JOB) or {}
+    now = time.time()
+    job["state"] = state
+    job["message"] = message
+    job["updated_at"] = now
+    job.setdefault("history", []).append({"state": state, "at": now})
+    rd.write_json_atomic(layout.JOB, job)
+    return job
+
+
+def submit_training(plan: TrainPlan, *, address: str | None = None) -> str:
+    """Submit the plan as a Ray job asking for its GPUs; record it in train/job.json."""
+    client = _client(address)
+    rd = RunDir.open(plan.run_dir, create=False)
+    submission_id = f"regen-train-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    try:
+        client.submit_job(
+            entrypoint=plan.entrypoint,
+            submission_id=submission_id,
+            entrypoint_num_gpus=plan.gpus,
+            metadata={"regen_run_dir": plan.run_dir, "regen_gpus": str(plan.gpus)},
+        )
+    except Exception as e:  # the client raises RuntimeError with the server's reason
+        raise ConfigError(f"Ray refused the training job: {e}") from None
+    rd.write_json_atomic(
+        layout.JOB,
+        {
+            "submission_id": submission_id,
+            "address": getattr(client, "_address", address),
+            "entrypoint": plan.entrypoint,
+            "entrypoint_num_gpus": plan.gpus,
+            "submitted_at": time.time(),
+            "history": [],
+        },
+    )
+    _record_state(rd, "PENDING")
+    log.info("submitted %s asking for %d GPUs", submission_id, plan.gpus)
+    return submission_id
+
+
+def follow_job(
+    run_dir: str | Path,
+    submission_id: str,
+    *,
+    address: str | None = None,
+    poll_s: float = 5.0,
+    timeout_s: float | None = None,
+    on_state: Callable[[str], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[str, str | None, list[str]]:
+    """Poll the job until it ends (or timeout_s); every state change lands in job.json."""
+    client = _client(address)
+    rd = RunDir.open(run_dir, create=False)
+    seen: list[str] = []
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    state = "PENDING"
+    message: str | None = None
+    while True:
+        state = str(client.get_job_status(submission_id).value)
+        if not seen or seen[-1] != state:
+            seen.append(state)
+            if state in TERMINAL_STATES:
+                message = client.get_job_info(submission_id).message
+            _record_state(rd, state, message)
+            if on_state is not None:
+                on_state(state)
+        if state in TERMINAL_STATES:
+            return state, message, seen
+        if deadline is not None and time.monotonic() >= deadline:
+            return state, message, seen
+        sleep(poll_s)
+
+
+def launch_training(
+    run_dir: str | Path,
+    config_path: str | Path,
+    *,
+    address: str | None = None,
+    gpus: int | None = None,
+    dry_run: bool = False,
+    launcher: str | None = None,
+    python: str | None = None,
+    follow: bool = True,
+    poll_s: float = 5.0,
+    timeout_s: float | None = None,
+    on_state: Callable[[str], None] | None = None,
+) -> LaunchResult:
+    """Prepare, then (unless dry_run) submit the training job and follow it."""
+    plan = prepare_training(run_dir, config_path, gpus=gpus, launcher=launcher, python=python)
+    result = LaunchResult(plan=plan)
+    if dry_run:
+        return result
+    result.submission_id = submit_training(plan, address=address)
+    result.state = "PENDING"
+    if follow:
+        result.state, result.message, result.states = follow_job(
+            plan.run_dir,
+            result.submission_id,
+            address=address,
+            poll_s=poll_s,
+            timeout_s=timeout_s,
+            on_state=on_state,
+        )
+    return result

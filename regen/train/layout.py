@@ -1,0 +1,106 @@
+"""The training records of a run directory, and how the export feeds them.
+
+Layout (``RUN_DIR`` must be a local or shared-filesystem path: the cluster reads it)::
+
+    RUN_DIR/
+      export/               SpecForge pre-tokenized JSONL shards + stats.json (regen.export)
+      train/
+        train.yaml          the train config this job was launched with (resolved, strict)
+        draft_config.json   EAGLE-3 draft config          (regen.train.specforge_config)
+        run.yaml            SpecForge run config          (regen.train.specforge_config)
+        prompts.jsonl       the shards concatenated, only when the export has several
+        command.json        {argv, exec_argv, entrypoint, gpus, run_yaml, prompts_path}
+        job.json            {submission_id, address, entrypoint, entrypoint_num_gpus, state,
+                             message, submitted_at, updated_at, history: [{state, at}]}
+        preflight.json      written ON THE CLUSTER by regen.train.preflight:
+                            {ok, host, at, cuda_visible_devices, rows, prepared, loss_tokens,
+                             argv, exec_argv, error?, trap?}
+        control/            SpecForge's shared control directory (default)
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from regen.errors import ConfigError, RunDirError
+from regen.store import RunDir
+from regen.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+TRAIN_DIR = "train"
+TRAIN_YAML = "train/train.yaml"
+DRAFT_CONFIG = "train/draft_config.json"
+RUN_YAML = "train/run.yaml"
+PROMPTS = "train/prompts.jsonl"
+COMMAND = "train/command.json"
+JOB = "train/job.json"
+PREFLIGHT = "train/preflight.json"
+CONTROL_DIR = "train/control"
+EXPORT_DIR = "export"
+
+
+def open_local(run_dir: str | Path) -> RunDir:
+    """Open a run directory the training cluster can read by path."""
+    rd = RunDir.open(run_dir, create=False)
+    if not rd.is_local:
+        raise RunDirError(
+            f"{rd.uri}: training needs the run directory on a local or shared filesystem "
+            "path (SpecForge reads it by path); copy it there first"
+        )
+    if not rd.exists(""):
+        raise RunDirError(f"run directory {rd.uri} does not exist")
+    return rd
+
+
+def export_dir(rd: RunDir, cfg: TrainConfig) -> Path:
+    return Path(cfg.export.dir) if cfg.export.dir else Path(rd.path(EXPORT_DIR))
+
+
+def export_shards(out: Path) -> list[Path]:
+    """The pre-tokenized JSONL shards of an export, in name order."""
+    return sorted(p for p in out.glob("*.jsonl") if not p.name.startswith("."))
+
+
+def ensure_export(rd: RunDir, cfg: TrainConfig) -> list[Path]:
+    """The export's shards; exports the run first when it has none (or when forced)."""
+    out = export_dir(rd, cfg)
+    shards = export_shards(out)
+    if shards and not cfg.export.force:
+        log.info("using the existing export %s (%d shards)", out, len(shards))
+        return shards
+    try:
+        from regen.export import export_run
+    except ImportError as e:
+        raise ConfigError(f"{out} holds no export and regen.export is unavailable: {e}") from None
+    log.info("exporting %s to %s", rd.uri, out)
+    export_run(rd.root, str(out), **cfg.export.options)
+    shards = export_shards(out)
+    if not shards:
+        raise ConfigError(f"the export of {rd.uri} wrote no JSONL shards into {out}")
+    return shards
+
+
+def prompts_file(rd: RunDir, shards: list[Path]) -> Path:
+    """One JSONL file for SpecForge's data.prompts_path (it takes exactly one)."""
+    if len(shards) == 1:
+        return shards[0]
+    dst = Path(rd.path(PROMPTS))
+    tmp = dst.with_name(f".tmp-{dst.name}")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with tmp.open("wb") as w:
+        for shard in shards:
+            with shard.open("rb") as r:
+                shutil.copyfileobj(r, w)
+            if shard.stat().st_size and not _ends_with_newline(shard):
+                w.write(b"\n")
+    tmp.replace(dst)
+    return dst
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) == b"\n"

@@ -1,0 +1,166 @@
+"""Preflight ON THE CLUSTER, then exec the trainer: ``python -m regen.train.preflight --run-dir D``.
+
+This is the Ray job's entrypoint. Before a GPU is spent it:
+
+1. loads ``train/run.yaml`` with SpecForge's own schema (``specforge.config.load_config``);
+2. re-checks every trap of the train config, against the target's own ``config.json`` when the
+   checkpoint is readable here;
+3. scans the prompts file (loss masks, token ids) and runs it, in bounded chunks, through
+   ``specforge.data.prompt_builder.prepare_prompt_tasks`` (the function SpecForge's producer
+   uses), refusing data SpecForge would drop;
+4. writes ``train/preflight.json`` and replaces itself with ``command.json``'s ``exec_argv``
+   (``specforge train --config RUN_DIR/train/run.yaml``; an argv list, no shell).
+
+Exit status 2 with ``preflight.json`` ``{ok: false, error, trap}`` when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+import tempfile
+import time
+from typing import Any
+
+from regen.errors import ConfigError, RegenError, TrapError
+from regen.store import RunDir
+from regen.train import layout, traps
+from regen.train.checks import check_against_target, check_train_config, read_target_config
+from regen.train.config import load_train_config
+
+log = logging.getLogger(__name__)
+
+#: rows per chunk handed to prepare_prompt_tasks (bounds the preflight's memory)
+CHUNK_ROWS = 2000
+
+
+def count_prepared(prompts_path: str, *, max_length: int, chunk_rows: int = CHUNK_ROWS) -> int:
+    """How many rows SpecForge's prompt builder accepts, fed in chunks of ``chunk_rows``."""
+    from specforge.data.prompt_builder import prepare_prompt_tasks
+
+    def run(lines: list[str]) -> int:
+        with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+            f.writelines(lines)
+        try:
+            tasks = prepare_prompt_tasks(
+                f.name,
+                None,
+                chat_template=None,
+                max_length=max_length,
+                is_preformatted=False,
+                train_only_last_turn=False,
+                cache_dir=None,
+                cache_key=None,
+                num_proc=None,
+            )
+            return len(tasks)
+        except ValueError as e:
+            raise ConfigError(f"SpecForge's prompt builder refuses {prompts_path}: {e}") from None
+        finally:
+            os.unlink(f.name)
+
+    accepted = 0
+    chunk: list[str] = []
+    with open(prompts_path, encoding="utf-8") as src:
+        for line in src:
+            if not line.strip():
+                continue
+            chunk.append(line if line.endswith("\n") else line + "\n")
+            if len(chunk) >= chunk_rows:
+                accepted += run(chunk)
+                chunk = []
+    if chunk:
+        accepted += run(chunk)
+    return accepted
+
+
+def preflight(run_dir: str) -> dict[str, Any]:
+    """Every check; returns the preflight record (raises RegenError on a failed check)."""
+    rd = RunDir.open(run_dir, create=False)
+    command = rd.read_json(layout.COMMAND)
+    if command is None:
+        raise ConfigError(f"{rd.uri}: {layout.COMMAND} is missing; launch with `regen train`")
+    try:
+        from specforge.config import load_config
+    except ImportError as e:
+        raise ConfigError(f"SpecForge is not installed on this node: {e}") from None
+    run_yaml = command["run_yaml"]
+    try:
+        run_cfg = load_config(run_yaml)
+    except Exception as e:  # pydantic.ValidationError / ValueError
+        raise ConfigError(f"SpecForge refuses {run_yaml}: {e}") from None
+
+    cfg = load_train_config(rd.path(layout.TRAIN_YAML))
+    check_train_config(cfg)
+    target = read_target_config(cfg.target.path)
+    if target is not None:
+        check_against_target(cfg, target)
+    else:
+        log.warning("target %s/config.json is not readable here; shape not re-checked",
+                    cfg.target.path)  # fmt: skip
+
+    prompts = run_cfg.data.prompts_path
+    scan = traps.scan_prompts([prompts])
+    traps.check_loss_masks(scan)
+    traps.check_vocab(
+        target_vocab=cfg.target.vocab_size,
+        draft_vocab=cfg.draft.vocab_size,
+        draft_vocab_size=cfg.draft.draft_vocab_size,
+        max_token_id=scan.max_token_id,
+    )
+    prepared = count_prepared(prompts, max_length=run_cfg.data.max_length)
+    if prepared == 0:
+        raise TrapError(
+            traps.TRAP_EMPTY_LOSS_MASK,
+            f"SpecForge's prompt builder keeps none of the {scan.rows} rows of {prompts} "
+            f"(no trained token within data.max_length={run_cfg.data.max_length}).",
+            "raise training.max_length or re-export the run.",
+        )
+    if prepared < scan.rows:
+        log.warning("SpecForge keeps %d of %d rows (answers past max_length %d are cut)",
+                    prepared, scan.rows, run_cfg.data.max_length)  # fmt: skip
+    return {
+        "ok": True,
+        "host": socket.gethostname(),
+        "at": time.time(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "rows": scan.rows,
+        "prepared": prepared,
+        "loss_tokens": scan.loss_tokens,
+        "run_yaml": run_yaml,
+        "argv": command["argv"],
+        "exec_argv": command["exec_argv"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m regen.train.preflight")
+    parser.add_argument("--run-dir", required=True, help="the run directory")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    rd = RunDir.open(args.run_dir, create=False)
+    try:
+        record = preflight(args.run_dir)
+    except RegenError as e:
+        rd.write_json_atomic(
+            layout.PREFLIGHT,
+            {"ok": False, "host": socket.gethostname(), "at": time.time(), "error": str(e),
+             "trap": getattr(e, "trap", None)},
+        )  # fmt: skip
+        log.error("preflight failed: %s", e)
+        return 2
+    rd.write_json_atomic(layout.PREFLIGHT, record)
+    exec_argv = record["exec_argv"]
+    log.info("preflight ok (%d rows); exec %s", record["rows"], json.dumps(exec_argv))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvp(exec_argv[0], exec_argv)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Serving the trained draft: the SGLang command, and checking a running server really uses it.
+
+``serve_argv`` builds the ``python -m sglang.launch_server`` argv for the Kimi target with the
+EAGLE-3 draft (``--speculative-algorithm EAGLE3`` and all three tuning flags). ``verify_server``
+reads ``/server_info`` (fallback ``/get_server_info``) and refuses, with a TrapError, a server
+that does not run exactly EAGLE3 with that draft. Reads ``DRAFT_DIR/config.json`` when present;
+owns no files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from regen.errors import ConfigError, EndpointError, TrapError
+from regen.train import traps
+from regen.train.config import ServingSpec
+
+#: the Kimi-K2.5 server flags (CONTRACTS §2)
+KIMI_FLAGS = (
+    "--trust-remote-code",
+    "--tool-call-parser",
+    "kimi_k2",
+    "--reasoning-parser",
+    "kimi_k2",
+)
+
+
+def serve_argv(
+    draft_dir: str,
+    *,
+    target: str,
+    serving: ServingSpec | None = None,
+    host: str = "0.0.0.0",
+    port: int = 30000,
+    kimi: bool = True,
+) -> list[str]:
+    """The SGLang command that serves ``target`` with the EAGLE-3 draft in ``draft_dir``."""
+    s = serving or ServingSpec()
+    traps.check_algorithm(s.speculative_algorithm, "serving.speculative_algorithm")
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", target, "--tp", str(s.tp)]
+    if kimi:
+        argv += list(KIMI_FLAGS)
+    argv += [
+        "--speculative-algorithm",
+        s.speculative_algorithm,
+        "--speculative-draft-model-path",
+        draft_dir,
+    ]
+    if s.num_steps is not None:
+        argv += [
+            "--speculative-num-steps",
+            str(s.num_steps),
+            "--speculative-eagle-topk",
+            str(s.eagle_topk),
+            "--speculative-num-draft-tokens",
+            str(s.num_draft_tokens),
+        ]
+    argv += ["--host", host, "--port", str(port)]
+    return argv
+
+
+def check_draft_dir(draft_dir: str, *, target_hidden: int | None, num_layers: int | None) -> None:
+    """When DRAFT_DIR/config.json is readable: hidden size and aux ids (SpecForge numbering)."""
+    try:
+        cfg = json.loads((Path(draft_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if target_hidden is not None and "hidden_size" in cfg:
+        traps.check_draft_hidden(int(cfg["hidden_size"]), target_hidden)
+    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if ids and num_layers is not None:
+        traps.check_aux_layer_ids(ids, "specforge", num_layers)
+
+
+def fetch_server_info(url: str, *, timeout: float = 10.0) -> dict[str, Any]:
+    """GET /server_info, falling back to the old /get_server_info alias."""
+    base = url.rstrip("/")
+    last: Exception | None = None
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            with urllib.request.urlopen(base + path, timeout=timeout) as r:
+                info = json.loads(r.read().decode("utf-8"))
+        except urllib.error.HTTPError as e:
+            last = e
+            if e.code == 404:
+                continue
+            raise EndpointError(f"{base}{path}: HTTP {e.code}") from None
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise EndpointError(f"{base}{path}: {e}") from None
+        if not isinstance(info, dict):
+            raise EndpointError(f"{base}{path}: not a JSON object")
+        return info
+    raise EndpointError(f"{base}: neither /server_info nor /get_server_info exists ({last})")
+
+
+def _same_path(a: str, b: str) -> bool:
+    if os.path.normpath(a) == os.path.normpath(b):
+        return True
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+@dataclass(slots=True)
+class ServerCheck:
+    """What verify_server found on a server that passed."""
+
+    url: str
+    algorithm: str
+    draft_path: str
+    num_steps: Any = None
+    eagle_topk: Any = None
+    num_draft_tokens: Any = None
+    accept_lengths: list[float] = field(default_factory=list)
+
+    @property
+    def avg_accept_length(self) -> float | None:
+        if not self.accept_lengths:
+            return None
+        return sum(self.accept_lengths) / len(self.accept_lengths)
+
+
+def verify_server(url: str, draft_dir: str, *, timeout: float = 10.0) -> ServerCheck:
+    """Refuse a server not running exactly EAGLE3 with ``draft_dir`` as its draft."""
+    if not draft_dir:
+        raise ConfigError("--draft is required", field="draft")
+    info = fetch_server_info(url, timeout=timeout)
+    algo = info.get("speculative_algorithm")
+    traps.check_algorithm(algo, f"{url} speculative_algorithm")
+    served = info.get("speculative_draft_model_path")
+    if not served or not _same_path(str(served), draft_dir):
+        raise TrapError(
+            traps.TRAP_WRONG_DRAFT,
+            f"{url} serves draft {served!r}, not {draft_dir!r}.",
+            f"restart the server with --speculative-draft-model-path {draft_dir}.",
+        )
+    accepts = [
+        float(s["avg_spec_accept_length"])
+        for s in info.get("internal_states") or []
+        if isinstance(s, dict) and s.get("avg_spec_accept_length") is not None
+    ]
+    return ServerCheck(
+        url=url,
+        algorithm=str(algo),
+        draft_path=str(served),
+        num_steps=info.get("speculative_num_steps"),
+        eagle_topk=info.get("speculative_eagle_topk"),
+        num_draft_tokens=info.get("speculative_num_draft_tokens"),
+        accept_lengths=accepts,
+    )

@@ -1,0 +1,157 @@
+"""Writes the SpecForge run config (``specforge train --config run.yaml``) and draft config.
+
+Files owned (under ``RUN_DIR/train/``)::
+
+    draft_config.json   the EAGLE-3 draft (LlamaForCausalLMEagle3): hidden, 1 layer, vocab,
+                        draft vocab, target hidden, eagle_config.eagle_aux_hidden_state_layer_ids
+                        (SpecForge numbering)
+    run.yaml            SpecForge 0.2.0 run config: run_id, output_dir, model, data
+                        (prompts_path), training (strategy eagle3), deployment (disaggregated)
+
+The run config is validated by SpecForge's own ``specforge.config.load_config`` when SpecForge
+is importable, and always by :mod:`regen.train.checks`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from regen.errors import ConfigError
+from regen.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+DRAFT_ARCHITECTURE = "LlamaForCausalLMEagle3"
+STRATEGY = "eagle3"
+
+
+def draft_config(cfg: TrainConfig, aux_ids_specforge: list[int]) -> dict[str, Any]:
+    """The draft's config.json as SpecForge's EAGLE-3 model reads it."""
+    d = cfg.draft
+    out: dict[str, Any] = {
+        "architectures": [DRAFT_ARCHITECTURE],
+        "model_type": "llama",
+        "hidden_size": d.hidden_size,
+        "target_hidden_size": cfg.target.hidden_size,
+        "num_hidden_layers": d.num_layers,
+        "intermediate_size": d.intermediate_size,
+        "num_attention_heads": d.num_attention_heads,
+        "num_key_value_heads": d.num_key_value_heads,
+        "max_position_embeddings": d.max_position_embeddings,
+        "rope_theta": d.rope_theta,
+        "rms_norm_eps": d.rms_norm_eps,
+        "hidden_act": "silu",
+        "vocab_size": d.vocab_size,
+        "draft_vocab_size": d.draft_vocab_size,
+        "pad_token_id": d.pad_token_id,
+        "tie_word_embeddings": False,
+        "torch_dtype": cfg.target.torch_dtype,
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": list(aux_ids_specforge),
+            "use_aux_hidden_state": True,
+        },
+    }
+    if d.head_dim is not None:
+        out["head_dim"] = d.head_dim
+    return out
+
+
+def run_config(
+    cfg: TrainConfig,
+    *,
+    aux_ids_specforge: list[int],
+    draft_config_path: str,
+    prompts_path: str,
+    run_id: str,
+    control_dir: str,
+) -> dict[str, Any]:
+    """The SpecForge run config as a plain mapping (written as run.yaml)."""
+    t, dep = cfg.training, cfg.deployment
+    training: dict[str, Any] = {
+        "strategy": STRATEGY,
+        "num_epochs": t.epochs,
+        "batch_size": t.batch_size,
+        "learning_rate": t.lr,
+        "max_grad_norm": t.max_grad_norm,
+        "ttt_length": t.ttt_length,
+        "attention_backend": t.attention_backend,
+        "tp_size": t.tp_size,
+        "save_interval": t.save_interval,
+        "log_interval": t.log_interval,
+        "dist_timeout": t.dist_timeout,
+        "seed": t.seed,
+    }
+    if t.max_steps is not None:
+        training["max_steps"] = t.max_steps
+    trainer: dict[str, Any] = {"nnodes": dep.nnodes, "nproc_per_node": dep.nproc_per_node}
+    if dep.master_addr:
+        trainer["master_addr"] = dep.master_addr
+    disagg: dict[str, Any] = {
+        "control_dir": control_dir,
+        "backend": "mooncake",
+        "server_urls": list(cfg.capture.server_urls),
+    }
+    if dep.consumer_state_dir:
+        disagg["consumer_state_dir"] = dep.consumer_state_dir
+    if cfg.capture.mooncake is not None:
+        m = cfg.capture.mooncake
+        disagg["mooncake_metadata_server"] = m.metadata_server
+        disagg["mooncake_master_server_addr"] = m.master_server_addr
+        disagg["mooncake_protocol"] = m.protocol
+    return {
+        "run_id": run_id,
+        "output_dir": cfg.output_dir,
+        "model": {
+            "target_model_path": cfg.target.path,
+            "draft_model_config": draft_config_path,
+            "aux_hidden_state_layer_ids": list(aux_ids_specforge),
+            "embedding_key": cfg.target.embedding_key,
+            "lm_head_key": cfg.target.lm_head_key,
+            "trust_remote_code": cfg.target.trust_remote_code,
+            "torch_dtype": cfg.target.torch_dtype,
+        },
+        "data": {"prompts_path": prompts_path, "max_length": t.max_length},
+        "training": training,
+        "deployment": {"mode": dep.mode, "trainer": trainer, "disaggregated": disagg},
+    }
+
+
+def specforge_available() -> bool:
+    try:
+        import specforge.config  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def validate_with_specforge(run_yaml: str | Path) -> None:
+    """Load run.yaml with SpecForge's own strict schema; ConfigError when it refuses it."""
+    from specforge.config import load_config
+
+    try:
+        load_config(str(run_yaml))
+    except Exception as e:  # pydantic.ValidationError or ValueError from its loaders
+        raise ConfigError(f"SpecForge refuses {run_yaml}: {e}") from None
+
+
+def check_run_config_shape(run: dict[str, Any]) -> None:
+    """Our own structural checks of run.yaml (independent of SpecForge being installed)."""
+    t, m, d = run["training"], run["model"], run["data"]
+    if t["strategy"] != STRATEGY:
+        raise ConfigError(f"run config training.strategy is {t['strategy']!r}, not eagle3")
+    if not d.get("prompts_path") or any(
+        d.get(k) for k in ("train_data_path", "hidden_states_path")
+    ):
+        raise ConfigError("run config data must name exactly prompts_path (pre-tokenized rows)")
+    if len(m["aux_hidden_state_layer_ids"]) != 3:
+        raise ConfigError("run config model.aux_hidden_state_layer_ids must hold 3 layer ids")
+
+
+def write_yaml(path: Path, obj: dict[str, Any]) -> None:
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.write_text(yaml.safe_dump(obj, sort_keys=False), encoding="utf-8")
+    tmp.replace(path)

@@ -1,0 +1,134 @@
+"""serve-command prints the EAGLE3 SGLang command; verify-server checks a real `regen simulate`."""
+
+from __future__ import annotations
+
+import http.server
+import itertools
+import json
+import shlex
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import DEMO_TRAIN
+
+from regen.cli.main import main as regen_main
+from regen.errors import TrapError
+from regen.simulate.testing import running_simulator
+from regen.train.serving import verify_server
+
+DRAFT = "/drafts/kimi-k25-eagle3"
+
+
+@pytest.fixture(scope="module")
+def sim_eagle() -> Iterator[str]:
+    with running_simulator(
+        instant=True,
+        speculative_algorithm="EAGLE",
+        speculative_draft_model_path=DRAFT,
+        speculative_num_steps=3,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=4,
+    ) as sim:
+        yield sim.base
+
+
+@pytest.fixture(scope="module")
+def sim_eagle3() -> Iterator[str]:
+    with running_simulator(
+        instant=True,
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=DRAFT,
+        speculative_num_steps=3,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=4,
+        spec_accept_length=2.1,
+    ) as sim:
+        yield sim.base
+
+
+def test_verify_server_fails_on_eagle(sim_eagle: str, capsys) -> None:
+    assert regen_main(["verify-server", sim_eagle, "--draft", DRAFT]) == 2
+    err = capsys.readouterr().err
+    assert "[eagle-vs-eagle3]" in err and "'EAGLE'" in err
+
+
+def test_verify_server_passes_on_eagle3_and_reports_acceptance(sim_eagle3: str, capsys) -> None:
+    assert regen_main(["verify-server", sim_eagle3, "--draft", DRAFT + "/"]) == 0
+    out = capsys.readouterr().out
+    assert "EAGLE3" in out and "avg_spec_accept_length: 2.100" in out
+    check = verify_server(sim_eagle3, DRAFT)
+    assert (check.num_steps, check.eagle_topk, check.num_draft_tokens) == (3, 1, 4)
+
+
+def test_verify_server_fails_on_another_draft(sim_eagle3: str) -> None:
+    with pytest.raises(TrapError) as ei:
+        verify_server(sim_eagle3, "/drafts/other")
+    assert ei.value.trap == "wrong-draft"
+
+
+class _OldServer(http.server.BaseHTTPRequestHandler):
+    """Only the old alias /get_server_info exists."""
+
+    def do_GET(self) -> None:
+        if self.path != "/get_server_info":
+            self.send_error(404)
+            return
+        body = json.dumps(
+            {"speculative_algorithm": "EAGLE3", "speculative_draft_model_path": DRAFT}
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_verify_server_falls_back_to_get_server_info() -> None:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OldServer)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        check = verify_server(f"http://127.0.0.1:{srv.server_address[1]}", DRAFT, timeout=5)
+        assert check.algorithm == "EAGLE3" and check.avg_accept_length is None
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(timeout=5)
+
+
+def _printed_argv(capsys) -> list[str]:
+    return shlex.split(capsys.readouterr().out.strip())
+
+
+def test_serve_command_prints_eagle3_with_all_tuning_and_kimi_flags(capsys) -> None:
+    assert regen_main(["serve-command", DRAFT, "--target", "/models/Kimi-K2.5"]) == 0
+    argv = _printed_argv(capsys)
+    assert argv[:3] == ["python", "-m", "sglang.launch_server"]
+    pairs = dict(itertools.pairwise(argv))
+    assert pairs["--speculative-algorithm"] == "EAGLE3"
+    assert pairs["--speculative-draft-model-path"] == DRAFT
+    assert pairs["--speculative-num-steps"] == "3"
+    assert pairs["--speculative-eagle-topk"] == "1"
+    assert pairs["--speculative-num-draft-tokens"] == "4"
+    assert pairs["--tp"] == "8" and pairs["--model-path"] == "/models/Kimi-K2.5"
+    assert pairs["--tool-call-parser"] == "kimi_k2" and pairs["--reasoning-parser"] == "kimi_k2"
+    assert "--trust-remote-code" in argv
+
+
+def test_serve_command_from_config_refuses_a_draft_with_sglang_numbered_ids(
+    tmp_path: Path, capsys
+) -> None:
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(
+        json.dumps(
+            {"hidden_size": 7168, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}}
+        )
+    )
+    assert regen_main(["serve-command", str(draft), "--config", str(DEMO_TRAIN)]) == 2
+    assert "[aux-layer-numbering]" in capsys.readouterr().err

@@ -1,0 +1,150 @@
+"""One test per trap: each refuses with a TrapError that names the trap and the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import demo_config, good_rows, kimi_row
+
+from regen.errors import TrapError
+from regen.train import traps
+from regen.train.checks import check_against_target, check_train_config
+from regen.train.config import parse_train_config
+
+
+def refuse(trap: str, fn, *args, **kw) -> TrapError:
+    with pytest.raises(TrapError) as ei:
+        fn(*args, **kw)
+    assert ei.value.trap == trap
+    assert f"[{trap}]" in str(ei.value)
+    assert "Fix:" in str(ei.value)
+    return ei.value
+
+
+@pytest.mark.parametrize("algo", ["EAGLE", "eagle3", "EAGLE-3", "NEXTN", ""])
+def test_eagle_instead_of_eagle3_in_serving(algo: str) -> None:
+    cfg = parse_train_config(demo_config(serving={"speculative_algorithm": algo}))
+    e = refuse(traps.TRAP_ALGORITHM, check_train_config, cfg)
+    assert "serving.speculative_algorithm" in str(e)
+    assert "EAGLE3" in e.fix
+
+
+def test_eagle_instead_of_eagle3_in_capture() -> None:
+    cfg = parse_train_config(demo_config(capture={"speculative_algorithm": "EAGLE"}))
+    e = refuse(traps.TRAP_ALGORITHM, check_train_config, cfg)
+    assert "capture.speculative_algorithm" in str(e)
+
+
+def test_sglang_ids_declared_as_specforge_numbering() -> None:
+    cfg = parse_train_config(demo_config(draft={"aux_layer_ids": [2, 30, 58]}))
+    e = refuse(traps.TRAP_LAYER_NUMBERING, check_train_config, cfg)
+    assert "[1, 29, 57]" in e.fix
+
+
+def test_specforge_ids_declared_as_sglang_numbering() -> None:
+    cfg = parse_train_config(
+        demo_config(draft={"aux_layer_ids": [1, 29, 57], "layer_numbering": "sglang"})
+    )
+    e = refuse(traps.TRAP_LAYER_NUMBERING, check_train_config, cfg)
+    assert "[2, 30, 58]" in e.fix
+
+
+@pytest.mark.parametrize(
+    ("ids", "numbering"),
+    [([1, 29, 61], "specforge"), ([0, 30, 58], "sglang"), ([2, 30, 62], "sglang")],
+)
+def test_ids_out_of_range_for_their_numbering(ids: list[int], numbering: str) -> None:
+    refuse(traps.TRAP_LAYER_NUMBERING, traps.check_aux_layer_ids, ids, numbering, 61)
+
+
+def test_numbering_is_converted_to_specforge() -> None:
+    assert traps.check_aux_layer_ids([2, 30, 58], "sglang", 61) == [1, 29, 57]
+    assert traps.check_aux_layer_ids([1, 29, 57], "specforge", 61) == [1, 29, 57]
+    # a non-canonical but valid choice passes in either numbering
+    assert traps.check_aux_layer_ids([3, 20, 40], "specforge", 61) == [3, 20, 40]
+    assert traps.canonical_aux_ids(61) == [1, 29, 57]
+    assert traps.canonical_aux_ids(32) == [1, 15, 28]
+
+
+def test_fc_input_width_mismatch() -> None:
+    cfg = parse_train_config(demo_config(draft={"fc_input_size": 7168}))
+    e = refuse(traps.TRAP_FC_WIDTH, check_train_config, cfg)
+    assert "21504" in e.fix
+
+
+def test_fc_input_width_needs_three_aux_layers() -> None:
+    cfg = parse_train_config(demo_config(draft={"aux_layer_ids": [1, 57]}))
+    refuse(traps.TRAP_FC_WIDTH, check_train_config, cfg)
+
+
+def test_draft_hidden_differs_from_target() -> None:
+    cfg = parse_train_config(demo_config(draft={"hidden_size": 4096}))
+    e = refuse(traps.TRAP_DRAFT_HIDDEN, check_train_config, cfg)
+    assert "7168" in e.fix
+
+
+def test_vocab_mismatch_draft_vs_target() -> None:
+    cfg = parse_train_config(demo_config(draft={"vocab_size": 160000}))
+    refuse(traps.TRAP_VOCAB, check_train_config, cfg)
+
+
+def test_vocab_smaller_than_tokenizer() -> None:
+    cfg = parse_train_config(demo_config(target={"tokenizer_size": 200000}))
+    refuse(traps.TRAP_VOCAB, check_train_config, cfg)
+
+
+def test_vocab_data_holds_ids_past_the_vocab() -> None:
+    refuse(
+        traps.TRAP_VOCAB,
+        traps.check_vocab,
+        target_vocab=32000,
+        draft_vocab=32000,
+        draft_vocab_size=32000,
+        max_token_id=163588,
+    )
+
+
+def test_target_numbers_differ_from_its_config_json() -> None:
+    cfg = parse_train_config(demo_config())
+    e = refuse(
+        traps.TRAP_TARGET_SHAPE,
+        check_against_target,
+        cfg,
+        {"num_hidden_layers": 60, "hidden_size": 7168, "vocab_size": 163840},
+    )
+    assert "target.num_layers" in str(e)
+    check_against_target(cfg, {"num_hidden_layers": 61, "hidden_size": 7168, "vocab_size": 163840})
+
+
+def _jsonl(tmp_path: Path, rows: list[dict]) -> Path:
+    p = tmp_path / "rows.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p
+
+
+def test_empty_loss_masks(tmp_path: Path) -> None:
+    empty = kimi_row([7], [8])
+    empty["loss_mask"] = [0] * len(empty["input_ids"])
+    scan = traps.scan_prompts([_jsonl(tmp_path, [*good_rows(3), empty])])
+    assert (scan.rows, scan.empty_mask_rows) == (4, 1)
+    e = refuse(traps.TRAP_EMPTY_LOSS_MASK, traps.check_loss_masks, scan)
+    assert "1 of 4" in str(e) and "rows.jsonl:4" in str(e)
+
+
+def test_loss_mask_covers_the_prompt(tmp_path: Path) -> None:
+    full = kimi_row([7], [8])
+    full["loss_mask"] = [1] * len(full["input_ids"])
+    scan = traps.scan_prompts([_jsonl(tmp_path, [full, *good_rows(2)])])
+    assert scan.covers_prompt_rows == 1
+    refuse(traps.TRAP_MASK_COVERS_PROMPT, traps.check_loss_masks, scan)
+
+
+def test_good_rows_pass(tmp_path: Path) -> None:
+    scan = traps.scan_prompts([_jsonl(tmp_path, good_rows(5))])
+    traps.check_loss_masks(scan)
+    assert scan.rows == 5 and scan.loss_tokens == 5 * 6 and scan.max_token_id == IM_ASSISTANT_MAX
+
+
+IM_ASSISTANT_MAX = 163607  # </think> is the largest id in good_rows
