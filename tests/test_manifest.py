@@ -189,3 +189,13 @@ def test_production_manifest_mix() -> None:
     assert sum(v for v in limits.values() if v) == 88088
     assert m.target.trust_remote_code and m.sampling.thinking
     assert all(s.hub is not None for s in m.sources[:-1]) and m.sources[-1].path is not None
+
+
+def test_reference_documents_every_field() -> None:
+    from regen import manifest as mf
+
+    doc = (REPO / "docs" / "manifest.md").read_text()
+    models = [mf.Manifest, mf.Target, mf.Sampling, mf.Endpoint, mf.Engine, mf.Source, mf.HubRef]
+    models += [mf.Filters, mf.Export]
+    missing = [f"{m.__name__}.{f}" for m in models for f in m.model_fields if f"`{f}`" not in doc]
+    assert missing == []

@@ -41,7 +41,14 @@ def demo_plan() -> dict[str, Any]:
 
 # (read, rejected by reason, filtered by filter, duplicates, kept, regenerate turns)
 DEMO_COUNTS: dict[str, tuple[int, dict[str, int], dict[str, int], int, int, int]] = {
-    "sharegpt": (13, {"invalid_utf8": 1, "malformed_json": 1, "unknown_role": 1}, {}, 1, 9, 12),
+    "sharegpt": (
+        14,
+        {"assistant_first": 1, "invalid_utf8": 1, "malformed_json": 1, "unknown_role": 1},
+        {},
+        1,
+        9,
+        12,
+    ),
     "ultrachat": (11, {"empty_turn": 1, "no_user_turn": 1}, {}, 1, 8, 10),
     "openthoughts": (9, {"missing_field": 1}, {"max_prompt_chars": 1}, 0, 7, 7),
     "perfectblend": (10, {"wrong_type": 1}, {}, 1, 8, 9),
@@ -78,7 +85,7 @@ def test_demo_plan_totals_tokens_and_band(demo_plan: dict[str, Any]) -> None:
     total = demo_plan["total"]
     assert total["kept_regenerate"] == 67 >= 60  # the engine's e2e test needs >= 60
     assert total["kept_native"] == 4
-    assert total["duplicates"] == 5 and total["rejected"] == 21 and total["filtered"] == 1
+    assert total["duplicates"] == 5 and total["rejected"] == 22 and total["filtered"] == 1
     assert demo_plan["token_estimate"] == "tokenizer"  # demo/tokenizer exists
     assert all(
         s["prompt_tokens"] > 0 for s in demo_plan["sources"].values() if s["mode"] == "regenerate"

@@ -4,7 +4,7 @@ Each parser takes one raw row (a dict) and returns a :class:`Parsed` conversatio
 :class:`~regen.errors.RowError` with a short stable reason code and the offending field:
 
     missing_field  wrong_type  unknown_role  empty_turn  empty_prompt  no_user_turn
-    bad_tool_json  malformed_chat
+    assistant_first  bad_tool_json  malformed_chat
     native rows (same codes as regen.native): id_type  empty  length_mismatch  mask_value
     id_out_of_vocab  mask_all_zero
 
@@ -479,3 +479,7 @@ def check_conversation(messages: list[Message]) -> None:
     for i, m in enumerate(messages):
         if m.role == "user" and not m.content.strip():
             raise RowError("empty_turn", f"user turn {i} is empty", field=f"messages[{i}]")
+    first = next(i for i, m in enumerate(messages) if m.role != "system")
+    if messages[first].role == "assistant":
+        detail = f"message {first} is an assistant turn with no prompt before it"
+        raise RowError("assistant_first", detail, field=f"messages[{first}]")

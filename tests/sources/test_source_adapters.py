@@ -77,6 +77,11 @@ def test_sharegpt_good_maps_roles_and_keeps_upstream_id(tmp_path: Path) -> None:
         ({"conversations": [{"from": "gpt", "value": "only me"}]}, "no_user_turn", None),
         ({"conversations": [{"from": "human", "value": "  "}]}, "empty_prompt", None),
         (
+            {"conversations": [{"from": "gpt", "value": "Sure!"}, {"from": "human", "value": "a"}]},
+            "assistant_first",
+            "messages[0]",
+        ),
+        (
             {"conversations": [{"from": "human", "value": "a"}, {"from": "human", "value": ""}]},
             "empty_turn",
             "messages[1]",
