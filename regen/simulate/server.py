@@ -11,12 +11,13 @@ the ready file (one line: the base URL, written atomically once listening).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from json.encoder import encode_basestring_ascii as _enc
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,13 @@ def error_response(status: int, message: str, err_type: str, **headers: str) -> 
     """An error in the OpenAI/SGLang shape."""
     body = {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
     return web.Response(status=status, body=_dumps(body), content_type=_JSON, headers=headers)
+
+
+class _ClientGone(Exception):
+    """The client hung up; ``response`` is the prepared response to hand back to aiohttp."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        self.response = response
 
 
 class _Invalid(Exception):
@@ -361,35 +369,41 @@ class SimServer:
         else:
             self.scheduler.submit(job)
         usage = self._usage(ans, ids, n_prompt)
+
+        def done() -> None:
+            """Count a full answer; called just before its last bytes are written, so a client
+            that has read them finds it counted."""
+            c = stats.counters
+            c.completed += 1
+            c.stalled += fault is Fault.STALL
+            c.prompt_tokens += usage["prompt_tokens"]
+            c.completion_tokens += usage["completion_tokens"]
+            stats.record(
+                key=key,
+                attempt=attempt,
+                status=200,
+                fault=fault.value if fault else None,
+                stream=stream,
+                prompt_tokens=usage["prompt_tokens"],
+                completion_tokens=usage["completion_tokens"],
+                finish_reason=ans.finish_reason,
+            )
+
+        if fault is Fault.DISCONNECT:  # counted up front: the client sees the cut at once
+            stats.counters.failed[fault.value] += 1
+            stats.record(key=key, attempt=attempt, status=200, fault=fault.value)
         try:
             if stream:
-                resp = await self._stream(request, body, ans, job, fault, usage)
+                resp = await self._stream(request, body, ans, job, fault, usage, done)
             else:
-                resp = await self._complete(request, body, ans, ids, job, fault, usage)
-        except (ConnectionError, asyncio.CancelledError):
+                resp = await self._complete(request, body, ans, ids, job, fault, usage, done)
+        except (_ClientGone, asyncio.CancelledError) as e:
             job.cancelled = True
             stats.counters.client_gone += 1
             stats.record(key=key, attempt=attempt, status=200, fault=None, client_gone=True)
+            if isinstance(e, _ClientGone):
+                return e.response
             raise
-        if fault is Fault.DISCONNECT:
-            stats.counters.failed[fault.value] += 1
-            stats.record(key=key, attempt=attempt, status=200, fault=fault.value)
-            return resp
-        c = stats.counters
-        c.completed += 1
-        c.stalled += fault is Fault.STALL
-        c.prompt_tokens += usage["prompt_tokens"]
-        c.completion_tokens += usage["completion_tokens"]
-        stats.record(
-            key=key,
-            attempt=attempt,
-            status=200,
-            fault=fault.value if fault else None,
-            stream=stream,
-            prompt_tokens=usage["prompt_tokens"],
-            completion_tokens=usage["completion_tokens"],
-            finish_reason=ans.finish_reason,
-        )
         return resp
 
     async def _answer(
@@ -456,6 +470,7 @@ class SimServer:
         job: Job,
         fault: Fault | None,
         usage: dict[str, Any],
+        done: Callable[[], None],
     ) -> web.StreamResponse:
         if fault is Fault.DISCONNECT:
             await self._until(job, job.total // 2)
@@ -491,6 +506,7 @@ class SimServer:
         if ids is not None:
             out["prompt_token_ids"] = ids.prompt
             choice[self.config.token_ids_field] = ids.output
+        done()
         return web.Response(body=_dumps(out), content_type=_JSON)
 
     async def _cut(self, request: web.Request, partial: bytes) -> web.StreamResponse:
@@ -499,15 +515,14 @@ class SimServer:
         resp.content_length = len(partial) + 4096  # promise more than we send
         await resp.prepare(request)
         await resp.write(partial)
-        await self._drop(request)
+        self._drop(request)
         return resp
 
     @staticmethod
-    async def _drop(request: web.Request) -> None:
+    def _drop(request: web.Request) -> None:
         transport = request.transport
         if transport is not None:
             transport.abort()
-        await asyncio.sleep(0)
 
     def _chunk_base(self, cid: str) -> bytes:
         """``data: {"id":..,"object":..,"created":..,"model":..`` of every chunk."""
@@ -523,6 +538,7 @@ class SimServer:
         job: Job,
         fault: Fault | None,
         usage: dict[str, Any],
+        done: Callable[[], None],
     ) -> web.StreamResponse:
         cid = f"chatcmpl-{os.urandom(8).hex()}"
         base = self._chunk_base(cid)
@@ -540,6 +556,13 @@ class SimServer:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await resp.prepare(request)
+
+        async def write(data: bytes) -> None:
+            try:
+                await resp.write(data)
+            except ConnectionError:
+                raise _ClientGone(resp) from None
+
         parts = [head, b'{"role":"assistant","content":""}', tail]
         sent = 0
         cut_at = job.total // 2 if fault in (Fault.DISCONNECT, Fault.STALL) else -1
@@ -578,13 +601,13 @@ class SimServer:
                         parts += (head, _dumps(opening), tail, head, _dumps(args), tail)
                 sent = produced
             if parts:
-                await resp.write(b"".join(parts))
+                await write(b"".join(parts))
                 parts = []
             if sent == cut_at:
                 cut_at = -1
                 if fault is Fault.DISCONNECT:
                     job.cancelled = True
-                    await self._drop(request)
+                    self._drop(request)
                     return resp
                 await asyncio.sleep(self.config.faults.stall_s)
                 continue
@@ -607,8 +630,10 @@ class SimServer:
         if self.config.usage_shape == "sglang" and opts.get("include_usage"):
             out += [base, b',"choices":[],"usage":', _dumps(usage), b"}\n\n"]
         out.append(b"data: [DONE]\n\n")
-        await resp.write(b"".join(out))
-        await resp.write_eof()
+        done()
+        await write(b"".join(out))
+        with contextlib.suppress(ConnectionError):
+            await resp.write_eof()
         return resp
 
 
@@ -616,7 +641,11 @@ async def serve(config: SimConfig, *, ready: asyncio.Future[str] | None = None) 
     """Run a simulated server until cancelled; logs (and writes ``ready_file``) the base URL."""
     server = SimServer(config)
     runner = web.AppRunner(
-        server.app(), access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+        server.app(),
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        handler_cancellation=True,
     )
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, backlog=1024, reuse_address=True)

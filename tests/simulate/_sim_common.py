@@ -1,0 +1,20 @@
+"""Options shared by the simulator tests (tests recompute answers with ANSWER)."""
+
+from regen.simulate import AnswerConfig
+
+MODEL = "moonshotai/Kimi-K2.5"
+#: answer options of the protocol simulators (tests recompute answers with these)
+ANSWER = AnswerConfig(mean_tokens=40, length_sigma=1.0, tool_call_rate=0.5)
+PROTOCOL_OPTIONS = {
+    "mean_tokens": 40,
+    "length_sigma": 1.0,
+    "tool_call_rate": 0.5,
+    "step_ms": 1,
+    "tokens_per_step": 4,
+    "context_length": 4096,
+    "speculative_algorithm": "EAGLE3",
+    "speculative_draft_model_path": "/models/draft",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
+    "speculative_num_draft_tokens": 4,
+}

@@ -1,0 +1,92 @@
+"""`regen simulate` as a process, and the test helpers that start it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from regen.simulate.testing import options_to_args, running_simulator, simulator_in_thread
+
+pytestmark = pytest.mark.timeout(60)
+
+REGEN = [sys.executable, "-m", "regen", "--log-level", "WARNING", "simulate"]
+
+
+def refused(base: str) -> bool:
+    try:
+        urllib.request.urlopen(base + "/health", timeout=2)
+    except (urllib.error.URLError, ConnectionError):
+        return True
+    return False
+
+
+def test_bad_options_exit_2_with_one_clean_line():
+    p = subprocess.run(
+        [*REGEN, "--fail-rate", "0.8", "--stall-rate", "0.5"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert p.returncode == 2
+    assert "error:" in p.stderr and "add up to" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_port_in_use_is_a_clean_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p = subprocess.run(
+            [*REGEN, "--port", str(port)], capture_output=True, text=True, timeout=30
+        )
+    assert p.returncode == 2 and "cannot listen" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_ready_file_url_and_sigterm(tmp_path: Path):
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen(
+        [*REGEN, "--port", "0", "--ready-file", str(ready)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.02)
+        base = ready.read_text().strip()
+        assert base.startswith("http://127.0.0.1:") and int(base.rsplit(":", 1)[1]) > 0
+        assert not refused(base)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _err = proc.communicate(timeout=10)
+    assert proc.returncode == 0
+    assert f"{base}/v1" in out
+
+
+def test_running_simulator_can_be_killed():
+    with running_simulator(instant=True) as sim:
+        assert sim.url == f"{sim.base}/v1" and sim.port > 0
+        assert sim.stats()["received"] == 0
+        sim.kill()
+        assert sim.process.poll() is not None
+        assert refused(sim.base)
+
+
+def test_in_thread_simulator_starts_and_stops():
+    with simulator_in_thread(instant=True, max_running_requests=5) as sim:
+        assert sim.process is None
+        assert sim.get("/server_info")["max_running_requests"] == 5
+        base = sim.base
+    assert refused(base)
+
+
+def test_options_to_args():
+    assert options_to_args(
+        {"max_running_requests": 8, "instant": True, "tokenizer": None, "x": False}
+    ) == ["--max-running-requests", "8", "--instant"]

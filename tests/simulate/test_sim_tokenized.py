@@ -1,0 +1,87 @@
+"""Server token ids rendered with the tiny Kimi tokenizer's own chat template."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _sim_common import MODEL
+
+from regen.simulate import AnswerConfig, answer
+from regen.simulate.testing import RunningSimulator, simulator_in_thread
+
+TOKENIZER = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "tokenizer"
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(not TOKENIZER.is_dir(), reason="manifests/demo/tokenizer not built yet"),
+]
+CFG = AnswerConfig(mean_tokens=30, tool_call_rate=1.0)
+TOOLS = [{"type": "function", "function": {"name": "ping", "parameters": {"type": "object"}}}]
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[RunningSimulator]:
+    with simulator_in_thread(
+        instant=True, tokenizer=TOKENIZER, mean_tokens=30, tool_call_rate=1.0,
+        token_ids_field="response_token_ids",
+    ) as s:  # fmt: skip
+        yield s
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(TOKENIZER))
+
+
+def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    req = urllib.request.Request(
+        url + "/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=20) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.parametrize(
+    ("thinking", "tools"),
+    [(True, None), (False, None), (True, TOOLS)],
+    ids=["think", "off", "tools"],
+)
+def test_prompt_and_output_ids(sim, tok, thinking, tools):
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"ids {thinking} {bool(tools)}"}],
+        "max_tokens": 200,
+        "chat_template_kwargs": {"thinking": thinking},
+        "return_prompt_token_ids": True,
+        "return_token_ids": True,
+    }
+    if tools:
+        body["tools"] = tools
+    res = post(sim.url, body)
+    ans = answer(body, CFG)
+    prompt = tok.apply_chat_template(
+        body["messages"], tools=tools, add_generation_prompt=True, tokenize=False, thinking=thinking
+    )
+    assert res["prompt_token_ids"] == tok.encode(prompt, add_special_tokens=False)
+    out = res["choices"][0]["response_token_ids"]
+    assert res["usage"]["prompt_tokens"] == len(res["prompt_token_ids"])
+    assert res["usage"]["completion_tokens"] == len(out)
+    text = tok.decode(out, skip_special_tokens=False)
+    calls = "".join(
+        f"<|tool_call_begin|>{c.id}<|tool_call_argument_begin|>{c.arguments}<|tool_call_end|>"
+        for c in ans.tool_calls
+    )
+    section = f"<|tool_calls_section_begin|>{calls}<|tool_calls_section_end|>" if calls else ""
+    head = f"{ans.reasoning}</think>" if thinking else ""
+    assert text == f"{head}{ans.content}{section}<|im_end|>"
+    assert res["choices"][0]["message"]["content"] == (
+        ans.content if ans.content or not calls else None
+    )
