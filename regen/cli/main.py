@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except RegenError as e:
-        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(
+            f"[bold red]error:[/] {escape(str(e))}", highlight=False
+        )
         return 2
     except KeyboardInterrupt:
         Console(stderr=True).print("[yellow]interrupted[/]")
