@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--launcher-cmd", default=None)
     parser.add_argument("--python", default=None)
+    parser.add_argument("--working-dir", default=None)
     parser.add_argument("--detach", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
             dry_run=args.dry_run,
             launcher=args.launcher_cmd,
             python=args.python,
+            working_dir=args.working_dir,
             follow=not args.detach,
         )
     except RegenError as e:

@@ -28,6 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--python", default=None, help="python on the cluster (default $REGEN_TRAIN_PYTHON)"
     )
+    parser.add_argument(
+        "--working-dir",
+        default=None,
+        help="ship this directory as the job's Ray working_dir (regen's code for the cluster)",
+    )
     parser.add_argument("--detach", action="store_true", help="submit and return; do not follow")
     parser.add_argument("--poll", type=float, default=10.0, help="seconds between status polls")
 
@@ -44,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         launcher=args.launcher_cmd,
         python=args.python,
+        working_dir=args.working_dir,
         follow=not args.detach,
         poll_s=args.poll,
         on_state=lambda s: out.print(f"job state: [bold]{s}[/]"),

@@ -159,10 +159,26 @@ class ExportSpec(Strict):
 
     #: export directory (None: RUN_DIR/export)
     dir: str | None = None
-    #: re-export even when the export directory already holds data
+    #: re-export even when the export directory holds an up-to-date export
     force: bool = False
-    #: extra keyword arguments passed to regen.export.export_run
-    options: dict[str, Any] = Field(default_factory=dict)
+    #: shuffle seed of the export
+    seed: int = 0
+    #: drop turns cut by max_tokens (finish_reason "length")
+    drop_truncated: bool = True
+    #: rows per shard (0: one shard)
+    shard_rows: int = Field(default=10000, ge=0)
+    #: drop rows longer than this many tokens (None: training.max_length)
+    max_length: int | None = Field(default=None, gt=0)
+
+    def export_kwargs(self, training_max_length: int) -> dict[str, Any]:
+        """Keyword arguments of regen.export.export_run (pre-tokenized format)."""
+        return {
+            "seed": self.seed,
+            "drop_truncated": self.drop_truncated,
+            "shard_rows": self.shard_rows,
+            "max_length": self.max_length or training_max_length,
+            "fmt": "pretokenized",
+        }
 
 
 class ServingSpec(Strict):

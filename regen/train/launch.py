@@ -61,6 +61,8 @@ class TrainPlan:
     gpus: int
     scan: PromptScan
     specforge_validated: bool
+    #: Ray runtime_env of the job (e.g. {"working_dir": "."} to ship regen's code)
+    runtime_env: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -91,6 +93,7 @@ def prepare_training(
     gpus: int | None = None,
     launcher: str | None = None,
     python: str | None = None,
+    working_dir: str | None = None,
 ) -> TrainPlan:
     """Check the config, export if needed, scan the data, write and validate run.yaml."""
     cfg = load_train_config(config_path)
@@ -161,6 +164,7 @@ def prepare_training(
         gpus=n_gpus,
         scan=scan,
         specforge_validated=validated,
+        runtime_env={"working_dir": working_dir} if working_dir else None,
     )
 
 
@@ -195,6 +199,7 @@ def submit_training(plan: TrainPlan, *, address: str | None = None) -> str:
             entrypoint=plan.entrypoint,
             submission_id=submission_id,
             entrypoint_num_gpus=plan.gpus,
+            runtime_env=plan.runtime_env,
             metadata={"regen_run_dir": plan.run_dir, "regen_gpus": str(plan.gpus)},
         )
     except Exception as e:  # the client raises RuntimeError with the server's reason
@@ -257,13 +262,16 @@ def launch_training(
     dry_run: bool = False,
     launcher: str | None = None,
     python: str | None = None,
+    working_dir: str | None = None,
     follow: bool = True,
     poll_s: float = 5.0,
     timeout_s: float | None = None,
     on_state: Callable[[str], None] | None = None,
 ) -> LaunchResult:
     """Prepare, then (unless dry_run) submit the training job and follow it."""
-    plan = prepare_training(run_dir, config_path, gpus=gpus, launcher=launcher, python=python)
+    plan = prepare_training(
+        run_dir, config_path, gpus=gpus, launcher=launcher, python=python, working_dir=working_dir
+    )
     result = LaunchResult(plan=plan)
     if dry_run:
         return result

@@ -3,7 +3,10 @@
 Layout (``RUN_DIR`` must be a local or shared-filesystem path: the cluster reads it)::
 
     RUN_DIR/
-      export/               SpecForge pre-tokenized JSONL shards + stats.json (regen.export)
+      parts/                the run's Parquet parts (regen.store); newer than export/stats.json
+                            means the export is stale and is redone
+      export/               shard-*.jsonl (SpecForge pre-tokenized rows) + stats.json, written
+                            by regen.export.export_run when missing, stale or forced
       train/
         train.yaml          the train config this job was launched with (resolved, strict)
         draft_config.json   EAGLE-3 draft config          (regen.train.specforge_config)
@@ -40,6 +43,9 @@ JOB = "train/job.json"
 PREFLIGHT = "train/preflight.json"
 CONTROL_DIR = "train/control"
 EXPORT_DIR = "export"
+EXPORT_STATS = "stats.json"
+SHARD_GLOB = "shard-*.jsonl"
+PARTS_DIR = "parts"
 
 
 def open_local(run_dir: str | Path) -> RunDir:
@@ -60,23 +66,38 @@ def export_dir(rd: RunDir, cfg: TrainConfig) -> Path:
 
 
 def export_shards(out: Path) -> list[Path]:
-    """The pre-tokenized JSONL shards of an export, in name order."""
-    return sorted(p for p in out.glob("*.jsonl") if not p.name.startswith("."))
+    """The pre-tokenized JSONL shards of an export (``shard-*.jsonl``), in name order."""
+    return sorted(out.glob(f"{SHARD_GLOB}"))
+
+
+def export_is_stale(rd: RunDir, out: Path) -> bool:
+    """True when a Parquet part of the run is newer than the export's stats.json."""
+    stats = out / EXPORT_STATS
+    if not stats.exists():
+        return True
+    parts = Path(rd.path(PARTS_DIR))
+    newest = max((p.stat().st_mtime for p in parts.glob("*.parquet")), default=0.0)
+    return newest > stats.stat().st_mtime
 
 
 def ensure_export(rd: RunDir, cfg: TrainConfig) -> list[Path]:
-    """The export's shards; exports the run first when it has none (or when forced)."""
+    """The export's shards; exports the run first when it has none, is stale, or is forced.
+
+    The export drops (never cuts) rows longer than ``export.max_length`` (default
+    ``training.max_length``).
+    """
     out = export_dir(rd, cfg)
     shards = export_shards(out)
-    if shards and not cfg.export.force:
+    if shards and not cfg.export.force and not export_is_stale(rd, out):
         log.info("using the existing export %s (%d shards)", out, len(shards))
         return shards
     try:
         from regen.export import export_run
     except ImportError as e:
         raise ConfigError(f"{out} holds no export and regen.export is unavailable: {e}") from None
-    log.info("exporting %s to %s", rd.uri, out)
-    export_run(rd.root, str(out), **cfg.export.options)
+    options = cfg.export.export_kwargs(cfg.training.max_length)
+    log.info("exporting %s to %s (%s)", rd.uri, out, options)
+    export_run(rd.root, str(out), **options)
     shards = export_shards(out)
     if not shards:
         raise ConfigError(f"the export of {rd.uri} wrote no JSONL shards into {out}")

@@ -78,3 +78,43 @@ def test_preflight_refuses_a_config_changed_after_launch(run_dir: Path, write_tr
     with pytest.raises(TrapError) as ei:
         preflight(str(run_dir))
     assert ei.value.trap == "eagle-vs-eagle3"
+
+
+def _write_parts(run_dir: Path, rows: list[dict], first_id: int = 0) -> None:
+    import pyarrow.parquet as pq
+
+    from regen.rows import native_row, rows_to_table
+    from regen.sample import Sample
+
+    table = rows_to_table(
+        [
+            native_row(
+                Sample(id=f"native:{i}", source="native", messages=[], **r)  # ids + mask
+            )
+            for i, r in enumerate(rows, start=first_id)
+        ]
+    )
+    (run_dir / "parts").mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, run_dir / "parts" / f"p-{len(rows)}.parquet")
+
+
+def test_run_without_export_is_exported_then_reexported_when_stale(
+    tmp_path: Path, write_train_yaml
+) -> None:
+    rd = tmp_path / "fresh"
+    _write_parts(rd, good_rows(4))
+    cfg = write_train_yaml(demo_config(export={"shard_rows": 0}))
+    plan = prepare_training(rd, cfg)
+    assert plan.prompts_path == rd / "export" / "shard-00000.jsonl"  # one shard: used directly
+    assert plan.scan.rows == 4
+    rows = [json.loads(line) for line in plan.prompts_path.read_text().splitlines()]
+    assert sorted(r["input_ids"] for r in rows) == sorted(r["input_ids"] for r in good_rows(4))
+    # a part newer than the export's stats.json makes the export stale: it is redone
+    import os
+    import time
+
+    stats = rd / "export" / "stats.json"
+    past = time.time() - 60
+    os.utime(stats, (past, past))
+    _write_parts(rd, good_rows(6)[4:], first_id=4)
+    assert prepare_training(rd, cfg).scan.rows == 6
