@@ -57,6 +57,7 @@ class SchedulerCounters:
     steps: int = 0  #: steps that ran with at least one job
     slot_steps: int = 0  #: sum over steps of running jobs (occupancy numerator)
     tokens: int = 0  #: tokens generated (cancelled jobs included)
+    late_steps: int = 0  #: steps run late, in a catch-up (the event loop lagged)
     since: float = field(default_factory=time.monotonic)
 
 
@@ -106,7 +107,6 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         next_tick = 0.0
         k = self.tokens_per_step
-        c = self.counters
         while True:
             if not self.running and not self.queue:
                 self._wakeup = loop.create_future()
@@ -129,6 +129,7 @@ class Scheduler:
             c = self.counters
             running = [j for j in self.running if not j.cancelled]
             c.steps += steps
+            c.late_steps += steps - 1
             c.slot_steps += steps * len(running)
             grant = k * steps
             still = []

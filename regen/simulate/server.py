@@ -230,6 +230,7 @@ class SimServer:
             "completion_tokens": rc.completion_tokens,
             "tokens_generated": sc.tokens,
             "steps": sc.steps,
+            "late_steps": sc.late_steps,
             "busy_s": busy,
             "mean_batch_occupancy": (
                 sc.slot_steps / (sc.steps * self.config.max_running_requests) if sc.steps else 0.0
@@ -336,12 +337,15 @@ class SimServer:
             return e.response
 
         key = request_key(body)
-        attempt = stats.receive(key, conversation_key(body))
+        conv = conversation_key(body)
+        attempt = stats.receive(key, conv)
         try:
             result = await self._answer(body, key, attempt, stream, want_ids, want_prompt_ids)
         except _Invalid as e:
             stats.counters.errors[str(e.response.status)] += 1
-            stats.record(key=key, attempt=attempt, status=e.response.status, fault=None)
+            stats.record(
+                key=key, conversation=conv, attempt=attempt, status=e.response.status, fault=None
+            )
             return e.response
         except RegenError as e:
             stats.counters.errors["500"] += 1
@@ -350,11 +354,11 @@ class SimServer:
         n_prompt = len(ids.prompt) if ids else ans.prompt_tokens
         if fault is Fault.FAIL:
             stats.counters.failed[fault.value] += 1
-            stats.record(key=key, attempt=attempt, status=500, fault=fault.value)
+            stats.record(key=key, conversation=conv, attempt=attempt, status=500, fault=fault.value)
             return error_response(500, "simulated internal server error", "InternalServerError")
         if fault is Fault.RATE_LIMIT:
             stats.counters.failed[fault.value] += 1
-            stats.record(key=key, attempt=attempt, status=429, fault=fault.value)
+            stats.record(key=key, conversation=conv, attempt=attempt, status=429, fault=fault.value)
             retry = f"{self.config.faults.retry_after:g}"
             return error_response(
                 429,
@@ -380,6 +384,7 @@ class SimServer:
             c.completion_tokens += usage["completion_tokens"]
             stats.record(
                 key=key,
+                conversation=conv,
                 attempt=attempt,
                 status=200,
                 fault=fault.value if fault else None,
@@ -391,7 +396,7 @@ class SimServer:
 
         if fault is Fault.DISCONNECT:  # counted up front: the client sees the cut at once
             stats.counters.failed[fault.value] += 1
-            stats.record(key=key, attempt=attempt, status=200, fault=fault.value)
+            stats.record(key=key, conversation=conv, attempt=attempt, status=200, fault=fault.value)
         try:
             if stream:
                 resp = await self._stream(request, body, ans, job, fault, usage, done)
@@ -400,7 +405,14 @@ class SimServer:
         except (_ClientGone, asyncio.CancelledError) as e:
             job.cancelled = True
             stats.counters.client_gone += 1
-            stats.record(key=key, attempt=attempt, status=200, fault=None, client_gone=True)
+            stats.record(
+                key=key,
+                conversation=conv,
+                attempt=attempt,
+                status=200,
+                fault=None,
+                client_gone=True,
+            )
             if isinstance(e, _ClientGone):
                 return e.response
             raise

@@ -8,6 +8,9 @@ handling, in the order they finished::
      "stream": true, "prompt_tokens": 42, "completion_tokens": 300, "finish_reason": "stop"}
 
 ``t`` is seconds since the server started; ``attempt`` counts earlier requests with the same key.
+Lines of requests that did not complete (a fault, a 400 after parsing, a client that hung up:
+``"client_gone": true``) carry only t, key, conversation, attempt, status and fault. Bodies that
+are not valid requests at all are counted in ``errors`` but not logged.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from _sim_common import MODEL
 
-from regen.simulate import AnswerConfig, answer, request_key
+from regen.simulate import AnswerConfig, answer, conversation_key, request_key
 from regen.simulate.faults import Fault, FaultConfig
 from regen.simulate.testing import RunningSimulator, running_simulator
 
@@ -115,6 +115,7 @@ def test_sequence_on_a_stream_then_success_with_the_same_answer(faulty, log_path
         (4, None),
     ]
     assert mine[-1]["completion_tokens"] == ans.completion_tokens
+    assert {x["conversation"] for x in mine} == {conversation_key(b)}
 
 
 def test_non_streaming_cut_is_an_incomplete_body(faulty):
