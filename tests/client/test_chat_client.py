@@ -319,3 +319,20 @@ def test_messages_are_sent_verbatim():
 
     run(go())
     assert json.loads(script.requests[0].content)["messages"] == msgs
+
+
+def test_sse_comments_event_lines_and_blank_data_are_ignored():
+    body = (
+        ": keep-alive\n\n"
+        "event: message\n"
+        f"data: {json.dumps(chunk(content='A'))}\n\n"
+        "data:\n\n"
+        "id: 7\n"
+        f"data:{json.dumps(chunk(content='B', finish='stop'))}\n\n"
+        "data: [DONE]\n\n"
+        f"data: {json.dumps(chunk(content='after done'))}\n\n"
+    ).encode()
+    resp = httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+    r = complete(make_client(Script(resp)))
+    assert (r.content, r.finish_reason) == ("AB", "stop")
+    assert r.prompt_tokens is None  # the server sent no usage
