@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         numbers = RunView(args.run_dir).numbers(stall_after_s=stall)
         console.print(frame(numbers, width=console.width))
         return 0
-    RunView(args.run_dir)  # fail fast with a clean error when it is not a run directory
+    # a directory that does not exist (yet) is waited for: the frame says why it shows nothing
     watch(args.run_dir, refresh_s=args.refresh, console=console, stall_after_s=stall,
           log_every_s=max(args.refresh, 10.0))  # fmt: skip
     return 0
