@@ -3,7 +3,9 @@
 Streaming by default (``stream_options.include_usage``); non-streaming when the manifest asks
 for server token ids (``sampling.server_token_ids``: sends SGLang's ``return_prompt_token_ids``
 and ``return_token_ids`` and reads the ids back). Sampling and ``chat_template_kwargs`` go in
-``extra_body``. The HTTP client comes from an injectable factory, so tests hand in a fake.
+``extra_body``. The HTTP client comes from an injectable factory ``(base_url, api_key,
+timeout_s) -> AsyncOpenAI``; tests hand in a real ``AsyncOpenAI`` over an ``httpx2.MockTransport``.
+Streams are read as raw SSE lines (``with_streaming_response``; see :mod:`regen.client.stream`).
 Failures become regen errors (see :mod:`regen.client.errors`); retries follow
 :class:`regen.client.retry.RetryPolicy`. The API key is read from the endpoint's
 ``api_key_env`` / ``api_key_file`` and is never logged nor put in an error.
