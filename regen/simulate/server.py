@@ -340,7 +340,7 @@ class SimServer:
         conv = conversation_key(body)
         attempt = stats.receive(key, conv)
         try:
-            result = await self._answer(body, key, attempt, stream, want_ids, want_prompt_ids)
+            result = await self._answer(body, key, attempt)
         except _Invalid as e:
             stats.counters.errors[str(e.response.status)] += 1
             stats.record(
@@ -423,16 +423,14 @@ class SimServer:
         body: dict[str, Any],
         key: str,
         attempt: int,
-        stream: bool,
-        want_ids: bool,
-        want_prompt_ids: bool,
     ) -> tuple[SimAnswer, TokenIds | None, Fault | None]:
         messages = body["messages"]
         tools = body.get("tools") or None
-        prompt_text: str | None = None
-        if self.tokenizer is not None:
-            prompt_text = await asyncio.to_thread(self.tokenizer.render_prompt, body)
-            n_prompt = len(self.tokenizer.encode(prompt_text))
+        tok = self.tokenizer
+        if tok is not None:
+            prompt_text = await asyncio.to_thread(tok.render_prompt, body)
+            prompt_ids = tok.encode(prompt_text)
+            n_prompt = len(prompt_ids)
         else:
             n_prompt = sim_prompt_tokens(messages, tools)
         max_tokens = requested_max_tokens(body)
@@ -447,13 +445,8 @@ class SimServer:
             prompt_tokens=n_prompt,
         )
         ids: TokenIds | None = None
-        if self.tokenizer is not None and prompt_text is not None:
-            tok = self.tokenizer
-            ids = TokenIds(
-                prompt=tok.encode(prompt_text),
-                output=tok.encode(tok.output_text(prompt_text, ans, thinking_enabled(body))),
-                reasoning_tokens=len(tok.encode(ans.reasoning)) if ans.reasoning else 0,
-            )
+        if tok is not None:
+            ids = tok.token_ids(prompt_text, prompt_ids, ans, thinking_enabled(body))
         return ans, ids, fault
 
     @staticmethod
@@ -516,8 +509,10 @@ class SimServer:
             "usage": usage,
         }
         if ids is not None:
-            out["prompt_token_ids"] = ids.prompt
-            choice[self.config.token_ids_field] = ids.output
+            if body.get("return_prompt_token_ids") or body.get("return_token_ids"):
+                out["prompt_token_ids"] = ids.prompt
+            if body.get("return_token_ids"):
+                choice[self.config.token_ids_field] = ids.output
         done()
         return web.Response(body=_dumps(out), content_type=_JSON)
 

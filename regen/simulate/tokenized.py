@@ -76,10 +76,12 @@ class AnswerTokenizer:
             out += self.end_text
         return out
 
-    def token_ids(self, request: Mapping[str, Any], ans: SimAnswer, thinking: bool) -> TokenIds:
-        prompt = self.render_prompt(request)
+    def token_ids(
+        self, prompt: str, prompt_ids: list[int], ans: SimAnswer, thinking: bool
+    ) -> TokenIds:
+        """The ids of ``ans`` generated after ``prompt`` (already encoded as ``prompt_ids``)."""
         return TokenIds(
-            prompt=self.encode(prompt),
+            prompt=prompt_ids,
             output=self.encode(self.output_text(prompt, ans, thinking)),
             reasoning_tokens=len(self.encode(ans.reasoning)) if ans.reasoning else 0,
         )

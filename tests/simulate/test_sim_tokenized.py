@@ -85,3 +85,12 @@ def test_prompt_and_output_ids(sim, tok, thinking, tools):
     assert res["choices"][0]["message"]["content"] == (
         ans.content if ans.content or not calls else None
     )
+
+
+def test_prompt_ids_only_when_asked(sim):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "only the prompt"}]}
+    res = post(sim.url, {**body, "return_prompt_token_ids": True})
+    assert res["prompt_token_ids"] and "response_token_ids" not in res["choices"][0]
+    plain = post(sim.url, body)
+    assert "prompt_token_ids" not in plain
+    assert plain["usage"]["prompt_tokens"] == len(res["prompt_token_ids"])
