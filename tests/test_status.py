@@ -343,3 +343,43 @@ def test_configured_endpoints_without_reports_are_listed_unknown(tmp_path: Path)
     n = read_numbers(tmp_path, NOW)
     assert [e.healthy for e in n.endpoints] == [True, None, None]
     assert [e.url for e in n.endpoints] == s.endpoints_configured
+
+
+# ---- `regen status` ------------------------------------------------------------------------
+
+
+def test_status_json_carries_the_numbers(tmp_path: Path, capsys) -> None:
+    from regen.cli.main import main
+
+    now = __import__("time").time()
+    s = make_snapshot(now)
+    write_run_dir(tmp_path, s, now=now)
+    assert main(["status", str(tmp_path), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["state"] == "running"
+    assert (d["total"], d["done"], d["failed"], d["truncated"]) == (
+        s.total, s.done, s.failed, s.truncated
+    )  # fmt: skip
+    assert d["completion_tokens"] == s.completion_tokens
+    assert {x["name"]: x["done"] for x in d["sources"]} == {k: v.done for k, v in s.sources.items()}
+    assert [r["window_s"] for r in d["rates"]] == [60.0, 300.0, 900.0]
+    assert d["eta"]["low_s"] < d["eta"]["seconds"] < d["eta"]["high_s"]
+
+
+def test_status_text_summary_and_table(tmp_path: Path, capsys) -> None:
+    from regen.cli.main import main
+
+    write_run_dir(tmp_path, make_snapshot(NOW, state="interrupted"), now=NOW, lock="none")
+    assert main(["status", f"file://{tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("kimi-k25-eagle3-regen interrupted | 44,831/88,088 (51.0%)")
+    assert "completion tokens 109.0M" in out
+    assert "swe_gym" in out and "TOTAL" in out
+
+
+def test_status_of_a_missing_directory_is_one_clean_error(tmp_path: Path, capsys) -> None:
+    from regen.cli.main import main
+
+    assert main(["status", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "Traceback" not in err

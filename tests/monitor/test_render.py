@@ -111,3 +111,15 @@ def test_formatters() -> None:
     assert fmt_len(512) == "512" and fmt_len(1536) == "1.5K" and fmt_len(32768) == "32K"
     assert fmt_duration(59) == "59s" and fmt_duration(3700) == "1h 01m"
     assert fmt_duration(200_000) == "2d 07h" and fmt_duration(None) == "—"
+
+
+def test_once_on_a_pyarrow_uri_of_a_stopped_run(tmp_path: Path, capsys) -> None:
+    write_run_dir(tmp_path, make_snapshot(NOW, state="interrupted"), now=NOW, lock="none")
+    assert main(["monitor", f"file://{tmp_path}", "--once", "--width", "120"]) == 0
+    out = capsys.readouterr().out
+    assert "■ INTERRUPTED" in out and "44,831" in out
+
+
+def test_once_on_a_missing_directory_is_one_clean_error(tmp_path: Path, capsys) -> None:
+    assert main(["monitor", str(tmp_path / "nope"), "--once"]) == 2
+    assert "does not exist" in capsys.readouterr().err
