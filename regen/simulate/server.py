@@ -84,6 +84,7 @@ class SimServer:
         )
         self.tokenizer: AnswerTokenizer | None = None
         self.created = int(time.time())
+        self.port = config.port  #: the bound port once listening
         self.model_json = _enc(config.model_name).encode()
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -166,7 +167,7 @@ class SimServer:
             "tokenizer_path": str(c.tokenizer) if c.tokenizer else self.model_path,
             "served_model_name": c.model_name,
             "host": c.host,
-            "port": c.port,
+            "port": self.port,
             "context_length": c.context_length,
             "max_running_requests": c.max_running_requests,
             "tp_size": 8,
@@ -658,6 +659,7 @@ async def serve(config: SimConfig, *, ready: asyncio.Future[str] | None = None) 
     site = web.TCPSite(runner, config.host, config.port, backlog=1024, reuse_address=True)
     await site.start()
     host, port = runner.addresses[0][:2]
+    server.port = port
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}"
     log.info("simulated SGLang server listening on %s (model %s)", url, config.model_name)

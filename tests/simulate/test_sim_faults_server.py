@@ -150,3 +150,27 @@ def test_fault_rates_on_the_server_match_the_seeded_draws():
     assert statuses == [want[cfg.decide(request_key(b), 0)] for b in bodies]
     assert 15 <= statuses.count(500) <= 45 and 15 <= statuses.count(429) <= 45
     assert st["failed"] == {"fail": statuses.count(500), "rate_limit": statuses.count(429)}
+
+
+def test_a_client_that_hangs_up_frees_its_slot():
+    with running_simulator(step_ms=5, mean_tokens=2000, length_sigma=0) as s:
+
+        async def go() -> str:
+            timeout = aiohttp.ClientTimeout(total=0.3)
+            try:
+                async with (
+                    aiohttp.ClientSession(timeout=timeout) as sess,
+                    sess.post(f"{s.url}/chat/completions", json=body("hang up")) as r,
+                ):
+                    await r.read()
+            except TimeoutError:
+                return "timeout"
+            return "answered"
+
+        assert asyncio.run(go()) == "timeout"
+        deadline = time.monotonic() + 5
+        while s.stats()["client_gone"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        st = s.stats()
+    assert st["client_gone"] == 1 and st["running"] == 0 and st["completed"] == 0
+    assert st["tokens_generated"] < 2000

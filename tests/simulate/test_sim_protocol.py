@@ -100,6 +100,7 @@ def test_health_models_and_infos(sim):
     info = sim.get("/server_info")
     assert info == {**sim.get("/get_server_info"), "internal_states": info["internal_states"]}
     assert info["max_running_requests"] == 64 and info["version"]
+    assert info["port"] == sim.port and info["context_length"] == 4096
     assert info["speculative_algorithm"] == "EAGLE3"
     assert info["speculative_draft_model_path"] == "/models/draft"
     assert (
