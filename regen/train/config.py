@@ -129,7 +129,7 @@ class MooncakeSpec(Strict):
 class CaptureSpec(Strict):
     """The SGLang servers that capture the target's hidden states for online training."""
 
-    #: speculative algorithm the capture servers run; must be exactly EAGLE3
+    #: algorithm the capture servers run; exactly EAGLE3 (checked on their /server_info)
     speculative_algorithm: str = "EAGLE3"
     #: base URLs of the capture servers
     server_urls: list[str] = Field(default_factory=list)

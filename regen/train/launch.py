@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from regen.errors import ConfigError
+from regen.errors import ConfigError, EndpointError
 from regen.store import RunDir
 from regen.train import layout
 from regen.train.checks import check_against_target, check_train_config, read_target_config
@@ -44,6 +44,10 @@ LAUNCHER_ENV = "REGEN_TRAIN_LAUNCHER"
 PYTHON_ENV = "REGEN_TRAIN_PYTHON"
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+#: submissions tried before giving up (0.5 s, 1 s, 2 s, 4 s, then 5 s apart)
+SUBMIT_ATTEMPTS = 8
+#: consecutive failed status polls before follow_job gives up (the job is not touched)
+FOLLOW_FAILURES = 10
 
 
 @dataclass(slots=True)
@@ -168,10 +172,15 @@ def prepare_training(
     )
 
 
+def resolve_address(address: str | None) -> str:
+    """The Ray job API address: the argument, else $RAY_ADDRESS, else the local dashboard."""
+    return address or os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS
+
+
 def _client(address: str | None) -> Any:
     from ray.job_submission import JobSubmissionClient
 
-    addr = address or os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS
+    addr = resolve_address(address)
     try:
         return JobSubmissionClient(addr)
     except Exception as e:  # ray raises ConnectionError/RuntimeError/ValueError here
@@ -189,26 +198,55 @@ def _record_state(rd: RunDir, state: str, message: str | None = None) -> dict[st
     return job
 
 
-def submit_training(plan: TrainPlan, *, address: str | None = None) -> str:
-    """Submit the plan as a Ray job asking for its GPUs; record it in train/job.json."""
+def _job_exists(client: Any, submission_id: str) -> bool:
+    try:
+        client.get_job_info(submission_id)
+    except Exception:  # the client raises RuntimeError for an unknown id
+        return False
+    return True
+
+
+def submit_training(
+    plan: TrainPlan,
+    *,
+    address: str | None = None,
+    attempts: int = SUBMIT_ATTEMPTS,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """Submit the plan as a Ray job asking for its GPUs; record it in train/job.json.
+
+    A refused submission is retried with the same submission id (a head whose job agent is
+    still starting answers 500); one that did land is recognised by looking the id up.
+    """
     client = _client(address)
     rd = RunDir.open(plan.run_dir, create=False)
     submission_id = f"regen-train-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    try:
-        client.submit_job(
-            entrypoint=plan.entrypoint,
-            submission_id=submission_id,
-            entrypoint_num_gpus=plan.gpus,
-            runtime_env=plan.runtime_env,
-            metadata={"regen_run_dir": plan.run_dir, "regen_gpus": str(plan.gpus)},
-        )
-    except Exception as e:  # the client raises RuntimeError with the server's reason
-        raise ConfigError(f"Ray refused the training job: {e}") from None
+    delay = 0.5
+    for attempt in range(1, attempts + 1):
+        try:
+            client.submit_job(
+                entrypoint=plan.entrypoint,
+                submission_id=submission_id,
+                entrypoint_num_gpus=plan.gpus,
+                runtime_env=plan.runtime_env,
+                metadata={"regen_run_dir": plan.run_dir, "regen_gpus": str(plan.gpus)},
+            )
+            break
+        except Exception as e:  # the client raises RuntimeError with the server's reason
+            if _job_exists(client, submission_id):
+                break
+            if attempt == attempts:
+                raise ConfigError(
+                    f"Ray refused the training job after {attempts} attempts: {e}"
+                ) from None
+            log.warning("job submission refused (%s); retrying in %.1f s", e, delay)
+            sleep(delay)
+            delay = min(delay * 2, 5.0)
     rd.write_json_atomic(
         layout.JOB,
         {
             "submission_id": submission_id,
-            "address": getattr(client, "_address", address),
+            "address": resolve_address(address),
             "entrypoint": plan.entrypoint,
             "entrypoint_num_gpus": plan.gpus,
             "submitted_at": time.time(),
@@ -235,15 +273,30 @@ def follow_job(
     rd = RunDir.open(run_dir, create=False)
     seen: list[str] = []
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    state = "PENDING"
+    recorded = (rd.read_json(layout.JOB) or {}).get("state")
     message: str | None = None
+    failures = 0
     while True:
-        state = str(client.get_job_status(submission_id).value)
+        try:
+            state = str(client.get_job_status(submission_id).value)
+            failures = 0
+        except Exception as e:  # connection trouble: the job itself keeps running
+            failures += 1
+            if failures >= FOLLOW_FAILURES:
+                raise EndpointError(
+                    f"lost the Ray job API at {resolve_address(address)} ({e}); job "
+                    f"{submission_id} keeps running: `ray job logs {submission_id} --follow`"
+                ) from None
+            log.warning("job status unavailable (%s); retrying", e)
+            sleep(poll_s)
+            continue
         if not seen or seen[-1] != state:
             seen.append(state)
             if state in TERMINAL_STATES:
                 message = client.get_job_info(submission_id).message
-            _record_state(rd, state, message)
+            if state != recorded:
+                _record_state(rd, state, message)
+                recorded = state
             if on_state is not None:
                 on_state(state)
         if state in TERMINAL_STATES:

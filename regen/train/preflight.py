@@ -78,6 +78,33 @@ def count_prepared(prompts_path: str, *, max_length: int, chunk_rows: int = CHUN
     return accepted
 
 
+def check_capture_servers(urls: list[str], *, timeout: float = 5.0) -> None:
+    """Capture servers that report a speculative algorithm must report exactly EAGLE3.
+
+    A server that is not reachable yet is only logged (SpecForge waits for it); one that
+    reports ``EAGLE`` (or any other algorithm) would feed the draft the last layer only.
+    """
+    from regen.errors import EndpointError
+    from regen.train.serving import fetch_server_info
+
+    for url in urls:
+        try:
+            info = fetch_server_info(url, timeout=timeout)
+        except EndpointError as e:
+            log.warning("capture server %s not checked: %s", url, e)
+            continue
+        algo = info.get("speculative_algorithm")
+        if algo is not None:
+            traps.check_algorithm(algo, f"capture server {url} speculative_algorithm")
+        method = info.get("spec_capture_method")
+        if method is not None and str(method).lower() != "eagle3":
+            raise TrapError(
+                traps.TRAP_ALGORITHM,
+                f"capture server {url} captures with method {method!r}, not eagle3.",
+                "restart it with --spec-capture-method eagle3.",
+            )
+
+
 def preflight(run_dir: str) -> dict[str, Any]:
     """Every check; returns the preflight record (raises RegenError on a failed check)."""
     rd = RunDir.open(run_dir, create=False)
@@ -102,6 +129,8 @@ def preflight(run_dir: str) -> dict[str, Any]:
     else:
         log.warning("target %s/config.json is not readable here; shape not re-checked",
                     cfg.target.path)  # fmt: skip
+
+    check_capture_servers(cfg.capture.server_urls)
 
     prompts = run_cfg.data.prompts_path
     scan = traps.scan_prompts([prompts])

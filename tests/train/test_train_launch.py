@@ -118,3 +118,107 @@ def test_run_without_export_is_exported_then_reexported_when_stale(
     os.utime(stats, (past, past))
     _write_parts(rd, good_rows(6)[4:], first_id=4)
     assert prepare_training(rd, cfg).scan.rows == 6
+
+
+def test_preflight_refuses_a_capture_server_running_eagle(
+    tmp_path: Path, run_dir: Path, write_train_yaml
+):
+    from regen.simulate.testing import simulator_in_thread
+
+    with simulator_in_thread(
+        instant=True, speculative_algorithm="EAGLE", speculative_draft_model_path="/d"
+    ) as sim:
+        cfg = write_train_yaml(demo_config(capture={"server_urls": [sim.base]}))
+        prepare_training(run_dir, cfg)
+        with pytest.raises(TrapError) as ei:
+            preflight(str(run_dir))
+    assert ei.value.trap == "eagle-vs-eagle3" and sim.base in str(ei.value)
+
+
+class _FlakyJobClient:
+    """A job client that refuses the first submissions (agent still starting)."""
+
+    def __init__(self, refusals: int, lands: bool = False) -> None:
+        self.refusals, self.lands, self.calls, self.jobs = refusals, lands, 0, set()
+
+    def submit_job(self, *, submission_id: str, **kw) -> str:
+        self.calls += 1
+        if self.calls <= self.refusals:
+            if self.lands:
+                self.jobs.add(submission_id)
+            raise RuntimeError("Request failed with status code 500: No available agent")
+        self.jobs.add(submission_id)
+        self.kw = kw
+        return submission_id
+
+    def get_job_info(self, submission_id: str) -> object:
+        if submission_id not in self.jobs:
+            raise RuntimeError("not found")
+        return object()
+
+
+@pytest.mark.parametrize(("refusals", "lands", "calls"), [(2, False, 3), (1, True, 1)])
+def test_submission_retries_a_refusal_without_sleeping(
+    monkeypatch, run_dir: Path, write_train_yaml, refusals: int, lands: bool, calls: int
+):
+    from regen.train import launch
+
+    fake = _FlakyJobClient(refusals, lands)
+    monkeypatch.setattr(launch, "_client", lambda address: fake)
+    slept: list[float] = []
+    plan = prepare_training(run_dir, write_train_yaml(), gpus=8)
+    sid = launch.submit_training(plan, sleep=slept.append)
+    assert fake.calls == calls and sid in fake.jobs
+    assert slept == [0.5, 1.0][: calls - 1]
+    job = json.loads((run_dir / layout.JOB).read_text())
+    assert job["submission_id"] == sid and job["entrypoint_num_gpus"] == 8
+    assert job["state"] == "PENDING"
+
+
+def test_submission_gives_up_with_a_config_error(monkeypatch, run_dir: Path, write_train_yaml):
+    from regen.errors import ConfigError
+    from regen.train import launch
+
+    fake = _FlakyJobClient(refusals=99)
+    monkeypatch.setattr(launch, "_client", lambda address: fake)
+    plan = prepare_training(run_dir, write_train_yaml())
+    with pytest.raises(ConfigError, match="after 3 attempts"):
+        launch.submit_training(plan, attempts=3, sleep=lambda s: None)
+    assert fake.calls == 3 and not (run_dir / layout.JOB).exists()
+
+
+class _StatusClient:
+    """Answers get_job_status from a script; an Exception entry is raised."""
+
+    def __init__(self, script: list) -> None:
+        self.script = script
+
+    def get_job_status(self, submission_id: str):
+        from ray.job_submission import JobStatus
+
+        item = self.script.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return JobStatus(item)
+
+    def get_job_info(self, submission_id: str):
+        class Info:
+            message = "Job finished successfully."
+
+        return Info()
+
+
+def test_follow_records_each_state_change_once_and_survives_a_glitch(monkeypatch, run_dir: Path):
+    from regen.train import launch
+
+    script = ["PENDING", "RUNNING", ConnectionError("reset"), "RUNNING", "SUCCEEDED"]
+    monkeypatch.setattr(launch, "_client", lambda address: _StatusClient(script))
+    (run_dir / "train").mkdir()
+    (run_dir / layout.JOB).write_text(json.dumps({"state": "PENDING", "history": []}))
+    slept: list[float] = []
+    state, message, seen = launch.follow_job(run_dir, "sid", poll_s=7, sleep=slept.append)
+    assert (state, seen) == ("SUCCEEDED", ["PENDING", "RUNNING", "SUCCEEDED"])
+    assert message == "Job finished successfully." and slept == [7, 7, 7, 7]
+    job = json.loads((run_dir / layout.JOB).read_text())
+    assert [h["state"] for h in job["history"]] == ["RUNNING", "SUCCEEDED"]
+    assert job["state"] == "SUCCEEDED"
