@@ -71,13 +71,15 @@ def export_shards(out: Path) -> list[Path]:
 
 
 def export_is_stale(rd: RunDir, out: Path) -> bool:
-    """True when a Parquet part of the run is newer than the export's stats.json."""
-    stats = out / EXPORT_STATS
-    if not stats.exists():
-        return True
+    """True when the run has a Parquet part newer than the export's stats.json (or the export
+    has no stats.json at all while the run has parts). Shards without parts are kept as given.
+    """
     parts = Path(rd.path(PARTS_DIR))
-    newest = max((p.stat().st_mtime for p in parts.glob("*.parquet")), default=0.0)
-    return newest > stats.stat().st_mtime
+    newest = max((p.stat().st_mtime for p in parts.glob("*.parquet")), default=None)
+    if newest is None:
+        return False
+    stats = out / EXPORT_STATS
+    return not stats.exists() or newest > stats.stat().st_mtime
 
 
 def ensure_export(rd: RunDir, cfg: TrainConfig) -> list[Path]:

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REPO, demo_config
+from train_fixtures import REPO, demo_config
 
 from regen.errors import ConfigError
 from regen.train import config as config_mod

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import demo_config, good_rows, kimi_row, write_export
+from train_fixtures import demo_config, good_rows, kimi_row, write_export
 
 from regen.cli.main import main as regen_main
 from regen.errors import TrapError

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import kimi_row
+from train_fixtures import kimi_row
 
 from regen.train import layout
 from regen.train.launch import follow_job, launch_training, prepare_training, submit_training

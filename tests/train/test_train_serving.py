@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import DEMO_TRAIN
+from train_fixtures import DEMO_TRAIN
 
 from regen.cli.main import main as regen_main
 from regen.errors import TrapError

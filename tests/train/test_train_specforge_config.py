@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import demo_config
+from train_fixtures import demo_config
 
 from regen.errors import ConfigError
 from regen.train.checks import check_train_config

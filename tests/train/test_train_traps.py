@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import demo_config, good_rows, kimi_row
+from train_fixtures import demo_config, good_rows, kimi_row
 
 from regen.errors import TrapError
 from regen.train import traps
