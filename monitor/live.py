@@ -49,7 +49,8 @@ class Ticker:
 
     def renderable(self, width: int) -> RenderableType:
         if self.last is None:
-            return Text(self.error or f"waiting for {self.run_dir} ...", style="yellow")
+            why = f" ({self.error})" if self.error else ""
+            return Text(f"waiting for {self.run_dir} ...{why}", style="yellow")
         note = f"{self.error} (showing the last good read)" if self.error else ""
         return frame(self.last, width=width, note=note)
 
