@@ -6,8 +6,8 @@ Reads, per refresh, three small files of the run directory and nothing else (nev
     RUN_DIR/lock.json       {owner, host, pid, session, started_at, heartbeat_at}
     RUN_DIR/run.json        {name, fingerprint, model, created_at, regen_version, endpoints}
 
-and once, when opened, ``RUN_DIR/manifest.yaml`` for the per-source ``output_tokens`` planning
-assumption (used for sources that have no finished sample yet).
+and once (retried while absent) ``RUN_DIR/manifest.yaml`` for the per-source ``output_tokens``
+planning assumption (used for sources that have no finished sample yet).
 
 Definitions (all pure functions of those files and ``now``):
 
@@ -40,6 +40,7 @@ import yaml
 
 from regen.errors import RunDirError
 from regen.progress import PROGRESS_FILE, ProgressSnapshot
+from regen.store import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +78,21 @@ class RunView:
     """A read-only view of a run directory, opened once and read every tick."""
 
     def __init__(self, uri: str | os.PathLike[str]) -> None:
-        from regen.store import RunDir
-
         self.uri = os.fspath(uri)
         self.rd = RunDir.open(self.uri, create=False)
         if not self.rd.exists(""):
             raise RunDirError(f"run directory {self.uri!r} does not exist")
-        self.assumptions = _output_token_assumptions(self.rd.read_text(MANIFEST_FILE))
+        self._assumptions: dict[str, tuple[int, int]] | None = None
+
+    @property
+    def assumptions(self) -> dict[str, tuple[int, int]]:
+        """Per-source output_tokens from manifest.yaml: read once (retried while it is absent)."""
+        if self._assumptions is None:
+            text = self.rd.read_text(MANIFEST_FILE)
+            if text is None:
+                return {}
+            self._assumptions = _output_token_assumptions(text)
+        return self._assumptions
 
     def read(self) -> RunFiles:
         """Read progress.json, lock.json and run.json (nothing else)."""

@@ -303,6 +303,7 @@ def test_a_tick_reads_only_the_three_small_files(tmp_path: Path, monkeypatch) ->
     (tmp_path / "parts").mkdir()
     (tmp_path / "parts" / "x.parquet").write_bytes(b"not parquet")
     view = RunView(tmp_path)
+    view.numbers(NOW)  # the first tick also reads manifest.yaml, once
     seen: list[str] = []
     orig = RunDir.read_bytes
 
@@ -312,8 +313,19 @@ def test_a_tick_reads_only_the_three_small_files(tmp_path: Path, monkeypatch) ->
 
     monkeypatch.setattr(RunDir, "read_bytes", spy)
     monkeypatch.setattr(RunDir, "list", lambda *a, **k: pytest.fail("a tick must not list"))
-    view.numbers(NOW)
-    assert sorted(seen) == ["lock.json", "progress.json", "run.json"]
+    for _ in range(3):
+        view.numbers(NOW)
+    assert sorted(seen) == sorted(["lock.json", "progress.json", "run.json"] * 3)
+
+
+def test_manifest_written_after_the_monitor_opened_is_picked_up(tmp_path: Path) -> None:
+    write_run_dir(tmp_path, make_snapshot(NOW), now=NOW, output_tokens={"xlam": (10, 20)})
+    manifest = (tmp_path / "manifest.yaml").read_text()
+    (tmp_path / "manifest.yaml").unlink()
+    view = RunView(tmp_path)
+    assert view.assumptions == {}
+    (tmp_path / "manifest.yaml").write_text(manifest)
+    assert view.assumptions["xlam"] == (10, 20)
 
 
 def test_pyarrow_uri_and_missing_directories(tmp_path: Path) -> None:
