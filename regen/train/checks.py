@@ -79,6 +79,40 @@ def read_target_config(path: str) -> dict[str, Any] | None:
         return None
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tiktoken.model")
+
+
+def tokenizer_size(path: str, *, trust_remote_code: bool) -> int | None:
+    """len() of the target's own tokenizer, or None when it is not loadable here."""
+    if not any((Path(path) / f).exists() for f in TOKENIZER_FILES):
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return len(AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code))
+    except Exception as e:  # any loader failure only skips this check
+        log.warning("tokenizer of %s not loadable here (%s); its size is not checked", path, e)
+        return None
+
+
+def check_target_files(cfg: TrainConfig) -> None:
+    """Where the target checkpoint is readable: its config.json numbers and tokenizer size."""
+    target = read_target_config(cfg.target.path)
+    if target is None:
+        log.warning("target %s/config.json is not readable here; shape not checked",
+                    cfg.target.path)  # fmt: skip
+        return
+    check_against_target(cfg, target)
+    size = tokenizer_size(cfg.target.path, trust_remote_code=cfg.target.trust_remote_code)
+    if size is not None:
+        traps.check_vocab(
+            target_vocab=cfg.target.vocab_size,
+            draft_vocab=cfg.draft.vocab_size,
+            draft_vocab_size=cfg.draft.draft_vocab_size,
+            tokenizer_size=size,
+        )
+
+
 def check_against_target(cfg: TrainConfig, target: dict[str, Any]) -> None:
     """The config's target numbers must be the target's own (layers, hidden, vocab)."""
     pairs = [

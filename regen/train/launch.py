@@ -24,7 +24,7 @@ from typing import Any
 from regen.errors import ConfigError, EndpointError
 from regen.store import RunDir
 from regen.train import layout
-from regen.train.checks import check_against_target, check_train_config, read_target_config
+from regen.train.checks import check_target_files, check_train_config
 from regen.train.config import TrainConfig, load_train_config
 from regen.train.specforge_config import (
     check_run_config_shape,
@@ -103,9 +103,7 @@ def prepare_training(
     cfg = load_train_config(config_path)
     rd = layout.open_local(run_dir)
     aux = check_train_config(cfg)
-    target = read_target_config(cfg.target.path)
-    if target is not None:
-        check_against_target(cfg, target)
+    check_target_files(cfg)
 
     shards = layout.ensure_export(rd, cfg)
     prompts = layout.prompts_file(rd, shards)

@@ -29,7 +29,7 @@ from typing import Any
 from regen.errors import ConfigError, RegenError, TrapError
 from regen.store import RunDir
 from regen.train import layout, traps
-from regen.train.checks import check_against_target, check_train_config, read_target_config
+from regen.train.checks import check_target_files, check_train_config
 from regen.train.config import load_train_config
 
 log = logging.getLogger(__name__)
@@ -123,12 +123,7 @@ def preflight(run_dir: str) -> dict[str, Any]:
 
     cfg = load_train_config(rd.path(layout.TRAIN_YAML))
     check_train_config(cfg)
-    target = read_target_config(cfg.target.path)
-    if target is not None:
-        check_against_target(cfg, target)
-    else:
-        log.warning("target %s/config.json is not readable here; shape not re-checked",
-                    cfg.target.path)  # fmt: skip
+    check_target_files(cfg)
 
     check_capture_servers(cfg.capture.server_urls)
 

@@ -148,3 +148,29 @@ def test_good_rows_pass(tmp_path: Path) -> None:
 
 
 IM_ASSISTANT_MAX = 163607  # </think> is the largest id in good_rows
+
+
+def test_tokenizer_larger_than_the_vocab_is_refused_where_the_target_is_readable(
+    tmp_path: Path,
+) -> None:
+    import shutil
+
+    from train_fixtures import REPO
+
+    from regen.train.checks import check_target_files
+
+    target = tmp_path / "target"
+    shutil.copytree(REPO / "manifests" / "demo" / "tokenizer", target)  # 1024 tokens
+    (target / "config.json").write_text(
+        json.dumps(
+            {"text_config": {"num_hidden_layers": 61, "hidden_size": 7168, "vocab_size": 512}}
+        )
+    )
+    cfg = parse_train_config(
+        demo_config(
+            target={"path": str(target), "vocab_size": 512},
+            draft={"vocab_size": 512, "draft_vocab_size": 256},
+        )
+    )
+    e = refuse(traps.TRAP_VOCAB, check_target_files, cfg)
+    assert "1024 tokens" in str(e)
