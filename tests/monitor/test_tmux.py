@@ -97,6 +97,11 @@ def wait_text(pane: Pane, needle: str, timeout_s: float) -> str:
     return screen
 
 
+def partly_done(got: dict[str, Any]) -> bool:
+    done, total = got["rows"]["TOTAL"][:2]
+    return got["state"] == "running" and 0 < done < total
+
+
 def status_json(run_dir: Path) -> dict[str, Any]:
     r = subprocess.run([*REGEN, "status", str(run_dir), "--json"], capture_output=True,
                        text=True, timeout=60, check=True)  # fmt: skip
@@ -131,8 +136,7 @@ def live_run(tmp_path_factory, ray_head, ray_env) -> Iterator[dict[str, Any]]:
                    "--concurrency", "4"]  # fmt: skip
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ray_env,
                                     start_new_session=True)  # fmt: skip
-            first = wait_for(pane, lambda g: g["state"] == "running" and
-                             g["rows"]["TOTAL"][0] > 0, timeout_s=150)  # fmt: skip
+            first = wait_for(pane, partly_done, timeout_s=150)
             between = status_json(run_dir)
             time.sleep(3.0)
             second = wait_for(pane, lambda g: g["rows"]["TOTAL"][0] > first["rows"]["TOTAL"][0],
