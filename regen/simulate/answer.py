@@ -268,27 +268,36 @@ def answer_seed(request: Mapping[str, Any]) -> bytes:
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).digest()
 
 
+def _word_pieces(prefix: str, capital: bool) -> tuple[tuple[str, ...], ...]:
+    return tuple(tuple(split_pieces(prefix + (w.capitalize() if capital else w))) for w in _WORDS)
+
+
+#: the pieces of every vocabulary word: mid-sentence, opening the text, opening a sentence,
+#: opening a paragraph (precomputed: answers are drawn word by word)
+_MID = _word_pieces(" ", False)
+_FIRST = _word_pieces("", True)
+_OPEN = _word_pieces(" ", True)
+_PARAGRAPH = _word_pieces("\n\n", True)
+
+
 def _sentence_pieces(rng: random.Random, n: int) -> list[str]:
     """Exactly ``n`` simulated tokens of English-looking text."""
     pieces: list[str] = []
-    start = True
-    left_in_sentence = rng.randint(5, 16)
+    extend, append, rand = pieces.extend, pieces.append, rng.random
+    n_words = len(_WORDS)
+    table = _FIRST
+    left_in_sentence = 5 + int(rand() * 12)
     while len(pieces) < n:
-        word = rng.choice(_WORDS)
-        if start:
-            word = word.capitalize()
-            sep = "" if not pieces else ("\n\n" if rng.random() < 0.15 else " ")
-            start = False
-        else:
-            sep = " "
-        pieces.extend(split_pieces(sep + word))
+        extend(table[int(rand() * n_words)])
         left_in_sentence -= 1
         if left_in_sentence <= 0:
-            pieces.append(".")
-            start = True
-            left_in_sentence = rng.randint(5, 16)
-        elif rng.random() < 0.06:
-            pieces.append(",")
+            append(".")
+            table = _PARAGRAPH if rand() < 0.15 else _OPEN
+            left_in_sentence = 5 + int(rand() * 12)
+        else:
+            table = _MID
+            if rand() < 0.06:
+                append(",")
     return pieces[:n]
 
 

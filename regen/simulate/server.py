@@ -555,9 +555,9 @@ class SimServer:
         separate = bool(body.get("separate_reasoning", True))
         r_key = b'{"reasoning_content":' if separate else b'{"content":'
         c_key = b'{"content":'
-        rp, cp = ans.reasoning_pieces, ans.content_pieces
-        nr, nc = len(rp), len(cp)
-        text_end = nr + nc
+        pieces = ans.reasoning_pieces + ans.content_pieces
+        nr = len(ans.reasoning_pieces)
+        text_end = len(pieces)
         k = self.config.tokens_per_step
 
         resp = web.StreamResponse(
@@ -579,16 +579,18 @@ class SimServer:
             if cut_at >= 0 and produced >= cut_at:
                 produced = max(sent, cut_at)
             if produced > sent:
-                a = sent
-                while a < min(produced, text_end):  # one chunk per step (K tokens)
-                    b = min(a + k, produced, text_end)
+                a, end = sent, min(produced, text_end)
+                while a < end:  # one chunk per step (K tokens) and channel
+                    b = min(a + k, end)
                     if a < nr:
-                        text = "".join(rp[a : min(b, nr)])
-                        if not separate and b >= nr:
+                        m = min(b, nr)
+                        text = pieces[a] if m - a == 1 else "".join(pieces[a:m])
+                        if not separate and m == nr:
                             text += "</think>"
                         parts += (head, r_key, _text_json(text), b"}", tail)
-                    if b > nr:
-                        text = "".join(cp[max(a, nr) - nr : b - nr])
+                        a = m
+                    if b > a:
+                        text = pieces[a] if b - a == 1 else "".join(pieces[a:b])
                         parts += (head, c_key, _text_json(text), b"}", tail)
                     a = b
                 if produced >= job.total and ans.tool_calls:
