@@ -77,6 +77,11 @@ def ray_head(
         "--num-cpus=2", "--num-gpus=8",
         "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}",
         f"--ray-client-server-port={free_port()}", f"--temp-dir={tmp}", "--disable-usage-stats",
+        # every port explicit: fixed defaults (agent 52365, ...) collide with other heads
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--dashboard-agent-grpc-port={free_port()}",
+        f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+        f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
     ]  # fmt: skip
     log = (tmp / "ray-start.log").open("wb")
     proc = subprocess.Popen(

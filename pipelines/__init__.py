@@ -1,0 +1,1 @@
+"""Thin `ray job submit` entrypoints: they parse arguments and call the regen library."""
