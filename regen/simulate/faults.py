@@ -16,6 +16,8 @@ import hashlib
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from regen.errors import ConfigError
+
 
 class Fault(enum.StrEnum):
     FAIL = "fail"  #: HTTP 500 before any byte of the answer
@@ -47,7 +49,10 @@ def parse_sequence(text: str) -> tuple[Fault | None, ...]:
         elif item in _ALIASES:
             out.append(_ALIASES[item])
         else:
-            raise ValueError(f"unknown fault {raw!r} (use 500, 429, disconnect, stall or ok)")
+            raise ConfigError(
+                f"unknown fault {raw!r} (use 500, 429, disconnect, stall or ok)",
+                field="fault_sequence",
+            )
     return tuple(out)
 
 

@@ -17,6 +17,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from regen.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 #: most missed steps run at once when the loop lags
@@ -66,7 +68,7 @@ class Scheduler:
 
     def __init__(self, max_running: int, step_s: float, tokens_per_step: int) -> None:
         if max_running < 1 or step_s <= 0 or tokens_per_step < 1:
-            raise ValueError("need max_running >= 1, step_s > 0, tokens_per_step >= 1")
+            raise ConfigError("need max_running >= 1, step_s > 0, tokens_per_step >= 1")
         self.max_running = max_running
         self.step_s = step_s
         self.tokens_per_step = tokens_per_step

@@ -3,6 +3,7 @@ import collections
 import pytest
 from pydantic import ValidationError
 
+from regen.errors import ConfigError
 from regen.simulate.faults import Fault, FaultConfig, parse_sequence
 
 
@@ -42,8 +43,9 @@ def test_sequence_overrides_rates():
     assert seq == (Fault.RATE_LIMIT, Fault.FAIL, None, Fault.DISCONNECT, Fault.STALL)
     cfg = FaultConfig(sequence=seq, fail_rate=1.0)
     assert [cfg.decide("any", i) for i in range(6)] == [*seq, None]
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError) as info:
         parse_sequence("503")
+    assert info.value.field == "fault_sequence"
 
 
 def test_rates_must_fit():
