@@ -82,6 +82,15 @@ class Scheduler:
     def capacity_tok_s(self) -> float:
         return self.max_running * self.tokens_per_step / self.step_s
 
+    @property
+    def n_running(self) -> int:
+        """Jobs in the batch (aborted ones leave at the next step and are not counted)."""
+        return sum(not j.cancelled for j in self.running)
+
+    @property
+    def n_queued(self) -> int:
+        return sum(not j.cancelled for j in self.queue)
+
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="sim-scheduler")
 

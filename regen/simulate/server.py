@@ -187,8 +187,8 @@ class SimServer:
         state: dict[str, Any] = {
             "last_gen_throughput": 0.0,
             "memory_usage": {},
-            "num_running_reqs": len(self.scheduler.running),
-            "num_queue_reqs": len(self.scheduler.queue),
+            "num_running_reqs": self.scheduler.n_running,
+            "num_queue_reqs": self.scheduler.n_queued,
         }
         if c.accept_length is not None:
             state["avg_spec_accept_length"] = c.accept_length
@@ -225,8 +225,8 @@ class SimServer:
             "stalled": rc.stalled,
             "errors": dict(rc.errors),
             "client_gone": rc.client_gone,
-            "running": len(self.scheduler.running),
-            "queued": len(self.scheduler.queue),
+            "running": self.scheduler.n_running,
+            "queued": self.scheduler.n_queued,
             "prompt_tokens": rc.prompt_tokens,
             "completion_tokens": rc.completion_tokens,
             "tokens_generated": sc.tokens,

@@ -50,9 +50,9 @@ def test_full_batch_reaches_capacity(sim):
 def test_underfilled_batch_wastes_capacity(sim):
     st = load(sim, requests=12, concurrency=R // 4, first=1000)
     rate = st["tokens_generated"] / st["window_s"]
-    assert 0.2 <= st["mean_batch_occupancy"] <= 0.26  # 4 of 16 slots busy
+    assert 0.18 <= st["mean_batch_occupancy"] <= 0.26  # 4 of 16 slots busy
     assert rate <= 0.27 * CAPACITY  # the empty slots are lost, not given to others
-    assert rate >= 0.18 * CAPACITY
+    assert rate >= 0.15 * CAPACITY
 
 
 def test_instant_mode_answers_at_once():
