@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from regen.simulate.tokens import count_tokens, split_pieces
+from regen.simulate.tokens import prompt_tokens as count_prompt_tokens
 
 _WORDS = [
     "the",
@@ -364,15 +365,13 @@ def answer(
     ``default_max_tokens`` applies when the request sets no limit (the server passes
     context length minus prompt length); ``prompt_tokens`` overrides the simulated count.
     """
-    from regen.simulate.tokens import prompt_tokens as count_prompt
-
     messages = list(request.get("messages") or ())
     tools = list(request.get("tools") or ())
     rng = random.Random(int.from_bytes(answer_seed(request)[:16], "big"))
     sigma = config.length_sigma
     mu = math.log(config.mean_tokens) - sigma * sigma / 2
-    total = max(1, round(math.exp(rng.gauss(mu, sigma)))) if sigma else round(config.mean_tokens)
-    total = max(1, total)
+    drawn = math.exp(rng.gauss(mu, sigma)) if sigma else config.mean_tokens
+    total = max(1, round(drawn))
     thinking = thinking_enabled(request)
     n_reason = max(1, round(total * rng.uniform(0.3, 0.8))) if thinking else 0
     n_content = max(1, total - n_reason)
@@ -395,9 +394,9 @@ def answer(
         finish = "length"
         reasoning = reasoning[:cap]
         content = content[: max(0, cap - len(reasoning))]
-        calls, tool_tokens = (), 0
-        # tokens of a partial tool-call section are not shown (the parser holds them back)
-        # but were generated: account for them so the answer uses exactly `cap` tokens.
+        calls = ()
+        # a cut tool-call section is not shown (the parser holds it back) but its tokens
+        # were generated: count them so the answer uses exactly `cap` tokens.
         tool_tokens = cap - len(reasoning) - len(content)
     return SimAnswer(
         reasoning="".join(reasoning),
@@ -407,5 +406,7 @@ def answer(
         reasoning_pieces=tuple(reasoning),
         content_pieces=tuple(content),
         tool_tokens=tool_tokens,
-        prompt_tokens=count_prompt(messages, tools) if prompt_tokens is None else prompt_tokens,
+        prompt_tokens=count_prompt_tokens(messages, tools)
+        if prompt_tokens is None
+        else prompt_tokens,
     )

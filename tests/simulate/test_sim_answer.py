@@ -134,3 +134,15 @@ def test_keys_ignore_transport_options_but_not_content():
     }
     assert conversation_key(turn2) == conversation_key(a)
     assert conversation_key(req(2)) != conversation_key(a)
+
+
+def test_a_cut_inside_the_tool_call_section_drops_the_calls():
+    cfg = AnswerConfig(tool_call_rate=1.0)
+    body = {**req(9), "tools": TOOLS}
+    full = answer(body, cfg)
+    assert full.tool_calls and full.tool_tokens > 2
+    cap = full.completion_tokens - 1
+    cut = answer({**body, "max_tokens": cap}, cfg)
+    assert (cut.reasoning, cut.content) == (full.reasoning, full.content)
+    assert cut.tool_calls == () and cut.finish_reason == "length"
+    assert cut.completion_tokens == cap
