@@ -1,0 +1,88 @@
+"""Driver on a real Ray head: permanent failures recorded and skipped (until --retry-failed),
+and a stop request (what SIGINT/SIGTERM set) that leaves a clean, resumable directory."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from regen.engine import RunOptions, run_job
+from regen.manifest import load_manifest
+from regen.simulate.testing import simulator_in_thread
+from regen.store import RunDir
+from regen.store.journal import read_done, read_failures
+from regen.store.run import LOCK_FILE
+
+pytestmark = pytest.mark.ray
+
+DEMO = Path(__file__).resolve().parents[2] / "manifests" / "demo.yaml"
+#: prompt + 48 completion tokens must fit: the long prompts (tools, agent traces) do not
+CONTEXT = 150
+
+
+def test_permanent_failures_skipped_until_retry_failed(ray_head, tmp_path) -> None:
+    m = load_manifest(DEMO)
+    out = str(tmp_path / "run")
+    with simulator_in_thread(model_name="demo-target", instant=True, mean_tokens=16,
+                             context_length=CONTEXT) as sim:  # fmt: skip
+        opts = RunOptions(endpoints=[sim.url], address=ray_head.address, handle_signals=False)
+        first = run_job(m, out, opts)
+        rd = RunDir.open(out)
+        fails = read_failures(rd)
+        permanent = {k for k, f in fails.items() if f.permanent}
+        assert permanent and all(fails[k].status == 400 for k in permanent)
+        assert first.state == "finished" and first.failed_transient == 0
+        assert first.failed_permanent == len(permanent)
+        assert first.done == first.total - len(permanent)
+        assert read_done(rd).ids.isdisjoint(permanent)
+        progress = rd.read_json("progress.json")
+        assert sum(s["failed"] for s in progress["sources"].values()) == len(permanent)
+
+        received = sim.stats()["received"]
+        again = run_job(m, out, opts)  # nothing to do: done ones and permanent ones skipped
+        assert again.completed_now == 0 and again.failed_permanent == len(permanent)
+        assert sim.stats()["received"] == received
+
+        retry = run_job(m, out, RunOptions(endpoints=[sim.url], address=ray_head.address,
+                                           retry_failed=True, handle_signals=False))  # fmt: skip
+        assert sim.stats()["received"] >= received + len(permanent)
+        assert retry.failed_permanent == len(permanent) and retry.completed_now == 0
+
+
+def test_stop_writes_a_part_releases_the_lock_and_resumes(ray_head, tmp_path) -> None:
+    m = load_manifest(DEMO, ["engine.part_size=1000", "engine.part_interval_s=1000"])
+    out = tmp_path / "run"
+    rd = RunDir.open(out)
+    stop = threading.Event()
+    with simulator_in_thread(model_name="demo-target", max_running_requests=2, step_ms=5,
+                             mean_tokens=30) as sim:  # fmt: skip
+
+        def stopper() -> None:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not stop.is_set():
+                journal = [n for n in rd.list("journal") if n.endswith(".jsonl")]
+                if journal and rd.size(f"journal/{journal[0]}") > 0:
+                    time.sleep(0.5)
+                    stop.set()
+                time.sleep(0.05)
+
+        t = threading.Thread(target=stopper, daemon=True)
+        t.start()
+        opts = RunOptions(endpoints=[sim.url], address=ray_head.address, stop=stop,
+                          handle_signals=False)  # fmt: skip
+        summary = run_job(m, str(out), opts)
+        t.join(timeout=5)
+        assert summary.state == "interrupted"
+        assert 0 < summary.completed_now < summary.total
+        assert not rd.exists(LOCK_FILE)
+        assert rd.list("journal") == []  # folded into a part on the way out
+        assert len(read_done(rd)) == summary.done == summary.completed_now
+        assert rd.read_json("progress.json")["state"] == "interrupted"
+
+        rest = run_job(m, str(out), RunOptions(endpoints=[sim.url], address=ray_head.address,
+                                               handle_signals=False))  # fmt: skip
+        assert rest.state == "finished" and rest.done == rest.total
+        assert rest.completed_now == rest.total - summary.done

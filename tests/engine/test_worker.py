@@ -1,0 +1,99 @@
+"""SampleWorker against in-thread simulators: retries, failure classes, endpoint affinity."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from regen.client import RetryPolicy
+from regen.engine.worker import SampleWorker
+from regen.manifest import Endpoint, parse_manifest
+from regen.sample import Message, Sample
+from regen.simulate.testing import simulator_in_thread
+
+
+async def no_sleep(_s: float) -> None:
+    return None
+
+
+def manifest(*urls: str, max_attempts: int = 3):
+    return parse_manifest({
+        "name": "t",
+        "target": {"model": "m", "tokenizer": "tok"},
+        "sampling": {"max_tokens": 16, "seed": 0},
+        "endpoints": [{"url": u} for u in urls],
+        "engine": {"max_attempts": max_attempts, "endpoint_failure_threshold": 100},
+        "sources": [{"name": "s", "adapter": "sharegpt", "path": "x.jsonl"}],
+    })  # fmt: skip
+
+
+def stub_rows(sample, turns):
+    keys = ("endpoint", "content", "attempts")
+    return [{"sample_id": sample.id, "turn": t.turn, **{k: getattr(t.result, k) for k in keys}}
+            for t in turns]  # fmt: skip
+
+
+def three_turns(sid: str) -> Sample:
+    msgs = []
+    for i in range(3):
+        msgs += [Message("user", f"question {i} of {sid}"), Message("assistant", f"old {i}")]
+    return Sample(sid, "s", msgs)
+
+
+def worker(m, concurrency: int = 4) -> SampleWorker:
+    retry = RetryPolicy.from_engine(m.engine, sleep=no_sleep)
+    return SampleWorker(m, [Endpoint(url=e.url) for e in m.endpoints], concurrency,
+                        row_builder=stub_rows, retry=retry)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def two_sims():
+    with (
+        simulator_in_thread(model_name="m", instant=True, mean_tokens=8) as a,
+        simulator_in_thread(model_name="m", instant=True, mean_tokens=8) as b,
+    ):
+        yield a, b
+
+
+def test_all_turns_of_a_sample_go_to_one_endpoint(two_sims) -> None:
+    a, b = two_sims
+    w = worker(manifest(a.url, b.url))
+
+    async def go():
+        outs = await asyncio.gather(*(w.process(three_turns(f"s:{i}")) for i in range(8)))
+        await w.aclose()
+        return outs
+
+    outs = asyncio.run(go())
+    assert all(o.status == "done" and len(o.rows) == 3 for o in outs)
+    assert all(len({r["endpoint"] for r in o.rows}) == 1 for o in outs)
+    assert {o.rows[0]["endpoint"] for o in outs} == {a.url, b.url}  # least outstanding spreads
+    assert w.stats.sent == w.stats.ok == 24 and w.stats.in_flight == 0
+    assert [o.requests for o in outs] == [3] * 8
+
+
+def test_transient_errors_retried_then_exhausted() -> None:
+    with simulator_in_thread(model_name="m", instant=True, mean_tokens=8,
+                             fault_sequence="500,429,ok", retry_after=0) as sim:  # fmt: skip
+        w = worker(manifest(sim.url, max_attempts=3))
+        ok = asyncio.run(w.process(Sample("s:ok", "s", [Message("user", "hi")])))
+        assert ok.status == "done" and ok.rows[0]["attempts"] == 3
+        assert w.stats.retried == 2 and w.stats.sent == 3
+        assert set(w.stats.errors) == {"server_error", "rate_limited"}
+    with simulator_in_thread(model_name="m", instant=True, mean_tokens=8,
+                             fault_sequence="500,500,500,ok") as sim:  # fmt: skip
+        w = worker(manifest(sim.url, max_attempts=3))
+        out = asyncio.run(w.process(Sample("s:t", "s", [Message("user", "hi")])))
+        assert out.status == "transient" and out.rows == []
+        assert out.kind == "server_error" and out.http_status == 500 and out.attempts == 3
+        assert w.stats.failed == 1
+
+
+def test_permanent_error_is_not_retried() -> None:
+    with simulator_in_thread(model_name="m", instant=True, context_length=20) as sim:
+        w = worker(manifest(sim.url))
+        out = asyncio.run(w.process(Sample("s:p", "s", [Message("user", "word " * 50)])))
+        # SGLang (and the simulator) say "too long" in prose only; the client maps by status
+        assert out.status == "permanent" and out.kind in ("permanent", "context_length")
+        assert out.http_status == 400 and out.requests == 1 and out.rows == []
