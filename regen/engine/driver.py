@@ -380,6 +380,8 @@ class _Session:
                     self.completed(out.sample_id, out.source, out.rows)
                 else:
                     self.failed(out)
+            if self.journal.due(self.m.engine.part_size, self.m.engine.part_interval_s):
+                self.journal.roll()  # part_interval_s also applies while nothing completes
             self.progress(actors)
         self.progress(actors, force=True)
         return "finished"
