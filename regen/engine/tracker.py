@@ -87,7 +87,7 @@ class ProgressTracker:
             sp.prompt_tokens += pt
             sp.completion_tokens += ct
             self.session_tokens += ct
-            if r.get("prompt_tokens") is not None:  # regenerated turns only (native rows: None)
+            if r.get("token_source") != "native":  # regenerated turns only
                 self.snap.output_tokens_hist.add(ct)
             trunc = trunc or r.get("finish_reason") == "length"
         sp.truncated += int(trunc)
