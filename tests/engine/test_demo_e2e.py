@@ -74,6 +74,7 @@ def test_usage_is_the_servers(demo_run) -> None:
     stored = sum(r["completion_tokens"] for r in demo_run["rows"])
     assert sum(s["completion_tokens"] for s in progress["sources"].values()) == stored
     assert progress["requests"]["ok"] == len(regen_rows)
+    assert sum(progress["output_tokens_hist"]["counts"]) == len(regen_rows)
 
 
 def test_export_written(demo_run) -> None:
