@@ -21,14 +21,19 @@ pytestmark = pytest.mark.ray
 DEMO = Path(__file__).resolve().parents[2] / "manifests" / "demo.yaml"
 #: prompt + 48 completion tokens must fit: the long prompts (tools, agent traces) do not
 CONTEXT = 150
+SECRET = "sk-regen-test-0123456789"
 
 
-def test_permanent_failures_skipped_until_retry_failed(ray_head, tmp_path) -> None:
-    m = load_manifest(DEMO)
+def test_permanent_failures_skipped_until_retry_failed(
+    ray_head, tmp_path, monkeypatch, capfd
+) -> None:
+    monkeypatch.setenv("REGEN_TEST_KEY", SECRET)
     out = str(tmp_path / "run")
     with simulator_in_thread(model_name="demo-target", instant=True, mean_tokens=16,
                              context_length=CONTEXT) as sim:  # fmt: skip
-        opts = RunOptions(endpoints=[sim.url], address=ray_head.address, handle_signals=False)
+        # the endpoint's key comes from the environment and must never be written anywhere
+        m = load_manifest(DEMO, [f"endpoints=[{{url: '{sim.url}', api_key_env: REGEN_TEST_KEY}}]"])
+        opts = RunOptions(address=ray_head.address, handle_signals=False)
         first = run_job(m, out, opts)
         rd = RunDir.open(out)
         fails = read_failures(rd)
@@ -46,10 +51,15 @@ def test_permanent_failures_skipped_until_retry_failed(ray_head, tmp_path) -> No
         assert again.completed_now == 0 and again.failed_permanent == len(permanent)
         assert sim.stats()["received"] == received
 
-        retry = run_job(m, out, RunOptions(endpoints=[sim.url], address=ray_head.address,
-                                           retry_failed=True, handle_signals=False))  # fmt: skip
+        retry = run_job(m, out, RunOptions(address=ray_head.address, retry_failed=True,
+                                           handle_signals=False))  # fmt: skip
         assert sim.stats()["received"] >= received + len(permanent)
         assert retry.failed_permanent == len(permanent) and retry.completed_now == 0
+    for f in Path(out).rglob("*"):
+        if f.is_file():
+            assert SECRET.encode() not in f.read_bytes(), f
+    captured = capfd.readouterr()
+    assert SECRET not in captured.out + captured.err
 
 
 def test_stop_writes_a_part_releases_the_lock_and_resumes(ray_head, tmp_path) -> None:
