@@ -1,4 +1,4 @@
-"""What one request to an endpoint produced: the record passed from the client to the row builder."""
+"""What one request to an endpoint produced: passed from the client to the row builder."""
 
 from __future__ import annotations
 
