@@ -4,7 +4,9 @@ Order of work per source, sources in manifest order:
 adapter → filters (min/max prompt chars, max turns; regenerate mode only) → exact-duplicate drop
 within and across sources (by ``Sample.content_hash``; the first occurrence wins) → per-source
 limit (reading stops once the limit is reached). Memory: one set of content hashes plus a
-per-source id map. Owns no files.
+per-source id map. Owns no files. An unusable row never stops a source: it is counted, the
+first ``EXAMPLES_PER_SOURCE`` of each source are logged as warnings naming the source, row,
+field and reason, and a per-source total is logged at the end of the source.
 """
 
 from __future__ import annotations
@@ -114,7 +116,9 @@ def read_samples(
                 st.rejected[item.reason] = st.rejected.get(item.reason, 0) + 1
                 if len(st.examples) < EXAMPLES_PER_SOURCE:
                     st.examples.append(str(item))
-                log.debug("%s", item)
+                    log.warning("skipping %s", item)  # source, row, field, what is wrong
+                else:
+                    log.debug("skipping %s", item)
                 continue
             reason = filter_reason(item, source.filters)
             if reason:
@@ -134,4 +138,10 @@ def read_samples(
                 st.limit_reached = True
                 break
         if st.rejected:
-            log.debug("source %s: %d rows rejected %s", source.name, st.rejected_total, st.rejected)
+            reasons = dict(sorted(st.rejected.items()))
+            log.warning(
+                "source %s: %d row(s) skipped as unusable %s (the others are kept)",
+                source.name,
+                st.rejected_total,
+                reasons,
+            )
