@@ -21,6 +21,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer", type=Path, help="tokenizer dir: enables token ids in answers")
     g.add_argument("--context-length", type=int, default=262144)
     g.add_argument(
+        "--api-key",
+        help="require 'Authorization: Bearer KEY' on /v1/* and /server_info (as SGLang)",
+    )
+    g.add_argument(
         "--usage-shape",
         choices=["sglang", "finish"],
         default="sglang",
@@ -126,6 +130,7 @@ def build_config(args: argparse.Namespace):  # -> SimConfig
             spec_accept_length=args.spec_accept_length,
             request_log=args.request_log,
             ready_file=args.ready_file,
+            api_key=args.api_key,
         )
     except (ValidationError, ValueError) as e:
         raise ConfigError(f"regen simulate: {e}") from None

@@ -44,6 +44,9 @@ class SimConfig(BaseModel):
     spec_accept_length: float | None = None  #: reported avg_spec_accept_length
     request_log: Path | None = None  #: JSONL, one line per finished request
     ready_file: Path | None = None  #: the base URL is written here once listening
+    #: when set, /v1/* and /server_info need ``Authorization: Bearer KEY`` (else 401), as
+    #: SGLang's --api-key; /health and /stats stay open. Never reported by the server.
+    api_key: str | None = Field(default=None, repr=False)
 
     @model_validator(mode="after")
     def _check(self) -> SimConfig:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hmac
 import json
 import logging
 import os
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 IM_END_ID = 163586
 
 _JSON = "application/json"
+
+#: paths that need no API key even with --api-key (health checks, the test counters)
+OPEN_PATHS = frozenset({"/health", "/health_generate", "/stats", "/stats/reset"})
 
 #: seconds open requests get to finish when the server stops
 SHUTDOWN_TIMEOUT_S = 0.5
@@ -90,7 +94,8 @@ class SimServer:
     # ---- lifecycle -------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024 * 1024)
+        middlewares = [self._check_key] if self.config.api_key else []
+        app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=middlewares)
         r = app.router
         r.add_get("/health", self.health)
         r.add_get("/health_generate", self.health_generate)
@@ -115,6 +120,17 @@ class SimServer:
     async def _cleanup(self, _app: web.Application) -> None:
         await self.scheduler.stop()
         self.stats.close()
+
+    @web.middleware
+    async def _check_key(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """SGLang's --api-key: a wrong or missing bearer token is a 401 (open paths aside)."""
+        if request.path not in OPEN_PATHS:
+            want = f"Bearer {self.config.api_key}".encode()
+            got = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(got, want):
+                self.stats.counters.errors["401"] += 1
+                return error_response(401, "Unauthorized", "AuthenticationError")
+        return await handler(request)
 
     # ---- info endpoints --------------------------------------------------------------------
 
