@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from regen.engine.schedule import LengthModel, WorkQueue
 from regen.engine.tracker import ProgressTracker
 from regen.engine.worker import SampleOutcome
 from regen.errors import RegenError
@@ -63,6 +64,8 @@ class RunOptions:
     force: bool = False  #: continue a run directory whose fingerprint differs
     address: str | None = None  #: Ray cluster to join (default: $RAY_ADDRESS, else local)
     prefetch: int | None = None  #: work items per actor beyond its concurrency
+    #: replacement actors started when workers die, per session (default max(3, 2 x workers))
+    max_respawns: int | None = None
     progress_interval_s: float = 2.0
     #: called with the snapshot each time progress.json is written (live views)
     on_progress: Callable[[ProgressSnapshot], None] | None = None
@@ -85,6 +88,8 @@ class JobSummary:
     failed_transient: int = 0  #: samples of this session that ran out of retries
     parts_written: int = 0
     requests_sent: int = 0
+    workers_died: int = 0  #: actors lost this session (their samples were requeued)
+    workers_respawned: int = 0  #: replacement actors started
     per_source: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
@@ -186,6 +191,86 @@ def _secrets(manifest: Manifest) -> dict[str, str]:
     return out
 
 
+@dataclass(slots=True)
+class _Worker:
+    """One actor and the work items it holds."""
+
+    index: int  #: slot number (a replacement takes the dead one's slot)
+    actor: Any
+    load: int = 0
+    alive: bool = True
+
+
+class _WorkerPool:
+    """The session's actors; a dead one is replaced while the respawn budget lasts."""
+
+    def __init__(
+        self, sess: _Session, infos: list[Any], conc: int, cap: int, n_workers: int
+    ) -> None:
+        from regen.engine.actor import actor_class
+
+        self.sess = sess
+        self.cap = cap
+        self._cls = actor_class(cap)
+        level = logging.getLevelName(logging.getLogger("regen").getEffectiveLevel())
+        self._args = (sess.m, infos, conc, level, _secrets(sess.m))
+        budget = sess.opts.max_respawns
+        self.respawns_left = budget if budget is not None else max(3, 2 * n_workers)
+        self.deaths = 0
+        self.spawned: list[Any] = []
+        self.workers = [self._spawn(i) for i in range(n_workers)]
+
+    def _spawn(self, index: int) -> _Worker:
+        actor = self._cls.options(
+            scheduling_strategy="SPREAD",
+            name=f"regen-{self.sess.session}-w{index}-{len(self.spawned)}",
+        ).remote(*self._args)
+        self.spawned.append(actor)
+        return _Worker(index, actor)
+
+    def least_loaded(self) -> _Worker | None:
+        best = None
+        for w in self.workers:
+            if w.alive and w.load < self.cap and (best is None or w.load < best.load):
+                best = w
+        return best
+
+    def live_actors(self) -> list[Any]:
+        return [w.actor for w in self.workers if w.alive]
+
+    def died(self, w: _Worker, err: BaseException, requeued: int) -> None:
+        """Worker ``w`` is gone: its samples are back in the queue; start a replacement."""
+        w.alive = False
+        self.deaths += 1
+        self.sess.summary.workers_died += 1
+        assert self.sess.tracker is not None
+        self.sess.tracker.driver_error("worker_died", str(err)[:300])
+        if self.respawns_left > 0:
+            self.respawns_left -= 1
+            self.workers[w.index] = self._spawn(w.index)
+            self.sess.summary.workers_respawned += 1
+            log.error("worker %d died; %d samples requeued, replacement started (%d respawns "
+                      "left): %s", w.index, requeued, self.respawns_left, err)  # fmt: skip
+            return
+        log.error("worker %d died; %d samples requeued to the others, respawn budget spent: %s",
+                  w.index, requeued, err)  # fmt: skip
+        if not any(x.alive for x in self.workers):
+            raise RegenError(
+                f"all workers died ({self.deaths} deaths, respawn budget spent); "
+                "rerun the command to resume"
+            ) from err
+
+    def close(self) -> None:
+        import ray
+
+        live = self.live_actors()
+        with contextlib.suppress(Exception):
+            ray.get([a.close.remote() for a in live], timeout=5)
+        for a in self.spawned:
+            with contextlib.suppress(Exception):
+                ray.kill(a)
+
+
 class _Session:
     """One driver session over one run directory."""
 
@@ -244,11 +329,15 @@ class _Session:
         if actors:
             import ray
 
-            try:
-                snaps = ray.get([a.snapshot.remote() for a in actors], timeout=5)
-                self.tracker.workers(snaps)
-            except Exception as e:  # progress must never stop the run
-                log.debug("worker snapshot failed: %s", e)
+            refs = [a.snapshot.remote() for a in actors]
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=2)
+            snaps = []
+            for ref in ready:
+                try:
+                    snaps.append(ray.get(ref))
+                except Exception as e:  # a dying worker; progress must never stop the run
+                    log.debug("worker snapshot failed: %s", e)
+            self.tracker.workers(snaps)
         self.tracker.write()
         if self.opts.on_progress is not None:
             self.opts.on_progress(self.tracker.snap)
@@ -293,17 +382,17 @@ class _Session:
             for s in plan.native:
                 self.completed(s.id, s.source, [native_row(s)])
         if plan.todo and not self.stop.is_set():
-            state = self._regenerate(plan.todo)
+            regen_sources = {s.name for s in m.sources if s.mode == "regenerate"}
+            state = self._regenerate(plan.todo, LengthModel.from_done(done, regen_sources))
         elif self.stop.is_set():
             state = "interrupted"
         self.summary.state = state
         return self.summary
 
-    def _regenerate(self, todo: list[Sample]) -> str:
+    def _regenerate(self, todo: list[Sample], model: LengthModel) -> str:
         import ray
 
         from regen.client import check_endpoints
-        from regen.engine.actor import actor_class
 
         m = self.m
         infos = asyncio.run(check_endpoints(m.endpoints, m.target.model, base_dir=m.base_dir))
@@ -311,47 +400,30 @@ class _Session:
         n_workers = max(1, min(m.engine.workers, len(todo)))
         conc = m.engine.concurrency
         cap = conc + (self.opts.prefetch if self.opts.prefetch is not None else max(2, conc // 4))
-        cls = actor_class(cap)
-        level = logging.getLevelName(logging.getLogger("regen").getEffectiveLevel())
-        secrets = _secrets(m)
-        actors = [
-            cls.options(scheduling_strategy="SPREAD").remote(m, infos, conc, level, secrets)
-            for _ in range(n_workers)
-        ]
+        pool = _WorkerPool(self, infos, conc, cap, n_workers)
         log.info("%d workers x %d in flight against %d endpoint(s)", n_workers, conc, len(infos))
         try:
-            return self._feed(actors, todo, cap)
+            return self._feed(pool, WorkQueue(todo, model))
         finally:
-            with contextlib.suppress(Exception):
-                ray.get([a.close.remote() for a in actors], timeout=5)
-            for a in actors:
-                with contextlib.suppress(Exception):
-                    ray.kill(a)
+            pool.close()
             if started_ray:
                 ray.shutdown()
 
-    def _feed(self, actors: list[Any], todo: list[Sample], cap: int) -> str:
+    def _feed(self, pool: _WorkerPool, queue: WorkQueue) -> str:
         import ray
         from ray.exceptions import RayActorError, TaskCancelledError
 
-        pending = iter(todo)
-        exhausted = False
-        load = [0] * len(actors)
-        alive = [True] * len(actors)
-        outstanding: dict[Any, tuple[int, Sample]] = {}
+        outstanding: dict[Any, tuple[_Worker, Sample]] = {}
         while True:
-            # feed: keep every live actor at `cap` outstanding work items
-            while not exhausted and not self.stop.is_set():
-                choices = [i for i in range(len(actors)) if alive[i] and load[i] < cap]
-                if not choices:
+            # feed: keep every live actor at `cap` outstanding work items, longest first
+            while queue and not self.stop.is_set():
+                w = pool.least_loaded()
+                if w is None:
                     break
-                i = min(choices, key=lambda k: load[k])
-                s = next(pending, None)
-                if s is None:
-                    exhausted = True
-                    break
-                outstanding[actors[i].process.remote(s)] = (i, s)
-                load[i] += 1
+                s = queue.pop()
+                assert s is not None
+                outstanding[w.actor.process.remote(s)] = (w, s)
+                w.load += 1
             if self.stop.is_set():
                 for ref in outstanding:
                     with contextlib.suppress(Exception):
@@ -364,26 +436,31 @@ class _Session:
             if ready:
                 ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             for ref in ready:
-                i, s = outstanding.pop(ref)
-                load[i] -= 1
+                if ref not in outstanding:  # taken back when its worker died
+                    continue
+                w, s = outstanding.pop(ref)
+                w.load -= 1
                 try:
                     out: SampleOutcome = ray.get(ref)
                 except (RayActorError, TaskCancelledError) as e:
-                    alive[i] = False
-                    assert self.tracker is not None
-                    self.tracker.driver_error("worker_died", str(e)[:300])
-                    log.error("worker %d died; its samples are retried next run: %s", i, e)
-                    if not any(alive):
-                        raise RegenError("all workers died; rerun the command to resume") from e
+                    if self.stop.is_set():
+                        continue
+                    lost = [r for r, (ow, _) in outstanding.items() if ow is w]
+                    for r in lost:
+                        queue.push(outstanding.pop(r)[1])
+                    queue.push(s)
+                    pool.died(w, e, len(lost) + 1)
                     continue
                 if out.status == "done":
                     self.completed(out.sample_id, out.source, out.rows)
+                    queue.observe(out.source, (int(r.get("completion_tokens") or 0)
+                                               for r in out.rows))  # fmt: skip
                 else:
                     self.failed(out)
             if self.journal.due(self.m.engine.part_size, self.m.engine.part_interval_s):
                 self.journal.roll()  # part_interval_s also applies while nothing completes
-            self.progress(actors)
-        self.progress(actors, force=True)
+            self.progress(pool.live_actors())
+        self.progress(pool.live_actors(), force=True)
         return "finished"
 
     def finish(self, state: str) -> None:
