@@ -5,7 +5,7 @@ adapter → filters (min/max prompt chars, max turns; regenerate mode only) → 
 within and across sources (by ``Sample.content_hash``; the first occurrence wins) → per-source
 limit (reading stops once the limit is reached). Memory: one set of content hashes plus a
 per-source id map. Owns no files. An unusable row never stops a source: it is counted, the
-first ``EXAMPLES_PER_SOURCE`` of each source are logged as warnings naming the source, row,
+first ``WARNINGS_PER_SOURCE`` of each source are logged as warnings naming the source, row,
 field and reason, and a per-source total is logged at the end of the source.
 """
 
@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 #: rejections kept per source as examples for people (all are counted)
 EXAMPLES_PER_SOURCE = 5
+#: rejections logged as warnings per source (the rest at debug level; all are counted)
+WARNINGS_PER_SOURCE = 20
 
 
 @dataclass(slots=True)
@@ -116,6 +118,7 @@ def read_samples(
                 st.rejected[item.reason] = st.rejected.get(item.reason, 0) + 1
                 if len(st.examples) < EXAMPLES_PER_SOURCE:
                     st.examples.append(str(item))
+                if st.rejected_total <= WARNINGS_PER_SOURCE:
                     log.warning("skipping %s", item)  # source, row, field, what is wrong
                 else:
                     log.debug("skipping %s", item)
