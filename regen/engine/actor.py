@@ -31,12 +31,13 @@ class WorkerActor:
         concurrency: int,
         log_level: str = "INFO",
         secrets: dict[str, str] | None = None,
+        shares: dict[str, int] | None = None,
     ) -> None:
         logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
         quiet_http_logs()
         for name, value in (secrets or {}).items():  # API keys by env var name; never logged
             os.environ.setdefault(name, value)
-        self.worker = SampleWorker(manifest, endpoints, concurrency)
+        self.worker = SampleWorker(manifest, endpoints, concurrency, shares=shares)
 
     async def process(self, sample: Sample) -> SampleOutcome:
         return await self.worker.process(sample)
@@ -53,3 +54,7 @@ def actor_class(max_in_flight: int) -> Any:
     import ray
 
     return ray.remote(num_cpus=0, max_concurrency=max_in_flight + 8, max_restarts=0)(WorkerActor)
+
+
+#: concurrent calls an actor accepts (feed-ahead included; the adaptive limits stay below it)
+MAX_CALLS_PER_ACTOR = 4096

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from regen.engine.adaptive import split
 from regen.engine.schedule import LengthModel, WorkQueue
 from regen.engine.tracker import ProgressTracker
 from regen.engine.worker import SampleOutcome
@@ -197,6 +198,7 @@ class _Worker:
 
     index: int  #: slot number (a replacement takes the dead one's slot)
     actor: Any
+    slots: int  #: the actor's in-flight limit (it reports changes with each outcome)
     load: int = 0
     alive: bool = True
 
@@ -205,13 +207,16 @@ class _WorkerPool:
     """The session's actors; a dead one is replaced while the respawn budget lasts."""
 
     def __init__(
-        self, sess: _Session, infos: list[Any], conc: int, cap: int, n_workers: int
+        self, sess: _Session, infos: list[Any], conc: int, prefetch: int, n_workers: int
     ) -> None:
-        from regen.engine.actor import actor_class
+        from regen.engine.actor import MAX_CALLS_PER_ACTOR, actor_class
 
         self.sess = sess
-        self.cap = cap
-        self._cls = actor_class(cap)
+        self.prefetch = prefetch
+        self.infos = infos
+        self.conc = conc
+        self.n_workers = n_workers
+        self._cls = actor_class(MAX_CALLS_PER_ACTOR)
         level = logging.getLevelName(logging.getLogger("regen").getEffectiveLevel())
         self._args = (sess.m, infos, conc, level, _secrets(sess.m))
         budget = sess.opts.max_respawns
@@ -220,19 +225,33 @@ class _WorkerPool:
         self.spawned: list[Any] = []
         self.workers = [self._spawn(i) for i in range(n_workers)]
 
+    def shares(self, index: int) -> dict[str, int]:
+        """Worker ``index``'s starting share of each server's batch slots (when reported)."""
+        return {
+            i.url: split(i.max_running_requests, self.n_workers, index)
+            for i in self.infos
+            if getattr(i, "max_running_requests", None)
+        }
+
     def _spawn(self, index: int) -> _Worker:
+        from regen.engine.worker import starting_limits
+
+        shares = self.shares(index)
         actor = self._cls.options(
             scheduling_strategy="SPREAD",
             name=f"regen-{self.sess.session}-w{index}-{len(self.spawned)}",
-        ).remote(*self._args)
+        ).remote(*self._args, shares)
         self.spawned.append(actor)
-        return _Worker(index, actor)
+        slots = sum(starting_limits(self.infos, self.conc, shares).values())
+        return _Worker(index, actor, slots)
 
     def least_loaded(self) -> _Worker | None:
-        best = None
+        """The live worker with the most room below its slots + prefetch, if any has room."""
+        best, room = None, 0
         for w in self.workers:
-            if w.alive and w.load < self.cap and (best is None or w.load < best.load):
-                best = w
+            r = w.slots + self.prefetch - w.load
+            if w.alive and r > room:
+                best, room = w, r
         return best
 
     def live_actors(self) -> list[Any]:
@@ -399,9 +418,10 @@ class _Session:
         started_ray = connect_ray(self.opts.address)
         n_workers = max(1, min(m.engine.workers, len(todo)))
         conc = m.engine.concurrency
-        cap = conc + (self.opts.prefetch if self.opts.prefetch is not None else max(2, conc // 4))
-        pool = _WorkerPool(self, infos, conc, cap, n_workers)
-        log.info("%d workers x %d in flight against %d endpoint(s)", n_workers, conc, len(infos))
+        prefetch = self.opts.prefetch if self.opts.prefetch is not None else max(2, conc // 4)
+        pool = _WorkerPool(self, infos, conc, prefetch, n_workers)
+        log.info("%d workers against %d endpoint(s); starting in-flight limits %s",
+                 n_workers, len(infos), [w.slots for w in pool.workers])  # fmt: skip
         try:
             return self._feed(pool, WorkQueue(todo, model))
         finally:
@@ -451,6 +471,8 @@ class _Session:
                     queue.push(s)
                     pool.died(w, e, len(lost) + 1)
                     continue
+                if out.slots:
+                    w.slots = out.slots
                 if out.status == "done":
                     self.completed(out.sample_id, out.source, out.rows)
                     queue.observe(out.source, (int(r.get("completion_tokens") or 0)

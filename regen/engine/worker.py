@@ -6,21 +6,28 @@ endpoint and one :class:`~regen.router.EndpointRouter`; every try of every reque
 from the router (least outstanding, sample affinity, health), so all turns of a sample go to the
 same endpoint while it is healthy, and a failing endpoint leaves rotation between retries.
 
-A sample holds one of the worker's C slots from its first request to its last, so multi-turn
-chains are not starved by newer samples. Rows are built (tokenized) off the event loop.
+A sample holds one of the worker's slots from its first request to its last, so multi-turn
+chains are not starved by newer samples (a sample has one request in flight at a time, so
+slots = requests in flight). The slots are the sum of the endpoints' in-flight limits, each an
+:class:`regen.engine.adaptive.AdaptiveLimit` started at this worker's share of the server's
+``max_running_requests`` (the driver splits it over the workers; without one reported, the
+worker's ``concurrency`` split over the endpoints) and moved on the worker's own throughput,
+TTFT and 429 signals. Rows are built (tokenized) off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from regen.engine.adaptive import AdaptiveLimit
 from regen.engine.turns import DoneTurn, regenerate
-from regen.errors import RegenError, RequestError, TransientError
+from regen.errors import RateLimitedError, RegenError, RequestError, TransientError
 from regen.manifest import Endpoint, Manifest
 from regen.result import TurnResult
 from regen.sample import Sample
@@ -44,6 +51,7 @@ class SampleOutcome:
     message: str = ""
     attempts: int = 0  #: tries of the failing request
     requests: int = 0  #: tries of all requests of this sample
+    slots: int = 0  #: the worker's slots when it finished (the driver feeds slots + prefetch)
 
 
 @dataclass(slots=True)
@@ -87,6 +95,65 @@ def default_row_builder(manifest: Manifest) -> RowBuilder:
     return build
 
 
+class Slots:
+    """A semaphore whose size can change; waiters are served first come, first served."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self.used = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def acquire(self) -> bool:
+        """Take a slot; True when it had to wait for one."""
+        if self.used < self.capacity and not self._waiters:
+            self.used += 1
+            return False
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # granted just as we were cancelled
+            else:
+                self._waiters.remove(fut)
+            raise
+        return True
+
+    def release(self) -> None:
+        self.used -= 1
+        self._wake()
+
+    def resize(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self.used < self.capacity:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self.used += 1
+                fut.set_result(None)
+
+
+def starting_limits(
+    endpoints: list[Any], concurrency: int, shares: dict[str, int] | None = None
+) -> dict[str, int]:
+    """Per-endpoint starting in-flight limit of one worker: the driver's share when given,
+    else the server's max_running_requests, else ``concurrency`` split over the endpoints."""
+    out: dict[str, int] = {}
+    fallback = max(1, concurrency // max(1, len(endpoints)))
+    for info in endpoints:
+        share = (shares or {}).get(info.url)
+        mrr = getattr(info, "max_running_requests", None)
+        out[info.url] = max(1, share or mrr or fallback)
+    return out
+
+
 class SampleWorker:
     """Regenerates samples against a set of endpoints; C requests in flight at most."""
 
@@ -100,9 +167,13 @@ class SampleWorker:
         client_factory: Any = None,
         retry: Any = None,
         probe: Any = None,
+        shares: dict[str, int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``endpoints``: :class:`regen.client.EndpointInfo` (from the start check) or
-        :class:`regen.manifest.Endpoint`; keys are read from the endpoints' env/file."""
+        :class:`regen.manifest.Endpoint`; keys are read from the endpoints' env/file.
+        ``shares``: this worker's starting in-flight limit per endpoint URL (see
+        :func:`starting_limits`)."""
         from regen.client import ChatClient, RetryPolicy
         from regen.router import EndpointRouter, http_probe
 
@@ -119,7 +190,14 @@ class SampleWorker:
         self.router = EndpointRouter.from_engine(
             endpoints, manifest.engine, probe=probe if probe is not None else http_probe
         )
-        self.slots = asyncio.Semaphore(concurrency)
+        self._clock = clock
+        starts = starting_limits(endpoints, concurrency, shares)
+        self.limits = {
+            url: AdaptiveLimit(start=n, maximum=max(2 * n, n + 8)) for url, n in starts.items()
+        }
+        for url, ctl in self.limits.items():
+            self.router.set_limit(url, ctl.current)
+        self.slots = Slots(sum(c.current for c in self.limits.values()))
         self.concurrency = concurrency
         self.stats = WorkerStats()
         self._rows = row_builder or default_row_builder(manifest)
@@ -152,12 +230,18 @@ class SampleWorker:
                     res = await self.clients[lease.url].complete_once(
                         messages, tools, sample_id=sample_id
                     )
+                except RateLimitedError:
+                    self.limits[lease.url].record_throttled(self._clock())
+                    self._adapt(lease.url)
+                    raise
                 finally:
                     st.in_flight -= 1
                 lat = st.latencies.setdefault(lease.url, [])
                 lat.append(time.monotonic() - t0)
                 if len(lat) > 256:
                     del lat[:128]
+                self.limits[lease.url].record(self._clock(), res.completion_tokens or 0, res.ttft_s)
+                self._adapt(lease.url)
                 return res
 
         def on_failure(err: TransientError, n: int, wait: float) -> None:
@@ -170,15 +254,29 @@ class SampleWorker:
         st.ok += 1
         return result
 
+    def _adapt(self, url: str) -> None:
+        ctl = self.limits[url]
+        if self.slots.waiting:
+            ctl.note_demand()
+        new = ctl.update(self._clock())
+        if new is not None:
+            self.router.set_limit(url, new)
+            self.slots.resize(sum(c.current for c in self.limits.values()))
+
     async def process(self, sample: Sample) -> SampleOutcome:
         """All turns of one sample, then its rows; failures become an outcome, not an error."""
         self._ensure_probes()
         out = SampleOutcome(sample.id, sample.source)
         try:
-            async with self.slots:
+            if await self.slots.acquire():
+                for ctl in self.limits.values():
+                    ctl.note_demand()
+            try:
                 turns = await regenerate(
                     sample, lambda msgs, tools: self._complete(out, msgs, tools)
                 )
+            finally:
+                self.slots.release()
             out.rows = await asyncio.to_thread(self._rows, sample, turns)
         except RequestError as e:
             self.stats.failed += 1
@@ -192,6 +290,7 @@ class SampleWorker:
             out.status, out.kind, out.message = "permanent", e.kind, str(e)[:1000]
         finally:
             self.router.forget(sample.id)
+        out.slots = self.slots.capacity
         return out
 
     def snapshot(self) -> dict[str, Any]:
@@ -206,6 +305,8 @@ class SampleWorker:
             "errors": {k: [v.count, v.last_message, v.last_at] for k, v in st.errors.items()},
             "endpoints": self.router.snapshot(),
             "latencies": {u: list(v[-64:]) for u, v in st.latencies.items()},
+            "slots": self.slots.capacity,
+            "limits": {u: c.current for u, c in self.limits.items()},
         }
 
     async def aclose(self) -> None:

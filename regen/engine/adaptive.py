@@ -1,0 +1,158 @@
+"""Adaptive in-flight limit of one endpoint, as seen from one worker. Owns no files.
+
+The server is the expensive part: the limit starts at the worker's share of the server's
+``max_running_requests`` (its batch slots) and moves once per window (``window_s`` and at
+least ``min_requests`` completions, or any 429) on three signals the worker measures itself:
+
+- **throughput**: completion tokens per second finished in the window;
+- **queueing**: the window's median time to first token against the best median seen so far
+  (the baseline). A continuously batching server starts a request at its next step when a slot
+  is free, so TTFT only grows by whole completions once requests wait in its queue;
+- **demand**: whether work waited for a slot in this worker during the window (no demand: a
+  higher limit could not be used, so nothing is learned).
+
+Decisions, in order: a 429 multiplies the limit by ``throttle_decrease`` and lowers the floor
+with it (the server asked for less); queueing with no throughput gain (< ``gain``) steps down
+by ``step`` (never below the floor, which starts at the starting limit: filling the slots the
+server reports cannot queue on a server of our own); demand without queueing, or queueing that
+still bought throughput, steps up by ``step``; otherwise the limit holds. Steps are
+``max(1, step_fraction × limit)``: additive in effect, so the limit hovers just above the
+server's slots, where a finished request's slot is refilled from the server's short queue
+instead of waiting a round trip for the client.
+
+The clock is the caller's (``now`` arguments), so tests drive it with synthetic signals.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, frozen=True)
+class AdaptiveSettings:
+    """Tuning of :class:`AdaptiveLimit` (internal; the defaults suit SGLang-like servers)."""
+
+    window_s: float = 2.0  #: shortest decision window
+    min_requests: int = 8  #: completions a window needs before a decision (429s excepted)
+    step_fraction: float = 0.04  #: step = max(1, step_fraction × limit)
+    throttle_decrease: float = 0.7  #: limit multiplier on a 429
+    ttft_factor: float = 2.0  #: queueing when median TTFT > factor × baseline + slack
+    ttft_slack_s: float = 0.05
+    gain: float = 0.02  #: relative throughput rise that counts as growth
+
+
+@dataclass(slots=True)
+class Decision:
+    """What one window decided (kept for logs and tests)."""
+
+    at: float
+    limit: int
+    reason: str  #: "throttled" | "queueing" | "grow" | "hold"
+    throughput: float
+    ttft_p50_s: float | None
+
+
+@dataclass(slots=True)
+class AdaptiveLimit:
+    """The in-flight limit of one endpoint, adapted window by window."""
+
+    start: int  #: starting limit (the worker's share of max_running_requests)
+    maximum: int  #: hard cap
+    settings: AdaptiveSettings = field(default_factory=AdaptiveSettings)
+    limit: float = 0.0
+    floor: float = 1.0
+    baseline_ttft_s: float | None = None
+    last_throughput: float | None = None
+    window_start: float | None = None
+    tokens: int = 0
+    requests: int = 0
+    throttled: int = 0
+    demand: bool = False
+    ttfts: list[float] = field(default_factory=list)
+    history: list[Decision] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.start = max(1, self.start)
+        self.maximum = max(self.start, self.maximum)
+        self.limit = float(self.start)
+        self.floor = float(self.start)
+
+    @property
+    def current(self) -> int:
+        return round(self.limit)
+
+    def record(self, now: float, completion_tokens: int, ttft_s: float | None) -> None:
+        """One request finished (successfully) on this endpoint."""
+        self._open(now)
+        self.tokens += completion_tokens
+        self.requests += 1
+        if ttft_s is not None:
+            self.ttfts.append(ttft_s)
+
+    def record_throttled(self, now: float) -> None:
+        """The endpoint answered 429."""
+        self._open(now)
+        self.throttled += 1
+
+    def note_demand(self) -> None:
+        """Work waited for a slot (a higher limit would have been used)."""
+        self.demand = True
+
+    def update(self, now: float) -> int | None:
+        """Close the window when it is due; returns the new limit if it changed."""
+        if self.window_start is None:
+            return None
+        s = self.settings
+        elapsed = now - self.window_start
+        if not self.throttled and (elapsed < s.window_s or self.requests < s.min_requests):
+            return None
+        before = self.current
+        tput = self.tokens / elapsed if elapsed > 0 else 0.0
+        p50 = statistics.median(self.ttfts) if self.ttfts else None
+        queueing = False
+        if p50 is not None:
+            base = self.baseline_ttft_s
+            queueing = base is not None and p50 > s.ttft_factor * base + s.ttft_slack_s
+            self.baseline_ttft_s = p50 if base is None else min(base, p50)
+        step = max(1.0, s.step_fraction * self.limit)
+        grew = self.last_throughput is None or tput > self.last_throughput * (1 + s.gain)
+        if self.throttled:
+            self.limit = max(1.0, self.limit * s.throttle_decrease)
+            self.floor = min(self.floor, self.limit)
+            reason = "throttled"
+        elif queueing and not grew:
+            self.limit = max(self.floor, self.limit - step)
+            reason = "queueing"
+        elif self.demand:
+            self.limit = min(float(self.maximum), self.limit + step)
+            reason = "grow"
+        else:
+            reason = "hold"
+        self.history.append(Decision(now, self.current, reason, tput, p50))
+        if len(self.history) > 64:
+            del self.history[:32]
+        self.last_throughput = tput
+        self.window_start = now
+        self.tokens = self.requests = self.throttled = 0
+        self.demand = False
+        self.ttfts = []
+        if self.current != before:
+            log.debug("limit %d -> %d (%s, %.0f tok/s, ttft p50 %s)",
+                      before, self.current, reason, tput, p50)  # fmt: skip
+            return self.current
+        return None
+
+    def _open(self, now: float) -> None:
+        if self.window_start is None:
+            self.window_start = now
+
+
+def split(total: int, parts: int, index: int) -> int:
+    """Share ``index`` of ``total`` split over ``parts`` (shares differ by at most one and
+    add up to ``total``; every share is at least 1)."""
+    base, extra = divmod(total, parts)
+    return max(1, base + (1 if index < extra else 0))

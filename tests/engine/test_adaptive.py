@@ -1,0 +1,106 @@
+"""The adaptive in-flight limit's decisions on synthetic signals (the clock is the test's)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from regen.engine.adaptive import AdaptiveLimit, AdaptiveSettings, split
+from regen.engine.worker import Slots
+
+S = AdaptiveSettings(window_s=1.0, min_requests=4)
+
+
+def window(c: AdaptiveLimit, t: float, *, tokens: int, ttft: float, n: int = 8,
+           demand: bool = True) -> int | None:  # fmt: skip
+    """n completions spread over one second from ``t``, then the window closes at t + 1."""
+    for i in range(n):
+        c.record(t + i / n, tokens // n, ttft)
+    if demand:
+        c.note_demand()
+    return c.update(t + 1.0)
+
+
+def test_no_decision_before_the_window_is_full() -> None:
+    c = AdaptiveLimit(start=64, maximum=128, settings=S)
+    c.record(0.0, 100, 0.01)
+    assert c.update(0.5) is None and c.update(5.0) is None  # 1 completion < min_requests
+    assert c.current == 64 and not c.history
+
+
+def test_grows_while_no_queueing_and_work_waits() -> None:
+    c = AdaptiveLimit(start=64, maximum=128, settings=S)
+    limits = [window(c, float(t), tokens=20_000 + 100 * t, ttft=0.004) for t in range(5)]
+    assert limits == [67, 69, 72, 75, 78]  # step = max(1, 0.04 x limit), shown rounded
+    assert [d.reason for d in c.history] == ["grow"] * 5
+
+
+def test_holds_without_demand() -> None:
+    c = AdaptiveLimit(start=64, maximum=128, settings=S)
+    assert window(c, 0.0, tokens=20_000, ttft=0.004, demand=False) is None
+    assert c.history[-1].reason == "hold" and c.current == 64
+
+
+def test_queueing_without_gain_steps_down_but_not_below_the_start() -> None:
+    c = AdaptiveLimit(start=64, maximum=128, settings=S)
+    for t in range(3):
+        window(c, float(t), tokens=20_000, ttft=0.004)  # grows to 72, baseline 4 ms
+    assert c.current == 72
+    window(c, 3.0, tokens=20_000, ttft=0.2)  # queued: TTFT 0.2 > 2 x 0.004 + 0.05, no gain
+    assert c.history[-1].reason == "queueing" and c.current == 69
+    for t in range(4, 10):
+        window(c, float(t), tokens=20_000, ttft=0.2)
+    assert c.current == 64  # the server's own slots are the floor
+
+
+def test_queueing_that_still_buys_throughput_keeps_growing() -> None:
+    c = AdaptiveLimit(start=64, maximum=128, settings=S)
+    window(c, 0.0, tokens=10_000, ttft=0.004)
+    assert window(c, 1.0, tokens=15_000, ttft=0.3) is not None
+    assert c.history[-1].reason == "grow"
+
+
+def test_429_cuts_at_once_and_lowers_the_floor() -> None:
+    c = AdaptiveLimit(start=64, maximum=128, settings=S)
+    c.record(0.0, 100, 0.004)
+    c.record_throttled(0.1)
+    assert c.update(0.2) == 45  # 64 x 0.7, without waiting for the window
+    assert c.history[-1].reason == "throttled" and c.floor == c.limit
+    for t in range(1, 4):
+        window(c, float(t), tokens=20_000, ttft=0.004)
+    assert c.current > 45  # grows back while the server keeps up
+
+
+def test_maximum_caps_growth() -> None:
+    c = AdaptiveLimit(start=4, maximum=6, settings=S)
+    for t in range(10):
+        window(c, float(t), tokens=1000 * (t + 1), ttft=0.004)
+    assert c.current == 6
+
+
+def test_split_over_workers() -> None:
+    assert [split(64, 3, i) for i in range(3)] == [22, 21, 21]
+    assert sum(split(65, 4, i) for i in range(4)) == 65
+    assert split(1, 4, 3) == 1
+
+
+def test_slots_resize_wakes_waiters_in_order() -> None:
+    async def main() -> list[int]:
+        slots = Slots(1)
+        order: list[int] = []
+        assert await slots.acquire() is False
+
+        async def take(i: int) -> None:
+            await slots.acquire()
+            order.append(i)
+
+        tasks = [asyncio.create_task(take(i)) for i in range(3)]
+        await asyncio.sleep(0)
+        assert slots.waiting == 3 and order == []
+        slots.resize(3)  # two more slots: the first two waiters get them
+        await asyncio.sleep(0)
+        assert order == [0, 1] and slots.used == 3
+        slots.release()
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(main()) == [0, 1, 2]

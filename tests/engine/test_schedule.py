@@ -1,0 +1,109 @@
+"""Tail-aware dispatch order: cost from turns, learned per-source lengths and prompt size;
+re-keyed as estimates move; learned state derived from the parts on resume."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from regen.engine.schedule import (
+    DEFAULT_TOKENS_PER_TURN,
+    REPRIORITISE_EVERY_S,
+    LengthModel,
+    WorkQueue,
+)
+from regen.sample import Message, Sample
+from regen.store import RunDir
+from regen.store.journal import CompletedSample, Journal, read_done
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def sample(sid: str, source: str, turns: int, prompt: str = "q") -> Sample:
+    msgs: list[Message] = []
+    for i in range(turns):
+        msgs += [Message("user", f"{prompt} {i}"), Message("assistant", "a")]
+    return Sample(f"{source}:{sid}", source, msgs)
+
+
+def drain(q: WorkQueue) -> list[str]:
+    out = []
+    while (s := q.pop()) is not None:
+        out.append(s.id)
+    return out
+
+
+def test_more_turns_first_then_longer_prompts_then_input_order() -> None:
+    q = WorkQueue([sample("a", "x", 1), sample("b", "x", 3), sample("c", "x", 1, "long " * 400),
+                   sample("d", "x", 2), sample("e", "x", 1)])  # fmt: skip
+    assert drain(q) == ["x:b", "x:d", "x:c", "x:a", "x:e"]
+
+
+def test_sources_that_ran_long_go_first_once_learned() -> None:
+    clock = Clock()
+    samples = [sample(str(i), src, 1) for i in range(3) for src in ("short", "long")]
+    q = WorkQueue(samples, clock=clock)
+    assert q.pop().source == "short"  # type: ignore[union-attr]  # unknown: input order
+    clock.t += REPRIORITISE_EVERY_S
+    q.observe("long", [2000, 1800])
+    q.observe("short", [40])
+    assert q.rebuilds == 1
+    assert [s.split(":")[0] for s in drain(q)] == ["long"] * 3 + ["short"] * 2
+
+
+def test_no_rebuild_before_the_interval_or_without_a_shift() -> None:
+    clock = Clock()
+    q = WorkQueue([sample("a", "x", 1), sample("b", "y", 1)], clock=clock)
+    q.observe("y", [5000])
+    assert q.rebuilds == 0  # too soon
+    clock.t += REPRIORITISE_EVERY_S
+    assert q.maybe_reprioritise() and q.pop().id == "y:b"  # type: ignore[union-attr]
+    clock.t += REPRIORITISE_EVERY_S
+    assert not q.maybe_reprioritise()  # nothing moved since
+
+
+def test_estimate_shrinks_towards_the_prior() -> None:
+    m = LengthModel()
+    assert m.tokens_per_turn("x") == DEFAULT_TOKENS_PER_TURN
+    m.observe("x", [100] * 8)
+    assert m.tokens_per_turn("x") < DEFAULT_TOKENS_PER_TURN
+    assert 100 < m.tokens_per_turn("x") < m.global_mean() + 1
+    m.observe("x", [100] * 1000)
+    assert abs(m.tokens_per_turn("x") - 100) < 5
+
+
+def test_requeued_sample_keeps_its_cost() -> None:
+    q = WorkQueue([sample("a", "x", 1), sample("b", "x", 3)])
+    b = q.pop()
+    assert b is not None and b.id == "x:b"
+    q.push(b)
+    assert q.pop() is b
+
+
+def test_learned_state_survives_a_resume_through_the_parts(tmp_path) -> None:
+    rd = RunDir.open(tmp_path / "run")
+    j = Journal(rd, "s1", to_table=pa.Table.from_pylist)  # only the columns read_done reads
+    rows = [{"sample_id": "long:1", "source": "long", "turn": t, "completion_tokens": 1500,
+             "prompt_tokens": 10, "finish_reason": "stop"} for t in range(2)]  # fmt: skip
+    j.append(CompletedSample("long:1", "long", rows))
+    j.append(CompletedSample("short:1", "short", [{**rows[0], "sample_id": "short:1",
+                                                   "source": "short",
+                                                   "completion_tokens": 30}]))  # fmt: skip
+    j.append(
+        CompletedSample(
+            "nat:1",
+            "nat",
+            [{**rows[0], "sample_id": "nat:1", "source": "nat", "completion_tokens": 9999}],
+        )
+    )
+    j.close()
+    model = LengthModel.from_done(read_done(rd), ["long", "short"])
+    assert set(model.sources) == {"long", "short"}  # native rows teach nothing
+    assert model.sources["long"].turns == 2 and model.sources["long"].tokens == 3000
+    q = WorkQueue([sample("2", "short", 1), sample("2", "long", 1)], model)
+    assert q.pop().source == "long"  # type: ignore[union-attr]
