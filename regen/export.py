@@ -52,6 +52,8 @@ FORMATS: tuple[str, ...] = ("pretokenized", "conversations")
 PARTS_DIR = "parts"
 STATS_FILE = "stats.json"
 SHARD_PREFIX: dict[str, str] = {"pretokenized": "shard-", "conversations": "conversations-"}
+#: token_check values that are not a problem (regen.rows); every other value is counted as one
+TOKEN_CHECKS_OK = frozenset({"match", "count_match"})
 
 _KEY_COLUMNS = (
     "sample_id",
@@ -105,6 +107,7 @@ class ExportStats:
     sources: dict[str, SourceStats] = field(default_factory=dict)
     token_source: dict[str, int] = field(default_factory=dict)  #: written rows per source kind
     token_check: dict[str, int] = field(default_factory=dict)  #: read rows per check result
+    token_check_problems: int = 0  #: read rows whose check is not in TOKEN_CHECKS_OK
     shards: list[dict[str, Any]] = field(default_factory=list)  #: {file, rows, tokens}
 
     @property
@@ -231,6 +234,8 @@ def _select(
         src.rows_read += 1
         if checks[i] is not None:
             stats.token_check[checks[i]] = stats.token_check.get(checks[i], 0) + 1
+            if checks[i] not in TOKEN_CHECKS_OK:
+                stats.token_check_problems += 1
         key = (sid, turns[i])
         reason = None
         if key in seen:

@@ -37,8 +37,13 @@ token_source       string, required    ``server`` (the server's prompt/output id
                                        ``local`` (rendered + tokenized here), ``native``
 token_check        string/null         server rows: the local render compared with the
                                        server ids: ``match``, ``prompt_mismatch``,
-                                       ``response_mismatch``, ``mismatch``, ``render_error``;
-                                       null when there was nothing to compare
+                                       ``response_mismatch``, ``mismatch``, ``render_error``.
+                                       local rows: ``count_match`` / ``count_mismatch``
+                                       (response length vs the server's completion_tokens,
+                                       see below), or a render flag that outranks the count:
+                                       ``think_inserted``, ``content_has_think``
+                                       (regen.template.render). null when there was nothing
+                                       to compare (no server count)
 im_end_added       bool                server rows: ``<|im_end|>`` was appended because the
                                        server stopped without returning it (see below)
 template_hash      string/null         KimiRenderer.template_hash (template + kwargs + vocab)
@@ -54,6 +59,14 @@ the draft to learn where answers stop; SGLang may or may not include the stop to
 returned output ids, so when the last output id is not ``<|im_end|>`` (or the tokenizer's eos)
 ``<|im_end|>`` is appended with mask 1 and ``im_end_added`` is set. Truncated turns get nothing
 appended. The local render is then a cross-check recorded in ``token_check``.
+
+Local rows (no server ids): the response is re-tokenized here, so its length is compared with
+the server's ``completion_tokens``. Allowed: equal, or one more when the row ends with a
+``<|im_end|>`` the server did not count (servers differ on counting the stop token). Nothing
+else is allowed: re-tokenizing text that a reasoning parser trimmed (SGLang strips whitespace
+around ``</think>``) or that the server decoded differently shows up as ``count_mismatch``.
+``reasoning`` and ``content`` hold the rendered split (a parser-less server's content is split
+at ``</think>``, see regen.template.render).
 """
 
 from __future__ import annotations
@@ -163,7 +176,12 @@ def build_turn_row(
             assert render_error is not None
             raise render_error
         prompt_ids, response_ids = local.prompt_ids, local.response_ids
-        token_source, token_check, text = "local", None, local.text
+        token_source, text = "local", local.text
+        token_check = local.flag or count_check(
+            len(response_ids),
+            result.completion_tokens,
+            ends_with_im_end=bool(response_ids) and response_ids[-1] == renderer.im_end_id,
+        )
 
     input_ids = prompt_ids + response_ids
     if not response_ids:
@@ -174,8 +192,8 @@ def build_turn_row(
         "turn": turn,
         "messages": messages_json(request_messages),
         "tools": json.dumps(tools, ensure_ascii=False) if tools else None,
-        "reasoning": result.reasoning,
-        "content": result.content,
+        "reasoning": local.reasoning if local is not None else result.reasoning,
+        "content": local.content if local is not None else result.content,
         "tool_calls": json.dumps([c.to_openai() for c in result.tool_calls], ensure_ascii=False),
         "finish_reason": result.finish_reason,
         "truncated": result.truncated,
@@ -203,6 +221,22 @@ def build_turn_row(
         "ttft_s": result.ttft_s,
         "created_at": _now(),
     }
+
+
+def count_check(
+    response_len: int, completion_tokens: int | None, *, ends_with_im_end: bool
+) -> str | None:
+    """``count_match`` / ``count_mismatch`` for a local row; None without a server count.
+
+    A row that ends with ``<|im_end|>`` may be one token longer than the server's count.
+    """
+    if completion_tokens is None:
+        return None
+    if response_len == completion_tokens or (
+        ends_with_im_end and response_len == completion_tokens + 1
+    ):
+        return "count_match"
+    return "count_mismatch"
 
 
 def native_row(sample: Sample) -> dict[str, Any]:

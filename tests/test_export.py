@@ -246,3 +246,33 @@ def test_cli_uses_manifest_defaults_and_reports_errors(run_dir: Path, tmp_path: 
     assert main(["export", str(run_dir), "--out", str(tmp_path / "o"), "--keep-truncated"]) == 0
     assert json.loads((tmp_path / "o" / "stats.json").read_text())["rows_written"] == 9
     assert main(["export", str(tmp_path / "missing"), "--out", str(tmp_path / "o2")]) == 2
+
+
+def test_stats_count_every_token_check(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Local-row count checks and render flags land in stats.json and the CLI's warning."""
+    from regen.cli.main import main
+
+    r = KimiRenderer.from_dir(TOKENIZER)
+    req = [Message("user", "Hi")]
+    n = len(r.render_turn(req, None, reasoning="R.", content="A.").response_ids)
+
+    def row(sid: str, reasoning: str | None, content: str, completion: int | None) -> dict:
+        res = _res(reasoning, content)
+        res.completion_tokens = completion
+        return build_turn_row(Sample(id=sid, source="s", messages=[]), 0, req, res, r)
+
+    rows = [
+        row("s:1", "R.", "A.", n),
+        row("s:2", "R.", "A.", n + 5),
+        row("s:3", None, "A.", None),
+        row("s:4", "R.", "A.", None),
+    ]
+    (tmp_path / "run" / "parts").mkdir(parents=True)
+    pq.write_table(rows_to_table(rows), tmp_path / "run" / "parts" / "p.parquet")
+    stats = export_run(str(tmp_path / "run"), str(tmp_path / "out"))
+    expected = {"count_match": 1, "count_mismatch": 1, "think_inserted": 1}
+    assert stats.token_check == expected and stats.token_check_problems == 2
+    saved = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert saved["token_check"] == expected and saved["token_check_problems"] == 2
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "o2")]) == 0
+    assert "2 row(s) failed the token check" in capsys.readouterr().out

@@ -16,6 +16,7 @@ from regen.rows import (
     COLUMNS,
     SCHEMA,
     build_turn_row,
+    count_check,
     native_row,
     rows_to_table,
     token_check_counts,
@@ -206,3 +207,55 @@ def test_rows_to_table_round_trip_and_strictness(renderer: KimiRenderer) -> None
         rows_to_table([{k: v for k, v in row.items() if k != "turn"}])
     with pytest.raises(RowError):
         rows_to_table([{**row, "input_ids": ["x"]}])
+
+
+def test_parserless_server_output_row_has_one_think_close(renderer: KimiRenderer) -> None:
+    """No reasoning parser: content is the whole output; the row must not gain a </think>."""
+    request = [Message("user", "Hi")]
+    probe = renderer.render_turn(request, None, reasoning="Think.", content="Done.")
+    res = _result(None, "Think.</think>Done.", completion_tokens=len(probe.response_ids))
+    row = build_turn_row(Sample(id="p:1", source="p", messages=[]), 0, request, res, renderer)
+    _, response_ids = _split(row)
+    assert renderer.decode(response_ids) == "Think.</think>Done.<|im_end|>"
+    assert (row["reasoning"], row["content"]) == ("Think.", "Done.")
+    assert row["token_check"] == "count_match"
+
+
+def test_local_rows_compare_length_with_server_count(renderer: KimiRenderer) -> None:
+    request = [Message("user", "Hi")]
+    sample = Sample(id="c:1", source="c", messages=[])
+    n = len(renderer.render_turn(request, None, reasoning="R.", content="A.").response_ids)
+    checks = [
+        build_turn_row(sample, 0, request, _result("R.", "A.", completion_tokens=c), renderer)[
+            "token_check"
+        ]
+        for c in (n, n - 1, n - 2, n + 1)
+    ]
+    assert checks == ["count_match", "count_match", "count_mismatch", "count_mismatch"]
+    # no <|im_end|> at the end (truncated): no allowance
+    res = _result("R", "", finish_reason="length", completion_tokens=0)
+    row = build_turn_row(sample, 0, request, res, renderer)
+    assert row["token_check"] == "count_mismatch"
+    assert token_check_counts([{"token_check": c} for c in checks]) == {
+        "count_match": 2,
+        "count_mismatch": 2,
+    }
+
+
+def test_count_check_allowance() -> None:
+    assert count_check(5, None, ends_with_im_end=True) is None
+    assert count_check(5, 5, ends_with_im_end=False) == "count_match"
+    assert count_check(6, 5, ends_with_im_end=True) == "count_match"
+    assert count_check(6, 5, ends_with_im_end=False) == "count_mismatch"
+
+
+def test_flags_outrank_the_count(renderer: KimiRenderer) -> None:
+    request = [Message("user", "Hi")]
+    sample = Sample(id="f:1", source="f", messages=[])
+    inserted = build_turn_row(
+        sample, 0, request, _result(None, "A.", completion_tokens=3), renderer
+    )
+    assert inserted["token_check"] == "think_inserted"
+    assert renderer.decode(_split(inserted)[1]) == "</think>A.<|im_end|>"
+    has_think = build_turn_row(sample, 0, request, _result("R", "A<think>B"), renderer)
+    assert has_think["token_check"] == "content_has_think"

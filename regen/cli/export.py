@@ -106,10 +106,11 @@ def run(args: argparse.Namespace) -> int:
         f"server token check: {escape(checks)}",
         highlight=False,
     )
-    mismatches = sum(v for k, v in stats.token_check.items() if k != "match")
+    mismatches = stats.token_check_problems
     if mismatches:
         console.print(
-            f"[yellow]{mismatches} row(s) where the local render disagreed with the server ids "
-            "(the server ids were kept)[/]"
+            f"[yellow]{mismatches} row(s) failed the token check: the local render disagreed "
+            "with the server ids (server ids kept) or with the server's token count, or the "
+            "response needed a guessed </think> (see docs/format.md)[/]"
         )
     return 0

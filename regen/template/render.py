@@ -16,6 +16,16 @@ prompt ends (never assuming one template variant):
   ``<think>{reasoning}</think>{content}{calls}<|im_end|>``, the think block only when the server
   returned reasoning (``reasoning is not None``).
 
+A server without a reasoning parser (e.g. ``transformers serve``) returns ``reasoning=None`` and
+the whole output as ``content``. After an "open" prompt the content then holds the reasoning, the
+``</think>`` the model wrote, and the answer: it is split at the first ``</think>`` (reasoning
+before, content after) so no second ``</think>`` is inserted. When such content has no
+``</think>`` the delimiter is still inserted (the model's own output cannot be told apart) and
+the turn is flagged ``think_inserted``. Content that itself holds ``<think>`` where the model
+could not have written it (after an open or closed prompt, or next to returned reasoning) is
+flagged ``content_has_think``. Flags travel in :attr:`RenderedTurn.flag`; ``regen.rows`` puts
+them in the row's ``token_check`` so they are counted at export, never hidden.
+
 ``{calls}`` is Kimi's tool-call section: ``<|tool_calls_section_begin|>`` + per call
 ``<|tool_call_begin|>{id}<|tool_call_argument_begin|>{arguments}<|tool_call_end|>`` +
 ``<|tool_calls_section_end|>`` (id defaults to ``functions.{name}:{index}``; arguments verbatim).
@@ -42,6 +52,8 @@ from regen.sample import Message, ToolCall, stable_hash
 log = logging.getLogger(__name__)
 
 ThinkState = Literal["open", "closed", "none"]
+#: why a locally rendered response may hold tokens the model did not produce as rendered
+RenderFlag = Literal["think_inserted", "content_has_think"]
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -62,6 +74,11 @@ class RenderedTurn:
     prompt_ids: list[int]
     response_ids: list[int]
     think_state: ThinkState
+    #: reasoning and content as rendered (after splitting a parser-less server's output)
+    reasoning: str | None = None
+    content: str = ""
+    #: set when the response text holds a guess (see the module docstring)
+    flag: RenderFlag | None = None
 
     @property
     def text(self) -> str:
@@ -96,6 +113,27 @@ def think_state(prompt_text: str) -> ThinkState:
     if tail.endswith(THINK_CLOSE):
         return "closed"
     return "none"
+
+
+def split_reasoning(
+    state: ThinkState, reasoning: str | None, content: str
+) -> tuple[str | None, str, RenderFlag | None]:
+    """Reasoning, content and a flag for a response after a prompt in ``state``.
+
+    After an "open" prompt, ``reasoning=None`` means the server had no reasoning parser: its
+    content is split at the first ``</think>``; without one the turn is flagged
+    ``think_inserted`` (``response_text`` will insert the delimiter). ``<think>`` inside content
+    that the model could not have written as such is flagged ``content_has_think``.
+    """
+    flag: RenderFlag | None = None
+    if state == "open" and reasoning is None:
+        if THINK_CLOSE in content:
+            reasoning, _, content = content.partition(THINK_CLOSE)
+        else:
+            flag = "think_inserted"
+    if THINK_OPEN in content and (state != "none" or reasoning is not None):
+        flag = "content_has_think"
+    return reasoning, content, flag
 
 
 def response_text(
@@ -233,6 +271,9 @@ class KimiRenderer:
         """
         prompt = self.render_prompt(messages, tools)
         state = think_state(prompt)
+        reasoning, content, flag = split_reasoning(state, reasoning, content)
+        if flag is not None:
+            log.debug("rendered turn flagged %s (after a %r prompt)", flag, state)
         response = response_text(state, reasoning, content, tool_calls, finish_reason)
         response_ids = self.encode(response)
         if (
@@ -251,6 +292,9 @@ class KimiRenderer:
             prompt_ids=self.encode(prompt),
             response_ids=response_ids,
             think_state=state,
+            reasoning=reasoning,
+            content=content,
+            flag=flag,
         )
 
 

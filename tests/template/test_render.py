@@ -11,6 +11,7 @@ from regen.sample import Message, ToolCall
 from regen.template.render import (
     KimiRenderer,
     response_text,
+    split_reasoning,
     think_state,
     tool_calls_section,
 )
@@ -160,3 +161,38 @@ def test_cut_right_after_think_close_is_read_from_the_completion_count(
         msgs, None, reasoning="R r", content="", finish_reason="length", completion_tokens=n
     )
     assert same.response_text == "R r"
+
+
+def test_parserless_output_is_split_at_the_models_own_think_close(renderer: KimiRenderer) -> None:
+    """transformers serve: reasoning=None, content holds reasoning + </think> + answer."""
+    turn = renderer.render_turn(
+        [Message("user", "Hi")], None, reasoning=None, content="Let me see.</think>Hello!"
+    )
+    assert turn.think_state == "open"
+    assert turn.response_text == "Let me see.</think>Hello!<|im_end|>"
+    assert turn.response_text.count("</think>") == 1
+    assert (turn.reasoning, turn.content, turn.flag) == ("Let me see.", "Hello!", None)
+
+
+def test_parserless_output_without_think_close_is_flagged(renderer: KimiRenderer) -> None:
+    turn = renderer.render_turn([Message("user", "Hi")], None, reasoning=None, content="Hello!")
+    assert turn.response_text == "</think>Hello!<|im_end|>"  # inserted, as before ...
+    assert turn.flag == "think_inserted"  # ... but never silently
+
+
+@pytest.mark.parametrize(
+    ("state", "reasoning", "content", "expected"),
+    [
+        ("open", None, "R</think>C", ("R", "C", None)),
+        ("open", None, "R</think>C</think>D", ("R", "C</think>D", None)),
+        ("open", None, "C", (None, "C", "think_inserted")),
+        ("open", "R", "C", ("R", "C", None)),
+        ("open", "R", "C<think>x", ("R", "C<think>x", "content_has_think")),
+        ("open", None, "R</think><think>C", ("R", "<think>C", "content_has_think")),
+        ("closed", None, "<think>C", (None, "<think>C", "content_has_think")),
+        ("none", None, "<think>R</think>C", (None, "<think>R</think>C", None)),  # raw output
+        ("none", "R", "<think>C", ("R", "<think>C", "content_has_think")),
+    ],
+)
+def test_split_reasoning(state: str, reasoning: str | None, content: str, expected: tuple) -> None:
+    assert split_reasoning(state, reasoning, content) == expected  # type: ignore[arg-type]
