@@ -302,6 +302,13 @@ class Runs:
     wall_s: float = 0.0
 
 
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``proc``'s whole process group (it was started with a new session)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
 def stored_count(out: Path) -> int:
     """Samples stored in the run directory (parts + complete journal lines); 0 when absent."""
     from regen.store import RunDir
