@@ -21,6 +21,13 @@ concatenating them in name order gives the single file SpecForge 0.2.0 reads
 (``data.prompts_path`` is one path); ``shard_rows=0`` writes one shard. Native rows come out
 byte-identical to their input ids and mask. Earlier shards of the same format in OUT are removed.
 
+Memory stays bounded at any run size: only the key columns (sample id, turn, source, lengths,
+flags) of all rows are held to decide dedup, drops and order; the heavy columns are then read
+one Parquet row group at a time and each kept row's JSON line is spilled to a local temporary
+bucket file by its output position (``WINDOW_ROWS`` positions per bucket), and the shards are
+written bucket by bucket through an output stream (temp name, then rename). Each part is read
+twice (keys, then data) and nothing else.
+
 The conversations variant has one record per sample (its highest kept turn): the request
 messages of that turn plus the regenerated assistant message, with ``reasoning_content`` on
 assistant messages (SpecForge's thinking parser reads it; its default parser keeps only role,
@@ -34,9 +41,13 @@ from __future__ import annotations
 import json
 import logging
 import random
+import tempfile
+import uuid
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -67,8 +78,31 @@ _KEY_COLUMNS = (
 )
 _DATA_COLUMNS: dict[str, tuple[str, ...]] = {
     "pretokenized": ("input_ids", "loss_mask"),
-    "conversations": ("messages", "tools", "reasoning", "content", "tool_calls"),
+    "conversations": (
+        "sample_id",
+        "turn",
+        "messages",
+        "tools",
+        "reasoning",
+        "content",
+        "tool_calls",
+    ),
 }
+#: output positions per spill bucket (a bucket's lines are held in memory while it is written)
+WINDOW_ROWS = 4096
+#: at most this many spill buckets (open files) at once; windows grow for huge exports
+MAX_BUCKETS = 256
+TMP_PREFIX = ".tmp-"
+
+
+@dataclass(slots=True)
+class _Part:
+    """One Parquet part: where its rows start in the global row numbering, its row groups."""
+
+    name: str
+    path: str
+    start: int
+    group_rows: list[int]
 
 
 @dataclass(slots=True)
@@ -150,22 +184,24 @@ def export_run(
         max_length=max_length,
         shard_rows=shard_rows,
     )
-    table = _read_parts(rd, fmt, stats)
+    parts, table = _read_keys(rd, fmt, stats)
     order = _select(table, fmt, stats, drop_truncated=drop_truncated, max_length=max_length)
     sids, turns = table.column("sample_id").to_pylist(), table.column("turn").to_pylist()
     order.sort(key=lambda i: (sids[i], turns[i]))
     random.Random(seed).shuffle(order)
+    ntok = table.column("num_tokens").to_pylist()
 
     dest = RunDir.open(out, create=True)
     _remove_old_shards(dest, fmt)
     size = shard_rows or max(len(order), 1)
-    for n, start in enumerate(range(0, len(order), size)):
-        chunk = table.take(pa.array(order[start : start + size], type=pa.int64()))
-        name = f"{SHARD_PREFIX[fmt]}{n:05d}.jsonl"
-        lines = _pretokenized_lines(chunk) if fmt == "pretokenized" else _conversation_lines(chunk)
-        _write_lines(dest, name, lines)
-        tokens = sum(chunk.column("num_tokens").to_pylist())
-        stats.shards.append({"file": name, "rows": chunk.num_rows, "tokens": tokens})
+    with tempfile.TemporaryDirectory(prefix="regen-export-") as spill:
+        lines = _ordered_lines(rd, parts, order, fmt, Path(spill))
+        for n, start in enumerate(range(0, len(order), size)):
+            rows = order[start : start + size]
+            name = f"{SHARD_PREFIX[fmt]}{n:05d}.jsonl"
+            _write_stream(dest, name, (next(lines) for _ in rows))
+            tokens = sum(ntok[i] for i in rows)
+            stats.shards.append({"file": name, "rows": len(rows), "tokens": tokens})
     dest.write_json_atomic(STATS_FILE, stats.to_dict())
     log.info(
         "exported %d of %d rows (%d tokens, mask coverage %.3f) to %s in %d shard(s)",
@@ -179,27 +215,79 @@ def export_run(
     return stats
 
 
-def _read_parts(rd: RunDir, fmt: str, stats: ExportStats) -> pa.Table:
+def _read_keys(rd: RunDir, fmt: str, stats: ExportStats) -> tuple[list[_Part], pa.Table]:
+    """The parts (name order) and the key columns of all their rows, concatenated."""
     if not rd.exists(""):
         raise RunDirError(f"run directory {rd.uri!r} does not exist")
     names = [n for n in rd.list(PARTS_DIR) if n.endswith(".parquet")]
-    columns = list(_KEY_COLUMNS + _DATA_COLUMNS[fmt])
+    needed = set(_KEY_COLUMNS + _DATA_COLUMNS[fmt])
+    parts: list[_Part] = []
     tables = []
+    start = 0
     for name in names:
         path = rd.path(f"{PARTS_DIR}/{name}")
         try:
-            schema = pq.read_schema(path, filesystem=rd.fs)
-            missing = [c for c in columns if c not in schema.names]
-            if missing:
-                raise RunDirError(f"{rd.uri}: part {name} lacks column(s) {missing}")
-            tables.append(pq.read_table(path, columns=columns, filesystem=rd.fs))
+            with rd.fs.open_input_file(path) as f:
+                pf = pq.ParquetFile(f)
+                missing = sorted(needed - set(pf.schema_arrow.names))
+                if missing:
+                    raise RunDirError(f"{rd.uri}: part {name} lacks column(s) {missing}")
+                groups = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
+                tables.append(pf.read(columns=list(_KEY_COLUMNS)))
         except (OSError, pa.ArrowInvalid) as e:
             raise RunDirError(f"{rd.uri}: cannot read part {name}: {e}") from e
+        parts.append(_Part(name, path, start, groups))
+        start += tables[-1].num_rows
     stats.parts = len(tables)
     if not tables:
         log.warning("%s: no Parquet parts under %s/", rd.uri, PARTS_DIR)
-        return _empty(columns)
-    return pa.concat_tables(tables, promote_options="permissive")
+        return parts, _empty(list(_KEY_COLUMNS))
+    return parts, pa.concat_tables(tables, promote_options="permissive")
+
+
+def _ordered_lines(
+    rd: RunDir, parts: list[_Part], order: list[int], fmt: str, spill: Path
+) -> Iterator[str]:
+    """The JSON line of every row in ``order``, in that order, with bounded memory.
+
+    Pass 1 reads the data columns one row group at a time and appends each kept row's line,
+    prefixed with its output position, to the spill bucket of that position. Pass 2 yields the
+    buckets in order, each sorted by position.
+    """
+    position = {row: p for p, row in enumerate(order)}
+    window = max(WINDOW_ROWS, -(-len(order) // MAX_BUCKETS))
+    n_buckets = -(-len(order) // window)
+    columns = list(_DATA_COLUMNS[fmt])
+    render = _pretokenized_lines if fmt == "pretokenized" else _conversation_lines
+    files = [(spill / f"b{b:05d}").open("w", encoding="utf-8") for b in range(n_buckets)]
+    try:
+        for part in parts:
+            try:
+                with rd.fs.open_input_file(part.path) as f:
+                    pf = pq.ParquetFile(f)
+                    first = part.start
+                    for g, n in enumerate(part.group_rows):
+                        want = [(j, position[first + j]) for j in range(n) if first + j in position]
+                        first += n
+                        if not want:
+                            continue
+                        group = pf.read_row_group(g, columns=columns)
+                        rows = group.take(pa.array([j for j, _ in want], type=pa.int64()))
+                        for (_, pos), line in zip(want, render(rows), strict=True):
+                            files[pos // window].write(f"{pos}\t{line}\n")
+            except (OSError, pa.ArrowInvalid) as e:
+                raise RunDirError(f"{rd.uri}: cannot read part {part.name}: {e}") from e
+    finally:
+        for fh in files:
+            fh.close()
+    for b in range(n_buckets):
+        path = spill / f"b{b:05d}"
+        with path.open(encoding="utf-8") as fh:
+            entries = [line.rstrip("\n").split("\t", 1) for line in fh]
+        path.unlink()
+        entries.sort(key=lambda e: int(e[0]))
+        for _, line in entries:
+            yield line
 
 
 def _empty(columns: list[str]) -> pa.Table:
@@ -320,6 +408,14 @@ def _remove_old_shards(dest: RunDir, fmt: str) -> None:
             dest.delete(name)
 
 
-def _write_lines(dest: RunDir, name: str, lines: list[str]) -> None:
-    data = "".join(line + "\n" for line in lines).encode("utf-8")
-    dest.write_bytes_atomic(name, data)
+def _write_stream(dest: RunDir, name: str, lines: Iterator[str]) -> None:
+    """Stream ``lines`` to a temporary sibling of ``name``, then move it over ``name``."""
+    tmp = f"{TMP_PREFIX}{uuid.uuid4().hex[:8]}-{name}"
+    try:
+        with dest.fs.open_output_stream(dest.path(tmp)) as f:
+            for line in lines:
+                f.write((line + "\n").encode("utf-8"))
+        dest.move(tmp, name)
+    except BaseException:
+        dest.delete(tmp)
+        raise

@@ -276,3 +276,52 @@ def test_stats_count_every_token_check(tmp_path: Path, capsys: pytest.CaptureFix
     assert saved["token_check"] == expected and saved["token_check_problems"] == 2
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "o2")]) == 0
     assert "2 row(s) failed the token check" in capsys.readouterr().out
+
+
+def test_heavy_columns_are_streamed_per_row_group(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whole parts are read for key columns only; ids/masks one row group at a time, once."""
+    import regen.export as export_mod
+
+    expected = {}
+    for fmt in ("pretokenized", "conversations"):
+        export_run(str(run_dir), str(tmp_path / f"ref-{fmt}"), seed=2, shard_rows=0, fmt=fmt)
+        expected[fmt] = tmp_path / f"ref-{fmt}" / f"{export_mod.SHARD_PREFIX[fmt]}00000.jsonl"
+
+    small = tmp_path / "small"
+    shutil.copytree(run_dir, small)
+    for part in (small / "parts").glob("s1-*.parquet"):
+        pq.write_table(pq.read_table(part), part, row_group_size=2)  # several row groups
+
+    full_reads: list[list[str]] = []
+    group_reads: list[tuple[int, tuple[str, ...]]] = []
+    real_read, real_group = pq.ParquetFile.read, pq.ParquetFile.read_row_group
+
+    def read(self, columns=None, **kw):  # type: ignore[no-untyped-def]
+        full_reads.append(list(columns or []))
+        return real_read(self, columns=columns, **kw)
+
+    def read_row_group(self, i, columns=None, **kw):  # type: ignore[no-untyped-def]
+        group_reads.append((i, tuple(columns or ())))
+        return real_group(self, i, columns=columns, **kw)
+
+    def no_read_table(*a, **kw):  # type: ignore[no-untyped-def]
+        raise AssertionError("export must not load whole parts")
+
+    monkeypatch.setattr(pq.ParquetFile, "read", read)
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", read_row_group)
+    monkeypatch.setattr(pq, "read_table", no_read_table)
+    monkeypatch.setattr(export_mod, "WINDOW_ROWS", 2)  # many spill buckets
+    for fmt in ("pretokenized", "conversations"):
+        full_reads.clear()
+        group_reads.clear()
+        out = tmp_path / f"stream-{fmt}"
+        export_run(str(small), str(out), seed=2, shard_rows=0, fmt=fmt)
+        got = out / f"{export_mod.SHARD_PREFIX[fmt]}00000.jsonl"
+        assert got.read_bytes() == expected[fmt].read_bytes()
+        assert full_reads and all(
+            not {"input_ids", "loss_mask", "messages"} & set(c) for c in full_reads
+        )
+        assert group_reads and all(c == export_mod._DATA_COLUMNS[fmt] for _, c in group_reads)
+        assert len(group_reads) <= 3 + 3  # at most once per row group (2 parts of 3 groups)
