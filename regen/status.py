@@ -7,7 +7,9 @@ Reads, per refresh, three small files of the run directory and nothing else (nev
     RUN_DIR/run.json        {name, fingerprint, model, created_at, regen_version, endpoints}
 
 and once (retried while absent) ``RUN_DIR/manifest.yaml`` for the per-source ``output_tokens``
-planning assumption (used for sources that have no finished sample yet).
+planning assumption (used for sources that have no finished sample yet), together with
+``RUN_DIR/plan.json`` ({source: {total, regenerate, native, regenerate_turns?}}, the driver's)
+for the expected regenerated turns per sample.
 
 Definitions (all pure functions of those files and ``now``):
 
@@ -19,7 +21,9 @@ Definitions (all pure functions of those files and ``now``):
   ``failed`` (as the driver last wrote); ``starting`` / ``empty`` (no progress.json yet, holder
   alive / not);
 - ETA: remaining samples per source (total - done - failed) x observed completion tokens per
-  sample of that source (manifest ``output_tokens`` per turn when it has none yet), divided by
+  sample of that source (when it has none yet: manifest ``output_tokens`` per TURN x expected
+  turns per sample = plan.json ``regenerate_turns / regenerate``, else 1 when the manifest says
+  ``turns: last``, else 1 — a labelled underestimate for multi-turn sources), divided by
   the recent rate (5 min, else 15, else 1). The band combines the spread of the three rates with
   the uncertainty of each source's mean length (coefficient of variation from
   ``output_tokens_hist`` / sqrt(turns seen), two sigma, capped at 50 %).
@@ -47,6 +51,7 @@ log = logging.getLogger(__name__)
 RUN_FILE = "run.json"
 LOCK_FILE = "lock.json"
 MANIFEST_FILE = "manifest.yaml"
+PLAN_FILE = "plan.json"
 
 #: a lock whose heartbeat is older than this means the holder is gone (regen.store's rule)
 LOCK_STALE_S = 30.0
@@ -83,16 +88,32 @@ class RunView:
         if not self.rd.exists(""):
             raise RunDirError(f"run directory {self.uri!r} does not exist")
         self._assumptions: dict[str, tuple[int, int]] | None = None
+        self._turns: dict[str, float] = {}
 
     @property
     def assumptions(self) -> dict[str, tuple[int, int]]:
-        """Per-source output_tokens from manifest.yaml: read once (retried while it is absent)."""
+        """Per-source output_tokens from manifest.yaml: read once (retried while it is absent).
+
+        plan.json's turns per sample are read at the same moment (see :attr:`turns`).
+        """
         if self._assumptions is None:
             text = self.rd.read_text(MANIFEST_FILE)
             if text is None:
                 return {}
             self._assumptions = _output_token_assumptions(text)
+            try:
+                plan = self.rd.read_json(PLAN_FILE)
+            except RunDirError as e:
+                log.warning("%s: %s", PLAN_FILE, e)
+                plan = None
+            self._turns = _turns_per_sample(plan, text)
         return self._assumptions
+
+    @property
+    def turns(self) -> dict[str, float]:
+        """Expected regenerated turns per sample, per source (read with the assumptions)."""
+        self.assumptions  # noqa: B018 - loads both
+        return self._turns
 
     def read(self) -> RunFiles:
         """Read progress.json, lock.json and run.json (nothing else)."""
@@ -107,7 +128,28 @@ class RunView:
     def numbers(self, now: float | None = None, **kw: Any) -> RunNumbers:
         """Read and compute in one go."""
         return compute(self.read(), now=time.time() if now is None else now,
-                       assumptions=self.assumptions, uri=self.uri, **kw)  # fmt: skip
+                       assumptions=self.assumptions, turns=self.turns, uri=self.uri,
+                       **kw)  # fmt: skip
+
+
+def _turns_per_sample(plan: dict[str, Any] | None, manifest_text: str | None) -> dict[str, float]:
+    """``{source: turns}`` from plan.json's ``regenerate_turns / regenerate``; else 1 for
+    sources whose manifest entry says ``turns: last``; sources not listed count 1."""
+    out: dict[str, float] = {}
+    try:
+        data = yaml.safe_load(manifest_text) if manifest_text else None
+        for s in (data or {}).get("sources", []):
+            if s.get("turns") == "last":
+                out[str(s["name"])] = 1.0
+    except (yaml.YAMLError, AttributeError, KeyError, TypeError) as e:
+        log.debug("manifest.yaml: no turns: %s", e)
+    for name, entry in (plan or {}).items():
+        if not isinstance(entry, dict):
+            continue
+        turns, samples = entry.get("regenerate_turns"), entry.get("regenerate")
+        if isinstance(turns, int | float) and isinstance(samples, int | float) and samples > 0:
+            out[str(name)] = max(1.0, float(turns) / float(samples))
+    return out
 
 
 def _output_token_assumptions(text: str | None) -> dict[str, tuple[int, int]]:
@@ -354,8 +396,13 @@ def estimate_eta(
     rates: list[Rate],
     assumptions: dict[str, tuple[int, int]],
     cv: float,
+    turns: dict[str, float] | None = None,
 ) -> Eta | None:
-    """Remaining tokens (with a band) over the recent rate (with a band); None without a rate."""
+    """Remaining tokens (with a band) over the recent rate (with a band); None without a rate.
+
+    ``assumptions`` are output tokens per regenerated TURN; ``turns`` the expected turns per
+    sample (1 for sources not listed).
+    """
     tok = tok_lo = tok_hi = 0.0
     assumed = []
     for s in sources:
@@ -366,7 +413,9 @@ def estimate_eta(
             mid = s.tokens_per_sample
             lo, hi = mid * (1 - rel), mid * (1 + rel)
         else:
-            lo, hi = assumptions.get(s.name, DEFAULT_OUTPUT_TOKENS)
+            per_turn = assumptions.get(s.name, DEFAULT_OUTPUT_TOKENS)
+            k = (turns or {}).get(s.name, 1.0)
+            lo, hi = per_turn[0] * k, per_turn[1] * k
             mid = (lo + hi) / 2
             assumed.append(s.name)
         tok += s.remaining * mid
@@ -397,6 +446,7 @@ def compute(
     *,
     now: float,
     assumptions: dict[str, tuple[int, int]] | None = None,
+    turns: dict[str, float] | None = None,
     uri: str = "",
     stall_after_s: float = STALL_AFTER_S,
     hostname: str | None = None,
@@ -460,7 +510,7 @@ def compute(
     rates = [window_rate(series, w) for w in RATE_WINDOWS_S]
     edges = list(p.output_tokens_hist.edges) if p else []
     counts = list(p.output_tokens_hist.counts) if p else []
-    eta = estimate_eta(srcs, rates, assumptions or {}, length_cv(edges, counts))
+    eta = estimate_eta(srcs, rates, assumptions or {}, length_cv(edges, counts), turns)
     if (
         state in ("dead", "failed", "interrupted", "finished")
         and eta is not None

@@ -395,3 +395,28 @@ def test_status_of_a_missing_directory_is_one_clean_error(tmp_path: Path, capsys
     assert main(["status", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert "does not exist" in err and "Traceback" not in err
+
+
+def test_assumed_length_is_per_turn_times_expected_turns_per_sample() -> None:
+    p = snap(sources=two_sources(), token_series=series(lambda t: 100.0, NOW - 1200, NOW))
+    e = numbers(p, lock(), assumptions={"b": (200, 600)}, turns={"b": 3.0}).eta
+    assert e is not None
+    assert e.tokens == pytest.approx(400 * 1000 + 100 * 400 * 3)
+    rel = 2.0 / math.sqrt(200)
+    assert e.tokens_low == pytest.approx(400 * 1000 * (1 - rel) + 100 * 200 * 3)
+    assert e.tokens_high == pytest.approx(400 * 1000 * (1 + rel) + 100 * 600 * 3)
+
+
+def test_run_view_reads_turns_from_plan_json_once(tmp_path: Path) -> None:
+    sources = {"a": SourceProgress(total=10), "b": SourceProgress(total=10)}
+    s = snap(sources=sources, token_series=series(lambda t: 10.0, NOW - 600, NOW))
+    write_run_dir(tmp_path, s, now=NOW, output_tokens={"a": (100, 100), "b": (100, 100)})
+    plan = {
+        "a": {"total": 10, "regenerate": 10, "native": 0, "regenerate_turns": 25},
+        "b": {"total": 10, "regenerate": 10, "native": 0},  # older driver: no turn count
+    }
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    view = RunView(tmp_path)
+    assert view.turns == {"a": 2.5}
+    e = view.numbers(NOW, hostname=HOST, pid_alive=lambda pid: True).eta
+    assert e is not None and e.tokens == pytest.approx(10 * 100 * 2.5 + 10 * 100)
