@@ -15,6 +15,8 @@ Definitions (all pure functions of those files and ``now``):
 
 - rates: completion tokens per second over the last 1, 5 and 15 minutes of ``token_series``,
   ending at its last point (shorter when the session is younger; ``span_s`` says how long);
+- clocks: heartbeats, progress and token times are the driver's clock, ``now`` the reader's;
+  when the driver ran on another host, ``CLOCK_SKEW_S`` is added to the stale and stall limits;
 - state: ``running``; ``stalled`` (holder alive but no new completion tokens for
   ``stall_after_s``); ``dead`` (progress says running but the lock holder is gone: lock missing,
   heartbeat older than 30 s, or its pid is gone on this host); ``finished`` / ``interrupted`` /
@@ -55,6 +57,9 @@ PLAN_FILE = "plan.json"
 
 #: a lock whose heartbeat is older than this means the holder is gone (regen.store's rule)
 LOCK_STALE_S = 30.0
+#: extra allowance when the driver runs on another host than the reader: heartbeats and
+#: progress times are the driver's clock, ``now`` is the reader's (clock skew between hosts)
+CLOCK_SKEW_S = 15.0
 #: no new completion tokens for this long while the holder lives = stalled
 STALL_AFTER_S = 300.0
 #: the rate windows, seconds
@@ -324,7 +329,7 @@ def read_holder(
     host = str(lock.get("host", ""))
     age = now - beat
     why = ""
-    if age > LOCK_STALE_S:
+    if age > LOCK_STALE_S + (0.0 if host == hostname else CLOCK_SKEW_S):
         why = f"heartbeat {_age(age)} old"
     elif host == hostname and not pid_alive(pid):
         why = f"pid {pid} is gone on {host}"
@@ -459,6 +464,8 @@ def compute(
     alive = holder is not None and holder.alive
     series = p.token_series if p else []
     growth = last_growth_at(series)
+    local = p is not None and p.host == (socket.gethostname() if hostname is None else hostname)
+    stall_limit = stall_after_s + (0.0 if local else CLOCK_SKEW_S)
 
     # state
     if p is None:
@@ -471,10 +478,10 @@ def compute(
             reason = holder.why_gone if holder else "lock.json is gone"
         elif holder is not None and holder.session and holder.session != p.session:
             state, reason = "starting", f"new session {holder.session}"
-        elif now - last > stall_after_s:
+        elif now - last > stall_limit:
             state = "stalled"
             reason = f"no new tokens for {_age(now - last)}"
-        elif now - p.updated_at > stall_after_s:
+        elif now - p.updated_at > stall_limit:
             state = "stalled"
             reason = f"progress.json not updated for {_age(now - p.updated_at)}"
         else:

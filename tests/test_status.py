@@ -15,6 +15,7 @@ from monitor.synthetic import make_snapshot, write_run_dir
 from regen.errors import RunDirError
 from regen.progress import EndpointProgress, ProgressSnapshot, SourceProgress
 from regen.status import (
+    CLOCK_SKEW_S,
     LOCK_STALE_S,
     STALL_AFTER_S,
     Rate,
@@ -420,3 +421,21 @@ def test_run_view_reads_turns_from_plan_json_once(tmp_path: Path) -> None:
     assert view.turns == {"a": 2.5}
     e = view.numbers(NOW, hostname=HOST, pid_alive=lambda pid: True).eta
     assert e is not None and e.tokens == pytest.approx(10 * 100 * 2.5 + 10 * 100)
+
+
+def test_a_driver_on_another_host_gets_a_clock_skew_allowance() -> None:
+    """Heartbeat and token times are the driver's clock; the monitor's may run ahead."""
+    age = LOCK_STALE_S + CLOCK_SKEW_S / 2
+    here = numbers(snap(token_series=growing()), lock(beat_age=age))
+    assert here.state == "dead"  # same host: one clock, no allowance
+    there = numbers(snap(token_series=growing(), host="node-b"), lock(beat_age=age, host="node-b"))
+    assert there.state == "running"
+    gone = numbers(
+        snap(token_series=growing(), host="node-b"),
+        lock(beat_age=LOCK_STALE_S + CLOCK_SKEW_S + 1, host="node-b"),
+    )
+    assert gone.state == "dead"
+    flat = flat_since(NOW - STALL_AFTER_S - CLOCK_SKEW_S / 2)
+    assert numbers(snap(token_series=flat), lock()).state == "stalled"
+    remote = numbers(snap(token_series=flat, host="node-b"), lock(host="node-b"))
+    assert remote.state == "running"
