@@ -4,7 +4,8 @@ Files owned here (see :mod:`regen.store` for the whole layout)::
 
     run.json       {name, fingerprint, model, created_at, regen_version, endpoints,
                     previous_fingerprints}   written at creation; rewritten only by --force
-    manifest.yaml  the resolved manifest of the latest session (holds no secrets)
+    manifest.yaml  the resolved manifest of the latest session (holds no secrets: keys come
+                   from env vars/files, endpoint URLs are written without user:password)
     lock.json      {owner, host, pid, session, started_at, heartbeat_at}
 
 A lock is live while its heartbeat is younger than :data:`LOCK_STALE_S` and, when it was taken
@@ -21,11 +22,10 @@ import threading
 import time
 import uuid
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import regen
 from regen.errors import FingerprintMismatchError, LockHeldError
-from regen.manifest import Manifest
+from regen.manifest import Manifest, public_url
 from regen.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -42,17 +42,6 @@ HEARTBEAT_S = 5.0
 def new_session_id() -> str:
     """A sortable, unique session name: UTC time, then 6 random hex digits."""
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
-
-
-def public_url(url: str) -> str:
-    """The URL without user:password (what may be written to the run directory)."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host += f":{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
 
 
 def prepare_run(
@@ -88,8 +77,17 @@ def prepare_run(
             "endpoints": [public_url(u) for u in endpoints],
         }
         rd.write_json_atomic(RUN_FILE, info)
-    rd.write_text_atomic(MANIFEST_FILE, manifest.to_yaml())
+    rd.write_text_atomic(MANIFEST_FILE, public_manifest(manifest).to_yaml())
     return info
+
+
+def public_manifest(manifest: Manifest) -> Manifest:
+    """The manifest as it may be written down: endpoint URLs without user:password.
+
+    Keys never are in a manifest (only the names of their env vars / files are).
+    """
+    eps = [e.model_copy(update={"url": public_url(e.url)}) for e in manifest.endpoints]
+    return manifest.model_copy(update={"endpoints": eps})
 
 
 def pid_alive(pid: int) -> bool:
