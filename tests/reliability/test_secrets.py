@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -88,11 +89,11 @@ def test_key_from_a_file_reaches_the_server_and_nowhere_else(
         assert files_holding(ray_tmp, SECRET.encode()) == []
 
 
-def chaos_sim():
+def chaos_sim(**options: Any):
     from regen.simulate.testing import running_simulator
 
-    return running_simulator(model_name=chaos.MODEL, instant=True, mean_tokens=16,
-                             api_key=SECRET)  # fmt: skip
+    opts = {"model_name": chaos.MODEL, "instant": True, "mean_tokens": 16, "api_key": SECRET}
+    return running_simulator(**{**opts, **options})
 
 
 def python_sources() -> list[Path]:
@@ -149,3 +150,40 @@ def test_a_python_tag_in_a_manifest_is_refused_not_run(tmp_path) -> None:
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_manifest(path)
     assert not marker.exists()
+
+
+@pytest.fixture(scope="module")
+def userinfo_run(tmp_path_factory, ray_head, ray_env) -> dict[str, Any]:
+    """A run whose --endpoint URL carries user:password (a proxy's basic auth)."""
+    work = tmp_path_factory.mktemp("userinfo")
+    src = chaos.write_sharegpt(work / "s.jsonl", 6)
+    path = chaos.write_manifest(work / "m.yaml", src)
+    out = work / "run"
+    with chaos_sim(api_key=None, fault_sequence="500,ok", faulty_attempts=1) as sim:
+        url = sim.url.replace("http://", f"http://regen:{SECRET}@")
+        cmd = [*regen_run(path, out, ray_head.address), "--endpoint", url]
+        r = subprocess.run(cmd, env=ray_env, capture_output=True, text=True, timeout=180)
+    return {"r": r, "out": out}
+
+
+@pytest.mark.ray
+def test_userinfo_of_an_endpoint_url_is_not_in_manifest_yaml_or_run_json(userinfo_run) -> None:
+    r, out = userinfo_run["r"], userinfo_run["out"]
+    assert r.returncode == 0, r.stderr[-3000:]
+    for name in ("manifest.yaml", "run.json"):
+        assert SECRET not in (out / name).read_text(), name
+
+
+@pytest.mark.ray
+@pytest.mark.xfail(
+    strict=True,
+    reason="regen/client/chat.py:135 keeps the raw URL (ChatClient.url) for the rows' 'endpoint' "
+    "column, error messages (failures/, progress.json, logs); fix: self.url = "
+    "regen.manifest.public_url(endpoint.url), and the same for the messages of "
+    "regen/client/endpoints.py check_endpoint",
+)
+def test_userinfo_of_an_endpoint_url_is_nowhere_in_the_run_dir_or_logs(userinfo_run) -> None:
+    r, out = userinfo_run["r"], userinfo_run["out"]
+    assert r.returncode == 0
+    assert SECRET not in r.stdout + r.stderr
+    assert files_holding(out, SECRET.encode()) == []
