@@ -82,17 +82,44 @@ def read_target_config(path: str) -> dict[str, Any] | None:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tiktoken.model")
 
 
-def tokenizer_size(path: str, *, trust_remote_code: bool) -> int | None:
-    """len() of the target's own tokenizer, or None when it is not loadable here."""
+def _load_tokenizer(path: str, *, trust_remote_code: bool) -> Any | None:
+    """The target's own tokenizer, or None when it is not loadable here."""
     if not any((Path(path) / f).exists() for f in TOKENIZER_FILES):
         return None
     try:
         from transformers import AutoTokenizer
 
-        return len(AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code))
-    except Exception as e:  # any loader failure only skips this check
-        log.warning("tokenizer of %s not loadable here (%s); its size is not checked", path, e)
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as e:  # any loader failure only skips the checks that need it
+        log.warning("tokenizer of %s not loadable here (%s); not checked with it", path, e)
         return None
+
+
+def tokenizer_size(path: str, *, trust_remote_code: bool) -> int | None:
+    """len() of the target's own tokenizer, or None when it is not loadable here."""
+    tok = _load_tokenizer(path, trust_remote_code=trust_remote_code)
+    return None if tok is None else len(tok)
+
+
+def turn_open_ids(cfg: TrainConfig) -> frozenset[int] | None:
+    """Ids of the Kimi turn-opening tokens, for the loss-mask scan.
+
+    From the target's own tokenizer when it is loadable here; else the Kimi tokenizer's
+    published ids when ``target.vocab_size`` is Kimi's (163840); else None (the scan then checks
+    only the first token and all-trained masks).
+    """
+    tok = _load_tokenizer(cfg.target.path, trust_remote_code=cfg.target.trust_remote_code)
+    if tok is not None:
+        unk = getattr(tok, "unk_token_id", None)
+        ids = [tok.convert_tokens_to_ids(t) for t in traps.TURN_OPEN_TOKENS]
+        found = frozenset(int(i) for i in ids if i is not None and i != unk)
+        if found:
+            return found
+    if cfg.target.vocab_size == traps.KIMI_VOCAB_SIZE:
+        return traps.KIMI_TURN_OPEN_IDS
+    log.warning("no Kimi turn-opening token ids known for %s: the loss-mask scan checks only "
+                "the first token and all-trained masks", cfg.target.path)  # fmt: skip
+    return None
 
 
 def check_target_files(cfg: TrainConfig) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 from regen.errors import ConfigError, EndpointError
 from regen.store import RunDir
 from regen.train import layout
-from regen.train.checks import check_target_files, check_train_config
+from regen.train.checks import check_target_files, check_train_config, turn_open_ids
 from regen.train.config import TrainConfig, load_train_config
 from regen.train.specforge_config import (
     check_run_config_shape,
@@ -107,7 +107,7 @@ def prepare_training(
 
     shards = layout.ensure_export(rd, cfg)
     prompts = layout.prompts_file(rd, shards)
-    scan = scan_prompts([prompts])
+    scan = scan_prompts([prompts], turn_open_ids(cfg))
     check_loss_masks(scan)
     check_vocab(
         target_vocab=cfg.target.vocab_size,

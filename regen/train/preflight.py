@@ -11,7 +11,9 @@ This is the Ray job's entrypoint. Before a GPU is spent it:
 4. writes ``train/preflight.json`` and replaces itself with ``command.json``'s ``exec_argv``
    (``specforge train --config RUN_DIR/train/run.yaml``; an argv list, no shell).
 
-Exit status 2 with ``preflight.json`` ``{ok: false, error, trap}`` when a check fails.
+Exit status 2 with ``preflight.json`` ``{ok: false, error, trap}`` when a check fails, and also
+when anything else goes wrong (``error`` then starts with ``unexpected``): the record is always
+written.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 from regen.errors import ConfigError, RegenError, TrapError
 from regen.store import RunDir
 from regen.train import layout, traps
-from regen.train.checks import check_target_files, check_train_config
+from regen.train.checks import check_target_files, check_train_config, turn_open_ids
 from regen.train.config import load_train_config
 
 log = logging.getLogger(__name__)
@@ -128,7 +130,7 @@ def preflight(run_dir: str) -> dict[str, Any]:
     check_capture_servers(cfg.capture.server_urls)
 
     prompts = run_cfg.data.prompts_path
-    scan = traps.scan_prompts([prompts])
+    scan = traps.scan_prompts([prompts], turn_open_ids(cfg))
     traps.check_loss_masks(scan)
     traps.check_vocab(
         target_vocab=cfg.target.vocab_size,
@@ -161,6 +163,14 @@ def preflight(run_dir: str) -> dict[str, Any]:
     }
 
 
+def _record_failure(rd: RunDir, error: str, trap: str | None) -> None:
+    rd.write_json_atomic(
+        layout.PREFLIGHT,
+        {"ok": False, "host": socket.gethostname(), "at": time.time(), "error": error,
+         "trap": trap},
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m regen.train.preflight")
     parser.add_argument("--run-dir", required=True, help="the run directory")
@@ -170,12 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         record = preflight(args.run_dir)
     except RegenError as e:
-        rd.write_json_atomic(
-            layout.PREFLIGHT,
-            {"ok": False, "host": socket.gethostname(), "at": time.time(), "error": str(e),
-             "trap": getattr(e, "trap", None)},
-        )  # fmt: skip
+        _record_failure(rd, str(e), getattr(e, "trap", None))
         log.error("preflight failed: %s", e)
+        return 2
+    except Exception as e:  # a bug or an unforeseen input: still recorded, never lost
+        log.exception("preflight crashed")
+        _record_failure(rd, f"unexpected {type(e).__name__}: {e}", None)
         return 2
     rd.write_json_atomic(layout.PREFLIGHT, record)
     exec_argv = record["exec_argv"]

@@ -12,8 +12,9 @@ Layer numbering: SpecForge id ``i`` is the output of decoder layer ``i``; SGLang
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from pathlib import Path
 
 from regen.errors import TrapError
@@ -29,6 +30,13 @@ TRAP_EMPTY_LOSS_MASK = "empty-loss-mask"
 TRAP_MASK_COVERS_PROMPT = "loss-mask-covers-prompt"
 TRAP_TARGET_SHAPE = "target-shape"
 TRAP_WRONG_DRAFT = "wrong-draft"
+TRAP_MALFORMED_DATA = "malformed-training-data"
+
+#: tokens that open a Kimi turn; a trained (mask 1) one means the mask covers prompt framing
+TURN_OPEN_TOKENS = ("<|im_user|>", "<|im_assistant|>", "<|im_system|>")
+#: their ids in the Kimi tokenizer (vocab 163840; CONTRACTS §1), used when no tokenizer is at hand
+KIMI_VOCAB_SIZE = 163840
+KIMI_TURN_OPEN_IDS = frozenset({163587, 163588, 163594})
 
 #: SpecForge's EAGLE-3 fc fuses exactly this many target layers
 SPECFORGE_AUX_LAYERS = 3
@@ -194,21 +202,27 @@ class PromptScan:
     first_covers_prompt: str | None = None
 
 
-def scan_prompts(paths: Iterable[str | Path]) -> PromptScan:
+def scan_prompts(
+    paths: Iterable[str | Path], turn_open_ids: Collection[int] | None = None
+) -> PromptScan:
     """One streaming pass over pre-tokenized rows {"input_ids", "loss_mask"}.
 
-    A mask "covers the prompt" when its first token is trained (the first token of a row is
-    always prompt framing) or when every token is trained.
+    A mask "covers the prompt" when a turn-opening token (``turn_open_ids``: the ids of
+    ``<|im_user|>``, ``<|im_assistant|>``, ``<|im_system|>``) is trained: a produced answer never
+    holds one. Without those ids only what needs no vocabulary is checked: the first token
+    trained (a row always starts with prompt framing) or every token trained. A row that is not
+    JSON, lacks a field, or whose ids and mask are not equal-length integer lists is refused
+    with a TrapError (``malformed-training-data``) naming the file and line.
     """
     scan = PromptScan()
+    opening = frozenset(turn_open_ids or ())
     for path in paths:
         with open(path, encoding="utf-8") as f:
             for n, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
-                row = json.loads(line)
-                ids, mask = row["input_ids"], row["loss_mask"]
                 where = f"{path}:{n}"
+                ids, mask = _parse_row(line, where)
                 scan.rows += 1
                 scan.tokens += len(ids)
                 trained = sum(mask)
@@ -218,10 +232,46 @@ def scan_prompts(paths: Iterable[str | Path]) -> PromptScan:
                 if trained == 0:
                     scan.empty_mask_rows += 1
                     scan.first_empty = scan.first_empty or where
-                elif mask[0] == 1 or trained == len(mask):
+                elif (
+                    mask[0] == 1
+                    or trained == len(mask)
+                    or not opening.isdisjoint(compress(ids, mask))
+                ):
                     scan.covers_prompt_rows += 1
                     scan.first_covers_prompt = scan.first_covers_prompt or where
     return scan
+
+
+def _parse_row(line: str, where: str) -> tuple[list[int], list[int]]:
+    """input_ids and loss_mask of one JSONL line, or a TrapError naming the line."""
+    fix = "re-export the run with `regen export` (pre-tokenized format)."
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise TrapError(TRAP_MALFORMED_DATA, f"{where} is not JSON ({e}).", fix) from None
+    if not isinstance(row, dict) or "input_ids" not in row or "loss_mask" not in row:
+        raise TrapError(
+            TRAP_MALFORMED_DATA, f"{where} is not an {{input_ids, loss_mask}} object.", fix
+        )
+    ids, mask = row["input_ids"], row["loss_mask"]
+    try:  # C-level checks: this runs over every token of the training data
+        ok = (
+            isinstance(ids, list)
+            and isinstance(mask, list)
+            and len(ids) == len(mask)
+            and set(mask) <= {0, 1}
+            and (not ids or (isinstance(min(ids), int) and isinstance(max(ids), int)))
+        )
+    except TypeError:  # unorderable or unhashable values
+        ok = False
+    if not ok:
+        raise TrapError(
+            TRAP_MALFORMED_DATA,
+            f"{where}: input_ids and loss_mask must be equal-length lists of integers "
+            "(mask values 0/1).",
+            fix,
+        )
+    return ids, mask
 
 
 def check_loss_masks(scan: PromptScan) -> None:

@@ -174,3 +174,85 @@ def test_tokenizer_larger_than_the_vocab_is_refused_where_the_target_is_readable
     )
     e = refuse(traps.TRAP_VOCAB, check_target_files, cfg)
     assert "1024 tokens" in str(e)
+
+
+def test_trained_turn_opening_token_anywhere_covers_the_prompt(tmp_path: Path) -> None:
+    """Two turns in one row with the second turn's framing trained: mask[0] is 0, not all 1."""
+    from train_fixtures import IM_ASSISTANT, IM_USER
+
+    row = kimi_row([7], [8])
+    start = row["input_ids"].index(IM_ASSISTANT)
+    row["input_ids"] += [IM_USER, 9, IM_ASSISTANT, 10]
+    row["loss_mask"] = row["loss_mask"][:start] + [0] * (len(row["loss_mask"]) - start) + [1] * 4
+    path = _jsonl(tmp_path, [row, *good_rows(2)])
+    assert traps.scan_prompts([path]).covers_prompt_rows == 0  # no vocab: cannot be seen
+    scan = traps.scan_prompts([path], traps.KIMI_TURN_OPEN_IDS)
+    assert scan.covers_prompt_rows == 1 and scan.first_covers_prompt == f"{path}:1"
+    refuse(traps.TRAP_MASK_COVERS_PROMPT, traps.check_loss_masks, scan)
+    good = traps.scan_prompts([_jsonl(tmp_path, good_rows(3))], traps.KIMI_TURN_OPEN_IDS)
+    traps.check_loss_masks(good)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "{not json",
+        '{"input_ids": [1, 2]}',
+        "[1, 2]",
+        '{"input_ids": [1, 2], "loss_mask": [0]}',
+        '{"input_ids": [1, "x"], "loss_mask": [0, 1]}',
+        '{"input_ids": [1, 2], "loss_mask": [0, 2]}',
+        '{"input_ids": 5, "loss_mask": [0]}',
+    ],
+)
+def test_malformed_training_rows_are_a_trap_error(tmp_path: Path, line: str) -> None:
+    p = tmp_path / "bad.jsonl"
+    p.write_text(json.dumps(good_rows(1)[0]) + "\n" + line + "\n")
+    e = refuse(traps.TRAP_MALFORMED_DATA, traps.scan_prompts, [p])
+    assert f"{p}:2" in str(e)
+
+
+def test_turn_open_ids_from_tokenizer_kimi_vocab_or_none(tmp_path: Path) -> None:
+    import shutil
+
+    from train_fixtures import REPO
+
+    from regen.train.checks import turn_open_ids
+
+    target = tmp_path / "target"
+    shutil.copytree(REPO / "manifests" / "demo" / "tokenizer", target)
+    tiny = parse_train_config(demo_config(target={"path": str(target)}))
+    assert turn_open_ids(tiny) == {1012, 1013, 1014}  # the tiny tokenizer's own ids
+    kimi = parse_train_config(demo_config(target={"path": str(tmp_path / "absent")}))
+    assert turn_open_ids(kimi) == traps.KIMI_TURN_OPEN_IDS
+    other = parse_train_config(
+        demo_config(
+            target={"path": str(tmp_path / "absent"), "vocab_size": 32000},
+            draft={"vocab_size": 32000, "draft_vocab_size": 32000},
+        )
+    )
+    assert turn_open_ids(other) is None
+
+
+def test_preflight_records_unexpected_failures(tmp_path: Path, monkeypatch) -> None:
+    from regen.train import layout, preflight
+
+    def boom(run_dir: str) -> dict:
+        raise KeyError("exec_argv")
+
+    monkeypatch.setattr(preflight, "preflight", boom)
+    assert preflight.main(["--run-dir", str(tmp_path)]) == 2
+    rec = json.loads((tmp_path / layout.PREFLIGHT).read_text())
+    assert rec["ok"] is False and rec["trap"] is None
+    assert rec["error"].startswith("unexpected KeyError")
+
+
+def test_preflight_records_malformed_data_as_a_trap(tmp_path: Path, monkeypatch) -> None:
+    from regen.train import layout, preflight
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{oops\n")
+    monkeypatch.setattr(preflight, "preflight", lambda run_dir: traps.scan_prompts([bad]))
+    assert preflight.main(["--run-dir", str(tmp_path)]) == 2
+    rec = json.loads((tmp_path / layout.PREFLIGHT).read_text())
+    assert rec["ok"] is False and rec["trap"] == traps.TRAP_MALFORMED_DATA
