@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.client.errors import map_error
+from regen.client.raw import RawStreamer
 from regen.client.retry import FailureHook, RetryPolicy
 from regen.client.stream import StreamAccumulator, usage_fields
 from regen.errors import ConfigError, PermanentError, RegenError, StreamCutError
@@ -139,7 +140,10 @@ class ChatClient:
         self.timeout_s = timeout_s
         self._clock = clock
         factory = client_factory or default_client_factory
-        self._client = factory(endpoint.url, resolve_api_key(endpoint, base_dir), timeout_s)
+        key = resolve_api_key(endpoint, base_dir)
+        self._client = factory(endpoint.url, key, timeout_s)
+        #: streaming fast path (aiohttp, raw SSE); an injected SDK client keeps the SDK path
+        self._raw = RawStreamer(endpoint.url, key, timeout_s) if client_factory is None else None
 
     @classmethod
     def from_manifest(
@@ -226,17 +230,26 @@ class ChatClient:
     async def _stream(self, kw: dict[str, Any], start: float, sample_id: str) -> TurnResult:
         acc = StreamAccumulator(endpoint=self.url, clock=self._clock)
         try:
-            create = self._client.chat.completions.with_streaming_response.create
-            async with create(**kw) as resp:
-                async for line in resp.iter_lines():
-                    acc.feed_line(line)
-                    if acc.done:
-                        break
+            if self._raw is not None:
+                await self._raw.stream(kw, acc)
+            else:
+                await self._stream_sdk(kw, acc)
         except RegenError:
             raise
         except Exception as e:
             raise self._mapped(e, sample_id, received=acc.chunks > 0) from None
         end = self._clock()
+        return self._streamed_result(acc, start, end)
+
+    async def _stream_sdk(self, kw: dict[str, Any], acc: StreamAccumulator) -> None:
+        create = self._client.chat.completions.with_streaming_response.create
+        async with create(**kw) as resp:
+            async for line in resp.iter_lines():
+                acc.feed_line(line)
+                if acc.done:
+                    break
+
+    def _streamed_result(self, acc: StreamAccumulator, start: float, end: float) -> TurnResult:
         if acc.finish_reason is None:
             raise StreamCutError(
                 f"stream from {self.url} ended without finish_reason after {acc.chunks} chunks",
@@ -298,6 +311,8 @@ class ChatClient:
         return err
 
     async def aclose(self) -> None:
+        if self._raw is not None:
+            await self._raw.aclose()
         close = getattr(self._client, "close", None)
         if close is not None:
             await close()

@@ -64,6 +64,23 @@ class StreamAccumulator:
             raise stream_error(data["error"], endpoint=self.endpoint)
         self.add(data)
 
+    def feed_bytes(self, line: bytes) -> None:
+        """One line of the SSE body, undecoded (the fast path of :mod:`regen.client.raw`)."""
+        if not line.startswith(b"data:"):
+            return
+        payload = line[5:].strip()
+        if not payload:
+            return
+        if payload == b"[DONE]":
+            self.done = True
+            return
+        data = json.loads(payload)
+        if not isinstance(data, dict):
+            return
+        if data.get("error") is not None:
+            raise stream_error(data["error"], endpoint=self.endpoint)
+        self.add(data)
+
     def add(self, data: dict[str, Any]) -> None:
         """One decoded chunk."""
         self.chunks += 1
