@@ -12,13 +12,17 @@ HELP = "check a running SGLang server really serves EAGLE3 with the given draft"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", metavar="URL", help="server base URL, e.g. http://host:30000")
+    parser.add_argument(
+        "url",
+        metavar="URL",
+        help="server URL, e.g. http://host:30000 (an OpenAI base ending in /v1 is accepted)",
+    )
     parser.add_argument("--draft", required=True, help="the draft directory the server must use")
     parser.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout in seconds")
 
 
 def run(args: argparse.Namespace) -> int:
-    from regen.train.serving import verify_server
+    from regen.train.serving import LOW_ACCEPT_LENGTH, verify_server
 
     check = verify_server(args.url, args.draft, timeout=args.timeout)
     out = Console()
@@ -35,6 +39,13 @@ def run(args: argparse.Namespace) -> int:
             highlight=False,
             soft_wrap=True,
         )
+        if check.draft_not_helping:
+            out.print(
+                f"[yellow]warning: avg_spec_accept_length <= {LOW_ACCEPT_LENGTH}: the draft is "
+                "not helping (check the EAGLE3 flags, the aux layer ids and the draft's data)[/]",
+                highlight=False,
+                soft_wrap=True,
+            )
     else:
         out.print("avg_spec_accept_length: not reported yet", highlight=False, soft_wrap=True)
     return 0

@@ -3,13 +3,17 @@
 ``serve_argv`` builds the ``python -m sglang.launch_server`` argv for the Kimi target with the
 EAGLE-3 draft (``--speculative-algorithm EAGLE3`` and all three tuning flags). ``verify_server``
 reads ``/server_info`` (fallback ``/get_server_info``) and refuses, with a TrapError, a server
-that does not run exactly EAGLE3 with that draft. Reads ``DRAFT_DIR/config.json`` when present;
+that does not run exactly EAGLE3 with that draft; the URL may be the server's root or its
+OpenAI base (``http://host:30000/v1``, the form ``--endpoint`` takes). An
+``avg_spec_accept_length`` at or below ``LOW_ACCEPT_LENGTH`` passes with a warning: the draft
+runs but is not helping. Reads ``DRAFT_DIR/config.json`` when present;
 owns no files.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import urllib.error
 import urllib.request
@@ -20,6 +24,12 @@ from typing import Any
 from regen.errors import ConfigError, EndpointError, TrapError
 from regen.train import traps
 from regen.train.config import ServingSpec
+
+log = logging.getLogger(__name__)
+
+#: an average acceptance length at or below this means the draft is not helping (a working
+#: EAGLE-3 draft for K2.5 reached ~2.1; the EAGLE-vs-EAGLE3 trap gave ~1.0)
+LOW_ACCEPT_LENGTH = 1.1
 
 #: the Kimi-K2.5 server flags (CONTRACTS §2)
 KIMI_FLAGS = (
@@ -78,9 +88,17 @@ def check_draft_dir(draft_dir: str, *, target_hidden: int | None, num_layers: in
         traps.check_aux_layer_ids(ids, "specforge", num_layers)
 
 
-def fetch_server_info(url: str, *, timeout: float = 10.0) -> dict[str, Any]:
-    """GET /server_info, falling back to the old /get_server_info alias."""
+def server_root(url: str) -> str:
+    """The server's root URL: trailing slashes and an OpenAI ``/v1`` suffix removed."""
     base = url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[: -len("/v1")].rstrip("/")
+    return base
+
+
+def fetch_server_info(url: str, *, timeout: float = 10.0) -> dict[str, Any]:
+    """GET /server_info, falling back to the old /get_server_info alias (``url``: root or /v1)."""
+    base = server_root(url)
     last: Exception | None = None
     for path in ("/server_info", "/get_server_info"):
         try:
@@ -123,6 +141,12 @@ class ServerCheck:
             return None
         return sum(self.accept_lengths) / len(self.accept_lengths)
 
+    @property
+    def draft_not_helping(self) -> bool:
+        """True when the reported acceptance length is at or below ``LOW_ACCEPT_LENGTH``."""
+        avg = self.avg_accept_length
+        return avg is not None and avg <= LOW_ACCEPT_LENGTH
+
 
 def verify_server(url: str, draft_dir: str, *, timeout: float = 10.0) -> ServerCheck:
     """Refuse a server not running exactly EAGLE3 with ``draft_dir`` as its draft."""
@@ -143,7 +167,7 @@ def verify_server(url: str, draft_dir: str, *, timeout: float = 10.0) -> ServerC
         for s in info.get("internal_states") or []
         if isinstance(s, dict) and s.get("avg_spec_accept_length") is not None
     ]
-    return ServerCheck(
+    check = ServerCheck(
         url=url,
         algorithm=str(algo),
         draft_path=str(served),
@@ -152,3 +176,7 @@ def verify_server(url: str, draft_dir: str, *, timeout: float = 10.0) -> ServerC
         num_draft_tokens=info.get("speculative_num_draft_tokens"),
         accept_lengths=accepts,
     )
+    if check.draft_not_helping:
+        log.warning("%s: avg_spec_accept_length %.3f <= %.1f: the draft is not helping",
+                    url, check.avg_accept_length, LOW_ACCEPT_LENGTH)  # fmt: skip
+    return check

@@ -62,6 +62,27 @@ def test_verify_server_passes_on_eagle3_and_reports_acceptance(sim_eagle3: str, 
     assert (check.num_steps, check.eagle_topk, check.num_draft_tokens) == (3, 1, 4)
 
 
+def test_verify_server_accepts_the_openai_base_url(sim_eagle3: str, capsys) -> None:
+    """--endpoint takes http://host:port/v1; verify-server must take the same string."""
+    assert regen_main(["verify-server", sim_eagle3 + "/v1", "--draft", DRAFT]) == 0
+    assert verify_server(sim_eagle3 + "/v1/", DRAFT).algorithm == "EAGLE3"
+    assert "not helping" not in capsys.readouterr().out
+
+
+def test_verify_server_warns_when_the_draft_is_not_helping(capsys) -> None:
+    with running_simulator(
+        instant=True,
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=DRAFT,
+        spec_accept_length=1.05,
+    ) as sim:
+        assert regen_main(["verify-server", sim.base, "--draft", DRAFT]) == 0  # warn, not fail
+        out = capsys.readouterr().out
+        assert "avg_spec_accept_length: 1.050" in out and "the draft is not helping" in out
+        check = verify_server(sim.base, DRAFT)
+    assert check.draft_not_helping
+
+
 def test_verify_server_fails_on_another_draft(sim_eagle3: str) -> None:
     with pytest.raises(TrapError) as ei:
         verify_server(sim_eagle3, "/drafts/other")
