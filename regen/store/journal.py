@@ -232,15 +232,24 @@ class Journal:
         return len(self._buffer)
 
     def append(self, sample: CompletedSample) -> None:
-        """Journal one completed sample; flushed before this returns."""
-        if self._stream is None:
-            self.rd.makedirs(JOURNAL_DIR)
-            self._stream = self.rd.fs.open_output_stream(
-                self.rd.path(f"{JOURNAL_DIR}/{self.stem}.jsonl")
-            )
-            self._opened_at = time.monotonic()
-        self._stream.write(sample.to_line())
-        self._stream.flush()
+        """Journal one completed sample; flushed before this returns.
+
+        A write error (disk full, ...) raises RunDirError: the lines before are complete, the
+        cut one is dropped on recovery and its sample requested again.
+        """
+        seg = f"{JOURNAL_DIR}/{self.stem}.jsonl"
+        try:
+            if self._stream is None:
+                self.rd.makedirs(JOURNAL_DIR)
+                self._stream = self.rd.fs.open_output_stream(self.rd.path(seg))
+                self._opened_at = time.monotonic()
+            self._stream.write(sample.to_line())
+            self._stream.flush()
+        except OSError as e:
+            raise RunDirError(
+                f"{self.rd.uri}: cannot append to {seg}: {e}; the samples journaled before "
+                "are kept, rerun the same command to resume"
+            ) from e
         self._buffer.append(sample)
 
     def due(self, part_size: int, part_interval_s: float) -> bool:
@@ -255,9 +264,12 @@ class Journal:
         """Close the segment, write its part, delete it; returns the part path (or None)."""
         if self._stream is None:
             return None
-        self._stream.close()
-        self._stream = None
         seg = f"{JOURNAL_DIR}/{self.stem}.jsonl"
+        try:
+            self._stream.close()
+        except OSError as e:  # e.g. disk full: the part is written from memory below
+            log.warning("closing %s: %s", seg, e)
+        self._stream = None
         part = write_part(self.rd, self.stem, self._buffer, self.to_table)
         self.rd.delete(seg)
         self._buffer = []
@@ -306,16 +318,22 @@ class FailureLog:
         self._stream: Any = None
 
     def append(self, rec: FailureRecord) -> None:
-        if self._stream is None:
-            self.rd.makedirs(FAILURES_DIR)
-            self._stream = self.rd.fs.open_output_stream(self.rd.path(self.rel))
         line = json.dumps(rec.to_dict(), ensure_ascii=False) + "\n"
-        self._stream.write(line.encode())
-        self._stream.flush()
+        try:
+            if self._stream is None:
+                self.rd.makedirs(FAILURES_DIR)
+                self._stream = self.rd.fs.open_output_stream(self.rd.path(self.rel))
+            self._stream.write(line.encode())
+            self._stream.flush()
+        except OSError as e:
+            raise RunDirError(f"{self.rd.uri}: cannot append to {self.rel}: {e}") from e
 
     def close(self) -> None:
         if self._stream is not None:
-            self._stream.close()
+            try:
+                self._stream.close()
+            except OSError as e:  # a record cut by a full disk is skipped when read
+                log.warning("closing %s: %s", self.rel, e)
             self._stream = None
 
 

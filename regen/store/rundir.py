@@ -97,7 +97,7 @@ class RunDir:
         return None if data is None else data.decode("utf-8")
 
     def write_bytes_atomic(self, rel: str, data: bytes) -> None:
-        """Write to a temporary sibling, then move it over ``rel``."""
+        """Write to a temporary sibling, then move it over ``rel``; RunDirError on OSError."""
         parent, _, name = rel.strip("/").rpartition("/")
         if parent:
             self.makedirs(parent)
@@ -110,8 +110,13 @@ class RunDir:
             with self.fs.open_output_stream(self.path(tmp)) as f:
                 f.write(data)
             self.fs.move(self.path(tmp), self.path(rel))
-        except BaseException:
-            self.delete(tmp)
+        except BaseException as e:
+            try:
+                self.delete(tmp)
+            except Exception as cleanup:  # keep the original error
+                log.warning("could not remove %s: %s", tmp, cleanup)
+            if isinstance(e, OSError):  # disk full, permissions, ...: one clear error
+                raise RunDirError(f"{self.uri}: cannot write {rel}: {e}") from e
             raise
 
     def write_text_atomic(self, rel: str, text: str) -> None:
