@@ -20,10 +20,11 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from _quota_fs import QuotaDisk
 from _reliability import chaos
 
 from regen.cli.main import main as regen_main
-from regen.engine import RunOptions, run_job
+from regen.engine import RunOptions, driver, run_job
 from regen.errors import RunDirError
 from regen.manifest import load_manifest
 from regen.simulate.testing import running_simulator, simulator_in_thread
@@ -37,6 +38,8 @@ pytestmark = pytest.mark.ray
 CONTEXT = 4000  #: the simulator's context length (tokens)
 SIM = {"model_name": chaos.MODEL, "instant": True, "mean_tokens": 16, "context_length": CONTEXT}
 GOOD = 12
+DISK_SAMPLES = 40
+DISK_BYTES = 60_000  #: the quota disk's size: it fills up part-way through DISK_SAMPLES
 #: (line content, expected words in the warning) — lines 2.. of the source file
 BAD_ROWS: list[tuple[bytes, str]] = [
     (b'{"id": "j", "conversations": [', "row 2: malformed_json"),
@@ -194,8 +197,44 @@ def test_second_run_on_a_live_run_directory_is_refused(tmp_path, ray_head, ray_e
     assert len(read_done(RunDir.open(out)).ids) == 24  # the first run lost nothing
 
 
+def test_disk_full_mid_run_then_resume_once_space_is_back(tmp_path, monkeypatch, ray_head):
+    """A real size limit (a quota filesystem under the run directory): whichever write hits it
+    (journal line, part, progress.json), the session stops with one RunDirError, leaves no
+    half-written part, and a rerun with space back stores every sample once."""
+    src = chaos.write_sharegpt(tmp_path / "s.jsonl", DISK_SAMPLES)
+    engine = {"workers": 1, "part_size": 8, "part_interval_s": 60}
+    path = chaos.write_manifest(tmp_path / "m.yaml", src, engine=engine)
+    m = load_manifest(path)
+    out = tmp_path / "run"
+    disk = QuotaDisk(tmp_path / "disk", DISK_BYTES)
+
+    class OnTheDisk:  # what the driver opens its run directory with
+        @staticmethod
+        def open(uri: str, *, create: bool = True) -> RunDir:
+            return disk.rundir(Path(uri))
+
+    monkeypatch.setattr(driver, "RunDir", OnTheDisk)
+    with simulator_in_thread(**SIM) as s:
+        opts = RunOptions(endpoints=[s.url], address=ray_head.address, handle_signals=False)
+        with pytest.raises(RunDirError, match="No space left on device"):
+            run_job(m, str(out), opts)
+        assert disk.full_errors >= 1
+        rd = RunDir.open(out)
+        assert [n for n in rd.list("parts", include_temp=True) if n.startswith(".tmp-")] == []
+        for part in rd.list("parts"):  # every part there is whole
+            assert pq.read_table(out / "parts" / part).num_rows >= 1
+        stored = read_done(rd).ids | {c.sample_id for c in read_journal_lines(rd)}
+        assert 0 < len(stored) < DISK_SAMPLES  # it filled up mid-run
+
+        disk.capacity = 10**10  # space is back
+        summary = run_job(m, str(out), opts)
+    assert summary.state == "finished" and summary.done == DISK_SAMPLES
+    v = chaos.verify(path, out, chaos.answer_config(SIM))
+    assert v.problems == []
+
+
 def test_disk_full_while_writing_a_part_then_resume(tmp_path, monkeypatch, ray_head) -> None:
-    """ENOSPC injected into the Parquet part writer (the store's write path) after one part."""
+    """ENOSPC injected into the Parquet writer itself after one good part."""
     src = chaos.write_sharegpt(tmp_path / "s.jsonl", 40)
     engine = {"workers": 1, "part_size": 10, "part_interval_s": 60}
     path = chaos.write_manifest(tmp_path / "m.yaml", src, engine=engine)
