@@ -25,6 +25,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,10 +35,11 @@ from regen.engine.tracker import ProgressTracker
 from regen.engine.worker import SampleOutcome
 from regen.errors import RegenError
 from regen.manifest import Endpoint, Manifest
-from regen.progress import ProgressSnapshot
+from regen.progress import PROGRESS_FILE, ProgressSnapshot
 from regen.sample import Sample
 from regen.store.journal import (
     CompletedSample,
+    DoneSet,
     FailureLog,
     FailureRecord,
     Journal,
@@ -290,6 +292,26 @@ class _WorkerPool:
                 ray.kill(a)
 
 
+@dataclass(slots=True)
+class _Warm:
+    """What was started before the plan was known (see _Session.run)."""
+
+    infos: list[Any] = field(default_factory=list)
+    started_ray: bool = False
+    pool: _WorkerPool | None = None
+    error: RegenError | None = None
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        if self.started_ray:
+            import ray
+
+            ray.shutdown()
+            self.started_ray = False
+
+
 class _Session:
     """One driver session over one run directory."""
 
@@ -362,16 +384,64 @@ class _Session:
             self.opts.on_progress(self.tracker.snap)
 
     # -- the session --------------------------------------------------------------------------
-    def run(self) -> JobSummary:
+    def _read_state(self) -> tuple[DoneSet, _Plan]:
+        """Fold journals, read the done-set and failures, plan (run in a thread, see run)."""
         rd, m = self.rd, self.m
-        run_info = prepare_run(rd, m, [e.url for e in m.endpoints], force=self.opts.force)
         recovered = recover(rd, skip=self.session)
         done = read_done(rd)
         failures = read_failures(rd)
         self.failed_ids = {k: v for k, v in failures.items() if k not in done}
         log.info("%s: %d samples done in %d parts (%d recovered from journals)", rd.uri,
                  len(done), done.parts, recovered)  # fmt: skip
-        plan = plan_session(m, done.ids, self.failed_ids, self.opts)
+        return done, plan_session(m, done.ids, self.failed_ids, self.opts)
+
+    def _likely_work(self) -> bool:
+        """False when the last session finished (then nothing is started before the plan)."""
+        try:
+            last = self.rd.read_json(PROGRESS_FILE) or {}
+        except Exception:  # a torn or missing snapshot says nothing
+            return True
+        return self.opts.retry_failed or last.get("state") != "finished"
+
+    def _warm_up(self) -> _Warm:
+        """Endpoint check, Ray and the actors, while the plan is read (actors boot async)."""
+        from regen.client import check_endpoints
+
+        m = self.m
+        warm = _Warm()
+        try:
+            warm.infos = asyncio.run(
+                check_endpoints(m.endpoints, m.target.model, base_dir=m.base_dir)
+            )
+        except RegenError as e:
+            warm.error = e  # raised only if there is work to do
+            return warm
+        warm.started_ray = connect_ray(self.opts.address)
+        warm.pool = self._pool(warm.infos, m.engine.workers)
+        return warm
+
+    def _pool(self, infos: list[Any], n_workers: int) -> _WorkerPool:
+        conc = self.m.engine.concurrency
+        prefetch = self.opts.prefetch if self.opts.prefetch is not None else max(2, conc // 4)
+        return _WorkerPool(self, infos, conc, prefetch, n_workers)
+
+    def run(self) -> JobSummary:
+        rd, m = self.rd, self.m
+        run_info = prepare_run(rd, m, [e.url for e in m.endpoints], force=self.opts.force)
+        warm: _Warm | None = None
+        with ThreadPoolExecutor(1, thread_name_prefix="regen-plan") as ex:
+            reading = ex.submit(self._read_state)
+            try:
+                if self._likely_work() and not self.stop.is_set():
+                    warm = self._warm_up()
+                done, plan = reading.result()
+            except BaseException:
+                if warm is not None:
+                    warm.close()
+                raise
+        if warm is not None and (not plan.todo or self.stop.is_set()):
+            warm.close()
+            warm = None
         rd.write_json_atomic(
             PLAN_FILE,
             {name: {"total": t, "regenerate": r,
@@ -402,32 +472,25 @@ class _Session:
                 self.completed(s.id, s.source, [native_row(s)])
         if plan.todo and not self.stop.is_set():
             regen_sources = {s.name for s in m.sources if s.mode == "regenerate"}
-            state = self._regenerate(plan.todo, LengthModel.from_done(done, regen_sources))
+            model = LengthModel.from_done(done, regen_sources)
+            state = self._regenerate(plan.todo, model, warm or self._warm_up())
         elif self.stop.is_set():
             state = "interrupted"
         self.summary.state = state
         return self.summary
 
-    def _regenerate(self, todo: list[Sample], model: LengthModel) -> str:
-        import ray
-
-        from regen.client import check_endpoints
-
-        m = self.m
-        infos = asyncio.run(check_endpoints(m.endpoints, m.target.model, base_dir=m.base_dir))
-        started_ray = connect_ray(self.opts.address)
-        n_workers = max(1, min(m.engine.workers, len(todo)))
-        conc = m.engine.concurrency
-        prefetch = self.opts.prefetch if self.opts.prefetch is not None else max(2, conc // 4)
-        pool = _WorkerPool(self, infos, conc, prefetch, n_workers)
-        log.info("%d workers against %d endpoint(s); starting in-flight limits %s",
-                 n_workers, len(infos), [w.slots for w in pool.workers])  # fmt: skip
+    def _regenerate(self, todo: list[Sample], model: LengthModel, warm: _Warm) -> str:
         try:
+            if warm.error is not None:
+                raise warm.error
+            assert warm.pool is not None
+            pool = warm.pool
+            limits = [w.slots for w in pool.workers]
+            log.info("%d workers against %d endpoint(s); starting in-flight limits %s",
+                     len(limits), len(warm.infos), limits)  # fmt: skip
             return self._feed(pool, WorkQueue(todo, model))
         finally:
-            pool.close()
-            if started_ray:
-                ray.shutdown()
+            warm.close()
 
     def _feed(self, pool: _WorkerPool, queue: WorkQueue) -> str:
         import ray

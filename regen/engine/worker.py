@@ -95,6 +95,10 @@ def default_row_builder(manifest: Manifest) -> RowBuilder:
     return build
 
 
+#: starting limits are the server's slots plus 1/HEADROOM_DIVISOR of them (rounded up)
+HEADROOM_DIVISOR = 8
+
+
 class Slots:
     """A semaphore whose size can change; waiters are served first come, first served."""
 
@@ -143,14 +147,15 @@ class Slots:
 def starting_limits(
     endpoints: list[Any], concurrency: int, shares: dict[str, int] | None = None
 ) -> dict[str, int]:
-    """Per-endpoint starting in-flight limit of one worker: the driver's share when given,
-    else the server's max_running_requests, else ``concurrency`` split over the endpoints."""
+    """Per-endpoint starting in-flight limit (and floor) of one worker: the driver's share of
+    the server's batch slots when given, else the server's max_running_requests, plus 1/8
+    headroom (a finished request's slot is refilled from the server's short queue instead of
+    idling for a client round trip); else ``concurrency`` split over the endpoints."""
     out: dict[str, int] = {}
     fallback = max(1, concurrency // max(1, len(endpoints)))
     for info in endpoints:
-        share = (shares or {}).get(info.url)
-        mrr = getattr(info, "max_running_requests", None)
-        out[info.url] = max(1, share or mrr or fallback)
+        slots = (shares or {}).get(info.url) or getattr(info, "max_running_requests", None)
+        out[info.url] = slots + -(-slots // HEADROOM_DIVISOR) if slots else fallback
     return out
 
 
