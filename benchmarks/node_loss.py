@@ -134,6 +134,7 @@ def node_loss(
                         break
                     time.sleep(0.1)
                 if proc.poll() is None and on_node:
+                    on_node = actors_on(dashboard_url, node_id) or on_node  # all of them now
                     res.stored_at_kill = max(0, chaos.stored_count(out))
                     node.kill()
                     res.killed_at_s = time.monotonic() - t0
