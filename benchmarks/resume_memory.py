@@ -172,7 +172,14 @@ def vm_hwm_mb(pid: int) -> float:
     return float("nan")
 
 
-def actor_pids(session_hint: str = "ray::regen-") -> list[int]:
+def actor_pids(run: Path) -> list[int]:
+    """Processes of this run's actors (named ``regen-SESSION-w...``; the session is in the
+    run's lock file)."""
+    try:
+        session = json.loads((run / "lock.json").read_text())["session"]
+    except (OSError, ValueError, KeyError):
+        return []
+    hint = f"ray::regen-{session}-"
     out = []
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
@@ -180,7 +187,7 @@ def actor_pids(session_hint: str = "ray::regen-") -> list[int]:
                 cmd = (p / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
             except OSError:
                 continue
-            if cmd.startswith(session_hint) or cmd.startswith("ray::WorkerActor"):
+            if cmd.startswith(hint):
                 out.append(int(p.name))
     return out
 
@@ -205,7 +212,7 @@ def memory(args: argparse.Namespace) -> None:
             while not stop.is_set():
                 if not first and sim.stats()["received"] > 0:
                     first.append(time.monotonic() - t0)
-                for pid in actor_pids():
+                for pid in actor_pids(work / "run"):
                     with contextlib.suppress(OSError):
                         peaks[pid] = max(peaks.get(pid, 0.0), vm_hwm_mb(pid))
                 if first and time.monotonic() - t0 > first[0] + args.seconds:

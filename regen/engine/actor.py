@@ -10,6 +10,7 @@ import logging
 import os
 from typing import Any
 
+from regen.engine.schedule import PackedSample, unpacked
 from regen.engine.worker import SampleOutcome, SampleWorker
 from regen.manifest import Manifest
 from regen.sample import Sample
@@ -39,8 +40,8 @@ class WorkerActor:
             os.environ.setdefault(name, value)
         self.worker = SampleWorker(manifest, endpoints, concurrency, shares=shares)
 
-    async def process(self, sample: Sample) -> SampleOutcome:
-        return await self.worker.process(sample)
+    async def process(self, sample: Sample | PackedSample) -> SampleOutcome:
+        return await self.worker.process(unpacked(sample))
 
     async def snapshot(self) -> dict[str, Any]:
         return self.worker.snapshot()

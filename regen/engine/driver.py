@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from regen.engine.adaptive import split
-from regen.engine.schedule import LengthModel, WorkQueue
+from regen.engine.schedule import LengthModel, PackedSample, WorkQueue
 from regen.engine.tracker import ProgressTracker
 from regen.engine.worker import SampleOutcome
 from regen.errors import RegenError
@@ -98,7 +98,7 @@ class JobSummary:
 
 @dataclass(slots=True)
 class _Plan:
-    todo: list[Sample]
+    todo: list[PackedSample]
     native: list[Sample]
     totals: dict[str, tuple[int, bool]]
     skipped_failed: int
@@ -141,7 +141,7 @@ def plan_session(
     samples: Iterator[Sample] = read_samples(manifest, None, _native_check(manifest))
     if opts.limit is not None:
         samples = itertools.islice(samples, opts.limit)
-    todo: list[Sample] = []
+    todo: list[PackedSample] = []
     native: list[Sample] = []
     totals: dict[str, list[Any]] = {
         s.name: [0, s.mode == "regenerate"] for s in manifest.sources
@@ -160,7 +160,10 @@ def plan_session(
         if f is not None and f.permanent and not opts.retry_failed:
             skipped += 1
             continue
-        (native if s.mode == "native" else todo).append(s)
+        if s.mode == "native":
+            native.append(s)
+        else:
+            todo.append(PackedSample.pack(s))  # compact: the plan of a big run stays small
     # tail-aware order: samples with more turns to regenerate start first (stable otherwise)
     todo.sort(key=lambda s: -s.turns_to_regenerate())
     return _Plan(todo, native, {k: (v[0], v[1]) for k, v in totals.items()}, skipped)
@@ -479,7 +482,7 @@ class _Session:
         self.summary.state = state
         return self.summary
 
-    def _regenerate(self, todo: list[Sample], model: LengthModel, warm: _Warm) -> str:
+    def _regenerate(self, todo: list[PackedSample], model: LengthModel, warm: _Warm) -> str:
         try:
             if warm.error is not None:
                 raise warm.error
@@ -496,7 +499,7 @@ class _Session:
         import ray
         from ray.exceptions import RayActorError, TaskCancelledError
 
-        outstanding: dict[Any, tuple[_Worker, Sample]] = {}
+        outstanding: dict[Any, tuple[_Worker, Sample | PackedSample]] = {}
         while True:
             # feed: keep every live actor at `cap` outstanding work items, longest first
             while queue and not self.stop.is_set():

@@ -9,6 +9,7 @@ from regen.engine.schedule import (
     DEFAULT_TOKENS_PER_TURN,
     REPRIORITISE_EVERY_S,
     LengthModel,
+    PackedSample,
     WorkQueue,
 )
 from regen.sample import Message, Sample
@@ -107,3 +108,14 @@ def test_learned_state_survives_a_resume_through_the_parts(tmp_path) -> None:
     assert model.sources["long"].turns == 2 and model.sources["long"].tokens == 3000
     q = WorkQueue([sample("2", "short", 1), sample("2", "long", 1)], model)
     assert q.pop().source == "long"  # type: ignore[union-attr]
+
+
+def test_packed_sample_round_trip_and_cost() -> None:
+    s = Sample("x:1", "x", [Message("user", "long " * 400), Message("assistant", "a")] * 2,
+               tools=[{"type": "function", "function": {"name": "f"}}])  # fmt: skip
+    p = PackedSample.pack(s)
+    assert p.unpack() == s and len(p.blob) < len(s.messages[0].content)
+    m = LengthModel()
+    assert m.cost(p) == m.cost(s)
+    q = WorkQueue([sample("a", "x", 1), p])
+    assert q.pop() is p
