@@ -2,12 +2,19 @@
 
 An adapter turns one raw row into a :class:`~regen.sample.Sample` or a
 :class:`~regen.sample.Rejection`. :func:`iter_source` runs a source's adapter over its raw rows
-and gives every sample its stable id: ``{source}:{upstream id}`` when the row has one, else
-``{source}:h{hash of the conversation}``. SWE-Gym's ``instance_id`` names a task with several
-trajectories, so its ids are always ``{source}:{instance_id}#{hash[:8]}``. When an id still
-repeats within a source with different content, the later rows (in source order) get
-``#{content hash[:8]}`` appended; identical content is left to dedup. Ids are therefore stable
-under reordering wherever upstream ids are unique. Owns no files.
+and gives every sample its stable id, a function of the row alone (never of its position):
+
+- ``{source}:{upstream id}`` for adapters in :data:`UNIQUE_ID_ADAPTERS`, whose upstream id is
+  a unique key of the dataset;
+- ``{source}:{upstream id}#{content hash[:8]}`` for every other row that has an upstream id
+  (an id that may repeat upstream: every row carries its content, so which row is read first
+  never decides which one gets the bare id — a bare id once handed out in a stream cannot be
+  recalled, so no rule that suffixes only the later rows can be order-independent);
+- ``{source}:h{hash of the conversation}`` when the row has no upstream id.
+
+If a declared-unique id still repeats with different content (the declaration is wrong for
+this data), the later rows get ``#{content hash[:8]}`` and a warning names the source and id:
+that case alone depends on order. Identical content is left to dedup. Owns no files.
 """
 
 from __future__ import annotations
@@ -45,6 +52,9 @@ PARSERS: dict[str, shapes.Parser] = {
 }
 #: adapters whose rows are pre-tokenized (mode native)
 NATIVE_ADAPTERS = frozenset({"kimi_native"})
+#: adapters whose upstream id is a unique key of the dataset (xLAM: the row number; Kimi-native:
+#: our own files); every other upstream id gets a content-hash suffix on every row
+UNIQUE_ID_ADAPTERS = frozenset({"xlam", "kimi_native"})
 
 NativeCheck = Callable[[Sample], "str | None"]
 
@@ -76,7 +86,7 @@ def adapt_row(source: Source, raw: RawRow) -> Sample | Rejection:
     except RowError as e:
         return Rejection(source.name, raw.row, e.reason, e.detail, e.field)
     upstream = parsed.upstream_id
-    if upstream is not None and not parsed.id_unique:
+    if upstream is not None and (not parsed.id_unique or source.adapter not in UNIQUE_ID_ADAPTERS):
         upstream = f"{str(upstream).strip()}#{_messages_hash(parsed.messages)[:8]}"
     return Sample(
         id=make_sample_id(source.name, upstream, parsed.messages),
@@ -127,5 +137,12 @@ def _disambiguate(seen: dict[str, str], sample: Sample) -> str:
         return sample.id
     new_id = f"{sample.id}#{h[:8]}"
     seen.setdefault(new_id, h)
-    log.debug("%s row %d: id %s repeats with other content", sample.source, sample.row, sample.id)
+    log.warning(
+        "%s row %d: id %s is declared unique but repeats with other content; this row "
+        "gets %s (order-dependent)",
+        sample.source,
+        sample.row,
+        sample.id,
+        new_id,
+    )
     return new_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ def test_sharegpt_good_maps_roles_and_keeps_upstream_id(tmp_path: Path) -> None:
         ],
     }
     s = only_sample(run(tmp_path, "sharegpt", [row]))
-    assert s.id == "sharegpt:abc_0"
+    assert re.fullmatch(r"sharegpt:abc_0#[0-9a-f]{8}", s.id), s.id
     assert [m.role for m in s.messages] == ["system"] + ["user", "assistant"] * 4
     assert s.messages[2] == Message("assistant", "Hello!")
     assert s.mode == "regenerate" and s.turns == "all" and s.turns_to_regenerate() == 4
@@ -146,7 +147,7 @@ def test_ultrachat_good_prompt_id_and_content_parts(tmp_path: Path) -> None:
         ],
     }
     s = only_sample(run(tmp_path, "ultrachat", [row]))
-    assert s.id == "ultrachat:p1"
+    assert re.fullmatch(r"ultrachat:p1#[0-9a-f]{8}", s.id), s.id
     assert s.messages == [Message("user", "Hi there"), Message("assistant", "Hello")]
 
 
@@ -234,7 +235,7 @@ def test_swe_gym_bad_tool_call_without_name(tmp_path: Path) -> None:
 def test_opencodereasoning_good_splits_think(tmp_path: Path) -> None:
     row = {"id": "q1", "input": "Print 1.", "output": "<think>\neasy\n</think>\n\nprint(1)"}
     s = only_sample(run(tmp_path, "opencodereasoning", [row]))
-    assert s.id == "opencodereasoning:q1"
+    assert re.fullmatch(r"opencodereasoning:q1#[0-9a-f]{8}", s.id), s.id
     assert s.messages == [
         Message("user", "Print 1."),
         Message("assistant", "print(1)", reasoning="easy"),
