@@ -122,8 +122,11 @@ def crashed(tmp_path_factory, sim, ray_head, ray_env) -> dict[str, Any]:
         return len(read_done(rd)) + len(read_journal_lines(rd))
 
     try:
+        # kill with a part written AND an unfinished journal segment (samples complete in
+        # bursts that fill a part at once, so the journal is sometimes empty)
         ok = wait_until(lambda: proc.poll() is None and stored() >= KILL_AFTER_SAMPLES
-                        and read_done(rd).parts >= 1, timeout_s=120)  # fmt: skip
+                        and read_done(rd).parts >= 1 and len(read_journal_lines(rd)) >= 1,
+                        timeout_s=120)  # fmt: skip
         assert ok, (out.parent / "run1.log").read_text()[-3000:]
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
