@@ -24,7 +24,7 @@ from regen.client.errors import map_error
 from regen.client.raw import RawStreamer
 from regen.client.retry import FailureHook, RetryPolicy
 from regen.client.stream import StreamAccumulator, usage_fields
-from regen.errors import ConfigError, PermanentError, RegenError, StreamCutError
+from regen.errors import ConfigError, PermanentError, RegenError, ServerError, StreamCutError
 from regen.manifest import Endpoint, Manifest, Sampling
 from regen.result import TurnResult
 from regen.sample import ToolCall
@@ -255,6 +255,7 @@ class ChatClient:
                 f"stream from {self.url} ended without finish_reason after {acc.chunks} chunks",
                 endpoint=self.url,
             )
+        _check_finish(acc.finish_reason, self.url)
         return TurnResult(
             content="".join(acc.content),
             reasoning="".join(acc.reasoning) if acc.reasoning else None,
@@ -295,7 +296,7 @@ class ChatClient:
             content=msg.content or "",
             reasoning=_reasoning_of(msg),
             tool_calls=calls,
-            finish_reason=choice.finish_reason or "stop",
+            finish_reason=_check_finish(choice.finish_reason, self.url),
             model=resp.model or self.model,
             endpoint=self.url,
             prompt_token_ids=prompt_ids,
@@ -316,3 +317,18 @@ class ChatClient:
         close = getattr(self._client, "close", None)
         if close is not None:
             await close()
+
+
+#: finish reasons of a turn the model really finished (or was cut by max_tokens)
+FINISHED = frozenset({"stop", "length", "tool_calls"})
+
+
+def _check_finish(reason: str | None, url: str) -> str:
+    """A turn is stored only when it finished: a missing reason or SGLang's ``abort`` (the server
+    dropped the request, e.g. under memory pressure) is transient, anything else unknown permanent.
+    """
+    if reason in FINISHED:
+        return reason  # type: ignore[return-value]
+    if reason is None or reason == "abort":
+        raise ServerError(f"{url} ended the turn with finish_reason={reason!r}", endpoint=url)
+    raise PermanentError(f"{url} ended the turn with finish_reason={reason!r}", endpoint=url)

@@ -336,3 +336,29 @@ def test_sse_comments_event_lines_and_blank_data_are_ignored():
     r = complete(make_client(Script(resp)))
     assert (r.content, r.finish_reason) == ("AB", "stop")
     assert r.prompt_tokens is None  # the server sent no usage
+
+
+@pytest.mark.parametrize(
+    ("finish", "error"), [("abort", ServerError), ("content_filter", PermanentError)]
+)
+def test_a_turn_that_did_not_finish_is_never_stored_as_finished(finish, error):
+    chunks = [chunk(content="half an ans"), chunk(finish=finish)]
+    with pytest.raises(error, match=f"finish_reason='{finish}'"):
+        complete(make_client(Script(stream_response(chunks))))
+
+
+@pytest.mark.parametrize(("finish", "error"), [(None, ServerError), ("abort", ServerError)])
+def test_non_streaming_without_a_real_finish_reason_is_retried(finish, error):
+    body = {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 0,
+        "model": MODEL,
+        "choices": [
+            {"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": "x"}}
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+    script = Script(httpx2.Response(200, json=body))
+    with pytest.raises(error):
+        complete(make_client(script, sampling=Sampling(server_token_ids=True)))
