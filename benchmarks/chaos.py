@@ -448,8 +448,15 @@ def verify(manifest_path: Path, out: Path, answer_cfg: Any) -> Verdict:
     v.missing = len(inputs.keys() - ids)
     v.unexpected = len(ids - inputs.keys())
     turns = Counter(r["sample_id"] for r in rows)
+    # a conversation ends early at a cut reply (finish_reason "length"): later turns would follow
+    # a history the model never sees at serving time (regen.engine.turns)
+    ends = {}
+    for r in rows:
+        if r["finish_reason"] == "length":
+            ends[r["sample_id"]] = min(ends.get(r["sample_id"], 1 << 30), r["turn"] + 1)
     v.wrong_turns = sum(1 for sid, s in inputs.items()
-                        if sid in ids and turns[sid] != s.turns_to_regenerate())  # fmt: skip
+                        if sid in ids
+                        and turns[sid] != ends.get(sid, s.turns_to_regenerate()))  # fmt: skip
     kwargs = m.sampling.template_kwargs()
     for r in rows:
         body = {

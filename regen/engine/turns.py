@@ -72,6 +72,10 @@ async def regenerate(sample: Sample, complete: Complete) -> list[DoneTurn]:
         done.append(DoneTurn(turn, request, result))
         turn += 1
         history.append(reply_message(result))
+        if result.truncated or (result.tool_calls and not m.tool_calls):
+            # a cut reply, or calls that no original tool result answers: any later turn would
+            # be conditioned on a history the model never sees at serving time; stop here
+            break
         if m.tool_calls:
             if len(result.tool_calls) != len(m.tool_calls):
                 break  # the original tool results answer calls we did not make

@@ -81,3 +81,25 @@ def test_tool_results_readdressed_or_conversation_stopped() -> None:
     srv2 = FakeServer()
     turns2 = asyncio.run(regenerate(Sample("s:4", "s", msgs), srv2))
     assert len(turns2) == 1 and len(srv2.requests) == 1
+
+
+def test_a_truncated_reply_ends_the_conversation() -> None:
+    class Cut(FakeServer):
+        async def __call__(self, messages, tools) -> TurnResult:
+            r = await super().__call__(messages, tools)
+            r.finish_reason = "length"
+            return r
+
+    s = Sample("s:5", "s", conv(("user", "u0"), ("assistant", "a0"), ("user", "u1"),
+                                ("assistant", "a1")))  # fmt: skip
+    srv = Cut()
+    turns = asyncio.run(regenerate(s, srv))
+    assert [t.turn for t in turns] == [0] and len(srv.requests) == 1
+
+
+def test_unanswered_tool_calls_end_the_conversation() -> None:
+    s = Sample("s:6", "s", conv(("user", "u0"), ("assistant", "a0"), ("user", "u1"),
+                                ("assistant", "a1")))  # fmt: skip
+    srv = FakeServer(calls=[[ToolCall("ours", "f", "{}")]])
+    turns = asyncio.run(regenerate(s, srv))
+    assert [t.turn for t in turns] == [0] and len(srv.requests) == 1
