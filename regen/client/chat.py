@@ -25,7 +25,7 @@ from regen.client.raw import RawStreamer
 from regen.client.retry import FailureHook, RetryPolicy
 from regen.client.stream import StreamAccumulator, usage_fields
 from regen.errors import ConfigError, PermanentError, RegenError, ServerError, StreamCutError
-from regen.manifest import Endpoint, Manifest, Sampling
+from regen.manifest import Endpoint, Manifest, Sampling, public_url
 from regen.result import TurnResult
 from regen.sample import ToolCall
 
@@ -133,7 +133,8 @@ class ChatClient:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.endpoint = endpoint
-        self.url = endpoint.url
+        #: the URL regen writes and logs: never the user:password of the configured URL
+        self.url = public_url(endpoint.url)
         self.model = model
         self.sampling = sampling
         self.retry = retry or RetryPolicy()

@@ -18,7 +18,7 @@ from typing import Any
 
 from regen.client.chat import NO_KEY, resolve_api_key
 from regen.errors import EndpointError
-from regen.manifest import Endpoint
+from regen.manifest import Endpoint, public_url
 
 log = logging.getLogger(__name__)
 
@@ -85,20 +85,21 @@ async def check_endpoint(
     if key != NO_KEY:
         headers["Authorization"] = f"Bearer {key}"
     url = endpoint.url
+    shown = public_url(url)  # messages never carry user:password
     try:
         resp = await http.get(f"{url}/models", headers=headers)
     except Exception as e:
-        raise EndpointError(f"{url}: unreachable ({type(e).__name__})") from None
+        raise EndpointError(f"{shown}: unreachable ({type(e).__name__})") from None
     if resp.status_code != 200:
-        raise EndpointError(f"{url}: GET /models answered HTTP {resp.status_code}")
+        raise EndpointError(f"{shown}: GET /models answered HTTP {resp.status_code}")
     try:
         data = resp.json().get("data") or []
         entries = {str(d["id"]): d for d in data if isinstance(d, dict) and "id" in d}
     except (ValueError, AttributeError, TypeError):
-        raise EndpointError(f"{url}: GET /models did not return a model list") from None
+        raise EndpointError(f"{shown}: GET /models did not return a model list") from None
     if model not in entries:
         served = ", ".join(repr(m) for m in entries) or "none"
-        raise EndpointError(f"{url}: does not serve model {model!r} (it serves: {served})")
+        raise EndpointError(f"{shown}: does not serve model {model!r} (it serves: {served})")
     info = EndpointInfo(url=url, weight=endpoint.weight, models=tuple(entries))
     mml = entries[model].get("max_model_len")
     info.max_model_len = mml if isinstance(mml, int) else None
@@ -170,7 +171,7 @@ async def check_endpoints(
     for info in usable:
         log.info(
             "endpoint %s ok (max_running_requests=%s, version=%s%s)",
-            info.url,
+            public_url(info.url),
             info.max_running_requests,
             info.version,
             f", speculative={info.speculative}" if info.speculative else "",

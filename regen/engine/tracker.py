@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from regen.engine.worker import SampleOutcome
+from regen.manifest import public_url
 from regen.progress import (
     PROGRESS_FILE,
     EndpointProgress,
@@ -123,7 +124,7 @@ class ProgressTracker:
                 if at >= e.last_at:
                     e.last_message, e.last_at = msg, at
             for url, ep in s["endpoints"].items():
-                cur = eps.setdefault(url, EndpointProgress(url=url, healthy=True))
+                cur = eps.setdefault(url, EndpointProgress(url=public_url(url), healthy=True))
                 cur.in_flight += ep["in_flight"]
                 cur.ok += ep["ok"]
                 cur.errors += ep["failures"] + ep["throttled"]
