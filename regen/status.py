@@ -8,7 +8,7 @@ Reads, per refresh, three small files of the run directory and nothing else (nev
 
 and once (retried while absent) ``RUN_DIR/manifest.yaml`` for the per-source ``output_tokens``
 planning assumption (used for sources that have no finished sample yet), together with
-``RUN_DIR/plan.json`` ({source: {total, regenerate, native, regenerate_turns?}}, the driver's)
+``RUN_DIR/plan.json`` ({source: {total, regenerate, native, regenerate_todo, regenerate_turns}})
 for the expected regenerated turns per sample.
 
 Definitions (all pure functions of those files and ``now``):
@@ -24,7 +24,7 @@ Definitions (all pure functions of those files and ``now``):
   alive / not);
 - ETA: remaining samples per source (total - done - failed) x observed completion tokens per
   sample of that source (when it has none yet: manifest ``output_tokens`` per TURN x expected
-  turns per sample = plan.json ``regenerate_turns / regenerate``, else 1 when the manifest says
+  turns per sample = plan.json ``regenerate_turns / regenerate_todo``, else 1 when the manifest says
   ``turns: last``, else 1 — a labelled underestimate for multi-turn sources), divided by
   the recent rate (5 min, else 15, else 1). The band combines the spread of the three rates with
   the uncertainty of each source's mean length (coefficient of variation from
@@ -138,7 +138,7 @@ class RunView:
 
 
 def _turns_per_sample(plan: dict[str, Any] | None, manifest_text: str | None) -> dict[str, float]:
-    """``{source: turns}`` from plan.json's ``regenerate_turns / regenerate``; else 1 for
+    """``{source: turns}`` from plan.json's ``regenerate_turns / regenerate_todo``; else 1 for
     sources whose manifest entry says ``turns: last``; sources not listed count 1."""
     out: dict[str, float] = {}
     try:
@@ -151,7 +151,7 @@ def _turns_per_sample(plan: dict[str, Any] | None, manifest_text: str | None) ->
     for name, entry in (plan or {}).items():
         if not isinstance(entry, dict):
             continue
-        turns, samples = entry.get("regenerate_turns"), entry.get("regenerate")
+        turns, samples = entry.get("regenerate_turns"), entry.get("regenerate_todo")
         if isinstance(turns, int | float) and isinstance(samples, int | float) and samples > 0:
             out[str(name)] = max(1.0, float(turns) / float(samples))
     return out

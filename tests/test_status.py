@@ -413,7 +413,13 @@ def test_run_view_reads_turns_from_plan_json_once(tmp_path: Path) -> None:
     s = snap(sources=sources, token_series=series(lambda t: 10.0, NOW - 600, NOW))
     write_run_dir(tmp_path, s, now=NOW, output_tokens={"a": (100, 100), "b": (100, 100)})
     plan = {
-        "a": {"total": 10, "regenerate": 10, "native": 0, "regenerate_turns": 25},
+        "a": {
+            "total": 10,
+            "regenerate": True,
+            "native": 0,
+            "regenerate_todo": 10,
+            "regenerate_turns": 25,
+        },
         "b": {"total": 10, "regenerate": 10, "native": 0},  # older driver: no turn count
     }
     (tmp_path / "plan.json").write_text(json.dumps(plan))

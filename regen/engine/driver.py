@@ -445,10 +445,18 @@ class _Session:
         if warm is not None and (not plan.todo or self.stop.is_set()):
             warm.close()
             warm = None
+        todo_n: dict[str, int] = {}
+        todo_turns: dict[str, int] = {}
+        for p in plan.todo:
+            todo_n[p.source] = todo_n.get(p.source, 0) + 1
+            todo_turns[p.source] = todo_turns.get(p.source, 0) + p.turns_to_regenerate()
         rd.write_json_atomic(
             PLAN_FILE,
             {name: {"total": t, "regenerate": r,
-                    "native": sum(1 for s in plan.native if s.source == name)}
+                    "native": sum(1 for s in plan.native if s.source == name),
+                    # samples still to regenerate and their requests (the ETA's turns/sample)
+                    "regenerate_todo": todo_n.get(name, 0),
+                    "regenerate_turns": todo_turns.get(name, 0)}
              for name, (t, r) in plan.totals.items()},
         )  # fmt: skip
         self.tracker = ProgressTracker(

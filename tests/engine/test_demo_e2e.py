@@ -82,3 +82,15 @@ def test_export_written(demo_run) -> None:
     assert stats["rows_written"] == len(demo_run["rows"])  # the demo keeps truncated rows
     first = json.loads((demo_run["export"] / "shard-00000.jsonl").open().readline())
     assert len(first["input_ids"]) == len(first["loss_mask"])
+
+
+def test_plan_json_counts_the_requests_each_source_needs(demo_run) -> None:
+    plan = RunDir.open(demo_run["out"]).read_json("plan.json")
+    expect: dict[str, list[int]] = {}
+    for s in demo_run["inputs"]:
+        if s.mode == "regenerate":
+            e = expect.setdefault(s.source, [0, 0])
+            e[0] += 1
+            e[1] += s.turns_to_regenerate()
+    for name, (n, turns) in expect.items():
+        assert (plan[name]["regenerate_todo"], plan[name]["regenerate_turns"]) == (n, turns)
