@@ -122,7 +122,8 @@ class Engine(Strict):
 
     #: Ray actors issuing requests
     workers: int = Field(default=2, ge=1)
-    #: requests in flight per actor (upper bound; adaptive concurrency may use fewer)
+    #: requests in flight per actor when a server reports no max_running_requests; when it does,
+    #: each actor starts at its share of the server's slots (+1/8) and adapts (docs/performance.md)
     concurrency: int = Field(default=64, ge=1)
     #: attempts per request before the sample is left for the next run
     max_attempts: int = Field(default=8, ge=1)
