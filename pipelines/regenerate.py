@@ -7,27 +7,14 @@ job's cluster through RAY_ADDRESS, which Ray sets for a submitted job). Exit cod
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from pipelines._entry import run_command
 from regen.cli import run as run_cmd
-from regen.cli.main import setup_logging
-from regen.errors import RegenError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.regenerate", description=run_cmd.HELP
-    )
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
-    run_cmd.add_arguments(parser)
-    args = parser.parse_args(argv)
-    setup_logging(args.log_level)
-    try:
-        return run_cmd.execute(args)
-    except RegenError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_command(run_cmd, "python -m pipelines.regenerate", argv)
 
 
 if __name__ == "__main__":

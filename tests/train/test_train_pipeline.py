@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +32,7 @@ def test_dry_run_writes_the_config_and_logs_the_exact_trainer_argv(
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_yaml = run_dir / "train" / "run.yaml"
     argv = ["specforge", "train", "--config", str(run_yaml)]
-    assert f"trainer argv {argv!r}; job None state None" in proc.stderr
+    assert f"trainer argv:   {shlex.join(argv)}" in proc.stdout  # printed, not run
     command = json.loads((run_dir / "train" / "command.json").read_text())
     assert command["argv"] == argv
     assert "-m regen.train.preflight --run-dir" in command["entrypoint"]
@@ -43,6 +44,6 @@ def test_a_trap_exits_2_with_one_error_line(run_dir: Path, write_train_yaml) -> 
     cfg = write_train_yaml(demo_config(serving={"speculative_algorithm": "EAGLE"}))
     proc = _run(str(run_dir), "--config", str(cfg), "--dry-run")
     assert proc.returncode == 2
-    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "[eagle-vs-eagle3]" in errors[0]
     assert "Traceback" not in proc.stderr
