@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import threading
 
 NAME = "run"
@@ -59,7 +58,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--then-train",
         metavar="TRAIN_YAML",
-        help="when the run finishes, launch training with this config (regen train)",
+        help="when the run finishes, submit training with this config (regen train)",
+    )
+    p.add_argument(
+        "--train-address",
+        metavar="URL",
+        help="Ray dashboard URL for the training job (default: $RAY_ADDRESS, else local)",
     )
     p.add_argument("--no-view", action="store_true", help="no live progress view")  # fmt: skip
 
@@ -120,22 +124,27 @@ def execute(args: argparse.Namespace, *, view: bool = True) -> int:
         console.print(
             "some samples ran out of retries: run the same command again", highlight=False
         )
+        if args.then_train:
+            console.print("training not submitted: the run is not complete", highlight=False)
+        return 0
     if args.then_train and summary.state == "finished":
         return _then_train(args, console)
     return 0
 
 
 def _then_train(args: argparse.Namespace, console) -> int:
-    if importlib.util.find_spec("regen.train.launch") is None:
-        from regen.errors import ConfigError
-
-        raise ConfigError("--then-train: regen.train.launch is not available", field="--then-train")
+    """Submit the training job (regen train's path) and return: it runs for hours on the GPUs;
+    `regen status`-style following is `regen train ... ` or Ray's own `ray job logs`."""
     from regen.train.launch import launch_training
 
-    result = launch_training(args.out, args.then_train, address=args.address)
-    state = getattr(result, "state", None)
-    console.print(f"training job: {state}", highlight=False)
-    return 0 if state in (None, "SUCCEEDED", "PENDING", "RUNNING") else 1
+    result = launch_training(args.out, args.then_train, address=args.train_address, follow=False)
+    console.print(
+        f"training job {result.submission_id} submitted ({result.state}); its record: "
+        f"{args.out.rstrip('/')}/train/job.json",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return 0 if result.state not in ("FAILED", "STOPPED") else 1
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,41 @@
+"""`regen run ... --then-train train.yaml`: the training job is submitted once the run finished."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from train_fixtures import REPO, demo_config
+
+from regen.simulate.testing import running_simulator
+
+DEMO = REPO / "manifests" / "demo.yaml"
+
+
+@pytest.mark.ray
+def test_then_train_submits_the_gpu_job_after_the_run(tmp_path: Path, ray_head, ray_env) -> None:
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text(yaml.safe_dump(demo_config()))
+    out = tmp_path / "run"
+    env = {**ray_env, "REGEN_TRAIN_LAUNCHER": "echo LAUNCH", "REGEN_TRAIN_PYTHON": sys.executable}
+    with running_simulator(model_name="demo-target", instant=True, mean_tokens=24) as sim:
+        cmd = [sys.executable, "-m", "regen", "run", str(DEMO), "--out", str(out),
+               "--endpoint", sim.url, "--address", ray_head.address, "--workers", "1",
+               "--limit", "12", "--no-view", "--then-train", str(cfg),
+               "--train-address", ray_head.dashboard_url]  # fmt: skip
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=240, check=False)  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    job = json.loads((out / "train" / "job.json").read_text())
+    assert job["submission_id"] in proc.stdout
+    assert job["entrypoint_num_gpus"] >= 1
+    assert job["state"] in ("PENDING", "RUNNING", "SUCCEEDED")
+    command = json.loads((out / "train" / "command.json").read_text())
+    assert command["argv"] == ["specforge", "train", "--config", str(out / "train" / "run.yaml")]
+    # the export the job trains on was made from this run's rows
+    stats = json.loads(next((out).rglob("stats.json")).read_text())
+    assert stats["rows_written"] > 0
