@@ -5,10 +5,9 @@ under its own program name. Exit codes as the CLI: 0 done, 2 a regen error (one 
 from __future__ import annotations
 
 import argparse
-import sys
 from types import ModuleType
 
-from regen.cli.main import setup_logging
+from regen.cli.main import report_error, setup_logging
 from regen.errors import RegenError
 
 
@@ -22,5 +21,5 @@ def run_command(cmd: ModuleType, prog: str, argv: list[str] | None = None) -> in
     try:
         return int(cmd.run(args) or 0)
     except RegenError as e:
-        print(f"error: {e}", file=sys.stderr)
+        report_error(e)
         return 2

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from regen.cli._args import add_override_argument
+
 NAME = "demo"
 HELP = "run the demo end to end: tiny model, transformers serve, regen run, export"
 
@@ -35,14 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, metavar="N", help="Ray actors (manifest default)")
     p.add_argument("--concurrency", type=int, metavar="N", help="requests in flight per actor")
     p.add_argument("--limit", type=int, metavar="N", help="keep only the first N samples")
-    p.add_argument(
-        "-o",
-        "--override",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="manifest override (repeatable)",
-    )
+    add_override_argument(p)
     p.add_argument("--address", metavar="ADDR", help="Ray cluster to join (default: local)")
     p.add_argument("--force", action="store_true", help="continue a run dir of another manifest")
     p.add_argument("--no-view", action="store_true", help="no live progress view")  # fmt: skip

@@ -64,6 +64,13 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format=fmt, handlers=[handler], force=True)
 
 
+def report_error(e: RegenError) -> None:
+    """One line on stderr, no traceback: how every regen entrypoint reports a regen error."""
+    Console(stderr=True, soft_wrap=True).print(
+        f"[bold red]error:[/] {escape(str(e))}", highlight=False
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -71,9 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except RegenError as e:
-        Console(stderr=True, soft_wrap=True).print(
-            f"[bold red]error:[/] {escape(str(e))}", highlight=False
-        )
+        report_error(e)
         return 2
     except KeyboardInterrupt:
         Console(stderr=True).print("[yellow]interrupted[/]")

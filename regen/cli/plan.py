@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from regen.cli._args import add_override_argument
+
 if TYPE_CHECKING:
     from regen.plan import Plan
 
@@ -25,14 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="output throughput of the whole job, tokens/s (default 830)",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    parser.add_argument(
-        "-o",
-        "--override",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="dotted manifest override, e.g. -o sources.sharegpt.limit=3 (repeatable)",
-    )
+    add_override_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:

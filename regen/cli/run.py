@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import threading
 
+from regen.cli._args import add_override_argument
+
 NAME = "run"
 HELP = "regenerate the manifest's samples into a run directory (running it again resumes)"
 
@@ -32,14 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="requests in flight per actor (engine.concurrency)",
     )
     p.add_argument("--limit", type=int, metavar="N", help="keep only the first N samples")
-    p.add_argument(
-        "-o",
-        "--override",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="manifest override, e.g. -o sampling.max_tokens=256 (repeatable)",
-    )
+    add_override_argument(p)
     p.add_argument(
         "--retry-failed",
         action="store_true",
