@@ -18,15 +18,23 @@ pytestmark = pytest.mark.ray
 SAMPLES = 120
 
 
+#: SPREAD placement is Ray's best effort: on a busy machine every actor may start on the head
+#: before the new node takes actors; such a run never had a node to lose and is run again
+ATTEMPTS = 3
+
+
 @pytest.fixture(scope="module")
 def lost(tmp_path_factory, ray_head, ray_env) -> dict[str, Any]:
-    work = tmp_path_factory.mktemp("node-loss")
-    # a slower server than the benchmark's (~25 s of work): the run must still be going when
-    # the actors are on the node and a quarter is stored, even on a busy 2-core machine
-    res, verdict = node_loss.node_loss(work, ray_head.address, ray_head.dashboard_url, ray_env,
-                                       samples=SAMPLES, kill_after=0.25, timeout_s=240,
-                                       sim={"step_ms": 50.0})  # fmt: skip
-    return {"res": res, "verdict": verdict, "work": work}
+    for attempt in range(ATTEMPTS):
+        work = tmp_path_factory.mktemp(f"node-loss-{attempt}")
+        # a slower server than the benchmark's (~25 s of work): the run must still be going when
+        # the actors are on the node and a quarter is stored, even on a busy 2-core machine
+        res, verdict = node_loss.node_loss(work, ray_head.address, ray_head.dashboard_url,
+                                           ray_env, samples=SAMPLES, kill_after=0.25,
+                                           timeout_s=240, sim={"step_ms": 50.0})  # fmt: skip
+        if res.actors_on_node:
+            break
+    return {"res": res, "verdict": verdict, "work": work, "attempts": attempt + 1}
 
 
 def test_the_node_died_with_actors_on_it_mid_run(lost) -> None:
