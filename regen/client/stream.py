@@ -49,32 +49,22 @@ class StreamAccumulator:
 
     def feed_line(self, line: str) -> None:
         """One line of the SSE body."""
-        if not line.startswith("data:"):
-            return
-        payload = line[5:].strip()
-        if not payload:
-            return
-        if payload == "[DONE]":
-            self.done = True
-            return
-        data = json.loads(payload)
-        if not isinstance(data, dict):
-            return
-        if data.get("error") is not None:
-            raise stream_error(data["error"], endpoint=self.endpoint)
-        self.add(data)
+        if line.startswith("data:"):
+            self._payload(line[5:].strip(), "[DONE]")
 
     def feed_bytes(self, line: bytes) -> None:
         """One line of the SSE body, undecoded (the fast path of :mod:`regen.client.raw`)."""
-        if not line.startswith(b"data:"):
-            return
-        payload = line[5:].strip()
+        if line.startswith(b"data:"):
+            self._payload(line[5:].strip(), b"[DONE]")
+
+    def _payload(self, payload: str | bytes, done_marker: str | bytes) -> None:
+        """The data of one SSE event: the end marker, an error object, or a chunk."""
         if not payload:
             return
-        if payload == b"[DONE]":
+        if payload == done_marker:
             self.done = True
             return
-        data = json.loads(payload)
+        data = json.loads(payload)  # str or bytes alike
         if not isinstance(data, dict):
             return
         if data.get("error") is not None:
