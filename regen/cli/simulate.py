@@ -52,6 +52,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.5,
         help="share of requests with tools that call one",
     )
+    a.add_argument(
+        "--prompt-share",
+        type=float,
+        default=0.0,
+        help="share of the variance of log answer length fixed by the prompt (seed + last "
+        "user message), 0-1; 0 (default) keeps today's answers",
+    )
     f = p.add_argument_group("faults")
     f.add_argument("--fail-rate", type=float, default=0.0, help="HTTP 500 rate")
     f.add_argument("--rate-limit-rate", type=float, default=0.0, help="HTTP 429 rate")
@@ -110,6 +117,7 @@ def build_config(args: argparse.Namespace):  # -> SimConfig
                 mean_tokens=args.mean_tokens * args.length_scale,
                 length_sigma=args.length_sigma,
                 tool_call_rate=args.tool_call_rate,
+                prompt_share=args.prompt_share,
             ),
             faults=FaultConfig(
                 fail_rate=args.fail_rate,

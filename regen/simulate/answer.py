@@ -6,9 +6,12 @@ request always gets byte-identical reasoning, content and tool calls, whatever f
 server process served it, so a test can compare stored content with ``answer(request)``.
 
 Lengths are long-tailed: the total is lognormal around :attr:`AnswerConfig.mean_tokens`; with
-thinking on, a share of 30-80% goes to reasoning. A ``max_tokens`` cap keeps the first tokens
-(reasoning, then content, then whole tool calls) and sets ``finish_reason`` to ``"length"``.
-Tokens are the word pieces of :mod:`regen.simulate.tokens`.
+thinking on, a share of 30-80% goes to reasoning. The normal draw behind the length mixes a part
+fixed by the prompt (:func:`prompt_z`: the seed and the last user message) with a part drawn
+from the whole request; :attr:`AnswerConfig.prompt_share` is the prompt's share of its variance
+(0, the default, keeps every answer as it was before the knob existed). A ``max_tokens`` cap
+keeps the first tokens (reasoning, then content, then whole tool calls) and sets
+``finish_reason`` to ``"length"``. Tokens are the word pieces of :mod:`regen.simulate.tokens`.
 """
 
 from __future__ import annotations
@@ -17,13 +20,13 @@ import hashlib
 import json
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from regen.simulate.tokens import count_tokens, split_pieces
+from regen.simulate.tokens import _content_text, count_tokens, split_pieces
 from regen.simulate.tokens import prompt_tokens as count_prompt_tokens
 
 _WORDS = [
@@ -195,6 +198,9 @@ class AnswerConfig(BaseModel):
     length_sigma: float = Field(1.0, ge=0)
     #: probability that a request with tools answers with tool calls
     tool_call_rate: float = Field(0.5, ge=0, le=1)
+    #: share of the variance of log length fixed by the prompt (seed + last user message);
+    #: 0 draws the length from the whole request alone, 1 from the prompt alone
+    prompt_share: float = Field(0.0, ge=0, le=1)
 
 
 @dataclass(slots=True, frozen=True)
@@ -267,6 +273,31 @@ def answer_seed(request: Mapping[str, Any]) -> bytes:
     }
     blob = json.dumps(material, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).digest()
+
+
+def prompt_z(seed: int | None, user_text: str) -> float:
+    """The prompt's standard-normal length draw: a pure function of ``seed`` and the text of
+    the last user message (what the prompt decides of an answer's length)."""
+    blob = json.dumps(
+        {"seed": seed, "user": user_text}, sort_keys=True, ensure_ascii=False, separators=(",", ":")
+    )
+    digest = hashlib.sha256(blob.encode("utf-8", "surrogatepass")).digest()
+    return random.Random(int.from_bytes(digest[:16], "big")).gauss(0.0, 1.0)
+
+
+def last_user_text(messages: Iterable[Any]) -> str | None:
+    """Text of the last ``user`` message (content parts joined), None without one."""
+    text = None
+    for m in messages:
+        if isinstance(m, Mapping) and m.get("role") == "user":
+            text = _content_text(m.get("content"))
+    return text
+
+
+def request_prompt_z(request: Mapping[str, Any]) -> float | None:
+    """:func:`prompt_z` of a request body; None when it has no user message."""
+    text = last_user_text(request.get("messages") or ())
+    return None if text is None else prompt_z(request.get("seed"), text)
 
 
 def _word_pieces(prefix: str, capital: bool) -> tuple[tuple[str, ...], ...]:
@@ -370,7 +401,14 @@ def answer(
     rng = random.Random(int.from_bytes(answer_seed(request)[:16], "big"))
     sigma = config.length_sigma
     mu = math.log(config.mean_tokens) - sigma * sigma / 2
-    drawn = math.exp(rng.gauss(mu, sigma)) if sigma else config.mean_tokens
+    drawn = config.mean_tokens
+    if sigma:
+        z = rng.gauss(0.0, 1.0)  # the request's own draw (as rng.gauss(mu, sigma) consumes it)
+        share = config.prompt_share
+        zp = request_prompt_z(request) if share else None
+        if zp is not None:
+            z = math.sqrt(share) * zp + math.sqrt(1.0 - share) * z
+        drawn = math.exp(mu + sigma * z)
     total = max(1, round(drawn))
     thinking = thinking_enabled(request)
     n_reason = max(1, round(total * rng.uniform(0.3, 0.8))) if thinking else 0
