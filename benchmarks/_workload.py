@@ -4,8 +4,14 @@ how utilization is measured. Not a test; imported by ``benchmarks/*.py``.
 Workload: ``n`` ShareGPT-style conversations (``id``, ``conversations: [{from, value}]``),
 deterministic from a seed; a share ``multi`` has 2-3 user turns (so 2-3 assistant turns to
 regenerate), the rest one; prompt lengths are long-tailed (lognormal, 20-6,000 characters).
-Written as ``WORKDIR/sharegpt.jsonl`` with a manifest ``WORKDIR/bench.yaml`` (target
-``bench-target``, the demo's tiny tokenizer, ``max_tokens`` 2048, seed 0).
+The original (``gpt``) answers are another model answering the same prompts: each has a
+lognormal length in words (mean 256, sigma 1, at most 2,048) whose normal draw is
+``sqrt(c)·prompt_z + sqrt(1-c)·z_own`` — ``prompt_z`` the simulator's draw for the turn's user
+message (:func:`regen.simulate.answer.prompt_z`, manifest seed), ``c`` = ``length_corr`` — so
+against ``regen simulate --prompt-share c`` their log lengths correlate ~c with the target's;
+at c = 0 they carry no signal. Written as ``WORKDIR/sharegpt.jsonl`` with a manifest
+``WORKDIR/bench.yaml`` (target ``bench-target``, the demo's tiny tokenizer, ``max_tokens``
+2048, seed 0).
 
 Fleet: ``k`` fresh ``regen simulate`` subprocesses per contender (the capacity model; one
 request log each; fresh because a server's per-conversation counts outlive a stats reset). A
@@ -30,12 +36,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from regen.simulate.answer import prompt_z
 from regen.simulate.testing import RunningSimulator, running_simulator
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"
 MODEL = "bench-target"
 MAX_TOKENS = 2048
+#: the manifest's ``sampling.seed``: the simulator's prompt draw depends on it
+SAMPLING_SEED = 0
 POLL_S = 0.2
 
 _WORDS = tuple(
@@ -81,33 +90,61 @@ def _text(rng: random.Random, chars: int) -> str:
     return " ".join(out)
 
 
-def make_rows(n: int = 1500, *, multi: float = 0.3, seed: int = 0) -> list[dict[str, Any]]:
-    """The ShareGPT-style workload: ``n`` conversations, a share ``multi`` with 2-3 turns."""
-    rng = random.Random(seed)
+def original_length(
+    user_text: str, z_own: float, *, length_corr: float, mean_tokens: float, sigma: float
+) -> int:
+    """Words of the original answer to ``user_text``: lognormal (mean ``mean_tokens``),
+    sharing a share ``length_corr`` of its log variance with the simulator's prompt draw."""
+    mu = math.log(mean_tokens) - sigma * sigma / 2
+    z = math.sqrt(length_corr) * prompt_z(SAMPLING_SEED, user_text)
+    z += math.sqrt(1.0 - length_corr) * z_own
+    return min(MAX_TOKENS, max(1, round(math.exp(mu + sigma * z))))
+
+
+def make_rows(
+    n: int = 1500,
+    *,
+    multi: float = 0.3,
+    seed: int = 0,
+    length_corr: float = 0.0,
+    mean_tokens: float = 256.0,
+    sigma: float = 1.0,
+) -> list[dict[str, Any]]:
+    """The ShareGPT-style workload: ``n`` conversations, a share ``multi`` with 2-3 turns.
+    The prompts depend on ``seed`` alone; the originals' lengths on ``length_corr`` too."""
+    rng = random.Random(seed)  # prompts (and turn counts): the same for any length_corr
+    originals = random.Random(f"{seed}:originals")
     rows = []
     for i in range(n):
         turns = rng.choice((2, 3)) if rng.random() < multi else 1
         conv = []
         for t in range(turns):
             chars = int(min(6000, max(20, math.exp(rng.gauss(math.log(300), 1.0)))))
-            conv.append({"from": "human", "value": f"[{i}.{t}] " + _text(rng, chars)})
-            conv.append({"from": "gpt", "value": _text(rng, 60)})
+            user = f"[{i}.{t}] " + _text(rng, chars)
+            _text(rng, 60)  # the former fixed-size original: keeps later prompts unchanged
+            words = original_length(user, originals.gauss(0.0, 1.0), length_corr=length_corr,
+                                    mean_tokens=mean_tokens, sigma=sigma)  # fmt: skip
+            gpt = " ".join(originals.choice(_WORDS) for _ in range(words))
+            conv.append({"from": "human", "value": user})
+            conv.append({"from": "gpt", "value": gpt})
         rows.append({"id": f"conv{i:05d}", "conversations": conv})
     return rows
 
 
-def write_workload(workdir: Path, n: int = 1500, *, multi: float = 0.3) -> Path:
+def write_workload(
+    workdir: Path, n: int = 1500, *, multi: float = 0.3, length_corr: float = 0.0
+) -> Path:
     """Rows + manifest in ``workdir``; returns the manifest path."""
     workdir.mkdir(parents=True, exist_ok=True)
     with (workdir / "sharegpt.jsonl").open("w") as f:
-        for row in make_rows(n, multi=multi):
+        for row in make_rows(n, multi=multi, length_corr=length_corr):
             f.write(json.dumps(row) + "\n")
     manifest = {
         "name": "bench",
         "target": {"model": MODEL, "tokenizer": str(TOKENIZER), "template": "kimi-k2.5",
                    "trust_remote_code": False},
         "sampling": {"temperature": 0.6, "top_p": 0.95, "max_tokens": MAX_TOKENS,
-                     "thinking": True, "seed": 0},
+                     "thinking": True, "seed": SAMPLING_SEED},
         "endpoints": [],
         "engine": {"workers": 2, "concurrency": 64, "max_attempts": 4, "part_size": 512,
                    "part_interval_s": 30, "request_timeout_s": 600},
