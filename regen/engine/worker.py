@@ -123,7 +123,7 @@ class Slots:
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 self.release()  # granted just as we were cancelled
-            else:
+            elif fut in self._waiters:  # _wake may already have dropped it
                 self._waiters.remove(fut)
             raise
         return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from regen.engine.adaptive import AdaptiveLimit, AdaptiveSettings, split
 from regen.engine.worker import Slots
@@ -104,3 +105,18 @@ def test_slots_resize_wakes_waiters_in_order() -> None:
         return order
 
     assert asyncio.run(main()) == [0, 1, 2]
+
+
+def test_slots_waiter_cancelled_after_its_future_was_dropped() -> None:
+    async def main() -> tuple[int, int]:
+        slots = Slots(1)
+        await slots.acquire()
+        waiter = asyncio.create_task(slots.acquire())
+        await asyncio.sleep(0)
+        waiter.cancel()  # its future is cancelled now, the task resumes later
+        slots.release()  # _wake drops the cancelled future before the task runs
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter  # CancelledError, not ValueError from the deque
+        return slots.used, slots.waiting
+
+    assert asyncio.run(main()) == (0, 0)
