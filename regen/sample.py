@@ -112,6 +112,19 @@ class Sample:
     def assistant_turns(self) -> int:
         return sum(1 for m in self.messages if m.role == "assistant")
 
+    def original_chars(self) -> int:
+        """Mean characters of the source's own answers to the turns to regenerate (content,
+        reasoning and tool calls; 0 when there is none): another model's answer to the same
+        prompt, the best predictor of how long the target's answer will be."""
+        if self.mode == "native":
+            return 0
+        answers = [m for m in self.messages if m.role == "assistant"]
+        if self.turns == "last":
+            answers = answers[-1:]
+        sizes = [_answer_chars(m) for m in answers]
+        sizes = [n for n in sizes if n > 0]
+        return round(sum(sizes) / len(sizes)) if sizes else 0
+
     def turns_to_regenerate(self) -> int:
         """How many requests this sample needs (at least one for a prompt-only sample)."""
         if self.mode == "native":
@@ -137,6 +150,11 @@ class Rejection:
         if self.field:
             where += f" field {self.field!r}"
         return f"{where}: {self.reason}" + (f" ({self.detail})" if self.detail else "")
+
+
+def _answer_chars(m: Message) -> int:
+    calls = sum(len(c.name) + len(c.arguments) for c in m.tool_calls)
+    return len(m.content) + len(m.reasoning or "") + calls
 
 
 def normalized_message(m: Message) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from regen.engine.adaptive import split
-from regen.engine.schedule import LengthModel, PackedSample, WorkQueue
+from regen.engine.schedule import SCHEDULE_FILE, LengthModel, PackedSample, Spill, WorkQueue
 from regen.engine.tracker import ProgressTracker
 from regen.engine.worker import SampleOutcome
 from regen.errors import RegenError
@@ -98,10 +98,11 @@ class JobSummary:
 
 @dataclass(slots=True)
 class _Plan:
-    todo: list[PackedSample]
+    todo: list[PackedSample]  #: bodies in ``spill``
     native: list[Sample]
     totals: dict[str, tuple[int, bool]]
     skipped_failed: int
+    spill: Spill
 
 
 def _apply_options(manifest: Manifest, opts: RunOptions) -> Manifest:
@@ -135,10 +136,12 @@ def _native_check(manifest: Manifest) -> Callable[[Sample], str | None] | None:
 def plan_session(
     manifest: Manifest, done: set[str], failures: dict[str, FailureRecord], opts: RunOptions
 ) -> _Plan:
-    """Read the samples; split them into work (regenerate), native rows and already-done."""
+    """Read the samples; split them into work (regenerate), native rows and already-done.
+    The bodies of the work are spilled to a temporary file (closed with the plan)."""
     from regen.sources import read_samples
 
     samples: Iterator[Sample] = read_samples(manifest, None, _native_check(manifest))
+    spill = Spill()
     if opts.limit is not None:
         samples = itertools.islice(samples, opts.limit)
     todo: list[PackedSample] = []
@@ -163,10 +166,8 @@ def plan_session(
         if s.mode == "native":
             native.append(s)
         else:
-            todo.append(PackedSample.pack(s))  # compact: the plan of a big run stays small
-    # tail-aware order: samples with more turns to regenerate start first (stable otherwise)
-    todo.sort(key=lambda s: -s.turns_to_regenerate())
-    return _Plan(todo, native, {k: (v[0], v[1]) for k, v in totals.items()}, skipped)
+            todo.append(PackedSample.pack(s, spill))  # the plan of a big run stays small
+    return _Plan(todo, native, {k: (v[0], v[1]) for k, v in totals.items()}, skipped, spill)
 
 
 def connect_ray(address: str | None) -> bool:
@@ -330,6 +331,7 @@ class _Session:
         self.failed_ids: dict[str, FailureRecord] = {}
         self.summary = JobSummary(run_dir=rd.uri, session=session, state="failed")
         self._last_progress = 0.0
+        self.lengths: LengthModel | None = None  #: the dispatch order's estimate (learned)
 
     # -- recording --------------------------------------------------------------------------
     def completed(self, sample_id: str, source: str, rows: list[dict[str, Any]]) -> None:
@@ -339,7 +341,29 @@ class _Session:
         self.tracker.sample_done(source, rows, was_failed=prev is not None and prev.permanent)
         self.summary.completed_now += 1
         if self.journal.due(self.m.engine.part_size, self.m.engine.part_interval_s):
-            self.journal.roll()
+            self.roll()
+
+    def roll(self) -> None:
+        """Write the journal's samples as a part; save what the order learned with it."""
+        self.journal.roll()
+        self.save_schedule()
+
+    def save_schedule(self) -> None:
+        if self.lengths is None:
+            return
+        try:
+            self.rd.write_json_atomic(SCHEDULE_FILE, self.lengths.state())
+        except OSError as e:  # an estimate; losing it costs only ordering
+            log.warning("could not write %s: %s", SCHEDULE_FILE, e)
+
+    def _saved_schedule(self) -> dict[str, Any] | None:
+        try:
+            state = self.rd.read_json(SCHEDULE_FILE)
+        except Exception as e:  # a torn or unreadable estimate: start from the prior
+            log.warning("%s unreadable (%s); the length estimate starts from its prior",
+                        SCHEDULE_FILE, e)  # fmt: skip
+            return None
+        return state if isinstance(state, dict) else None
 
     def failed(self, out: SampleOutcome) -> None:
         rec = FailureRecord(
@@ -481,16 +505,19 @@ class _Session:
 
             for s in plan.native:
                 self.completed(s.id, s.source, [native_row(s)])
-        if plan.todo and not self.stop.is_set():
-            regen_sources = {s.name for s in m.sources if s.mode == "regenerate"}
-            model = LengthModel.from_done(done, regen_sources)
-            state = self._regenerate(plan.todo, model, warm or self._warm_up())
-        elif self.stop.is_set():
-            state = "interrupted"
+        with plan.spill:
+            if plan.todo and not self.stop.is_set():
+                regen_sources = {s.name for s in m.sources if s.mode == "regenerate"}
+                self.lengths = LengthModel.from_done(done, regen_sources, self._saved_schedule())
+                queue = WorkQueue(plan.todo, self.lengths, spill=plan.spill)
+                plan.todo.clear()  # the queue holds them now
+                state = self._regenerate(queue, warm or self._warm_up())
+            elif self.stop.is_set():
+                state = "interrupted"
         self.summary.state = state
         return self.summary
 
-    def _regenerate(self, todo: list[PackedSample], model: LengthModel, warm: _Warm) -> str:
+    def _regenerate(self, queue: WorkQueue, warm: _Warm) -> str:
         try:
             if warm.error is not None:
                 raise warm.error
@@ -499,7 +526,7 @@ class _Session:
             limits = [w.slots for w in pool.workers]
             log.info("%d workers against %d endpoint(s); starting in-flight limits %s",
                      len(limits), len(warm.infos), limits)  # fmt: skip
-            return self._feed(pool, WorkQueue(todo, model))
+            return self._feed(pool, queue)
         finally:
             warm.close()
 
@@ -549,12 +576,13 @@ class _Session:
                     w.slots = out.slots
                 if out.status == "done":
                     self.completed(out.sample_id, out.source, out.rows)
-                    queue.observe(out.source, (int(r.get("completion_tokens") or 0)
-                                               for r in out.rows))  # fmt: skip
+                    queue.observe(out.source,
+                                  [int(r.get("completion_tokens") or 0) for r in out.rows],
+                                  s.original_chars())  # fmt: skip
                 else:
                     self.failed(out)
             if self.journal.due(self.m.engine.part_size, self.m.engine.part_interval_s):
-                self.journal.roll()  # part_interval_s also applies while nothing completes
+                self.roll()  # part_interval_s also applies while nothing completes
             self.progress(pool.live_actors())
         self.progress(pool.live_actors(), force=True)
         return "finished"
@@ -565,6 +593,7 @@ class _Session:
             self.summary.parts_written = self.journal.parts_written
             self.journal.close()
             self.summary.parts_written = self.journal.parts_written
+            self.save_schedule()
         finally:
             self.failure_log.close()
             if self.tracker is not None:

@@ -1,28 +1,48 @@
 """Tail-aware order of the samples not yet dispatched: the longest expected first.
 
-Owns no files. What it learns survives a resume because it is derived from the run
-directory's parts at start (:meth:`LengthModel.from_done`: the per-source ``rows`` and
-``completion_tokens`` that :func:`regen.store.journal.read_done` already sums while building
-the done-set), so the first dispatches of a resumed session are ordered by what earlier
-sessions saw, at no extra reading cost, and it can never disagree with the data.
+On-disk layout owned here: ``RUN_DIR/schedule.json``, the learned state of :class:`LengthModel`
+(``{"version": 1, "sources": {name: {turns, tokens, n, sx, sy, sxx, sxy}}}``), replaced
+atomically whenever the driver writes a part. The per-source ``turns``/``tokens`` are also
+derived from the parts at start (:meth:`LengthModel.from_done`: ``read_done`` sums them while
+building the done-set), and those win; the file adds what the parts do not hold (how the
+source's original answers predicted the target's). A missing or unreadable file only means
+starting that part of the estimate from its prior.
 
-Expected cost of a sample (in decode tokens, the server's unit of work):
-``turns × mean_output_tokens_per_turn(source) + PREFILL_WEIGHT × prompt_tokens``.
-The per-source mean is shrunk towards the mean of all sources (``PRIOR_TURNS`` pseudo-turns),
-and that one towards ``DEFAULT_TOKENS_PER_TURN`` before anything completed. Multi-turn chains
-run their turns one after another, so their cost is the critical path, not only the load.
+Expected cost of a sample (in decode tokens, the server's unit of work)::
+
+    turns × tokens_per_turn(source) × verbosity(source, original) + PREFILL_WEIGHT × prompt
+
+- ``tokens_per_turn``: the source's mean completion tokens per regenerated turn, learned from
+  completed samples, shrunk towards the mean of all sources (``PRIOR_TURNS`` pseudo-turns), that
+  one towards ``DEFAULT_TOKENS_PER_TURN`` before anything completed.
+- ``verbosity``: how long this sample's original answers are against its source's, raised to a
+  learned power: ``exp(b × (log original_chars − mean log original_chars of the source))``.
+  ``b`` is the least-squares slope of log completion tokens per turn on log original chars over
+  the source's completed samples, shrunk towards ``PRIOR_SLOPE`` (``PRIOR_SAMPLES``
+  pseudo-samples) and clipped to [0, ``MAX_SLOPE``]: a source whose original answers say nothing
+  about the target's lengths drifts to b = 0 (then only turns, source and prompt size order it).
+  Samples without an original answer get 1.
+- Multi-turn chains run their turns one after another, so their cost is the critical path.
 
 :class:`WorkQueue` is a heap of the not-yet-dispatched samples keyed on that cost (ties: input
-order). When an estimate moves by more than ``REPRIORITISE_SHIFT`` the heap is rebuilt
-(O(n), at most once per ``REPRIORITISE_EVERY_S``). Samples taken back from a dead worker are
-pushed again with their cost.
+order). When an estimate moves by more than ``REPRIORITISE_SHIFT`` the heap is rebuilt (O(n),
+at most once per ``REPRIORITISE_EVERY_S``). Samples taken back from a dead worker are pushed
+again with their cost.
+
+Memory: a queued sample is a :class:`PackedSample` (what ordering needs, readable) whose body,
+a zlib'd pickle, lives in a :class:`Spill` file (an unlinked temporary file of the driver) until
+it is dispatched, so a 1.4M-sample plan holds ~0.3 KB per sample in memory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
+import math
+import os
 import pickle
+import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterable
@@ -33,10 +53,21 @@ from regen.sample import Sample
 
 log = logging.getLogger(__name__)
 
+SCHEDULE_FILE = "schedule.json"
+SCHEDULE_VERSION = 1
+
 #: tokens per regenerated turn assumed before any sample completed
 DEFAULT_TOKENS_PER_TURN = 512.0
 #: pseudo-turns of the prior in each source's mean (shrinkage)
 PRIOR_TURNS = 8.0
+#: slope of log answer tokens on log original chars before a source taught anything
+PRIOR_SLOPE = 0.5
+#: pseudo-samples of that prior
+PRIOR_SAMPLES = 16.0
+#: the slope is clipped to [0, MAX_SLOPE]
+MAX_SLOPE = 1.5
+#: the verbosity factor is clipped to [1/MAX_VERBOSITY, MAX_VERBOSITY]
+MAX_VERBOSITY = 64.0
 #: decode-token cost of one prompt token (prefill is far cheaper than decode per token)
 PREFILL_WEIGHT = 0.02
 #: characters per prompt token assumed for the prompt-length term
@@ -49,53 +80,154 @@ REPRIORITISE_EVERY_S = 2.0
 
 @dataclass(slots=True)
 class SourceStats:
-    """Completed regenerated turns of one source and their completion tokens."""
+    """What completed samples of one source taught: turns and tokens, and the sums of the
+    regression of log tokens per turn (y) on log original chars (x) over samples with an
+    original answer."""
 
     turns: int = 0
     tokens: float = 0.0
+    n: int = 0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+
+    def slope(self) -> float:
+        """Shrunk least-squares slope of y on x."""
+        b_hat, weight = PRIOR_SLOPE, 0.0
+        if self.n >= 2:
+            var = self.n * self.sxx - self.sx * self.sx
+            if var > 1e-9 * self.n * self.n:
+                b_hat = (self.n * self.sxy - self.sx * self.sy) / var
+                weight = float(self.n)
+        b = (weight * b_hat + PRIOR_SAMPLES * PRIOR_SLOPE) / (weight + PRIOR_SAMPLES)
+        return min(MAX_SLOPE, max(0.0, b))
 
 
 class LengthModel:
-    """Per-source mean output tokens per turn, learned from completed samples."""
+    """Per-source expected output tokens per turn, learned from completed samples."""
 
     def __init__(self, stats: dict[str, SourceStats] | None = None) -> None:
         self.sources: dict[str, SourceStats] = dict(stats or {})
+        #: (count, Σ log original chars) of the queued samples per source (see WorkQueue)
+        self.queued: dict[str, tuple[int, float]] = {}
+        self._cache: dict[str, tuple[float, float, float | None]] = {}
 
-    def observe(self, source: str, completion_tokens: Iterable[int]) -> None:
-        """One completed sample: the completion tokens of each of its regenerated turns."""
+    # -- learning -------------------------------------------------------------------------
+    def observe(
+        self, source: str, completion_tokens: Iterable[int], original_chars: int = 0
+    ) -> None:
+        """One completed sample: the completion tokens of each regenerated turn, and the mean
+        characters of its original answers (0: none)."""
         st = self.sources.setdefault(source, SourceStats())
+        turns, tokens = 0, 0.0
         for ct in completion_tokens:
-            st.turns += 1
-            st.tokens += float(ct)
+            turns += 1
+            tokens += float(ct)
+        st.turns += turns
+        st.tokens += tokens
+        if original_chars > 0 and turns:
+            x, y = math.log(original_chars), math.log(1.0 + tokens / turns)
+            st.n += 1
+            st.sx += x
+            st.sy += y
+            st.sxx += x * x
+            st.sxy += x * y
+        self._cache.clear()
 
+    # -- estimates ------------------------------------------------------------------------
     def global_mean(self) -> float:
         turns = sum(s.turns for s in self.sources.values())
         tokens = sum(s.tokens for s in self.sources.values())
         return (tokens + PRIOR_TURNS * DEFAULT_TOKENS_PER_TURN) / (turns + PRIOR_TURNS)
 
     def tokens_per_turn(self, source: str) -> float:
+        return self._params(source)[0]
+
+    def slope(self, source: str) -> float:
+        return self._params(source)[1]
+
+    def _params(self, source: str) -> tuple[float, float, float | None]:
+        """(tokens per turn, slope, centre of log original chars) of a source, cached until
+        the next observation."""
+        got = self._cache.get(source)
+        if got is not None:
+            return got
         prior = self.global_mean()
-        st = self.sources.get(source)
-        if st is None:
-            return prior
-        return (st.tokens + PRIOR_TURNS * prior) / (st.turns + PRIOR_TURNS)
+        st = self.sources.get(source) or SourceStats()
+        mean = (st.tokens + PRIOR_TURNS * prior) / (st.turns + PRIOR_TURNS)
+        qn, qx = self.queued.get(source, (0, 0.0))
+        n, sx = st.n + qn, st.sx + qx
+        got = (mean, st.slope(), sx / n if n else None)
+        self._cache[source] = got
+        return got
+
+    def verbosity(self, source: str, original_chars: int) -> float:
+        """How much longer than its source's typical answer this sample's is expected to be."""
+        if original_chars <= 0:
+            return 1.0
+        _, b, centre = self._params(source)
+        if centre is None or b == 0.0:
+            return 1.0
+        f = math.exp(b * (math.log(original_chars) - centre))
+        return min(MAX_VERBOSITY, max(1.0 / MAX_VERBOSITY, f))
 
     def cost(self, sample: Sample | PackedSample) -> float:
         """Expected decode tokens on the sample's critical path."""
-        return sample_cost(sample, self.tokens_per_turn(sample.source))
+        per_turn = self.tokens_per_turn(sample.source)
+        per_turn *= self.verbosity(sample.source, sample.original_chars())
+        return sample.turns_to_regenerate() * per_turn + PREFILL_WEIGHT * prompt_tokens(sample)
+
+    # -- persistence ----------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """The JSON of ``schedule.json``."""
+        return {
+            "version": SCHEDULE_VERSION,
+            "sources": {k: dataclasses.asdict(v) for k, v in self.sources.items()},
+        }
 
     @classmethod
-    def from_done(cls, done: Any, regenerate: Iterable[str]) -> LengthModel:
-        """Learned state of earlier sessions, from a :class:`regen.store.journal.DoneSet`
-        (only sources that regenerate: native rows say nothing about the server)."""
+    def from_done(
+        cls, done: Any, regenerate: Iterable[str], state: dict[str, Any] | None = None
+    ) -> LengthModel:
+        """Learned state of earlier sessions: per-source turns and tokens from a
+        :class:`regen.store.journal.DoneSet` (only sources that regenerate: native rows say
+        nothing about the server), the regression sums from ``schedule.json``'s ``state``."""
         keep = set(regenerate)
-        return cls(
-            {
-                name: SourceStats(int(t.rows), float(t.completion_tokens))
-                for name, t in done.sources.items()
-                if name in keep and t.rows > 0
-            }
-        )
+        saved = _saved_sources(state)
+        out: dict[str, SourceStats] = {}
+        for name in keep:
+            t = done.sources.get(name)
+            st = saved.get(name) or SourceStats()
+            if t is not None and t.rows > 0:
+                st.turns, st.tokens = int(t.rows), float(t.completion_tokens)
+            else:
+                st.turns, st.tokens = 0, 0.0
+            if st.turns or st.n:
+                out[name] = st
+        return cls(out)
+
+
+def _saved_sources(state: dict[str, Any] | None) -> dict[str, SourceStats]:
+    if not state:
+        return {}
+    try:
+        if state.get("version") != SCHEDULE_VERSION:
+            raise ValueError(f"version {state.get('version')!r}")
+        fields = {f.name for f in dataclasses.fields(SourceStats)}
+        out = {}
+        for name, d in dict(state["sources"]).items():
+            if set(d) != fields:
+                raise ValueError(f"source {name!r}: fields {sorted(d)}")
+            st = SourceStats(int(d["turns"]), float(d["tokens"]), int(d["n"]),
+                             *(float(d[k]) for k in ("sx", "sy", "sxx", "sxy")))  # fmt: skip
+            if not all(math.isfinite(v) for v in (st.sx, st.sy, st.sxx, st.sxy)):
+                raise ValueError(f"source {name!r}: not finite")
+            out[str(name)] = st
+        return out
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        log.warning("%s ignored (%s): the length estimate starts from its prior", SCHEDULE_FILE, e)
+        return {}
 
 
 PICKLE_PROTOCOL = 5
@@ -118,26 +250,72 @@ def _zdict() -> bytes:
     return _ZDICT[0]
 
 
+class Spill:
+    """Append-only blobs in an unlinked temporary file (``$TMPDIR``): the bodies of the queued
+    samples, read back one at a time when dispatched. Closed with the session."""
+
+    def __init__(self, directory: str | None = None) -> None:
+        self._file = tempfile.TemporaryFile(prefix="regen-queue-", dir=directory)  # noqa: SIM115 (closed by close())
+        self._fd = self._file.fileno()
+        self.size = 0
+
+    def put(self, blob: bytes) -> int:
+        at = self.size
+        self._file.write(blob)
+        self.size += len(blob)
+        return at
+
+    def get(self, at: int, size: int) -> bytes:
+        self._file.flush()
+        return os.pread(self._fd, size, at)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> Spill:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 @dataclass(slots=True, frozen=True)
 class PackedSample:
-    """A sample waiting in the queue, compressed (a 1.4M-sample plan must fit in memory): what
-    ordering needs stays readable (id, source, turns, prompt size), the rest is a zlib'd
-    pickle that the worker unpacks. Duck-types the parts of :class:`Sample` the cost uses."""
+    """A sample waiting in the queue, compressed: what ordering needs stays readable (id,
+    source, turns, prompt size, original answer size); the rest is a zlib'd pickle, in memory
+    (``blob``) or in a :class:`Spill` file (``at`` ≥ 0, ``size`` bytes) until :meth:`loaded`.
+    Duck-types the parts of :class:`Sample` the cost uses."""
 
     id: str
     source: str
     turns: int
     chars: int
-    blob: bytes
+    original: int
+    blob: bytes = b""
+    at: int = -1
+    size: int = 0
 
     @classmethod
-    def pack(cls, sample: Sample) -> PackedSample:
+    def pack(cls, sample: Sample, spill: Spill | None = None) -> PackedSample:
         z = zlib.compressobj(1, zdict=_zdict())
         blob = z.compress(pickle.dumps(sample, protocol=PICKLE_PROTOCOL)) + z.flush()
-        return cls(sample.id, sample.source, sample.turns_to_regenerate(),
-                   sample.prompt_chars(), blob)  # fmt: skip
+        head = (sample.id, sample.source, sample.turns_to_regenerate(), sample.prompt_chars(),
+                sample.original_chars())  # fmt: skip
+        if spill is None:
+            return cls(*head, blob=blob)
+        return cls(*head, at=spill.put(blob), size=len(blob))
+
+    def loaded(self, spill: Spill | None) -> PackedSample:
+        """The same sample with its body in memory (what is sent to a worker)."""
+        if self.at < 0:
+            return self
+        if spill is None:
+            raise ValueError(f"{self.id}: body is in a spill file and none was given")
+        return dataclasses.replace(self, blob=spill.get(self.at, self.size), at=-1, size=0)
 
     def unpack(self) -> Sample:
+        if self.at >= 0:
+            raise ValueError(f"{self.id}: body is still in the spill file")
         z = zlib.decompressobj(zdict=_zdict())
         sample: Sample = pickle.loads(z.decompress(self.blob) + z.flush())
         return sample
@@ -148,6 +326,9 @@ class PackedSample:
     def prompt_chars(self) -> int:
         return self.chars
 
+    def original_chars(self) -> int:
+        return self.original
+
 
 def unpacked(sample: Sample | PackedSample) -> Sample:
     return sample.unpack() if isinstance(sample, PackedSample) else sample
@@ -157,27 +338,35 @@ def prompt_tokens(sample: Sample | PackedSample) -> float:
     return sample.prompt_chars() / CHARS_PER_TOKEN
 
 
-def sample_cost(sample: Sample | PackedSample, tokens_per_turn: float) -> float:
-    return sample.turns_to_regenerate() * tokens_per_turn + PREFILL_WEIGHT * prompt_tokens(sample)
-
-
 class WorkQueue:
-    """The not-yet-dispatched samples, most expensive first; re-keyed as estimates move."""
+    """The not-yet-dispatched samples, most expensive first; re-keyed as estimates move.
+    Popped samples come with their body loaded from ``spill`` (when they were spilled)."""
 
     def __init__(
         self,
         samples: Iterable[Sample | PackedSample],
         model: LengthModel | None = None,
         *,
+        spill: Spill | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.model = model or LengthModel()
+        self.spill = spill
         self._clock = clock
-        self._seq = 0
-        self._heap: list[tuple[float, int, Sample | PackedSample]] = []
-        for s in samples:
-            self._heap.append((-self.model.cost(s), self._seq, s))
-            self._seq += 1
+        items = list(samples)
+        queued: dict[str, tuple[int, float]] = {}
+        for s in items:
+            chars = s.original_chars()
+            if chars > 0:
+                n, sx = queued.get(s.source, (0, 0.0))
+                queued[s.source] = (n + 1, sx + math.log(chars))
+        self.model.queued = queued  # the centre of each source's original answer sizes
+        self.model._cache.clear()
+        self._heap: list[tuple[float, int, Sample | PackedSample]] = [
+            (-self.model.cost(s), seq, s) for seq, s in enumerate(items)
+        ]
+        del items
+        self._seq = len(self._heap)
         heapq.heapify(self._heap)
         self._keyed_at = self._snapshot_estimates()
         self._last_rebuild = clock()
@@ -187,19 +376,22 @@ class WorkQueue:
         return len(self._heap)
 
     def pop(self) -> Sample | PackedSample | None:
-        """The most expensive sample left, or None."""
+        """The most expensive sample left (body loaded), or None."""
         if not self._heap:
             return None
-        return heapq.heappop(self._heap)[2]
+        s = heapq.heappop(self._heap)[2]
+        return s.loaded(self.spill) if isinstance(s, PackedSample) else s
 
     def push(self, sample: Sample | PackedSample) -> None:
         """Put a sample (back) in the queue, e.g. one taken from a dead worker."""
         heapq.heappush(self._heap, (-self.model.cost(sample), self._seq, sample))
         self._seq += 1
 
-    def observe(self, source: str, completion_tokens: Iterable[int]) -> None:
+    def observe(
+        self, source: str, completion_tokens: Iterable[int], original_chars: int = 0
+    ) -> None:
         """Learn from a completed sample; rebuild the heap when estimates moved enough."""
-        self.model.observe(source, completion_tokens)
+        self.model.observe(source, completion_tokens, original_chars)
         self.maybe_reprioritise()
 
     def maybe_reprioritise(self, *, force: bool = False) -> bool:
@@ -207,11 +399,7 @@ class WorkQueue:
         if not force and now - self._last_rebuild < REPRIORITISE_EVERY_S:
             return False
         current = self._snapshot_estimates()
-        moved = any(
-            abs(v - self._keyed_at.get(k, DEFAULT_TOKENS_PER_TURN))
-            > REPRIORITISE_SHIFT * max(1.0, self._keyed_at.get(k, DEFAULT_TOKENS_PER_TURN))
-            for k, v in current.items()
-        )
+        moved = any(_moved(self._keyed_at.get(k), v) for k, v in current.items())
         if not (moved or force):
             return False
         self._heap = [(-self.model.cost(s), seq, s) for _, seq, s in self._heap]
@@ -221,8 +409,17 @@ class WorkQueue:
         self.rebuilds += 1
         return True
 
-    def _snapshot_estimates(self) -> dict[str, float]:
-        names = set(self.model.sources)
-        out = {n: self.model.tokens_per_turn(n) for n in names}
-        out["*"] = self.model.global_mean()
+    def _snapshot_estimates(self) -> dict[str, tuple[float, float]]:
+        out = {n: (self.model.tokens_per_turn(n), self.model.slope(n)) for n in self.model.sources}
+        out["*"] = (self.model.global_mean(), PRIOR_SLOPE)
         return out
+
+
+def _moved(old: tuple[float, float] | None, new: tuple[float, float]) -> bool:
+    """An estimate moved enough to re-key: its mean by > REPRIORITISE_SHIFT, or its slope by
+    more than REPRIORITISE_SHIFT (absolute)."""
+    mean0, b0 = old if old is not None else (DEFAULT_TOKENS_PER_TURN, PRIOR_SLOPE)
+    return (
+        abs(new[0] - mean0) > REPRIORITISE_SHIFT * max(1.0, mean0)
+        or abs(new[1] - b0) > REPRIORITISE_SHIFT
+    )

@@ -96,3 +96,10 @@ def test_stop_writes_a_part_releases_the_lock_and_resumes(ray_head, tmp_path) ->
                                                handle_signals=False))  # fmt: skip
         assert rest.state == "finished" and rest.done == rest.total
         assert rest.completed_now == rest.total - summary.done
+        learned = rd.read_json("schedule.json")["sources"]  # the order's estimate, saved
+        regenerated = {s.name for s in m.sources if s.mode == "regenerate"}
+        done_sources = read_done(rd).sources
+        assert {k: v["turns"] for k, v in learned.items()} == {
+            k: done_sources[k].rows for k in regenerated
+        }
+        assert sum(v["n"] for v in learned.values()) > 0, learned  # originals vs answers

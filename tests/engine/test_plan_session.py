@@ -28,7 +28,10 @@ def test_limit_done_failures_and_order() -> None:
     assert sorted(planned) == sorted(set(first) - done - {first[5]})  # transient ones retried
     assert plan.skipped_failed == 1
     assert sum(t for t, _ in plan.totals.values()) == 20
-    turns = [s.turns_to_regenerate() for s in plan.todo]
-    assert turns == sorted(turns, reverse=True)  # longest chains first
+    with plan.spill:  # the bodies wait in the spill file; each comes back whole
+        bodies = [p.loaded(plan.spill).unpack() for p in plan.todo]
+    assert [b.id for b in bodies] == [p.id for p in plan.todo]
+    assert [b.turns_to_regenerate() for b in bodies] == [p.turns for p in plan.todo]
+    assert all(p.blob == b"" and p.at >= 0 for p in plan.todo)  # nothing held in memory
     again = plan_session(m, done, failures, RunOptions(limit=20, retry_failed=True))
     assert first[5] in {s.id for s in again.todo}

@@ -3,16 +3,24 @@ re-keyed as estimates move; learned state derived from the parts on resume."""
 
 from __future__ import annotations
 
+import json
+import math
+from types import SimpleNamespace
+
 import pyarrow as pa
+import pytest
 
 from regen.engine.schedule import (
     DEFAULT_TOKENS_PER_TURN,
+    PRIOR_SLOPE,
     REPRIORITISE_EVERY_S,
     LengthModel,
     PackedSample,
+    Spill,
     WorkQueue,
+    unpacked,
 )
-from regen.sample import Message, Sample
+from regen.sample import Message, Sample, ToolCall
 from regen.store import RunDir
 from regen.store.journal import CompletedSample, Journal, read_done
 
@@ -119,3 +127,71 @@ def test_packed_sample_round_trip_and_cost() -> None:
     assert m.cost(p) == m.cost(s)
     q = WorkQueue([sample("a", "x", 1), p])
     assert q.pop() is p
+
+
+def answered(sid: str, source: str, original: str, turns: int = 1) -> Sample:
+    msgs: list[Message] = []
+    for i in range(turns):
+        msgs += [Message("user", f"q{sid}.{i}"), Message("assistant", original)]
+    return Sample(f"{source}:{sid}", source, msgs)
+
+
+def test_longer_original_answers_go_first_within_a_source() -> None:
+    prompt_only = Sample("x:d", "x", [Message("user", "q")])
+    q = WorkQueue([answered("a", "x", "w " * 10), answered("b", "x", "w " * 900),
+                   answered("c", "x", "w " * 100), prompt_only])  # fmt: skip
+    assert drain(q) == ["x:b", "x:c", "x:d", "x:a"]  # no original: the source's typical
+
+
+def test_original_size_counts_reasoning_and_tool_calls_and_last_turn_only() -> None:
+    calls = (ToolCall("c1", "search", '{"q": "' + "x" * 80 + '"}'),)
+    msgs = [Message("user", "q"), Message("assistant", "ab", reasoning="cd" * 5),
+            Message("user", "q2"), Message("assistant", "", tool_calls=calls)]  # fmt: skip
+    s = Sample("x:1", "x", msgs)
+    assert s.original_chars() == round((12 + 6 + len(calls[0].arguments)) / 2)
+    last = Sample("x:1", "x", s.messages, turns="last")
+    assert last.original_chars() == 6 + len(calls[0].arguments)
+    assert Sample("x:2", "x", [Message("user", "only a prompt")]).original_chars() == 0
+
+
+def test_slope_is_learned_and_an_uninformative_source_drifts_to_zero() -> None:
+    m = LengthModel()
+    assert m.slope("x") == PRIOR_SLOPE
+    for i in range(400):  # answers ~ original chars (b = 1) in "x"; unrelated in "y"
+        chars = 20 + (i * 37) % 2000
+        m.observe("x", [chars // 4], chars)
+        m.observe("y", [100 + (i * 53) % 300], chars)
+    assert 0.9 < m.slope("x") <= 1.0
+    assert m.slope("y") < 0.05
+    assert m.verbosity("y", 2000) < 1.2  # the original says nothing in y
+    m.queued = {"x": (1, math.log(200))}
+    m._cache.clear()
+    assert m.verbosity("x", 2000) > 5 * m.verbosity("x", 200)
+
+
+def test_regression_state_survives_a_resume_through_schedule_json() -> None:
+    m = LengthModel()
+    for i in range(50):
+        m.observe("x", [10 * (i + 1)], 40 * (i + 1))
+    state = json.loads(json.dumps(m.state()))
+
+    done = SimpleNamespace(sources={"x": SimpleNamespace(rows=50, completion_tokens=12750)})
+    again = LengthModel.from_done(done, ["x"], state)
+    assert again.slope("x") == m.slope("x") and again.sources["x"].turns == 50
+    assert LengthModel.from_done(done, ["x"], {"version": 99}).slope("x") == PRIOR_SLOPE
+    bad = {"version": 1, "sources": {"x": {"turns": 1}}}
+    assert LengthModel.from_done(done, ["x"], bad).sources["x"].n == 0  # ignored, not fatal
+
+
+def test_spilled_bodies_come_back_on_pop(tmp_path) -> None:
+    samples = [answered(str(i), "x", "w " * (10 * i)) for i in range(1, 6)]
+    with Spill(str(tmp_path)) as spill:
+        packed = [PackedSample.pack(s, spill) for s in samples]
+        assert all(p.blob == b"" for p in packed) and spill.size > 0
+        q = WorkQueue(packed, spill=spill)
+        out = [q.pop() for _ in range(5)]
+        assert [unpacked(p).id for p in out] == [s.id for s in reversed(samples)]  # type: ignore[arg-type]
+        assert [unpacked(p) for p in out] == list(reversed(samples))  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            packed[0].unpack()
+    assert list(tmp_path.iterdir()) == []  # unlinked: nothing left behind
