@@ -14,6 +14,11 @@ a perfect client from an event simulation of the same answers, and the scaling r
 - ``batch``: gathers batches of ``64 × endpoints`` conversations and waits for each batch.
   Both baselines use regen's own ChatClient, so the client's cost is the same.
 
+``--length-corr C`` gives the workload's original answers lengths whose logs correlate C with
+the simulator's answers to the same turns (the simulator runs with ``--prompt-share C``: the
+prompt fixes that share of the log-length variance, see docs/simulate.md); C = 0 (default)
+means the original answers say nothing about the target's lengths.
+
 Run: ``.venv/bin/python benchmarks/utilization.py`` (about 4 minutes on 2 cores) or
 ``--quick`` (300 conversations for the batch loop, no 4-endpoint baselines).
 The 4-endpoint runs use ``--k4`` tokens per step at ``4 × step-ms`` by default (same
@@ -116,6 +121,8 @@ def main() -> int:
     p.add_argument("--only", nargs="*", default=["regen", "pool", "batch"])
     p.add_argument("--endpoints", nargs="*", type=int, default=[1, 4])
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--length-corr", type=float, default=0.0,
+                   help="log-length correlation, original vs target answers (0-1)")  # fmt: skip
     p.add_argument(
         "--per-endpoint",
         action="store_true",
@@ -123,18 +130,22 @@ def main() -> int:
     )
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="regen-bench-util-"))
-    m = load_manifest(write_workload(work, args.conversations))
+    corr = args.length_corr
+    m = load_manifest(write_workload(work, args.conversations, length_corr=corr))
     samples = list(read_samples(m))
-    sim1 = {"max_running_requests": SLOTS, "step_ms": args.step_ms, "tokens_per_step": 1}
+    answers = AnswerConfig(prompt_share=corr)
+    sim1 = {"max_running_requests": SLOTS, "step_ms": args.step_ms, "tokens_per_step": 1,
+            "prompt_share": corr}  # fmt: skip
     sim4 = {"max_running_requests": SLOTS, "step_ms": args.step_ms * args.k4,
-            "tokens_per_step": args.k4}  # fmt: skip
+            "tokens_per_step": args.k4, "prompt_share": corr}  # fmt: skip
 
-    lengths = chains(samples, m, AnswerConfig())
+    lengths = chains(samples, m, answers)
     q = WorkQueue(samples)
     pos = {s.id: i for i, s in enumerate(samples)}
     order = [pos[s.id] for s in iter(q.pop, None)]
     print(f"workload: {len(samples)} conversations, {sum(map(len, lengths))} turns, "
-          f"{sum(map(sum, lengths))} completion tokens; work dir {work}")  # fmt: skip
+          f"{sum(map(sum, lengths))} completion tokens, length_corr {corr}; "
+          f"work dir {work}")  # fmt: skip
     for slots, label in ((SLOTS, "1 endpoint"), (4 * SLOTS, "4 endpoints")):
         for name, u in bounds(lengths, order, slots).items():
             print(f"bound ({label}, perfect client): {name:<38} {u:.3f}")
@@ -142,9 +153,11 @@ def main() -> int:
     for k in args.endpoints:
         km, ks = m, samples
         if args.per_endpoint and k > 1:
-            km = load_manifest(write_workload(work / f"x{k}", k * args.conversations))
+            km = load_manifest(
+                write_workload(work / f"x{k}", k * args.conversations, length_corr=corr)
+            )
             ks = list(read_samples(km))
-            kl = chains(ks, km, AnswerConfig())
+            kl = chains(ks, km, answers)
             kq = WorkQueue(ks)
             kpos = {s.id: i for i, s in enumerate(ks)}
             korder = [kpos[s.id] for s in iter(kq.pop, None)]

@@ -7,6 +7,7 @@ normalized conversation. ``content_hash`` is source-independent and drives cross
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import unicodedata
@@ -27,6 +28,9 @@ class ToolCall:
     name: str
     arguments: str
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ToolCall, (self.id, self.name, self.arguments))
+
     def to_openai(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -45,6 +49,10 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Message, (self.role, self.content, self.reasoning, self.tool_calls,
+                          self.tool_call_id, self.name))  # fmt: skip
 
     def to_openai(self) -> dict[str, Any]:
         """The message as an OpenAI chat-completions request message."""
@@ -95,15 +103,23 @@ class Sample:
     loss_mask: list[int] | None = None  #: native rows only
     row: int = -1  #: row number in the source (for error messages; not part of identity)
     meta: dict[str, Any] = field(default_factory=dict)
+    _hash: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def content_hash(self) -> str:
-        """Source-independent hash of the normalized conversation (dedup key)."""
-        if self.input_ids is not None:
-            payload: Any = {"ids": self.input_ids, "mask": self.loss_mask}
-        else:
-            payload = {"m": [normalized_message(m) for m in self.messages], "t": self.tools}
-        return stable_hash(payload)
+        """Source-independent hash of the normalized conversation (dedup key; computed once:
+        a sample's conversation is not changed after it was read)."""
+        if self._hash is None:
+            if self.input_ids is not None:
+                payload: Any = {"ids": self.input_ids, "mask": self.loss_mask}
+            else:
+                payload = {"m": [normalized_message(m) for m in self.messages], "t": self.tools}
+            self._hash = stable_hash(payload)
+        return self._hash
+
+    def __reduce__(self) -> tuple[Any, ...]:  # plain tuples pickle ~3x faster (queue, Ray)
+        return (Sample, (self.id, self.source, self.messages, self.tools, self.mode, self.turns,
+                         self.input_ids, self.loss_mask, self.row, self.meta))  # fmt: skip
 
     def prompt_chars(self) -> int:
         """Characters of all non-assistant text (what a max-prompt filter bounds)."""
@@ -157,8 +173,10 @@ def _answer_chars(m: Message) -> int:
     return len(m.content) + len(m.reasoning or "") + calls
 
 
+@functools.lru_cache(maxsize=256)
 def normalized_message(m: Message) -> dict[str, Any]:
-    """The identity-relevant part of a message, with whitespace and Unicode normalized."""
+    """The identity-relevant part of a message, with whitespace and Unicode normalized (cached:
+    a row's id and its content hash normalize the same messages; do not mutate the result)."""
     return {
         "r": m.role,
         "c": _norm(m.content),

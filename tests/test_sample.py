@@ -81,3 +81,20 @@ def test_rejection_text_names_source_row_and_field() -> None:
     assert str(r) == (
         "source 'sharegpt' row 12 field 'conversations[1].from': unknown_role (role 'narrator')"
     )
+
+
+def test_pickle_round_trip_keeps_every_field_and_the_hash() -> None:
+    import pickle
+
+    from regen.sample import Message, Sample, ToolCall
+
+    calls = (ToolCall("c1", "f", '{"a": 1}'),)
+    s = Sample("x:1", "x", [Message("system", "sys"), Message("user", "q", name="u"),
+                            Message("assistant", "a", reasoning="r", tool_calls=calls),
+                            Message("tool", "out", tool_call_id="c1")],
+               tools=[{"type": "function", "function": {"name": "f"}}], turns="last", row=7,
+               meta={"k": [1, 2]})  # fmt: skip
+    h = s.content_hash
+    back = pickle.loads(pickle.dumps(s, protocol=5))
+    assert back == s and back.row == 7 and back.meta == {"k": [1, 2]} and back.turns == "last"
+    assert back.content_hash == h

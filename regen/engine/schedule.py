@@ -26,11 +26,11 @@ Expected cost of a sample (in decode tokens, the server's unit of work)::
 
 :class:`WorkQueue` is a heap of the not-yet-dispatched samples keyed on that cost (ties: input
 order). When an estimate moves by more than ``REPRIORITISE_SHIFT`` the heap is rebuilt (O(n),
-at most once per ``REPRIORITISE_EVERY_S``). Samples taken back from a dead worker are pushed
-again with their cost.
+at most once per ``REPRIORITISE_EVERY_S`` and per ``REBUILD_DUTY`` × the last rebuild's time).
+Samples taken back from a dead worker are pushed again with their cost.
 
 Memory: a queued sample is a :class:`PackedSample` (what ordering needs, readable) whose body,
-a zlib'd pickle, lives in a :class:`Spill` file (an unlinked temporary file of the driver) until
+a pickle, lives in a :class:`Spill` file (an unlinked temporary file of the driver) until
 it is dispatched, so a 1.4M-sample plan holds ~0.3 KB per sample in memory.
 """
 
@@ -44,7 +44,6 @@ import os
 import pickle
 import tempfile
 import time
-import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +75,9 @@ CHARS_PER_TOKEN = 4.0
 REPRIORITISE_SHIFT = 0.10
 #: at most one rebuild per this many seconds
 REPRIORITISE_EVERY_S = 2.0
+#: ... and per this many times the last rebuild's duration (a 1.4M-sample heap takes seconds
+#: to re-key: rebuilds then cost the driver at most ~1/REBUILD_DUTY of its time)
+REBUILD_DUTY = 20.0
 
 
 @dataclass(slots=True)
@@ -231,23 +233,6 @@ def _saved_sources(state: dict[str, Any] | None) -> dict[str, SourceStats]:
 
 
 PICKLE_PROTOCOL = 5
-_ZDICT: list[bytes] = []
-
-
-def _zdict() -> bytes:
-    """A preset zlib dictionary: the pickle of a small sample (class paths, field layout,
-    common words), so each blob does not repeat them (~25% smaller). Built the same way in
-    the driver and the actors (same code)."""
-    if not _ZDICT:
-        from regen.sample import Message
-
-        dummy = Sample("source:0123456789abcdef", "source", [
-            Message("system", "You are a helpful assistant."),
-            Message("user", "the of and to in is that it for as with was on be by this are"),
-            Message("assistant", "the of and to in is that it for as"),
-        ])  # fmt: skip
-        _ZDICT.append(pickle.dumps(dummy, protocol=PICKLE_PROTOCOL))
-    return _ZDICT[0]
 
 
 class Spill:
@@ -281,8 +266,8 @@ class Spill:
 
 @dataclass(slots=True, frozen=True)
 class PackedSample:
-    """A sample waiting in the queue, compressed: what ordering needs stays readable (id,
-    source, turns, prompt size, original answer size); the rest is a zlib'd pickle, in memory
+    """A sample waiting in the queue: what ordering needs stays readable (id, source, turns,
+    prompt size, original answer size); the rest is a pickle, in memory
     (``blob``) or in a :class:`Spill` file (``at`` ≥ 0, ``size`` bytes) until :meth:`loaded`.
     Duck-types the parts of :class:`Sample` the cost uses."""
 
@@ -297,8 +282,7 @@ class PackedSample:
 
     @classmethod
     def pack(cls, sample: Sample, spill: Spill | None = None) -> PackedSample:
-        z = zlib.compressobj(1, zdict=_zdict())
-        blob = z.compress(pickle.dumps(sample, protocol=PICKLE_PROTOCOL)) + z.flush()
+        blob = pickle.dumps(sample, protocol=PICKLE_PROTOCOL)
         head = (sample.id, sample.source, sample.turns_to_regenerate(), sample.prompt_chars(),
                 sample.original_chars())  # fmt: skip
         if spill is None:
@@ -316,8 +300,7 @@ class PackedSample:
     def unpack(self) -> Sample:
         if self.at >= 0:
             raise ValueError(f"{self.id}: body is still in the spill file")
-        z = zlib.decompressobj(zdict=_zdict())
-        sample: Sample = pickle.loads(z.decompress(self.blob) + z.flush())
+        sample: Sample = pickle.loads(self.blob)
         return sample
 
     def turns_to_regenerate(self) -> int:
@@ -370,6 +353,7 @@ class WorkQueue:
         heapq.heapify(self._heap)
         self._keyed_at = self._snapshot_estimates()
         self._last_rebuild = clock()
+        self._rebuild_gap = REPRIORITISE_EVERY_S
         self.rebuilds = 0
 
     def __len__(self) -> int:
@@ -396,7 +380,7 @@ class WorkQueue:
 
     def maybe_reprioritise(self, *, force: bool = False) -> bool:
         now = self._clock()
-        if not force and now - self._last_rebuild < REPRIORITISE_EVERY_S:
+        if not force and now - self._last_rebuild < self._rebuild_gap:
             return False
         current = self._snapshot_estimates()
         moved = any(_moved(self._keyed_at.get(k), v) for k, v in current.items())
@@ -405,8 +389,11 @@ class WorkQueue:
         self._heap = [(-self.model.cost(s), seq, s) for _, seq, s in self._heap]
         heapq.heapify(self._heap)
         self._keyed_at = current
-        self._last_rebuild = now
+        self._last_rebuild = self._clock()
+        self._rebuild_gap = max(REPRIORITISE_EVERY_S, REBUILD_DUTY * (self._last_rebuild - now))
         self.rebuilds += 1
+        log.debug("dispatch order re-keyed (%d queued, next in >= %.1f s)", len(self._heap),
+                  self._rebuild_gap)  # fmt: skip
         return True
 
     def _snapshot_estimates(self) -> dict[str, tuple[float, float]]:

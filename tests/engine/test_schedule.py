@@ -13,6 +13,7 @@ import pytest
 from regen.engine.schedule import (
     DEFAULT_TOKENS_PER_TURN,
     PRIOR_SLOPE,
+    REBUILD_DUTY,
     REPRIORITISE_EVERY_S,
     LengthModel,
     PackedSample,
@@ -122,7 +123,7 @@ def test_packed_sample_round_trip_and_cost() -> None:
     s = Sample("x:1", "x", [Message("user", "long " * 400), Message("assistant", "a")] * 2,
                tools=[{"type": "function", "function": {"name": "f"}}])  # fmt: skip
     p = PackedSample.pack(s)
-    assert p.unpack() == s and len(p.blob) < len(s.messages[0].content)
+    assert p.unpack() == s and p.unpack().content_hash == s.content_hash
     m = LengthModel()
     assert m.cost(p) == m.cost(s)
     q = WorkQueue([sample("a", "x", 1), p])
@@ -195,3 +196,22 @@ def test_spilled_bodies_come_back_on_pop(tmp_path) -> None:
         with pytest.raises(ValueError):
             packed[0].unpack()
     assert list(tmp_path.iterdir()) == []  # unlinked: nothing left behind
+
+
+def test_slow_rebuilds_are_spaced_by_their_duration() -> None:
+    clock = Clock()
+
+    class SlowModel(LengthModel):
+        def cost(self, sample):  # type: ignore[no-untyped-def]
+            clock.t += 0.5  # every re-key of a sample takes half a second of driver time
+            return super().cost(sample)
+
+    q = WorkQueue([sample("a", "x", 1), sample("b", "y", 1)], SlowModel(), clock=clock)
+    clock.t += REPRIORITISE_EVERY_S
+    q.observe("y", [5000])
+    assert q.rebuilds == 1  # took 1 s: the next one waits REBUILD_DUTY s
+    clock.t += REPRIORITISE_EVERY_S
+    q.observe("x", [9000, 9000, 9000])
+    assert q.rebuilds == 1
+    clock.t += REBUILD_DUTY
+    assert q.maybe_reprioritise() and q.rebuilds == 2
