@@ -18,3 +18,23 @@ PROTOCOL_OPTIONS = {
     "speculative_eagle_topk": 1,
     "speculative_num_draft_tokens": 4,
 }
+
+#: two tool declarations (one with a parameter schema, one without)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "days": {"type": "integer"},
+                    "unit": {"type": "string", "enum": ["c", "f"]},
+                },
+                "required": ["city", "unit"],
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}},
+]

@@ -2,27 +2,9 @@ import json
 import statistics
 
 import pytest
+from _sim_common import TOOLS
 
 from regen.simulate import AnswerConfig, answer, conversation_key, count_tokens, request_key
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string"},
-                    "days": {"type": "integer"},
-                    "unit": {"type": "string", "enum": ["c", "f"]},
-                },
-                "required": ["city", "unit"],
-            },
-        },
-    },
-    {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}},
-]
 
 
 def req(i: int = 0, **extra):

@@ -13,31 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _sim_common import TOOLS
 
 from regen.errors import ConfigError
 from regen.simulate import AnswerConfig, answer
 from regen.simulate.answer import prompt_z, request_prompt_z
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string"},
-                    "days": {"type": "integer"},
-                    "unit": {"type": "string", "enum": ["c", "f"]},
-                },
-                "required": ["city", "unit"],
-            },
-        },
-    },
-    {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}},
-]
 
 #: requests and what the simulator answered them before prompt_share existed:
 #: (completion tokens, reasoning tokens, finish reason, digest of the whole answer)
