@@ -165,6 +165,8 @@ class Measured:
     backlog_s: float  #: first request received → every conversation received
     backlog_tokens: float
     requests: int
+    occupancy: float = 0.0  #: servers' mean batch occupancy over the steps they ran
+    late_steps: float = 0.0  #: share of steps the servers ran late (their loop lagged)
 
     @property
     def utilization(self) -> float:
@@ -246,8 +248,11 @@ class Fleet:
                 backlog_end = t
                 backlog_tokens = float(sum(s["tokens_generated"] for s in snaps))
                 break
+        steps = sum(f["steps"] for f in final)
+        occupancy = sum(f["mean_batch_occupancy"] * f["steps"] for f in final) / max(1, steps)
+        late = sum(f["late_steps"] for f in final) / max(1, steps)
         return Measured(tokens, cap, last - first, max(0.0, backlog_end - first),
-                        backlog_tokens, requests)  # fmt: skip
+                        backlog_tokens, requests, occupancy, late)  # fmt: skip
 
 
 @contextlib.contextmanager
