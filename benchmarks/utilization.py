@@ -109,7 +109,8 @@ def measure(name: str, k: int, m: Manifest, samples: list[Sample], work: Path,
 def row(name: str, k: int, r: Measured, n: int) -> str:
     return (f"{name:<6} {k:>2} ep {n:>5} conv  e2e {r.utilization:6.3f}  backlog "
             f"{r.backlog_utilization:6.3f}  wall {r.wall_s:6.1f}s  {r.throughput:8.0f} tok/s  "
-            f"({r.backlog_s:5.1f}s backlog)")  # fmt: skip
+            f"({r.backlog_s:5.1f}s backlog; server occupancy {r.occupancy:.3f}, "
+            f"late steps {r.late_steps:.3f})")  # fmt: skip
 
 
 def main() -> int:
