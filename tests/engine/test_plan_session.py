@@ -35,3 +35,4 @@ def test_limit_done_failures_and_order() -> None:
     assert all(p.blob == b"" and p.at >= 0 for p in plan.todo)  # nothing held in memory
     again = plan_session(m, done, failures, RunOptions(limit=20, retry_failed=True))
     assert first[5] in {s.id for s in again.todo}
+    again.spill.close()
