@@ -137,6 +137,18 @@ class LengthModel:
             st.sxy += x * y
         self._cache.clear()
 
+    def set_queued(self, samples: Iterable[Sample | PackedSample]) -> None:
+        """Count the original answer sizes of the samples still queued: with the completed
+        ones they give each source's centre (its typical original answer size)."""
+        queued: dict[str, tuple[int, float]] = {}
+        for s in samples:
+            chars = s.original_chars()
+            if chars > 0:
+                n, sx = queued.get(s.source, (0, 0.0))
+                queued[s.source] = (n + 1, sx + math.log(chars))
+        self.queued = queued
+        self._cache.clear()
+
     # -- estimates ------------------------------------------------------------------------
     def global_mean(self) -> float:
         turns = sum(s.turns for s in self.sources.values())
@@ -337,14 +349,7 @@ class WorkQueue:
         self.spill = spill
         self._clock = clock
         items = list(samples)
-        queued: dict[str, tuple[int, float]] = {}
-        for s in items:
-            chars = s.original_chars()
-            if chars > 0:
-                n, sx = queued.get(s.source, (0, 0.0))
-                queued[s.source] = (n + 1, sx + math.log(chars))
-        self.model.queued = queued  # the centre of each source's original answer sizes
-        self.model._cache.clear()
+        self.model.set_queued(items)
         self._heap: list[tuple[float, int, Sample | PackedSample]] = [
             (-self.model.cost(s), seq, s) for seq, s in enumerate(items)
         ]

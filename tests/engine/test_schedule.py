@@ -4,7 +4,6 @@ re-keyed as estimates move; learned state derived from the parts on resume."""
 from __future__ import annotations
 
 import json
-import math
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -165,8 +164,7 @@ def test_slope_is_learned_and_an_uninformative_source_drifts_to_zero() -> None:
     assert 0.9 < m.slope("x") <= 1.0
     assert m.slope("y") < 0.05
     assert m.verbosity("y", 2000) < 1.2  # the original says nothing in y
-    m.queued = {"x": (1, math.log(200))}
-    m._cache.clear()
+    m.set_queued([answered("c", "x", "w" * 200)])
     assert m.verbosity("x", 2000) > 5 * m.verbosity("x", 200)
 
 
