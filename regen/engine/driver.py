@@ -553,9 +553,9 @@ class _Session:
             if not outstanding:
                 break
             refs = list(outstanding)
-            ready, _ = ray.wait(refs, num_returns=1, timeout=0.5)
-            if ready:
-                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)  # busy: one call
+            if not ready:
+                ready, _ = ray.wait(refs, num_returns=1, timeout=0.5)
             for ref in ready:
                 if ref not in outstanding:  # taken back when its worker died
                     continue
