@@ -46,6 +46,8 @@ from typing import Any
 
 import yaml
 
+from regen.procs import kill_group, stop_group
+
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"
@@ -195,23 +197,11 @@ class RayNode:
 
     def kill(self) -> None:
         """SIGKILL the node's whole process group (raylet, workers, actors on it)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
+        kill_group(self.proc)
 
     def stop(self) -> None:
         """SIGTERM the process group, then SIGKILL (never `ray stop`: other heads live here)."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        else:  # the group may outlive its leader
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_group(self.proc, 5)
 
 
 def start_ray_node(
@@ -300,13 +290,6 @@ class Runs:
     sessions: int = 0
     final_rc: int | None = None
     wall_s: float = 0.0
-
-
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL ``proc``'s whole process group (it was started with a new session)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
 
 
 def stored_count(out: Path) -> int:

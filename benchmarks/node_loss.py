@@ -35,6 +35,8 @@ from typing import Any
 
 import chaos
 
+from regen.procs import kill_group
+
 #: the worker node's custom resource (marks it in the node list)
 WORKER_RESOURCE = "worker_node"
 #: the simulated server: no faults, 8 slots of 50 tok/s (~16 answers/s), so the run lasts
@@ -147,7 +149,7 @@ def node_loss(
                 res.rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             finally:
                 if proc.poll() is None:
-                    chaos.kill_group(proc)
+                    kill_group(proc, 30)
             res.wall_s = time.monotonic() - t0
     finally:
         node.stop()

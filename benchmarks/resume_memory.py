@@ -39,6 +39,7 @@ from _workload import MODEL, make_rows, write_workload
 
 from regen.engine import RunOptions, run_job
 from regen.manifest import load_manifest
+from regen.procs import stop_group
 from regen.rows import SCHEMA
 from regen.simulate.testing import running_simulator
 from regen.sources import read_samples
@@ -159,14 +160,7 @@ def resume(args: argparse.Namespace) -> None:
                 print(f"resume, {len(ids) // 2} of {len(ids)} done ({label}): "
                       f"{s:.2f} s to the first new request", flush=True)  # fmt: skip
         finally:
-            import signal
-
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=20)
+            stop_group(proc, 20)
 
 
 def vm_hwm_mb(pid: int) -> float:

@@ -12,9 +12,7 @@ then SIGKILL); ``ray stop`` is not used because it would stop every Ray on this 
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +22,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+
+from regen.procs import stop_group
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -112,12 +112,5 @@ def ray_head(
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=HEAD_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_group(proc, HEAD_STOP_TIMEOUT_S)
         log.close()

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from regen.errors import EndpointError
+from regen.procs import stop_group
 
 log = logging.getLogger(__name__)
 
@@ -179,15 +179,8 @@ class TransformersServer:
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the server's whole process group (SIGTERM, then SIGKILL after ``timeout_s``)."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=timeout_s)
+        if proc is not None:
+            stop_group(proc, timeout_s)
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.errors import EndpointError
+from regen.procs import kill_group, stop_group
 
 #: seconds a simulator may take to start answering /health
 START_TIMEOUT_S = 30.0
@@ -67,10 +67,8 @@ class RunningSimulator:
 
     def kill(self) -> None:
         """SIGKILL the server's process group (subprocess simulators only)."""
-        if self.process is not None and self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+        if self.process is not None:
+            kill_group(self.process)
 
 
 def options_to_args(options: dict[str, Any]) -> list[str]:
@@ -142,13 +140,7 @@ def running_simulator(
             _wait_healthy(sim.base, deadline, lambda: proc.poll() is None)
             yield sim
         finally:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    sim.kill()
+            stop_group(proc, timeout_s=5)
 
 
 @contextlib.contextmanager

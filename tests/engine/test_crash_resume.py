@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from regen.engine import RunOptions, run_job
 from regen.engine.driver import _native_check
 from regen.errors import FingerprintMismatchError, LockHeldError
 from regen.manifest import load_manifest
+from regen.procs import kill_group
 from regen.simulate import answer, conversation_key
 from regen.simulate.testing import options_to_args, running_simulator
 from regen.sources import read_samples
@@ -129,8 +129,7 @@ def crashed(tmp_path_factory, sim, ray_head, ray_env) -> dict[str, Any]:
                         timeout_s=120)  # fmt: skip
         assert ok, (out.parent / "run1.log").read_text()[-3000:]
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        kill_group(proc, 30)
         log1.close()
     wait_quiet(sim)
     done_at_crash = read_done(rd).ids | {s.sample_id for s in read_journal_lines(rd)}

@@ -27,6 +27,7 @@ from regen.cli.main import main as regen_main
 from regen.engine import RunOptions, driver, run_job
 from regen.errors import RunDirError
 from regen.manifest import load_manifest
+from regen.procs import kill_group
 from regen.simulate.testing import running_simulator, simulator_in_thread
 from regen.store import RunDir
 from regen.store import journal as jn
@@ -199,7 +200,7 @@ def test_second_run_on_a_live_run_directory_is_refused(tmp_path, ray_head, ray_e
             assert first.wait(timeout=180) == 0
         finally:
             if first.poll() is None:
-                chaos.kill_group(first)
+                kill_group(first, 30)
     assert len(read_done(RunDir.open(out)).ids) == 24  # the first run lost nothing
 
 
