@@ -47,6 +47,7 @@ import yaml
 from regen.errors import RunDirError
 from regen.progress import PROGRESS_FILE, ProgressSnapshot
 from regen.store import RunDir
+from regen.store.run import pid_alive as _pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -296,18 +297,6 @@ class RunNumbers:
         d = asdict(self)
         d["fraction"] = self.fraction
         return d
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except (OverflowError, ValueError):
-        return False
-    return True
 
 
 def read_holder(

@@ -91,12 +91,15 @@ def public_manifest(manifest: Manifest) -> Manifest:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one we may not signal counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    except (OverflowError, ValueError):  # not a pid at all (a corrupt lock file)
+        return False
     return True
 
 
