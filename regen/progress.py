@@ -88,6 +88,12 @@ class ErrorInfo:
     last_message: str = ""
     last_at: float = 0.0
 
+    def add(self, message: str, at: float) -> None:
+        """One more error of this class; its message (first 500 characters) is the latest."""
+        self.count += 1
+        self.last_message = message[:500]
+        self.last_at = float(at)
+
 
 @dataclass(slots=True)
 class EndpointProgress:
@@ -162,10 +168,7 @@ class ProgressSnapshot:
 
     def record_error(self, kind: str, message: str, at: float) -> None:
         """Count one error of class ``kind`` (e.g. ``RegenError.kind``) and keep its message."""
-        info = self.errors.setdefault(kind, ErrorInfo())
-        info.count += 1
-        info.last_message = message[:500]
-        info.last_at = float(at)
+        self.errors.setdefault(kind, ErrorInfo()).add(message, at)
 
     # ---- totals (reader side) ----
 

@@ -98,10 +98,7 @@ class ProgressTracker:
             self.source(out.source).failed += 1
 
     def driver_error(self, kind: str, message: str) -> None:
-        info = self._driver_errors.setdefault(kind, ErrorInfo())
-        info.count += 1
-        info.last_message = message[:500]
-        info.last_at = time.time()
+        self._driver_errors.setdefault(kind, ErrorInfo()).add(message, time.time())
 
     def workers(self, snaps: list[dict[str, Any]]) -> None:
         """Fold the workers' snapshots (requests, errors, endpoints)."""

@@ -29,6 +29,7 @@ from regen.engine.adaptive import AdaptiveLimit
 from regen.engine.turns import DoneTurn, regenerate
 from regen.errors import RateLimitedError, RegenError, RequestError, TransientError
 from regen.manifest import Endpoint, Manifest
+from regen.progress import ErrorInfo
 from regen.result import TurnResult
 from regen.sample import Sample
 
@@ -55,13 +56,6 @@ class SampleOutcome:
 
 
 @dataclass(slots=True)
-class ErrorCount:
-    count: int = 0
-    last_message: str = ""
-    last_at: float = 0.0
-
-
-@dataclass(slots=True)
 class WorkerStats:
     """Counters of one worker since it started (the driver sums them over workers)."""
 
@@ -70,14 +64,11 @@ class WorkerStats:
     ok: int = 0
     retried: int = 0  #: tries that failed transiently and were retried
     failed: int = 0  #: requests given up (permanent, or transient after max_attempts)
-    errors: dict[str, ErrorCount] = field(default_factory=dict)
+    errors: dict[str, ErrorInfo] = field(default_factory=dict)
     latencies: dict[str, list[float]] = field(default_factory=dict)  #: recent, per endpoint
 
     def error(self, kind: str, message: str) -> None:
-        e = self.errors.setdefault(kind, ErrorCount())
-        e.count += 1
-        e.last_message = message[:500]
-        e.last_at = time.time()
+        self.errors.setdefault(kind, ErrorInfo()).add(message, time.time())
 
 
 def default_row_builder(manifest: Manifest) -> RowBuilder:
