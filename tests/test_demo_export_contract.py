@@ -71,22 +71,13 @@ def runs(tmp_path_factory, ray_head, ray_env) -> Iterator[dict[str, Path]]:
 def test_specforge_accepts_every_exported_row_with_masks_unchanged(
     runs: dict[str, Path], kind: str
 ) -> None:
-    from specforge.data.prompt_builder import prepare_prompt_tasks
+    from regen.train.preflight import prompt_tasks
 
     stats, lines = _export(runs[kind], runs["tmp"] / f"export-{kind}")
     rows = _rows(runs[kind])
     assert stats["rows_read"] == len(rows) and stats["rows_written"] == len(lines) > 60
-    tasks = prepare_prompt_tasks(
-        runs["tmp"] / f"export-{kind}" / "shard-00000.jsonl",
-        None,
-        chat_template=None,
-        max_length=1_000_000,
-        is_preformatted=False,
-        train_only_last_turn=False,
-        cache_dir=None,
-        cache_key=None,
-        num_proc=None,
-    )
+    tasks = prompt_tasks(runs["tmp"] / f"export-{kind}" / "shard-00000.jsonl",
+                         max_length=1_000_000)  # fmt: skip
     assert len(tasks) == len(lines)  # 100 % accepted
     for task, line in zip(tasks, lines, strict=True):
         assert task["payload"] == json.loads(line)  # ids and masks unchanged

@@ -189,21 +189,11 @@ def test_keep_truncated_and_max_length(run_dir: Path, tmp_path: Path) -> None:
 
 
 def test_specforge_accepts_every_row_with_masks_unchanged(run_dir: Path, tmp_path: Path) -> None:
-    from specforge.data.prompt_builder import prepare_prompt_tasks
+    from regen.train.preflight import prompt_tasks
 
     stats = export_run(str(run_dir), str(tmp_path / "out"), shard_rows=0)
     path = tmp_path / "out" / "shard-00000.jsonl"
-    tasks = prepare_prompt_tasks(
-        path,
-        None,
-        chat_template=None,
-        max_length=1_000_000,
-        is_preformatted=False,
-        train_only_last_turn=False,
-        cache_dir=None,
-        cache_key=None,
-        num_proc=None,
-    )
+    tasks = prompt_tasks(path, max_length=1_000_000)
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert len(tasks) == len(lines) == stats.rows_written
     for task, rec in zip(tasks, lines, strict=True):

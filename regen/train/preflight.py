@@ -40,26 +40,34 @@ log = logging.getLogger(__name__)
 CHUNK_ROWS = 2000
 
 
+def prompt_tasks(path: str | os.PathLike[str], *, max_length: int) -> list[Any]:
+    """SpecForge's own prompt builder over a pre-tokenized prompts file (``input_ids`` +
+    ``loss_mask`` rows, every turn trained): the tasks its producer would train on."""
+    from specforge.data.prompt_builder import prepare_prompt_tasks
+
+    return list(
+        prepare_prompt_tasks(
+            path,
+            None,
+            chat_template=None,
+            max_length=max_length,
+            is_preformatted=False,
+            train_only_last_turn=False,
+            cache_dir=None,
+            cache_key=None,
+            num_proc=None,
+        )
+    )
+
+
 def count_prepared(prompts_path: str, *, max_length: int, chunk_rows: int = CHUNK_ROWS) -> int:
     """How many rows SpecForge's prompt builder accepts, fed in chunks of ``chunk_rows``."""
-    from specforge.data.prompt_builder import prepare_prompt_tasks
 
     def run(lines: list[str]) -> int:
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
             f.writelines(lines)
         try:
-            tasks = prepare_prompt_tasks(
-                f.name,
-                None,
-                chat_template=None,
-                max_length=max_length,
-                is_preformatted=False,
-                train_only_last_turn=False,
-                cache_dir=None,
-                cache_key=None,
-                num_proc=None,
-            )
-            return len(tasks)
+            return len(prompt_tasks(f.name, max_length=max_length))
         except ValueError as e:
             raise ConfigError(f"SpecForge's prompt builder refuses {prompts_path}: {e}") from None
         finally:
