@@ -45,11 +45,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import contextlib
-    import threading
 
     from rich.console import Console
 
-    from regen.engine import RunOptions, run_job
+    from regen.cli.run import run_with_view
+    from regen.engine import RunOptions
     from regen.engine.actor import quiet_http_logs
     from regen.errors import ConfigError
     from regen.export import export_run
@@ -84,18 +84,7 @@ def run(args: argparse.Namespace) -> int:
             force=args.force,
             address=args.address,
         )
-        stop_view = threading.Event()
-        view = None
-        if not args.no_view:
-            from monitor.live import run_in_thread
-
-            view = run_in_thread(args.out, stop_view, log_every_s=30.0)
-        try:
-            summary = run_job(manifest, args.out, opts)
-        finally:
-            stop_view.set()
-            if view is not None:
-                view.join(timeout=10)
+        summary = run_with_view(manifest, args.out, opts, view=not args.no_view)
     if summary.state != "finished":
         console.print(f"[yellow]{summary.state}[/]: {summary.done}/{summary.total} samples "
                       f"stored in {args.out}; run the same command again to resume")  # fmt: skip

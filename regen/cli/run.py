@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import argparse
 import threading
+from typing import TYPE_CHECKING
 
 from regen.cli._args import add_override_argument
+
+if TYPE_CHECKING:
+    from regen.engine import JobSummary, RunOptions
+    from regen.manifest import Manifest
 
 NAME = "run"
 HELP = "regenerate the manifest's samples into a run directory (running it again resumes)"
@@ -63,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-view", action="store_true", help="no live progress view")  # fmt: skip
 
 
-def options_from_args(args: argparse.Namespace):  # -> RunOptions
+def options_from_args(args: argparse.Namespace) -> RunOptions:
     from regen.engine import RunOptions
 
     if args.limit is not None and args.limit < 0:
@@ -81,11 +86,29 @@ def options_from_args(args: argparse.Namespace):  # -> RunOptions
     )
 
 
+def run_with_view(manifest: Manifest, out: str, opts: RunOptions, *, view: bool) -> JobSummary:
+    """``run_job`` with the live dashboard in a thread of this process when ``view`` (shared
+    with ``regen demo``); returns the job summary."""
+    from regen.engine import run_job
+
+    stop_view = threading.Event()
+    thread = None
+    if view:
+        from monitor.live import run_in_thread
+
+        thread = run_in_thread(out, stop_view, log_every_s=30.0)
+    try:
+        return run_job(manifest, out, opts)
+    finally:
+        stop_view.set()
+        if thread is not None:
+            thread.join(timeout=10)
+
+
 def execute(args: argparse.Namespace, *, view: bool = True) -> int:
     """Run the job described by parsed arguments; shared with pipelines.regenerate."""
     from rich.console import Console
 
-    from regen.engine import run_job
     from regen.engine.actor import quiet_http_logs
     from regen.manifest import load_manifest
 
@@ -93,18 +116,8 @@ def execute(args: argparse.Namespace, *, view: bool = True) -> int:
     console = Console()
     manifest = load_manifest(args.manifest, args.override)
     opts = options_from_args(args)
-    stop_view = threading.Event()
-    thread = None
-    if view and not getattr(args, "no_view", False):
-        from monitor.live import run_in_thread
-
-        thread = run_in_thread(args.out, stop_view, log_every_s=30.0)
-    try:
-        summary = run_job(manifest, args.out, opts)
-    finally:
-        stop_view.set()
-        if thread is not None:
-            thread.join(timeout=10)
+    view = view and not getattr(args, "no_view", False)
+    summary = run_with_view(manifest, args.out, opts, view=view)
     console.print(
         f"[bold]{summary.state}[/]: {summary.done:,}/{summary.total:,} samples done "
         f"({summary.completed_now:,} this session), {summary.failed_permanent:,} failed "
