@@ -8,6 +8,7 @@ import logging
 import os
 import pkgutil
 import sys
+from collections.abc import Callable
 from types import ModuleType
 
 from rich.console import Console
@@ -71,18 +72,23 @@ def report_error(e: RegenError) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def invoke(run: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
+    """Run a command on parsed arguments (``--log-level`` among them) as every regen entrypoint
+    does: logging set up, a regen error one line on stderr and exit 2, Ctrl-C exit 130."""
     setup_logging(args.log_level)
     try:
-        return int(args._run(args) or 0)
+        return int(run(args) or 0)
     except RegenError as e:
         report_error(e)
         return 2
     except KeyboardInterrupt:
         Console(stderr=True).print("[yellow]interrupted[/]")
         return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return invoke(args._run, args)
 
 
 if __name__ == "__main__":
