@@ -356,15 +356,6 @@ class _Session:
         except OSError as e:  # an estimate; losing it costs only ordering
             log.warning("could not write %s: %s", SCHEDULE_FILE, e)
 
-    def _saved_schedule(self) -> dict[str, Any] | None:
-        try:
-            state = self.rd.read_json(SCHEDULE_FILE)
-        except Exception as e:  # a torn or unreadable estimate: start from the prior
-            log.warning("%s unreadable (%s); the length estimate starts from its prior",
-                        SCHEDULE_FILE, e)  # fmt: skip
-            return None
-        return state if isinstance(state, dict) else None
-
     def failed(self, out: SampleOutcome) -> None:
         rec = FailureRecord(
             sample_id=out.sample_id,
@@ -508,7 +499,8 @@ class _Session:
         with plan.spill:
             if plan.todo and not self.stop.is_set():
                 regen_sources = {s.name for s in m.sources if s.mode == "regenerate"}
-                self.lengths = LengthModel.from_done(done, regen_sources, self._saved_schedule())
+                saved = self.rd.read_json(SCHEDULE_FILE)  # None when missing or torn
+                self.lengths = LengthModel.from_done(done, regen_sources, saved)
                 queue = WorkQueue(plan.todo, self.lengths, spill=plan.spill)
                 plan.todo.clear()  # the queue holds them now
                 state = self._regenerate(queue, warm or self._warm_up())
