@@ -96,13 +96,21 @@ def server_root(url: str) -> str:
     return base
 
 
-def fetch_server_info(url: str, *, timeout: float = 10.0) -> dict[str, Any]:
-    """GET /server_info, falling back to the old /get_server_info alias (``url``: root or /v1)."""
+def fetch_server_info(
+    url: str, *, timeout: float = 10.0, api_key: str | None = None
+) -> dict[str, Any]:
+    """GET /server_info, falling back to the old /get_server_info alias (``url``: root or /v1).
+
+    ``api_key`` goes in ``Authorization: Bearer`` (a server started with ``--api-key`` wants it
+    there); it is never put in an error.
+    """
     base = server_root(url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     last: Exception | None = None
     for path in ("/server_info", "/get_server_info"):
         try:
-            with urllib.request.urlopen(base + path, timeout=timeout) as r:
+            req = urllib.request.Request(base + path, headers=headers)
+            with urllib.request.urlopen(req, timeout=timeout) as r:
                 info = json.loads(r.read().decode("utf-8"))
         except urllib.error.HTTPError as e:
             last = e
@@ -148,29 +156,40 @@ class ServerCheck:
         return avg is not None and avg <= LOW_ACCEPT_LENGTH
 
 
+def accept_lengths(info: dict[str, Any]) -> list[float]:
+    """``internal_states[i].avg_spec_accept_length`` of a /server_info answer, where reported."""
+    return [
+        float(s["avg_spec_accept_length"])
+        for s in info.get("internal_states") or []
+        if isinstance(s, dict) and s.get("avg_spec_accept_length") is not None
+    ]
+
+
 def verify_server(url: str, draft_dir: str, *, timeout: float = 10.0) -> ServerCheck:
     """Refuse a server not running exactly EAGLE3 with ``draft_dir`` as its draft."""
     if not draft_dir:
         raise ConfigError("--draft is required", field="draft")
-    info = fetch_server_info(url, timeout=timeout)
+    return check_server_info(fetch_server_info(url, timeout=timeout), url, draft_dir)
+
+
+def check_server_info(info: dict[str, Any], url: str, draft_dir: str | None) -> ServerCheck:
+    """What :func:`verify_server` checks, on a /server_info answer already read: exactly EAGLE3
+    (TrapError ``eagle-vs-eagle3``), and, when ``draft_dir`` is given, that draft
+    (TrapError ``wrong-draft``)."""
     algo = info.get("speculative_algorithm")
     traps.check_algorithm(algo, f"{url} speculative_algorithm")
     served = info.get("speculative_draft_model_path")
-    if not served or not _same_path(str(served), draft_dir):
+    if draft_dir is not None and (not served or not _same_path(str(served), draft_dir)):
         raise TrapError(
             traps.TRAP_WRONG_DRAFT,
             f"{url} serves draft {served!r}, not {draft_dir!r}.",
             f"restart the server with --speculative-draft-model-path {draft_dir}.",
         )
-    accepts = [
-        float(s["avg_spec_accept_length"])
-        for s in info.get("internal_states") or []
-        if isinstance(s, dict) and s.get("avg_spec_accept_length") is not None
-    ]
+    accepts = accept_lengths(info)
     check = ServerCheck(
         url=url,
         algorithm=str(algo),
-        draft_path=str(served),
+        draft_path="" if served is None else str(served),
         num_steps=info.get("speculative_num_steps"),
         eagle_topk=info.get("speculative_eagle_topk"),
         num_draft_tokens=info.get("speculative_num_draft_tokens"),

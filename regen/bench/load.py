@@ -1,0 +1,191 @@
+"""One load level against one server: N streamed requests, ``concurrency`` of them in flight.
+
+Each request goes through the client's raw streaming path (:class:`regen.client.raw.RawStreamer`:
+aiohttp, SSE lines, the regen error taxonomy) with the body the chat client builds
+(:meth:`regen.client.ChatClient.request_kwargs`, plus ``return_spec_tokens_details``). What
+a request records (:class:`RequestRecord`): time to its first token (reasoning, content or a
+tool call), its latency, the server-counted usage from the stream's usage chunk, and SGLang's
+``sglext.spec_tokens_details`` when the server sends it (a ``choices: []`` chunk before the
+usage chunk, SGLang 0.5.23 ``serving_chat.py``). Nothing is retried: a failed request is
+recorded with its error class (a retry would distort the latencies). Owns no files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from regen.client.raw import RawStreamer
+from regen.client.stream import StreamAccumulator
+from regen.errors import RequestError, StreamCutError
+
+#: each level cycles through the prompts until at least this many × concurrency requests went
+#: out, so the batch stays full for most of the level
+MIN_ROUNDS = 2
+
+
+@dataclass(slots=True)
+class BenchAccumulator(StreamAccumulator):
+    """The client's stream accumulator that also keeps the ``sglext`` object."""
+
+    sglext: dict[str, Any] | None = None
+
+    def add(self, data: dict[str, Any]) -> None:
+        ext = data.get("sglext")
+        if isinstance(ext, dict):
+            self.sglext = ext
+        StreamAccumulator.add(self, data)
+
+    @property
+    def spec_details(self) -> dict[str, Any] | None:
+        """``sglext.spec_tokens_details`` (the first one when the server sent a list)."""
+        d = (self.sglext or {}).get("spec_tokens_details")
+        if isinstance(d, list):
+            d = d[0] if d else None
+        return d if isinstance(d, dict) else None
+
+
+@dataclass(slots=True)
+class BenchRequest:
+    """One prompt, ready to send: its source and the create() keyword arguments."""
+
+    source: str
+    sample_id: str
+    kwargs: dict[str, Any]
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What one request did."""
+
+    role: str  #: "baseline" or "speculative"
+    concurrency: int
+    source: str
+    sample_id: str
+    ok: bool = False
+    error: str | None = None  #: regen error kind when it failed
+    status: int | None = None  #: HTTP status of a failure, when there was one
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    verify_ct: int | None = None  #: spec_tokens_details.spec_verify_ct
+    accept_length: float | None = None  #: spec_tokens_details.spec_accept_length
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """Tokens after the first one, per second after the first one."""
+        if not self.ok or self.completion_tokens is None or self.completion_tokens < 2:
+            return None
+        if self.ttft_s is None or self.latency_s is None or self.latency_s <= self.ttft_s:
+            return None
+        return (self.completion_tokens - 1) / (self.latency_s - self.ttft_s)
+
+
+@dataclass(slots=True)
+class LevelRun:
+    """One server at one level: its records and its wall time."""
+
+    role: str
+    concurrency: int
+    wall_s: float
+    records: list[RequestRecord] = field(default_factory=list)
+
+
+#: (role, concurrency, finished, total) after every finished request
+ProgressHook = Callable[[str, int, int, int], None]
+
+
+def level_size(prompts: int, concurrency: int) -> int:
+    """Requests one level sends: every prompt once, cycled to ``MIN_ROUNDS × concurrency``."""
+    return max(prompts, MIN_ROUNDS * concurrency)
+
+
+async def send_one(
+    streamer: RawStreamer,
+    req: BenchRequest,
+    *,
+    role: str,
+    concurrency: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> RequestRecord:
+    """Send one streamed request and record it (failures are recorded, not raised)."""
+    rec = RequestRecord(
+        role=role, concurrency=concurrency, source=req.source, sample_id=req.sample_id
+    )
+    acc = BenchAccumulator(endpoint=streamer.endpoint, clock=clock)
+    start = clock()
+    try:
+        await streamer.stream(req.kwargs, acc)
+        if acc.finish_reason is None:
+            raise StreamCutError(
+                f"stream from {streamer.endpoint} ended without finish_reason",
+                endpoint=streamer.endpoint,
+            )
+    except RequestError as e:
+        rec.error = e.kind
+        rec.status = e.status
+        rec.latency_s = clock() - start
+        return rec
+    rec.latency_s = clock() - start
+    rec.ttft_s = None if acc.first_token_at is None else acc.first_token_at - start
+    usage = acc.usage_fields()
+    rec.prompt_tokens = usage.get("prompt_tokens")
+    rec.completion_tokens = usage.get("completion_tokens")
+    rec.finish_reason = acc.finish_reason
+    if rec.completion_tokens is None:
+        rec.error = "no_usage"
+        return rec
+    rec.ok = True
+    details = acc.spec_details
+    if details is not None:
+        vc = details.get("spec_verify_ct")
+        rec.verify_ct = int(vc) if isinstance(vc, int | float) else None
+        al = details.get("spec_accept_length")
+        rec.accept_length = float(al) if isinstance(al, int | float) else None
+    return rec
+
+
+async def run_level(
+    streamer: RawStreamer,
+    requests: Sequence[BenchRequest],
+    *,
+    role: str,
+    concurrency: int,
+    progress: ProgressHook | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> LevelRun:
+    """Send ``level_size`` requests (cycling ``requests`` in order), ``concurrency`` at a time."""
+    if not requests:
+        raise ValueError("no requests to send")
+    total = level_size(len(requests), concurrency)
+    records: list[RequestRecord | None] = [None] * total
+    next_index = 0
+    finished = 0
+
+    async def worker() -> None:
+        nonlocal next_index, finished
+        while next_index < total:
+            i = next_index
+            next_index += 1
+            req = requests[i % len(requests)]
+            records[i] = await send_one(
+                streamer, req, role=role, concurrency=concurrency, clock=clock
+            )
+            finished += 1
+            if progress is not None:
+                progress(role, concurrency, finished, total)
+
+    start = clock()
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, total))))
+    wall = clock() - start
+    return LevelRun(
+        role=role,
+        concurrency=concurrency,
+        wall_s=wall,
+        records=[r for r in records if r is not None],
+    )

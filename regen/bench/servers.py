@@ -1,0 +1,92 @@
+"""The two servers of a bench: their speculative flags (checked as ``verify-server`` does) and
+their running acceptance length.
+
+The speculative server must run exactly ``EAGLE3`` (and, with ``--draft``, that draft): the
+same :func:`regen.train.serving.check_server_info` that ``regen verify-server`` uses, but a
+trap found here is recorded as a finding instead of stopping the bench, since measuring a
+misconfigured server is what shows the damage. The baseline server must not speculate at all.
+Owns no files.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from regen.bench.report import ServerFlags
+from regen.errors import EndpointError, TrapError
+from regen.manifest import public_url
+from regen.train.serving import accept_lengths, check_server_info, fetch_server_info
+
+Role = Literal["baseline", "speculative"]
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def mean_accept_length(info: dict[str, Any]) -> float | None:
+    """The mean of ``internal_states[i].avg_spec_accept_length`` (None: not reported)."""
+    values = accept_lengths(info)
+    return sum(values) / len(values) if values else None
+
+
+def read_accept_length(url: str, *, api_key: str | None, timeout: float = 10.0) -> float | None:
+    """The server's running ``avg_spec_accept_length`` now (None: not reported or no answer)."""
+    try:
+        return mean_accept_length(fetch_server_info(url, timeout=timeout, api_key=api_key))
+    except EndpointError:
+        return None
+
+
+def server_flags(
+    role: Role,
+    url: str,
+    *,
+    api_key: str | None,
+    draft: str | None = None,
+    timeout: float = 10.0,
+) -> ServerFlags:
+    """Read ``/server_info`` and check the flags for ``role``; a server without one is noted."""
+    shown = public_url(url)
+    try:
+        info = fetch_server_info(url, timeout=timeout, api_key=api_key)
+    except EndpointError as e:
+        flags = ServerFlags(role=role, url=shown, server_info=False)
+        if role == "speculative":
+            flags.problem = f"cannot read its flags ({e}); the speculative settings are unchecked"
+        return flags
+    return flags_of(role, shown, info, draft=draft)
+
+
+def flags_of(role: Role, url: str, info: dict[str, Any], *, draft: str | None) -> ServerFlags:
+    """The flags of one /server_info answer and what the check found (pure)."""
+    states = [s for s in info.get("internal_states") or [] if isinstance(s, dict)]
+    live = _int(states[0].get("effective_max_running_requests_per_dp")) if states else None
+    algo = info.get("speculative_algorithm")
+    version = info.get("version")
+    flags = ServerFlags(
+        role=role,
+        url=url,
+        algorithm=str(algo) if algo is not None else None,
+        draft_path=info.get("speculative_draft_model_path"),
+        num_steps=_int(info.get("speculative_num_steps")),
+        eagle_topk=_int(info.get("speculative_eagle_topk")),
+        num_draft_tokens=_int(info.get("speculative_num_draft_tokens")),
+        max_running_requests=live or _int(info.get("max_running_requests")),
+        version=None if version is None else str(version),
+        accept_length_at_start=mean_accept_length(info),
+    )
+    if role == "baseline":
+        if algo is not None:
+            flags.trap = "baseline-speculates"
+            flags.problem = (
+                f"the baseline server runs speculative decoding ({algo}): the speedup would "
+                "compare two speculative servers; start the baseline without --speculative-*"
+            )
+        return flags
+    try:
+        check_server_info(info, url, draft)
+    except TrapError as e:
+        flags.trap = e.trap
+        flags.problem = str(e)
+    return flags

@@ -1,0 +1,149 @@
+"""Numbers from request records: per-level throughput and latency, acceptance, speedup, crossover.
+
+Definitions (pure functions, no I/O):
+
+- **output tok/s** = server-counted completion tokens of the level's ok requests ÷ the level's
+  wall time (first request sent → last one finished); **requests/s** alike.
+- **TTFT / latency p50, p95**: linear interpolation between order statistics.
+- **acceptance from spec_tokens_details** = Σ completion tokens ÷ Σ ``spec_verify_ct`` over the
+  requests — SGLang's per-request ``spec_accept_length`` (completion ÷ verify steps) pooled
+  by tokens, i.e. the mean tokens per verify step over all of them.
+- **acceptance from /server_info**: ``avg_spec_accept_length`` is SGLang's running total
+  (accepted tokens ÷ request-steps since start). Across a window (a level, or one source's
+  pass) where the bench had the server produce ``T`` decode tokens (completion tokens minus the
+  first, which comes from the prefill), after ``T_prev`` before it::
+
+      F_prev = T_prev / A_before,   F_after = (T_prev + T) / A_after,   a = T / (F_after − F_prev)
+
+  exact when the running total started with the bench (``A`` not yet reported at the start);
+  otherwise earlier traffic is counted as if it were the bench's, and the value is marked
+  inexact (SGLang also folds its counters in every 40 decode steps, a small lag).
+- **speedup** = speculative ÷ baseline output tok/s per level; the **crossover** is where it
+  crosses 1, interpolated linearly in log(concurrency) between the last level above 1 and the
+  first at or below it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from regen.bench.load import LevelRun, RequestRecord
+from regen.bench.report import AcceptMethod, Crossover, LevelResult, LevelStats
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q`` quantile (0..1) by linear interpolation; None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def decode_tokens(records: Iterable[RequestRecord]) -> int:
+    """Tokens produced by decode steps: completion tokens minus the prefill's first, ok only."""
+    return sum(max(r.completion_tokens - 1, 0) for r in records if r.ok and r.completion_tokens)
+
+
+@dataclass(slots=True)
+class DetailsAccept:
+    """Acceptance pooled from per-request spec_tokens_details."""
+
+    accept_length: float | None
+    completion_tokens: int
+    verify_ct: int
+    requests: int
+
+
+def details_accept(records: Iterable[RequestRecord]) -> DetailsAccept:
+    """Σ completion ÷ Σ verify steps over the ok requests that carried details."""
+    tokens = verify = n = 0
+    for r in records:
+        if r.ok and r.verify_ct and r.completion_tokens is not None:
+            tokens += r.completion_tokens
+            verify += r.verify_ct
+            n += 1
+    return DetailsAccept(tokens / verify if verify else None, tokens, verify, n)
+
+
+@dataclass(slots=True)
+class AcceptWindow:
+    """The server's running acceptance around a window of bench traffic."""
+
+    before: float | None  #: avg_spec_accept_length before the window (None: not reported)
+    after: float | None  #: after it
+    tokens_before: int  #: decode tokens the bench had the server produce before the window
+    tokens: int  #: decode tokens produced in the window
+    fresh: bool  #: whether the running total started with the bench
+
+    def accept_length(self) -> float | None:
+        """The window's own acceptance (module docstring), None when it cannot be told."""
+        if self.after is None or self.tokens <= 0:
+            return None
+        if self.before is None:
+            if self.tokens_before > 0:
+                return None  # the total was not reported although the bench had sent traffic
+            f_prev = 0.0
+        else:
+            f_prev = self.tokens_before / self.before
+        f_after = (self.tokens_before + self.tokens) / self.after
+        steps = f_after - f_prev
+        if steps <= 0:
+            return None
+        return self.tokens / steps
+
+
+def level_stats(
+    run: LevelRun, accept: float | None = None, method: AcceptMethod = "none"
+) -> LevelStats:
+    """The stats of one server at one level."""
+    ok = [r for r in run.records if r.ok]
+    errors = Counter(r.error or "unknown" for r in run.records if not r.ok)
+    tokens = sum(r.completion_tokens or 0 for r in ok)
+    wall = run.wall_s
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    lats = [r.latency_s for r in ok if r.latency_s is not None]
+    speeds = [s for s in (r.decode_tok_s for r in ok) if s is not None]
+    return LevelStats(
+        requests=len(run.records),
+        ok=len(ok),
+        errors=dict(sorted(errors.items())),
+        wall_s=wall,
+        completion_tokens=tokens,
+        output_tok_s=tokens / wall if wall > 0 else 0.0,
+        requests_per_s=len(ok) / wall if wall > 0 else 0.0,
+        ttft_p50_s=percentile(ttfts, 0.5),
+        ttft_p95_s=percentile(ttfts, 0.95),
+        latency_p50_s=percentile(lats, 0.5),
+        latency_p95_s=percentile(lats, 0.95),
+        decode_tok_s_p50=percentile(speeds, 0.5),
+        accept_length=accept,
+        accept_method=method if accept is not None else "none",
+    )
+
+
+def speedup(baseline: LevelStats, speculative: LevelStats) -> float | None:
+    """Speculative ÷ baseline output tok/s (None when either produced nothing)."""
+    if baseline.output_tok_s <= 0 or speculative.output_tok_s <= 0:
+        return None
+    return speculative.output_tok_s / baseline.output_tok_s
+
+
+def crossover(levels: Sequence[LevelResult]) -> Crossover:
+    """Where the speedup first falls to 1 or below after paying (levels in ascending order)."""
+    measured = [(lv.concurrency, lv.speedup) for lv in levels if lv.speedup is not None]
+    for (c0, s0), (c1, s1) in itertools.pairwise(measured):
+        if s0 > 1.0 >= s1:
+            if s0 == s1:
+                at = float(c0)
+            else:
+                frac = (s0 - 1.0) / (s0 - s1)
+                at = math.exp(math.log(c0) + frac * (math.log(c1) - math.log(c0)))
+            return Crossover(concurrency=at, last_paying=c0, first_losing=c1)
+    return Crossover()

@@ -1,0 +1,198 @@
+"""`regen bench`: speculative vs baseline server on held-out prompts; per level, per source,
+verdicts in plain words, bench.json and bench.html (docs/bench.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.markup import escape
+
+if TYPE_CHECKING:
+    from regen.manifest import Manifest
+
+NAME = "bench"
+HELP = "measure a speculative server against a baseline: speedup per load, acceptance per source"
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text!r}"
+        ) from None
+    if not levels or any(c < 1 for c in levels):
+        raise argparse.ArgumentTypeError("levels must be integers >= 1, e.g. 1,4,16,64")
+    return levels
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--baseline",
+        required=True,
+        metavar="URL",
+        help="the server without speculation (root or /v1 base)",
+    )
+    parser.add_argument(
+        "--speculative",
+        required=True,
+        metavar="URL",
+        help="the server with the draft (root or /v1 base)",
+    )
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--run",
+        metavar="RUN_DIR",
+        help="a run directory: prompts from RUN_DIR/export/holdout.jsonl, sampling "
+        "from RUN_DIR/manifest.yaml",
+    )
+    src.add_argument("--prompts", metavar="FILE", help="a holdout.jsonl-format prompts file")
+    parser.add_argument(
+        "--per-source", type=int, default=20, metavar="N", help="prompts per source (default 20)"
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=_levels,
+        default=[1, 4, 16, 64],
+        metavar="LIST",
+        help="requests in flight per level (default 1,4,16,64)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=512,
+        metavar="N",
+        help="completion tokens per request (default 512)",
+    )
+    parser.add_argument(
+        "--api-key-env", metavar="NAME", help="environment variable holding both servers' API key"
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="where bench.json and bench.html go (default RUN_DIR/bench, or ./bench)",
+    )
+    parser.add_argument(
+        "--manifest",
+        metavar="MANIFEST",
+        help="take sampling and the model from this manifest (default with --run: the run's own)",
+    )
+    parser.add_argument(
+        "--model",
+        help="model name to request (default: the manifest's, else the "
+        "one model the baseline serves)",
+    )
+    parser.add_argument(
+        "--draft",
+        metavar="DRAFT_DIR",
+        help="also check the speculative server serves this draft (as verify-server)",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="seconds a request may stall before it counts as failed (default 600)",
+    )
+
+
+def _run_manifest(run_dir: str) -> Manifest | None:
+    """The run's resolved manifest.yaml, or None when it has none."""
+    import yaml
+
+    from regen.errors import RegenError
+    from regen.manifest import parse_manifest
+    from regen.store.run import MANIFEST_FILE
+    from regen.store.rundir import RunDir
+
+    rd = RunDir.open(run_dir, create=False)
+    try:
+        text = rd.read_text(MANIFEST_FILE)
+    except (OSError, RegenError):
+        return None
+    if not text:
+        return None
+    return parse_manifest(
+        yaml.safe_load(text), base_dir=run_dir, origin=f"{run_dir}/{MANIFEST_FILE}"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from regen.bench.console import print_report, progress_bar
+    from regen.bench.html import BENCH_HTML, write_html
+    from regen.bench.prompts import holdout_path, per_source, read_prompts
+    from regen.bench.records import REQUESTS_FILE, write_records
+    from regen.bench.report import BENCH_JSON, BenchSettings, write_report
+    from regen.bench.runner import BenchOptions, check_options, run_bench
+    from regen.bench.summary import summarize
+    from regen.errors import ConfigError
+    from regen.manifest import Sampling, load_manifest
+
+    if args.per_source < 1:
+        raise ConfigError("--per-source must be >= 1", field="per_source")
+    manifest = load_manifest(args.manifest) if args.manifest else None
+    if args.run:
+        prompts_file = holdout_path(args.run)
+        if manifest is None:
+            manifest = _run_manifest(args.run)
+    else:
+        prompts_file = Path(args.prompts)
+    prompts = per_source(read_prompts(prompts_file), args.per_source)
+    sampling = manifest.sampling if manifest is not None else Sampling()
+    model = args.model or (manifest.target.model if manifest is not None else None)
+    adapters = {s.name: s.adapter for s in manifest.sources} if manifest is not None else {}
+    opts = BenchOptions(
+        baseline=args.baseline,
+        speculative=args.speculative,
+        prompts=prompts,
+        sampling=sampling,
+        concurrency=args.concurrency,
+        max_tokens=args.max_tokens,
+        model=model,
+        api_key_env=args.api_key_env,
+        draft=args.draft,
+        request_timeout_s=args.request_timeout,
+        adapters=adapters,
+    )
+    levels = check_options(opts)
+    out = Path(args.out) if args.out else (Path(args.run) / "bench" if args.run else Path("bench"))
+    out.mkdir(parents=True, exist_ok=True)
+
+    console = Console()
+    console.print(
+        f"bench: {len(prompts)} prompts from {escape(str(prompts_file))}, levels "
+        f"{','.join(map(str, levels))}, max_tokens {args.max_tokens}",
+        highlight=False,
+    )
+    with progress_bar(
+        console, levels=levels, prompts=len(prompts), enabled=console.is_terminal
+    ) as hook:
+        bench = asyncio.run(run_bench(opts, hook))
+    settings = BenchSettings(
+        concurrency=levels,
+        per_source=args.per_source,
+        max_tokens=args.max_tokens,
+        prompts=len(prompts),
+        prompts_file=str(prompts_file),
+        run_dir=args.run,
+        sampling=sampling.model_dump(mode="json") | {"max_tokens": args.max_tokens},
+        request_timeout_s=args.request_timeout,
+        api_key_env=args.api_key_env,
+    )
+    report = summarize(bench, settings=settings, prompts=prompts, adapters=adapters)
+    json_path = write_report(report, out / BENCH_JSON)
+    html_path = write_html(report, out / BENCH_HTML)
+    write_records(bench, out / REQUESTS_FILE)
+    print_report(report, console)
+    console.print(
+        f"wrote {escape(str(json_path))}, {escape(str(html_path))}, "
+        f"{escape(str(out / REQUESTS_FILE))}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return 0
