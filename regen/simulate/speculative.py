@@ -50,10 +50,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from regen.errors import ConfigError
 
@@ -69,6 +69,9 @@ DEFAULT_NUM_DRAFT_TOKENS = 4
 INLINE_MARKER = re.compile(r"\bspec_accept=(\d+(?:\.\d+)?)")
 
 DraftKind = Literal["eagle3", "eagle"]
+
+#: an acceptance length: tokens kept per verify step, at least the bonus token
+AcceptLength = Annotated[float, Field(ge=1.0, allow_inf_nan=False)]
 
 
 class SpeedModel(BaseModel):
@@ -162,8 +165,12 @@ def effective_accept_length(algorithm: str | None, kind: DraftKind, accept: floa
     return accept
 
 
+def _valid_accept(value: float) -> bool:
+    return math.isfinite(value) and value >= 1.0
+
+
 def _check_accept(value: float, where: str) -> float:
-    if not math.isfinite(value) or value < 1.0:
+    if not _valid_accept(value):
         raise ConfigError(
             f"{where}: acceptance length {value!r} must be a number >= 1", field=where
         )
@@ -176,23 +183,9 @@ class AcceptanceMap(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     #: keyword → acceptance length; the first keyword (in file order) found in the prompt wins
-    keywords: dict[str, float] = Field(default_factory=dict)
+    keywords: dict[Annotated[str, Field(min_length=1)], AcceptLength] = Field(default_factory=dict)
     #: acceptance length of a prompt that names no keyword (None: the server's default)
-    default: float | None = None
-
-    @field_validator("keywords")
-    @classmethod
-    def _keywords(cls, v: dict[str, float]) -> dict[str, float]:
-        for k, a in v.items():
-            if not k:
-                raise ValueError("empty keyword")
-            _check_accept(a, f"keywords.{k}")
-        return v
-
-    @field_validator("default")
-    @classmethod
-    def _default(cls, v: float | None) -> float | None:
-        return None if v is None else _check_accept(v, "default")
+    default: AcceptLength | None = None
 
     @classmethod
     def load(cls, path: str | Path) -> AcceptanceMap:
