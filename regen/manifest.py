@@ -270,11 +270,14 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     """Apply ``key.sub=value`` overrides to a raw mapping. Values parse as YAML scalars.
 
     List elements are addressed by index (``sources.0.limit=10``) or, for ``sources``, by
-    name (``sources.sharegpt.limit=10``).
+    name (``sources.sharegpt.limit=10``). An override without ``=`` is an overlay file: a
+    YAML mapping merged into the manifest, its keys addressed the same way
+    (``sources: {sharegpt: {limit: 10}}``), e.g. what ``regen plan --reweight`` writes.
     """
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} is not key=value", field=item)
+            _merge_overlay(data, _read_overlay(item), "")
+            continue
         key, raw = item.split("=", 1)
         parts = [p for p in key.strip().split(".") if p]
         if not parts:
@@ -297,6 +300,39 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             else:
                 raise ConfigError(f"override {key!r}: {part!r} is not inside a mapping", field=key)
     return data
+
+
+def _read_overlay(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"override {path!r} is neither key=value nor a YAML file", field=path)
+    try:
+        overlay = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read overlay {path!r}: {e}", field=path) from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"overlay {path}: not valid YAML: {e}", field=path) from None
+    if not isinstance(overlay, dict):
+        raise ConfigError(f"overlay {path}: expected a mapping at top level", field=path)
+    return overlay
+
+
+def _merge_overlay(node: Any, overlay: dict[str, Any], where: str) -> None:
+    """Merge a mapping into ``node``: mappings merge, anything else replaces."""
+    for raw_key, value in overlay.items():
+        key = str(raw_key)
+        path = f"{where}{key}"
+        if isinstance(node, list):
+            idx = _list_index(node, key, path)
+        elif isinstance(node, dict):
+            idx = key
+        else:
+            raise ConfigError(f"overlay {path!r}: {key!r} is not inside a mapping", field=path)
+        child = node[idx] if isinstance(node, list) else node.get(idx)
+        if isinstance(value, dict) and isinstance(child, dict | list):
+            _merge_overlay(child, value, f"{path}.")
+        else:
+            node[idx] = value
 
 
 def _list_index(node: list[Any], part: str, key: str) -> int:

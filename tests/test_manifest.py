@@ -143,7 +143,7 @@ def test_overrides_apply_by_name_and_index(tmp_path: Path) -> None:
         ("sources.b.limit=-3", "sources.1.limit (source 'b'): Input should be greater than"),
         ("sources.nope.limit=3", "override 'sources.nope.limit': no list element 'nope'"),
         ("sampling.colour=1", "sampling.colour: unknown key"),
-        ("sampling", "override 'sampling' is not key=value"),
+        ("sampling", "override 'sampling' is neither key=value nor a YAML file"),
     ],
 )
 def test_overrides_validated_like_the_file(tmp_path: Path, override: str, expect: str) -> None:
