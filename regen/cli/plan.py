@@ -1,4 +1,5 @@
-"""`regen plan MANIFEST`: read every source and show counts, rejects, tokens and the time band."""
+"""`regen plan MANIFEST`: read every source and show counts, rejects, tokens and the time band;
+with ``--reweight bench.json``, the next round's per-source limits (regen.bench.reweight)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     add_override_argument(parser)
+    rw = parser.add_argument_group("data-mix feedback (docs/bench.md)")
+    rw.add_argument(
+        "--reweight",
+        metavar="BENCH_JSON",
+        help="propose per-source limits for the next round from a regen bench result: more "
+        "where acceptance is low; written as an overlay YAML for -o",
+    )
+    rw.add_argument(
+        "--budget",
+        type=int,
+        default=None,
+        metavar="N",
+        help="total samples of the proposal (default: the current total)",
+    )
+    rw.add_argument(
+        "--write",
+        metavar="FILE",
+        help="where the overlay goes (default: reweight.yaml next to BENCH_JSON)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     manifest = load_manifest(args.manifest, args.override)
     plan = build_plan(manifest, args.tok_per_s)
     console = Console()
+    if args.reweight:
+        return _reweight(args, plan, console)
     if args.json:
         console.out(plan.to_json(), highlight=False)
         return 0
@@ -63,6 +85,65 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"{escape(s.name)}: {escape(why)}", highlight=False)
         for ex in st.examples:
             console.print(f"  [dim]{escape(ex)}[/]", highlight=False)
+    return 0
+
+
+def _reweight(args: argparse.Namespace, plan: Plan, console: Console) -> int:
+    """``--reweight``: the proposal as a table (or JSON) and the overlay file."""
+    import json
+    from pathlib import Path
+
+    from regen.bench.report import read_report
+    from regen.bench.reweight import overlay_yaml, reason, reweight
+
+    report = read_report(args.reweight)
+    regenerated = [s for s in plan.sources if s.mode == "regenerate"]
+    current = {s.name: s.stats.kept for s in regenerated}
+    exhausted = {s.name for s in regenerated if not s.stats.limit_reached}
+    result = reweight(report, current, budget=args.budget, exhausted=exhausted)
+    out = Path(args.write) if args.write else Path(args.reweight).with_name("reweight.yaml")
+    text = overlay_yaml(result, manifest=args.manifest, bench=args.reweight, report=report)
+    out.write_text(text, encoding="utf-8")
+    if args.json:
+        rows = [
+            {
+                "source": r.source,
+                "current": r.current,
+                "accept_length": r.accept,
+                "weight": r.weight,
+                "proposed": r.proposed,
+                "exhausted": r.exhausted,
+                "reason": reason(r, result.mean_accept),
+            }
+            for r in result.sources
+        ]
+        doc = {"overlay": str(out), "budget": result.budget, "mean_accept": result.mean_accept}
+        console.out(json.dumps({**doc, "sources": rows}, indent=2), highlight=False)
+        return 0
+    t = Table(title=f"reweight: {plan.name} from {args.reweight}")
+    for col in ("source", "accept", "weight", "now", "proposed", "change"):
+        t.add_column(col, justify="left" if col == "source" else "right")
+    for r in result.sources:
+        change = "—" if r.change is None else f"{r.change:+.0%}"
+        t.add_row(
+            escape(r.source),
+            "—" if r.accept is None else f"{r.accept:.2f}",
+            f"{r.weight:.2f}",
+            f"{r.current:,}",
+            f"{r.proposed:,}" + ("*" if r.exhausted and r.proposed > r.current else ""),
+            change,
+        )
+    t.caption = (
+        f"mean acceptance {result.mean_accept:.2f}; budget {result.budget:,}; "
+        "* its rows ran out: it cannot grow without more data"
+    )
+    console.print(t)
+    console.print(
+        f"overlay written to {escape(str(out))}; use it with: regen plan "
+        f"{escape(args.manifest)} -o {escape(str(out))}",
+        highlight=False,
+        soft_wrap=True,
+    )
     return 0
 
 
