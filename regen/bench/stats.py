@@ -34,6 +34,10 @@ from dataclasses import dataclass
 from regen.bench.load import LevelRun, RequestRecord
 from regen.bench.report import AcceptMethod, Crossover, LevelResult, LevelStats
 
+#: a window's acceptance below this is inconsistent counters, not a measurement (1.0 is the
+#: floor; SGLang's counter lag can pull an honest 1.0 a little below it)
+MIN_PLAUSIBLE_ACCEPT = 0.95
+
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The ``q`` quantile (0..1) by linear interpolation; None for no values."""
@@ -96,7 +100,9 @@ class AcceptWindow:
         steps = f_after - f_prev
         if steps <= 0:
             return None
-        return self.tokens / steps
+        value = self.tokens / steps
+        # below ~1 is impossible (every step keeps a token): counters that do not fit the traffic
+        return value if value >= MIN_PLAUSIBLE_ACCEPT else None
 
 
 def level_stats(
