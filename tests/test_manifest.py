@@ -199,3 +199,35 @@ def test_reference_documents_every_field() -> None:
     models += [mf.Filters, mf.Export]
     missing = [f"{m.__name__}.{f}" for m in models for f in m.model_fields if f"`{f}`" not in doc]
     assert missing == []
+
+
+def test_overlay_file_merges_by_source_name(tmp_path: Path) -> None:
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(
+        "sources:\n  b:\n    limit: 4\n  a:\n    filters: {max_turns: 2}\n"
+        "sampling:\n  temperature: 0\n"
+    )
+    m = load_manifest(write(tmp_path, BASE), [str(overlay), "sources.a.limit=1"])
+    assert (m.source("b").limit, m.source("a").limit) == (4, 1)
+    assert m.source("a").filters.max_turns == 2 and m.sampling.temperature == 0.0
+
+
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        ("sources:\n  nope:\n    limit: 3\n", "override 'sources.nope': no list element 'nope'"),
+        (
+            "sources:\n  b:\n    limit: -1\n",
+            "sources.1.limit (source 'b'): Input should be greater",
+        ),
+        ("sampling:\n  colour: 1\n", "sampling.colour: unknown key"),
+        ("- 1\n", "expected a mapping at top level"),
+        ("sources: [unclosed\n", "not valid YAML"),
+    ],
+)
+def test_bad_overlay_files_fail_like_the_manifest(tmp_path: Path, text: str, expect: str) -> None:
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_manifest(write(tmp_path, BASE), [str(overlay)])
+    assert expect in str(e.value)
