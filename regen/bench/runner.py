@@ -92,8 +92,9 @@ def check_options(opts: BenchOptions) -> list[int]:
         raise ConfigError("--concurrency needs levels >= 1, e.g. 1,4,16,64", field="concurrency")
     if opts.max_tokens < 1:
         raise ConfigError("--max-tokens must be >= 1", field="max_tokens")
-    for url in (opts.baseline, opts.speculative):
-        Endpoint(url=url)  # http(s) only, same rule as the manifest
+    for flag, url in (("baseline", opts.baseline), ("speculative", opts.speculative)):
+        if not url.startswith(("http://", "https://")):  # the manifest's endpoint rule
+            raise ConfigError(f"--{flag} {url!r} must start with http:// or https://", field=flag)
     if server_root(opts.baseline) == server_root(opts.speculative):
         raise ConfigError("--baseline and --speculative are the same server", field="speculative")
     return sorted(set(opts.concurrency))

@@ -28,7 +28,16 @@ TOOL = {
 }
 
 #: simulator options of the bench's runner tests: short answers of a fixed length, 3.2 ms steps
-SIM = {"mean_tokens": 24, "length_sigma": 0, "max_running_requests": 64}
+SIM = {"mean_tokens": 24, "length_sigma": 0, "max_running_requests": 64, "step_ms": 3.2}
+#: the draft the speculative simulators report
+DRAFT = "/drafts/k25-eagle3"
+#: the speculative flags (the algorithm is added per simulator)
+SPEC = {
+    "speculative_draft_model_path": DRAFT,
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
+    "speculative_num_draft_tokens": 4,
+}
 
 
 def prompts(sources: dict[str, int], *, tools: tuple[str, ...] = ("xlam",)) -> list[BenchPrompt]:
