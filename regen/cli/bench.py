@@ -122,6 +122,10 @@ def _run_manifest(run_dir: str) -> Manifest | None:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import logging
+
+    # one line per HTTP request from the endpoint check is noise next to the tables
+    logging.getLogger("httpx2").setLevel(max(logging.WARNING, logging.getLogger().level))
 
     from regen.bench.console import print_report, progress_bar
     from regen.bench.html import BENCH_HTML, write_html
