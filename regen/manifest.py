@@ -352,7 +352,7 @@ def parse_manifest(data: Any, *, base_dir: str | Path = ".", origin: str = "mani
     try:
         return Manifest.model_validate(data)
     except ValidationError as e:
-        raise _config_error(e, origin, data) from None
+        raise config_error(e, origin, data) from None
 
 
 def load_manifest(path: str | Path, overrides: list[str] | None = None) -> Manifest:
@@ -375,7 +375,11 @@ def load_manifest(path: str | Path, overrides: list[str] | None = None) -> Manif
     return parse_manifest(data, base_dir=p.resolve().parent, origin=str(p))
 
 
-def _config_error(e: ValidationError, origin: str, data: dict[str, Any]) -> ConfigError:
+def config_error(
+    e: ValidationError, origin: str, data: dict[str, Any] | None = None
+) -> ConfigError:
+    """One ConfigError for a pydantic failure: ``origin: dotted.field: message`` (the first
+    error; ``data``, the raw mapping, names the source of a ``sources.N`` field)."""
     err = e.errors()[0]
     loc = [str(x) for x in err["loc"]]
     # pydantic puts the union/literal tag in the location; keep only real path parts
@@ -393,8 +397,8 @@ def _config_error(e: ValidationError, origin: str, data: dict[str, Any]) -> Conf
     return ConfigError(f"{origin}: {where}{hint}: {msg}{shown}{extra}", field=path or None)
 
 
-def _source_hint(loc: list[str], data: dict[str, Any]) -> str:
-    if len(loc) >= 2 and loc[0] == "sources" and loc[1].isdigit():
+def _source_hint(loc: list[str], data: dict[str, Any] | None) -> str:
+    if data is not None and len(loc) >= 2 and loc[0] == "sources" and loc[1].isdigit():
         try:
             name = data["sources"][int(loc[1])].get("name")
         except (KeyError, IndexError, TypeError, AttributeError):

@@ -165,19 +165,21 @@ def render_html(report: BenchReport) -> str:
     """The whole page as one string (plotly.js inlined once)."""
     import plotly.io as pio
 
-    plot1 = pio.to_html(
-        throughput_figure(report),
-        full_html=False,
-        include_plotlyjs=True,
-        div_id="plot-throughput",
-        config={"responsive": True},
+    figures = (
+        ("plot-throughput", throughput_figure(report)),
+        ("plot-acceptance", acceptance_figure(report)),
     )
-    plot2 = pio.to_html(
-        acceptance_figure(report),
-        full_html=False,
-        include_plotlyjs=False,
-        div_id="plot-acceptance",
-        config={"responsive": True},
+    plots = "".join(
+        "<div class='plot'>"
+        + pio.to_html(
+            fig,
+            full_html=False,
+            include_plotlyjs=i == 0,  # plotly.js once, with the first plot
+            div_id=div_id,
+            config={"responsive": True},
+        )
+        + "</div>"
+        for i, (div_id, fig) in enumerate(figures)
     )
     verdicts = "".join(
         f'<li class="{v.severity}">{html.escape(v.text)}</li>' for v in report.verdicts
@@ -195,7 +197,7 @@ def render_html(report: BenchReport) -> str:
         f"<h1>{title}</h1><p>{settings}</p>"
         f"<h2>Verdicts</h2><ul>{verdicts}</ul>"
         f"<h2>Servers</h2>{_servers(report)}"
-        f"<div class='plot'>{plot1}</div><div class='plot'>{plot2}</div>"
+        f"{plots}"
         f"<h2>Per concurrency level</h2>{_levels_table(report)}"
         f"<h2>Per source</h2>{_sources_table(report)}"
         "</body></html>\n"

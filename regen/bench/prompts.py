@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from regen.errors import ConfigError
+from regen.manifest import config_error
 from regen.sample import ROLES, Message, Sample
 from regen.train.layout import EXPORT_DIR
 
@@ -109,10 +110,7 @@ def read_prompts(path: str | Path) -> list[BenchPrompt]:
         try:
             out.append(BenchPrompt.model_validate(data))
         except ValidationError as e:
-            err = e.errors()[0]
-            where = ".".join(str(x) for x in err["loc"]) or "(line)"
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-            raise ConfigError(f"{p}:{n}: {where}: {msg}", field=where) from None
+            raise config_error(e, f"{p}:{n}") from None
     if not out:
         raise ConfigError(f"prompts file {p} has no prompts")
     return out

@@ -32,6 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from regen.errors import ConfigError
+from regen.manifest import config_error
 
 SCHEMA_VERSION = 1
 BENCH_JSON = "bench.json"
@@ -234,6 +235,4 @@ def read_report(path: str | Path) -> BenchReport:
     try:
         return BenchReport.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        raise ConfigError(f"{p}: {where}: {err['msg']}", field=where) from None
+        raise config_error(e, str(p)) from None

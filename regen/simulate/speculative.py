@@ -56,6 +56,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from regen.errors import ConfigError
+from regen.manifest import config_error
 
 #: the acceptance length of an EAGLE-3 draft served under EAGLE (fc skipped: only the bonus
 #: token survives each step, CONTRACTS §2b)
@@ -200,9 +201,7 @@ class AcceptanceMap(BaseModel):
         try:
             return cls.model_validate(data if data is not None else {})
         except ValidationError as e:
-            err = e.errors()[0]
-            where = ".".join(str(x) for x in err["loc"]) or "(top level)"
-            raise ConfigError(f"{p}: {where}: {err['msg']}", field=where) from None
+            raise config_error(e, str(p)) from None
 
     def lookup(self, text: str) -> float | None:
         """The acceptance of the first keyword found in ``text``, else ``default``."""

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from _bench_common import SIM, SPEC, prompts_file
 
@@ -103,67 +104,26 @@ def test_bench_cli_with_a_run_dir_and_an_api_key(tmp_path: Path) -> None:
         assert KEY not in text
 
 
-def test_bench_cli_errors_are_one_line(tmp_path: Path, sim_base: RunningSimulator) -> None:
-    no_holdout = tmp_path / "empty-run"
-    no_holdout.mkdir()
+@pytest.mark.parametrize(
+    ("extra", "expect"),
+    [
+        (["--run", "{tmp}/empty-run"], "export/holdout.jsonl"),
+        (["--prompts", "{prompts}", "--concurrency", "1"], "unreachable"),
+        (["--prompts", "{prompts}", "--api-key-env", "BENCH_UNSET_KEY"], "BENCH_UNSET_KEY"),
+        (["--prompts", "{prompts}", "--concurrency", "1,zero"], "--concurrency"),
+        (["--prompts", "{prompts}", "--run", "{tmp}"], "not allowed with"),
+        (["--prompts", "{tmp}/missing.jsonl"], "cannot read prompts file"),
+        (["--prompts", "{prompts}", "--per-source", "0"], "--per-source must be >= 1"),
+    ],
+)
+def test_bench_cli_errors_are_one_line(
+    tmp_path: Path, sim_base: RunningSimulator, extra: list[str], expect: str
+) -> None:
+    (tmp_path / "empty-run").mkdir()
+    prompts = prompts_file(tmp_path / "p.jsonl", {"a": 2})
+    args = [a.format(tmp=tmp_path, prompts=prompts) for a in extra]
     out = regen_cli(
-        "bench",
-        "--baseline",
-        sim_base.url,
-        "--speculative",
-        "http://127.0.0.1:9",
-        "--run",
-        str(no_holdout),
+        "bench", "--baseline", sim_base.url, "--speculative", "http://127.0.0.1:9", *args
     )
     assert out.returncode == 2
-    assert "export/holdout.jsonl" in out.stderr and "Traceback" not in out.stderr
-    prompts = prompts_file(tmp_path / "p.jsonl", {"a": 2})
-    down = regen_cli(
-        "bench",
-        "--baseline",
-        sim_base.url,
-        "--speculative",
-        "http://127.0.0.1:9",
-        "--prompts",
-        str(prompts),
-        "--concurrency",
-        "1",
-    )
-    assert down.returncode == 2
-    assert "unreachable" in down.stderr and "Traceback" not in down.stderr
-    nokey = regen_cli(
-        "bench",
-        "--baseline",
-        sim_base.url,
-        "--speculative",
-        sim_base.url + "x",
-        "--prompts",
-        str(prompts),
-        "--api-key-env",
-        "BENCH_UNSET_KEY",
-    )
-    assert nokey.returncode == 2 and "BENCH_UNSET_KEY" in nokey.stderr
-    bad = regen_cli(
-        "bench",
-        "--baseline",
-        sim_base.url,
-        "--speculative",
-        sim_base.url,
-        "--prompts",
-        str(prompts),
-        "--concurrency",
-        "1,zero",
-    )
-    assert bad.returncode == 2 and "--concurrency" in bad.stderr
-    both = regen_cli(
-        "bench",
-        "--baseline",
-        sim_base.url,
-        "--speculative",
-        sim_base.url,
-        "--prompts",
-        str(prompts),
-        "--run",
-        str(tmp_path),
-    )
-    assert both.returncode == 2 and "not allowed with" in both.stderr
+    assert expect in out.stderr and "Traceback" not in out.stderr
