@@ -17,7 +17,9 @@ Definitions (pure functions, no I/O):
 
   exact when the running total started with the bench (``A`` not yet reported at the start);
   otherwise earlier traffic is counted as if it were the bench's, and the value is marked
-  inexact (SGLang also folds its counters in every 40 decode steps, a small lag).
+  inexact. SGLang folds its counters in every 40 decode steps: a window can lag a little, and
+  bench traffic not yet folded in when ``A_before`` is read (still unreported) is taken at
+  the window's own average.
 - **speedup** = speculative ÷ baseline output tok/s per level; the **crossover** is where it
   crosses 1, interpolated linearly in log(concurrency) between the last level above 1 and the
   first at or below it.
@@ -90,12 +92,9 @@ class AcceptWindow:
         """The window's own acceptance (module docstring), None when it cannot be told."""
         if self.after is None or self.tokens <= 0:
             return None
-        if self.before is None:
-            if self.tokens_before > 0:
-                return None  # the total was not reported although the bench had sent traffic
-            f_prev = 0.0
-        else:
-            f_prev = self.tokens_before / self.before
+        # not reported yet although the bench had sent traffic (SGLang folds its counters in
+        # every 40 decode steps): that earlier traffic is taken at the window's own average
+        f_prev = self.tokens_before / (self.before if self.before is not None else self.after)
         f_after = (self.tokens_before + self.tokens) / self.after
         steps = f_after - f_prev
         if steps <= 0:
