@@ -37,7 +37,8 @@ with ``a = 2.6`` advances 2, 3, 2, 3, 3, ... tokens) and produces SGLang's per-r
 ``spec_num_proposed_drafts = verify_ct · (num_draft_tokens − 1)``, the histogram of accepted
 drafts per step). :class:`SpecCounters` is the server-wide running total behind
 ``/server_info`` ``internal_states[0].avg_spec_accept_length`` (accepted tokens of the verify
-steps ÷ request-steps since start, None before the first step).
+steps ÷ request-steps since start, None before the first step). :class:`SpecServer` bundles them for a step
+loop: a request's :class:`SpecRequest` from its body, a step's time at a batch, the counters.
 
 Owns no files; :meth:`AcceptanceMap.load` reads the mapping file it is given.
 """
@@ -312,3 +313,42 @@ class SpecCounters:
     @property
     def avg_accept_length(self) -> float | None:
         return self.accept_tokens / self.forward_ct if self.forward_ct > 0 else None
+
+
+@dataclass(slots=True)
+class SpecServer:
+    """One speculating server's side of the model: a :class:`SpecRequest` per request (its
+    acceptance from the prompt, the EAGLE trap applied), the time of a step at a batch, and the
+    running counters behind ``avg_spec_accept_length``. A step loop uses it as::
+
+        req = server.request(body)                      # when the request is admitted
+        dt = server.step_s(base_step_s, len(batch))     # each step
+        n = req.step(remaining); server.record_step(sum_of_n, len(batch))
+        server.details(req, completion_tokens)          # sglext.spec_tokens_details
+    """
+
+    algorithm: str  #: speculative_algorithm as configured (EAGLE3, EAGLE, NEXTN, ...)
+    accept_length: float  #: the acceptance of a prompt that names none
+    draft: DraftKind = "eagle3"
+    mapping: AcceptanceMap | None = None
+    num_steps: int | None = None
+    num_draft_tokens: int | None = None
+    speed: SpeedModel = field(default_factory=SpeedModel)
+    counters: SpecCounters = field(default_factory=SpecCounters)
+
+    def request(self, body: Mapping[str, Any]) -> SpecRequest:
+        wanted = request_accept_length(body, default=self.accept_length, mapping=self.mapping)
+        return SpecRequest(
+            effective_accept_length(self.algorithm, self.draft, wanted),
+            cap=max_accept_length(self.num_steps),
+        )
+
+    def step_s(self, base_step_s: float, batch: int) -> float:
+        return self.speed.step_s(base_step_s, batch)
+
+    def record_step(self, tokens: int, batch: int) -> None:
+        """One step of ``batch`` requests that kept ``tokens`` in all."""
+        self.counters.add(tokens, batch)
+
+    def details(self, req: SpecRequest, completion_tokens: int) -> dict[str, Any]:
+        return req.details(completion_tokens, self.num_draft_tokens)

@@ -15,6 +15,7 @@ from regen.simulate.speculative import (
     AcceptanceMap,
     SpecCounters,
     SpecRequest,
+    SpecServer,
     SpeedModel,
     draft_kind,
     effective_accept_length,
@@ -267,3 +268,67 @@ def test_mixed_batch_acts_as_the_token_weighted_harmonic_mean() -> None:
                 counters.add(n)
     harmonic = sum(produced) / sum(length / a for a in accepts)
     assert counters.avg_accept_length == pytest.approx(harmonic, rel=0.01)
+
+
+def _closed_loop(
+    server: SpecServer | None, concurrency: int, *, requests: int, length: int, bodies: list[dict]
+) -> tuple[float, int]:
+    """A pure step loop (what the simulator's scheduler will do): ``concurrency`` requests in
+    flight, each ``length`` tokens, plain steps of 1 s. Returns (seconds, tokens)."""
+    waiting = list(range(requests))
+    running: list[list] = []  # [remaining, SpecRequest | None]
+    t = 0.0
+    tokens = 0
+    while waiting or running:
+        while waiting and len(running) < concurrency:
+            i = waiting.pop(0)
+            req = server.request(bodies[i % len(bodies)]) if server else None
+            running.append([length, req])
+        batch = len(running)
+        t += server.step_s(1.0, batch) if server else 1.0
+        kept = 0
+        for item in running:
+            n = item[1].step(item[0]) if item[1] is not None else 1
+            item[0] -= n
+            kept += n
+        if server:
+            server.record_step(kept, batch)
+        tokens += kept
+        running = [item for item in running if item[0] > 0]
+    return t, tokens
+
+
+@pytest.mark.parametrize("concurrency", [1, 4, 16, 64])
+def test_a_step_loop_reproduces_the_closed_form(concurrency: int) -> None:
+    """Speculative ÷ plain tok/s of a step loop driven by SpecServer is the model's speedup at
+    that batch (within the ramp and tail of 8 rounds), for a mix of per-source acceptances."""
+    amap = AcceptanceMap(keywords={"xlam": 1.4, "sharegpt": 2.6, "magicoder": 3.1})
+    bodies = [{"messages": [{"role": "user", "content": f"{s} q"}]} for s in amap.keywords]
+    server = SpecServer(algorithm="EAGLE3", accept_length=2.1, mapping=amap)
+    n = 8 * concurrency * len(bodies)
+    t_plain, tok_plain = _closed_loop(None, concurrency, requests=n, length=300, bodies=bodies)
+    t_spec, tok_spec = _closed_loop(server, concurrency, requests=n, length=300, bodies=bodies)
+    assert tok_plain == tok_spec == n * 300
+    measured = (tok_spec / t_spec) / (tok_plain / t_plain)
+    mix = server.counters.avg_accept_length
+    harmonic = 3 / (1 / 1.4 + 1 / 2.6 + 1 / 3.1)
+    assert mix == pytest.approx(harmonic, rel=0.02)
+    assert measured == pytest.approx(server.speed.speedup(mix, concurrency), rel=0.05)
+
+
+def test_spec_server_applies_the_eagle_trap_and_reports_details() -> None:
+    body = {"messages": [{"role": "user", "content": "spec_accept=3.1 please"}]}
+    good = SpecServer(algorithm="EAGLE3", accept_length=2.1, num_steps=3, num_draft_tokens=4)
+    assert good.request(body).accept == 3.1
+    assert good.request({"messages": []}).accept == 2.1
+    broken = SpecServer(algorithm="EAGLE", accept_length=2.1)
+    req = broken.request(body)
+    assert req.accept == 1.0
+    produced = 1
+    while produced < 50:
+        produced += req.step(50 - produced)
+    d = broken.details(req, produced)
+    assert d["spec_accept_length"] == pytest.approx(50 / 49)
+    assert d["spec_num_correct_drafts"] == 0 and d["spec_accept_rate"] == 0.0
+    capped = SpecServer(algorithm="EAGLE3", accept_length=2.1, num_steps=1)
+    assert capped.request(body).accept == 2.0  # at most num_steps + 1 per step
