@@ -37,8 +37,9 @@ with ``a = 2.6`` advances 2, 3, 2, 3, 3, ... tokens) and produces SGLang's per-r
 ``spec_num_proposed_drafts = verify_ct · (num_draft_tokens − 1)``, the histogram of accepted
 drafts per step). :class:`SpecCounters` is the server-wide running total behind
 ``/server_info`` ``internal_states[0].avg_spec_accept_length`` (accepted tokens of the verify
-steps ÷ request-steps since start, None before the first step). :class:`SpecServer` bundles them for a step
-loop: a request's :class:`SpecRequest` from its body, a step's time at a batch, the counters.
+steps ÷ request-steps since start, None before the first step). :class:`SpecServer` bundles
+them for a step loop: a request's :class:`SpecRequest` from its body, a step's time at a
+batch, the counters.
 
 Owns no files; :meth:`AcceptanceMap.load` reads the mapping file it is given.
 """
