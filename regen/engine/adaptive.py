@@ -2,7 +2,8 @@
 
 The server is the expensive part: the limit starts at the worker's share of the server's
 ``max_running_requests`` (its batch slots) and moves once per window (``window_s`` and at
-least ``min_requests`` completions, or any 429) on three signals the worker measures itself:
+least ``min_requests`` completions, or any overload answer) on three signals the worker
+measures itself:
 
 - **throughput**: completion tokens per second finished in the window;
 - **queueing**: the window's median time to first token against the best median seen so far
@@ -11,8 +12,9 @@ least ``min_requests`` completions, or any 429) on three signals the worker meas
 - **demand**: whether work waited for a slot in this worker during the window (no demand: a
   higher limit could not be used, so nothing is learned).
 
-Decisions, in order: a 429 multiplies the limit by ``throttle_decrease`` and lowers the floor
-with it (the server asked for less); queueing with no throughput gain (< ``gain``) steps down
+Decisions, in order: an overload answer (SGLang's 503: queue full, timeout abort, retraction;
+or a gateway's 429) multiplies the limit by ``throttle_decrease`` and lowers the floor with it
+(the server asked for less); queueing with no throughput gain (< ``gain``) steps down
 by ``step`` (never below the floor, which starts at the starting limit: filling the slots the
 server reports cannot queue on a server of our own); demand without queueing, or queueing that
 still bought throughput, steps up by ``step``; otherwise the limit holds. Steps are
@@ -37,9 +39,9 @@ class AdaptiveSettings:
     """Tuning of :class:`AdaptiveLimit` (internal; the defaults suit SGLang-like servers)."""
 
     window_s: float = 2.0  #: shortest decision window
-    min_requests: int = 8  #: completions a window needs before a decision (429s excepted)
+    min_requests: int = 8  #: completions a window needs before a decision (overloads excepted)
     step_fraction: float = 0.04  #: step = max(1, step_fraction × limit)
-    throttle_decrease: float = 0.7  #: limit multiplier on a 429
+    throttle_decrease: float = 0.7  #: limit multiplier on an overload answer (503 / 429)
     ttft_factor: float = 2.0  #: queueing when median TTFT > factor × baseline + slack
     ttft_slack_s: float = 0.05
     gain: float = 0.02  #: relative throughput rise that counts as growth
@@ -94,7 +96,7 @@ class AdaptiveLimit:
             self.ttfts.append(ttft_s)
 
     def record_throttled(self, now: float) -> None:
-        """The endpoint answered 429."""
+        """The endpoint answered "overloaded" (503, or a gateway's 429)."""
         self._open(now)
         self.throttled += 1
 
