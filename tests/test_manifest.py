@@ -199,3 +199,13 @@ def test_reference_documents_every_field() -> None:
     models += [mf.Filters, mf.Export]
     missing = [f"{m.__name__}.{f}" for m in models for f in m.model_fields if f"`{f}`" not in doc]
     assert missing == []
+
+
+def test_token_ids_default_to_the_servers_stream_and_old_key_is_read() -> None:
+    from regen.manifest import Sampling
+
+    assert Sampling().token_ids == "stream"
+    assert Sampling.model_validate({"server_token_ids": True}).token_ids == "nonstream"
+    assert Sampling.model_validate({"server_token_ids": False}).token_ids == "local"
+    with pytest.raises(ValueError):
+        Sampling.model_validate({"token_ids": "sometimes"})
