@@ -6,8 +6,7 @@ import asyncio
 
 import pytest
 
-from regen.client import EndpointInfo
-from regen.client import status_error
+from regen.client import EndpointInfo, status_error
 from regen.errors import ConnectError, ContextLengthError, RateLimitedError, ServerError
 from regen.manifest import Endpoint, Engine
 from regen.router import DOWN, HALF_OPEN, UP, EndpointRouter, http_probe

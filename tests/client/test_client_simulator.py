@@ -73,7 +73,9 @@ def expected(messages, sampling: Sampling, tools=None):
     return answer(body)
 
 
-def complete(url: str, messages, tools=None, *, retry=None, timeout_s=30.0, **sampling):
+def complete(
+    url: str, messages, tools=None, *, retry=None, timeout_s=30.0, on_failure=None, **sampling
+):
     s = Sampling(**{"max_tokens": 512, **sampling})
     c = ChatClient(
         Endpoint(url=url),
@@ -85,7 +87,7 @@ def complete(url: str, messages, tools=None, *, retry=None, timeout_s=30.0, **sa
 
     async def go():
         try:
-            return await c.complete(messages, tools, sample_id="t")
+            return await c.complete(messages, tools, sample_id="t", on_failure=on_failure)
         finally:
             await c.aclose()
 
@@ -132,16 +134,29 @@ def test_tool_calls_match(sim):
     assert r.content == ans.content
 
 
-@pytest.mark.parametrize("field", ["token_ids", "response_token_ids"])
-def test_non_streaming_returns_server_token_ids(field):
-    with simulator_in_thread(instant=True, tokenizer=str(TOKENIZER), token_ids_field=field) as t:
+@pytest.mark.parametrize("mode", ["stream", "nonstream"])
+def test_the_servers_exact_ids_streamed_or_whole(mode):
+    with simulator_in_thread(instant=True, tokenizer=str(TOKENIZER)) as t:
         m = msgs("ids")
-        r, s = complete(t.url, m, server_token_ids=True, max_tokens=64)
+        r, s = complete(t.url, m, token_ids=mode, max_tokens=64)
     ans = expected(m, s)
     assert r.content == ans.content and r.reasoning == ans.reasoning
     assert r.prompt_token_ids and len(r.prompt_token_ids) == r.prompt_tokens
     assert r.output_token_ids and len(r.output_token_ids) == r.completion_tokens
-    assert r.ttft_s is None
+    assert (r.ttft_s is None) == (mode == "nonstream")
+
+
+def test_a_503_overload_inside_a_stream_is_retried_and_backs_off():
+    with simulator_in_thread(instant=True, fault_sequence="503,retract,ok") as f:
+        sleep = SleepRecorder()
+        retry = RetryPolicy(max_attempts=4, backoff_initial_s=1.0, sleep=sleep,
+                            rng=FixedRandom(0.5))  # fmt: skip
+        failures: list[str] = []
+        m = msgs("overload")
+        r, s = complete(f.url, m, retry=retry, on_failure=lambda e, n, w: failures.append(e.kind))
+        assert failures == ["overloaded", "overloaded"] and r.attempts == 3
+        assert sleep.waits == [0.75, 1.5]  # SGLang sends no Retry-After
+        assert r.content == expected(m, s).content
 
 
 def test_usage_on_the_finish_reason_chunk():
