@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from regen.client.endpoints import server_root
 from regen.errors import ConfigError, EndpointError, TrapError
 from regen.train import traps
 from regen.train.config import ServingSpec
@@ -88,26 +89,28 @@ def check_draft_dir(draft_dir: str, *, target_hidden: int | None, num_layers: in
         traps.check_aux_layer_ids(ids, "specforge", num_layers)
 
 
-def server_root(url: str) -> str:
-    """The server's root URL: trailing slashes and an OpenAI ``/v1`` suffix removed."""
-    base = url.rstrip("/")
-    if base.endswith("/v1"):
-        base = base[: -len("/v1")].rstrip("/")
-    return base
-
-
-def fetch_server_info(url: str, *, timeout: float = 10.0) -> dict[str, Any]:
-    """GET /server_info, falling back to the old /get_server_info alias (``url``: root or /v1)."""
+def fetch_server_info(
+    url: str, *, timeout: float = 10.0, api_key: str | None = None
+) -> dict[str, Any]:
+    """GET /server_info, falling back to the old /get_server_info alias (``url``: root or /v1).
+    ``api_key``: sent as ``Authorization: Bearer`` (SGLang's ``--api-key`` guards the route)."""
     base = server_root(url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     last: Exception | None = None
     for path in ("/server_info", "/get_server_info"):
         try:
-            with urllib.request.urlopen(base + path, timeout=timeout) as r:
+            req = urllib.request.Request(base + path, headers=headers)
+            with urllib.request.urlopen(req, timeout=timeout) as r:
                 info = json.loads(r.read().decode("utf-8"))
         except urllib.error.HTTPError as e:
             last = e
             if e.code == 404:
                 continue
+            if e.code in (401, 403):
+                how = "a wrong key" if api_key else "no key (--api-key-env or --api-key-file)"
+                raise EndpointError(
+                    f"{base}{path}: HTTP {e.code}: the server wants an API key and regen sent {how}"
+                ) from None
             raise EndpointError(f"{base}{path}: HTTP {e.code}") from None
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise EndpointError(f"{base}{path}: {e}") from None
@@ -148,11 +151,13 @@ class ServerCheck:
         return avg is not None and avg <= LOW_ACCEPT_LENGTH
 
 
-def verify_server(url: str, draft_dir: str, *, timeout: float = 10.0) -> ServerCheck:
+def verify_server(
+    url: str, draft_dir: str, *, timeout: float = 10.0, api_key: str | None = None
+) -> ServerCheck:
     """Refuse a server not running exactly EAGLE3 with ``draft_dir`` as its draft."""
     if not draft_dir:
         raise ConfigError("--draft is required", field="draft")
-    info = fetch_server_info(url, timeout=timeout)
+    info = fetch_server_info(url, timeout=timeout, api_key=api_key)
     algo = info.get("speculative_algorithm")
     traps.check_algorithm(algo, f"{url} speculative_algorithm")
     served = info.get("speculative_draft_model_path")
