@@ -87,6 +87,8 @@ def check_draft_dir(draft_dir: str, *, target_hidden: int | None, num_layers: in
     ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if ids and num_layers is not None:
         traps.check_aux_layer_ids(ids, "specforge", num_layers)
+    if ids:
+        traps.check_aux_shift(ids)
 
 
 def fetch_server_info(
