@@ -3,7 +3,8 @@
 Every request goes through one transport (:class:`regen.client.transport.ChatTransport`,
 aiohttp). The request body (:meth:`ChatClient.request_body`) is what SGLang's
 ``ChatCompletionRequest`` accepts (tests/contract checks it against SGLang's own model with
-unknown keys forbidden): model, messages, tools, temperature, top_p, max_tokens, seed, and the
+unknown keys forbidden): model, messages, tools, temperature, top_p,
+``max_completion_tokens`` (SGLang marks ``max_tokens`` deprecated), seed, and the
 SGLang extras ``top_k`` and ``chat_template_kwargs``. Where the server's token ids come from is
 ``sampling.token_ids``:
 
@@ -171,7 +172,8 @@ class ChatClient:
             "messages": messages,
             "temperature": s.temperature,
             "top_p": s.top_p,
-            "max_tokens": s.max_tokens,
+            # not max_tokens: SGLang marks it deprecated (max_completion_tokens or max_tokens)
+            "max_completion_tokens": s.max_tokens,
             "chat_template_kwargs": s.template_kwargs(),
         }
         if s.top_k is not None:

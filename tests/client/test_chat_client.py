@@ -59,7 +59,8 @@ def test_streaming_request_carries_sampling_template_kwargs_and_asks_for_ids():
     assert body["messages"] == MESSAGES
     assert body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
-    assert (body["temperature"], body["top_p"], body["max_tokens"]) == (0.3, 0.9, 77)
+    assert (body["temperature"], body["top_p"], body["max_completion_tokens"]) == (0.3, 0.9, 77)
+    assert "max_tokens" not in body
     assert body["top_k"] == 20 and body["seed"] == 5
     assert body["chat_template_kwargs"] == {"thinking": False, "x": 1}
     # the server's exact ids by default, streamed through SGLang's sglext
