@@ -99,14 +99,14 @@ def test_streamed_reasoning_content_usage_chunk_and_sglext_ids(protocol, stream)
             sglext=p.SglExt(
                 input_ids=[1, 2, 3], output_ids=[[9, 8, 7, 163586]], spec_tokens_details=spec
             ),
-        )  # fmt: skip
+        )
         .usage(
             prompt_tokens=3,
             completion_tokens=4,
             total_tokens=7,
             reasoning_tokens=2,
             prompt_tokens_details=p.PromptTokensDetails(cached_tokens=2),
-        )  # fmt: skip
+        )
     )
     r = run(body.reply())
     assert (r.reasoning, r.content, r.finish_reason) == ("Check the sky.", "\n\nIt rains.", "stop")
@@ -139,9 +139,12 @@ def test_streamed_tool_calls_with_kimi_ids(stream) -> None:
 
 @pytest.mark.parametrize(
     ("err_type", "code", "expected"),
-    [("SERVICE_UNAVAILABLE", 503, OverloadedError), ("BAD_REQUEST", 400, PermanentError),
-     ("INTERNAL_SERVER_ERROR", 500, ServerError)],
-)  # fmt: skip
+    [
+        ("SERVICE_UNAVAILABLE", 503, OverloadedError),
+        ("BAD_REQUEST", 400, PermanentError),
+        ("INTERNAL_SERVER_ERROR", 500, ServerError),
+    ],
+)
 def test_an_error_inside_the_stream_after_http_200(stream, err_type, code, expected) -> None:
     """SGLang aborts a streamed request with a status (queue full, timeout, retraction) by an
     error event after HTTP 200, then still sends usage and [DONE]."""
@@ -153,7 +156,7 @@ def test_an_error_inside_the_stream_after_http_200(stream, err_type, code, expec
             "Retracted under decode memory pressure without a KV backup. Retry later.",
             err_type,
             code,
-        )  # fmt: skip
+        )
         .usage(prompt_tokens=3, completion_tokens=1, total_tokens=4)
     )
     with pytest.raises(expected) as info:
@@ -177,18 +180,20 @@ def test_non_streamed_answer_with_ids_on_the_choice(protocol) -> None:
     )
     choice = p.ChatCompletionResponseChoice(
         index=0,
-        message=p.ChatMessage(role="assistant", content="", reasoning_content="Tool time.",
-                              tool_calls=[call]),
+        message=p.ChatMessage(
+            role="assistant", content="", reasoning_content="Tool time.", tool_calls=[call]
+        ),
         finish_reason="tool_calls",
         matched_stop=None,
         prompt_token_ids=[1, 2, 3],
         response_token_ids=[5, 6, 163586],
-    )  # fmt: skip
+    )
     resp = p.ChatCompletionResponse(
-        id=CID, model=MODEL, choices=[choice],
-        usage=p.UsageInfo(prompt_tokens=3, completion_tokens=3, total_tokens=6,
-                          reasoning_tokens=1),
-    )  # fmt: skip
+        id=CID,
+        model=MODEL,
+        choices=[choice],
+        usage=p.UsageInfo(prompt_tokens=3, completion_tokens=3, total_tokens=6, reasoning_tokens=1),
+    )
     raw = resp.model_dump_json(by_alias=True).encode()
     assert b'"content":""' in raw and b'"prompt_token_ids":[1,2,3]' in raw
     r = run(Reply(200, raw), token_ids="nonstream")
@@ -203,11 +208,15 @@ def test_non_streamed_answer_with_ids_on_the_choice(protocol) -> None:
 @pytest.mark.parametrize(
     ("status", "err_type", "message", "expected"),
     [
-        (400, "BadRequestError", "The input (300000 tokens) is longer than the model's context "
-         "length (262144 tokens).", PermanentError),
+        (
+            400,
+            "BadRequestError",
+            "The input (300000 tokens) is longer than the model's context length (262144 tokens).",
+            PermanentError,
+        ),
         (503, "503", "The request queue is full.", OverloadedError),
     ],
-)  # fmt: skip
+)
 def test_top_level_error_bodies(protocol, status, err_type, message, expected) -> None:
     err = protocol.ErrorResponse(object="error", message=message, type=err_type, code=status)
     with pytest.raises(expected) as info:
