@@ -4,13 +4,14 @@
 ShareGPT samples against one ``regen simulate`` whose faults are 10% overload + 5% cut streams.
 ``--fault 503`` (the default) is SGLang's own overload: for a streamed request HTTP 200, then
 ``data: {"error": {..., "code": 503}}``, usage and ``[DONE]``, no Retry-After; ``--fault 429``
-is a gateway's 429 with a Retry-After of 0.2 s. Checked at the end, as benchmarks/chaos.py
+is a gateway's 429 with a Retry-After of 0.2 s; ``--fault none`` is the same run without
+faults (the baseline). Checked at the end, as benchmarks/chaos.py
 does: sample ids == input ids, no duplicate ``(sample_id, turn)``, every stored answer equal to
 the simulator's, no failure on record. While it runs, ``progress.json`` is read every 0.2 s:
 the endpoint must never be shown out of rotation. Reported: the server's utilization end to
 end and while a backlog exists (benchmarks/_workload.py's measure), faults served, wall time.
 
-    .venv/bin/python benchmarks/overload.py                 # 503 then 429, 400 samples each
+    .venv/bin/python benchmarks/overload.py                 # 503, 429, none; 400 samples each
     .venv/bin/python benchmarks/overload.py --fault 503 --samples 150
 
 A local Ray starts in this process (or ``--address`` joins one). tests/reliability runs the
@@ -46,7 +47,8 @@ SIM: dict[str, Any] = {
 }
 #: the faults: 10% overload (503 or 429) + 5% cut streams
 FAULTS = {"503": {"overload_rate": 0.10, "disconnect_rate": 0.05},
-          "429": {"rate_limit_rate": 0.10, "disconnect_rate": 0.05}}  # fmt: skip
+          "429": {"rate_limit_rate": 0.10, "disconnect_rate": 0.05},
+          "none": {}}  # fmt: skip
 #: engine: a low failure threshold, so leaving rotation would show
 ENGINE = {"workers": 2, "concurrency": 32, "endpoint_failure_threshold": 3,
           "endpoint_probe_interval_s": 0.5}  # fmt: skip
@@ -116,13 +118,14 @@ def overload_run(work: Path, fault: str, *, samples: int, address: str | None = 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=400)
-    ap.add_argument("--fault", choices=["503", "429"], action="append")
+    ap.add_argument("--fault", choices=list(FAULTS), action="append",
+                    help="fault kinds to run, in order (default: 503, 429, none)")  # fmt: skip
     ap.add_argument("--address", help="Ray cluster to join (default: a local Ray)")
     ap.add_argument("--keep", type=Path, help="work directory to keep (default: a temp dir)")
     args = ap.parse_args(argv)
     work = args.keep or Path(tempfile.mkdtemp(prefix="regen-overload-"))
     ok = True
-    for fault in args.fault or ["503", "429"]:
+    for fault in args.fault or ["503", "429", "none"]:
         report = overload_run(work / fault, fault, samples=args.samples, address=args.address)
         ok = ok and report["verdict"]["ok"] and report["unhealthy_polls"] == 0
         sys.stdout.write(json.dumps(report) + "\n")

@@ -27,7 +27,13 @@ from typing import Any
 
 from regen.engine.adaptive import AdaptiveLimit
 from regen.engine.turns import DoneTurn, regenerate
-from regen.errors import OverloadedError, RegenError, RequestError, TransientError
+from regen.errors import (
+    OverloadedError,
+    RateLimitedError,
+    RegenError,
+    RequestError,
+    TransientError,
+)
 from regen.manifest import Endpoint, Manifest
 from regen.progress import ErrorInfo
 from regen.result import TurnResult
@@ -145,9 +151,14 @@ def starting_limits(
     out: dict[str, int] = {}
     fallback = max(1, concurrency // max(1, len(endpoints)))
     for info in endpoints:
-        slots = (shares or {}).get(info.url) or getattr(info, "max_running_requests", None)
+        slots = slot_share(info, shares)
         out[info.url] = slots + -(-slots // HEADROOM_DIVISOR) if slots else fallback
     return out
+
+
+def slot_share(info: Any, shares: dict[str, int] | None) -> int | None:
+    """This worker's share of an endpoint's reported batch slots (None: none reported)."""
+    return (shares or {}).get(info.url) or getattr(info, "max_running_requests", None)
 
 
 class SampleWorker:
@@ -189,8 +200,10 @@ class SampleWorker:
         )
         self._clock = clock
         starts = starting_limits(endpoints, concurrency, shares)
+        slots = {info.url: slot_share(info, shares) for info in endpoints}
         self.limits = {
-            url: AdaptiveLimit(start=n, maximum=max(2 * n, n + 8)) for url, n in starts.items()
+            url: AdaptiveLimit(start=n, maximum=max(2 * n, n + 8), slots=slots.get(url))
+            for url, n in starts.items()
         }
         for url, ctl in self.limits.items():
             self.router.set_limit(url, ctl.current)
@@ -227,8 +240,11 @@ class SampleWorker:
                     res = await self.clients[lease.url].complete_once(
                         messages, tools, sample_id=sample_id
                     )
-                except OverloadedError:  # 503 (SGLang) or 429: back off, never "down"
-                    self.limits[lease.url].record_throttled(self._clock())
+                except OverloadedError as e:  # 503 (SGLang) or 429: back off, never "down"
+                    limit = self.limits[lease.url]
+                    limit.record_throttled(
+                        self._clock(), rate_limited=isinstance(e, RateLimitedError)
+                    )
                     self._adapt(lease.url)
                     raise
                 finally:
