@@ -22,15 +22,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import resource
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from client_cost import cpu_s, manifest
+
 from regen.engine.worker import SampleWorker
-from regen.manifest import Endpoint, parse_manifest
+from regen.manifest import Endpoint
 from regen.sample import Message, Sample
 from regen.simulate.testing import running_simulator
 
@@ -38,22 +39,6 @@ REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"
 MODEL = "ids-target"
 MODES = ("stream", "nonstream", "local")
-
-
-def manifest(url: str, mode: str, max_tokens: int) -> Any:
-    return parse_manifest({
-        "name": "ids",
-        "target": {"model": MODEL, "tokenizer": str(TOKENIZER)},
-        "sampling": {"max_tokens": max_tokens, "seed": 0, "token_ids": mode},
-        "endpoints": [{"url": url}],
-        "engine": {"max_attempts": 2},
-        "sources": [{"name": "s", "adapter": "sharegpt", "path": "x.jsonl"}],
-    })  # fmt: skip
-
-
-def cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def samples(n: int, tag: str) -> list[Sample]:
@@ -82,8 +67,15 @@ async def measure(url: str, info: Any, args: argparse.Namespace, sim: Any) -> No
     """Build the three workers and warm each up (tokenizer load, connections) before any
     mode is timed, then time the modes one after the other."""
     max_tokens = 4 * int(args.mean_tokens)
-    workers = {mode: SampleWorker(manifest(url, mode, max_tokens), [info], args.concurrency,
-                                  shares={url: args.concurrency}) for mode in MODES}  # fmt: skip
+    workers = {
+        mode: SampleWorker(
+            manifest(url, max_tokens, model=MODEL, tokenizer=str(TOKENIZER), token_ids=mode),
+            [info],
+            args.concurrency,
+            shares={url: args.concurrency},
+        )
+        for mode in MODES
+    }
     for mode, w in workers.items():
         await run_mode(w, samples(args.concurrency, f"warm-{mode}"), args.concurrency)
     for mode, w in workers.items():

@@ -47,6 +47,12 @@ def events(raw: bytes) -> list[Any]:
     return [ln if ln == "[DONE]" else json.loads(ln) for ln in lines]
 
 
+def finishes(evs: list[Any]) -> list[str]:
+    """The finish reasons of a stream's chunks."""
+    return [e["choices"][0]["finish_reason"] for e in evs
+            if e != "[DONE]" and e["choices"] and e["choices"][0]["finish_reason"]]  # fmt: skip
+
+
 def body(tag: str, stream: bool, **extra: Any) -> dict[str, Any]:
     b: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": tag}],
                          "max_tokens": 64, **extra}  # fmt: skip
@@ -80,20 +86,8 @@ def test_retraction_and_abort_half_way_through_a_stream():
             "reasoning_content") for e in evs)  # fmt: skip
         err = [e for e in evs if e != "[DONE]" and "error" in e]
         assert len(err) == 1 and err[0]["error"]["code"] == 503 and evs[-1] == "[DONE]"
-        evs = events(post(sim.url, b)[1])
-        finishes = [
-            e["choices"][0]["finish_reason"]
-            for e in evs
-            if e != "[DONE]" and e["choices"] and e["choices"][0]["finish_reason"]
-        ]
-        assert finishes == ["abort"]  # fmt: skip
-        evs = events(post(sim.url, b)[1])
-        finishes = [
-            e["choices"][0]["finish_reason"]
-            for e in evs
-            if e != "[DONE]" and e["choices"] and e["choices"][0]["finish_reason"]
-        ]
-        assert finishes == ["stop"]  # fmt: skip
+        assert finishes(events(post(sim.url, b)[1])) == ["abort"]
+        assert finishes(events(post(sim.url, b)[1])) == ["stop"]
 
 
 def test_slots_are_in_internal_states_and_top_level_only_when_given():
