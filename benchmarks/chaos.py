@@ -160,12 +160,9 @@ def regen_cmd(manifest: Path, out: Path, url: str, address: str, *extra: str) ->
 
 def answer_config(options: dict[str, Any]) -> Any:
     """The simulator's AnswerConfig for ``options`` (parsed exactly as `regen simulate` does)."""
-    from regen.cli.simulate import add_arguments, build_config
-    from regen.simulate.testing import options_to_args
+    from regen.simulate.config import SimConfig
 
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return build_config(parser.parse_args(options_to_args(options))).answer
+    return SimConfig.from_flat(options).answer
 
 
 # -- Ray nodes ------------------------------------------------------------------------------------

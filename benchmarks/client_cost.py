@@ -35,11 +35,13 @@ from regen.simulate.testing import running_simulator
 MODEL = "bench-target"
 
 
-def manifest(url: str, max_tokens: int) -> Any:
+def manifest(url: str, max_tokens: int, *, model: str = MODEL, tokenizer: str = "unused",
+             **sampling: Any) -> Any:  # fmt: skip
+    """A one-endpoint manifest for driving ``url`` (extra ``sampling`` fields allowed)."""
     return parse_manifest({
         "name": "bench",
-        "target": {"model": MODEL, "tokenizer": "unused"},
-        "sampling": {"max_tokens": max_tokens, "seed": 0},
+        "target": {"model": model, "tokenizer": tokenizer},
+        "sampling": {"max_tokens": max_tokens, "seed": 0, **sampling},
         "endpoints": [{"url": url}],
         "engine": {"max_attempts": 2},
         "sources": [{"name": "s", "adapter": "sharegpt", "path": "x.jsonl"}],

@@ -16,8 +16,9 @@ type (and, for HTTP, by status code carried on the exception), never by message 
     │   ├── TransientError          retried: connection, timeout, 408/429/5xx, stream cut
     │   │   ├── ConnectError
     │   │   ├── RequestTimeoutError
-    │   │   ├── RateLimitedError    (carries retry_after seconds)
-    │   │   ├── ServerError         (5xx, 408)
+    │   │   ├── OverloadedError     503: the server is busy, not sick (carries retry_after)
+    │   │   │   └── RateLimitedError  429 (a gateway's way of saying the same)
+    │   │   ├── ServerError         (other 5xx, 408)
     │   │   └── StreamCutError      stream ended before finish_reason
     │   └── PermanentError          recorded, not retried: 400, 404, context too long
     │       └── ContextLengthError
@@ -121,18 +122,28 @@ class RequestTimeoutError(TransientError):
     kind = "timeout"
 
 
-class RateLimitedError(TransientError):
-    """HTTP 429. ``retry_after`` is the server's Retry-After in seconds, when it sent one."""
+class OverloadedError(TransientError):
+    """The server is busy, not sick: HTTP 503 (SGLang answers a full queue, a request that
+    waited or ran past its timeout, and a request retracted under memory pressure with 503,
+    before the stream or inside it after HTTP 200). A back-off signal for the in-flight limit;
+    it never takes an endpoint out of rotation by itself. ``retry_after``: the server's
+    Retry-After in seconds, when it sent one (SGLang never does)."""
 
-    kind = "rate_limited"
+    kind = "overloaded"
 
     def __init__(self, message: str, *, retry_after: float | None = None, **kw) -> None:
         super().__init__(message, **kw)
         self.retry_after = retry_after
 
 
+class RateLimitedError(OverloadedError):
+    """HTTP 429 (gateways and other servers; SGLang never sends it): an overload signal too."""
+
+    kind = "rate_limited"
+
+
 class ServerError(TransientError):
-    """HTTP 5xx or 408."""
+    """HTTP 5xx other than 503, or 408."""
 
     kind = "server_error"
 

@@ -77,10 +77,26 @@ class Sampling(Strict):
     thinking: bool = True
     #: extra chat_template_kwargs sent to the server and used for the local render
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
-    #: ask the server for prompt/output token ids (non-streaming; SGLang return_token_ids)
-    server_token_ids: bool = False
-    #: sampling seed sent to the server (None: let the server choose)
+    #: where a row's token ids come from. "stream" (default): the server's exact ids, streamed
+    #: (SGLang's sglext: return_input_ids_in_sglext / return_output_ids_in_sglext; streaming
+    #: keeps the time-to-first-token signal adaptive concurrency uses). "nonstream": the
+    #: server's exact ids in one JSON answer (SGLang return_prompt_token_ids /
+    #: return_token_ids; no TTFT). "local": rendered and tokenized here (token_check flags
+    #: what cannot be proven equal). A server that does not answer SGLang's /server_info gets
+    #: the local render whatever this says (docs/format.md).
+    token_ids: Literal["stream", "nonstream", "local"] = "stream"
+    #: sampling seed sent to the server (None: let the server choose). SGLang uses it only when
+    #: the server runs with --enable-deterministic-inference; `regen run` warns otherwise
     seed: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_server_token_ids(cls, data: Any) -> Any:
+        """``server_token_ids: true/false`` (before token_ids existed) → nonstream / local."""
+        if isinstance(data, dict) and "server_token_ids" in data and "token_ids" not in data:
+            data = dict(data)
+            data["token_ids"] = "nonstream" if data.pop("server_token_ids") else "local"
+        return data
 
     def template_kwargs(self) -> dict[str, Any]:
         return {"thinking": self.thinking, **self.chat_template_kwargs}

@@ -8,13 +8,19 @@
 - **In-flight limit** per endpoint: a knob (``set_limit``), started from the server's
   ``max_running_requests`` when it reports one (None: unlimited). Adaptive concurrency can
   move it later; the router only enforces it.
-- **Health**: ``endpoint_failure_threshold`` consecutive transient failures take an endpoint
-  out of rotation ("down"). It comes back either by a probe (``probe_once`` / ``run_probes``:
-  ``GET /health``, else ``GET /v1/models``, every ``endpoint_probe_interval_s``) or, when no
+- **Health**: ``endpoint_failure_threshold`` consecutive transient failures (connection
+  refused, timeouts, cut streams, 5xx other than 503) take an endpoint out of rotation
+  ("down"). It comes back either by a probe (``probe_once`` / ``run_probes``, every
+  ``endpoint_probe_interval_s``; the default :func:`http_probe` asks SGLang's
+  ``/health_generate``, which generates a token, not ``/health``, which does not) or, when no
   probe function is given, by a half-open trial: once the interval has passed, one real
   request is let through; success restores it, failure sends it down for another interval.
-  A 429 is not a health failure (the server answered; it is counted as ``throttled``), nor is
-  a permanent error.
+- **Overload is not sickness**: an :class:`~regen.errors.OverloadedError` (SGLang's 503 for a
+  full queue, a timeout abort or a retraction; a gateway's 429) is counted as ``throttled``
+  and never takes an endpoint out of rotation by itself (adaptive concurrency backs off
+  instead). After ``endpoint_failure_threshold`` overloads in a row with no success, the probe
+  is asked once in the background: only when it fails too does the endpoint leave rotation.
+  A permanent error is not a health failure either (the server answered).
 
 All asyncio, single event loop; the clock is injectable for tests. Owns no files on disk;
 ``snapshot()`` is a plain dict for the progress file.
@@ -30,7 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from regen.errors import EndpointError, PermanentError, RateLimitedError
+from regen.errors import EndpointError, OverloadedError, PermanentError
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +60,11 @@ class _State:
     requests: int = 0
     ok: int = 0
     failures: int = 0
-    throttled: int = 0
+    throttled: int = 0  #: overload answers (503 / 429)
     consecutive_failures: int = 0
+    consecutive_overloads: int = 0
+    checking: bool = False  #: a health check after an overload streak is running
+    slots_source: str | None = None  #: which server value sized the limit (EndpointInfo)
     state: str = UP
     down_since: float | None = None
     next_probe_at: float | None = None
@@ -103,6 +112,7 @@ class EndpointRouter:
                     url=e.url,
                     weight=float(getattr(e, "weight", 1.0)),
                     limit=getattr(e, "max_running_requests", None),
+                    slots_source=getattr(e, "slots_source", None),
                 )
             self._eps[st.url] = st
         self.failure_threshold = failure_threshold
@@ -111,6 +121,7 @@ class EndpointRouter:
         self._clock = clock
         self._affinity: dict[str, str] = {}
         self._changed = asyncio.Event()
+        self._checks: set[asyncio.Task[None]] = set()
 
     @classmethod
     def from_engine(
@@ -180,6 +191,8 @@ class EndpointRouter:
                 "failures": s.failures,
                 "throttled": s.throttled,
                 "consecutive_failures": s.consecutive_failures,
+                "consecutive_overloads": s.consecutive_overloads,
+                "slots_source": s.slots_source,
                 "latency_avg_s": round(s.latency_sum_s / done, 4) if done else None,
                 "latency_ewma_s": None if s.latency_ewma_s is None else round(s.latency_ewma_s, 4),
                 "down_for_s": None if s.down_since is None else round(now - s.down_since, 3),
@@ -249,9 +262,12 @@ class EndpointRouter:
         if error is None or isinstance(error, PermanentError):
             s.ok += 1
             self._succeeded(s)
-        elif isinstance(error, RateLimitedError):
+        elif isinstance(error, OverloadedError):
             s.throttled += 1
+            s.consecutive_overloads += 1
             s.last_error = type(error).__name__
+            if s.consecutive_overloads >= self.failure_threshold:
+                self._check_health(s)
         else:
             s.failures += 1
             s.last_error = f"{type(error).__name__}: {str(error)[:200]}"
@@ -338,8 +354,44 @@ class EndpointRouter:
         ):
             s.state = HALF_OPEN
 
+    def _check_health(self, s: _State) -> None:
+        """After an overload streak, ask the probe once (in the background) whether the endpoint
+        is busy or sick; only a failed probe takes it out of rotation."""
+        if self._probe is None or s.checking or s.state != UP:
+            return
+        s.checking = True
+        task = asyncio.get_running_loop().create_task(self._health_check(s))
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    async def _health_check(self, s: _State) -> None:
+        assert self._probe is not None
+        try:
+            try:
+                ok = await self._probe(s.url)
+            except Exception:
+                ok = False
+            if ok:
+                s.consecutive_overloads = 0  # busy, not sick
+                return
+            if s.state == UP:
+                now = self._clock()
+                s.state = DOWN
+                s.down_since = now
+                s.next_probe_at = now + self.probe_interval_s
+                log.warning(
+                    "endpoint %s out of rotation: %d overload answers in a row and its health "
+                    "probe failed",
+                    s.url,
+                    s.consecutive_overloads,
+                )
+                self._notify()
+        finally:
+            s.checking = False
+
     def _succeeded(self, s: _State) -> None:
         s.consecutive_failures = 0
+        s.consecutive_overloads = 0
         if s.state != UP:
             log.info("endpoint %s back in rotation", s.url)
             s.state = UP
@@ -379,18 +431,39 @@ class EndpointRouter:
         self._changed = asyncio.Event()
 
 
-async def http_probe(url: str, *, timeout_s: float = 5.0) -> bool:
-    """Default probe: ``GET {root}/health`` answers 200, else ``GET {url}/models`` does."""
-    import httpx2
+#: seconds a probe waits: SGLang's /health_generate itself waits up to 20 s for the scheduler
+PROBE_TIMEOUT_S = 30.0
+
+
+async def http_probe(
+    url: str, *, headers: dict[str, str] | None = None, timeout_s: float = PROBE_TIMEOUT_S
+) -> bool:
+    """Default probe: ``GET {root}/health_generate`` answers 200 (SGLang generates one token:
+    a busy server passes, a hung one does not; ``/health`` would answer without generating).
+    A server without that route (404/405, e.g. ``transformers serve``) is asked
+    ``GET {url}/models`` instead, with ``headers`` (the API key)."""
+    import aiohttp
 
     from regen.client.endpoints import server_root
 
-    async with httpx2.AsyncClient(timeout=timeout_s) as http:
-        for target in (f"{server_root(url)}/health", f"{url}/models"):
-            try:
-                resp = await http.get(target)
-            except Exception:
-                continue
-            if resp.status_code == 200:
-                return True
-    return False
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        try:
+            async with http.get(f"{server_root(url)}/health_generate") as resp:
+                if resp.status == 200:
+                    return True
+                if resp.status not in (404, 405):
+                    return False
+            async with http.get(f"{url}/models", headers=headers or {}) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+
+
+def keyed_probe(headers_by_url: dict[str, dict[str, str]]) -> ProbeFn:
+    """:func:`http_probe` that sends each endpoint its own ``Authorization`` header."""
+
+    async def probe(url: str) -> bool:
+        return await http_probe(url, headers=headers_by_url.get(url))
+
+    return probe

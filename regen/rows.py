@@ -38,12 +38,12 @@ token_source       string, required    ``server`` (the server's prompt/output id
 token_check        string/null         server rows: the local render compared with the
                                        server ids: ``match``, ``prompt_mismatch``,
                                        ``response_mismatch``, ``mismatch``, ``render_error``.
-                                       local rows: ``count_match`` / ``count_mismatch``
-                                       (response length vs the server's completion_tokens,
-                                       see below), or a render flag that outranks the count:
-                                       ``think_inserted``, ``content_has_think``
-                                       (regen.template.render). null when there was nothing
-                                       to compare (no server count)
+                                       local rows (first that applies): a render flag
+                                       (``think_inserted``, ``content_has_think``, see
+                                       regen.template.render), ``count_mismatch``,
+                                       ``tool_calls_rebuilt``, ``count_unknown``,
+                                       ``count_match`` (see below). Never null for a
+                                       regenerated row; null for native rows
 im_end_added       bool                server rows: ``<|im_end|>`` was appended because the
                                        server stopped without returning it (see below)
 template_hash      string/null         KimiRenderer.template_hash (template + kwargs + vocab)
@@ -60,13 +60,18 @@ returned output ids, so when the last output id is not ``<|im_end|>`` (or the to
 ``<|im_end|>`` is appended with mask 1 and ``im_end_added`` is set. Truncated turns get nothing
 appended. The local render is then a cross-check recorded in ``token_check``.
 
-Local rows (no server ids): the response is re-tokenized here, so its length is compared with
-the server's ``completion_tokens``. Allowed: equal, or one more when the row ends with a
-``<|im_end|>`` the server did not count (servers differ on counting the stop token). Nothing
-else is allowed: re-tokenizing text that a reasoning parser trimmed (SGLang strips whitespace
-around ``</think>``) or that the server decoded differently shows up as ``count_mismatch``.
-``reasoning`` and ``content`` hold the rendered split (a parser-less server's content is split
-at ``</think>``, see regen.template.render).
+Local rows (no server ids): the response is rebuilt from what the server's parsers returned
+and re-tokenized here, so it cannot be proven equal to the tokens the model produced; every
+local row says how far it can be trusted. Its length is compared with the server's
+``completion_tokens``: allowed is equal, or one more when the row ends with a ``<|im_end|>``
+the server did not count (servers differ on counting the stop token); anything else is
+``count_mismatch``. A row with tool calls is ``tool_calls_rebuilt`` even when the count agrees:
+SGLang's kimi_k2 parsers re-serialize the call ids, drop whitespace inside the section and
+text after it, and let the model switch to tools without ``</think>`` (tests/contract/
+test_kimi_parsers.py; docs/format.md lists every case). ``count_unknown``: the server sent no
+count. Only ``count_match`` (and ``match`` for server rows) is not counted as a problem by
+``regen export``. ``reasoning`` and ``content`` hold the rendered split (a parser-less server's
+content is split at ``</think>``, see regen.template.render).
 """
 
 from __future__ import annotations
@@ -177,10 +182,14 @@ def build_turn_row(
             raise render_error
         prompt_ids, response_ids = local.prompt_ids, local.response_ids
         token_source, text = "local", local.text
-        token_check = local.flag or count_check(
-            len(response_ids),
-            result.completion_tokens,
-            ends_with_im_end=bool(response_ids) and response_ids[-1] == renderer.im_end_id,
+        token_check = local_check(
+            local.flag,
+            count_check(
+                len(response_ids),
+                result.completion_tokens,
+                ends_with_im_end=bool(response_ids) and response_ids[-1] == renderer.im_end_id,
+            ),
+            has_tool_calls=bool(result.tool_calls),
         )
 
     input_ids = prompt_ids + response_ids
@@ -237,6 +246,18 @@ def count_check(
     ):
         return "count_match"
     return "count_mismatch"
+
+
+def local_check(flag: str | None, count: str | None, *, has_tool_calls: bool) -> str:
+    """A local row's ``token_check`` (see the module docstring): the render flag, else a count
+    mismatch, else ``tool_calls_rebuilt``, else ``count_unknown`` or ``count_match``."""
+    if flag is not None:
+        return flag
+    if count == "count_mismatch":
+        return count
+    if has_tool_calls:
+        return "tool_calls_rebuilt"
+    return count or "count_unknown"
 
 
 def native_row(sample: Sample) -> dict[str, Any]:

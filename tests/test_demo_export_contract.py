@@ -3,10 +3,12 @@
 ``regen run manifests/demo.yaml`` against ``regen simulate`` on the shared local Ray head, then
 ``regen export``, then SpecForge 0.2.0's own ``prepare_prompt_tasks``: every exported row is
 accepted with its mask unchanged and native rows come out byte-identical to the bundled file.
-A second run asks for the server's token ids (``-o sampling.server_token_ids=true``) from a
-simulator that tokenizes with the demo's tiny tokenizer: every regenerated row must then be a
-``server`` row whose local render matches the server's ids exactly; without them, every local
-row's length must agree with the server's completion_tokens (same tokenizer).
+The simulator tokenizes with the demo's tiny tokenizer. By default (``sampling.token_ids:
+stream``) every regenerated row must be a ``server`` row holding the ids streamed through
+SGLang's ``sglext``, and its local render must match them exactly; a second run with
+``-o sampling.token_ids=local`` renders locally: every local row's length must agree with the
+server's completion_tokens (same tokenizer), and rows with tool calls are flagged
+``tool_calls_rebuilt`` (a rebuilt section cannot be proven equal).
 """
 
 from __future__ import annotations
@@ -61,9 +63,9 @@ def runs(tmp_path_factory, ray_head, ray_env) -> Iterator[dict[str, Path]]:
     with running_simulator(
         model_name="demo-target", instant=True, mean_tokens=24, tokenizer=str(TOKENIZER)
     ) as sim:
-        _regen_run(tmp / "local", sim.url, ray_head.address, ray_env)
-        _regen_run(tmp / "server", sim.url, ray_head.address, ray_env,
-                   "-o", "sampling.server_token_ids=true")  # fmt: skip
+        _regen_run(tmp / "local", sim.url, ray_head.address, ray_env,
+                   "-o", "sampling.token_ids=local")  # fmt: skip
+        _regen_run(tmp / "server", sim.url, ray_head.address, ray_env)
     yield {"local": tmp / "local", "server": tmp / "server", "tmp": tmp}
 
 
@@ -112,11 +114,12 @@ def test_native_rows_are_byte_identical_to_the_bundled_file(runs: dict[str, Path
         assert line in out, r["sample_id"]
 
 
-def test_server_token_ids_rows_match_the_local_render(runs: dict[str, Path]) -> None:
+def test_streamed_runs_store_the_servers_exact_ids(runs: dict[str, Path]) -> None:
     rows = [r for r in _rows(runs["server"]) if r["token_source"] != "native"]
     assert len(rows) > 60
     assert Counter(r["token_source"] for r in rows) == {"server": len(rows)}
     assert Counter(r["token_check"] for r in rows) == {"match": len(rows)}
+    assert all(r["ttft_s"] is not None for r in rows)  # streamed: the TTFT signal is kept
 
 
 def test_local_rows_agree_with_the_server_token_count(runs: dict[str, Path]) -> None:
@@ -124,7 +127,11 @@ def test_local_rows_agree_with_the_server_token_count(runs: dict[str, Path]) -> 
     server's completion_tokens (count_match), and export reports no token-check problem."""
     rows = [r for r in _rows(runs["local"]) if r["token_source"] != "native"]
     assert len(rows) > 60
-    assert Counter(r["token_check"] for r in rows) == {"count_match": len(rows)}
+    calls = sum(1 for r in rows if json.loads(r["tool_calls"]))
+    assert 0 < calls < len(rows)
+    want = {"count_match": len(rows) - calls, "tool_calls_rebuilt": calls}
+    assert Counter(r["token_check"] for r in rows) == want
+    assert all(r["token_source"] == "local" for r in rows)
     stats, _ = _export(runs["local"], runs["tmp"] / "export-counts")
-    assert stats["token_check"] == {"count_match": len(rows)}
-    assert stats["token_check_problems"] == 0
+    assert stats["token_check"] == want
+    assert stats["token_check_problems"] == calls  # counted, never trained on silently

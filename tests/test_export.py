@@ -260,12 +260,13 @@ def test_stats_count_every_token_check(tmp_path: Path, capsys: pytest.CaptureFix
     (tmp_path / "run" / "parts").mkdir(parents=True)
     pq.write_table(rows_to_table(rows), tmp_path / "run" / "parts" / "p.parquet")
     stats = export_run(str(tmp_path / "run"), str(tmp_path / "out"))
-    expected = {"count_match": 1, "count_mismatch": 1, "think_inserted": 1}
-    assert stats.token_check == expected and stats.token_check_problems == 2
+    # a local row with no server count cannot be checked at all: counted, never silent
+    expected = {"count_match": 1, "count_mismatch": 1, "think_inserted": 1, "count_unknown": 1}
+    assert stats.token_check == expected and stats.token_check_problems == 3
     saved = json.loads((tmp_path / "out" / "stats.json").read_text())
-    assert saved["token_check"] == expected and saved["token_check_problems"] == 2
+    assert saved["token_check"] == expected and saved["token_check_problems"] == 3
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "o2")]) == 0
-    assert "2 row(s) failed the token check" in capsys.readouterr().out
+    assert "3 row(s) failed the token check" in capsys.readouterr().out
 
 
 def test_heavy_columns_are_streamed_per_row_group(

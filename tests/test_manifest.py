@@ -231,3 +231,13 @@ def test_bad_overlay_files_fail_like_the_manifest(tmp_path: Path, text: str, exp
     with pytest.raises(ConfigError) as e:
         load_manifest(write(tmp_path, BASE), [str(overlay)])
     assert expect in str(e.value)
+
+
+def test_token_ids_default_to_the_servers_stream_and_old_key_is_read() -> None:
+    from regen.manifest import Sampling
+
+    assert Sampling().token_ids == "stream"
+    assert Sampling.model_validate({"server_token_ids": True}).token_ids == "nonstream"
+    assert Sampling.model_validate({"server_token_ids": False}).token_ids == "local"
+    with pytest.raises(ValueError):
+        Sampling.model_validate({"token_ids": "sometimes"})

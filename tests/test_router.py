@@ -6,10 +6,11 @@ import asyncio
 
 import pytest
 
-from regen.client import EndpointInfo
+from regen.client import EndpointInfo, status_error
 from regen.errors import ConnectError, ContextLengthError, RateLimitedError, ServerError
 from regen.manifest import Endpoint, Engine
-from regen.router import DOWN, HALF_OPEN, UP, EndpointRouter
+from regen.router import DOWN, HALF_OPEN, UP, EndpointRouter, http_probe
+from regen.simulate.scripted import Reply, ScriptedServer
 
 A, B, C = "http://a:1/v1", "http://b:1/v1", "http://c:1/v1"
 
@@ -116,6 +117,66 @@ def test_429_and_permanent_errors_do_not_count_against_health():
     assert r.state(A) == UP
     snap = r.snapshot()[A]
     assert (snap["throttled"], snap["ok"], snap["failures"]) == (1, 1, 0)
+
+
+def _overloaded() -> Exception:
+    """What SGLang's overload (queue full, timeout abort, retraction) becomes in regen."""
+    return status_error(503, "The request queue is full.", endpoint=A)
+
+
+def test_503_overload_never_takes_a_busy_endpoint_out_of_rotation():
+    r = router(A, clock=Clock(), failure_threshold=3)
+    for _ in range(20):
+        r.release(r.try_acquire("s"), _overloaded())
+    assert r.state(A) == UP
+    snap = r.snapshot()[A]
+    assert (snap["throttled"], snap["failures"], snap["consecutive_failures"]) == (20, 0, 0)
+    assert snap["consecutive_overloads"] == 20
+
+
+def test_an_overload_streak_asks_the_probe_and_only_a_failed_probe_takes_it_out():
+    answers = {A: True}
+    probed = []
+
+    async def probe(url: str) -> bool:
+        probed.append(url)
+        return answers[url]
+
+    r = router(A, B, clock=Clock(), failure_threshold=3, probe=probe)
+
+    async def streak() -> None:
+        for _ in range(3):
+            r.release(r.try_acquire("s"), _overloaded())
+        await asyncio.sleep(0)  # the background health check runs
+        await asyncio.sleep(0)
+
+    async def go():
+        await streak()
+        assert probed == [A] and r.state(A) == UP  # busy, not sick: the streak starts over
+        assert r.snapshot()[A]["consecutive_overloads"] == 0
+        answers[A] = False
+        await streak()
+        assert probed == [A, A] and r.state(A) == DOWN
+
+    asyncio.run(go())
+
+
+def test_http_probe_asks_health_generate_then_models_when_it_does_not_exist():
+    ok = ScriptedServer(Reply(200, b""))
+    with ok.running():
+        assert asyncio.run(http_probe(ok.url)) is True
+    assert [q.path for q in ok.requests] == ["/health_generate"]
+    sick = ScriptedServer(Reply(503, b""))
+    with sick.running():
+        assert asyncio.run(http_probe(sick.url)) is False
+    assert [q.path for q in sick.requests] == ["/health_generate"]
+    other = ScriptedServer(Reply(404, b""), Reply(200, b"{}"))
+    with other.running():
+        key = {"Authorization": "Bearer k"}
+        assert asyncio.run(http_probe(other.url, headers=key)) is True
+    assert [q.path for q in other.requests] == ["/health_generate", "/v1/models"]
+    assert "Authorization" not in other.requests[0].headers  # /health* is open in SGLang
+    assert other.requests[1].headers["Authorization"] == "Bearer k"
 
 
 def test_half_open_trial_brings_it_back_after_the_interval():

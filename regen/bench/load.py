@@ -1,8 +1,8 @@
 """One load level against one server: N streamed requests, ``concurrency`` of them in flight.
 
-Each request goes through the client's raw streaming path (:class:`regen.client.raw.RawStreamer`:
+Each request goes through the client's one transport (:class:`regen.client.transport.ChatTransport`:
 aiohttp, SSE lines, the regen error taxonomy) with the body the chat client builds
-(:meth:`regen.client.ChatClient.request_kwargs`, plus ``return_spec_tokens_details``). What
+(:meth:`regen.client.ChatClient.request_body`, plus ``return_spec_tokens_details``). What
 a request records (:class:`RequestRecord`): time to its first token (reasoning, content or a
 tool call), its latency, the server-counted usage from the stream's usage chunk, and SGLang's
 ``sglext.spec_tokens_details`` when the server sends it (a ``choices: []`` chunk before the
@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from regen.client.raw import RawStreamer
 from regen.client.stream import StreamAccumulator
+from regen.client.transport import ChatTransport
 from regen.errors import RequestError, StreamCutError
 
 #: each level cycles through the prompts until at least this many × concurrency requests went
@@ -28,33 +28,12 @@ MIN_ROUNDS = 2
 
 
 @dataclass(slots=True)
-class BenchAccumulator(StreamAccumulator):
-    """The client's stream accumulator that also keeps the ``sglext`` object."""
-
-    sglext: dict[str, Any] | None = None
-
-    def add(self, data: dict[str, Any]) -> None:
-        ext = data.get("sglext")
-        if isinstance(ext, dict):
-            self.sglext = ext
-        StreamAccumulator.add(self, data)
-
-    @property
-    def spec_details(self) -> dict[str, Any] | None:
-        """``sglext.spec_tokens_details`` (the first one when the server sent a list)."""
-        d = (self.sglext or {}).get("spec_tokens_details")
-        if isinstance(d, list):
-            d = d[0] if d else None
-        return d if isinstance(d, dict) else None
-
-
-@dataclass(slots=True)
 class BenchRequest:
-    """One prompt, ready to send: its source and the create() keyword arguments."""
+    """One prompt, ready to send: its source and the JSON body of the request."""
 
     source: str
     sample_id: str
-    kwargs: dict[str, Any]
+    body: dict[str, Any]
 
 
 @dataclass(slots=True)
@@ -106,7 +85,7 @@ def level_size(prompts: int, concurrency: int) -> int:
 
 
 async def send_one(
-    streamer: RawStreamer,
+    transport: ChatTransport,
     req: BenchRequest,
     *,
     role: str,
@@ -117,14 +96,14 @@ async def send_one(
     rec = RequestRecord(
         role=role, concurrency=concurrency, source=req.source, sample_id=req.sample_id
     )
-    acc = BenchAccumulator(endpoint=streamer.endpoint, clock=clock)
+    acc = StreamAccumulator(endpoint=transport.endpoint, clock=clock)
     start = clock()
     try:
-        await streamer.stream(req.kwargs, acc)
+        await transport.stream(req.body, acc)
         if acc.finish_reason is None:
             raise StreamCutError(
-                f"stream from {streamer.endpoint} ended without finish_reason",
-                endpoint=streamer.endpoint,
+                f"stream from {transport.endpoint} ended without finish_reason",
+                endpoint=transport.endpoint,
             )
     except RequestError as e:
         rec.error = e.kind
@@ -141,7 +120,7 @@ async def send_one(
         rec.error = "no_usage"
         return rec
     rec.ok = True
-    details = acc.spec_details
+    details = acc.spec
     if details is not None:
         vc = details.get("spec_verify_ct")
         rec.verify_ct = int(vc) if isinstance(vc, int | float) else None
@@ -151,7 +130,7 @@ async def send_one(
 
 
 async def run_level(
-    streamer: RawStreamer,
+    transport: ChatTransport,
     requests: Sequence[BenchRequest],
     *,
     role: str,
@@ -174,7 +153,7 @@ async def run_level(
             next_index += 1
             req = requests[i % len(requests)]
             records[i] = await send_one(
-                streamer, req, role=role, concurrency=concurrency, clock=clock
+                transport, req, role=role, concurrency=concurrency, clock=clock
             )
             finished += 1
             if progress is not None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 from regen.bench.load import (
     BenchRequest,
@@ -43,7 +42,8 @@ from regen.bench.servers import Role, read_accept_length, server_flags
 from regen.bench.stats import AcceptWindow, decode_tokens
 from regen.client import ChatClient, check_endpoint, resolve_api_key, server_root
 from regen.client.chat import NO_KEY
-from regen.client.raw import RawStreamer
+from regen.client.endpoints import served_models
+from regen.client.transport import ChatTransport
 from regen.errors import ConfigError, EndpointError
 from regen.manifest import Endpoint, Sampling, public_url
 
@@ -104,43 +104,24 @@ def build_requests(
     prompts: list[BenchPrompt], *, model: str, sampling: Sampling, max_tokens: int
 ) -> list[BenchRequest]:
     """One request per prompt, its body built by the chat client's own request builder."""
-    s = sampling.model_copy(update={"max_tokens": max_tokens, "server_token_ids": False})
-    builder = ChatClient(
-        Endpoint(url="http://bench.invalid/v1"),
-        model=model,
-        sampling=s,
-        client_factory=lambda *_: None,  # only its request builder is used
-    )
+    # streamed (TTFT is measured), no token ids: only the speculative statistics are asked for
+    s = sampling.model_copy(update={"max_tokens": max_tokens, "token_ids": "local"})
+    builder = ChatClient(Endpoint(url="http://bench.invalid/v1"), model=model, sampling=s)
     out = []
     for p in prompts:
-        kw = builder.request_kwargs(p.messages, p.tools)
-        kw["extra_body"]["return_spec_tokens_details"] = True
-        out.append(BenchRequest(source=p.source, sample_id=p.sample_id, kwargs=kw))
+        body = builder.request_body(p.messages, p.tools)
+        body["return_spec_tokens_details"] = True
+        out.append(BenchRequest(source=p.source, sample_id=p.sample_id, body=body))
     return out
 
 
-async def _served_models(http: Any, url: str, key: str) -> list[str]:
-    headers = {"Authorization": f"Bearer {key}"} if key != NO_KEY else {}
-    try:
-        resp = await http.get(f"{url}/models", headers=headers)
-    except Exception as e:
-        raise EndpointError(f"{public_url(url)}: unreachable ({type(e).__name__})") from None
-    if resp.status_code != 200:
-        raise EndpointError(f"{public_url(url)}: GET /models answered HTTP {resp.status_code}")
-    try:
-        data = resp.json().get("data") or []
-        return [str(d["id"]) for d in data if isinstance(d, dict) and "id" in d]
-    except (ValueError, AttributeError, TypeError, KeyError):
-        raise EndpointError(f"{public_url(url)}: GET /models did not return a model list") from None
-
-
-async def resolve_model(endpoints: dict[Role, Endpoint], model: str | None, key: str) -> str:
+async def resolve_model(endpoints: dict[Role, Endpoint], model: str | None) -> str:
     """``model``, or the baseline's only model; both servers must serve it."""
     import httpx2
 
     async with httpx2.AsyncClient(timeout=10.0) as http:
         if model is None:
-            served = await _served_models(http, endpoints["baseline"].url, key)
+            served = list(await served_models(endpoints["baseline"], http=http))
             if len(served) != 1:
                 listed = ", ".join(served) or "none"
                 raise ConfigError(
@@ -164,7 +145,7 @@ async def run_bench(opts: BenchOptions, progress: ProgressHook | None = None) ->
     }
     key = resolve_api_key(endpoints["baseline"])
     info_key = None if key == NO_KEY else key
-    model = await resolve_model(endpoints, opts.model, key)
+    model = await resolve_model(endpoints, opts.model)
     flags: dict[Role, ServerFlags] = {}
     for role in ROLES:
         flags[role] = await asyncio.to_thread(
@@ -173,8 +154,11 @@ async def run_bench(opts: BenchOptions, progress: ProgressHook | None = None) ->
     requests = build_requests(
         opts.prompts, model=model, sampling=opts.sampling, max_tokens=opts.max_tokens
     )
-    streamers = {
-        role: RawStreamer(endpoints[role].url, key, opts.request_timeout_s) for role in ROLES
+    transports = {
+        role: ChatTransport(
+            endpoints[role].url, key, opts.request_timeout_s, shown=public_url(endpoints[role].url)
+        )
+        for role in ROLES
     }
     spec_url = endpoints["speculative"].url
 
@@ -190,7 +174,7 @@ async def run_bench(opts: BenchOptions, progress: ProgressHook | None = None) ->
             fresh=flags["speculative"].accept_length_at_start is None,
         )
         for role in ROLES:
-            rec = await send_one(streamers[role], requests[0], role=role, concurrency=1)
+            rec = await send_one(transports[role], requests[0], role=role, concurrency=1)
             if not rec.ok:
                 raise EndpointError(
                     f"{role} server {public_url(endpoints[role].url)}: the warm-up request "
@@ -208,7 +192,7 @@ async def run_bench(opts: BenchOptions, progress: ProgressHook | None = None) ->
             for role in ROLES:
                 before = None if run.details or role == "baseline" else await accept_now()
                 lv = await run_level(
-                    streamers[role], requests, role=role, concurrency=c, progress=progress
+                    transports[role], requests, role=role, concurrency=c, progress=progress
                 )
                 run.levels.append(lv)
                 if role == "speculative" and not run.details:
@@ -224,7 +208,7 @@ async def run_bench(opts: BenchOptions, progress: ProgressHook | None = None) ->
             for source, reqs in by_source.items():
                 before = await accept_now()
                 lv = await run_level(
-                    streamers["speculative"],
+                    transports["speculative"],
                     reqs,
                     role="pass",
                     concurrency=levels[0],
@@ -238,5 +222,5 @@ async def run_bench(opts: BenchOptions, progress: ProgressHook | None = None) ->
                 spec_tokens += tokens
         return run
     finally:
-        for s in streamers.values():
+        for s in transports.values():
             await s.aclose()

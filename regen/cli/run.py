@@ -6,7 +6,7 @@ import argparse
 import threading
 from typing import TYPE_CHECKING
 
-from regen.cli._args import add_override_argument
+from regen.cli._args import add_api_key_arguments, add_override_argument, api_key_fields
 
 if TYPE_CHECKING:
     from regen.engine import JobSummary, RunOptions
@@ -31,6 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="OpenAI-compatible base URL incl. /v1 (repeatable; replaces the manifest's endpoints)",
     )
+    add_api_key_arguments(p, "the --endpoint servers")
     p.add_argument("--workers", type=int, metavar="N", help="Ray actors (engine.workers)")
     p.add_argument(
         "--concurrency",
@@ -86,6 +87,25 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
     )
 
 
+def with_endpoint_keys(manifest: Manifest, args: argparse.Namespace) -> Manifest:
+    """The manifest with ``--endpoint`` URLs as endpoints carrying the ``--api-key-env`` /
+    ``--api-key-file`` key (the driver takes endpoints given by URL from the manifest)."""
+    from regen.errors import ConfigError
+    from regen.manifest import Endpoint
+
+    keys = api_key_fields(args)
+    if not keys:
+        return manifest
+    if not args.endpoint:
+        raise ConfigError(
+            "--api-key-env / --api-key-file go with --endpoint (the manifest's endpoints name "
+            "their own keys)",
+            field="--api-key-env",
+        )
+    eps = [Endpoint(url=u, **keys) for u in args.endpoint]
+    return manifest.model_copy(update={"endpoints": eps})
+
+
 def run_with_view(manifest: Manifest, out: str, opts: RunOptions, *, view: bool) -> JobSummary:
     """``run_job`` with the live dashboard in a thread of this process when ``view`` (shared
     with ``regen demo``); returns the job summary."""
@@ -114,7 +134,7 @@ def execute(args: argparse.Namespace, *, view: bool = True) -> int:
 
     quiet_http_logs()
     console = Console()
-    manifest = load_manifest(args.manifest, args.override)
+    manifest = with_endpoint_keys(load_manifest(args.manifest, args.override), args)
     opts = options_from_args(args)
     view = view and not getattr(args, "no_view", False)
     summary = run_with_view(manifest, args.out, opts, view=view)

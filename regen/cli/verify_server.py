@@ -7,6 +7,8 @@ import argparse
 from rich.console import Console
 from rich.markup import escape
 
+from regen.cli._args import add_api_key_arguments, api_key_fields
+
 NAME = "verify-server"
 HELP = "check a running SGLang server really serves EAGLE3 with the given draft"
 
@@ -19,12 +21,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--draft", required=True, help="the draft directory the server must use")
     parser.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout in seconds")
+    add_api_key_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    from regen.client import resolve_api_key, server_root
+    from regen.manifest import Endpoint
     from regen.train.serving import LOW_ACCEPT_LENGTH, verify_server
 
-    check = verify_server(args.url, args.draft, timeout=args.timeout)
+    keys = api_key_fields(args)
+    key = resolve_api_key(Endpoint(url=server_root(args.url), **keys)) if keys else None
+    check = verify_server(args.url, args.draft, timeout=args.timeout, api_key=key)
     out = Console()
     out.print(
         f"[green]ok[/] {escape(check.url)}: {check.algorithm} with draft "

@@ -3,20 +3,19 @@
 Owns no files on disk.
 """
 
-from regen.client.chat import ChatClient, ClientFactory, default_client_factory, resolve_api_key
+from regen.client.chat import ChatClient, auth_headers, resolve_api_key
 from regen.client.endpoints import EndpointInfo, check_endpoint, check_endpoints, server_root
 from regen.client.errors import map_error, parse_retry_after, status_error
 from regen.client.retry import FailureHook, RetryPolicy
 
 __all__ = [
     "ChatClient",
-    "ClientFactory",
     "EndpointInfo",
     "FailureHook",
     "RetryPolicy",
+    "auth_headers",
     "check_endpoint",
     "check_endpoints",
-    "default_client_factory",
     "map_error",
     "parse_retry_after",
     "resolve_api_key",

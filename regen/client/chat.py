@@ -1,18 +1,32 @@
 """``ChatClient``: one OpenAI-compatible endpoint, one request → one :class:`TurnResult`.
 
-Streaming by default (``stream_options.include_usage``); non-streaming when the manifest asks
-for server token ids (``sampling.server_token_ids``: sends SGLang's ``return_prompt_token_ids``
-and ``return_token_ids`` and reads the ids back). Sampling and ``chat_template_kwargs`` go in
-``extra_body``. The HTTP client comes from an injectable factory ``(base_url, api_key,
-timeout_s) -> AsyncOpenAI``; tests hand in a real ``AsyncOpenAI`` over an ``httpx2.MockTransport``.
-Streams are read as raw SSE lines (``with_streaming_response``; see :mod:`regen.client.stream`).
-Failures become regen errors (see :mod:`regen.client.errors`); retries follow
+Every request goes through one transport (:class:`regen.client.transport.ChatTransport`,
+aiohttp). The request body (:meth:`ChatClient.request_body`) is what SGLang's
+``ChatCompletionRequest`` accepts (tests/contract checks it against SGLang's own model with
+unknown keys forbidden): model, messages, tools, temperature, top_p,
+``max_completion_tokens`` (SGLang marks ``max_tokens`` deprecated), seed, and the
+SGLang extras ``top_k`` and ``chat_template_kwargs``. Where the server's token ids come from is
+``sampling.token_ids``:
+
+- ``stream`` (default): streamed (``stream_options.include_usage``), with SGLang's
+  ``return_input_ids_in_sglext`` / ``return_output_ids_in_sglext``: the ids arrive in the
+  ``sglext`` chunk after the finish chunk (:mod:`regen.client.stream`), and the time to first
+  token stays measured;
+- ``nonstream``: one JSON answer with ``return_prompt_token_ids`` / ``return_token_ids``
+  (SGLang refuses those with streaming); the ids are on the choice (``prompt_token_ids``,
+  ``response_token_ids``); no TTFT;
+- ``local``: streamed, no ids asked (the row is rendered locally).
+
+A client built with ``server_ids=False`` (the endpoint check found no SGLang ``/server_info``:
+e.g. ``transformers serve``, which refuses unknown fields with 422) never asks for ids and
+streams. Failures become regen errors (:mod:`regen.client.errors`); retries follow
 :class:`regen.client.retry.RetryPolicy`. The API key is read from the endpoint's
-``api_key_env`` / ``api_key_file`` and is never logged nor put in an error.
+``api_key_env`` / ``api_key_file``, sent as a bearer token and never logged nor put in an error.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -20,38 +34,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from regen.client.errors import map_error
-from regen.client.raw import RawStreamer
 from regen.client.retry import FailureHook, RetryPolicy
 from regen.client.stream import StreamAccumulator, usage_fields
-from regen.errors import ConfigError, PermanentError, RegenError, ServerError, StreamCutError
+from regen.client.transport import ChatTransport
+from regen.errors import ConfigError, PermanentError, ServerError, StreamCutError
 from regen.manifest import Endpoint, Manifest, Sampling, public_url
 from regen.result import TurnResult
 from regen.sample import ToolCall
 
 log = logging.getLogger(__name__)
 
-#: the placeholder key sent to servers that need none (the SDK insists on a non-empty key)
-NO_KEY = "EMPTY"
-
-#: (base_url, api_key, timeout_s) -> an ``openai.AsyncOpenAI``-like client
-ClientFactory = Callable[[str, str, float], Any]
-
-
-def default_client_factory(base_url: str, api_key: str, timeout_s: float) -> Any:
-    """An ``openai.AsyncOpenAI`` with SDK retries off (regen retries) and a stall timeout."""
-    import httpx2
-    import openai
-
-    timeout = httpx2.Timeout(timeout_s, connect=min(timeout_s, 30.0))
-    limits = httpx2.Limits(max_connections=4096, max_keepalive_connections=1024)
-    return openai.AsyncOpenAI(
-        base_url=base_url,
-        api_key=api_key,
-        timeout=timeout,
-        max_retries=0,
-        http_client=httpx2.AsyncClient(timeout=timeout, limits=limits),
-    )
+#: what ``resolve_api_key`` returns for an endpoint that names no key (nothing is sent)
+NO_KEY = ""
 
 
 def resolve_api_key(endpoint: Endpoint, base_dir: str | Path = ".") -> str:
@@ -60,8 +54,8 @@ def resolve_api_key(endpoint: Endpoint, base_dir: str | Path = ".") -> str:
         value = os.environ.get(endpoint.api_key_env)
         if not value:
             raise ConfigError(
-                f"endpoint {endpoint.url}: environment variable {endpoint.api_key_env} "
-                "(api_key_env) is not set",
+                f"endpoint {public_url(endpoint.url)}: environment variable "
+                f"{endpoint.api_key_env} (api_key_env) is not set",
                 field="endpoints.api_key_env",
             )
         return value.strip()
@@ -73,48 +67,48 @@ def resolve_api_key(endpoint: Endpoint, base_dir: str | Path = ".") -> str:
             value = p.read_text(encoding="utf-8").strip()
         except OSError as e:
             raise ConfigError(
-                f"endpoint {endpoint.url}: cannot read api_key_file {p}: {e.strerror or e}",
+                f"endpoint {public_url(endpoint.url)}: cannot read api_key_file {p}: "
+                f"{e.strerror or e}",
                 field="endpoints.api_key_file",
             ) from None
         if not value:
             raise ConfigError(
-                f"endpoint {endpoint.url}: api_key_file {p} is empty",
+                f"endpoint {public_url(endpoint.url)}: api_key_file {p} is empty",
                 field="endpoints.api_key_file",
             )
         return value
     return NO_KEY
 
 
-def _extra(obj: Any, name: str) -> Any:
-    """A field the SDK does not type (``reasoning_content``, ``prompt_token_ids``, ...)."""
-    if obj is None:
-        return None
-    value = getattr(obj, name, None)
-    if value is None:
-        extra = getattr(obj, "model_extra", None) or {}
-        value = extra.get(name)
-    return value
-
-
-def _reasoning_of(obj: Any) -> str | None:
-    value = _extra(obj, "reasoning_content")
-    if value is None:
-        value = _extra(obj, "reasoning")
-    return value if isinstance(value, str) else None
-
-
-def _usage_of(usage: Any) -> dict[str, int | None]:
-    """Usage fields of an SDK usage object (non-streaming path)."""
-    if usage is None:
-        return {}
-    dump = usage.model_dump() if hasattr(usage, "model_dump") else dict(usage)
-    return usage_fields(dump)
+def auth_headers(key: str) -> dict[str, str]:
+    """``Authorization: Bearer KEY``, or nothing for :data:`NO_KEY`."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _id_list(value: Any) -> list[int] | None:
     if isinstance(value, list) and all(isinstance(x, int) for x in value):
         return list(value)
     return None
+
+
+def _reasoning_of(msg: dict[str, Any]) -> str | None:
+    value = msg.get("reasoning_content")
+    if value is None:
+        value = msg.get("reasoning")
+    return value if isinstance(value, str) else None
+
+
+def _tool_calls_of(msg: dict[str, Any]) -> tuple[ToolCall, ...]:
+    calls = []
+    for c in msg.get("tool_calls") or ():
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict):
+            continue
+        args = fn.get("arguments")
+        if not isinstance(args, str):
+            args = json.dumps(args) if args is not None else ""
+        calls.append(ToolCall(id=c.get("id") or "", name=fn.get("name") or "", arguments=args))
+    return tuple(calls)
 
 
 class ChatClient:
@@ -128,8 +122,8 @@ class ChatClient:
         sampling: Sampling,
         retry: RetryPolicy | None = None,
         timeout_s: float = 1800.0,
-        client_factory: ClientFactory | None = None,
         base_dir: str | Path = ".",
+        server_ids: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.endpoint = endpoint
@@ -139,12 +133,11 @@ class ChatClient:
         self.sampling = sampling
         self.retry = retry or RetryPolicy()
         self.timeout_s = timeout_s
+        #: ask for the server's ids (False: the server speaks no SGLang extension)
+        self.server_ids = server_ids and sampling.token_ids != "local"
         self._clock = clock
-        factory = client_factory or default_client_factory
         key = resolve_api_key(endpoint, base_dir)
-        self._client = factory(endpoint.url, key, timeout_s)
-        #: streaming fast path (aiohttp, raw SSE); an injected SDK client keeps the SDK path
-        self._raw = RawStreamer(endpoint.url, key, timeout_s) if client_factory is None else None
+        self._transport = ChatTransport(endpoint.url, key, timeout_s, shown=self.url)
 
     @classmethod
     def from_manifest(
@@ -152,8 +145,8 @@ class ChatClient:
         manifest: Manifest,
         endpoint: Endpoint,
         *,
-        client_factory: ClientFactory | None = None,
         retry: RetryPolicy | None = None,
+        server_ids: bool = True,
     ) -> ChatClient:
         return cls(
             endpoint,
@@ -161,41 +154,44 @@ class ChatClient:
             sampling=manifest.sampling,
             retry=retry or RetryPolicy.from_engine(manifest.engine),
             timeout_s=manifest.engine.request_timeout_s,
-            client_factory=client_factory,
             base_dir=manifest.base_dir,
+            server_ids=server_ids,
         )
 
     @property
     def streaming(self) -> bool:
-        return not self.sampling.server_token_ids
+        return not (self.server_ids and self.sampling.token_ids == "nonstream")
 
-    def request_kwargs(
+    def request_body(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
     ) -> dict[str, Any]:
-        """The keyword arguments of ``chat.completions.create`` for one request."""
+        """The JSON body of one ``POST /chat/completions``."""
         s = self.sampling
-        extra: dict[str, Any] = {"chat_template_kwargs": s.template_kwargs()}
-        if s.top_k is not None:
-            extra["top_k"] = s.top_k
-        kw: dict[str, Any] = {
+        body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
             "temperature": s.temperature,
             "top_p": s.top_p,
-            "max_tokens": s.max_tokens,
+            # not max_tokens: SGLang marks it deprecated (max_completion_tokens or max_tokens)
+            "max_completion_tokens": s.max_tokens,
+            "chat_template_kwargs": s.template_kwargs(),
         }
+        if s.top_k is not None:
+            body["top_k"] = s.top_k
         if s.seed is not None:
-            kw["seed"] = s.seed
+            body["seed"] = s.seed
         if tools:
-            kw["tools"] = tools
+            body["tools"] = tools
         if self.streaming:
-            kw["stream"] = True
-            kw["stream_options"] = {"include_usage": True}
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+            if self.server_ids:
+                body["return_input_ids_in_sglext"] = True
+                body["return_output_ids_in_sglext"] = True
         else:
-            extra["return_prompt_token_ids"] = True
-            extra["return_token_ids"] = True
-        kw["extra_body"] = extra
-        return kw
+            body["return_prompt_token_ids"] = True
+            body["return_token_ids"] = True
+        return body
 
     async def complete(
         self,
@@ -222,35 +218,20 @@ class ChatClient:
         sample_id: str,
     ) -> TurnResult:
         """One try, no retry. Raises a :class:`regen.errors.RequestError` subclass on failure."""
-        kw = self.request_kwargs(messages, tools)
+        body = self.request_body(messages, tools)
         start = self._clock()
-        if self.streaming:
-            return await self._stream(kw, start, sample_id)
-        return await self._whole(kw, start, sample_id)
-
-    async def _stream(self, kw: dict[str, Any], start: float, sample_id: str) -> TurnResult:
-        acc = StreamAccumulator(endpoint=self.url, clock=self._clock)
         try:
-            if self._raw is not None:
-                await self._raw.stream(kw, acc)
-            else:
-                await self._stream_sdk(kw, acc)
-        except RegenError:
-            raise
+            if self.streaming:
+                return await self._stream(body, start)
+            return await self._whole(body, start)
         except Exception as e:
-            raise self._mapped(e, sample_id, received=acc.chunks > 0) from None
+            log.debug("sample %s: %s", sample_id, e)
+            raise
+
+    async def _stream(self, body: dict[str, Any], start: float) -> TurnResult:
+        acc = StreamAccumulator(endpoint=self.url, clock=self._clock)
+        await self._transport.stream(body, acc)
         end = self._clock()
-        return self._streamed_result(acc, start, end)
-
-    async def _stream_sdk(self, kw: dict[str, Any], acc: StreamAccumulator) -> None:
-        create = self._client.chat.completions.with_streaming_response.create
-        async with create(**kw) as resp:
-            async for line in resp.iter_lines():
-                acc.feed_line(line)
-                if acc.done:
-                    break
-
-    def _streamed_result(self, acc: StreamAccumulator, start: float, end: float) -> TurnResult:
         if acc.finish_reason is None:
             raise StreamCutError(
                 f"stream from {self.url} ended without finish_reason after {acc.chunks} chunks",
@@ -264,67 +245,49 @@ class ChatClient:
             finish_reason=acc.finish_reason,
             model=acc.model or self.model,
             endpoint=self.url,
+            prompt_token_ids=acc.prompt_ids,
+            output_token_ids=acc.output_ids,
             latency_s=end - start,
             ttft_s=None if acc.first_token_at is None else acc.first_token_at - start,
             **acc.usage_fields(),
         )
 
-    async def _whole(self, kw: dict[str, Any], start: float, sample_id: str) -> TurnResult:
-        try:
-            resp = await self._client.chat.completions.create(**kw)
-        except Exception as e:
-            raise self._mapped(e, sample_id) from None
+    async def _whole(self, body: dict[str, Any], start: float) -> TurnResult:
+        data = await self._transport.complete(body)
         end = self._clock()
-        if not resp.choices:
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise PermanentError(f"response from {self.url} has no choices", endpoint=self.url)
-        choice = resp.choices[0]
-        msg = choice.message
-        calls = tuple(
-            ToolCall(id=c.id or "", name=c.function.name, arguments=c.function.arguments or "")
-            for c in (msg.tool_calls or ())
-            if getattr(c, "function", None) is not None
+        choice = choices[0]
+        msg = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        # SGLang puts both on the choice; older servers put the prompt ids at the top level
+        prompt_ids = _id_list(choice.get("prompt_token_ids")) or _id_list(
+            data.get("prompt_token_ids")
         )
-        prompt_ids = _id_list(_extra(choice, "prompt_token_ids")) or _id_list(
-            _extra(resp, "prompt_token_ids")
-        )
-        output_ids = (
-            _id_list(_extra(choice, "token_ids"))
-            or _id_list(_extra(choice, "response_token_ids"))
-            or _id_list(_extra(choice, "output_token_ids"))
-            or _id_list(_extra(msg, "token_ids"))
-        )
+        output_ids = _id_list(choice.get("response_token_ids")) or _id_list(choice.get("token_ids"))
         return TurnResult(
-            content=msg.content or "",
+            content=msg.get("content") or "",
             reasoning=_reasoning_of(msg),
-            tool_calls=calls,
-            finish_reason=_check_finish(choice.finish_reason, self.url),
-            model=resp.model or self.model,
+            tool_calls=_tool_calls_of(msg),
+            finish_reason=_check_finish(choice.get("finish_reason"), self.url),
+            model=data.get("model") or self.model,
             endpoint=self.url,
             prompt_token_ids=prompt_ids,
             output_token_ids=output_ids,
             latency_s=end - start,
             ttft_s=None,
-            **_usage_of(resp.usage),
+            **usage_fields(data.get("usage")),
         )
 
-    def _mapped(self, exc: BaseException, sample_id: str, *, received: bool = False) -> Exception:
-        err = map_error(exc, endpoint=self.url, received=received)
-        log.debug("sample %s: %s", sample_id, err)
-        return err
-
     async def aclose(self) -> None:
-        if self._raw is not None:
-            await self._raw.aclose()
-        close = getattr(self._client, "close", None)
-        if close is not None:
-            await close()
+        await self._transport.aclose()
 
 
 #: finish reasons of a turn the model really finished (or was cut by max_tokens)
 FINISHED = frozenset({"stop", "length", "tool_calls"})
 
 
-def _check_finish(reason: str | None, url: str) -> str:
+def _check_finish(reason: Any, url: str) -> str:
     """A turn is stored only when it finished: a missing reason or SGLang's ``abort`` (the server
     dropped the request, e.g. under memory pressure) is transient, anything else unknown permanent.
     """

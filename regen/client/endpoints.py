@@ -2,9 +2,16 @@
 
 For every endpoint: ``GET {url}/models`` (the url includes ``/v1``) must list the model; then
 SGLang's ``/server_info`` (or the older ``/get_server_info``) at the server root is read when
-present, for ``max_running_requests``, the speculative settings and the version. Endpoints
-that fail are dropped with a warning; when none is usable, one :class:`EndpointError` lists
-every endpoint and why.
+present, for the batch slots, the speculative settings, deterministic inference and the
+version. Both carry the endpoint's API key (``Authorization: Bearer``; SGLang's ``--api-key``
+guards them). Endpoints that fail are dropped with a warning; when none is usable, one
+:class:`EndpointError` lists every endpoint and why.
+
+Batch slots (what sizes the in-flight limits): SGLang's top-level ``max_running_requests`` is
+the ``--max-running-requests`` flag, None unless it was given; the live value is
+``internal_states[i].effective_max_running_requests_per_dp``, one entry per data-parallel
+rank, so the slots are their sum. The flag wins when set; :attr:`EndpointInfo.slots_source`
+says which value was used, and the start log names it.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from regen.client.chat import NO_KEY, resolve_api_key
+from regen.client.chat import auth_headers, resolve_api_key
 from regen.errors import EndpointError
 from regen.manifest import Endpoint, public_url
 
@@ -44,6 +51,11 @@ class EndpointInfo:
     models: tuple[str, ...]  #: ids listed by /v1/models
     max_model_len: int | None = None
     max_running_requests: int | None = None  #: SGLang's batch slots (None: not reported)
+    #: where max_running_requests came from: "max_running_requests" (the server flag),
+    #: "internal_states" (the live per-DP values, summed), or None (not reported)
+    slots_source: str | None = None
+    #: the server reports --enable-deterministic-inference (None: no /server_info)
+    deterministic: bool | None = None
     version: str | None = None
     speculative: dict[str, Any] = field(default_factory=dict)
     server_info: bool = False  #: whether /server_info answered
@@ -55,21 +67,52 @@ class EndpointInfo:
             "models": list(self.models),
             "max_model_len": self.max_model_len,
             "max_running_requests": self.max_running_requests,
+            "slots_source": self.slots_source,
+            "deterministic": self.deterministic,
             "version": self.version,
             "speculative": dict(self.speculative),
         }
 
 
 def server_root(url: str) -> str:
-    """The server root of a base URL (``http://h:p/v1`` → ``http://h:p``)."""
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
+    """The server root of a base URL (``http://h:p/v1`` → ``http://h:p``; trailing slashes
+    dropped)."""
+    base = url.rstrip("/")
+    if base.endswith("/v1"):
+        base = base[: -len("/v1")].rstrip("/")
+    return base
 
 
 def _default_http(timeout_s: float) -> Any:
     import httpx2
 
     return httpx2.AsyncClient(timeout=timeout_s)
+
+
+async def served_models(
+    endpoint: Endpoint, *, http: Any, base_dir: str | Path = "."
+) -> dict[str, dict[str, Any]]:
+    """``GET {url}/models``: the served model ids and their entries; raises EndpointError with
+    the reason (unreachable, the key, no model list)."""
+    headers = auth_headers(resolve_api_key(endpoint, base_dir))
+    shown = public_url(endpoint.url)  # messages never carry user:password
+    try:
+        resp = await http.get(f"{endpoint.url}/models", headers=headers)
+    except Exception as e:
+        raise EndpointError(f"{shown}: unreachable ({type(e).__name__})") from None
+    if resp.status_code in (401, 403):
+        how = "a wrong key" if headers else "no key (give api_key_env or api_key_file)"
+        raise EndpointError(
+            f"{shown}: GET /models answered HTTP {resp.status_code}: the server wants an API "
+            f"key and regen sent {how}"
+        )
+    if resp.status_code != 200:
+        raise EndpointError(f"{shown}: GET /models answered HTTP {resp.status_code}")
+    try:
+        data = resp.json().get("data") or []
+        return {str(d["id"]): d for d in data if isinstance(d, dict) and "id" in d}
+    except (ValueError, AttributeError, TypeError):
+        raise EndpointError(f"{shown}: GET /models did not return a model list") from None
 
 
 async def check_endpoint(
@@ -80,26 +123,14 @@ async def check_endpoint(
     base_dir: str | Path = ".",
 ) -> EndpointInfo:
     """Check one endpoint; raises EndpointError with the reason when it is not usable."""
-    headers = {}
-    key = resolve_api_key(endpoint, base_dir)
-    if key != NO_KEY:
-        headers["Authorization"] = f"Bearer {key}"
+    headers = auth_headers(resolve_api_key(endpoint, base_dir))
     url = endpoint.url
-    shown = public_url(url)  # messages never carry user:password
-    try:
-        resp = await http.get(f"{url}/models", headers=headers)
-    except Exception as e:
-        raise EndpointError(f"{shown}: unreachable ({type(e).__name__})") from None
-    if resp.status_code != 200:
-        raise EndpointError(f"{shown}: GET /models answered HTTP {resp.status_code}")
-    try:
-        data = resp.json().get("data") or []
-        entries = {str(d["id"]): d for d in data if isinstance(d, dict) and "id" in d}
-    except (ValueError, AttributeError, TypeError):
-        raise EndpointError(f"{shown}: GET /models did not return a model list") from None
+    entries = await served_models(endpoint, http=http, base_dir=base_dir)
     if model not in entries:
         served = ", ".join(repr(m) for m in entries) or "none"
-        raise EndpointError(f"{shown}: does not serve model {model!r} (it serves: {served})")
+        raise EndpointError(
+            f"{public_url(url)}: does not serve model {model!r} (it serves: {served})"
+        )
     info = EndpointInfo(url=url, weight=endpoint.weight, models=tuple(entries))
     mml = entries[model].get("max_model_len")
     info.max_model_len = mml if isinstance(mml, int) else None
@@ -123,12 +154,43 @@ async def _read_server_info(info: EndpointInfo, http: Any, headers: dict[str, st
         if not isinstance(data, dict):
             continue
         info.server_info = True
-        mrr = data.get("max_running_requests")
-        info.max_running_requests = mrr if isinstance(mrr, int) and mrr > 0 else None
+        info.max_running_requests, info.slots_source = batch_slots(data)
+        det = data.get("enable_deterministic_inference")
+        info.deterministic = det if isinstance(det, bool) else False
         version = data.get("version")
         info.version = str(version) if version is not None else None
         info.speculative = {k: data[k] for k in SPECULATIVE_KEYS if data.get(k) is not None}
         return
+
+
+def batch_slots(server_info: dict[str, Any]) -> tuple[int | None, str | None]:
+    """The server's batch slots and which field gave them (see the module docstring)."""
+    flag = server_info.get("max_running_requests")
+    if isinstance(flag, int) and not isinstance(flag, bool) and flag > 0:
+        return flag, "max_running_requests"
+    per_dp = [
+        s.get("effective_max_running_requests_per_dp")
+        for s in server_info.get("internal_states") or ()
+        if isinstance(s, dict)
+    ]
+    if per_dp and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in per_dp):
+        return sum(per_dp), "internal_states"
+    return None, None
+
+
+def seed_warnings(infos: list[EndpointInfo], seed: int | None) -> list[str]:
+    """One line per SGLang endpoint that will ignore ``seed``: SGLang honours a request's seed
+    only with ``--enable-deterministic-inference``. Servers without ``/server_info`` say
+    nothing either way and get no line."""
+    if seed is None:
+        return []
+    return [
+        f"sampling.seed is {seed} but {public_url(i.url)} does not report "
+        "--enable-deterministic-inference: SGLang ignores the seed (answers are not "
+        "reproducible)"
+        for i in infos
+        if i.server_info and not i.deterministic
+    ]
 
 
 async def check_endpoints(
@@ -138,11 +200,13 @@ async def check_endpoints(
     timeout_s: float = 10.0,
     http_factory: HttpFactory | None = None,
     base_dir: str | Path = ".",
+    seed: int | None = None,
 ) -> list[EndpointInfo]:
     """Check all endpoints concurrently; return the usable ones in the given order.
 
     Unusable endpoints are dropped with a warning; if none is usable, raise one EndpointError
-    naming every endpoint and why.
+    naming every endpoint and why. ``seed`` (the manifest's ``sampling.seed``): warn for every
+    endpoint that will ignore it (:func:`seed_warnings`).
     """
     if not endpoints:
         raise EndpointError("no endpoints given (manifest 'endpoints' or --endpoint)")
@@ -169,11 +233,20 @@ async def check_endpoints(
     for p in problems:
         log.warning("endpoint dropped: %s", p)
     for info in usable:
+        if info.max_running_requests is not None:
+            slots = f"{info.max_running_requests} batch slots from {info.slots_source}"
+            sized = "size the in-flight limits"
+        else:
+            slots = "no batch slots reported"
+            sized = "engine.concurrency sizes the in-flight limits"
         log.info(
-            "endpoint %s ok (max_running_requests=%s, version=%s%s)",
+            "endpoint %s ok (%s %s, version=%s%s)",
             public_url(info.url),
-            info.max_running_requests,
+            slots,
+            sized,
             info.version,
             f", speculative={info.speculative}" if info.speculative else "",
         )
+    for line in seed_warnings(usable, seed):
+        log.warning(line)
     return usable

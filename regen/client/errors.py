@@ -5,34 +5,35 @@ The rules (message text is never read):
 - connection refused / reset before any stream chunk arrived → ``ConnectError``;
   the connection dropping after chunks arrived → ``StreamCutError``;
 - any timeout (connect, read stall, our own deadline) → ``RequestTimeoutError``;
-- 408 and 5xx → ``ServerError`` (Retry-After kept when sent);
-- 429 → ``RateLimitedError`` with ``retry_after`` from the Retry-After header (seconds or an
-  HTTP date; ``retry-after-ms`` also read);
+- 503 → ``OverloadedError``: SGLang's answer to a full queue (``--max-queued-requests``), a
+  request that waited or ran past its timeout, and a retraction under memory pressure; it
+  never sends 429 nor Retry-After (a Retry-After is kept when some other server sends one);
+- 429 → ``RateLimitedError`` (an ``OverloadedError``; gateways send it) with ``retry_after``
+  from the Retry-After header (seconds or an HTTP date; ``retry-after-ms`` also read);
+- 408 and the other 5xx → ``ServerError`` (Retry-After kept when sent);
 - 413, or 400 whose structured error ``code``/``type`` is ``context_length_exceeded`` →
   ``ContextLengthError``; every other 4xx (400, 401, 403, 404, 409, 422, ...) →
   ``PermanentError``. SGLang reports an over-long prompt as a plain 400 ``BadRequestError``
   whose only hint is the message text, so there it is a ``PermanentError``: it is recorded
   with the server's message and not retried either way;
-- an error object sent inside a stream (no HTTP status) → classified by its integer ``code``
-  when that is an HTTP status, else ``ServerError`` (the server failed mid-generation).
+- an error object sent inside a stream after HTTP 200 (SGLang: ``data: {"error": {...,
+  "code": 503}}`` when a streamed request is aborted with a status) → classified by its integer
+  ``code`` when that is an HTTP status, else ``ServerError`` (the server failed mid-generation).
 
 Error messages carry the endpoint URL and the server's own message, never the API key.
 """
 
 from __future__ import annotations
 
-import asyncio
 import email.utils
 import time
 from collections.abc import Mapping
 from typing import Any
 
-import httpx2
-import openai
-
 from regen.errors import (
     ConnectError,
     ContextLengthError,
+    OverloadedError,
     PermanentError,
     RateLimitedError,
     RegenError,
@@ -105,6 +106,10 @@ def status_error(
         return RateLimitedError(
             text, retry_after=parse_retry_after(headers, now), status=status, endpoint=endpoint
         )
+    if status == 503:
+        return OverloadedError(
+            text, retry_after=parse_retry_after(headers, now), status=status, endpoint=endpoint
+        )
     if status == 408 or status >= 500:
         return ServerError(
             text, retry_after=parse_retry_after(headers, now), status=status, endpoint=endpoint
@@ -125,10 +130,11 @@ def _is_context_length(body: Any) -> bool:
     return False
 
 
-def _body_message(body: Any, fallback: str) -> str:
+def body_message(body: Any, fallback: str) -> str:
+    """The server's own message in an error body (OpenAI / SGLang shapes), at most 500 chars."""
     if isinstance(body, Mapping):
         inner = body.get("error") if isinstance(body.get("error"), Mapping) else body
-        for key in ("message", "detail"):
+        for key in ("message", "detail", "error"):  # SGLang's 401: {"error": "Unauthorized"}
             value = inner.get(key)
             if isinstance(value, str) and value:
                 return value[:500]
@@ -142,7 +148,6 @@ def map_error(
     *,
     endpoint: str | None,
     received: bool = False,
-    now: float | None = None,
 ) -> RegenError:
     """Translate an exception raised while calling ``endpoint`` into the regen taxonomy.
 
@@ -150,32 +155,19 @@ def map_error(
     A RegenError passes through unchanged; an exception this module does not know is returned
     as a ``PermanentError`` naming its type (a bug or an unexpected response, not worth a retry).
     """
+    import aiohttp
+
     if isinstance(exc, RegenError):
         return exc
-    if isinstance(exc, openai.APIStatusError):
-        return status_error(
-            exc.status_code,
-            _body_message(exc.body, exc.message),
-            endpoint=endpoint,
-            headers=exc.response.headers,
-            body=exc.body,
-            now=now,
-        )
-    if isinstance(exc, openai.APITimeoutError | httpx2.TimeoutException | TimeoutError):
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return status_error(exc.status, exc.message, endpoint=endpoint, headers=exc.headers)
+    if isinstance(exc, TimeoutError):  # aiohttp's ServerTimeoutError is one too
         return RequestTimeoutError(f"request to {endpoint} timed out", endpoint=endpoint)
-    if isinstance(exc, asyncio.TimeoutError):  # alias of TimeoutError on 3.11, kept explicit
-        return RequestTimeoutError(f"request to {endpoint} timed out", endpoint=endpoint)
-    if isinstance(exc, openai.APIConnectionError | httpx2.TransportError | ConnectionError):
-        cause = exc.__cause__ if isinstance(exc, openai.APIConnectionError) else exc
-        if isinstance(cause, httpx2.TimeoutException):
-            return RequestTimeoutError(f"request to {endpoint} timed out", endpoint=endpoint)
-        what = type(cause or exc).__name__
+    if isinstance(exc, aiohttp.ClientError | ConnectionError):
+        what = type(exc).__name__
         if received:
             return StreamCutError(f"stream from {endpoint} cut mid-way ({what})", endpoint=endpoint)
         return ConnectError(f"cannot reach {endpoint} ({what})", endpoint=endpoint)
-    if isinstance(exc, openai.APIError):
-        # An error object inside an SSE stream: no HTTP status on the exception.
-        return stream_error(exc.body if exc.body is not None else exc.message, endpoint=endpoint)
     return PermanentError(
         f"unexpected {type(exc).__name__} from {endpoint}: {str(exc)[:300]}", endpoint=endpoint
     )
@@ -184,7 +176,7 @@ def map_error(
 def stream_error(body: Any, *, endpoint: str | None) -> RequestError:
     """The error for an ``error`` object sent inside a stream (it has no HTTP status)."""
     code = _int_code(body)
-    message = _body_message(body, "error in stream")
+    message = body_message(body, "error in stream")
     if code is not None and 400 <= code < 600:
         return status_error(code, message, endpoint=endpoint, body=body)
     return ServerError(f"error in stream from {endpoint}: {message}", endpoint=endpoint)

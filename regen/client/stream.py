@@ -10,6 +10,14 @@ matching regen error (see :func:`regen.client.errors.stream_error`).
 Usage is taken from whichever chunk carries it: SGLang's last chunk with ``choices: []`` or the
 ``finish_reason`` chunk (``transformers serve``). Reasoning is ``delta.reasoning_content``
 (SGLang) or ``delta.reasoning``. Tool calls are assembled by ``index`` from their deltas.
+
+SGLang's extension object ``sglext`` arrives in a chunk of its own (``choices: []``) after the
+finish chunk and before usage: ``input_ids`` (the prompt ids, asked with
+``return_input_ids_in_sglext``), ``output_ids`` (one list per choice, asked with
+``return_output_ids_in_sglext``: the ids the model produced, before any reasoning or tool-call
+parsing) and ``spec_tokens_details`` (``return_spec_tokens_details``). Servers that frame the
+ids as ``event: sglext_ids`` (header ``x-sglext-ids-framed``) still send them as a ``data:``
+line, which is all that is read.
 """
 
 from __future__ import annotations
@@ -46,6 +54,9 @@ class StreamAccumulator:
     first_token_at: float | None = None
     chunks: int = 0
     done: bool = False
+    prompt_ids: list[int] | None = None  #: sglext.input_ids
+    output_ids: list[int] | None = None  #: sglext.output_ids[0]
+    spec: dict[str, Any] | None = None  #: sglext.spec_tokens_details
 
     def feed_line(self, line: str) -> None:
         """One line of the SSE body."""
@@ -53,7 +64,7 @@ class StreamAccumulator:
             self._payload(line[5:].strip(), "[DONE]")
 
     def feed_bytes(self, line: bytes) -> None:
-        """One line of the SSE body, undecoded (the fast path of :mod:`regen.client.raw`)."""
+        """One line of the SSE body, undecoded (:mod:`regen.client.transport` feeds these)."""
         if line.startswith(b"data:"):
             self._payload(line[5:].strip(), b"[DONE]")
 
@@ -80,6 +91,9 @@ class StreamAccumulator:
         usage = data.get("usage")
         if usage:
             self.usage = usage
+        ext = data.get("sglext")
+        if ext:
+            self._sglext(ext)
         for choice in data.get("choices") or ():
             if choice.get("index", 0) not in (0, None):
                 continue
@@ -108,6 +122,19 @@ class StreamAccumulator:
                 self.first_token_at = self.clock()
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+
+    def _sglext(self, ext: dict[str, Any]) -> None:
+        ids = ext.get("input_ids")
+        if isinstance(ids, list):
+            self.prompt_ids = ids
+        outs = ext.get("output_ids")
+        if isinstance(outs, list) and outs and isinstance(outs[0], list):
+            self.output_ids = outs[0]  # one list per choice; regen asks for n=1
+        spec = ext.get("spec_tokens_details")
+        if isinstance(spec, list):  # n > 1 sends one per choice
+            spec = spec[0] if spec else None
+        if isinstance(spec, dict):
+            self.spec = spec
 
     def tool_calls(self) -> tuple[ToolCall, ...]:
         return tuple(

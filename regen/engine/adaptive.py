@@ -2,7 +2,8 @@
 
 The server is the expensive part: the limit starts at the worker's share of the server's
 ``max_running_requests`` (its batch slots) and moves once per window (``window_s`` and at
-least ``min_requests`` completions, or any 429) on three signals the worker measures itself:
+least ``min_requests`` completions, or any overload answer) on three signals the worker
+measures itself:
 
 - **throughput**: completion tokens per second finished in the window;
 - **queueing**: the window's median time to first token against the best median seen so far
@@ -11,11 +12,16 @@ least ``min_requests`` completions, or any 429) on three signals the worker meas
 - **demand**: whether work waited for a slot in this worker during the window (no demand: a
   higher limit could not be used, so nothing is learned).
 
-Decisions, in order: a 429 multiplies the limit by ``throttle_decrease`` and lowers the floor
-with it (the server asked for less); queueing with no throughput gain (< ``gain``) steps down
-by ``step`` (never below the floor, which starts at the starting limit: filling the slots the
-server reports cannot queue on a server of our own); demand without queueing, or queueing that
-still bought throughput, steps up by ``step``; otherwise the limit holds. Steps are
+Decisions, in order: an overload answer multiplies the limit by ``throttle_decrease`` and
+lowers the floor with it (the server asked for less). How far: SGLang's 503 (queue full,
+timeout abort, retraction) says its queue or memory is full, which an in-flight limit at the
+server's own batch slots cannot cause; below them the batch would only run emptier, so a 503
+cuts down to the worker's share of the reported slots (``slots``) and no further. A gateway's
+429, or a 503 from a server that reports no slots, cuts without that bound (down to 1).
+Then: queueing with no throughput gain (< ``gain``) steps down by ``step`` (never below the
+floor, which starts at the starting limit: filling the slots the server reports cannot queue
+on a server of our own); demand without queueing, or queueing that still bought throughput,
+steps up by ``step``; otherwise the limit holds. Steps are
 ``max(1, step_fraction × limit)``: additive in effect, so the limit hovers just above the
 server's slots, where a finished request's slot is refilled from the server's short queue
 instead of waiting a round trip for the client.
@@ -37,9 +43,9 @@ class AdaptiveSettings:
     """Tuning of :class:`AdaptiveLimit` (internal; the defaults suit SGLang-like servers)."""
 
     window_s: float = 2.0  #: shortest decision window
-    min_requests: int = 8  #: completions a window needs before a decision (429s excepted)
+    min_requests: int = 8  #: completions a window needs before a decision (overloads excepted)
     step_fraction: float = 0.04  #: step = max(1, step_fraction × limit)
-    throttle_decrease: float = 0.7  #: limit multiplier on a 429
+    throttle_decrease: float = 0.7  #: limit multiplier on an overload answer (503 / 429)
     ttft_factor: float = 2.0  #: queueing when median TTFT > factor × baseline + slack
     ttft_slack_s: float = 0.05
     gain: float = 0.02  #: relative throughput rise that counts as growth
@@ -63,6 +69,8 @@ class AdaptiveLimit:
     start: int  #: starting limit (the worker's share of max_running_requests)
     maximum: int  #: hard cap
     settings: AdaptiveSettings = field(default_factory=AdaptiveSettings)
+    #: the worker's share of the server's batch slots (None: not reported); a 503 cuts to it
+    slots: int | None = None
     limit: float = 0.0
     floor: float = 1.0
     baseline_ttft_s: float | None = None
@@ -71,6 +79,7 @@ class AdaptiveLimit:
     tokens: int = 0
     requests: int = 0
     throttled: int = 0
+    unbounded: bool = False  #: a throttle in this window may cut below ``slots`` (a 429)
     demand: bool = False
     ttfts: list[float] = field(default_factory=list)
     history: list[Decision] = field(default_factory=list)
@@ -93,10 +102,12 @@ class AdaptiveLimit:
         if ttft_s is not None:
             self.ttfts.append(ttft_s)
 
-    def record_throttled(self, now: float) -> None:
-        """The endpoint answered 429."""
+    def record_throttled(self, now: float, *, rate_limited: bool = False) -> None:
+        """The endpoint answered "overloaded": SGLang's 503, or a gateway's 429
+        (``rate_limited``: the cut is not bounded by the server's slots)."""
         self._open(now)
         self.throttled += 1
+        self.unbounded = self.unbounded or rate_limited
 
     def note_demand(self) -> None:
         """Work waited for a slot (a higher limit would have been used)."""
@@ -121,7 +132,10 @@ class AdaptiveLimit:
         step = max(1.0, s.step_fraction * self.limit)
         grew = self.last_throughput is None or tput > self.last_throughput * (1 + s.gain)
         if self.throttled:
-            self.limit = max(1.0, self.limit * s.throttle_decrease)
+            cut = self.limit * s.throttle_decrease
+            if self.slots and not self.unbounded:  # a 503: not below the server's own slots
+                cut = max(cut, min(self.limit, float(self.slots)))
+            self.limit = max(1.0, cut)
             self.floor = min(self.floor, self.limit)
             reason = "throttled"
         elif queueing and not grew:
@@ -138,7 +152,7 @@ class AdaptiveLimit:
         self.last_throughput = tput
         self.window_start = now
         self.tokens = self.requests = self.throttled = 0
-        self.demand = False
+        self.demand = self.unbounded = False
         self.ttfts = []
         if self.current != before:
             log.debug("limit %d -> %d (%s, %.0f tok/s, ttft p50 %s)",

@@ -429,7 +429,9 @@ class _Session:
         warm = _Warm()
         try:
             warm.infos = asyncio.run(
-                check_endpoints(m.endpoints, m.target.model, base_dir=m.base_dir)
+                check_endpoints(
+                    m.endpoints, m.target.model, base_dir=m.base_dir, seed=m.sampling.seed
+                )
             )
         except RegenError as e:
             warm.error = e  # raised only if there is work to do

@@ -12,7 +12,7 @@ slots = requests in flight). The slots are the sum of the endpoints' in-flight l
 :class:`regen.engine.adaptive.AdaptiveLimit` started at this worker's share of the server's
 ``max_running_requests`` (the driver splits it over the workers; without one reported, the
 worker's ``concurrency`` split over the endpoints) and moved on the worker's own throughput,
-TTFT and 429 signals. Rows are built (tokenized) off the event loop.
+TTFT and overload (503/429) signals. Rows are built (tokenized) off the event loop.
 """
 
 from __future__ import annotations
@@ -27,7 +27,13 @@ from typing import Any
 
 from regen.engine.adaptive import AdaptiveLimit
 from regen.engine.turns import DoneTurn, regenerate
-from regen.errors import RateLimitedError, RegenError, RequestError, TransientError
+from regen.errors import (
+    OverloadedError,
+    RateLimitedError,
+    RegenError,
+    RequestError,
+    TransientError,
+)
 from regen.manifest import Endpoint, Manifest
 from regen.progress import ErrorInfo
 from regen.result import TurnResult
@@ -145,9 +151,14 @@ def starting_limits(
     out: dict[str, int] = {}
     fallback = max(1, concurrency // max(1, len(endpoints)))
     for info in endpoints:
-        slots = (shares or {}).get(info.url) or getattr(info, "max_running_requests", None)
+        slots = slot_share(info, shares)
         out[info.url] = slots + -(-slots // HEADROOM_DIVISOR) if slots else fallback
     return out
+
+
+def slot_share(info: Any, shares: dict[str, int] | None) -> int | None:
+    """This worker's share of an endpoint's reported batch slots (None: none reported)."""
+    return (shares or {}).get(info.url) or getattr(info, "max_running_requests", None)
 
 
 class SampleWorker:
@@ -160,7 +171,6 @@ class SampleWorker:
         concurrency: int,
         *,
         row_builder: RowBuilder | None = None,
-        client_factory: Any = None,
         retry: Any = None,
         probe: Any = None,
         shares: dict[str, int] | None = None,
@@ -170,26 +180,30 @@ class SampleWorker:
         :class:`regen.manifest.Endpoint`; keys are read from the endpoints' env/file.
         ``shares``: this worker's starting in-flight limit per endpoint URL (see
         :func:`starting_limits`)."""
-        from regen.client import ChatClient, RetryPolicy
-        from regen.router import EndpointRouter, http_probe
+        from regen.client import ChatClient, RetryPolicy, auth_headers, resolve_api_key
+        from regen.router import EndpointRouter, keyed_probe
 
         self.manifest = manifest
         self.retry = retry or RetryPolicy.from_engine(manifest.engine)
         by_url = {e.url: e for e in manifest.endpoints}
         self.clients: dict[str, Any] = {}
+        headers: dict[str, dict[str, str]] = {}
         for info in endpoints:
             ep = by_url.get(info.url) or (info if isinstance(info, Endpoint) else None)
             ep = ep or Endpoint(url=info.url, weight=getattr(info, "weight", 1.0))
             self.clients[info.url] = ChatClient.from_manifest(
-                manifest, ep, client_factory=client_factory, retry=self.retry
+                manifest, ep, retry=self.retry, server_ids=getattr(info, "server_info", True)
             )
+            headers[info.url] = auth_headers(resolve_api_key(ep, manifest.base_dir))
         self.router = EndpointRouter.from_engine(
-            endpoints, manifest.engine, probe=probe if probe is not None else http_probe
+            endpoints, manifest.engine, probe=probe if probe is not None else keyed_probe(headers)
         )
         self._clock = clock
         starts = starting_limits(endpoints, concurrency, shares)
+        slots = {info.url: slot_share(info, shares) for info in endpoints}
         self.limits = {
-            url: AdaptiveLimit(start=n, maximum=max(2 * n, n + 8)) for url, n in starts.items()
+            url: AdaptiveLimit(start=n, maximum=max(2 * n, n + 8), slots=slots.get(url))
+            for url, n in starts.items()
         }
         for url, ctl in self.limits.items():
             self.router.set_limit(url, ctl.current)
@@ -226,8 +240,11 @@ class SampleWorker:
                     res = await self.clients[lease.url].complete_once(
                         messages, tools, sample_id=sample_id
                     )
-                except RateLimitedError:
-                    self.limits[lease.url].record_throttled(self._clock())
+                except OverloadedError as e:  # 503 (SGLang) or 429: back off, never "down"
+                    limit = self.limits[lease.url]
+                    limit.record_throttled(
+                        self._clock(), rate_limited=isinstance(e, RateLimitedError)
+                    )
                     self._adapt(lease.url)
                     raise
                 finally:

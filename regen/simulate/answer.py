@@ -188,19 +188,33 @@ CALL_TOKENS = 3
 
 
 class AnswerConfig(BaseModel):
-    """Knobs of the answer function (the server's ``--mean-tokens`` etc.)."""
+    """Knobs of the answer function (``regen simulate``'s "answers" flags; each field's
+    description is its help text)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    #: mean total completion length in simulated tokens (lognormal)
-    mean_tokens: float = Field(256.0, gt=0)
-    #: sigma of the lognormal; 0 gives every answer the mean length
-    length_sigma: float = Field(1.0, ge=0)
-    #: probability that a request with tools answers with tool calls
-    tool_call_rate: float = Field(0.5, ge=0, le=1)
-    #: share of the variance of log length fixed by the prompt (seed + last user message);
-    #: 0 draws the length from the whole request alone, 1 from the prompt alone
-    prompt_share: float = Field(0.0, ge=0, le=1)
+    mean_tokens: float = Field(
+        256.0, gt=0, description="mean answer length in simulated tokens (lognormal)"
+    )
+    length_scale: float = Field(1.0, gt=0, description="multiplies --mean-tokens")
+    length_sigma: float = Field(
+        1.0, ge=0, description="lognormal sigma; 0 gives every answer the mean length"
+    )
+    tool_call_rate: float = Field(
+        0.5, ge=0, le=1, description="share of requests with tools that call one"
+    )
+    prompt_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="share of the variance of log answer length fixed by the prompt (seed + "
+        "last user message), 0-1; 0 keeps every answer as before the knob existed",
+    )
+
+    @property
+    def mean(self) -> float:
+        """The mean answer length the draws use (``mean_tokens × length_scale``)."""
+        return self.mean_tokens * self.length_scale
 
 
 @dataclass(slots=True, frozen=True)
@@ -400,8 +414,8 @@ def answer(
     tools = list(request.get("tools") or ())
     rng = random.Random(int.from_bytes(answer_seed(request)[:16], "big"))
     sigma = config.length_sigma
-    mu = math.log(config.mean_tokens) - sigma * sigma / 2
-    drawn = config.mean_tokens
+    mu = math.log(config.mean) - sigma * sigma / 2
+    drawn = config.mean
     if sigma:
         z = rng.gauss(0.0, 1.0)  # the request's own draw (as rng.gauss(mu, sigma) consumes it)
         share = config.prompt_share

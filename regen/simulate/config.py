@@ -1,20 +1,34 @@
-"""Configuration of one simulated server (every ``regen simulate`` option). Owns no files."""
+"""Configuration of one simulated server: every ``regen simulate`` option, spelled once.
+
+:class:`SimConfig` is the single source of the simulator's options: each field's default,
+constraints and ``description`` (its help text). ``regen simulate``'s flags are generated from
+it (:mod:`regen.simulate.flags`), and tests build it from the same flat option names
+(:meth:`SimConfig.from_flat`: ``max_running_requests=8``, ``fault_sequence="503,ok"``,
+``mean_tokens=24``). Fields of the nested ``answer`` and ``faults`` models are flat flags too.
+Owns no files.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from regen.errors import ConfigError
 from regen.simulate.answer import AnswerConfig
 from regen.simulate.faults import FaultConfig
 
-#: SGLang version the simulator reports
-SIM_VERSION = "0.5.13-sim"
+#: SGLang version the simulator reports (the one tests/contract pins, with a marker)
+SIM_VERSION = "0.5.23-sim"
 
 #: avg_spec_accept_length reported when --spec-accept-length is not given
 DEFAULT_ACCEPT_LENGTH = {"EAGLE3": 2.1, "EAGLE": 1.0}
+
+
+def _group(name: str) -> dict[str, Any]:
+    return {"json_schema_extra": {"group": name}}
 
 
 class SimConfig(BaseModel):
@@ -22,31 +36,108 @@ class SimConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    host: str = "127.0.0.1"  #: bind address (loopback by default)
-    port: int = Field(0, ge=0, le=65535)  #: 0 = pick a free port
-    model_name: str = "moonshotai/Kimi-K2.5"  #: served model id (/v1/models, checked)
-    model_path: str | None = None  #: reported model_path/root (default: model_name)
-    tokenizer: Path | None = None  #: tokenizer dir: enables token ids in answers
-    context_length: int = Field(262144, ge=1)  #: prompt + max_tokens limit
-    max_running_requests: int = Field(64, ge=1)  #: R batch slots
-    step_ms: float = Field(3.2, gt=0)  #: one decode step
-    tokens_per_step: int = Field(1, ge=1)  #: K tokens per slot per step
-    instant: bool = False  #: answer at once, no capacity model
-    usage_shape: Literal["sglang", "finish"] = "sglang"  #: where streaming usage goes
-    token_ids_field: Literal["token_ids", "response_token_ids"] = "token_ids"
+    host: str = Field("127.0.0.1", description="bind address", **_group("server"))
+    port: int = Field(0, ge=0, le=65535, description="port; 0 picks a free one", **_group("server"))
+    ready_file: Path | None = Field(
+        None, description="write the base URL here once listening", **_group("server")
+    )
+    request_log: Path | None = Field(
+        None, description="JSONL line per finished request", **_group("server")
+    )
+    model_name: str = Field(
+        "moonshotai/Kimi-K2.5", description="served model id", **_group("server")
+    )
+    model_path: str | None = Field(
+        None, description="reported model path (default: the model name)", **_group("server")
+    )
+    tokenizer: Path | None = Field(
+        None,
+        description="tokenizer dir: enables token ids (on the choice, and in sglext when streamed)",
+        **_group("server"),
+    )
+    context_length: int = Field(
+        262144, ge=1, description="prompt + max_tokens limit", **_group("server")
+    )
+    api_key: str | None = Field(
+        None,
+        repr=False,
+        description="require 'Authorization: Bearer KEY' everywhere but /health* (as SGLang's "
+        "--api-key; /stats stays open)",
+        **_group("server"),
+    )
+    enable_deterministic_inference: bool = Field(
+        False,
+        description="report SGLang's --enable-deterministic-inference (the only mode in which "
+        "SGLang honours a request's seed)",
+        **_group("server"),
+    )
+    usage_shape: Literal["sglang", "finish"] = Field(
+        "sglang",
+        description="streaming usage: last chunk with choices [] (sglang) or on the "
+        "finish_reason chunk (finish, transformers-serve shape)",
+        **_group("server"),
+    )
+    max_running_requests: int | None = Field(
+        None,
+        ge=1,
+        description="SGLang's --max-running-requests: the batch slots, reported at the top "
+        "level of /server_info (None, as SGLang without the flag: --memory-slots decide)",
+        **_group("capacity model"),
+    )
+    memory_slots: int = Field(
+        64,
+        ge=1,
+        description="batch slots when --max-running-requests is not given (SGLang derives "
+        "them from KV memory; reported only in internal_states)",
+        **_group("capacity model"),
+    )
+    dp_size: int = Field(
+        1,
+        ge=1,
+        description="data-parallel ranks: internal_states entries, each reporting its share "
+        "of the slots as effective_max_running_requests_per_dp",
+        **_group("capacity model"),
+    )
+    step_ms: float = Field(
+        3.2, gt=0, description="one decode step (ms)", **_group("capacity model")
+    )
+    tokens_per_step: int = Field(
+        1, ge=1, description="K tokens per slot per step", **_group("capacity model")
+    )
+    instant: bool = Field(
+        False, description="answer at once (no capacity model)", **_group("capacity model")
+    )
     answer: AnswerConfig = AnswerConfig()
     faults: FaultConfig = FaultConfig()
-    speculative_algorithm: str | None = None  #: EAGLE, EAGLE3, NEXTN, ...
-    speculative_draft_model_path: str | None = None
-    speculative_num_steps: int | None = None
-    speculative_eagle_topk: int | None = None
-    speculative_num_draft_tokens: int | None = None
-    spec_accept_length: float | None = None  #: reported avg_spec_accept_length
-    request_log: Path | None = None  #: JSONL, one line per finished request
-    ready_file: Path | None = None  #: the base URL is written here once listening
-    #: when set, /v1/* and /server_info need ``Authorization: Bearer KEY`` (else 401), as
-    #: SGLang's --api-key; /health and /stats stay open. Never reported by the server.
-    api_key: str | None = Field(default=None, repr=False)
+    speculative_algorithm: str | None = Field(
+        None, description="EAGLE, EAGLE3, NEXTN, ...", **_group("speculative decoding")
+    )
+    speculative_draft_model_path: str | None = Field(
+        None, description="reported draft path", **_group("speculative decoding")
+    )
+    speculative_num_steps: int | None = Field(
+        None, description="reported --speculative-num-steps", **_group("speculative decoding")
+    )
+    speculative_eagle_topk: int | None = Field(
+        None, description="reported --speculative-eagle-topk", **_group("speculative decoding")
+    )
+    speculative_num_draft_tokens: int | None = Field(
+        None,
+        description="reported --speculative-num-draft-tokens",
+        **_group("speculative decoding"),
+    )
+    spec_accept_length: float | None = Field(
+        None,
+        description="reported avg_spec_accept_length and per-request spec_accept_length "
+        "(default 2.1 EAGLE3, 1.0 EAGLE)",
+        **_group("speculative decoding"),
+    )
+    spec_tokens_details: bool = Field(
+        True,
+        description="answer return_spec_tokens_details with sglext.spec_tokens_details, as "
+        "SGLang 0.5.23 does (off: a server that reports only /server_info's running average)",
+        **_group("speculative decoding"),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SimConfig:
@@ -57,7 +148,41 @@ class SimConfig(BaseModel):
         )
         if self.speculative_algorithm is None and any(t is not None for t in tuning):
             raise ValueError("speculative tuning flags need --speculative-algorithm")
+        if self.slots % self.dp_size:
+            raise ValueError(f"{self.slots} batch slots do not split over dp_size {self.dp_size}")
         return self
+
+    @classmethod
+    def from_flat(cls, options: Mapping[str, Any]) -> SimConfig:
+        """Built from flat option names (the flags without ``--``, with underscores); fields
+        of ``answer`` and ``faults`` go to those models. A bad or unknown option is a
+        ConfigError naming it."""
+        top: dict[str, Any] = {}
+        nested: dict[str, dict[str, Any]] = {"answer": {}, "faults": {}}
+        owners = {n: "answer" for n in AnswerConfig.model_fields}
+        owners |= {n: "faults" for n in FaultConfig.model_fields}
+        for key, value in options.items():
+            if key in owners:
+                nested[owners[key]][key] = value
+            elif key in cls.model_fields and key not in nested:
+                top[key] = value
+            else:
+                raise ConfigError(f"regen simulate: unknown option {key!r}", field=key)
+        try:
+            return cls(
+                **top,
+                answer=AnswerConfig(**nested["answer"]),
+                faults=FaultConfig(**nested["faults"]),
+            )
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(x) for x in err["loc"]) or "options"
+            raise ConfigError(f"regen simulate: {where}: {err['msg']}", field=where) from None
+
+    @property
+    def slots(self) -> int:
+        """The batch slots the capacity model runs (R)."""
+        return self.max_running_requests or self.memory_slots
 
     @property
     def step_s(self) -> float:
@@ -65,7 +190,7 @@ class SimConfig(BaseModel):
 
     @property
     def capacity_tok_s(self) -> float:
-        return self.max_running_requests * self.tokens_per_step / self.step_s
+        return self.slots * self.tokens_per_step / self.step_s
 
     @property
     def accept_length(self) -> float | None:

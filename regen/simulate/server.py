@@ -1,8 +1,9 @@
 """The simulated SGLang server: aiohttp handlers over the answer, capacity and fault models.
 
-Endpoints: ``/health``, ``/health_generate``, ``/v1/models``, ``/model_info``
-(+ ``/get_model_info``), ``/server_info`` (+ ``/get_server_info``), ``/v1/chat/completions``
-(streaming and not),
+It speaks SGLang 0.5.23 as that version's own code does (docs/simulate.md has the table of
+what SGLang does and what the simulator does, field by field). Endpoints: ``/health``,
+``/health_generate``, ``/v1/models``, ``/model_info`` (+ ``/get_model_info``),
+``/server_info`` (+ ``/get_server_info``), ``/v1/chat/completions`` (streaming and not),
 ``GET /stats`` (``?keys=1`` adds per-key and per-conversation request counts) and
 ``POST /stats/reset``. Owns no files except the optional request log (see :mod:`.stats`) and
 the ready file (one line: the base URL, written atomically once listening).
@@ -16,6 +17,7 @@ import functools
 import hmac
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -41,9 +43,15 @@ log = logging.getLogger(__name__)
 IM_END_ID = 163586
 
 _JSON = "application/json"
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
-#: paths that need no API key even with --api-key (health checks, the test counters)
-OPEN_PATHS = frozenset({"/health", "/health_generate", "/stats", "/stats/reset"})
+#: path prefixes that need no API key even with --api-key: SGLang's (utils/auth.py: health,
+#: readiness, metrics) and the simulator's own test counters
+OPEN_PREFIXES = ("/health", "/ready", "/metrics", "/stats")
+
+#: SGLang's messages for the 503s it sends (scheduler.py, schedule_batch.py)
+QUEUE_FULL = "The request queue is full."
+RETRACTED = "Retracted under decode memory pressure without a KV backup. Retry later."
 
 #: seconds open requests get to finish when the server stops
 SHUTDOWN_TIMEOUT_S = 0.5
@@ -83,9 +91,7 @@ class SimServer:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.stats = RequestStats(config.request_log)
-        self.scheduler = Scheduler(
-            config.max_running_requests, config.step_s, config.tokens_per_step
-        )
+        self.scheduler = Scheduler(config.slots, config.step_s, config.tokens_per_step)
         self.tokenizer: AnswerTokenizer | None = None
         self.created = int(time.time())
         self.port = config.port  #: the bound port once listening
@@ -123,13 +129,16 @@ class SimServer:
 
     @web.middleware
     async def _check_key(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """SGLang's --api-key: a wrong or missing bearer token is a 401 (open paths aside)."""
-        if request.path not in OPEN_PATHS:
+        """SGLang's --api-key: a wrong or missing bearer token is a 401 with SGLang's body
+        ``{"error": "Unauthorized"}`` (open prefixes aside)."""
+        if not request.path.startswith(OPEN_PREFIXES):
             want = f"Bearer {self.config.api_key}".encode()
             got = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(got, want):
                 self.stats.counters.errors["401"] += 1
-                return error_response(401, "Unauthorized", "AuthenticationError")
+                return web.Response(
+                    status=401, body=b'{"error":"Unauthorized"}', content_type=_JSON
+                )
         return await handler(request)
 
     # ---- info endpoints --------------------------------------------------------------------
@@ -186,7 +195,10 @@ class SimServer:
             "port": self.port,
             "context_length": c.context_length,
             "max_running_requests": c.max_running_requests,
+            "max_queued_requests": None,
+            "dp_size": c.dp_size,
             "tp_size": 8,
+            "enable_deterministic_inference": c.enable_deterministic_inference,
             "trust_remote_code": True,
             "tool_call_parser": "kimi_k2",
             "reasoning_parser": "kimi_k2",
@@ -200,17 +212,26 @@ class SimServer:
 
     async def server_info(self, _request: web.Request) -> web.Response:
         c = self.config
-        state: dict[str, Any] = {
-            "last_gen_throughput": 0.0,
-            "memory_usage": {},
-            "num_running_reqs": self.scheduler.n_running,
-            "num_queue_reqs": self.scheduler.n_queued,
-        }
-        if c.accept_length is not None:
-            state["avg_spec_accept_length"] = c.accept_length
+        args = self.server_args()
+        states = []
+        for _ in range(c.dp_size):
+            # SGLang: one entry per DP rank, the resolved server args plus live state; the
+            # live batch size is effective_max_running_requests_per_dp (the top-level
+            # max_running_requests is the CLI flag, None unless given)
+            state: dict[str, Any] = {
+                **args,
+                "effective_max_running_requests_per_dp": c.slots // c.dp_size,
+                "last_gen_throughput": 0.0,
+                "memory_usage": {},
+                "num_running_reqs": self.scheduler.n_running,
+                "num_queue_reqs": self.scheduler.n_queued,
+            }
+            if c.accept_length is not None:
+                state["avg_spec_accept_length"] = c.accept_length
+            states.append(state)
         info = {
-            **self.server_args(),
-            "internal_states": [state],
+            **args,
+            "internal_states": states,
             "version": SIM_VERSION,
             "simulator": {
                 "step_ms": c.step_ms,
@@ -218,6 +239,7 @@ class SimServer:
                 "capacity_tok_s": c.capacity_tok_s,
                 "instant": c.instant,
                 "usage_shape": c.usage_shape,
+                "slots": c.slots,
                 "answer": c.answer.model_dump(),
                 "faults": c.faults.model_dump(mode="json"),
             },
@@ -250,7 +272,7 @@ class SimServer:
             "late_steps": sc.late_steps,
             "busy_s": busy,
             "mean_batch_occupancy": (
-                sc.slot_steps / (sc.steps * self.config.max_running_requests) if sc.steps else 0.0
+                sc.slot_steps / (sc.steps * self.config.slots) if sc.steps else 0.0
             ),
             "capacity_tok_s": cap,
             "window_s": window,
@@ -383,6 +405,12 @@ class SimServer:
                 "RateLimitError",
                 **{"Retry-After": retry},
             )
+        if fault is Fault.OVERLOAD:  # SGLang: the queue is full, refused before any token
+            stats.counters.failed[fault.value] += 1
+            stats.record(key=key, conversation=conv, attempt=attempt, status=503, fault=fault.value)
+            if stream:
+                return await self._stream_error(request, body, QUEUE_FULL, n_prompt)
+            return error_response(503, QUEUE_FULL, "503")  # HTTPException: type str(status)
         job = Job(total=ans.completion_tokens)
         if self.config.instant:
             job.produced = job.total
@@ -411,12 +439,15 @@ class SimServer:
                 finish_reason=ans.finish_reason,
             )
 
-        if fault is Fault.DISCONNECT:  # counted up front: the client sees the cut at once
+        if fault in (Fault.DISCONNECT, Fault.RETRACT, Fault.ABORT):  # counted up front
             stats.counters.failed[fault.value] += 1
-            stats.record(key=key, conversation=conv, attempt=attempt, status=200, fault=fault.value)
+            status = 503 if fault is Fault.RETRACT and not stream else 200
+            stats.record(
+                key=key, conversation=conv, attempt=attempt, status=status, fault=fault.value
+            )
         try:
             if stream:
-                resp = await self._stream(request, body, ans, job, fault, usage, done)
+                resp = await self._stream(request, body, ans, ids, job, fault, usage, done)
             else:
                 resp = await self._complete(request, body, ans, ids, job, fault, usage, done)
         except (_ClientGone, asyncio.CancelledError) as e:
@@ -498,40 +529,109 @@ class SimServer:
             await self._until(job, job.total // 2)
             job.cancelled = True
             return await self._cut(request, b'{"id":"chatcmpl-cut","object":"chat.completion",')
+        if fault is Fault.RETRACT:  # SGLang: HTTPException(503) once the request is aborted
+            await self._until(job, job.total // 2)
+            job.cancelled = True
+            return error_response(503, RETRACTED, "503")
+        if fault is Fault.ABORT:  # a graceful abort: HTTP 200, what was made, "abort"
+            await self._until(job, job.total // 2)
+            job.cancelled = True
+            reasoning, content = _partial(ans, job.total // 2)
+            message = {"role": "assistant", "content": content,
+                       "reasoning_content": reasoning or None}  # fmt: skip
+            return web.Response(body=_dumps(self._whole(message, "abort", None, usage)),
+                                content_type=_JSON)  # fmt: skip
         await self._until(job, job.total)
         if fault is Fault.STALL:
             await asyncio.sleep(self.config.faults.stall_s)
+        # SGLang's ChatMessage: content is "" (never null) when empty; tool_calls is left out
+        # when there are none; reasoning_content is null when empty
         message: dict[str, Any] = {
             "role": "assistant",
-            "content": ans.content if ans.content or not ans.tool_calls else None,
+            "content": ans.content,
             "reasoning_content": ans.reasoning or None,
-            "tool_calls": [c.as_openai(i) for i, c in enumerate(ans.tool_calls)] or None,
         }
+        if ans.tool_calls:
+            message["tool_calls"] = [c.as_openai(i) for i, c in enumerate(ans.tool_calls)]
         if not body.get("separate_reasoning", True) and ans.reasoning:
             message["content"] = f"{ans.reasoning}</think>{ans.content}"
             message["reasoning_content"] = None
+        matched = IM_END_ID if ans.finish_reason == "stop" else None
+        out = self._whole(message, ans.finish_reason, matched, usage)
+        choice = out["choices"][0]
+        if ids is not None:  # SGLang puts both lists on the choice
+            if body.get("return_prompt_token_ids") or body.get("return_token_ids"):
+                choice["prompt_token_ids"] = ids.prompt
+            if body.get("return_token_ids"):
+                choice["response_token_ids"] = ids.output
+        ext = self._sglext(body, ans, None, usage)  # non-streamed: ids stay on the choice
+        if ext:
+            out["sglext"] = ext
+        done()
+        return web.Response(body=_dumps(out), content_type=_JSON)
+
+    def _whole(
+        self, message: dict[str, Any], finish: str, matched: int | None, usage: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A non-streamed ``ChatCompletionResponse`` as SGLang serializes it."""
         choice: dict[str, Any] = {
             "index": 0,
             "message": message,
             "logprobs": None,
-            "finish_reason": ans.finish_reason,
-            "matched_stop": IM_END_ID if ans.finish_reason == "stop" else None,
+            "finish_reason": finish,
+            "matched_stop": matched,
         }
-        out: dict[str, Any] = {
+        return {
             "id": f"chatcmpl-{os.urandom(8).hex()}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.config.model_name,
             "choices": [choice],
             "usage": usage,
+            "metadata": None,
         }
+
+    def _sglext(
+        self,
+        body: Mapping[str, Any],
+        ans: SimAnswer,
+        ids: TokenIds | None,
+        usage: dict[str, Any],
+    ) -> dict[str, Any]:
+        """SGLang's extension object: spec_tokens_details when asked (and speculative), and,
+        for streams, the ids asked with return_{input,output}_ids_in_sglext (``ids``)."""
+        ext: dict[str, Any] = {}
+        accept = self.config.accept_length
+        asked = body.get("return_spec_tokens_details") and self.config.spec_tokens_details
+        if asked and accept is not None:
+            steps = self.config.speculative_num_steps
+            ext["spec_tokens_details"] = spec_details(usage["completion_tokens"], accept, steps)
         if ids is not None:
-            if body.get("return_prompt_token_ids") or body.get("return_token_ids"):
-                out["prompt_token_ids"] = ids.prompt
-            if body.get("return_token_ids"):
-                choice[self.config.token_ids_field] = ids.output
-        done()
-        return web.Response(body=_dumps(out), content_type=_JSON)
+            if body.get("return_input_ids_in_sglext"):
+                ext["input_ids"] = ids.prompt
+            if body.get("return_output_ids_in_sglext"):
+                ext["output_ids"] = [ids.output]  # one list per choice
+        return ext
+
+    async def _stream_error(
+        self, request: web.Request, body: Mapping[str, Any], message: str, n_prompt: int
+    ) -> web.StreamResponse:
+        """A streamed request SGLang aborts with 503 before its first token: HTTP 200, the error
+        event, usage (when asked), [DONE]."""
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        await resp.prepare(request)
+        out = [_error_event(message)]
+        if (body.get("stream_options") or {}).get("include_usage"):
+            out.append(self._usage_event(_zero_usage(n_prompt)))
+        out.append(b"data: [DONE]\n\n")
+        with contextlib.suppress(ConnectionError):
+            await resp.write(b"".join(out))
+            await resp.write_eof()
+        return resp
+
+    def _usage_event(self, usage: dict[str, Any]) -> bytes:
+        cid = f"chatcmpl-{os.urandom(8).hex()}"
+        return self._chunk_base(cid) + b',"choices":[],"usage":' + _dumps(usage) + b"}\n\n"
 
     async def _cut(self, request: web.Request, partial: bytes) -> web.StreamResponse:
         """Send ``partial`` then drop the connection (a stream cut mid-way)."""
@@ -559,6 +659,7 @@ class SimServer:
         request: web.Request,
         body: Mapping[str, Any],
         ans: SimAnswer,
+        ids: TokenIds | None,
         job: Job,
         fault: Fault | None,
         usage: dict[str, Any],
@@ -576,9 +677,7 @@ class SimServer:
         text_end = len(pieces)
         k = self.config.tokens_per_step
 
-        resp = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
+        resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
 
         async def write(data: bytes) -> None:
@@ -589,7 +688,8 @@ class SimServer:
 
         parts = [head, b'{"role":"assistant","content":""}', tail]
         sent = 0
-        cut_at = job.total // 2 if fault in (Fault.DISCONNECT, Fault.STALL) else -1
+        halfway = (Fault.DISCONNECT, Fault.STALL, Fault.RETRACT, Fault.ABORT)
+        cut_at = job.total // 2 if fault in halfway else -1
         while True:
             produced = job.produced
             if cut_at >= 0 and produced >= cut_at:
@@ -635,6 +735,12 @@ class SimServer:
                     job.cancelled = True
                     self._drop(request)
                     return resp
+                if fault in (Fault.RETRACT, Fault.ABORT):
+                    job.cancelled = True
+                    await write(self._stream_end(base, body, fault, sent, usage))
+                    with contextlib.suppress(ConnectionError):
+                        await resp.write_eof()
+                    return resp
                 await asyncio.sleep(self.config.faults.stall_s)
                 continue
             if sent >= job.total:
@@ -652,6 +758,9 @@ class SimServer:
         if self.config.usage_shape == "finish":
             last += b',"usage":' + _dumps(usage)
         out = [base, last, b"}\n\n"]
+        ext = self._sglext(body, ans, ids, usage)
+        if ext:  # SGLang: one chunk with choices [] after the finish chunk, before usage
+            out += [base, b',"choices":[],"sglext":', _dumps(ext), b"}\n\n"]
         opts = body.get("stream_options") or {}
         if self.config.usage_shape == "sglang" and opts.get("include_usage"):
             out += [base, b',"choices":[],"usage":', _dumps(usage), b"}\n\n"]
@@ -661,6 +770,67 @@ class SimServer:
         with contextlib.suppress(ConnectionError):
             await resp.write_eof()
         return resp
+
+    def _stream_end(
+        self, base: bytes, body: Mapping[str, Any], fault: Fault, sent: int, usage: dict[str, Any]
+    ) -> bytes:
+        """How SGLang ends a stream it aborted half-way: a retraction (503) as an error event,
+        a graceful abort as a finish chunk with ``abort``; then usage (when asked), [DONE]."""
+        if fault is Fault.RETRACT:
+            out = [_error_event(RETRACTED)]
+        else:
+            finish = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "abort",
+                      "matched_stop": None}  # fmt: skip
+            out = [base, b',"choices":[', _dumps(finish), b"]}\n\n"]
+        if (body.get("stream_options") or {}).get("include_usage"):
+            part = {
+                **usage,
+                "completion_tokens": sent,
+                "total_tokens": usage["prompt_tokens"] + sent,
+            }
+            out.append(self._usage_event(part))
+        out.append(b"data: [DONE]\n\n")
+        return b"".join(out)
+
+
+def _partial(ans: SimAnswer, n: int) -> tuple[str, str]:
+    """Reasoning and content of the first ``n`` tokens of an answer."""
+    nr = len(ans.reasoning_pieces)
+    return "".join(ans.reasoning_pieces[:n]), "".join(ans.content_pieces[: max(0, n - nr)])
+
+
+def _error_event(message: str, code: int = 503) -> bytes:
+    """SGLang's in-stream error after HTTP 200 (serving_base.create_streaming_error_response
+    with the abort's HTTPStatus: its name is the type)."""
+    err = {"object": "error", "message": message, "type": "SERVICE_UNAVAILABLE", "param": None,
+           "code": code}  # fmt: skip
+    return b"data: " + _dumps({"error": err}) + b"\n\n"
+
+
+def _zero_usage(n_prompt: int) -> dict[str, Any]:
+    return {"prompt_tokens": n_prompt, "completion_tokens": 0, "total_tokens": n_prompt,
+            "reasoning_tokens": 0, "prompt_tokens_details": None,
+            "completion_tokens_details": None}  # fmt: skip
+
+
+def spec_details(completion_tokens: int, accept: float, steps: int | None) -> dict[str, Any]:
+    """A request's ``SpecTokensDetails`` (SGLang's per-request speculative statistics) for an
+    answer of ``completion_tokens`` at acceptance length ``accept``."""
+    verify = max(1, math.ceil(completion_tokens / accept)) if completion_tokens else 0
+    steps = steps or 3
+    correct = max(0, completion_tokens - verify)
+    proposed = verify * steps
+    return {
+        "spec_accept_rate": round(correct / proposed, 4) if proposed else 0.0,
+        "spec_accept_length": round(completion_tokens / verify, 4) if verify else 0.0,
+        "spec_cap_length": float(steps + 1),
+        "spec_block_accept_length": round(completion_tokens / verify, 4) if verify else 0.0,
+        "spec_num_correct_drafts": correct,
+        "spec_num_proposed_drafts": proposed,
+        "spec_verify_ct": verify,
+        "spec_correct_drafts_histogram": [],
+        "spec_cap_lens_histogram": [],
+    }
 
 
 async def serve(config: SimConfig, *, ready: asyncio.Future[str] | None = None) -> None:

@@ -4,8 +4,9 @@
 process group (a real server that a test can SIGKILL); ``simulator_in_thread(**options)`` runs
 the same server on an event loop in a background thread (cheaper to start, shares the GIL).
 Options are the ``regen simulate`` flags with underscores (``max_running_requests=8``,
-``fault_sequence="429,500"``, ``instant=True``). The subprocess writes its stderr to
-``<tmp>/simulate.log``; its tail is in the error when it fails to start. Owns a temporary
+``fault_sequence="503,500"``, ``instant=True``): the field names of
+:class:`regen.simulate.config.SimConfig` (see its ``from_flat``). The subprocess writes its
+stderr to ``<tmp>/simulate.log``; its tail is in the error when it fails to start. Owns a temporary
 directory per simulator (ready file, log), removed on exit.
 """
 
@@ -73,11 +74,19 @@ class RunningSimulator:
 
 def options_to_args(options: dict[str, Any]) -> list[str]:
     """``{"max_running_requests": 8, "instant": True}`` → ``["--max-running-requests", "8",
-    "--instant"]`` (None and False are left out)."""
+    "--instant"]`` (None is left out; False is ``--no-NAME`` for a switch on by default, else
+    left out)."""
+    from regen.simulate.config import SimConfig
+
     args: list[str] = []
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
-        if value is None or value is False:
+        if value is False:
+            f = SimConfig.model_fields.get(key)
+            if f is not None and f.default is True:
+                args.append("--no-" + key.replace("_", "-"))
+            continue
+        if value is None:
             continue
         if value is True:
             args.append(flag)
@@ -148,14 +157,10 @@ def simulator_in_thread(
     *, start_timeout: float = START_TIMEOUT_S, **options: Any
 ) -> Iterator[RunningSimulator]:
     """The same server on an event loop in a daemon thread of this process."""
-    import argparse
-
-    from regen.cli.simulate import add_arguments, build_config
+    from regen.simulate.config import SimConfig
     from regen.simulate.server import serve
 
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    config = build_config(parser.parse_args(options_to_args(options)))
+    config = SimConfig.from_flat(options)
     loop = asyncio.new_event_loop()
     got: dict[str, Any] = {}
     started = threading.Event()

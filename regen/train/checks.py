@@ -27,6 +27,7 @@ def check_train_config(cfg: TrainConfig) -> list[int]:
     aux = traps.check_aux_layer_ids(
         cfg.draft.aux_layer_ids, cfg.draft.layer_numbering, cfg.target.num_layers
     )
+    traps.check_aux_shift(aux)
     traps.check_fc_width(aux, cfg.target.hidden_size, cfg.draft.fc_input_size)
     traps.check_draft_hidden(cfg.draft.hidden_size, cfg.target.hidden_size)
     traps.check_vocab(

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from regen.client.endpoints import server_root
 from regen.errors import ConfigError, EndpointError, TrapError
 from regen.train import traps
 from regen.train.config import ServingSpec
@@ -86,14 +87,8 @@ def check_draft_dir(draft_dir: str, *, target_hidden: int | None, num_layers: in
     ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if ids and num_layers is not None:
         traps.check_aux_layer_ids(ids, "specforge", num_layers)
-
-
-def server_root(url: str) -> str:
-    """The server's root URL: trailing slashes and an OpenAI ``/v1`` suffix removed."""
-    base = url.rstrip("/")
-    if base.endswith("/v1"):
-        base = base[: -len("/v1")].rstrip("/")
-    return base
+    if ids:
+        traps.check_aux_shift(ids)
 
 
 def fetch_server_info(
@@ -116,6 +111,11 @@ def fetch_server_info(
             last = e
             if e.code == 404:
                 continue
+            if e.code in (401, 403):
+                how = "a wrong key" if api_key else "no key (--api-key-env or --api-key-file)"
+                raise EndpointError(
+                    f"{base}{path}: HTTP {e.code}: the server wants an API key and regen sent {how}"
+                ) from None
             raise EndpointError(f"{base}{path}: HTTP {e.code}") from None
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise EndpointError(f"{base}{path}: {e}") from None
@@ -165,11 +165,14 @@ def accept_lengths(info: dict[str, Any]) -> list[float]:
     ]
 
 
-def verify_server(url: str, draft_dir: str, *, timeout: float = 10.0) -> ServerCheck:
+def verify_server(
+    url: str, draft_dir: str, *, timeout: float = 10.0, api_key: str | None = None
+) -> ServerCheck:
     """Refuse a server not running exactly EAGLE3 with ``draft_dir`` as its draft."""
     if not draft_dir:
         raise ConfigError("--draft is required", field="draft")
-    return check_server_info(fetch_server_info(url, timeout=timeout), url, draft_dir)
+    info = fetch_server_info(url, timeout=timeout, api_key=api_key)
+    return check_server_info(info, url, draft_dir)
 
 
 def check_server_info(info: dict[str, Any], url: str, draft_dir: str | None) -> ServerCheck:

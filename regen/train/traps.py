@@ -7,6 +7,12 @@ says what was found, and the fix. Owns no files.
 Layer numbering: SpecForge id ``i`` is the output of decoder layer ``i``; SGLang's capture id is
 ``i + 1`` (it reads the input of layer ``i + 1``). SpecForge's default choice for ``L`` layers is
 ``[1, L // 2 - 1, L - 4]`` (61 layers: ``[1, 29, 57]`` = SGLang ``[2, 30, 58]``).
+
+SGLang does not always add that 1: its DeepSeek-V2 loader (which Kimi-K2.5 delegates to,
+``models/deepseek_v2.py`` ``set_eagle3_layers_to_capture`` in 0.5.23) adds 1 to the draft's
+``eagle_aux_hidden_state_layer_ids`` only when the first id is 1, and uses any other list as
+is. A SpecForge list that does not start at layer 1 is therefore captured one layer early at
+serving time (:func:`check_aux_shift`).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ EAGLE3 = "EAGLE3"
 
 TRAP_ALGORITHM = "eagle-vs-eagle3"
 TRAP_LAYER_NUMBERING = "aux-layer-numbering"
+TRAP_AUX_SHIFT = "aux-layer-shift"
 TRAP_FC_WIDTH = "fc-input-width"
 TRAP_DRAFT_HIDDEN = "draft-hidden-size"
 TRAP_VOCAB = "vocab-size"
@@ -116,6 +123,26 @@ def check_aux_layer_ids(ids: Sequence[int], numbering: str, num_layers: int) -> 
             f"layer_numbering: {other}.",
         )
     return to_specforge_ids(ids, numbering)
+
+
+def check_aux_shift(specforge_ids: Sequence[int]) -> None:
+    """Refuse SpecForge-numbered aux ids that SGLang's DeepSeek-V2 / Kimi-K2.5 loader would
+    capture one layer early: it adds 1 to every id only when the first id is 1."""
+    ids = list(specforge_ids)
+    if not ids or ids[0] == 1:
+        return
+    served = ids  # used as is
+    meant = [i + 1 for i in ids]
+    raise TrapError(
+        TRAP_AUX_SHIFT,
+        f"aux layer ids {ids} (SpecForge numbering) do not start at layer 1. SGLang's "
+        "DeepSeek-V2 / Kimi-K2.5 loader adds 1 to the draft's eagle_aux_hidden_state_layer_ids "
+        f"only when the first id is 1, so it would capture layers {served} at serving time "
+        f"where the draft was trained on {meant}: one layer early, and acceptance drops "
+        "without an error.",
+        "choose aux layers whose first id is 1 in SpecForge numbering (the default: "
+        "[1, L // 2 - 1, L - 4], e.g. [1, 29, 57] for 61 layers).",
+    )
 
 
 def check_fc_width(

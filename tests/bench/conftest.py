@@ -19,11 +19,16 @@ def sim_base() -> Iterator[RunningSimulator]:
 
 @pytest.fixture(scope="session")
 def sim_eagle3() -> Iterator[RunningSimulator]:
-    with running_simulator(**SIM, **SPEC, speculative_algorithm="EAGLE3") as s:
+    # reports only /server_info's running average: the bench's fallback path
+    with running_simulator(
+        **SIM, **SPEC, speculative_algorithm="EAGLE3", spec_tokens_details=False
+    ) as s:
         yield s
 
 
 @pytest.fixture(scope="session")
 def sim_eagle() -> Iterator[RunningSimulator]:
-    with running_simulator(**SIM, **SPEC, speculative_algorithm="EAGLE") as s:
+    with running_simulator(
+        **SIM, **SPEC, speculative_algorithm="EAGLE", spec_tokens_details=False
+    ) as s:
         yield s

@@ -1,20 +1,29 @@
-"""Fakes for client tests: an httpx2 MockTransport that plays scripted SSE / JSON / failures,
-handed to the real AsyncOpenAI through ChatClient's client factory."""
+"""Fakes for client tests: a scripted local HTTP server (regen.simulate.scripted) that plays
+SSE / JSON / failures to the client's real aiohttp transport."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+import socket
+from collections.abc import Callable
 from typing import Any
-
-import httpx2
-import openai
 
 from regen.client import ChatClient, RetryPolicy
 from regen.manifest import Endpoint, Sampling
+from regen.simulate.scripted import (
+    Cut,
+    Drop,
+    Reply,
+    ScriptedServer,
+    Stall,
+    json_reply,
+    sse_reply,
+)
 
-URL = "http://127.0.0.1:9/v1"
 MODEL = "tiny-kimi"
+
+__all__ = ["Cut", "Drop", "Reply", "ScriptedServer", "Stall"]
 
 
 def chunk(
@@ -53,36 +62,18 @@ def sse(chunks: list[dict[str, Any]], *, done: bool = True) -> bytes:
     return (text + ("data: [DONE]\n\n" if done else "")).encode()
 
 
-def stream_response(chunks: list[dict[str, Any]], *, done: bool = True) -> httpx2.Response:
-    return httpx2.Response(
-        200, headers={"content-type": "text/event-stream"}, content=sse(chunks, done=done)
-    )
+def stream_response(chunks: list[dict[str, Any]], *, done: bool = True) -> Reply:
+    return sse_reply(chunks, done=done)
 
 
-class _CutStream(httpx2.AsyncByteStream):
-    """Sends some SSE bytes, then the connection drops."""
-
-    def __init__(self, head: bytes) -> None:
-        self.head = head
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        yield self.head
-        raise httpx2.RemoteProtocolError("peer closed connection without sending complete body")
+def cut_response(chunks: list[dict[str, Any]]) -> Cut:
+    return Cut(sse(chunks, done=False))
 
 
-def cut_response(chunks: list[dict[str, Any]]) -> httpx2.Response:
-    head = sse(chunks, done=False)
-    return httpx2.Response(
-        200, headers={"content-type": "text/event-stream"}, stream=_CutStream(head)
-    )
-
-
-def error_response(
-    status: int, body: Any = None, headers: dict[str, str] | None = None
-) -> httpx2.Response:
+def error_response(status: int, body: Any = None, headers: dict[str, str] | None = None) -> Reply:
     if body is None:
         body = {"object": "error", "message": f"status {status}", "type": "Error", "code": status}
-    return httpx2.Response(status, headers=headers or {}, json=body)
+    return json_reply(status, body, headers)
 
 
 OK_CHUNKS = [
@@ -91,39 +82,6 @@ OK_CHUNKS = [
     chunk(content=" world", finish="stop"),
     chunk(choices=False, usage={"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}),
 ]
-
-Step = Callable[[httpx2.Request], httpx2.Response] | httpx2.Response | BaseException
-
-
-class Script:
-    """A MockTransport handler that answers request i with step i (the last step repeats)."""
-
-    def __init__(self, *steps: Step) -> None:
-        self.steps = list(steps)
-        self.requests: list[httpx2.Request] = []
-
-    def __call__(self, request: httpx2.Request) -> httpx2.Response:
-        self.requests.append(request)
-        step = self.steps[min(len(self.requests) - 1, len(self.steps) - 1)]
-        if isinstance(step, BaseException):
-            raise step
-        if isinstance(step, httpx2.Response):
-            return step
-        return step(request)
-
-    def bodies(self) -> list[dict[str, Any]]:
-        return [json.loads(r.content) for r in self.requests]
-
-    def factory(self) -> Callable[[str, str, float], Any]:
-        def make(base_url: str, api_key: str, timeout_s: float) -> Any:
-            return openai.AsyncOpenAI(
-                base_url=base_url,
-                api_key=api_key,
-                max_retries=0,
-                http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(self)),
-            )
-
-        return make
 
 
 class FixedRandom:
@@ -135,6 +93,8 @@ class FixedRandom:
 
 
 class SleepRecorder:
+    """Records the backoff waits instead of sleeping."""
+
     def __init__(self) -> None:
         self.waits: list[float] = []
 
@@ -142,8 +102,16 @@ class SleepRecorder:
         self.waits.append(seconds)
 
 
+def closed_port_url() -> str:
+    """A loopback URL nothing listens on (connection refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
 def make_client(
-    script: Script,
+    url: str,
     *,
     sampling: Sampling | None = None,
     retry: RetryPolicy | None = None,
@@ -153,14 +121,36 @@ def make_client(
 ) -> ChatClient:
     extra: dict[str, Any] = {"clock": clock} if clock is not None else {}
     return ChatClient(
-        endpoint or Endpoint(url=URL),
+        endpoint or Endpoint(url=url),
         model=MODEL,
         sampling=sampling or Sampling(),
         retry=retry or RetryPolicy(max_attempts=1, sleep=SleepRecorder()),
-        client_factory=script.factory(),
         **extra,
         **kw,
     )
 
 
 MESSAGES = [{"role": "user", "content": "Say hello"}]
+
+
+def complete(
+    script: ScriptedServer,
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    messages: list[dict[str, Any]] | None = None,
+    on_failure: Any = None,
+    **client_kw: Any,
+) -> Any:
+    """Start ``script``, run one ``ChatClient.complete`` against it, stop it."""
+    with script.running():
+        client = make_client(script.url, **client_kw)
+
+        async def go() -> Any:
+            try:
+                return await client.complete(
+                    messages or MESSAGES, tools, sample_id="s:1", on_failure=on_failure
+                )
+            finally:
+                await client.aclose()
+
+        return asyncio.run(go())

@@ -1,19 +1,23 @@
-"""ChatClient against a fake transport: what it sends, what it assembles, how it fails."""
+"""ChatClient against a scripted local server: what it sends, what it assembles, how it fails.
+
+Every test goes through the production transport (aiohttp over a real loopback socket)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 
-import httpx2
 import pytest
 from _chat_fakes import (
     MESSAGES,
     MODEL,
     OK_CHUNKS,
-    URL,
-    Script,
+    Drop,
+    ScriptedServer,
+    Stall,
     chunk,
+    closed_port_url,
+    complete,
     cut_response,
     error_response,
     make_client,
@@ -25,6 +29,7 @@ from regen.errors import (
     ConfigError,
     ConnectError,
     ContextLengthError,
+    OverloadedError,
     PermanentError,
     RateLimitedError,
     RequestTimeoutError,
@@ -32,27 +37,13 @@ from regen.errors import (
     StreamCutError,
 )
 from regen.manifest import Endpoint, Sampling
-
-
-def run(coro):
-    return asyncio.run(coro)
-
-
-def complete(client, tools=None):
-    async def go():
-        try:
-            return await client.complete(MESSAGES, tools, sample_id="s:1")
-        finally:
-            await client.aclose()
-
-    return run(go())
-
+from regen.simulate.scripted import Reply, json_reply
 
 # ---- what is sent -----------------------------------------------------------------------------
 
 
-def test_streaming_request_carries_sampling_and_template_kwargs():
-    script = Script(stream_response(OK_CHUNKS))
+def test_streaming_request_carries_sampling_template_kwargs_and_asks_for_ids():
+    script = ScriptedServer(stream_response(OK_CHUNKS))
     sampling = Sampling(
         temperature=0.3,
         top_p=0.9,
@@ -62,23 +53,35 @@ def test_streaming_request_carries_sampling_and_template_kwargs():
         top_k=20,
         seed=5,
     )
-    complete(make_client(script, sampling=sampling))
+    complete(script, sampling=sampling)
     (body,) = script.bodies()
     assert body["model"] == MODEL
     assert body["messages"] == MESSAGES
     assert body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
-    assert (body["temperature"], body["top_p"], body["max_tokens"]) == (0.3, 0.9, 77)
+    assert (body["temperature"], body["top_p"], body["max_completion_tokens"]) == (0.3, 0.9, 77)
+    assert "max_tokens" not in body
     assert body["top_k"] == 20 and body["seed"] == 5
     assert body["chat_template_kwargs"] == {"thinking": False, "x": 1}
-    assert "return_token_ids" not in body
-    assert script.requests[0].url == f"{URL}/chat/completions"
+    # the server's exact ids by default, streamed through SGLang's sglext
+    assert body["return_input_ids_in_sglext"] is body["return_output_ids_in_sglext"] is True
+    assert "return_token_ids" not in body and "return_prompt_token_ids" not in body
+    assert script.requests[0].path == "/v1/chat/completions"
+
+
+def test_local_mode_and_servers_without_sglang_ask_for_no_ids():
+    for kw in ({"sampling": Sampling(token_ids="local")}, {"server_ids": False}):
+        script = ScriptedServer(stream_response(OK_CHUNKS))
+        complete(script, **kw)
+        (body,) = script.bodies()
+        assert body["stream"] is True
+        assert not any(k.startswith("return_") for k in body), body
 
 
 def test_unset_top_k_and_seed_are_not_sent_and_tools_are():
-    script = Script(stream_response(OK_CHUNKS))
+    script = ScriptedServer(stream_response(OK_CHUNKS))
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    complete(make_client(script), tools)
+    complete(script, tools)
     (body,) = script.bodies()
     assert "top_k" not in body and "seed" not in body
     assert body["tools"] == tools
@@ -105,14 +108,28 @@ def test_stream_assembles_content_reasoning_and_usage_in_last_chunk():
             },
         ),
     ]
-    r = complete(make_client(Script(stream_response(chunks))))
+    script = ScriptedServer(stream_response(chunks))
+    r = complete(script)
     assert r.content == "Hi there"
     assert r.reasoning == "Let me think."
     assert r.finish_reason == "stop"
     assert (r.prompt_tokens, r.completion_tokens) == (11, 6)
     assert (r.reasoning_tokens, r.cached_tokens) == (3, 8)
-    assert r.model == MODEL and r.endpoint == URL and r.attempts == 1
+    assert r.model == MODEL and r.endpoint == script.url and r.attempts == 1
     assert r.tool_calls == ()
+    assert r.prompt_token_ids is None and r.output_token_ids is None
+
+
+def test_stream_reads_the_ids_from_the_sglext_chunk():
+    chunks = [
+        chunk(content="Hi", finish="stop"),
+        {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
+         "choices": [], "sglext": {"input_ids": [1, 2, 3], "output_ids": [[7, 8, 9]]}},
+        chunk(choices=False, usage={"prompt_tokens": 3, "completion_tokens": 3}),
+    ]  # fmt: skip
+    r = complete(ScriptedServer(stream_response(chunks)))
+    assert (r.prompt_token_ids, r.output_token_ids) == ([1, 2, 3], [7, 8, 9])
+    assert r.ttft_s is not None
 
 
 def test_stream_usage_on_the_finish_reason_chunk_and_no_done_marker():
@@ -124,7 +141,7 @@ def test_stream_usage_on_the_finish_reason_chunk_and_no_done_marker():
             usage={"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6},
         ),
     ]
-    r = complete(make_client(Script(stream_response(chunks, done=False))))
+    r = complete(ScriptedServer(stream_response(chunks, done=False)))
     assert (r.content, r.finish_reason, r.truncated) == ("ab", "length", True)
     assert (r.prompt_tokens, r.completion_tokens) == (4, 2)
     assert r.reasoning is None
@@ -151,7 +168,7 @@ def test_tool_calls_are_assembled_from_deltas():
         chunk(finish="tool_calls"),
         chunk(choices=False, usage={"prompt_tokens": 9, "completion_tokens": 12}),
     ]
-    r = complete(make_client(Script(stream_response(chunks))))
+    r = complete(ScriptedServer(stream_response(chunks)))
     assert r.finish_reason == "tool_calls"
     assert r.content == "Calling."
     assert [(c.id, c.name, c.arguments) for c in r.tool_calls] == [
@@ -162,13 +179,13 @@ def test_tool_calls_are_assembled_from_deltas():
 
 def test_latency_and_ttft_use_the_clock():
     ticks = iter([100.0, 100.5, 103.0])  # request start, first token ("Hello"), end
-    r = complete(make_client(Script(stream_response(OK_CHUNKS)), clock=lambda: next(ticks)))
+    r = complete(ScriptedServer(stream_response(OK_CHUNKS)), clock=lambda: next(ticks))
     assert r.ttft_s == pytest.approx(0.5)
     assert r.latency_s == pytest.approx(3.0)
 
 
-def test_non_streaming_asks_for_and_reads_server_token_ids():
-    body = {
+def _whole(choice_extra: dict, top_extra: dict | None = None, finish: str | None = "stop"):
+    return {
         "id": "c",
         "object": "chat.completion",
         "created": 0,
@@ -176,19 +193,30 @@ def test_non_streaming_asks_for_and_reads_server_token_ids():
         "choices": [
             {
                 "index": 0,
-                "finish_reason": "stop",
+                "finish_reason": finish,
                 "message": {"role": "assistant", "content": "ok", "reasoning_content": "hm"},
-                "prompt_token_ids": [1, 2, 3],
-                "token_ids": [7, 8, 9, 10],
+                **choice_extra,
             }
         ],
         "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+        **(top_extra or {}),
     }
-    script = Script(httpx2.Response(200, json=body))
-    r = complete(make_client(script, sampling=Sampling(server_token_ids=True)))
+
+
+@pytest.mark.parametrize(
+    ("choice_extra", "top_extra"),
+    [
+        ({"prompt_token_ids": [1, 2, 3], "response_token_ids": [7, 8, 9, 10]}, None),  # SGLang
+        ({"token_ids": [7, 8, 9, 10]}, {"prompt_token_ids": [1, 2, 3]}),  # older shape
+    ],
+)
+def test_non_streaming_asks_for_and_reads_server_token_ids(choice_extra, top_extra):
+    script = ScriptedServer(json_reply(200, _whole(choice_extra, top_extra)))
+    r = complete(script, sampling=Sampling(token_ids="nonstream"))
     (sent,) = script.bodies()
-    assert sent.get("stream") in (None, False) and "stream_options" not in sent
+    assert "stream" not in sent and "stream_options" not in sent
     assert sent["return_prompt_token_ids"] is True and sent["return_token_ids"] is True
+    assert not any("sglext" in k for k in sent)
     assert (r.content, r.reasoning, r.finish_reason) == ("ok", "hm", "stop")
     assert r.prompt_token_ids == [1, 2, 3]
     assert r.output_token_ids == [7, 8, 9, 10]
@@ -201,16 +229,15 @@ def test_non_streaming_asks_for_and_reads_server_token_ids():
 @pytest.mark.parametrize(
     ("step", "expected"),
     [
-        (httpx2.ConnectError("refused"), ConnectError),
-        (httpx2.ReadError("reset by peer"), ConnectError),
-        (httpx2.ReadTimeout("stall"), RequestTimeoutError),
-        (httpx2.ConnectTimeout("slow"), RequestTimeoutError),
+        (Drop(), ConnectError),
+        (Stall(3.0), RequestTimeoutError),
         (error_response(408), ServerError),
         (error_response(500), ServerError),
-        (error_response(503), ServerError),
+        (error_response(502), ServerError),
+        (error_response(503), OverloadedError),
         (error_response(429), RateLimitedError),
         (error_response(400), PermanentError),
-        (error_response(401), PermanentError),
+        (error_response(401, {"error": "Unauthorized"}), PermanentError),
         (error_response(403), PermanentError),
         (error_response(404), PermanentError),
         (error_response(422, {"detail": "Unexpected fields"}), PermanentError),
@@ -221,46 +248,66 @@ def test_non_streaming_asks_for_and_reads_server_token_ids():
             ),
             ContextLengthError,
         ),
+        (Reply(200, b"not json"), PermanentError),
     ],
 )
 def test_errors_map_by_type_and_status(step, expected):
+    script = ScriptedServer(step)
+    sampling = Sampling(token_ids="nonstream") if isinstance(step, Reply) and step.status == 200 \
+        else None  # fmt: skip
     with pytest.raises(expected) as info:
-        complete(make_client(Script(step)))
+        complete(script, timeout_s=0.3, sampling=sampling)
     assert type(info.value) is expected
-    assert info.value.endpoint == URL
-    if isinstance(step, httpx2.Response):
-        assert info.value.status == step.status_code
+    assert info.value.endpoint == script.url
+    if isinstance(step, Reply) and step.status != 200:
+        assert info.value.status == step.status
+
+
+def test_a_refused_connection_is_a_connect_error():
+    url = closed_port_url()
+    client = make_client(url)
+
+    async def go():
+        try:
+            return await client.complete(MESSAGES, None, sample_id="s")
+        finally:
+            await client.aclose()
+
+    with pytest.raises(ConnectError):
+        asyncio.run(go())
 
 
 def test_context_length_is_not_guessed_from_message_text():
     body = {"object": "error", "message": "maximum context length exceeded", "code": 400}
     with pytest.raises(PermanentError) as info:
-        complete(make_client(Script(error_response(400, body))))
+        complete(ScriptedServer(error_response(400, body)))
     assert type(info.value) is PermanentError
     assert "maximum context length" in str(info.value)  # the reason is kept for the record
 
 
 def test_stream_without_finish_reason_is_a_stream_cut():
-    chunks = [chunk(content="partial")]
     with pytest.raises(StreamCutError):
-        complete(make_client(Script(stream_response(chunks))))
+        complete(ScriptedServer(stream_response([chunk(content="partial")])))
 
 
 def test_connection_dropped_mid_stream_is_a_stream_cut():
     with pytest.raises(StreamCutError):
-        complete(make_client(Script(cut_response([chunk(content="part")]))))
+        complete(ScriptedServer(cut_response([chunk(content="part")])))
 
 
 def test_error_object_inside_the_stream():
-    bad = [chunk(content="a"), {"error": {"message": "engine died", "code": 503}}]
+    bad = [chunk(content="a"), {"error": {"message": "engine died", "code": 500}}]
     with pytest.raises(ServerError):
-        complete(make_client(Script(stream_response(bad))))
+        complete(ScriptedServer(stream_response(bad)))
+    busy = [chunk(content="a"), {"error": {"message": "retracted", "code": 503}}]
+    with pytest.raises(OverloadedError):
+        complete(ScriptedServer(stream_response(busy)))
     plain = [chunk(content="a"), {"error": "something broke"}]
     with pytest.raises(ServerError):
-        complete(make_client(Script(stream_response(plain))))
+        complete(ScriptedServer(stream_response(plain)))
     rejected = [{"error": {"message": "bad request", "code": 400}}]
     with pytest.raises(PermanentError):
-        complete(make_client(Script(stream_response(rejected))))
+        complete(ScriptedServer(stream_response(rejected)))
 
 
 # ---- the API key --------------------------------------------------------------------------------
@@ -269,36 +316,65 @@ def test_error_object_inside_the_stream():
 def test_api_key_from_env_is_sent_and_never_in_errors(monkeypatch):
     secret = "sk-very-secret-123"
     monkeypatch.setenv("REGEN_TEST_KEY", secret)
-    script = Script(error_response(401))
-    ep = Endpoint(url=URL, api_key_env="REGEN_TEST_KEY")
-    with pytest.raises(PermanentError) as info:
-        complete(make_client(script, endpoint=ep))
-    assert script.requests[0].headers["authorization"] == f"Bearer {secret}"
+    script = ScriptedServer(error_response(401, {"error": "Unauthorized"}))
+    with script.running():
+        ep = Endpoint(url=script.url, api_key_env="REGEN_TEST_KEY")
+        client = make_client(script.url, endpoint=ep)
+
+        async def go():
+            try:
+                return await client.complete(MESSAGES, None, sample_id="s")
+            finally:
+                await client.aclose()
+
+        with pytest.raises(PermanentError) as info:
+            asyncio.run(go())
+    assert script.requests[0].headers["Authorization"] == f"Bearer {secret}"
     assert secret not in str(info.value) and secret not in repr(info.value)
-    # the SDK exception (whose request holds the key) is not chained for tracebacks or pickling
-    assert info.value.__cause__ is None and info.value.__suppress_context__
+    assert "Unauthorized" in str(info.value)
+    # no chained exception (whose request would hold the key) travels with it
+    assert info.value.__cause__ is None
+    assert info.value.__context__ is None or info.value.__suppress_context__
 
 
 def test_api_key_from_file_relative_to_base_dir(tmp_path):
     (tmp_path / "key.txt").write_text("file-key\n")
-    ep = Endpoint(url=URL, api_key_file="key.txt")
-    assert resolve_api_key(ep, tmp_path) == "file-key"
-    script = Script(stream_response(OK_CHUNKS))
-    complete(make_client(script, endpoint=ep, base_dir=tmp_path))
-    assert script.requests[0].headers["authorization"] == "Bearer file-key"
+    assert resolve_api_key(Endpoint(url="http://h/v1", api_key_file="key.txt"), tmp_path) == (
+        "file-key"
+    )
+    script = ScriptedServer(stream_response(OK_CHUNKS))
+    with script.running():
+        ep = Endpoint(url=script.url, api_key_file="key.txt")
+        client = make_client(script.url, endpoint=ep, base_dir=tmp_path)
+
+        async def go():
+            try:
+                return await client.complete(MESSAGES, None, sample_id="s")
+            finally:
+                await client.aclose()
+
+        asyncio.run(go())
+    assert script.requests[0].headers["Authorization"] == "Bearer file-key"
+
+
+def test_no_key_sends_no_authorization_header():
+    script = ScriptedServer(stream_response(OK_CHUNKS))
+    complete(script)
+    assert "Authorization" not in script.requests[0].headers
 
 
 def test_missing_key_source_is_a_config_error(monkeypatch, tmp_path):
     monkeypatch.delenv("REGEN_TEST_NO_KEY", raising=False)
+    url = "http://h:1/v1"
     with pytest.raises(ConfigError, match="REGEN_TEST_NO_KEY"):
-        resolve_api_key(Endpoint(url=URL, api_key_env="REGEN_TEST_NO_KEY"))
+        resolve_api_key(Endpoint(url=url, api_key_env="REGEN_TEST_NO_KEY"))
     with pytest.raises(ConfigError, match="api_key_file"):
-        resolve_api_key(Endpoint(url=URL, api_key_file="nope.txt"), tmp_path)
-    assert resolve_api_key(Endpoint(url=URL)) == "EMPTY"
+        resolve_api_key(Endpoint(url=url, api_key_file="nope.txt"), tmp_path)
+    assert resolve_api_key(Endpoint(url=url)) == ""
 
 
 def test_messages_are_sent_verbatim():
-    script = Script(stream_response(OK_CHUNKS))
+    script = ScriptedServer(stream_response(OK_CHUNKS))
     msgs = [
         {"role": "system", "content": "sys"},
         {"role": "user", "content": "q"},
@@ -311,29 +387,22 @@ def test_messages_are_sent_verbatim():
         },
         {"role": "tool", "content": "res", "tool_call_id": "t0"},
     ]
-
-    async def go():
-        c = make_client(script)
-        await c.complete(msgs, None, sample_id="s")
-        await c.aclose()
-
-    run(go())
-    assert json.loads(script.requests[0].content)["messages"] == msgs
+    complete(script, messages=msgs)
+    assert script.requests[0].json()["messages"] == msgs
 
 
 def test_sse_comments_event_lines_and_blank_data_are_ignored():
-    body = (
-        ": keep-alive\n\n"
-        "event: message\n"
-        f"data: {json.dumps(chunk(content='A'))}\n\n"
-        "data:\n\n"
-        "id: 7\n"
-        f"data:{json.dumps(chunk(content='B', finish='stop'))}\n\n"
-        "data: [DONE]\n\n"
-        f"data: {json.dumps(chunk(content='after done'))}\n\n"
-    ).encode()
-    resp = httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=body)
-    r = complete(make_client(Script(resp)))
+    events = [
+        ": keep-alive\n\n",
+        "event: message\n",
+        f"data: {json.dumps(chunk(content='A'))}\n\n",
+        "data:\n\n",
+        "id: 7\n",
+        f"data:{json.dumps(chunk(content='B', finish='stop'))}\n\n",
+        "data: [DONE]\n\n",
+        f"data: {json.dumps(chunk(content='after done'))}\n\n",
+    ]
+    r = complete(ScriptedServer(Reply(200, "".join(events).encode())))
     assert (r.content, r.finish_reason) == ("AB", "stop")
     assert r.prompt_tokens is None  # the server sent no usage
 
@@ -344,21 +413,11 @@ def test_sse_comments_event_lines_and_blank_data_are_ignored():
 def test_a_turn_that_did_not_finish_is_never_stored_as_finished(finish, error):
     chunks = [chunk(content="half an ans"), chunk(finish=finish)]
     with pytest.raises(error, match=f"finish_reason='{finish}'"):
-        complete(make_client(Script(stream_response(chunks))))
+        complete(ScriptedServer(stream_response(chunks)))
 
 
 @pytest.mark.parametrize(("finish", "error"), [(None, ServerError), ("abort", ServerError)])
 def test_non_streaming_without_a_real_finish_reason_is_retried(finish, error):
-    body = {
-        "id": "c",
-        "object": "chat.completion",
-        "created": 0,
-        "model": MODEL,
-        "choices": [
-            {"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": "x"}}
-        ],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-    }
-    script = Script(httpx2.Response(200, json=body))
+    script = ScriptedServer(json_reply(200, _whole({}, finish=finish)))
     with pytest.raises(error):
-        complete(make_client(script, sampling=Sampling(server_token_ids=True)))
+        complete(script, sampling=Sampling(token_ids="nonstream"))

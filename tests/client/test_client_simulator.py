@@ -7,6 +7,7 @@ The simulator answers deterministically from the request, so stored content is c
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 from _chat_fakes import FixedRandom, SleepRecorder
 
 from regen.client import ChatClient, RetryPolicy, check_endpoints
-from regen.errors import PermanentError, RequestTimeoutError
+from regen.errors import EndpointError, PermanentError, RequestTimeoutError
 from regen.manifest import Endpoint, Sampling
 from regen.simulate.answer import answer
 from regen.simulate.testing import simulator_in_thread
@@ -73,7 +74,9 @@ def expected(messages, sampling: Sampling, tools=None):
     return answer(body)
 
 
-def complete(url: str, messages, tools=None, *, retry=None, timeout_s=30.0, **sampling):
+def complete(
+    url: str, messages, tools=None, *, retry=None, timeout_s=30.0, on_failure=None, **sampling
+):
     s = Sampling(**{"max_tokens": 512, **sampling})
     c = ChatClient(
         Endpoint(url=url),
@@ -85,7 +88,7 @@ def complete(url: str, messages, tools=None, *, retry=None, timeout_s=30.0, **sa
 
     async def go():
         try:
-            return await c.complete(messages, tools, sample_id="t")
+            return await c.complete(messages, tools, sample_id="t", on_failure=on_failure)
         finally:
             await c.aclose()
 
@@ -132,16 +135,29 @@ def test_tool_calls_match(sim):
     assert r.content == ans.content
 
 
-@pytest.mark.parametrize("field", ["token_ids", "response_token_ids"])
-def test_non_streaming_returns_server_token_ids(field):
-    with simulator_in_thread(instant=True, tokenizer=str(TOKENIZER), token_ids_field=field) as t:
+@pytest.mark.parametrize("mode", ["stream", "nonstream"])
+def test_the_servers_exact_ids_streamed_or_whole(mode):
+    with simulator_in_thread(instant=True, tokenizer=str(TOKENIZER)) as t:
         m = msgs("ids")
-        r, s = complete(t.url, m, server_token_ids=True, max_tokens=64)
+        r, s = complete(t.url, m, token_ids=mode, max_tokens=64)
     ans = expected(m, s)
     assert r.content == ans.content and r.reasoning == ans.reasoning
     assert r.prompt_token_ids and len(r.prompt_token_ids) == r.prompt_tokens
     assert r.output_token_ids and len(r.output_token_ids) == r.completion_tokens
-    assert r.ttft_s is None
+    assert (r.ttft_s is None) == (mode == "nonstream")
+
+
+def test_a_503_overload_inside_a_stream_is_retried_and_backs_off():
+    with simulator_in_thread(instant=True, fault_sequence="503,retract,ok") as f:
+        sleep = SleepRecorder()
+        retry = RetryPolicy(max_attempts=4, backoff_initial_s=1.0, sleep=sleep,
+                            rng=FixedRandom(0.5))  # fmt: skip
+        failures: list[str] = []
+        m = msgs("overload")
+        r, s = complete(f.url, m, retry=retry, on_failure=lambda e, n, w: failures.append(e.kind))
+        assert failures == ["overloaded", "overloaded"] and r.attempts == 3
+        assert sleep.waits == [0.75, 1.5]  # SGLang sends no Retry-After
+        assert r.content == expected(m, s).content
 
 
 def test_usage_on_the_finish_reason_chunk():
@@ -185,3 +201,39 @@ def test_a_stall_longer_than_the_timeout_is_a_timeout():
         pytest.raises(RequestTimeoutError),
     ):
         complete(f.url, msgs("stall"), timeout_s=0.3)
+
+
+def test_slots_come_from_internal_states_when_the_flag_is_not_set(caplog):
+    with simulator_in_thread(instant=True, memory_slots=40, dp_size=2) as t:
+        caplog.set_level(logging.INFO, logger="regen.client.endpoints")
+        (info,) = asyncio.run(check_endpoints([Endpoint(url=t.url)], MODEL))
+    # SGLang without --max-running-requests: the top level is None, the live value per DP rank
+    assert (info.max_running_requests, info.slots_source) == (40, "internal_states")
+    assert "40 batch slots from internal_states size the in-flight limits" in caplog.text
+
+
+def test_the_start_check_sends_the_key_and_says_when_one_is_missing(monkeypatch):
+    monkeypatch.setenv("REGEN_SIM_KEY", "k-123")
+    with simulator_in_thread(instant=True, api_key="k-123", max_running_requests=8) as t:
+        (info,) = asyncio.run(
+            check_endpoints([Endpoint(url=t.url, api_key_env="REGEN_SIM_KEY")], MODEL)
+        )
+        assert info.max_running_requests == 8 and info.server_info
+        with pytest.raises(EndpointError, match="wants an API key and regen sent no key"):
+            asyncio.run(check_endpoints([Endpoint(url=t.url)], MODEL))
+
+
+def test_a_seed_without_deterministic_inference_is_warned(caplog):
+    with (
+        simulator_in_thread(instant=True) as plain,
+        simulator_in_thread(instant=True, enable_deterministic_inference=True) as det,
+    ):
+        caplog.set_level(logging.WARNING, logger="regen.client.endpoints")
+        eps = [Endpoint(url=plain.url), Endpoint(url=det.url)]
+        infos = asyncio.run(check_endpoints(eps, MODEL, seed=7))
+        assert [i.deterministic for i in infos] == [False, True]
+        warned = [r.getMessage() for r in caplog.records if "enable-deterministic" in r.message]
+        assert len(warned) == 1 and plain.url in warned[0] and det.url not in warned[0]
+        caplog.clear()
+        asyncio.run(check_endpoints(eps, MODEL, seed=None))
+        assert not [r for r in caplog.records if "enable-deterministic" in r.message]

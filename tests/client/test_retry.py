@@ -1,25 +1,34 @@
-"""Retry policy: the exact backoff sequence, Retry-After, what is retried. Nothing sleeps."""
+"""Retry policy: the exact backoff sequence, Retry-After, what is retried. No backoff sleeps
+for real (the waits are recorded); the faults come through the real transport from a scripted
+local server."""
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
 
-import httpx2
 import pytest
 from _chat_fakes import (
     MESSAGES,
     OK_CHUNKS,
+    Drop,
     FixedRandom,
-    Script,
+    ScriptedServer,
     SleepRecorder,
+    Stall,
     error_response,
     make_client,
     stream_response,
 )
 
 from regen.client import RetryPolicy, parse_retry_after
-from regen.errors import ConnectError, PermanentError, RateLimitedError, ServerError
+from regen.errors import (
+    ConnectError,
+    OverloadedError,
+    PermanentError,
+    RateLimitedError,
+    ServerError,
+)
 from regen.manifest import Engine
 
 
@@ -27,39 +36,51 @@ def policy(sleep, *, rng=0.5, **kw):
     return RetryPolicy(sleep=sleep, rng=FixedRandom(rng), **kw)
 
 
-def run_client(script, retry):
-    async def go():
-        client = make_client(script, retry=retry)
-        try:
-            return await client.complete(MESSAGES, None, sample_id="s:1")
-        finally:
-            await client.aclose()
+def run_client(script, retry, on_failure=None, **kw):
+    with script.running():
+        client = make_client(script.url, retry=retry, **kw)
 
-    return asyncio.run(go())
+        async def go():
+            try:
+                return await client.complete(MESSAGES, None, sample_id="s:1", on_failure=on_failure)
+            finally:
+                await client.aclose()
+
+        return asyncio.run(go())
 
 
-def test_timeout_disconnect_429_500_then_success_exact_waits():
+def test_timeout_disconnect_429_503_500_then_success_exact_waits():
     sleep = SleepRecorder()
-    script = Script(
-        httpx2.ReadTimeout("stall"),
-        httpx2.RemoteProtocolError("server disconnected"),
+    script = ScriptedServer(
+        Stall(2.0, stream_response(OK_CHUNKS)),  # the client's read timeout (0.3 s) fires first
+        Drop(),
         error_response(429, headers={"Retry-After": "7"}),
+        error_response(503),  # SGLang's overload: no Retry-After
         error_response(500),
         stream_response(OK_CHUNKS),
     )
     retry = policy(sleep, max_attempts=8, backoff_initial_s=1.0, backoff_max_s=60.0)
-    result = run_client(script, retry)
-    # base 1, 2, 4, 8 times the jitter factor 0.5 + 0.5 * 0.5 = 0.75; Retry-After 7 wins over 3
-    assert sleep.waits == [0.75, 1.5, 7.0, 6.0]
-    assert result.attempts == 5
+    failures = []
+    result = run_client(
+        script, retry, on_failure=lambda e, n, w: failures.append(type(e).__name__), timeout_s=0.3
+    )
+    # base 1, 2, 4, 8, 16 times the jitter factor 0.5 + 0.5 * 0.5 = 0.75; Retry-After 7 wins
+    assert sleep.waits == [0.75, 1.5, 7.0, 6.0, 12.0]
+    assert failures == [
+        "RequestTimeoutError",
+        "ConnectError",
+        "RateLimitedError",
+        "OverloadedError",
+        "ServerError",
+    ]
+    assert result.attempts == 6
     assert result.content == "Hello world"
-    assert len(script.requests) == 5
+    assert len(script.requests) == 6
 
 
 def test_backoff_is_capped_and_jitter_comes_from_the_rng():
     sleep = SleepRecorder()
-    script = Script(error_response(503), stream_response(OK_CHUNKS))
-    script.steps = [error_response(503)] * 6 + [stream_response(OK_CHUNKS)]
+    script = ScriptedServer(*[error_response(503)] * 6, stream_response(OK_CHUNKS))
     retry = policy(sleep, rng=0.0, max_attempts=10, backoff_initial_s=0.5, backoff_max_s=3.0)
     assert run_client(script, retry).attempts == 7
     # factor 0.5: bases 0.5, 1, 2, 3 (cap), 3, 3
@@ -68,21 +89,11 @@ def test_backoff_is_capped_and_jitter_comes_from_the_rng():
 
 def test_after_max_attempts_the_last_transient_error_propagates():
     sleep = SleepRecorder()
-    script = Script(httpx2.ConnectError("refused"), error_response(502))
+    script = ScriptedServer(Drop(), error_response(502))
     failures = []
     retry = policy(sleep, max_attempts=3, backoff_initial_s=1.0)
-
-    async def go():
-        client = make_client(script, retry=retry)
-        try:
-            return await client.complete(
-                MESSAGES, None, sample_id="s", on_failure=lambda e, n, w: failures.append((n, w))
-            )
-        finally:
-            await client.aclose()
-
     with pytest.raises(ServerError) as info:
-        asyncio.run(go())
+        run_client(script, retry, on_failure=lambda e, n, w: failures.append((n, w)))
     assert info.value.status == 502
     assert info.value.attempts == 3
     assert len(script.requests) == 3
@@ -92,7 +103,7 @@ def test_after_max_attempts_the_last_transient_error_propagates():
 
 def test_permanent_errors_are_not_retried():
     sleep = SleepRecorder()
-    script = Script(error_response(400), stream_response(OK_CHUNKS))
+    script = ScriptedServer(error_response(400), stream_response(OK_CHUNKS))
     with pytest.raises(PermanentError) as info:
         run_client(script, policy(sleep, max_attempts=5))
     assert len(script.requests) == 1 and sleep.waits == []
@@ -114,16 +125,26 @@ def test_retry_after_http_date_and_header_variants():
 def test_retry_after_date_reaches_the_error_and_the_wait():
     sleep = SleepRecorder()
     date = email.utils.formatdate(4_000_000_000, usegmt=True)  # far in the future
-    script = Script(error_response(429, headers={"Retry-After": date}), stream_response(OK_CHUNKS))
+    script = ScriptedServer(
+        error_response(429, headers={"Retry-After": date}), stream_response(OK_CHUNKS)
+    )
     run_client(script, policy(sleep, max_attempts=2))
     assert len(sleep.waits) == 1 and sleep.waits[0] > 1_000_000
 
 
 def test_rate_limited_error_carries_retry_after():
-    script = Script(error_response(429, headers={"Retry-After": "7"}))
+    script = ScriptedServer(error_response(429, headers={"Retry-After": "7"}))
     with pytest.raises(RateLimitedError) as info:
         run_client(script, policy(SleepRecorder(), max_attempts=1))
     assert info.value.retry_after == 7.0 and info.value.status == 429
+    assert isinstance(info.value, OverloadedError)  # a back-off signal, like SGLang's 503
+
+
+def test_overload_503_is_retried_with_plain_backoff():
+    sleep = SleepRecorder()
+    script = ScriptedServer(error_response(503), error_response(503), stream_response(OK_CHUNKS))
+    result = run_client(script, policy(sleep, max_attempts=4, backoff_initial_s=1.0))
+    assert result.attempts == 3 and sleep.waits == [0.75, 1.5]
 
 
 def test_policy_from_engine_and_direct_call():

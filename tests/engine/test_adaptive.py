@@ -71,6 +71,25 @@ def test_429_cuts_at_once_and_lowers_the_floor() -> None:
     assert c.current > 45  # grows back while the server keeps up
 
 
+def test_503_cuts_to_the_servers_slots_and_429_below_them() -> None:
+    """A 503 says the server's queue or memory is full: at its own batch slots the client
+    cannot be the cause, so the cut stops there; a gateway's 429 asks for less, full stop."""
+    c = AdaptiveLimit(start=72, maximum=144, settings=S, slots=64)
+    for t in range(5):  # an overload in every window
+        c.record(float(t), 100, 0.004)
+        c.record_throttled(t + 0.1)
+        c.update(t + 0.2)
+    assert c.current == 64 and [d.reason for d in c.history] == ["throttled"] * 5
+    c.record(10.0, 100, 0.004)
+    c.record_throttled(10.1, rate_limited=True)
+    assert c.update(10.2) == 45  # 64 x 0.7
+    c.record_throttled(11.1)  # a 503 never lifts a limit already below the slots
+    assert c.update(11.2) is None and c.current == 45
+    blind = AdaptiveLimit(start=72, maximum=144, settings=S)  # no slots reported
+    blind.record_throttled(0.1)
+    assert blind.update(0.2) == 50  # 72 x 0.7
+
+
 def test_maximum_caps_growth() -> None:
     c = AdaptiveLimit(start=4, maximum=6, settings=S)
     for t in range(10):

@@ -9,7 +9,6 @@ request counts).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -30,7 +29,7 @@ from regen.errors import FingerprintMismatchError, LockHeldError
 from regen.manifest import load_manifest
 from regen.procs import kill_group
 from regen.simulate import answer, conversation_key
-from regen.simulate.testing import options_to_args, running_simulator
+from regen.simulate.testing import running_simulator
 from regen.sources import read_samples
 from regen.store import RunDir
 from regen.store.journal import read_done, read_journal_lines
@@ -48,11 +47,9 @@ KILL_AFTER_SAMPLES = 12
 
 
 def sim_answer_config(options: dict[str, Any]):
-    from regen.cli.simulate import add_arguments, build_config
+    from regen.simulate.config import SimConfig
 
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return build_config(parser.parse_args(options_to_args(options))).answer
+    return SimConfig.from_flat(options).answer
 
 
 def stored_rows(run_dir: Path) -> list[dict[str, Any]]:

@@ -101,3 +101,39 @@ def test_permanent_error_is_not_retried() -> None:
         # SGLang (and the simulator) say "too long" in prose only; the client maps by status
         assert out.status == "permanent" and out.kind in ("permanent", "context_length")
         assert out.http_status == 400 and out.requests == 1 and out.rows == []
+
+
+def test_503_overload_backs_the_limit_off_and_never_takes_the_endpoint_out(caplog) -> None:
+    """SGLang answers a full queue with 503 (in-stream after 200 when streamed): a busy server,
+    not a sick one. Eight overloads in a row (past the failure threshold of 3) lower the
+    in-flight limit and leave the endpoint in rotation; /health_generate answers, so the
+    health check after the streak keeps it there."""
+    seq = ",".join(["503"] * 8) + ",ok"
+    with simulator_in_thread(model_name="m", instant=True, mean_tokens=8,
+                             fault_sequence=seq, max_running_requests=8) as sim:  # fmt: skip
+        m = parse_manifest({
+            "name": "t", "target": {"model": "m", "tokenizer": "tok"},
+            "sampling": {"max_tokens": 16, "seed": 0},
+            "endpoints": [{"url": sim.url}],
+            "engine": {"max_attempts": 10, "endpoint_failure_threshold": 3},
+            "sources": [{"name": "s", "adapter": "sharegpt", "path": "x.jsonl"}],
+        })  # fmt: skip
+        w = SampleWorker(m, [Endpoint(url=sim.url)], 4, row_builder=stub_rows,
+                         retry=RetryPolicy.from_engine(m.engine, sleep=no_sleep),
+                         shares={sim.url: 8})  # fmt: skip
+        start = w.limits[sim.url].current
+
+        async def go():
+            out = await w.process(Sample("s:busy", "s", [Message("user", "hi")]))
+            await asyncio.sleep(0.2)  # the background health check after the streak
+            snap = w.router.snapshot()[sim.url]
+            await w.aclose()
+            return out, snap
+
+        with caplog.at_level("WARNING", logger="regen.router"):
+            out, snap = asyncio.run(go())
+    assert out.status == "done" and out.rows[0]["attempts"] == 9
+    assert set(w.stats.errors) == {"overloaded"}
+    assert (snap["state"], snap["failures"], snap["throttled"]) == ("up", 0, 8)
+    assert "out of rotation" not in caplog.text
+    assert w.limits[sim.url].current < start  # backed off (x0.7 per overload window)

@@ -15,5 +15,6 @@ if str(REPO / "benchmarks") not in sys.path:
 
 import chaos  # noqa: E402
 import node_loss  # noqa: E402
+import overload  # noqa: E402
 
-__all__ = ["REPO", "chaos", "node_loss"]
+__all__ = ["REPO", "chaos", "node_loss", "overload"]

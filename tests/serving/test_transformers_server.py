@@ -62,13 +62,16 @@ def prompt_len(tokenizer, messages, tools=None, **kw) -> int:
     return len(ids["input_ids"] if isinstance(ids, dict) else ids)
 
 
-def client(server, **sampling) -> ChatClient:
+def client(server, *, server_ids: bool = False, **sampling) -> ChatClient:
+    """A client for the server. SampleWorker asks for SGLang's ids only where the start check
+    found SGLang's /server_info, which transformers serve has not (checked below)."""
     return ChatClient(
         Endpoint(url=server.url),
         model=server.model_name,
         sampling=Sampling(**{"max_tokens": 8, **sampling}),
         retry=RetryPolicy(max_attempts=1),
         timeout_s=60,
+        server_ids=server_ids,
     )
 
 
@@ -162,10 +165,14 @@ def test_concurrent_requests_through_the_router(server):
 
 def test_fields_outside_its_schema_are_permanent_errors(server):
     with pytest.raises(PermanentError) as info:
-        asyncio.run(_complete(client(server, server_token_ids=True), MSGS))
+        # SGLang's id fields forced on a server that does not know them
+        asyncio.run(_complete(client(server, server_ids=True, token_ids="nonstream"), MSGS))
     assert info.value.status == 422
     wrong = ChatClient(
-        Endpoint(url=server.url), model="not-this-model", sampling=Sampling(max_tokens=2)
+        Endpoint(url=server.url),
+        model="not-this-model",
+        sampling=Sampling(max_tokens=2),
+        server_ids=False,
     )
     with pytest.raises(PermanentError) as info:
         asyncio.run(_complete(wrong, MSGS))

@@ -39,12 +39,14 @@ def test_only_the_first_attempts_can_fault():
 
 
 def test_sequence_overrides_rates():
-    seq = parse_sequence("429, 500,ok,disconnect,stall")
-    assert seq == (Fault.RATE_LIMIT, Fault.FAIL, None, Fault.DISCONNECT, Fault.STALL)
-    cfg = FaultConfig(sequence=seq, fail_rate=1.0)
-    assert [cfg.decide("any", i) for i in range(6)] == [*seq, None]
+    seq = parse_sequence("429, 500,ok,disconnect,stall,503,retract,abort")
+    assert seq == (Fault.RATE_LIMIT, Fault.FAIL, None, Fault.DISCONNECT, Fault.STALL,
+                   Fault.OVERLOAD, Fault.RETRACT, Fault.ABORT)  # fmt: skip
+    cfg = FaultConfig(fault_sequence=seq, fail_rate=1.0)
+    assert [cfg.decide("any", i) for i in range(9)] == [*seq, None]
+    assert FaultConfig(fault_sequence="503,ok").fault_sequence == (Fault.OVERLOAD, None)
     with pytest.raises(ConfigError) as info:
-        parse_sequence("503")
+        parse_sequence("504")
     assert info.value.field == "fault_sequence"
 
 

@@ -299,8 +299,7 @@ def test_workload_prompt_z_is_the_one_of_the_request_regen_sends(workload, tmp_p
         bodies: list[dict[str, Any]] = []
 
         async def complete(msgs: list[dict[str, Any]], tools: Any) -> TurnResult:
-            kw = client.request_kwargs(msgs, tools)
-            body = {**{k: v for k, v in kw.items() if k != "extra_body"}, **kw["extra_body"]}
+            body = client.request_body(msgs, tools)
             bodies.append(body)
             a = answer(body, AnswerConfig(prompt_share=0.5))
             calls = tuple(ToolCall(c.id, c.name, c.arguments) for c in a.tool_calls)

@@ -99,7 +99,10 @@ def test_health_models_and_infos(sim):
     assert sim.get("/model_info")["model_path"] == MODEL
     info = sim.get("/server_info")
     assert info == {**sim.get("/get_server_info"), "internal_states": info["internal_states"]}
-    assert info["max_running_requests"] == 64 and info["version"]
+    # SGLang: the top-level value is the --max-running-requests flag (None unless given); the
+    # live batch size is in internal_states, per DP rank
+    assert info["max_running_requests"] is None and info["version"]
+    assert info["internal_states"][0]["effective_max_running_requests_per_dp"] == 64
     assert info["port"] == sim.port and info["context_length"] == 4096
     assert info["speculative_algorithm"] == "EAGLE3"
     assert info["speculative_draft_model_path"] == "/models/draft"

@@ -26,8 +26,7 @@ TOOLS = [{"type": "function", "function": {"name": "ping", "parameters": {"type"
 @pytest.fixture(scope="module")
 def sim() -> Iterator[RunningSimulator]:
     with simulator_in_thread(
-        instant=True, tokenizer=TOKENIZER, mean_tokens=30, tool_call_rate=1.0,
-        token_ids_field="response_token_ids",
+        instant=True, tokenizer=TOKENIZER, mean_tokens=30, tool_call_rate=1.0
     ) as s:  # fmt: skip
         yield s
 
@@ -70,9 +69,11 @@ def test_prompt_and_output_ids(sim, tok, thinking, tools):
     prompt = tok.apply_chat_template(
         body["messages"], tools=tools, add_generation_prompt=True, tokenize=False, thinking=thinking
     )
-    assert res["prompt_token_ids"] == tok.encode(prompt, add_special_tokens=False)
-    out = res["choices"][0]["response_token_ids"]
-    assert res["usage"]["prompt_tokens"] == len(res["prompt_token_ids"])
+    choice = res["choices"][0]  # SGLang puts both lists on the choice
+    assert "prompt_token_ids" not in res
+    assert choice["prompt_token_ids"] == tok.encode(prompt, add_special_tokens=False)
+    out = choice["response_token_ids"]
+    assert res["usage"]["prompt_tokens"] == len(choice["prompt_token_ids"])
     assert res["usage"]["completion_tokens"] == len(out)
     text = tok.decode(out, skip_special_tokens=False)
     calls = "".join(
@@ -82,15 +83,44 @@ def test_prompt_and_output_ids(sim, tok, thinking, tools):
     section = f"<|tool_calls_section_begin|>{calls}<|tool_calls_section_end|>" if calls else ""
     head = f"{ans.reasoning}</think>" if thinking else ""
     assert text == f"{head}{ans.content}{section}<|im_end|>"
-    assert res["choices"][0]["message"]["content"] == (
-        ans.content if ans.content or not calls else None
-    )
+    assert res["choices"][0]["message"]["content"] == ans.content  # "" when empty, never null
+    assert ("tool_calls" in res["choices"][0]["message"]) == bool(calls)
 
 
 def test_prompt_ids_only_when_asked(sim):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "only the prompt"}]}
     res = post(sim.url, {**body, "return_prompt_token_ids": True})
-    assert res["prompt_token_ids"] and "response_token_ids" not in res["choices"][0]
+    choice = res["choices"][0]
+    assert choice["prompt_token_ids"] and "response_token_ids" not in choice
     plain = post(sim.url, body)
-    assert "prompt_token_ids" not in plain
-    assert plain["usage"]["prompt_tokens"] == len(res["prompt_token_ids"])
+    assert "prompt_token_ids" not in plain["choices"][0]
+    assert plain["usage"]["prompt_tokens"] == len(choice["prompt_token_ids"])
+
+
+def test_streamed_ids_arrive_in_the_sglext_chunk_before_usage(sim, tok):
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "stream my ids"}],
+        "max_tokens": 200,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_input_ids_in_sglext": True,
+        "return_output_ids_in_sglext": True,
+    }
+    req = urllib.request.Request(sim.url + "/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=20) as r:
+        lines = [ln[6:] for ln in r.read().decode().splitlines() if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    events = [json.loads(x) for x in lines[:-1]]
+    ext_at = next(i for i, e in enumerate(events) if "sglext" in e)
+    finish_at = next(i for i, e in enumerate(events) if e["choices"] and
+                     e["choices"][0]["finish_reason"])  # fmt: skip
+    usage_at = next(i for i, e in enumerate(events) if e.get("usage"))
+    assert finish_at < ext_at < usage_at and events[ext_at]["choices"] == []
+    ext = events[ext_at]["sglext"]
+    prompt = tok.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=False)
+    assert ext["input_ids"] == tok.encode(prompt, add_special_tokens=False)
+    (out,) = ext["output_ids"]  # one list per choice
+    assert len(out) == events[usage_at]["usage"]["completion_tokens"]
+    assert tok.decode(out, skip_special_tokens=False).endswith("<|im_end|>")

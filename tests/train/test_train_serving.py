@@ -153,3 +153,34 @@ def test_serve_command_from_config_refuses_a_draft_with_sglang_numbered_ids(
     )
     assert regen_main(["serve-command", str(draft), "--config", str(DEMO_TRAIN)]) == 2
     assert "[aux-layer-numbering]" in capsys.readouterr().err
+
+
+def test_verify_server_passes_against_a_keyed_server_and_never_shows_the_key(
+    tmp_path: Path, monkeypatch, capsys, caplog
+) -> None:
+    key = "sk-sim-7f3a9c"
+    key_file = tmp_path / "sglang.key"
+    key_file.write_text(key + "\n")
+    monkeypatch.setenv("REGEN_VERIFY_KEY", key)
+    with running_simulator(
+        instant=True,
+        api_key=key,
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=DRAFT,
+        spec_accept_length=2.1,
+    ) as sim:
+        caplog.set_level("DEBUG")
+        # no key: refused, and the message says what is missing
+        assert regen_main(["verify-server", sim.base, "--draft", DRAFT]) == 2
+        assert "wants an API key and regen sent no key" in capsys.readouterr().err
+        for flags in (["--api-key-env", "REGEN_VERIFY_KEY"], ["--api-key-file", str(key_file)]):
+            assert regen_main(["verify-server", sim.base, "--draft", DRAFT, *flags]) == 0
+            out = capsys.readouterr()
+            assert "EAGLE3" in out.out and key not in out.out + out.err
+        # a wrong key: refused without echoing either key
+        (tmp_path / "wrong.key").write_text("not-the-key")
+        assert regen_main(["verify-server", sim.base, "--draft", DRAFT, "--api-key-file",
+                           str(tmp_path / "wrong.key")]) == 2  # fmt: skip
+        out = capsys.readouterr()
+        assert "a wrong key" in out.err and "not-the-key" not in out.out + out.err
+    assert key not in caplog.text

@@ -68,6 +68,30 @@ def test_numbering_is_converted_to_specforge() -> None:
     assert traps.canonical_aux_ids(32) == [1, 15, 28]
 
 
+@pytest.mark.parametrize(
+    ("ids", "numbering", "trap"),
+    [
+        ([1, 29, 57], "specforge", None),  # SGLang shifts it to [2, 30, 58]: what was trained
+        ([2, 30, 58], "sglang", None),  # the same list, written in SGLang numbering
+        ([2, 29, 57], "specforge", traps.TRAP_AUX_SHIFT),  # used as is: one layer early
+        ([3, 31, 59], "sglang", traps.TRAP_AUX_SHIFT),  # = SpecForge [2, 30, 58]
+        ([2, 30, 58], "specforge", traps.TRAP_LAYER_NUMBERING),  # refused as before
+    ],
+)
+def test_aux_ids_sglang_would_capture_one_layer_early(
+    ids: list[int], numbering: str, trap: str | None
+) -> None:
+    cfg = parse_train_config(
+        demo_config(draft={"aux_layer_ids": ids, "layer_numbering": numbering})
+    )
+    if trap is None:
+        assert check_train_config(cfg) == [1, 29, 57]
+        return
+    e = refuse(trap, check_train_config, cfg)
+    if trap == traps.TRAP_AUX_SHIFT:
+        assert "first id is 1" in str(e) and "[1, 29, 57]" in e.fix
+
+
 def test_fc_input_width_mismatch() -> None:
     cfg = parse_train_config(demo_config(draft={"fc_input_size": 7168}))
     e = refuse(traps.TRAP_FC_WIDTH, check_train_config, cfg)

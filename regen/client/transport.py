@@ -1,0 +1,123 @@
+"""The one HTTP transport of chat requests: ``POST {url}/chat/completions`` over aiohttp.
+
+Streaming and non-streaming requests both go through :class:`ChatTransport`; nothing else in
+regen sends a chat request. A streamed body is read as it arrives (``iter_any``), split on
+newlines, and each line is fed, undecoded, to a :class:`regen.client.stream.StreamAccumulator`
+(one ``json.loads`` per ``data:`` line); a whole answer is read and decoded once. The key goes
+in ``Authorization: Bearer`` and nowhere else. Owns no files.
+
+Errors map to the regen taxonomy (:mod:`regen.client.errors`): an HTTP status →
+``status_error`` (503 → OverloadedError, 429 → RateLimitedError, ...); a connection that fails
+before any chunk → ConnectError, after → StreamCutError; a read that stalls longer than the
+timeout → RequestTimeoutError; an ``error`` object inside a stream → ``stream_error`` (raised by
+the accumulator).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from regen.client.errors import body_message, map_error, status_error, stream_error
+from regen.client.stream import StreamAccumulator
+from regen.errors import PermanentError, RegenError
+
+
+class ChatTransport:
+    """One aiohttp session per endpoint (created on first use, on the running loop)."""
+
+    def __init__(self, base_url: str, api_key: str | None, timeout_s: float, *, shown: str) -> None:
+        self.url = f"{base_url.rstrip('/')}/chat/completions"
+        #: the URL errors name (never user:password)
+        self.endpoint = shown
+        self.timeout_s = timeout_s
+        self.headers = {"Content-Type": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        self._session: Any = None
+
+    def _ensure(self) -> Any:
+        if self._session is None or self._session.closed:
+            import aiohttp
+
+            timeout = aiohttp.ClientTimeout(
+                total=None, connect=min(self.timeout_s, 30.0), sock_read=self.timeout_s
+            )
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+            self._session = aiohttp.ClientSession(
+                timeout=timeout, connector=connector, headers=self.headers
+            )
+        return self._session
+
+    @staticmethod
+    def encode(body: dict[str, Any]) -> bytes:
+        return json.dumps(body, ensure_ascii=False).encode("utf-8")
+
+    async def _refuse(self, resp: Any) -> None:
+        """Raise the taxonomy error of a non-200 answer (its JSON body read when it has one)."""
+        raw = await resp.read()
+        try:
+            parsed: Any = json.loads(raw)
+        except ValueError:
+            parsed = raw.decode("utf-8", "replace")[:500]
+        raise status_error(
+            resp.status,
+            body_message(parsed, resp.reason or ""),
+            endpoint=self.endpoint,
+            headers=resp.headers,
+            body=parsed,
+        )
+
+    async def stream(self, body: dict[str, Any], acc: StreamAccumulator) -> None:
+        """Send one streaming request; feed every line to ``acc`` until [DONE] or the end."""
+        session = self._ensure()
+        headers = {"Accept": "text/event-stream"}
+        try:
+            async with session.post(self.url, data=self.encode(body), headers=headers) as resp:
+                if resp.status != 200:
+                    await self._refuse(resp)
+                buf = b""
+                feed = acc.feed_bytes
+                async for piece in resp.content.iter_any():
+                    buf += piece
+                    if b"\n" not in piece:
+                        continue
+                    *lines, buf = buf.split(b"\n")
+                    for line in lines:
+                        feed(line)
+                        if acc.done:  # nothing after [DONE] is read
+                            return
+                if buf:
+                    feed(buf)
+        except RegenError:
+            raise
+        except Exception as e:
+            raise map_error(e, endpoint=self.endpoint, received=acc.chunks > 0) from None
+
+    async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Send one non-streaming request; return the decoded JSON answer."""
+        session = self._ensure()
+        try:
+            async with session.post(self.url, data=self.encode(body)) as resp:
+                if resp.status != 200:
+                    await self._refuse(resp)
+                raw = await resp.read()
+        except RegenError:
+            raise
+        except Exception as e:
+            raise map_error(e, endpoint=self.endpoint) from None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise PermanentError(
+                f"{self.endpoint} answered 200 without a JSON object", endpoint=self.endpoint
+            )
+        if data.get("error") is not None:  # an error object with HTTP 200
+            raise stream_error(data["error"], endpoint=self.endpoint)
+        return data
+
+    async def aclose(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
