@@ -144,6 +144,11 @@ def test_overrides_apply_by_name_and_index(tmp_path: Path) -> None:
         ("sources.nope.limit=3", "override 'sources.nope.limit': no list element 'nope'"),
         ("sampling.colour=1", "sampling.colour: unknown key"),
         ("sampling", "override 'sampling' is not key=value"),
+        ("dedup.threshold=0.3", "dedup.threshold: Input should be greater than or equal to 0.5"),
+        ("dedup.threshold=1.5", "dedup.threshold: Input should be less than or equal to 1"),
+        ("dedup.shingle=0", "dedup.shingle: Input should be greater than or equal to 1"),
+        ("dedup.near=maybe", "dedup.near: Input should be a valid boolean"),
+        ("dedup.exact=false", "dedup.exact: unknown key"),
     ],
 )
 def test_overrides_validated_like_the_file(tmp_path: Path, override: str, expect: str) -> None:
@@ -196,6 +201,49 @@ def test_reference_documents_every_field() -> None:
 
     doc = (REPO / "docs" / "manifest.md").read_text()
     models = [mf.Manifest, mf.Target, mf.Sampling, mf.Endpoint, mf.Engine, mf.Source, mf.HubRef]
-    models += [mf.Filters, mf.Export]
+    models += [mf.Filters, mf.Dedup, mf.Export]
     missing = [f"{m.__name__}.{f}" for m in models for f in m.model_fields if f"`{f}`" not in doc]
     assert missing == []
+
+
+def test_dedup_defaults_and_fingerprint(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE)
+    m = load_manifest(path)
+    assert (m.dedup.near, m.dedup.threshold, m.dedup.shingle, m.dedup.num_perm) == (
+        True,
+        0.85,
+        5,
+        128,
+    )
+    fps = {
+        load_manifest(path, o).fingerprint()
+        for o in (
+            [],
+            ["dedup.near=false"],
+            ["dedup.threshold=0.9"],
+            ["dedup.shingle=3"],
+            ["dedup.num_perm=256"],
+        )
+    }
+    assert len(fps) == 5  # every dedup setting is part of the fingerprint
+    assert load_manifest(path, ["engine.workers=7"]).fingerprint() == m.fingerprint()
+
+
+def test_changed_dedup_refuses_a_resume_unless_forced(tmp_path: Path) -> None:
+    from regen.errors import FingerprintMismatchError
+    from regen.store import RunDir
+    from regen.store.run import prepare_run
+
+    path = write(tmp_path, BASE)
+    rd = RunDir.open(tmp_path / "run")
+    first = prepare_run(rd, load_manifest(path), [])
+    assert prepare_run(rd, load_manifest(path), [])["fingerprint"] == first["fingerprint"]
+    changed = load_manifest(path, ["dedup.threshold=0.9"])
+    with pytest.raises(FingerprintMismatchError):
+        prepare_run(rd, changed, [])
+    with pytest.raises(FingerprintMismatchError):
+        prepare_run(rd, load_manifest(path, ["dedup.near=false"]), [])
+    forced = prepare_run(rd, changed, [], force=True)
+    assert forced["fingerprint"] == changed.fingerprint() != first["fingerprint"]
+    assert forced["previous_fingerprints"] == [first["fingerprint"]]
+    assert "threshold: 0.9" in rd.read_text("manifest.yaml")  # the resolved manifest has it
