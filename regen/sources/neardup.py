@@ -7,8 +7,8 @@ purpose: a changed system prompt is one of the near-duplicates this finds, and o
 prompt (OpenThoughts puts the same long one on every row) would otherwise make unrelated short
 questions look alike. Native (pre-tokenized) samples are not compared.
 
-Normalization: NFKC, case folded, punctuation dropped; a word is a run of letters/digits, and
-each CJK character (Han, kana, Hangul) is a word of its own. Shingles are ``dedup.shingle``
+Words are :func:`regen.text.words` (NFKC, case folded, punctuation dropped, each CJK character a
+word of its own). Shingles are ``dedup.shingle``
 consecutive words (a text with fewer words is one shingle); a text with no word is left to the
 exact dedup.
 
@@ -27,8 +27,6 @@ Owns no files.
 
 from __future__ import annotations
 
-import re
-import unicodedata
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -39,6 +37,7 @@ import rensa
 
 from regen.manifest import Dedup
 from regen.sample import Sample
+from regen.text import words
 
 #: MinHash seed (part of the algorithm: changing it changes which near-duplicates are found)
 SEED = 1
@@ -57,13 +56,6 @@ EXAMPLE_CHARS = 160
 
 #: the last key of every sorted run (band keys are made below it)
 _SENTINEL = np.uint64(2**64 - 1)
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
-_WORD = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+")
-
-
-def words(text: str) -> list[str]:
-    """The normalized words of ``text`` (NFKC, case folded; each CJK character is a word)."""
-    return _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
 
 
 def near_text(sample: Sample) -> str:

@@ -17,8 +17,8 @@ from regen.sources.neardup import (
     lsh_params,
     near_text,
     shingles,
-    words,
 )
+from regen.text import words
 
 VOCAB = [f"w{i}" for i in range(20_000)]
 
