@@ -20,8 +20,10 @@ indexed one is at least ``dedup.threshold``. Only kept samples are indexed, so t
 occurrence in manifest order wins and a dropped sample never causes a later drop.
 
 Memory per indexed sample: ``bands`` × 12 bytes of index + ``num_perm`` bytes of signature + its
-id (about 32 bytes) + 2 bytes of source: about 330 bytes at the defaults (14 bands, 128
-permutations), measured 0.5 GB peak for 1.4M samples (benchmarks/neardup.py, docs/performance.md).
+id and source (about 30 bytes): about 330 bytes per kept sample at the defaults (14 bands, 128
+permutations). Merges of sorted runs stop at :data:`RUN_CAP` keys, so a merge needs at most
+~100 MB more. Measured for 1.4M synthetic prompts (8% of them near-duplicates): 400 MiB of state,
+466 MiB peak RSS (benchmarks/neardup.py; docs/performance.md).
 Owns no files.
 """
 
