@@ -269,16 +269,17 @@ class Manifest(Strict):
         raise KeyError(name)
 
     def fingerprint(self) -> str:
-        """What must not change under a resumed run: sources, dedup, model, sampling, template."""
-        return stable_hash(
-            {
-                "target": self.target.model_dump(mode="json"),
-                "sampling": self.sampling.model_dump(mode="json"),
-                "sources": [s.model_dump(mode="json") for s in self.sources],
-                "dedup": self.dedup.model_dump(mode="json"),
-            },
-            n=32,
-        )
+        """What must not change under a resumed run: sources, dedup, model, sampling, template.
+        ``dedup`` counts while ``dedup.near`` is on (it decides which samples a run holds); with
+        it off the fingerprint is the one a manifest had before near-duplicate detection."""
+        payload: dict[str, Any] = {
+            "target": self.target.model_dump(mode="json"),
+            "sampling": self.sampling.model_dump(mode="json"),
+            "sources": [s.model_dump(mode="json") for s in self.sources],
+        }
+        if self.dedup.near:
+            payload["dedup"] = self.dedup.model_dump(mode="json")
+        return stable_hash(payload, n=32)
 
     def to_yaml(self) -> str:
         data = self.model_dump(mode="json", exclude={"base_dir"})

@@ -11,6 +11,7 @@ import yaml
 
 from regen.errors import ConfigError, RegenError, SourceError
 from regen.manifest import load_manifest
+from regen.sample import stable_hash
 from regen.sources import read_samples
 
 REPO = Path(__file__).resolve().parents[1]
@@ -227,6 +228,13 @@ def test_dedup_defaults_and_fingerprint(tmp_path: Path) -> None:
     }
     assert len(fps) == 5  # every dedup setting is part of the fingerprint
     assert load_manifest(path, ["engine.workers=7"]).fingerprint() == m.fingerprint()
+    # near off: the settings do nothing, and the fingerprint is the one from before dedup existed
+    off = load_manifest(path, ["dedup.near=false"])
+    assert load_manifest(path, ["dedup.near=false", "dedup.threshold=0.9"]).fingerprint() == (
+        off.fingerprint()
+    )
+    before = {k: off.model_dump(mode="json")[k] for k in ("target", "sampling", "sources")}
+    assert off.fingerprint() == stable_hash(before, n=32)
 
 
 def test_changed_dedup_refuses_a_resume_unless_forced(tmp_path: Path) -> None:
@@ -247,3 +255,18 @@ def test_changed_dedup_refuses_a_resume_unless_forced(tmp_path: Path) -> None:
     assert forced["fingerprint"] == changed.fingerprint() != first["fingerprint"]
     assert forced["previous_fingerprints"] == [first["fingerprint"]]
     assert "threshold: 0.9" in rd.read_text("manifest.yaml")  # the resolved manifest has it
+
+
+def test_a_run_made_before_near_dup_resumes_with_near_off(tmp_path: Path) -> None:
+    from regen.errors import FingerprintMismatchError
+    from regen.store import RunDir
+    from regen.store.run import prepare_run
+
+    path = write(tmp_path, BASE)
+    old = load_manifest(path, ["dedup.near=false"])
+    rd = RunDir.open(tmp_path / "run")
+    before = {k: old.model_dump(mode="json")[k] for k in ("target", "sampling", "sources")}
+    rd.write_json_atomic("run.json", {"name": "t", "fingerprint": stable_hash(before, n=32)})
+    with pytest.raises(FingerprintMismatchError):  # the new default would drop samples
+        prepare_run(rd, load_manifest(path), [])
+    assert prepare_run(rd, old, [])["fingerprint"] == stable_hash(before, n=32)
