@@ -15,8 +15,6 @@ from monitor.synthetic import make_snapshot, write_run_dir
 from regen.errors import RunDirError
 from regen.progress import EndpointProgress, ProgressSnapshot, SourceProgress
 from regen.status import (
-    CLOCK_SKEW_S,
-    LOCK_STALE_S,
     STALL_AFTER_S,
     Rate,
     RunFiles,
@@ -27,6 +25,7 @@ from regen.status import (
     read_numbers,
     window_rate,
 )
+from regen.store.layout import CLOCK_SKEW_S, LOCK_STALE_S, LockRecord
 
 NOW = 1_800_000_000.0
 HOST = "node-a"
@@ -52,9 +51,11 @@ def snap(**kw) -> ProgressSnapshot:
     return s
 
 
-def lock(beat_age: float = 2.0, host: str = HOST, pid: int = 123, session: str = "s1") -> dict:
-    return {"owner": "regen run", "host": host, "pid": pid, "session": session,
-            "started_at": NOW - 3600, "heartbeat_at": NOW - beat_age}  # fmt: skip
+def lock(
+    beat_age: float = 2.0, host: str = HOST, pid: int = 123, session: str = "s1"
+) -> LockRecord:
+    return LockRecord(host=host, pid=pid, session=session, started_at=NOW - 3600,
+                      heartbeat_at=NOW - beat_age)  # fmt: skip
 
 
 def numbers(progress, lk, *, alive=True, **kw):
@@ -420,9 +421,9 @@ def test_run_view_reads_turns_from_plan_json_once(tmp_path: Path) -> None:
             "regenerate_todo": 10,
             "regenerate_turns": 25,
         },
-        "b": {"total": 10, "regenerate": 10, "native": 0},  # older driver: no turn count
+        "b": {"total": 10, "regenerate": True, "native": 0},  # older driver: no turn count
     }
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "plan.json").write_text(json.dumps(plan))  # the flat shape of older drivers
     view = RunView(tmp_path)
     assert view.turns == {"a": 2.5}
     e = view.numbers(NOW, hostname=HOST, pid_alive=lambda pid: True).eta

@@ -25,7 +25,7 @@ import pytest
 
 from regen.cli.main import main as regen_main
 from regen.engine import RunOptions, run_job
-from regen.engine.driver import _native_check
+from regen.engine.planning import native_check as _native_check
 from regen.errors import FingerprintMismatchError, LockHeldError
 from regen.manifest import load_manifest
 from regen.procs import kill_group
@@ -34,7 +34,7 @@ from regen.simulate.testing import options_to_args, running_simulator
 from regen.sources import read_samples
 from regen.store import RunDir
 from regen.store.journal import read_done, read_journal_lines
-from regen.store.run import LOCK_FILE
+from regen.store.layout import LOCK as LOCK_FILE
 
 pytestmark = pytest.mark.ray
 

@@ -32,7 +32,7 @@ from regen.simulate.testing import running_simulator, simulator_in_thread
 from regen.store import RunDir
 from regen.store import journal as jn
 from regen.store.journal import read_done, read_failures, read_journal_lines
-from regen.store.run import LOCK_FILE
+from regen.store.layout import LOCK as LOCK_FILE
 
 pytestmark = pytest.mark.ray
 
