@@ -179,7 +179,7 @@ def export_run(
 
     refuse_damaged(rd, "export")
     stats = ExportStats(
-        run_dir=str(run_dir),
+        run_dir=rd.uri,
         out=str(out),
         format=fmt,
         seed=seed,

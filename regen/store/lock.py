@@ -190,8 +190,9 @@ class S3LockStore:
         return int(getattr(e, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
 
     def _conflict(self, e: Exception) -> bool:
-        # 412: the condition failed; 409: a concurrent conditional write won the race
-        return self._status(e) in (409, 412)
+        # 412: the condition failed; 409: a concurrent conditional write won the race;
+        # 404: If-Match on a lock that is gone
+        return self._status(e) in (404, 409, 412)
 
     def read(self) -> tuple[bytes, str] | None:
         try:
@@ -221,10 +222,12 @@ class S3LockStore:
         return self._put(data, IfMatch=version)
 
     def delete(self, version: str) -> bool:
-        cur = self.read()
-        if cur is None or cur[1] != version:
-            return False
-        self.client.delete_object(Bucket=self.bucket, Key=self.key)
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self.key, IfMatch=version)
+        except self._error as e:
+            if self._conflict(e):
+                return False
+            raise RunDirError(f"cannot remove the lock s3://{self.bucket}/{self.key}: {e}") from e
         return True
 
 

@@ -32,6 +32,24 @@ log = logging.getLogger(__name__)
 OBJECT_STORES = frozenset({"S3FileSystem", "GcsFileSystem", "AzureFileSystem"})
 
 
+def public_uri(uri: str) -> str:
+    """``uri`` as regen may print or write it: without user:password (pyarrow reads S3 keys
+    from ``s3://KEY:SECRET@bucket/...``) and without key query parameters."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    if "://" not in uri:
+        return uri
+    parts = urlsplit(uri)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
+                       if k not in SECRET_PARAMS], safe=":/")  # fmt: skip
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+#: URI query parameters that carry credentials
+SECRET_PARAMS = frozenset({"access_key", "secret_key", "session_token"})
+
+
 class RunDir:
     """A directory (local or remote) addressed by relative paths."""
 
@@ -53,7 +71,7 @@ class RunDir:
                 raise RunDirError(f"cannot open run directory {text!r}: {e}") from None
         else:
             fs, root = pafs.LocalFileSystem(), str(Path(text).expanduser().absolute())
-        rd = cls(fs, root, text)
+        rd = cls(fs, root, public_uri(text))
         if create:
             try:
                 fs.create_dir(rd.root, recursive=True)
