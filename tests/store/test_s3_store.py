@@ -93,7 +93,7 @@ def test_exactly_one_of_racing_sessions_takes_a_stale_lock_over(s3) -> None:
         lost: list[str] = []
         go = threading.Barrier(6)
 
-        def take(name: str) -> None:
+        def take(name: str, go=go, won=won, lost=lost) -> None:
             lock = RunLock(rd, name)
             go.wait()
             try:
