@@ -315,9 +315,80 @@ def test_a_tick_reads_only_the_three_small_files(tmp_path: Path, monkeypatch) ->
 
     monkeypatch.setattr(RunDir, "read_bytes", spy)
     monkeypatch.setattr(RunDir, "list", lambda *a, **k: pytest.fail("a tick must not list"))
+    monkeypatch.setattr(RunDir, "sizes", lambda *a, **k: pytest.fail("listed before it was due"))
     for _ in range(3):
         view.numbers(NOW)
     assert sorted(seen) == sorted(["lock.json", "progress.json", "run.json"] * 3)
+
+
+def _run_with_parts(root: Path, parts: int = 3, per_part: int = 4):
+    """A finished run directory with real parts and records, and its progress snapshot."""
+    import pyarrow as pa
+
+    from regen.progress import Pending
+    from regen.store import RunDir
+    from regen.store.journal import CompletedSample, Journal
+
+    rd = RunDir.open(root)
+    j = Journal(rd, "S1", pa.Table.from_pylist)
+    for i in range(parts * per_part):
+        rows = [{"sample_id": f"a:{i}", "source": "a", "turn": 0, "prompt_tokens": 2,
+                 "completion_tokens": 10, "finish_reason": "stop"}]  # fmt: skip
+        j.append(CompletedSample(f"a:{i}", "a", rows))
+        if (i + 1) % per_part == 0:
+            j.roll()
+    n = parts * per_part
+    s = snap(state="finished", sources={"a": SourceProgress(
+        total=n + 5, done=n, rows=n, prompt_tokens=2 * n, completion_tokens=10 * n,
+        pending=Pending())})  # fmt: skip
+    write_run_dir(root, s, now=NOW, lock="none")
+    return rd, n
+
+
+def test_a_vanished_or_cut_part_is_not_counted(tmp_path: Path) -> None:
+    from regen.store import layout
+    from regen.store.journal import list_parts
+
+    rd, n = _run_with_parts(tmp_path)
+    assert RunView(tmp_path).numbers(NOW).done == n
+    first, second = (st.part for st in list_parts(rd)[:2])
+    (tmp_path / first).unlink()
+    data = (tmp_path / second).read_bytes()
+    (tmp_path / second).write_bytes(data[:100])
+    got = RunView(tmp_path).numbers(NOW)
+    assert got.done == n - 8 and got.completion_tokens == 10 * (n - 8)
+    assert got.remaining == got.total - got.done
+    assert [d.split(":")[0] for d in got.damaged] == [first, second]
+    # journaled samples not yet in a part still count
+    s = layout.read_progress(rd)
+    s.sources["a"].done += 3
+    s.sources["a"].pending.done = 3
+    layout.write_progress(rd, s)
+    assert RunView(tmp_path).numbers(NOW).done == n - 8 + 3
+
+
+def test_a_reconcile_never_opens_a_parquet_file(tmp_path: Path, monkeypatch) -> None:
+    import pyarrow.parquet as pq
+
+    from regen.store import RunDir
+
+    _run_with_parts(tmp_path)
+    opened: list[str] = []
+    orig = RunDir.read_bytes
+
+    def spy(self, rel: str):
+        opened.append(rel)
+        return orig(self, rel)
+
+    monkeypatch.setattr(RunDir, "read_bytes", spy)
+    for name in ("ParquetFile", "read_table", "read_metadata", "read_schema"):
+        monkeypatch.setattr(pq, name, lambda *a, **k: pytest.fail("a tick read Parquet"))
+    view = RunView(tmp_path, reconcile_every_s=0.0)  # every tick reconciles
+    for _ in range(3):
+        view.numbers(NOW)
+    assert not [r for r in opened if r.endswith(".parquet")]
+    records = [r for r in opened if r.startswith("parts/")]
+    assert len(records) == 3 and len(set(records)) == 3  # each record read once, then cached
 
 
 def test_manifest_written_after_the_monitor_opened_is_picked_up(tmp_path: Path) -> None:
