@@ -174,6 +174,17 @@ def test_run_repairs_every_damage_and_finishes(finished, sim, ray_head, ray_env,
     assert st["done"] == st["total"] == len(inputs(manifest, LIMIT)) and st["damaged"] == []
 
 
+def test_train_refuses_a_damaged_directory(finished, tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    damaged = cut_short(RunDir.open(out))
+    rc = regen_main(["train", str(out), "--config", str(DEMO.parent / "demo-train.yaml"),
+                     "--dry-run"])  # fmt: skip
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 2 and damaged in err and "regen verify" in err and "training refused" in err
+    assert not (out / layout.TRAIN_DIR).exists()
+
+
 def test_export_refuses_a_damaged_directory_until_repaired(finished, tmp_path, ray_env) -> None:
     out = tmp_path / "run"
     shutil.copytree(finished, out)
