@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from regen.errors import RunDirError
+from regen.store.layout import SourceCounts as Pending
 
 VERSION = 1
 STATES = ("running", "finished", "interrupted", "failed")
@@ -54,22 +55,6 @@ SERIES_MAX_POINTS = 300
 DEFAULT_HIST_EDGES = (
     0, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 32768
 )  # fmt: skip
-
-
-@dataclass(slots=True)
-class Pending:
-    """Counters of samples journaled but not yet in a Parquet part."""
-
-    done: int = 0
-    rows: int = 0
-    truncated: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-    def to_dict(self) -> dict[str, int]:
-        return {"done": self.done, "rows": self.rows, "truncated": self.truncated,
-                "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -239,7 +224,7 @@ class ProgressSnapshot:
                     "prompt_tokens": s.prompt_tokens,
                     "completion_tokens": s.completion_tokens,
                     "regenerate": s.regenerate,
-                    **({} if s.pending is None else {"pending": s.pending.to_dict()}),
+                    **({} if s.pending is None else {"pending": s.pending.model_dump()}),
                 }
                 for name, s in self.sources.items()
             },
@@ -291,9 +276,8 @@ class ProgressSnapshot:
             pending = None
             if "pending" in sr.d:
                 pr = _Reader(sr.mapping("pending"), f"{where}: sources.{name}.pending")
-                pending = Pending(*(pr.integer(k) for k in ("done", "rows", "truncated",
-                                                            "prompt_tokens",
-                                                            "completion_tokens")))  # fmt: skip
+                keys = ("done", "rows", "truncated", "prompt_tokens", "completion_tokens")
+                pending = Pending(**{k: pr.integer(k) for k in keys})
             sources[str(name)] = SourceProgress(
                 pending=pending,
                 total=sr.integer("total"),

@@ -93,14 +93,9 @@ class ProgressTracker:
         for r in rows:
             if r.get("token_source") != "native":  # regenerated turns only
                 self.snap.output_tokens_hist.add(int(r.get("completion_tokens") or 0))
-        p = sp.pending if sp.pending is not None else Pending()
-        sp.pending = Pending(
-            p.done + 1,
-            p.rows + c.rows,
-            p.truncated + c.truncated,
-            p.prompt_tokens + c.prompt_tokens,
-            p.completion_tokens + c.completion_tokens,
-        )
+        if sp.pending is None:
+            sp.pending = Pending()
+        sp.pending.add(c)
 
     def part_written(self, record: PartRecord | None) -> None:
         """The journaled samples are in a part now: nothing is pending any more."""

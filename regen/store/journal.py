@@ -207,22 +207,11 @@ def recover(rd: RunDir, to_table: RowsToTable | None = None, *, skip: str = "") 
 
 
 @dataclass(slots=True)
-class SourceTotals:
-    """Counters of one source, read from the parts."""
-
-    done: int = 0
-    rows: int = 0
-    truncated: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-@dataclass(slots=True)
 class DoneSet:
     """Sample ids stored in intact parts, with per-source totals."""
 
     ids: set[str] = field(default_factory=set)
-    sources: dict[str, SourceTotals] = field(default_factory=dict)
+    sources: dict[str, SourceCounts] = field(default_factory=dict)
     parts: int = 0
     #: parts found damaged or missing (and quarantined when reading for a run)
     damaged: list[str] = field(default_factory=list)
@@ -238,13 +227,7 @@ class DoneSet:
         if sample_id in self.ids:
             return
         self.ids.add(sample_id)
-        c = count_rows(rows)
-        t = self.sources.setdefault(source, SourceTotals())
-        t.done += 1
-        t.rows += c.rows
-        t.truncated += c.truncated
-        t.prompt_tokens += c.prompt_tokens
-        t.completion_tokens += c.completion_tokens
+        self.sources.setdefault(source, SourceCounts()).add(count_rows(rows))
 
 
 _COUNT_COLUMNS = ("sample_id", "source", "prompt_tokens", "completion_tokens", "finish_reason")
@@ -393,12 +376,7 @@ def read_done(rd: RunDir, *, repair: bool = False) -> DoneSet:
         for sid, (source, c) in st.samples.items():
             if sid not in done.ids:
                 done.ids.add(sid)
-                t = done.sources.setdefault(source, SourceTotals())
-                t.done += 1
-                t.rows += c.rows
-                t.truncated += c.truncated
-                t.prompt_tokens += c.prompt_tokens
-                t.completion_tokens += c.completion_tokens
+                done.sources.setdefault(source, SourceCounts()).add(c)
         done.parts += 1
     return done
 
