@@ -9,14 +9,15 @@ turns per sample.
 
 **Parts that vanished.** The progress file counts what the driver stored, but a part can be
 deleted or damaged afterwards (a storage fault, a partial copy). So every
-``RECONCILE_EVERY_S`` (and on the first tick; ``regen status`` always) the view also lists
+``RECONCILE_EVERY_S`` (and on the first tick; ``regen status`` reads once) the view also lists
 ``parts/`` — one listing call, never a Parquet file — and reads the record of each part it has
 not seen yet (records never change, so each is read once). A part counts when its file is
-listed with the size its record says. Per source, each counter shown is then
-``min(progress, counted parts + pending)`` (``pending``: journaled, not yet in a part, from the
-progress file), and the parts that are missing or of the wrong size are named. While some
-listed part has no record yet (a part being written, or a run directory from before records)
-the progress counters are shown as they are.
+listed with the size its record says. Per source, what the progress file (read just before
+the listing) counts beyond the counted parts plus its ``pending`` samples (journaled, not yet
+in a part) is the deficit: the samples of parts that vanished. Until the next listing every
+tick shows the progress counters less that deficit, and names the parts missing or of the
+wrong size. While some listed part has no record yet (a part being written, or a run
+directory from before records) no deficit is computed.
 
 Definitions (all pure functions of those files and ``now``):
 
@@ -84,6 +85,9 @@ class PartsCheck:
     stored: dict[str, SourceCounts] | None
     #: parts whose file is gone or of the wrong size (relative paths, with why)
     damaged: list[str] = field(default_factory=list)
+    #: per source, what the progress file read with this listing counts beyond the counted
+    #: parts plus its pending samples (see :func:`deficit`); subtracted until the next listing
+    deficit: dict[str, SourceCounts] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -191,7 +195,9 @@ class RunView:
             )
         now = time.monotonic()
         if self._checked_at is None or now - self._checked_at >= self.reconcile_every_s:
-            self._last_check = self.check_parts()
+            check = self.check_parts()  # listed after the progress file was read: see deficit
+            check.deficit = deficit(progress, check.stored)
+            self._last_check = check
             self._checked_at = now
         return RunFiles(progress=progress, lock=lock, run=run, parts=self._last_check)
 
@@ -532,8 +538,7 @@ def compute(
     srcs: list[SourceNumbers] = []
     check = files.parts
     for name, sp in (p.sources if p else {}).items():
-        known = check is not None and check.stored is not None
-        c = _reconciled(sp, check.stored.get(name) if known else None, known=known)
+        c = _shown(sp, check.deficit.get(name) if check else None)
         srcs.append(
             SourceNumbers(
                 name=name,
@@ -629,29 +634,36 @@ def compute(
     )
 
 
-def _reconciled(sp: Any, stored: SourceCounts | None, *, known: bool) -> SourceCounts:
-    """A source's counters, never more than its intact parts (``stored``, when ``known``)
-    plus what is pending."""
-    shown = SourceCounts(
-        done=sp.done,
-        rows=sp.rows,
-        truncated=sp.truncated,
-        prompt_tokens=sp.prompt_tokens,
-        completion_tokens=sp.completion_tokens,
-    )
-    if not known or sp.pending is None:
-        return shown
-    base = stored or SourceCounts()
-    pend = sp.pending
-    return SourceCounts(
-        done=min(shown.done, base.done + pend.done),
-        rows=min(shown.rows, base.rows + pend.rows),
-        truncated=min(shown.truncated, base.truncated + pend.truncated),
-        prompt_tokens=min(shown.prompt_tokens, base.prompt_tokens + pend.prompt_tokens),
-        completion_tokens=min(
-            shown.completion_tokens, base.completion_tokens + pend.completion_tokens
-        ),
-    )
+_FIELDS = ("done", "rows", "truncated", "prompt_tokens", "completion_tokens")
+
+
+def deficit(
+    progress: ProgressSnapshot | None, stored: dict[str, SourceCounts] | None
+) -> dict[str, SourceCounts]:
+    """Per source, how much the progress counters exceed the intact parts plus the pending
+    samples (what vanished). Empty when either side is unknown. The parts must be listed after
+    the progress file was read: a part written in between is then counted by both, never
+    missed."""
+    if progress is None or stored is None:
+        return {}
+    out: dict[str, SourceCounts] = {}
+    for name, sp in progress.sources.items():
+        if sp.pending is None:
+            continue  # an older writer: nothing to compare with
+        have = stored.get(name) or SourceCounts()
+        gap = SourceCounts(**{
+            f: max(0, getattr(sp, f) - getattr(have, f) - getattr(sp.pending, f))
+            for f in _FIELDS
+        })  # fmt: skip
+        if any(getattr(gap, f) for f in _FIELDS):
+            out[name] = gap
+    return out
+
+
+def _shown(sp: Any, gap: SourceCounts | None) -> SourceCounts:
+    """A source's counters less what vanished (``gap``)."""
+    return SourceCounts(**{f: max(0, getattr(sp, f) - (getattr(gap, f) if gap else 0))
+                           for f in _FIELDS})  # fmt: skip
 
 
 def read_numbers(uri: str | os.PathLike[str], now: float | None = None, **kw: Any) -> RunNumbers:

@@ -367,6 +367,27 @@ def test_a_vanished_or_cut_part_is_not_counted(tmp_path: Path) -> None:
     assert RunView(tmp_path).numbers(NOW).done == n - 8 + 3
 
 
+def test_counters_that_grew_since_the_last_listing_are_shown(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    from regen.store import layout
+    from regen.store.journal import CompletedSample, Journal, list_parts
+
+    rd, n = _run_with_parts(tmp_path)
+    (tmp_path / list_parts(rd)[0].part).unlink()  # 4 samples gone
+    view = RunView(tmp_path, reconcile_every_s=3600.0)  # lists on the first tick only
+    assert view.numbers(NOW).done == n - 4
+    j = Journal(rd, "S2", pa.Table.from_pylist)  # the run goes on: a new part of 2 samples
+    for i in range(2):
+        j.append(CompletedSample(f"a:new{i}", "a", [{"sample_id": f"a:new{i}", "source": "a",
+                                                     "turn": 0}]))  # fmt: skip
+    j.roll()
+    s = layout.read_progress(rd)
+    s.sources["a"].done += 2
+    layout.write_progress(rd, s)
+    assert view.numbers(NOW).done == n - 4 + 2  # not re-listed: the vanished part still out
+
+
 def test_a_reconcile_never_opens_a_parquet_file(tmp_path: Path, monkeypatch) -> None:
     import pyarrow.parquet as pq
 

@@ -170,13 +170,14 @@ def write_part(
     for s in samples:
         if s.sample_id not in by_sample:
             by_sample[s.sample_id] = (s.source, count_rows(s.rows))
-    data = part_bytes(table, len(by_sample))
     final = layout.part_path(stem)
     try:
+        data = part_bytes(table, len(by_sample))
         rd.write_bytes_atomic(final, data)
-    except RunDirError as e:
+    except (OSError, RunDirError) as e:
+        why = e.__cause__ if isinstance(e, RunDirError) and e.__cause__ else e
         raise RunDirError(
-            f"{rd.uri}: cannot write part {final}: {e.__cause__ or e}; the journal is kept, "
+            f"{rd.uri}: cannot write part {final}: {why}; the journal is kept, "
             "rerun the same command to resume"
         ) from e
     record = make_record(stem, data, by_sample)

@@ -47,12 +47,18 @@ def cli(args: list[str], env: dict[str, str], timeout: float = 240) -> subproces
     return p
 
 
-@pytest.fixture(autouse=True)
-def _no_stale_log_handlers():
-    """The in-process CLI binds the root logger to this test's captured stderr: unbind it."""
-    yield
+def _drop_log_handlers() -> None:
     for h in list(logging.root.handlers):
         logging.root.removeHandler(h)
+
+
+@pytest.fixture(autouse=True)
+def _no_stale_log_handlers():
+    """An in-process CLI binds the root logger to a test's captured stderr, closed after that
+    test: unbind it before and after (another module's test may have left one)."""
+    _drop_log_handlers()
+    yield
+    _drop_log_handlers()
 
 
 @pytest.fixture(scope="module")
