@@ -16,15 +16,19 @@ around 0.35-0.5, code 0.2-0.35; a text that repeats itself, even loosely, falls 
 from __future__ import annotations
 
 import zlib
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from regen.text import words
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def longest_repeat(text: str, max_ngram: int) -> tuple[int, int]:
     """``(words in the longest back-to-back repetition, its n-gram size)``; ``(0, 0)`` when no
     n-gram follows itself."""
+    import numpy as np  # here, not at import: the manifest imports regen.quality
+
     ws = words(text)
     if len(ws) < 2:
         return 0, 0
@@ -42,6 +46,8 @@ def longest_repeat(text: str, max_ngram: int) -> tuple[int, int]:
 
 
 def _longest_true_run(mask: np.ndarray) -> int:
+    import numpy as np
+
     edges = np.diff(np.concatenate(([0], mask.view(np.int8), [0])))
     starts = np.flatnonzero(edges == 1)
     ends = np.flatnonzero(edges == -1)

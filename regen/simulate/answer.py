@@ -20,9 +20,10 @@ one of the answers a thinking model at temperature 1.0 sometimes gives instead
 until ``max_tokens``: in the reasoning when thinking, else in the content; ``finish_reason``
 ``"length"``), ``empty`` (normal reasoning, then nothing: empty content, no tool call,
 ``"stop"``) or ``language`` (normal reasoning, content of at least :data:`LANGUAGE_MIN_TOKENS`
-in another script than the prompt's: Cyrillic, or Han when the prompt writes Cyrillic). The draw depends on the seed too, so a
-request sent again with another seed may come back clean. Answers not drawn are exactly the
-answers of rate 0, and rate 0 leaves every answer as it was before the knob existed.
+in another script than the prompt's: Cyrillic, or Han when the prompt writes Cyrillic). The draw
+depends on the seed too, so a request sent again with another seed may come back clean. Answers
+not drawn are exactly the answers of rate 0, and rate 0 leaves every answer as it was before the
+knob existed.
 """
 
 from __future__ import annotations
