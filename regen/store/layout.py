@@ -331,7 +331,12 @@ class ScheduleRecord(Record):
 
 
 class SourceCounts(Record):
-    """Counters of one source over some stored samples (a part, or a pending journal)."""
+    """Counters of one source over some stored samples (a part, or a pending journal).
+
+    They describe each sample's latest answer: a new attempt (``regen run --retry-flagged``)
+    counts as the difference from the answer it replaces (``done`` 0, ``retried`` 1, rows,
+    tokens and flags new minus old), so adding up the parts in any order gives the totals of
+    the latest answers. Fields a record written before them lacks read as 0."""
 
     #: samples
     done: int = 0
@@ -341,13 +346,35 @@ class SourceCounts(Record):
     truncated: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    #: samples with a row carrying a quality flag (regen.quality)
+    flagged: int = 0
+    #: rows per quality flag
+    flags: dict[str, int] = Field(default_factory=dict)
+    #: new attempts stored (samples answered again by regen run --retry-flagged)
+    retried: int = 0
 
-    def add(self, other: SourceCounts) -> None:
-        self.done += other.done
-        self.rows += other.rows
-        self.truncated += other.truncated
-        self.prompt_tokens += other.prompt_tokens
-        self.completion_tokens += other.completion_tokens
+    def add(self, other: SourceCounts, sign: int = 1) -> None:
+        """Add ``other`` (``sign=-1``: subtract it)."""
+        for name in SCALAR_COUNTS:
+            setattr(self, name, getattr(self, name) + sign * getattr(other, name))
+        for flag, n in other.flags.items():
+            left = self.flags.get(flag, 0) + sign * n
+            if left:
+                self.flags[flag] = left
+            else:
+                self.flags.pop(flag, None)
+
+
+#: the integer counters of SourceCounts (``flags`` is the per-flag mapping)
+SCALAR_COUNTS = (
+    "done",
+    "rows",
+    "truncated",
+    "prompt_tokens",
+    "completion_tokens",
+    "flagged",
+    "retried",
+)
 
 
 class PartRecord(Record):
@@ -375,6 +402,8 @@ class JournalLine(Record):
     sample_id: str
     source: str
     rows: list[dict[str, Any]]
+    #: a new attempt: the counters of the answer it replaces (None: the sample's first answer)
+    replaces: SourceCounts | None = None
 
 
 class FailureLine(Record):
