@@ -13,10 +13,21 @@ writes to ``OUT`` (local path or pyarrow URI; file names from the layout too)::
                                    per line, SpecForge's ``data.train_data_path``
       stats.json                   what was kept and dropped, rows and tokens per source
 
-Rules, in this order: rows are deduplicated by (sample_id, turn) (first in part-name order
-wins), then truncated rows (finish_reason "length") are dropped unless kept, rows longer than
-``max_length`` tokens are dropped (never cut: a cut row would change its mask), rows without a
-single loss token are dropped (SpecForge would skip them silently). The kept rows are sorted by
+Rules, in this order: only each sample's latest answer counts (rows of an earlier attempt,
+kept in the run directory when ``regen run --retry-flagged`` answered the sample again, are
+dropped as ``superseded``); rows are deduplicated by (sample_id, turn, attempt) (first in
+part-name order wins); rows carrying a quality flag of ``drop_flags`` are dropped as
+``flagged`` (default :data:`regen.quality.DEFAULT_DROP_FLAGS`; stats.json counts rows, tokens
+and loss tokens per flag, a row with two such flags under each); then truncated rows
+(finish_reason "length") are dropped unless kept, rows longer than ``max_length`` tokens are
+dropped (never cut: a cut row would change its mask), rows without a single loss token are
+dropped (SpecForge would skip them silently). Parts written before the attempt and quality
+columns read as attempt 0 without flags.
+
+``only_flagged`` inverts the flag rule for inspection: only the latest answers' rows carrying a
+flag of ``drop_flags`` are written (nothing else is dropped), and the conversations variant
+writes one record per such row (not per sample), with its ``turn``, ``attempt`` and
+``quality_flags``. Dropped rows always stay in the run directory. The kept rows are sorted by
 (sample_id, turn) and shuffled with ``random.Random(seed)``, so the output depends only on the
 rows and the seed, never on part order. Shards are consecutive slices of that one order:
 concatenating them in name order gives the single file SpecForge 0.2.0 reads
@@ -45,9 +56,10 @@ import logging
 import random
 import tempfile
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,6 +67,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from regen.errors import ConfigError, RunDirError
+from regen.quality import DEFAULT_DROP_FLAGS, parse_flags
+from regen.rows import ADDED_COLUMNS
 from regen.store import layout
 from regen.store.rundir import RunDir
 
@@ -74,6 +88,8 @@ _KEY_COLUMNS = (
     "loss_tokens",
     "token_source",
     "token_check",
+    "attempt",
+    "quality_flags",
 )
 _DATA_COLUMNS: dict[str, tuple[str, ...]] = {
     "pretokenized": ("input_ids", "loss_mask"),
@@ -85,6 +101,8 @@ _DATA_COLUMNS: dict[str, tuple[str, ...]] = {
         "reasoning",
         "content",
         "tool_calls",
+        "attempt",
+        "quality_flags",
     ),
 }
 #: output positions per spill bucket (a bucket's lines are held in memory while it is written)
@@ -104,6 +122,20 @@ class _Part:
 
 
 @dataclass(slots=True)
+class FlagStats:
+    """Rows dropped for one quality flag (stats.json ``flags``)."""
+
+    rows: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+
+    def add(self, tokens: int, loss_tokens: int) -> None:
+        self.rows += 1
+        self.tokens += tokens
+        self.loss_tokens += loss_tokens
+
+
+@dataclass(slots=True)
 class SourceStats:
     """Per-source numbers in stats.json."""
 
@@ -113,6 +145,8 @@ class SourceStats:
     loss_tokens: int = 0
     truncated_seen: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
+    #: rows, tokens and loss tokens dropped per quality flag (with only_flagged: written)
+    flags: dict[str, FlagStats] = field(default_factory=dict)
 
     @property
     def mask_coverage(self) -> float:
@@ -130,6 +164,8 @@ class ExportStats:
     drop_truncated: bool
     max_length: int | None
     shard_rows: int
+    drop_flags: list[str] = field(default_factory=list)
+    only_flagged: bool = False
     parts: int = 0
     rows_read: int = 0
     rows_written: int = 0
@@ -141,6 +177,8 @@ class ExportStats:
     token_check: dict[str, int] = field(default_factory=dict)  #: read rows per check result
     token_check_problems: int = 0  #: read rows whose check is not in TOKEN_CHECKS_OK
     shards: list[dict[str, Any]] = field(default_factory=list)  #: {file, rows, tokens}
+    #: rows, tokens and loss tokens dropped per quality flag (with only_flagged: written)
+    flags: dict[str, FlagStats] = field(default_factory=dict)
 
     @property
     def mask_coverage(self) -> float:
@@ -164,8 +202,15 @@ def export_run(
     max_length: int | None = None,
     shard_rows: int = 10000,
     fmt: Format = "pretokenized",
+    drop_flags: Iterable[str] | str = DEFAULT_DROP_FLAGS,
+    only_flagged: bool = False,
 ) -> ExportStats:
-    """Export every row of ``run_dir`` to ``out`` (see the module docstring)."""
+    """Export every row of ``run_dir`` to ``out`` (see the module docstring). ``drop_flags``:
+    quality flags whose rows are dropped (names, a comma string, ``default``, ``all``,
+    ``none``)."""
+    flags = parse_flags(drop_flags, "drop_flags")
+    if only_flagged and not flags:
+        raise ConfigError("--only-flagged needs at least one flag to look for", field="drop_flags")
     if fmt not in FORMATS:
         raise ConfigError(f"export format must be one of {FORMATS}, got {fmt!r}", field="format")
     if shard_rows < 0:
@@ -186,9 +231,12 @@ def export_run(
         drop_truncated=drop_truncated,
         max_length=max_length,
         shard_rows=shard_rows,
+        drop_flags=list(flags),
+        only_flagged=only_flagged,
     )
     parts, table = _read_keys(rd, fmt, stats)
-    order = _select(table, fmt, stats, drop_truncated=drop_truncated, max_length=max_length)
+    order = _select(table, fmt, stats, drop_truncated=drop_truncated, max_length=max_length,
+                    drop_flags=frozenset(flags), only_flagged=only_flagged)  # fmt: skip
     sids, turns = table.column("sample_id").to_pylist(), table.column("turn").to_pylist()
     order.sort(key=lambda i: (sids[i], turns[i]))
     random.Random(seed).shuffle(order)
@@ -198,7 +246,7 @@ def export_run(
     _remove_old_shards(dest, fmt)
     size = shard_rows or max(len(order), 1)
     with tempfile.TemporaryDirectory(prefix="regen-export-") as spill:
-        lines = _ordered_lines(rd, parts, order, fmt, Path(spill))
+        lines = _ordered_lines(rd, parts, order, fmt, Path(spill), inspect=only_flagged)
         for n, start in enumerate(range(0, len(order), size)):
             rows = order[start : start + size]
             name = layout.shard_name(fmt, n)
@@ -223,7 +271,7 @@ def export_run(
 def _read_keys(rd: RunDir, fmt: str, stats: ExportStats) -> tuple[list[_Part], pa.Table]:
     """The parts (name order) and the key columns of all their rows, concatenated."""
     names = [n for n in rd.list(layout.PARTS_DIR) if layout.part_stem(n) is not None]
-    needed = set(_KEY_COLUMNS + _DATA_COLUMNS[fmt])
+    needed = set(_KEY_COLUMNS + _DATA_COLUMNS[fmt]) - set(ADDED_COLUMNS.names)
     parts: list[_Part] = []
     tables = []
     start = 0
@@ -236,7 +284,8 @@ def _read_keys(rd: RunDir, fmt: str, stats: ExportStats) -> tuple[list[_Part], p
                 if missing:
                     raise RunDirError(f"{rd.uri}: part {name} lacks column(s) {missing}")
                 groups = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
-                tables.append(pf.read(columns=list(_KEY_COLUMNS)))
+                have = [c for c in _KEY_COLUMNS if c in pf.schema_arrow.names]
+                tables.append(with_added_columns(pf.read(columns=have)))
         except (OSError, pa.ArrowInvalid) as e:
             raise RunDirError(f"{rd.uri}: cannot read part {name}: {e}") from e
         parts.append(_Part(name, path, start, groups))
@@ -249,7 +298,7 @@ def _read_keys(rd: RunDir, fmt: str, stats: ExportStats) -> tuple[list[_Part], p
 
 
 def _ordered_lines(
-    rd: RunDir, parts: list[_Part], order: list[int], fmt: str, spill: Path
+    rd: RunDir, parts: list[_Part], order: list[int], fmt: str, spill: Path, *, inspect: bool
 ) -> Iterator[str]:
     """The JSON line of every row in ``order``, in that order, with bounded memory.
 
@@ -261,7 +310,10 @@ def _ordered_lines(
     window = max(WINDOW_ROWS, -(-len(order) // MAX_BUCKETS))
     n_buckets = -(-len(order) // window)
     columns = list(_DATA_COLUMNS[fmt])
-    render = _pretokenized_lines if fmt == "pretokenized" else _conversation_lines
+    if fmt == "pretokenized":
+        render = _pretokenized_lines
+    else:
+        render = partial(_conversation_lines, inspect=inspect)
     files = [(spill / f"b{b:05d}").open("w", encoding="utf-8") for b in range(n_buckets)]
     try:
         for part in parts:
@@ -274,7 +326,8 @@ def _ordered_lines(
                         first += n
                         if not want:
                             continue
-                        group = pf.read_row_group(g, columns=columns)
+                        have = [c for c in columns if c in pf.schema_arrow.names]
+                        group = with_added_columns(pf.read_row_group(g, columns=have))
                         rows = group.take(pa.array([j for j, _ in want], type=pa.int64()))
                         for (_, pos), line in zip(want, render(rows), strict=True):
                             files[pos // window].write(f"{pos}\t{line}\n")
@@ -299,6 +352,17 @@ def _empty(columns: list[str]) -> pa.Table:
     return SCHEMA.empty_table().select(columns)
 
 
+def with_added_columns(table: pa.Table) -> pa.Table:
+    """``table`` of a part written before ADDED_COLUMNS with the key ones filled in (attempt 0,
+    no flags); other tables come back as they are."""
+    if "attempt" not in table.column_names:
+        table = table.append_column("attempt", pa.array([0] * table.num_rows, pa.int32()))
+    if "quality_flags" not in table.column_names:
+        empty = pa.array([[]] * table.num_rows, pa.list_(pa.string()))
+        table = table.append_column("quality_flags", empty)
+    return table
+
+
 def _select(
     table: pa.Table,
     fmt: str,
@@ -306,9 +370,17 @@ def _select(
     *,
     drop_truncated: bool,
     max_length: int | None,
+    drop_flags: frozenset[str] = frozenset(),
+    only_flagged: bool = False,
 ) -> list[int]:
     """Indices of the rows to write; fills the read/drop/keep numbers of ``stats``."""
     sids = table.column("sample_id").to_pylist()
+    attempts = table.column("attempt").to_pylist()
+    row_flags = table.column("quality_flags").to_pylist()
+    latest: dict[str, int] = {}
+    for sid, a in zip(sids, attempts, strict=True):
+        if a and a > latest.get(sid, 0):
+            latest[sid] = a
     turns = table.column("turn").to_pylist()
     sources = table.column("source").to_pylist()
     truncated = table.column("truncated").to_pylist()
@@ -318,7 +390,7 @@ def _select(
     checks = table.column("token_check").to_pylist()
     dropped: Counter[str] = Counter()
     per_source: dict[str, SourceStats] = defaultdict(SourceStats)
-    seen: set[tuple[str, int]] = set()
+    seen: set[tuple[str, int, int]] = set()
     keep: list[int] = []
     for i, sid in enumerate(sids):
         src = per_source[sources[i]]
@@ -327,15 +399,27 @@ def _select(
             stats.token_check[checks[i]] = stats.token_check.get(checks[i], 0) + 1
             if checks[i] not in TOKEN_CHECKS_OK:
                 stats.token_check_problems += 1
-        key = (sid, turns[i])
+        key = (sid, turns[i], attempts[i] or 0)
+        hit = [f for f in row_flags[i] or () if f in drop_flags]
         reason = None
-        if key in seen:
+        if key[2] < latest.get(sid, 0):
+            reason = "superseded"
+        elif key in seen:
             reason = "duplicate"
+        elif only_flagged:
+            seen.add(key)
+            if not hit:
+                reason = "not_flagged"
+            else:
+                _count_flags(stats, src, hit, ntok[i], nloss[i])
         else:
             seen.add(key)
             if truncated[i]:
                 src.truncated_seen += 1
-            if truncated[i] and drop_truncated:
+            if hit:
+                reason = "flagged"
+                _count_flags(stats, src, hit, ntok[i], nloss[i])
+            elif truncated[i] and drop_truncated:
                 reason = "truncated"
             elif max_length is not None and ntok[i] > max_length:
                 reason = "too_long"
@@ -348,7 +432,7 @@ def _select(
             src.dropped[reason] = src.dropped.get(reason, 0) + 1
             continue
         keep.append(i)
-    if fmt == "conversations":  # one record per sample: its highest kept turn
+    if fmt == "conversations" and not only_flagged:  # one record per sample: its highest turn
         best: dict[str, int] = {}
         for i in keep:
             if sids[i] not in best or turns[i] > turns[best[sids[i]]]:
@@ -375,6 +459,14 @@ def _select(
     return keep
 
 
+def _count_flags(
+    stats: ExportStats, src: SourceStats, flags: list[str], tokens: int, loss_tokens: int
+) -> None:
+    for f in flags:
+        stats.flags.setdefault(f, FlagStats()).add(tokens, loss_tokens)
+        src.flags.setdefault(f, FlagStats()).add(tokens, loss_tokens)
+
+
 def _pretokenized_lines(chunk: pa.Table) -> list[str]:
     ids = chunk.column("input_ids").to_pylist()
     masks = chunk.column("loss_mask").to_pylist()
@@ -384,11 +476,10 @@ def _pretokenized_lines(chunk: pa.Table) -> list[str]:
     ]
 
 
-def _conversation_lines(chunk: pa.Table) -> list[str]:
+def _conversation_lines(chunk: pa.Table, *, inspect: bool = False) -> list[str]:
+    """Conversation records; ``inspect`` adds each row's turn, attempt and quality flags."""
     lines = []
-    for r in chunk.select(
-        ["sample_id", "turn", "messages", "tools", "reasoning", "content", "tool_calls"]
-    ).to_pylist():
+    for r in chunk.to_pylist():
         answer: dict[str, Any] = {"role": "assistant", "content": r["content"] or ""}
         if r["reasoning"] is not None:
             answer["reasoning_content"] = r["reasoning"]
@@ -401,6 +492,8 @@ def _conversation_lines(chunk: pa.Table) -> list[str]:
         }
         if r["tools"]:
             rec["tools"] = json.loads(r["tools"])
+        if inspect:
+            rec.update(turn=r["turn"], attempt=r["attempt"], quality_flags=r["quality_flags"])
         lines.append(json.dumps(rec, ensure_ascii=False, separators=(",", ":")))
     return lines
 
