@@ -48,6 +48,7 @@ from typing import Any, Literal
 
 from regen.errors import RunDirError
 from regen.store.layout import SourceCounts as Pending
+from regen.store.layout import add_flag_counts
 
 VERSION = 1
 STATES = ("running", "finished", "interrupted", "failed")
@@ -96,12 +97,7 @@ class SourceProgress:
         self.completion_tokens += c.completion_tokens
         self.flagged += c.flagged
         self.retried += c.retried
-        for flag, n in c.flags.items():
-            left = self.flags.get(flag, 0) + n
-            if left:
-                self.flags[flag] = left
-            else:
-                self.flags.pop(flag, None)
+        add_flag_counts(self.flags, c.flags)
 
 
 @dataclass(slots=True)

@@ -53,7 +53,14 @@ from typing import Any
 from regen.errors import RunDirError
 from regen.progress import ProgressSnapshot
 from regen.store import RunDir, layout
-from regen.store.layout import CLOCK_SKEW_S, LockRecord, PartRecord, RunRecord, SourceCounts
+from regen.store.layout import (
+    CLOCK_SKEW_S,
+    LockRecord,
+    PartRecord,
+    RunRecord,
+    SourceCounts,
+    add_flag_counts,
+)
 from regen.store.layout import fmt_age as _age
 from regen.store.layout import pid_is_alive as _pid_alive
 from regen.store.lock import read_lock
@@ -653,8 +660,7 @@ def compute(
 def _sum_flags(many: Any) -> dict[str, int]:
     out: dict[str, int] = {}
     for flags in many:
-        for k, v in flags.items():
-            out[k] = out.get(k, 0) + v
+        add_flag_counts(out, flags)
     return out
 
 

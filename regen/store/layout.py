@@ -357,12 +357,17 @@ class SourceCounts(Record):
         """Add ``other`` (``sign=-1``: subtract it)."""
         for name in SCALAR_COUNTS:
             setattr(self, name, getattr(self, name) + sign * getattr(other, name))
-        for flag, n in other.flags.items():
-            left = self.flags.get(flag, 0) + sign * n
-            if left:
-                self.flags[flag] = left
-            else:
-                self.flags.pop(flag, None)
+        add_flag_counts(self.flags, other.flags, sign)
+
+
+def add_flag_counts(into: dict[str, int], other: dict[str, int], sign: int = 1) -> None:
+    """Add per-flag counts (``sign=-1``: subtract); a flag whose count reaches 0 is removed."""
+    for flag, n in other.items():
+        left = into.get(flag, 0) + sign * n
+        if left:
+            into[flag] = left
+        else:
+            into.pop(flag, None)
 
 
 #: the integer counters of SourceCounts (``flags`` is the per-flag mapping)
