@@ -39,6 +39,8 @@ FLAG_LABELS = {
     "refusal": "refusal",
     "bad_tool_call": "tool",
 }
+#: terminals at least WIDE columns wide get the token and top-flag columns
+WIDE = 118
 #: top reasons shown per source: 2 in terminals at least EXTRA_WIDE columns wide, else 1
 TOP_FLAGS = 2
 EXTRA_WIDE = 140
@@ -132,9 +134,9 @@ def top_flags(flags: dict[str, int], k: int = TOP_FLAGS) -> str:
 
 def sources_table(n: RunNumbers, width: int = 120) -> Table:
     """One row per source and a total; narrow terminals drop the token and top-flag columns."""
-    wide = width >= 110
+    wide = width >= WIDE
     top_k = TOP_FLAGS if width >= EXTRA_WIDE else 1
-    bar_w = max(10, min(BAR_WIDTH, width - ((124 if top_k > 1 else 110) if wide else 78)))
+    bar_w = max(10, min(BAR_WIDTH, width - ((118 if top_k > 1 else 108) if wide else 78)))
     t = Table(expand=True, box=None, pad_edge=False, header_style="bold")
     t.add_column("source", no_wrap=True)
     t.add_column("progress", no_wrap=True)
