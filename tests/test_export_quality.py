@@ -109,3 +109,13 @@ def test_cli_flags(run_dir, tmp_path, capsys) -> None:
     assert len(lines(tmp_path / "c", "conversations-")) == 1
     assert main(["export", str(run_dir), "--out", out, "--drop-flags", "nonsense"]) == 2
     assert "unknown flag 'nonsense'" in capsys.readouterr().err
+
+
+def test_verify_accepts_a_part_from_before_the_columns(run_dir) -> None:
+    from regen.store import RunDir
+    from regen.store.verify import verify_run
+
+    rep = verify_run(RunDir.open(run_dir), check_plan=False)
+    assert [p for p in rep.problems if p.kind in ("schema", "duplicate")] == []
+    assert any("1 part(s) written before the attempt and quality columns" in n for n in rep.notes)
+    assert (rep.samples, rep.rows) == (4, 4)  # q:1 counted once, with its latest answer

@@ -102,7 +102,8 @@ class JobSummary:
     done: int = 0  #: samples stored (all sessions)
     completed_now: int = 0  #: samples completed in this session
     failed_permanent: int = 0  #: permanent failures on record (not done)
-    failed_transient: int = 0  #: samples of this session that ran out of retries
+    #: samples of this session that ran out of retries (and new attempts that failed)
+    failed_transient: int = 0
     retried_now: int = 0  #: new attempts of flagged samples stored this session
     parts_written: int = 0
     requests_sent: int = 0
@@ -259,7 +260,9 @@ class _Session:
             # a new attempt failed: the sample keeps its stored answer (the next run with
             # --retry-flagged requests it again)
             self.tracker.sample_failed(out, newly_permanent=False, retry=True)
-            log.warning("new attempt of %s failed (%s): %s", out.sample_id, out.kind,
+            self.summary.failed_transient += 1  # the same command requests it again
+            log.warning("new attempt of %s failed (%s; its earlier answer is kept, the same "
+                        "command requests it again): %s", out.sample_id, out.kind,
                         out.message[:300])  # fmt: skip
             return
         prev = self.failed_ids.get(out.sample_id)
