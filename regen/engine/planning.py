@@ -12,7 +12,9 @@ other work, marked with that attempt (:func:`regen.engine.attempts.as_attempt`).
 
 Seam for a plan index: :func:`iter_planned` is the one place samples come from. An index of the
 plan kept in the run directory (so that a resume reads only unfinished rows) replaces it by
-yielding the same samples from there; :func:`plan_session` and everything after it stay.
+yielding the same samples from there; :func:`plan_session` and everything after it stay. Such
+an index must still yield the done samples named in ``redo`` (their bodies are what a new
+attempt sends).
 """
 
 from __future__ import annotations
