@@ -5,9 +5,11 @@ Definitions (pure functions, no I/O):
 - **output tok/s** = server-counted completion tokens of the level's ok requests ÷ the level's
   wall time (first request sent → last one finished); **requests/s** alike.
 - **TTFT / latency p50, p95**: linear interpolation between order statistics.
-- **acceptance from spec_tokens_details** = Σ completion tokens ÷ Σ ``spec_verify_ct`` over the
-  requests — SGLang's per-request ``spec_accept_length`` (completion ÷ verify steps) pooled
-  by tokens, i.e. the mean tokens per verify step over all of them.
+- **acceptance from spec_tokens_details** = Σ decode tokens ÷ Σ ``spec_verify_ct`` over the
+  requests (decode tokens: completion tokens minus the prefill's first): the mean tokens kept
+  per verify step, the quantity ``/server_info``'s ``avg_spec_accept_length`` and SGLang's own
+  ``bench_serving`` report. SGLang's per-request ``spec_accept_length`` (completion ÷ verify
+  steps) also counts the prefill's token, which inflates short answers.
 - **acceptance from /server_info**: ``avg_spec_accept_length`` is SGLang's running total
   (accepted tokens ÷ request-steps since start). Across a window (a level, or one source's
   pass) where the bench had the server produce ``T`` decode tokens (completion tokens minus the
@@ -61,21 +63,22 @@ def decode_tokens(records: Iterable[RequestRecord]) -> int:
 class DetailsAccept:
     """Acceptance pooled from per-request spec_tokens_details."""
 
-    accept_length: float | None
+    accept_length: float | None  #: decode tokens ÷ verify steps
     completion_tokens: int
     verify_ct: int
     requests: int
 
 
 def details_accept(records: Iterable[RequestRecord]) -> DetailsAccept:
-    """Σ completion ÷ Σ verify steps over the ok requests that carried details."""
+    """Σ decode tokens ÷ Σ verify steps over the ok requests that carried details."""
     tokens = verify = n = 0
     for r in records:
         if r.ok and r.verify_ct and r.completion_tokens is not None:
             tokens += r.completion_tokens
             verify += r.verify_ct
             n += 1
-    return DetailsAccept(tokens / verify if verify else None, tokens, verify, n)
+    decode = tokens - n  # each request's first token came from its prefill
+    return DetailsAccept(decode / verify if verify else None, tokens, verify, n)
 
 
 @dataclass(slots=True)
