@@ -27,8 +27,10 @@ TOOL = {
     },
 }
 
-#: simulator options of the bench's runner tests: short answers of a fixed length, 3.2 ms steps
-SIM = {"mean_tokens": 24, "length_sigma": 0, "max_running_requests": 64, "step_ms": 3.2}
+#: simulator options of the bench's runner tests: short answers of a fixed length, 5 ms steps
+#: (slow enough that the bench's client keeps up at concurrency 16 on a shared CI core)
+SIM = {"mean_tokens": 24, "length_sigma": 0, "max_running_requests": 64, "step_ms": 5.0}
+STEP_S = SIM["step_ms"] / 1000
 #: the draft the speculative simulators report
 DRAFT = "/drafts/k25-eagle3"
 #: the speculative flags (the algorithm is added per simulator)
