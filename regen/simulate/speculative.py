@@ -16,7 +16,8 @@ not). Per request, the speedup over the plain server at the same batch is
 
     speedup(a, b) = a / r(b)                         (falls as the batch grows)
 
-and it crosses 1 at ``b* = (a − draft_overhead) / verify_cost`` (:meth:`SpeedModel.crossover`).
+and it crosses 1 at ``b* = (a − draft_overhead) / verify_cost`` (:meth:`SpeedModel.crossover`);
+:meth:`SpeedModel.fit` finds both constants from two measured speedups of a real pair.
 The defaults (1.25, 0.0163) reproduce the reference case's shape: at ``a = 2.1`` the draft is
 1.66× at batch 1 and 0.92× at 64 (82.4 vs 90 tok/s; the real pair measured 82.3 vs 90), and
 stops paying near batch 52. A batch of requests with different ``a`` behaves as one with the
@@ -88,6 +89,26 @@ class SpeedModel(BaseModel):
     #: extra step time per running request, relative to a plain decode step (the verify pass
     #: grows with the batch; a plain decode step does not)
     verify_cost: float = Field(0.0163, ge=0.0)
+
+    @classmethod
+    def fit(cls, accept: float, low: tuple[int, float], high: tuple[int, float]) -> SpeedModel:
+        """The model through two measured (batch, speedup) points at acceptance ``accept``:
+        ``a / s = draft_overhead + verify_cost · b`` at both. A ConfigError when the points
+        do not fit the model's shape (the speedup must fall with the batch, from at most
+        ``a``)."""
+        (b1, s1), (b2, s2) = low, high
+        if b1 == b2 or s1 <= 0 or s2 <= 0:
+            raise ConfigError("fit needs two different batches with positive speedups")
+        cost = (accept / s2 - accept / s1) / (b2 - b1)
+        overhead = accept / s1 - cost * b1
+        try:
+            return cls(draft_overhead=overhead, verify_cost=cost)
+        except ValidationError as e:
+            raise ConfigError(
+                f"speedups {s1:g} at {b1} and {s2:g} at {b2} with acceptance {accept:g} give "
+                f"draft_overhead {overhead:.3f}, verify_cost {cost:.4f}: outside the model "
+                f"({e.errors()[0]['msg']})"
+            ) from None
 
     def step_ratio(self, batch: int) -> float:
         """r(b): a speculative step's time ÷ a plain decode step's, with ``batch`` running."""
