@@ -44,6 +44,10 @@ from regen.rows import SCHEMA
 from regen.simulate.testing import running_simulator
 from regen.sources import read_samples
 
+#: the rows repeat a 5,000-row block behind a unique "#i" prefix: exact dedup keeps them all,
+#: near-duplicate detection would drop all but 5,000 (its own memory: benchmarks/neardup.py)
+NO_NEAR_DUP = ["dedup.near=false"]
+
 
 def write_rows(path: Path, n: int) -> None:
     """``n`` workload rows (generated in blocks: the generator's text is the cost), original
@@ -143,7 +147,7 @@ def resume(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="regen-bench-resume-"))
     manifest = write_workload(work, 10)
     write_rows(work / "sharegpt.jsonl", args.samples)
-    m = load_manifest(manifest)
+    m = load_manifest(manifest, NO_NEAR_DUP)
     t = time.perf_counter()
     ids = [s.id for s in read_samples(m)]
     read_s = time.perf_counter() - t
@@ -198,7 +202,7 @@ def memory(args: argparse.Namespace) -> None:
     size = (work / "sharegpt.jsonl").stat().st_size
     print(f"{args.samples} samples, source {size / 1e6:.0f} MB written in "
           f"{time.perf_counter() - t:.0f} s; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
-    m = load_manifest(manifest)
+    m = load_manifest(manifest, NO_NEAR_DUP)
     peaks: dict[int, float] = {}
     stop = threading.Event()
     t0 = time.monotonic()

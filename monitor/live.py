@@ -1,7 +1,9 @@
 """The refreshing view of a run: `regen monitor`, and the view `regen run` shows in its terminal.
 
-Each tick reads progress.json, lock.json and run.json (through :class:`regen.status.RunView`),
-computes the numbers and redraws; the cost does not depend on the size of the run. A tick that
+Each tick reads the progress file, the lock and run.json (through
+:class:`regen.status.RunView`), computes the numbers and redraws; every
+``regen.status.RECONCILE_EVERY_S`` it also lists parts/ (never opening a Parquet file) to
+notice parts that vanished. The cost does not depend on the size of the run. A tick that
 fails to read (a file being replaced on a slow filesystem, a network hiccup) keeps the last good
 frame and shows the error under it. When the console is not a terminal the same numbers are
 logged as one plain line per ``log_every_s`` instead (:func:`monitor.plain.log_line`).

@@ -28,4 +28,5 @@ def log_line(n: RunNumbers) -> str:
         f"failed {fmt_int(n.failed)} trunc {fmt_int(n.truncated)} | "
         f"tok/s 1m/5m/15m {rates} | in flight {fmt_int(n.in_flight)} | endpoints {eps} | "
         f"ETA {eta} | errors {fmt_int(errors)}{top}"
+        + (f" | {len(n.damaged)} part(s) missing or damaged" if n.damaged else "")
     )

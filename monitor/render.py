@@ -321,9 +321,22 @@ def frame(n: RunNumbers, *, width: int = 120, note: str = "") -> RenderableType:
         row,
         errors_panel(n),
     ]
+    if n.damaged:
+        parts.append(Text(damage_note(n), style="bold red"))
     if note:
         parts.append(Text(note, style="yellow"))
     return Group(*parts)
+
+
+def damage_note(n: RunNumbers) -> str:
+    """One line naming the parts that vanished or changed (their samples are not counted)."""
+    shown = "; ".join(n.damaged[:3]) + (
+        f"; +{len(n.damaged) - 3} more" if len(n.damaged) > 3 else ""
+    )
+    return (
+        f"{len(n.damaged)} part(s) missing or damaged, not counted: {shown} "
+        f"(regen verify {n.uri} --repair, or rerun the job)"
+    )
 
 
 def render_text(n: RunNumbers, *, width: int = 120, color: bool = False, note: str = "") -> str:

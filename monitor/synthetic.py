@@ -1,9 +1,9 @@
 """Synthetic run directories for tests, the refresh benchmark and the README capture.
 
-Writes, under a run directory (local path or pyarrow URI), the files the dashboard reads::
-
-    run.json, manifest.yaml, lock.json (optional), progress.json
-    parts/synthetic-NNNNN.parquet   (optional, :func:`write_parts`: rows that only take space)
+Writes, under a run directory (local path or pyarrow URI), the files the dashboard reads
+(names and records in :mod:`regen.store.layout`): run.json, the manifest, the lock (optional),
+the progress file, and with :func:`write_parts` Parquet parts ``synthetic-NNNNN`` with their
+records (rows that only take space).
 
 Everything is deterministic: a given ``now`` and arguments give the same bytes.
 """
@@ -84,6 +84,7 @@ def make_snapshot(
             prompt_tokens=rows * 1_800,
             completion_tokens=rows * per_turn,
             regenerate=regen,
+            pending=None,  # no parts behind these counters: not reconciled with parts/
         )
         if regen and rows:
             _spread(hist, per_turn, rows)
@@ -139,21 +140,21 @@ def write_run_dir(
     output_tokens: dict[str, tuple[int, int]] | None = None,
 ) -> None:
     """Write run.json, manifest.yaml, lock.json and progress.json for ``snapshot``."""
-    from regen.store import RunDir
+    from regen.store import RunDir, layout
 
     rd = RunDir.open(uri)
     name = snapshot.name if snapshot else "synthetic"
     model = snapshot.model if snapshot else "moonshotai/Kimi-K2.5"
-    rd.write_json_atomic(
-        "run.json",
-        {
-            "name": name,
-            "fingerprint": "0" * 32,
-            "model": model,
-            "created_at": snapshot.run_started_at if snapshot else now,
-            "regen_version": "0.1.0",
-            "endpoints": list(ENDPOINTS),
-        },
+    layout.RUN_FILE.write(
+        rd,
+        layout.RunRecord(
+            name=name,
+            fingerprint="0" * 32,
+            model=model,
+            created_at=snapshot.run_started_at if snapshot else now,
+            regen_version="0.1.0",
+            endpoints=list(ENDPOINTS),
+        ),
     )
     sources = snapshot.sources if snapshot else {}
     manifest = {
@@ -170,35 +171,33 @@ def write_run_dir(
             for s, sp in sources.items()
         ],
     }
-    rd.write_text_atomic("manifest.yaml", yaml.safe_dump(manifest, sort_keys=False))
+    rd.write_text_atomic(layout.MANIFEST, yaml.safe_dump(manifest, sort_keys=False))
     if lock != "none":
         beat = now - 2.0 if lock == "live" else now - 600.0
-        rd.write_json_atomic(
-            "lock.json",
-            {
-                "owner": "regen run",
-                "host": snapshot.host if snapshot else socket.gethostname(),
-                "pid": snapshot.pid if snapshot else os.getpid(),
-                "session": snapshot.session if snapshot else "s",
-                "started_at": snapshot.started_at if snapshot else now,
-                "heartbeat_at": beat,
-            },
+        layout.LOCK_FILE.write(
+            rd,
+            layout.LockRecord(
+                host=snapshot.host if snapshot else socket.gethostname(),
+                pid=snapshot.pid if snapshot else os.getpid(),
+                session=snapshot.session if snapshot else "s",
+                started_at=snapshot.started_at if snapshot else now,
+                heartbeat_at=beat,
+            ),
         )
     else:
-        rd.delete("lock.json")
+        rd.delete(layout.LOCK)
     if snapshot is not None:
-        rd.write_json_atomic("progress.json", snapshot.to_dict())
+        layout.write_progress(rd, snapshot)
 
 
 def write_parts(uri: str | os.PathLike[str], rows: int, *, rows_per_part: int = 10_000) -> int:
     """Write ``rows`` small Kimi-format-shaped rows as Parquet parts; returns the part count."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    from regen.store import RunDir
+    from regen.store import RunDir, layout
+    from regen.store.journal import count_rows, make_record, part_bytes
 
     rd = RunDir.open(uri)
-    rd.makedirs("parts")
     ids = pa.array([[163587, 1, 2, 3, 163601, 4, 5, 163586]] * rows_per_part, pa.list_(pa.int32()))
     mask = pa.array([[0, 0, 0, 0, 0, 1, 1, 1]] * rows_per_part, pa.list_(pa.int8()))
     text = pa.array(["<|im_user|>user<|im_middle|>hi<|im_end|>"] * rows_per_part)
@@ -214,8 +213,16 @@ def write_parts(uri: str | os.PathLike[str], rows: int, *, rows_per_part: int = 
                 "loss_mask": mask.slice(0, n),
             }
         )
-        with rd.fs.open_output_stream(rd.path(f"parts/synthetic-{n_parts:05d}.parquet")) as f:
-            pq.write_table(table, f)
+        stem = f"synthetic-{n_parts:05d}"
+        data = part_bytes(table, n)
+        rd.write_bytes_atomic(layout.part_path(stem), data)
+        one = count_rows([{}])
+        layout.part_record_file(stem).write(
+            rd,
+            make_record(
+                stem, data, {sid: ("sharegpt", one) for sid in table["sample_id"].to_pylist()}
+            ),
+        )
         n_parts += 1
     return n_parts
 

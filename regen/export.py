@@ -1,8 +1,10 @@
 """Export a run directory's rows for SpecForge.
 
-Reads every Parquet part ``RUN_DIR/parts/*.parquet`` (schema ``regen.rows.SCHEMA``; temp files
-``.tmp-*`` are ignored) through the run directory's pyarrow filesystem, and writes to ``OUT``
-(local path or pyarrow URI)::
+First the cheap check of the run directory (:func:`regen.store.verify.refuse_damaged`: each
+part's footer against its record); a damaged directory is refused with one line pointing to
+``regen verify --repair``. Then reads every Parquet part of the run directory (schema
+``regen.rows.SCHEMA``; names in :mod:`regen.store.layout`) through its pyarrow filesystem, and
+writes to ``OUT`` (local path or pyarrow URI; file names from the layout too)::
 
     OUT/
       shard-00000.jsonl ...        fmt="pretokenized": one {"input_ids": [...], "loss_mask": [...]}
@@ -42,7 +44,6 @@ import json
 import logging
 import random
 import tempfile
-import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -54,15 +55,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from regen.errors import ConfigError, RunDirError
+from regen.store import layout
 from regen.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 Format = Literal["pretokenized", "conversations"]
 FORMATS: tuple[str, ...] = ("pretokenized", "conversations")
-PARTS_DIR = "parts"
-STATS_FILE = "stats.json"
-SHARD_PREFIX: dict[str, str] = {"pretokenized": "shard-", "conversations": "conversations-"}
 #: token_check values that are not a problem (regen.rows); every other value is counted as one
 TOKEN_CHECKS_OK = frozenset({"match", "count_match"})
 
@@ -92,7 +91,6 @@ _DATA_COLUMNS: dict[str, tuple[str, ...]] = {
 WINDOW_ROWS = 4096
 #: at most this many spill buckets (open files) at once; windows grow for huge exports
 MAX_BUCKETS = 256
-TMP_PREFIX = ".tmp-"
 
 
 @dataclass(slots=True)
@@ -175,8 +173,13 @@ def export_run(
     if max_length is not None and max_length <= 0:
         raise ConfigError("max_length must be > 0", field="max_length")
     rd = RunDir.open(run_dir, create=False)
+    if not rd.exists(""):
+        raise RunDirError(f"run directory {rd.uri!r} does not exist")
+    from regen.store.verify import refuse_damaged
+
+    refuse_damaged(rd, "export")
     stats = ExportStats(
-        run_dir=str(run_dir),
+        run_dir=rd.uri,
         out=str(out),
         format=fmt,
         seed=seed,
@@ -198,11 +201,13 @@ def export_run(
         lines = _ordered_lines(rd, parts, order, fmt, Path(spill))
         for n, start in enumerate(range(0, len(order), size)):
             rows = order[start : start + size]
-            name = f"{SHARD_PREFIX[fmt]}{n:05d}.jsonl"
-            _write_stream(dest, name, (next(lines) for _ in rows))
+            name = layout.shard_name(fmt, n)
+            with dest.atomic_writer(name) as f:
+                for _ in rows:
+                    f.write((next(lines) + "\n").encode("utf-8"))
             tokens = sum(ntok[i] for i in rows)
             stats.shards.append({"file": name, "rows": len(rows), "tokens": tokens})
-    dest.write_json_atomic(STATS_FILE, stats.to_dict())
+    layout.EXPORT_STATS_FILE.write(dest, layout.ExportRecord.model_validate(stats.to_dict()))
     log.info(
         "exported %d of %d rows (%d tokens, mask coverage %.3f) to %s in %d shard(s)",
         stats.rows_written,
@@ -217,15 +222,13 @@ def export_run(
 
 def _read_keys(rd: RunDir, fmt: str, stats: ExportStats) -> tuple[list[_Part], pa.Table]:
     """The parts (name order) and the key columns of all their rows, concatenated."""
-    if not rd.exists(""):
-        raise RunDirError(f"run directory {rd.uri!r} does not exist")
-    names = [n for n in rd.list(PARTS_DIR) if n.endswith(".parquet")]
+    names = [n for n in rd.list(layout.PARTS_DIR) if layout.part_stem(n) is not None]
     needed = set(_KEY_COLUMNS + _DATA_COLUMNS[fmt])
     parts: list[_Part] = []
     tables = []
     start = 0
     for name in names:
-        path = rd.path(f"{PARTS_DIR}/{name}")
+        path = rd.path(f"{layout.PARTS_DIR}/{name}")
         try:
             with rd.fs.open_input_file(path) as f:
                 pf = pq.ParquetFile(f)
@@ -240,7 +243,7 @@ def _read_keys(rd: RunDir, fmt: str, stats: ExportStats) -> tuple[list[_Part], p
         start += tables[-1].num_rows
     stats.parts = len(tables)
     if not tables:
-        log.warning("%s: no Parquet parts under %s/", rd.uri, PARTS_DIR)
+        log.warning("%s: no Parquet parts under %s/", rd.uri, layout.PARTS_DIR)
         return parts, _empty(list(_KEY_COLUMNS))
     return parts, pa.concat_tables(tables, promote_options="permissive")
 
@@ -404,18 +407,5 @@ def _conversation_lines(chunk: pa.Table) -> list[str]:
 
 def _remove_old_shards(dest: RunDir, fmt: str) -> None:
     for name in dest.list(""):
-        if name.startswith(SHARD_PREFIX[fmt]) and name.endswith(".jsonl"):
+        if layout.is_shard(fmt, name):
             dest.delete(name)
-
-
-def _write_stream(dest: RunDir, name: str, lines: Iterator[str]) -> None:
-    """Stream ``lines`` to a temporary sibling of ``name``, then move it over ``name``."""
-    tmp = f"{TMP_PREFIX}{uuid.uuid4().hex[:8]}-{name}"
-    try:
-        with dest.fs.open_output_stream(dest.path(tmp)) as f:
-            for line in lines:
-                f.write((line + "\n").encode("utf-8"))
-        dest.move(tmp, name)
-    except BaseException:
-        dest.delete(tmp)
-        raise

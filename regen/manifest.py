@@ -217,6 +217,22 @@ class Source(Strict):
         return self
 
 
+class Dedup(Strict):
+    """Duplicate prompts. Exact duplicates are always dropped; this adds near-duplicates.
+    Part of the fingerprint (it decides which samples a run holds)."""
+
+    #: drop near-duplicate prompts (MinHash + LSH over the normalized prompt text; the first
+    #: occurrence in manifest order wins)
+    near: bool = True
+    #: estimated Jaccard similarity of the prompts' word shingles at or above which the later
+    #: prompt is dropped
+    threshold: float = Field(default=0.85, ge=0.5, le=1.0)
+    #: words per shingle
+    shingle: int = Field(default=5, ge=1, le=32)
+    #: MinHash permutations per signature (more: a finer estimate, more memory)
+    num_perm: int = Field(default=128, ge=32, le=1024)
+
+
 class Export(Strict):
     """What `regen export` keeps."""
 
@@ -241,6 +257,8 @@ class Manifest(Strict):
     endpoints: list[Endpoint] = Field(default_factory=list)
     engine: Engine = Field(default_factory=Engine)
     sources: list[Source] = Field(min_length=1)
+    #: exact and near-duplicate prompts
+    dedup: Dedup = Field(default_factory=Dedup)
     export: Export = Field(default_factory=Export)
     #: folder the manifest was loaded from (relative paths resolve against it); set by load
     base_dir: str = "."
@@ -267,15 +285,17 @@ class Manifest(Strict):
         raise KeyError(name)
 
     def fingerprint(self) -> str:
-        """What must not change under a resumed run: sources, model, sampling, template."""
-        return stable_hash(
-            {
-                "target": self.target.model_dump(mode="json"),
-                "sampling": self.sampling.model_dump(mode="json"),
-                "sources": [s.model_dump(mode="json") for s in self.sources],
-            },
-            n=32,
-        )
+        """What must not change under a resumed run: sources, dedup, model, sampling, template.
+        ``dedup`` counts while ``dedup.near`` is on (it decides which samples a run holds); with
+        it off the fingerprint is the one a manifest had before near-duplicate detection."""
+        payload: dict[str, Any] = {
+            "target": self.target.model_dump(mode="json"),
+            "sampling": self.sampling.model_dump(mode="json"),
+            "sources": [s.model_dump(mode="json") for s in self.sources],
+        }
+        if self.dedup.near:
+            payload["dedup"] = self.dedup.model_dump(mode="json")
+        return stable_hash(payload, n=32)
 
     def to_yaml(self) -> str:
         data = self.model_dump(mode="json", exclude={"base_dir"})

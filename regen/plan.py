@@ -7,6 +7,10 @@ output throughput. Prompt tokens come from the target tokenizer when ``target.to
 existing directory (``trust_remote_code`` only when the manifest says so), else from a labelled
 ``chars/4`` estimate. Owns no files.
 
+Near-duplicates (``dedup.near``) are counted per pair of sources: the source a dropped prompt
+came from and the source of the earlier prompt it repeats, with the first three examples of each
+pair in ``--json``.
+
 Prompt tokens of a sample count the text a request sends besides the regenerated answers: every
 non-assistant message and the tool declarations (JSON). A multi-turn sample resends its history
 with every turn; that repetition is not counted here.
@@ -22,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from regen.errors import ConfigError
-from regen.manifest import Manifest
+from regen.manifest import Dedup, Manifest
 from regen.sample import Sample
 from regen.sources import NativeCheck, ReadStats, SourceStats, read_samples
+from regen.sources.neardup import NearReport, lsh_params
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +75,8 @@ class Plan:
     token_estimate: str  #: "tokenizer" or "chars/4"
     sources: list[SourcePlan] = field(default_factory=list)
     limits_hours: tuple[float, float] = (0.0, 0.0)  #: band from limits alone (1 turn/sample)
+    dedup: Dedup = field(default_factory=Dedup)  #: the manifest's dedup settings
+    near: NearReport = field(default_factory=NearReport)  #: near-duplicates by source pair
 
     def total(self, key: str) -> int:
         return sum(getattr(s.stats, key) for s in self.sources)
@@ -103,6 +110,7 @@ class Plan:
                 "rejected": self.total("rejected_total"),
                 "filtered": self.total("filtered_total"),
                 "duplicates": self.total("duplicates"),
+                "near_duplicates": self.total("near_duplicates"),
                 "kept": self.total("kept"),
                 "kept_regenerate": regen_kept,
                 "kept_native": native_kept,
@@ -113,6 +121,18 @@ class Plan:
             },
             "hours": [round(h, 2) for h in self.hours],
             "limits_hours": [round(h, 2) for h in self.limits_hours],
+            "near_duplicates": self.near_dict(),
+        }
+
+    def near_dict(self) -> dict[str, Any]:
+        """The dedup settings, the LSH banding they give and the dropped pairs with examples."""
+        bands, rows = lsh_params(self.dedup.threshold, self.dedup.num_perm)
+        return {
+            **self.dedup.model_dump(mode="json"),
+            "bands": bands,
+            "rows": rows,
+            "total": self.near.total,
+            "pairs": self.near.to_dict(s.name for s in self.sources),
         }
 
     def to_json(self) -> str:
@@ -198,8 +218,10 @@ def build_plan(manifest: Manifest, tok_per_s: float = DEFAULT_TOK_PER_S) -> Plan
         tok_per_s=tok_per_s,
         token_estimate="tokenizer" if tokenizer is not None else f"chars/{CHARS_PER_TOKEN}",
         limits_hours=limits_band(manifest, tok_per_s),
+        dedup=manifest.dedup,
     )
     stats = ReadStats()
+    plan.near = stats.near
     lines = {
         s.name: SourcePlan(s.name, s.adapter, s.mode, s.limit, stats.for_source(s.name))
         for s in manifest.sources

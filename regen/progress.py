@@ -1,7 +1,7 @@
 """The progress snapshot: the counters the driver publishes and the dashboard reads.
 
-On-disk layout owned here: ``RUN_DIR/progress.json``, one JSON object, atomically replaced every
-~2 s by the driver (and once at the end of a session)::
+The record of the run directory's progress file (named in :mod:`regen.store.layout`), one JSON
+object, atomically replaced every ~2 s by the driver (and once at the end of a session)::
 
     {
       "version": 1,
@@ -10,7 +10,9 @@ On-disk layout owned here: ``RUN_DIR/progress.json``, one JSON object, atomicall
       "run_started_at": float, "started_at": float, "updated_at": float,   # epoch seconds
       "endpoints_configured": [str],
       "sources": {name: {"total", "done", "failed", "truncated", "rows",
-                         "prompt_tokens", "completion_tokens": int, "regenerate": bool}},
+                         "prompt_tokens", "completion_tokens": int, "regenerate": bool,
+                         "pending": {"done", "rows", "truncated", "prompt_tokens",
+                                     "completion_tokens": int}}},
       "in_flight": int,
       "requests": {"sent", "ok", "retried", "failed": int},                 # this session
       "token_series": [[t, cumulative_completion_tokens], ...],             # this session
@@ -20,12 +22,15 @@ On-disk layout owned here: ``RUN_DIR/progress.json``, one JSON object, atomicall
       "output_tokens_hist": {"edges": [int, ...], "counts": [int, ...]}
     }
 
-Source counters are cumulative over every session of the run directory; ``requests`` and
-``token_series`` cover the current session only. ``token_series`` holds one point per ~5 s,
-trimmed to the last ~20 min (at most 300 points): :meth:`ProgressSnapshot.add_token_point` does
-that. ``output_tokens_hist`` counts completion tokens per regenerated turn; ``edges`` are the
-lower bounds of the bins (``counts[i]`` counts values in ``[edges[i], edges[i+1])``, the last bin
-is open-ended, so both lists have the same length). A reader also accepts ``len(edges) ==
+Source counters are cumulative over every session of the run directory; ``pending`` is the part
+of them journaled but not yet in a Parquet part (the rest is in the parts, whose records say
+how much each holds: that is how a reader notices a part that vanished, see regen.status).
+``requests`` and ``token_series`` cover the current session only. ``token_series`` holds one
+point per ~5 s, trimmed to the last ~20 min (at most 300 points):
+:meth:`ProgressSnapshot.add_token_point` does that. ``output_tokens_hist`` counts completion
+tokens per regenerated turn; ``edges`` are the lower bounds of the bins (``counts[i]`` counts
+values in ``[edges[i], edges[i+1])``, the last bin is open-ended, so both lists have the same
+length). A reader also accepts ``len(edges) ==
 len(counts) + 1`` (closed bins, values past the last edge counted in the last bin).
 """
 
@@ -35,8 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from regen.errors import RunDirError
+from regen.store.layout import SourceCounts as Pending
 
-PROGRESS_FILE = "progress.json"
 VERSION = 1
 STATES = ("running", "finished", "interrupted", "failed")
 State = Literal["running", "finished", "interrupted", "failed"]
@@ -64,6 +69,8 @@ class SourceProgress:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     regenerate: bool = True  #: False for native (pass-through) sources
+    #: the part of the counters not yet in a part (None: unknown, an older writer)
+    pending: Pending | None = field(default_factory=Pending)
 
     @property
     def remaining(self) -> int:
@@ -217,6 +224,7 @@ class ProgressSnapshot:
                     "prompt_tokens": s.prompt_tokens,
                     "completion_tokens": s.completion_tokens,
                     "regenerate": s.regenerate,
+                    **({} if s.pending is None else {"pending": s.pending.model_dump()}),
                 }
                 for name, s in self.sources.items()
             },
@@ -250,21 +258,28 @@ class ProgressSnapshot:
         }
 
     @classmethod
-    def from_dict(cls, d: Any) -> ProgressSnapshot:
-        """Parse the JSON shape; a wrong version or a missing/mistyped field is a RunDirError."""
+    def from_dict(cls, d: Any, where: str = "progress snapshot") -> ProgressSnapshot:
+        """Parse the JSON shape; a wrong version or a missing/mistyped field is a RunDirError
+        whose message starts with ``where`` (the file's name, when read from one)."""
         if not isinstance(d, dict):
-            raise RunDirError(f"{PROGRESS_FILE}: expected an object, got {type(d).__name__}")
-        r = _Reader(d, PROGRESS_FILE)
+            raise RunDirError(f"{where}: expected an object, got {type(d).__name__}")
+        r = _Reader(d, where)
         version = r.integer("version")
         if version != VERSION:
-            raise RunDirError(f"{PROGRESS_FILE}: version {version} not supported (want {VERSION})")
+            raise RunDirError(f"{where}: version {version} not supported (want {VERSION})")
         state = r.string("state")
         if state not in STATES:
-            raise RunDirError(f"{PROGRESS_FILE}: state: unknown value {state!r}")
+            raise RunDirError(f"{where}: state: unknown value {state!r}")
         sources = {}
         for name, s in r.mapping("sources").items():
-            sr = _Reader(s, f"{PROGRESS_FILE}: sources.{name}")
+            sr = _Reader(s, f"{where}: sources.{name}")
+            pending = None
+            if "pending" in sr.d:
+                pr = _Reader(sr.mapping("pending"), f"{where}: sources.{name}.pending")
+                keys = ("done", "rows", "truncated", "prompt_tokens", "completion_tokens")
+                pending = Pending(**{k: pr.integer(k) for k in keys})
             sources[str(name)] = SourceProgress(
+                pending=pending,
                 total=sr.integer("total"),
                 done=sr.integer("done"),
                 failed=sr.integer("failed"),
@@ -274,10 +289,10 @@ class ProgressSnapshot:
                 completion_tokens=sr.integer("completion_tokens"),
                 regenerate=sr.flag("regenerate"),
             )
-        rq = _Reader(r.mapping("requests"), f"{PROGRESS_FILE}: requests")
+        rq = _Reader(r.mapping("requests"), f"{where}: requests")
         errors = {}
         for kind, e in r.mapping("errors", {}).items():
-            er = _Reader(e, f"{PROGRESS_FILE}: errors.{kind}")
+            er = _Reader(e, f"{where}: errors.{kind}")
             errors[str(kind)] = ErrorInfo(
                 count=er.integer("count"),
                 last_message=er.string("last_message"),
@@ -285,7 +300,7 @@ class ProgressSnapshot:
             )
         endpoints = []
         for i, e in enumerate(r.array("endpoints", [])):
-            er = _Reader(e, f"{PROGRESS_FILE}: endpoints.{i}")
+            er = _Reader(e, f"{where}: endpoints.{i}")
             p50 = er.get("latency_p50_s")
             endpoints.append(
                 EndpointProgress(
@@ -300,13 +315,13 @@ class ProgressSnapshot:
         series = []
         for i, pt in enumerate(r.array("token_series", [])):
             if not (isinstance(pt, list | tuple) and len(pt) == 2):
-                raise RunDirError(f"{PROGRESS_FILE}: token_series.{i}: expected [t, tokens]")
+                raise RunDirError(f"{where}: token_series.{i}: expected [t, tokens]")
             series.append((float(pt[0]), int(pt[1])))
-        hr = _Reader(r.mapping("output_tokens_hist", {"edges": [], "counts": []}), PROGRESS_FILE)
+        hr = _Reader(r.mapping("output_tokens_hist", {"edges": [], "counts": []}), where)
         edges = [int(x) for x in hr.array("edges")]
         counts = [int(x) for x in hr.array("counts")]
         if len(counts) not in (len(edges), len(edges) - 1):
-            raise RunDirError(f"{PROGRESS_FILE}: output_tokens_hist: edges/counts length mismatch")
+            raise RunDirError(f"{where}: output_tokens_hist: edges/counts length mismatch")
         return cls(
             version=version,
             name=r.string("name"),

@@ -1,15 +1,23 @@
 """The numbers of a run from its run directory: shared by `regen status` and the dashboard.
 
-Reads, per refresh, three small files of the run directory and nothing else (never Parquet)::
+Reads, per refresh tick, three small files of the run directory and nothing else (files
+named in :mod:`regen.store.layout`): the progress snapshot (regen.progress.ProgressSnapshot),
+the lock (LockRecord) and run.json (RunRecord). Once (retried while absent) it reads the
+manifest, for the per-source ``output_tokens`` planning assumption (used for sources that have
+no finished sample yet), together with the plan (PlanRecord) for the expected regenerated
+turns per sample.
 
-    RUN_DIR/progress.json   counters snapshot (regen.progress.ProgressSnapshot)
-    RUN_DIR/lock.json       {owner, host, pid, session, started_at, heartbeat_at}
-    RUN_DIR/run.json        {name, fingerprint, model, created_at, regen_version, endpoints}
-
-and once (retried while absent) ``RUN_DIR/manifest.yaml`` for the per-source ``output_tokens``
-planning assumption (used for sources that have no finished sample yet), together with
-``RUN_DIR/plan.json`` ({source: {total, regenerate, native, regenerate_todo, regenerate_turns}})
-for the expected regenerated turns per sample.
+**Parts that vanished.** The progress file counts what the driver stored, but a part can be
+deleted or damaged afterwards (a storage fault, a partial copy). So every
+``RECONCILE_EVERY_S`` (and on the first tick; ``regen status`` reads once) the view also lists
+``parts/`` — one listing call, never a Parquet file — and reads the record of each part it has
+not seen yet (records never change, so each is read once). A part counts when its file is
+listed with the size its record says. Per source, what the progress file (read just before
+the listing) counts beyond the counted parts plus its ``pending`` samples (journaled, not yet
+in a part) is the deficit: the samples of parts that vanished. Until the next listing every
+tick shows the progress counters less that deficit, and names the parts missing or of the
+wrong size. While some listed part has no record yet (a part being written, or a run
+directory from before records) no deficit is computed.
 
 Definitions (all pure functions of those files and ``now``):
 
@@ -19,15 +27,15 @@ Definitions (all pure functions of those files and ``now``):
   when the driver ran on another host, ``CLOCK_SKEW_S`` is added to the stale and stall limits;
 - state: ``running``; ``stalled`` (holder alive but no new completion tokens for
   ``stall_after_s``); ``dead`` (progress says running but the lock holder is gone: lock missing,
-  heartbeat older than 30 s, or its pid is gone on this host); ``finished`` / ``interrupted`` /
-  ``failed`` (as the driver last wrote); ``starting`` / ``empty`` (no progress.json yet, holder
-  alive / not);
+  or gone by the lock's one staleness rule, LockRecord.why_gone); ``finished`` /
+  ``interrupted`` / ``failed`` (as the driver last wrote); ``starting`` / ``empty`` (no
+  progress file yet, holder alive / not);
 - ETA: remaining samples per source (total - done - failed) x observed completion tokens per
   sample of that source (when it has none yet: manifest ``output_tokens`` per TURN x expected
-  turns per sample = plan.json ``regenerate_turns / regenerate_todo``, else 1 when the manifest says
-  ``turns: last``, else 1 — a labelled underestimate for multi-turn sources), divided by
-  the recent rate (5 min, else 15, else 1). The band combines the spread of the three rates with
-  the uncertainty of each source's mean length (coefficient of variation from
+  turns per sample = the plan's ``regenerate_turns / regenerate_todo``, else 1 when the
+  manifest says ``turns: last``, else 1 — a labelled underestimate for multi-turn sources),
+  divided by the recent rate (5 min, else 15, else 1). The band combines the spread of the
+  three rates with the uncertainty of each source's mean length (coefficient of variation from
   ``output_tokens_hist`` / sqrt(turns seen), two sigma, capped at 50 %).
 """
 
@@ -39,28 +47,19 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import yaml
-
 from regen.errors import RunDirError
-from regen.progress import PROGRESS_FILE, ProgressSnapshot
-from regen.store import RunDir
-from regen.store.run import pid_alive as _pid_alive
+from regen.progress import ProgressSnapshot
+from regen.store import RunDir, layout
+from regen.store.layout import CLOCK_SKEW_S, LockRecord, PartRecord, RunRecord, SourceCounts
+from regen.store.layout import fmt_age as _age
+from regen.store.layout import pid_is_alive as _pid_alive
+from regen.store.lock import read_lock
 
 log = logging.getLogger(__name__)
 
-RUN_FILE = "run.json"
-LOCK_FILE = "lock.json"
-MANIFEST_FILE = "manifest.yaml"
-PLAN_FILE = "plan.json"
-
-#: a lock whose heartbeat is older than this means the holder is gone (regen.store's rule)
-LOCK_STALE_S = 30.0
-#: extra allowance when the driver runs on another host than the reader: heartbeats and
-#: progress times are the driver's clock, ``now`` is the reader's (clock skew between hosts)
-CLOCK_SKEW_S = 15.0
 #: no new completion tokens for this long while the holder lives = stalled
 STALL_AFTER_S = 300.0
 #: the rate windows, seconds
@@ -71,9 +70,24 @@ MIN_RATE_SPAN_S = 10.0
 DEFAULT_OUTPUT_TOKENS = (600, 1400)
 #: two-sigma band on a source's mean length, never wider than this fraction
 MAX_LENGTH_REL = 0.5
+#: seconds between two listings of parts/ by a refreshing view
+RECONCILE_EVERY_S = 30.0
 
 
 # ---- reading the run directory (the one place that touches files) ---------------------------
+
+
+@dataclass(slots=True)
+class PartsCheck:
+    """What one listing of parts/ found (see the module docstring)."""
+
+    #: per source, the counters of the parts found intact-looking; None: cannot tell
+    stored: dict[str, SourceCounts] | None
+    #: parts whose file is gone or of the wrong size (relative paths, with why)
+    damaged: list[str] = field(default_factory=list)
+    #: per source, what the progress file read with this listing counts beyond the counted
+    #: parts plus its pending samples (see :func:`deficit`); subtracted until the next listing
+    deficit: dict[str, SourceCounts] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -81,38 +95,50 @@ class RunFiles:
     """What one refresh read."""
 
     progress: ProgressSnapshot | None
-    lock: dict[str, Any] | None
-    run: dict[str, Any] | None
+    lock: LockRecord | None
+    run: RunRecord | None
+    parts: PartsCheck | None = None  #: None when this tick did not list parts/
 
 
 class RunView:
     """A read-only view of a run directory, opened once and read every tick."""
 
-    def __init__(self, uri: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, uri: str | os.PathLike[str], *, reconcile_every_s: float = RECONCILE_EVERY_S
+    ) -> None:
+        """``reconcile_every_s``: how often reads list parts/ (the first read always does)."""
         self.uri = os.fspath(uri)
         self.rd = RunDir.open(self.uri, create=False)
         if not self.rd.exists(""):
             raise RunDirError(f"run directory {self.uri!r} does not exist")
+        self.reconcile_every_s = reconcile_every_s
         self._assumptions: dict[str, tuple[int, int]] | None = None
         self._turns: dict[str, float] = {}
+        self._records: dict[str, PartRecord] = {}
+        self._last_check: PartsCheck | None = None
+        self._checked_at: float | None = None
 
     @property
     def assumptions(self) -> dict[str, tuple[int, int]]:
-        """Per-source output_tokens from manifest.yaml: read once (retried while it is absent).
+        """Per-source output_tokens from the manifest: read once (retried while it is absent).
 
-        plan.json's turns per sample are read at the same moment (see :attr:`turns`).
+        The plan's turns per sample are read at the same moment (see :attr:`turns`).
         """
         if self._assumptions is None:
-            text = self.rd.read_text(MANIFEST_FILE)
-            if text is None:
-                return {}
-            self._assumptions = _output_token_assumptions(text)
             try:
-                plan = self.rd.read_json(PLAN_FILE)
+                data = layout.read_manifest_data(self.rd)
             except RunDirError as e:
-                log.warning("%s: %s", PLAN_FILE, e)
+                log.warning("%s", e)
+                data = {}
+            if data is None:
+                return {}
+            self._assumptions, last = _source_assumptions(data)
+            try:
+                plan = layout.PLAN_FILE.read(self.rd)
+            except RunDirError as e:
+                log.warning("%s", e)
                 plan = None
-            self._turns = _turns_per_sample(plan, text)
+            self._turns = _turns_per_sample(plan, last)
         return self._assumptions
 
     @property
@@ -121,57 +147,96 @@ class RunView:
         self.assumptions  # noqa: B018 - loads both
         return self._turns
 
+    def check_parts(self) -> PartsCheck:
+        """List parts/ (one call) and compare with the part records (each read once)."""
+        sizes = self.rd.sizes(layout.PARTS_DIR)
+        stored: dict[str, SourceCounts] = {}
+        damaged: list[str] = []
+        known = True
+        recorded: set[str] = set()
+        for name in sizes:
+            stem = layout.record_stem(name)
+            if stem is None:
+                continue
+            recorded.add(stem)
+            rec = self._records.get(stem)
+            if rec is None:
+                try:
+                    rec = layout.part_record_file(stem).read(self.rd)
+                except RunDirError as e:
+                    damaged.append(f"{layout.part_record_path(stem)}: {e}")
+                    continue
+                if rec is None:
+                    continue
+                self._records[stem] = rec
+            part = layout.part_path(stem)
+            size = sizes.get(f"{stem}{layout.PART_SUFFIX}")
+            if size is None:
+                damaged.append(f"{part}: missing ({rec.samples} samples)")
+            elif size != rec.bytes:
+                damaged.append(f"{part}: {size} bytes, its record says {rec.bytes}")
+            else:
+                for src, c in rec.sources.items():
+                    stored.setdefault(src, SourceCounts()).add(c)
+        for name in sizes:
+            stem = layout.part_stem(name)
+            if stem is not None and stem not in recorded:
+                known = False  # being written, or from before records: cannot tell
+        return PartsCheck(stored if known else None, damaged)
+
     def read(self) -> RunFiles:
-        """Read progress.json, lock.json and run.json (nothing else)."""
-        raw = self.rd.read_json(PROGRESS_FILE)
-        progress = None if raw is None else ProgressSnapshot.from_dict(raw)
-        run = self.rd.read_json(RUN_FILE)
-        lock = self.rd.read_json(LOCK_FILE)
-        if progress is None and run is None and not self.rd.exists(MANIFEST_FILE):
-            raise RunDirError(f"{self.uri!r} is not a run directory (no run.json, progress.json)")
-        return RunFiles(progress=progress, lock=lock, run=run)
+        """Read the progress file, the lock and run.json (and list parts/ when due)."""
+        progress = layout.read_progress(self.rd)
+        run = layout.RUN_FILE.read(self.rd)
+        lock = read_lock(self.rd)
+        if progress is None and run is None and not self.rd.exists(layout.MANIFEST):
+            raise RunDirError(
+                f"{self.uri!r} is not a run directory (no {layout.RUN}, {layout.PROGRESS})"
+            )
+        now = time.monotonic()
+        if self._checked_at is None or now - self._checked_at >= self.reconcile_every_s:
+            check = self.check_parts()  # listed after the progress file was read: see deficit
+            check.deficit = deficit(progress, check.stored)
+            self._last_check = check
+            self._checked_at = now
+        return RunFiles(progress=progress, lock=lock, run=run, parts=self._last_check)
 
     def numbers(self, now: float | None = None, **kw: Any) -> RunNumbers:
         """Read and compute in one go."""
-        return compute(self.read(), now=time.time() if now is None else now,
-                       assumptions=self.assumptions, turns=self.turns, uri=self.uri,
-                       **kw)  # fmt: skip
+        return compute(
+            self.read(),
+            now=time.time() if now is None else now,
+            assumptions=self.assumptions,
+            turns=self.turns,
+            uri=self.uri,
+            **kw,
+        )
 
 
-def _turns_per_sample(plan: dict[str, Any] | None, manifest_text: str | None) -> dict[str, float]:
-    """``{source: turns}`` from plan.json's ``regenerate_turns / regenerate_todo``; else 1 for
-    sources whose manifest entry says ``turns: last``; sources not listed count 1."""
-    out: dict[str, float] = {}
-    try:
-        data = yaml.safe_load(manifest_text) if manifest_text else None
-        for s in (data or {}).get("sources", []):
-            if s.get("turns") == "last":
-                out[str(s["name"])] = 1.0
-    except (yaml.YAMLError, AttributeError, KeyError, TypeError) as e:
-        log.debug("manifest.yaml: no turns: %s", e)
-    for name, entry in (plan or {}).items():
-        if not isinstance(entry, dict):
-            continue
-        turns, samples = entry.get("regenerate_turns"), entry.get("regenerate_todo")
-        if isinstance(turns, int | float) and isinstance(samples, int | float) and samples > 0:
-            out[str(name)] = max(1.0, float(turns) / float(samples))
-    return out
-
-
-def _output_token_assumptions(text: str | None) -> dict[str, tuple[int, int]]:
-    """``{source: (low, high)}`` from a manifest's text; {} when absent or unreadable."""
-    if not text:
-        return {}
-    try:
-        data = yaml.safe_load(text)
-        out = {}
-        for s in data.get("sources", []):
+def _source_assumptions(data: dict[str, Any]) -> tuple[dict[str, tuple[int, int]], set[str]]:
+    """Per source, ``output_tokens`` (low, high) and whether it says ``turns: last``, from the
+    manifest's data (tolerant: a source entry that does not parse is left out)."""
+    out: dict[str, tuple[int, int]] = {}
+    last: set[str] = set()
+    for s in data.get("sources") or []:
+        try:
             lo, hi = s.get("output_tokens", DEFAULT_OUTPUT_TOKENS)
             out[str(s["name"])] = (int(lo), int(hi))
-        return out
-    except (yaml.YAMLError, AttributeError, KeyError, TypeError, ValueError) as e:
-        log.warning("manifest.yaml: cannot read output_tokens assumptions: %s", e)
-        return {}
+            if s.get("turns") == "last":
+                last.add(str(s["name"]))
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            log.debug("manifest source entry skipped: %s", e)
+    return out, last
+
+
+def _turns_per_sample(plan: layout.PlanRecord | None, last: set[str]) -> dict[str, float]:
+    """``{source: turns}`` from the plan's ``regenerate_turns / regenerate_todo``; else 1 for
+    sources whose manifest entry says ``turns: last``; sources not listed count 1."""
+    out: dict[str, float] = dict.fromkeys(last, 1.0)
+    for name, entry in (plan.sources if plan else {}).items():
+        if entry.regenerate_todo > 0:
+            out[name] = max(1.0, entry.regenerate_turns / entry.regenerate_todo)
+    return out
 
 
 # ---- the numbers ----------------------------------------------------------------------------
@@ -282,6 +347,8 @@ class RunNumbers:
     hist_counts: list[int]
     holder: Holder | None
     last_progress_at: float | None  #: last time completion tokens grew
+    #: parts that are missing or damaged (their samples are not counted; see regen verify)
+    damaged: list[str] = field(default_factory=list)
 
     @property
     def fraction(self) -> float:
@@ -300,34 +367,22 @@ class RunNumbers:
 
 
 def read_holder(
-    lock: dict[str, Any] | None,
+    lock: LockRecord | None,
     now: float,
     *,
     hostname: str | None = None,
     pid_alive: Callable[[int], bool] = _pid_alive,
 ) -> Holder | None:
-    """The lock holder and whether it is alive (fresh heartbeat; pid exists when on this host)."""
+    """The lock holder and whether it is alive (the lock's one rule: LockRecord.why_gone)."""
     if lock is None:
         return None
-    hostname = socket.gethostname() if hostname is None else hostname
-    try:
-        beat = float(lock.get("heartbeat_at", 0.0))
-        pid = int(lock.get("pid", -1))
-    except (TypeError, ValueError):
-        beat, pid = 0.0, -1
-    host = str(lock.get("host", ""))
-    age = now - beat
-    why = ""
-    if age > LOCK_STALE_S + (0.0 if host == hostname else CLOCK_SKEW_S):
-        why = f"heartbeat {_age(age)} old"
-    elif host == hostname and not pid_alive(pid):
-        why = f"pid {pid} is gone on {host}"
+    why = lock.why_gone(now, hostname=hostname, pid_alive=pid_alive)
     return Holder(
-        owner=str(lock.get("owner", "")),
-        host=host,
-        pid=pid,
-        session=str(lock.get("session", "")),
-        heartbeat_age_s=age,
+        owner=lock.owner,
+        host=lock.host,
+        pid=lock.pid,
+        session=lock.session,
+        heartbeat_age_s=lock.age(now),
         alive=not why,
         why_gone=why,
     )
@@ -448,7 +503,7 @@ def compute(
 ) -> RunNumbers:
     """All numbers of a run from what one refresh read; ``now`` is injected (epoch seconds)."""
     p = files.progress
-    run = files.run or {}
+    run = files.run
     holder = read_holder(files.lock, now, hostname=hostname, pid_alive=pid_alive)
     alive = holder is not None and holder.alive
     series = p.token_series if p else []
@@ -459,12 +514,12 @@ def compute(
     # state
     if p is None:
         state = "starting" if alive else "empty"
-        reason = "no progress.json yet"
+        reason = f"no {layout.PROGRESS} yet"
     elif p.state == "running":
         last = max(growth or p.started_at, p.started_at)
         if not alive:
             state = "dead"
-            reason = holder.why_gone if holder else "lock.json is gone"
+            reason = holder.why_gone if holder else f"{layout.LOCK} is gone"
         elif holder is not None and holder.session and holder.session != p.session:
             state, reason = "starting", f"new session {holder.session}"
         elif now - last > stall_limit:
@@ -472,7 +527,7 @@ def compute(
             reason = f"no new tokens for {_age(now - last)}"
         elif now - p.updated_at > stall_limit:
             state = "stalled"
-            reason = f"progress.json not updated for {_age(now - p.updated_at)}"
+            reason = f"{layout.PROGRESS} not updated for {_age(now - p.updated_at)}"
         else:
             state, reason = "running", ""
     elif alive and holder is not None and holder.session and holder.session != p.session:
@@ -481,28 +536,29 @@ def compute(
         state, reason = p.state, ""
 
     srcs: list[SourceNumbers] = []
-    if p is not None:
-        for name, s in p.sources.items():
-            srcs.append(
-                SourceNumbers(
-                    name=name,
-                    total=s.total,
-                    done=s.done,
-                    failed=s.failed,
-                    truncated=s.truncated,
-                    remaining=s.remaining,
-                    rows=s.rows,
-                    prompt_tokens=s.prompt_tokens,
-                    completion_tokens=s.completion_tokens,
-                    regenerate=s.regenerate,
-                    tokens_per_turn=s.completion_tokens / s.rows
-                    if s.rows and s.completion_tokens
-                    else None,
-                    tokens_per_sample=s.completion_tokens / s.done
-                    if s.done and s.completion_tokens
-                    else None,
-                )
+    check = files.parts
+    for name, sp in (p.sources if p else {}).items():
+        c = _shown(sp, check.deficit.get(name) if check else None)
+        srcs.append(
+            SourceNumbers(
+                name=name,
+                total=sp.total,
+                done=c.done,
+                failed=sp.failed,
+                truncated=c.truncated,
+                remaining=max(0, sp.total - c.done - sp.failed),
+                rows=c.rows,
+                prompt_tokens=c.prompt_tokens,
+                completion_tokens=c.completion_tokens,
+                regenerate=sp.regenerate,
+                tokens_per_turn=c.completion_tokens / c.rows
+                if c.rows and c.completion_tokens
+                else None,
+                tokens_per_sample=c.completion_tokens / c.done
+                if c.done and c.completion_tokens
+                else None,
             )
+        )
     rates = [window_rate(series, w) for w in RATE_WINDOWS_S]
     edges = list(p.output_tokens_hist.edges) if p else []
     counts = list(p.output_tokens_hist.counts) if p else []
@@ -522,17 +578,17 @@ def compute(
         )
         for e in (p.endpoints if p else [])
     ]
-    configured = list(p.endpoints_configured) if p else list(run.get("endpoints", []))
+    configured = list(p.endpoints_configured) if p else list(run.endpoints if run else [])
     seen = {e.url for e in eps}
     eps += [EndpointNumbers(u, 0, None, None, 0, 0) for u in configured if u not in seen]
 
     end = now if live or p is None else p.updated_at
-    run_start = p.run_started_at if p else run.get("created_at")
+    run_start = p.run_started_at if p else (run.created_at if run else None)
     return RunNumbers(
         uri=uri,
         now=now,
-        name=p.name if p else str(run.get("name", "")),
-        model=p.model if p else str(run.get("model", "")),
+        name=p.name if p else (run.name if run else ""),
+        model=p.model if p else (run.model if run else ""),
         state=state,
         state_reason=reason,
         session=p.session if p else "",
@@ -574,18 +630,42 @@ def compute(
         hist_counts=counts,
         holder=holder,
         last_progress_at=growth,
+        damaged=list(check.damaged) if check else [],
     )
+
+
+_FIELDS = ("done", "rows", "truncated", "prompt_tokens", "completion_tokens")
+
+
+def deficit(
+    progress: ProgressSnapshot | None, stored: dict[str, SourceCounts] | None
+) -> dict[str, SourceCounts]:
+    """Per source, how much the progress counters exceed the intact parts plus the pending
+    samples (what vanished). Empty when either side is unknown. The parts must be listed after
+    the progress file was read: a part written in between is then counted by both, never
+    missed."""
+    if progress is None or stored is None:
+        return {}
+    out: dict[str, SourceCounts] = {}
+    for name, sp in progress.sources.items():
+        if sp.pending is None:
+            continue  # an older writer: nothing to compare with
+        have = stored.get(name) or SourceCounts()
+        gap = SourceCounts(**{
+            f: max(0, getattr(sp, f) - getattr(have, f) - getattr(sp.pending, f))
+            for f in _FIELDS
+        })  # fmt: skip
+        if any(getattr(gap, f) for f in _FIELDS):
+            out[name] = gap
+    return out
+
+
+def _shown(sp: Any, gap: SourceCounts | None) -> SourceCounts:
+    """A source's counters less what vanished (``gap``)."""
+    return SourceCounts(**{f: max(0, getattr(sp, f) - (getattr(gap, f) if gap else 0))
+                           for f in _FIELDS})  # fmt: skip
 
 
 def read_numbers(uri: str | os.PathLike[str], now: float | None = None, **kw: Any) -> RunNumbers:
     """Open the run directory at ``uri`` and compute its numbers once."""
     return RunView(uri).numbers(now, **kw)
-
-
-def _age(seconds: float) -> str:
-    s = int(max(0, seconds))
-    if s < 120:
-        return f"{s} s"
-    if s < 7200:
-        return f"{s // 60} min"
-    return f"{s // 3600} h {s % 3600 // 60} min"

@@ -15,6 +15,7 @@ from regen.native import VocabInfo, validate_native
 from regen.result import TurnResult
 from regen.rows import build_turn_row, native_row, rows_to_table
 from regen.sample import Message, Sample, ToolCall
+from regen.store import layout
 from regen.template.render import KimiRenderer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -278,7 +279,7 @@ def test_heavy_columns_are_streamed_per_row_group(
     expected = {}
     for fmt in ("pretokenized", "conversations"):
         export_run(str(run_dir), str(tmp_path / f"ref-{fmt}"), seed=2, shard_rows=0, fmt=fmt)
-        expected[fmt] = tmp_path / f"ref-{fmt}" / f"{export_mod.SHARD_PREFIX[fmt]}00000.jsonl"
+        expected[fmt] = tmp_path / f"ref-{fmt}" / f"{layout.SHARD_PREFIX[fmt]}00000.jsonl"
 
     small = tmp_path / "small"
     shutil.copytree(run_dir, small)
@@ -309,7 +310,7 @@ def test_heavy_columns_are_streamed_per_row_group(
         group_reads.clear()
         out = tmp_path / f"stream-{fmt}"
         export_run(str(small), str(out), seed=2, shard_rows=0, fmt=fmt)
-        got = out / f"{export_mod.SHARD_PREFIX[fmt]}00000.jsonl"
+        got = out / f"{layout.SHARD_PREFIX[fmt]}00000.jsonl"
         assert got.read_bytes() == expected[fmt].read_bytes()
         assert full_reads and all(
             not {"input_ids", "loss_mask", "messages"} & set(c) for c in full_reads

@@ -11,6 +11,7 @@ import yaml
 
 from regen.errors import ConfigError, RegenError, SourceError
 from regen.manifest import load_manifest
+from regen.sample import stable_hash
 from regen.sources import read_samples
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,6 +145,11 @@ def test_overrides_apply_by_name_and_index(tmp_path: Path) -> None:
         ("sources.nope.limit=3", "override 'sources.nope.limit': no list element 'nope'"),
         ("sampling.colour=1", "sampling.colour: unknown key"),
         ("sampling", "override 'sampling' is neither key=value nor a YAML file"),
+        ("dedup.threshold=0.3", "dedup.threshold: Input should be greater than or equal to 0.5"),
+        ("dedup.threshold=1.5", "dedup.threshold: Input should be less than or equal to 1"),
+        ("dedup.shingle=0", "dedup.shingle: Input should be greater than or equal to 1"),
+        ("dedup.near=maybe", "dedup.near: Input should be a valid boolean"),
+        ("dedup.exact=false", "dedup.exact: unknown key"),
     ],
 )
 def test_overrides_validated_like_the_file(tmp_path: Path, override: str, expect: str) -> None:
@@ -196,7 +202,7 @@ def test_reference_documents_every_field() -> None:
 
     doc = (REPO / "docs" / "manifest.md").read_text()
     models = [mf.Manifest, mf.Target, mf.Sampling, mf.Endpoint, mf.Engine, mf.Source, mf.HubRef]
-    models += [mf.Filters, mf.Export]
+    models += [mf.Filters, mf.Dedup, mf.Export]
     missing = [f"{m.__name__}.{f}" for m in models for f in m.model_fields if f"`{f}`" not in doc]
     assert missing == []
 
@@ -241,3 +247,68 @@ def test_token_ids_default_to_the_servers_stream_and_old_key_is_read() -> None:
     assert Sampling.model_validate({"server_token_ids": False}).token_ids == "local"
     with pytest.raises(ValueError):
         Sampling.model_validate({"token_ids": "sometimes"})
+
+
+def test_dedup_defaults_and_fingerprint(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE)
+    m = load_manifest(path)
+    assert (m.dedup.near, m.dedup.threshold, m.dedup.shingle, m.dedup.num_perm) == (
+        True,
+        0.85,
+        5,
+        128,
+    )
+    fps = {
+        load_manifest(path, o).fingerprint()
+        for o in (
+            [],
+            ["dedup.near=false"],
+            ["dedup.threshold=0.9"],
+            ["dedup.shingle=3"],
+            ["dedup.num_perm=256"],
+        )
+    }
+    assert len(fps) == 5  # every dedup setting is part of the fingerprint
+    assert load_manifest(path, ["engine.workers=7"]).fingerprint() == m.fingerprint()
+    # near off: the settings do nothing, and the fingerprint is the one from before dedup existed
+    off = load_manifest(path, ["dedup.near=false"])
+    assert load_manifest(path, ["dedup.near=false", "dedup.threshold=0.9"]).fingerprint() == (
+        off.fingerprint()
+    )
+    before = {k: off.model_dump(mode="json")[k] for k in ("target", "sampling", "sources")}
+    assert off.fingerprint() == stable_hash(before, n=32)
+
+
+def test_changed_dedup_refuses_a_resume_unless_forced(tmp_path: Path) -> None:
+    from regen.errors import FingerprintMismatchError
+    from regen.store import RunDir
+    from regen.store.run import prepare_run
+
+    path = write(tmp_path, BASE)
+    rd = RunDir.open(tmp_path / "run")
+    first = prepare_run(rd, load_manifest(path), [])
+    assert prepare_run(rd, load_manifest(path), [])["fingerprint"] == first["fingerprint"]
+    changed = load_manifest(path, ["dedup.threshold=0.9"])
+    with pytest.raises(FingerprintMismatchError):
+        prepare_run(rd, changed, [])
+    with pytest.raises(FingerprintMismatchError):
+        prepare_run(rd, load_manifest(path, ["dedup.near=false"]), [])
+    forced = prepare_run(rd, changed, [], force=True)
+    assert forced["fingerprint"] == changed.fingerprint() != first["fingerprint"]
+    assert forced["previous_fingerprints"] == [first["fingerprint"]]
+    assert "threshold: 0.9" in rd.read_text("manifest.yaml")  # the resolved manifest has it
+
+
+def test_a_run_made_before_near_dup_resumes_with_near_off(tmp_path: Path) -> None:
+    from regen.errors import FingerprintMismatchError
+    from regen.store import RunDir
+    from regen.store.run import prepare_run
+
+    path = write(tmp_path, BASE)
+    old = load_manifest(path, ["dedup.near=false"])
+    rd = RunDir.open(tmp_path / "run")
+    before = {k: old.model_dump(mode="json")[k] for k in ("target", "sampling", "sources")}
+    rd.write_json_atomic("run.json", {"name": "t", "fingerprint": stable_hash(before, n=32)})
+    with pytest.raises(FingerprintMismatchError):  # the new default would drop samples
+        prepare_run(rd, load_manifest(path), [])
+    assert prepare_run(rd, old, [])["fingerprint"] == stable_hash(before, n=32)

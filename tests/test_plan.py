@@ -15,6 +15,7 @@ import pytest
 from regen.cli.main import main
 from regen.manifest import load_manifest, parse_manifest
 from regen.plan import build_plan, limits_band
+from regen.sources import read_samples
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "manifests" / "demo.yaml"
@@ -39,24 +40,26 @@ def demo_plan() -> dict[str, Any]:
     return json.loads(out.stdout)
 
 
-# (read, rejected by reason, filtered by filter, duplicates, kept, regenerate turns)
-DEMO_COUNTS: dict[str, tuple[int, dict[str, int], dict[str, int], int, int, int]] = {
+# (read, rejected by reason, filtered by filter, duplicates, near-duplicates, kept,
+#  regenerate turns)
+DEMO_COUNTS: dict[str, tuple[int, dict[str, int], dict[str, int], int, int, int, int]] = {
     "sharegpt": (
         14,
         {"assistant_first": 1, "invalid_utf8": 1, "malformed_json": 1, "unknown_role": 1},
         {},
         1,
+        0,
         9,
         12,
     ),
-    "ultrachat": (11, {"empty_turn": 1, "no_user_turn": 1}, {}, 1, 8, 10),
-    "openthoughts": (9, {"missing_field": 1}, {"max_prompt_chars": 1}, 0, 7, 7),
-    "perfectblend": (10, {"wrong_type": 1}, {}, 1, 8, 9),
-    "opencodereasoning": (9, {"empty_prompt": 1, "missing_field": 1}, {}, 0, 7, 7),
-    "xlam": (9, {"bad_tool_json": 2}, {}, 0, 7, 7),
-    "glaive": (9, {"bad_tool_json": 1, "malformed_chat": 1}, {}, 0, 7, 14),
-    "swe_gym": (8, {"bad_tool_json": 1, "no_user_turn": 1}, {}, 0, 6, 6),
-    "magicoder": (10, {"empty_prompt": 1}, {}, 1, 8, 8),
+    "ultrachat": (16, {"empty_turn": 1, "no_user_turn": 1}, {}, 1, 4, 9, 11),
+    "openthoughts": (9, {"missing_field": 1}, {"max_prompt_chars": 1}, 0, 0, 7, 7),
+    "perfectblend": (10, {"wrong_type": 1}, {}, 1, 0, 8, 9),
+    "opencodereasoning": (12, {"empty_prompt": 1, "missing_field": 1}, {}, 0, 2, 8, 8),
+    "xlam": (9, {"bad_tool_json": 2}, {}, 0, 0, 7, 7),
+    "glaive": (9, {"bad_tool_json": 1, "malformed_chat": 1}, {}, 0, 0, 7, 14),
+    "swe_gym": (8, {"bad_tool_json": 1, "no_user_turn": 1}, {}, 0, 0, 6, 6),
+    "magicoder": (10, {"empty_prompt": 1}, {}, 1, 0, 8, 8),
     "kimi_native": (
         10,
         {
@@ -68,14 +71,30 @@ DEMO_COUNTS: dict[str, tuple[int, dict[str, int], dict[str, int], int, int, int]
         },
         {},
         1,
+        0,
         4,
         0,
     ),
 }
 
+# The planted near-duplicates (manifests/demo.yaml): (dropped id, id of the prompt it repeats)
+DEMO_NEAR = {
+    ("ultrachat", "sharegpt"): [
+        ("ultrachat:uc0012#98933ee7", "sharegpt:sg_0005#bc0b6501"),  # whitespace
+        ("ultrachat:uc0013#d24a03d4", "sharegpt:sg_0008#e68060db"),  # casing
+        ("ultrachat:uc0014#8c6adbd6", "sharegpt:sg_0003#933c2d0a"),  # another system prompt
+        ("ultrachat:uc0015#02f9fea6", "sharegpt:sg_0002#77376296"),  # a trailing "Thanks!"
+    ],
+    ("opencodereasoning", "openthoughts"): [
+        ("opencodereasoning:ocr010#49cbf9dc", "openthoughts:h318b837c818c5260"),
+        ("opencodereasoning:ocr011#b27af4c0", "openthoughts:h95b355d113a66f33"),
+    ],
+}
+
 
 def test_demo_plan_counts_exact(demo_plan: dict[str, Any]) -> None:
-    keys = ("read", "rejected", "filtered", "duplicates", "kept", "regenerate_turns")
+    keys = ("read", "rejected", "filtered", "duplicates", "near_duplicates", "kept")
+    keys += ("regenerate_turns",)
     got = {name: tuple(s[k] for k in keys) for name, s in demo_plan["sources"].items()}
     assert got == DEMO_COUNTS
     assert list(demo_plan["sources"]) == list(DEMO_COUNTS)  # manifest order
@@ -83,9 +102,10 @@ def test_demo_plan_counts_exact(demo_plan: dict[str, Any]) -> None:
 
 def test_demo_plan_totals_tokens_and_band(demo_plan: dict[str, Any]) -> None:
     total = demo_plan["total"]
-    assert total["kept_regenerate"] == 67 >= 60  # the engine's e2e test needs >= 60
+    assert total["kept_regenerate"] == 69 >= 60  # the engine's e2e test needs >= 60
     assert total["kept_native"] == 4
     assert total["duplicates"] == 5 and total["rejected"] == 22 and total["filtered"] == 1
+    assert total["near_duplicates"] == 6
     assert demo_plan["token_estimate"] == "tokenizer"  # demo/tokenizer exists
     assert all(
         s["prompt_tokens"] > 0 for s in demo_plan["sources"].values() if s["mode"] == "regenerate"
@@ -95,6 +115,49 @@ def test_demo_plan_totals_tokens_and_band(demo_plan: dict[str, Any]) -> None:
     lo, hi = total["output_tokens"]
     assert demo_plan["hours"] == [round(lo / 830 / 3600, 2), round(hi / 830 / 3600, 2)]
     assert demo_plan["sources"]["kimi_native"]["native_tokens"] > 0
+
+
+def test_demo_plan_reports_the_planted_near_duplicates_exactly(demo_plan: dict[str, Any]) -> None:
+    near = demo_plan["near_duplicates"]
+    assert (near["near"], near["threshold"], near["shingle"], near["num_perm"]) == (
+        True,
+        0.85,
+        5,
+        128,
+    )
+    assert (near["bands"], near["rows"], near["total"]) == (14, 9, 6)
+    got = {
+        (p["source"], p["duplicate_of"]): (
+            p["count"],
+            [(e["id"], e["duplicate_of"]) for e in p["examples"]],
+        )
+        for p in near["pairs"]
+    }
+    assert got == {pair: (len(ids), ids[:3]) for pair, ids in DEMO_NEAR.items()}
+    assert [(p["source"], p["duplicate_of"]) for p in near["pairs"]] == list(DEMO_NEAR)
+    examples = [e for p in near["pairs"] for e in p["examples"]]
+    assert all(0.85 <= e["similarity"] <= 1.0 for e in examples)
+    assert examples[1]["prompt"] == "HOW DO I UNDO THE LAST GIT COMMIT BUT KEEP MY CHANGES?"
+
+
+def test_demo_near_duplicates_dropped_are_the_planted_ones_and_ids_stay() -> None:
+    on = {s.id for s in read_samples(load_manifest(DEMO))}
+    off = {s.id for s in read_samples(load_manifest(DEMO, ["dedup.near=false"]))}
+    planted = {dropped for ids in DEMO_NEAR.values() for dropped, _ in ids}
+    assert off - on == planted and on <= off  # the others keep their ids
+    kept_originals = {orig for ids in DEMO_NEAR.values() for _, orig in ids}
+    assert kept_originals <= on
+    near_misses = {"ultrachat:uc0016#07bde64f", "opencodereasoning:ocr012#8013c537"}
+    assert near_misses <= on
+
+
+def test_cli_near_off_counts_no_near_duplicates(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(DEMO), "--json", "-o", "dedup.near=false"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["total"]["near_duplicates"] == 0 and plan["near_duplicates"]["pairs"] == []
+    assert plan["total"]["kept"] == 73 + 6
+    assert main(["plan", str(DEMO), "-o", "dedup.near=false"]) == 0
+    assert "near-duplicates: not checked" in capsys.readouterr().out
 
 
 def _closed_port() -> int:
@@ -146,6 +209,14 @@ def test_cli_table_for_people(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "plan: demo" in out and "sharegpt" in out and "time band at 10 tok/s" in out
     assert "malformed_json" in out
+    assert "near-duplicates dropped: 6" in out
+    matrix = out[out.index("near-duplicates dropped") :]
+    head = next(line for line in matrix.splitlines() if "duplicate of" in line)
+    assert head.split("┃")[2:4] == [" sharegpt ", " openthoughts "]
+    cells = {line.split("│")[1].strip(): line.split("│")[2:4] for line in matrix.splitlines()
+             if line.startswith("│")}  # fmt: skip
+    assert [c.strip() for c in cells["ultrachat"]] == ["4", "·"]
+    assert [c.strip() for c in cells["opencodereasoning"]] == ["·", "2"]
 
 
 def test_chars_estimate_without_tokenizer(tmp_path: Path) -> None:

@@ -39,6 +39,13 @@ CONTRACT_EXAMPLE = {
             "prompt_tokens": 12000,
             "completion_tokens": 55000,
             "regenerate": True,
+            "pending": {
+                "done": 4,
+                "rows": 9,
+                "truncated": 0,
+                "prompt_tokens": 1200,
+                "completion_tokens": 5000,
+            },
         },
         "kimi": {
             "total": 10,
@@ -48,7 +55,7 @@ CONTRACT_EXAMPLE = {
             "rows": 10,
             "prompt_tokens": 0,
             "completion_tokens": 0,
-            "regenerate": False,
+            "regenerate": False,  # no "pending": written before it existed (not reconciled)
         },
     },
     "in_flight": 17,
@@ -162,13 +169,14 @@ def test_record_error_counts_and_keeps_last_message() -> None:
         (lambda d: d.update(token_series=[[1.0]]), "token_series.0"),
         (lambda d: d["output_tokens_hist"].update(counts=[1]), "output_tokens_hist"),
         (lambda d: d["endpoints"][0].pop("url"), "endpoints.0"),
+        (lambda d: d["sources"]["sharegpt"]["pending"].pop("rows"), "sharegpt.pending"),
     ],
 )
 def test_bad_shapes_are_rejected_naming_the_field(mutate, needle: str) -> None:
     d = json.loads(json.dumps(CONTRACT_EXAMPLE))
     mutate(d)
-    with pytest.raises(RunDirError, match=r"progress\.json") as ei:
-        ProgressSnapshot.from_dict(d)
+    with pytest.raises(RunDirError, match=r"^progress\.json: ") as ei:
+        ProgressSnapshot.from_dict(d, where="progress.json")
     assert needle in str(ei.value)
 
 

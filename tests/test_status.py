@@ -15,8 +15,6 @@ from monitor.synthetic import make_snapshot, write_run_dir
 from regen.errors import RunDirError
 from regen.progress import EndpointProgress, ProgressSnapshot, SourceProgress
 from regen.status import (
-    CLOCK_SKEW_S,
-    LOCK_STALE_S,
     STALL_AFTER_S,
     Rate,
     RunFiles,
@@ -27,6 +25,7 @@ from regen.status import (
     read_numbers,
     window_rate,
 )
+from regen.store.layout import CLOCK_SKEW_S, LOCK_STALE_S, LockRecord
 
 NOW = 1_800_000_000.0
 HOST = "node-a"
@@ -52,9 +51,11 @@ def snap(**kw) -> ProgressSnapshot:
     return s
 
 
-def lock(beat_age: float = 2.0, host: str = HOST, pid: int = 123, session: str = "s1") -> dict:
-    return {"owner": "regen run", "host": host, "pid": pid, "session": session,
-            "started_at": NOW - 3600, "heartbeat_at": NOW - beat_age}  # fmt: skip
+def lock(
+    beat_age: float = 2.0, host: str = HOST, pid: int = 123, session: str = "s1"
+) -> LockRecord:
+    return LockRecord(host=host, pid=pid, session=session, started_at=NOW - 3600,
+                      heartbeat_at=NOW - beat_age)  # fmt: skip
 
 
 def numbers(progress, lk, *, alive=True, **kw):
@@ -314,9 +315,101 @@ def test_a_tick_reads_only_the_three_small_files(tmp_path: Path, monkeypatch) ->
 
     monkeypatch.setattr(RunDir, "read_bytes", spy)
     monkeypatch.setattr(RunDir, "list", lambda *a, **k: pytest.fail("a tick must not list"))
+    monkeypatch.setattr(RunDir, "sizes", lambda *a, **k: pytest.fail("listed before it was due"))
     for _ in range(3):
         view.numbers(NOW)
     assert sorted(seen) == sorted(["lock.json", "progress.json", "run.json"] * 3)
+
+
+def _run_with_parts(root: Path, parts: int = 3, per_part: int = 4):
+    """A finished run directory with real parts and records, and its progress snapshot."""
+    import pyarrow as pa
+
+    from regen.progress import Pending
+    from regen.store import RunDir
+    from regen.store.journal import CompletedSample, Journal
+
+    rd = RunDir.open(root)
+    j = Journal(rd, "S1", pa.Table.from_pylist)
+    for i in range(parts * per_part):
+        rows = [{"sample_id": f"a:{i}", "source": "a", "turn": 0, "prompt_tokens": 2,
+                 "completion_tokens": 10, "finish_reason": "stop"}]  # fmt: skip
+        j.append(CompletedSample(f"a:{i}", "a", rows))
+        if (i + 1) % per_part == 0:
+            j.roll()
+    n = parts * per_part
+    s = snap(state="finished", sources={"a": SourceProgress(
+        total=n + 5, done=n, rows=n, prompt_tokens=2 * n, completion_tokens=10 * n,
+        pending=Pending())})  # fmt: skip
+    write_run_dir(root, s, now=NOW, lock="none")
+    return rd, n
+
+
+def test_a_vanished_or_cut_part_is_not_counted(tmp_path: Path) -> None:
+    from regen.store import layout
+    from regen.store.journal import list_parts
+
+    rd, n = _run_with_parts(tmp_path)
+    assert RunView(tmp_path).numbers(NOW).done == n
+    first, second = (st.part for st in list_parts(rd)[:2])
+    (tmp_path / first).unlink()
+    data = (tmp_path / second).read_bytes()
+    (tmp_path / second).write_bytes(data[:100])
+    got = RunView(tmp_path).numbers(NOW)
+    assert got.done == n - 8 and got.completion_tokens == 10 * (n - 8)
+    assert got.remaining == got.total - got.done
+    assert [d.split(":")[0] for d in got.damaged] == [first, second]
+    # journaled samples not yet in a part still count
+    s = layout.read_progress(rd)
+    s.sources["a"].done += 3
+    s.sources["a"].pending.done = 3
+    layout.write_progress(rd, s)
+    assert RunView(tmp_path).numbers(NOW).done == n - 8 + 3
+
+
+def test_counters_that_grew_since_the_last_listing_are_shown(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    from regen.store import layout
+    from regen.store.journal import CompletedSample, Journal, list_parts
+
+    rd, n = _run_with_parts(tmp_path)
+    (tmp_path / list_parts(rd)[0].part).unlink()  # 4 samples gone
+    view = RunView(tmp_path, reconcile_every_s=3600.0)  # lists on the first tick only
+    assert view.numbers(NOW).done == n - 4
+    j = Journal(rd, "S2", pa.Table.from_pylist)  # the run goes on: a new part of 2 samples
+    for i in range(2):
+        j.append(CompletedSample(f"a:new{i}", "a", [{"sample_id": f"a:new{i}", "source": "a",
+                                                     "turn": 0}]))  # fmt: skip
+    j.roll()
+    s = layout.read_progress(rd)
+    s.sources["a"].done += 2
+    layout.write_progress(rd, s)
+    assert view.numbers(NOW).done == n - 4 + 2  # not re-listed: the vanished part still out
+
+
+def test_a_reconcile_never_opens_a_parquet_file(tmp_path: Path, monkeypatch) -> None:
+    import pyarrow.parquet as pq
+
+    from regen.store import RunDir
+
+    _run_with_parts(tmp_path)
+    opened: list[str] = []
+    orig = RunDir.read_bytes
+
+    def spy(self, rel: str):
+        opened.append(rel)
+        return orig(self, rel)
+
+    monkeypatch.setattr(RunDir, "read_bytes", spy)
+    for name in ("ParquetFile", "read_table", "read_metadata", "read_schema"):
+        monkeypatch.setattr(pq, name, lambda *a, **k: pytest.fail("a tick read Parquet"))
+    view = RunView(tmp_path, reconcile_every_s=0.0)  # every tick reconciles
+    for _ in range(3):
+        view.numbers(NOW)
+    assert not [r for r in opened if r.endswith(".parquet")]
+    records = [r for r in opened if r.startswith("parts/")]
+    assert len(records) == 3 and len(set(records)) == 3  # each record read once, then cached
 
 
 def test_manifest_written_after_the_monitor_opened_is_picked_up(tmp_path: Path) -> None:
@@ -420,9 +513,9 @@ def test_run_view_reads_turns_from_plan_json_once(tmp_path: Path) -> None:
             "regenerate_todo": 10,
             "regenerate_turns": 25,
         },
-        "b": {"total": 10, "regenerate": 10, "native": 0},  # older driver: no turn count
+        "b": {"total": 10, "regenerate": True, "native": 0},  # older driver: no turn count
     }
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "plan.json").write_text(json.dumps(plan))  # the flat shape of older drivers
     view = RunView(tmp_path)
     assert view.turns == {"a": 2.5}
     e = view.numbers(NOW, hostname=HOST, pid_alive=lambda pid: True).eta

@@ -30,6 +30,9 @@ def _levels(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from regen.bench.prompts import HOLDOUT_FILE
+    from regen.store import layout
+
     parser.add_argument(
         "--baseline",
         required=True,
@@ -46,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--run",
         metavar="RUN_DIR",
-        help="a run directory: prompts from RUN_DIR/export/holdout.jsonl, sampling "
-        "from RUN_DIR/manifest.yaml",
+        help=f"a run directory: prompts from RUN_DIR/{layout.EXPORT_DIR}/{HOLDOUT_FILE}, "
+        f"sampling from RUN_DIR/{layout.MANIFEST}",
     )
     src.add_argument("--prompts", metavar="FILE", help="a holdout.jsonl-format prompts file")
     parser.add_argument(
@@ -100,24 +103,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_manifest(run_dir: str) -> Manifest | None:
-    """The run's resolved manifest.yaml, or None when it has none."""
-    import yaml
-
-    from regen.errors import RegenError
-    from regen.manifest import parse_manifest
-    from regen.store.run import MANIFEST_FILE
+    """The run's resolved manifest.yaml, or None when it has none (a damaged one is an error)."""
+    from regen.store import layout
     from regen.store.rundir import RunDir
 
-    rd = RunDir.open(run_dir, create=False)
     try:
-        text = rd.read_text(MANIFEST_FILE)
-    except (OSError, RegenError):
+        rd = RunDir.open(run_dir, create=False)
+    except OSError:
         return None
-    if not text:
-        return None
-    return parse_manifest(
-        yaml.safe_load(text), base_dir=run_dir, origin=f"{run_dir}/{MANIFEST_FILE}"
-    )
+    return layout.read_manifest(rd)
 
 
 def run(args: argparse.Namespace) -> int:

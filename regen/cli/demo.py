@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from regen.export import export_run
     from regen.manifest import load_manifest
     from regen.serving import TransformersServer, build_tiny_model
+    from regen.store import layout
 
     console = Console()
     quiet_http_logs()
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         f"[bold green]done[/]: {summary.done}/{summary.total} samples "
         f"({summary.failed_permanent} failed permanently, {summary.failed_transient} left for "
         f"the next run)\n"
-        f"  Parquet parts: {Path(args.out) / 'parts'}\n"
+        f"  Parquet parts: {Path(args.out) / layout.PARTS_DIR}\n"
         f"  SpecForge export: {export_dir} ({stats.rows_written} rows, {stats.tokens} tokens)",
         highlight=False,
     )

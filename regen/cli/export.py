@@ -1,7 +1,7 @@
 """`regen export RUN_DIR --out DIR`: SpecForge JSONL shards + stats.json from a run directory.
 
-Defaults come from the run directory's manifest.yaml ``export`` section when it has one; flags
-override them.
+Defaults come from the ``export`` section of the run directory's manifest when it has one;
+flags override them. A damaged run directory is refused (see ``regen verify``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 NAME = "export"
-HELP = "write SpecForge pre-tokenized (or raw-conversation) JSONL shards and stats.json"
+HELP = "write SpecForge pre-tokenized (or raw-conversation) JSONL shards and their stats"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,19 +51,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _manifest_defaults(run_dir: str) -> dict[str, Any]:
-    import yaml
     from pydantic import ValidationError
 
     from regen.errors import RegenError
     from regen.manifest import Export
+    from regen.store import layout
     from regen.store.rundir import RunDir
 
     try:
-        text = RunDir.open(run_dir, create=False).read_text("manifest.yaml")
-        data = yaml.safe_load(text) if text else None
-        section = data.get("export") if isinstance(data, dict) else None
-        return Export.model_validate(section or {}).model_dump()
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValidationError, RegenError):
+        data = layout.read_manifest_data(RunDir.open(run_dir, create=False)) or {}
+        return Export.model_validate(data.get("export") or {}).model_dump()
+    except (OSError, RegenError, ValidationError):
         return Export().model_dump()  # an unreadable manifest only loses the defaults
 
 

@@ -16,7 +16,10 @@ if TYPE_CHECKING:
     from regen.plan import Plan
 
 NAME = "plan"
-HELP = "read every source; show per-source counts, rejects, duplicates, tokens and the time band"
+HELP = (
+    "read every source; show per-source counts, rejects, duplicates and near-duplicates, tokens "
+    "and the time band"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
         console.out(plan.to_json(), highlight=False)
         return 0
     console.print(render_table(plan))
+    table, line = render_near(plan)
+    if table is not None:
+        console.print(table)
+    console.print(line, highlight=False)
     lo, hi = plan.hours
     llo, lhi = plan.limits_hours
     olo, ohi = plan.output_tokens
@@ -166,6 +173,7 @@ def render_table(plan: Plan) -> Table:
         ("rejected", f"{tot['rejected']:,}"),
         ("filtered", f"{tot['filtered']:,}"),
         ("dup", f"{tot['duplicates']:,}"),
+        ("near", f"{tot['near_duplicates']:,}"),
         ("kept", f"{tot['kept']:,}"),
         ("turns", f"{tot['regenerate_turns']:,}"),
         ("prompt tok", f"{tot['prompt_tokens']:,}"),
@@ -182,6 +190,7 @@ def render_table(plan: Plan) -> Table:
             f"{st.rejected_total:,}",
             f"{st.filtered_total:,}",
             f"{st.duplicates:,}",
+            f"{st.near_duplicates:,}",
             f"{st.kept:,}" + ("*" if st.limit_reached and s.limit else ""),
             f"{st.regenerate_turns:,}",
             f"{s.prompt_tokens:,}",
@@ -189,3 +198,30 @@ def render_table(plan: Plan) -> Table:
         )
     t.caption = "* reached the source's limit (reading stopped there)"
     return t
+
+
+def render_near(plan: Plan) -> tuple[Table | None, str]:
+    """Near-duplicates dropped per pair of sources (a row per source a prompt was dropped
+    from, a column per source of the earlier prompt it repeats; only sources with drops) and
+    a line with the settings."""
+    d = plan.dedup
+    if not d.near:
+        return None, "near-duplicates: not checked (dedup.near is false)"
+    near = plan.near_dict()
+    how = (
+        f"near-duplicates: threshold {d.threshold:g}, {d.shingle}-word shingles, "
+        f"{d.num_perm} permutations ({near['bands']} bands × {near['rows']} rows)"
+    )
+    if not near["total"]:
+        return None, f"{how}: none found"
+    order = [s.name for s in plan.sources]
+    rows = [n for n in order if any(a == n for a, _ in plan.near.counts)]
+    cols = [n for n in order if any(b == n for _, b in plan.near.counts)]
+    t = Table(title=f"near-duplicates dropped: {near['total']:,}")
+    t.add_column("dropped from ↓ / duplicate of →")
+    for c in cols:
+        t.add_column(escape(c), justify="right")
+    for r in rows:
+        cells = [plan.near.counts.get((r, c), 0) for c in cols]
+        t.add_row(escape(r), *(f"{n:,}" if n else "·" for n in cells))
+    return t, f"{how}; examples of each pair: --json (near_duplicates.pairs)"

@@ -67,6 +67,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Ray dashboard URL for the training job (default: $RAY_ADDRESS, else local)",
     )
     p.add_argument("--no-view", action="store_true", help="no live progress view")  # fmt: skip
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show the Ray actors' own output (tracebacks of a failing worker included) here; "
+        "by default it stays in Ray's worker log files and a lost worker is one line",
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
@@ -84,6 +90,7 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         retry_failed=args.retry_failed,
         force=args.force,
         address=args.address,
+        verbose=getattr(args, "verbose", False),
     )
 
 
@@ -163,12 +170,13 @@ def execute(args: argparse.Namespace, *, view: bool = True) -> int:
 def _then_train(args: argparse.Namespace, console) -> int:
     """Submit the training job (regen train's path) and return: it runs for hours on the GPUs;
     `regen status`-style following is `regen train ... ` or Ray's own `ray job logs`."""
+    from regen.store import layout
     from regen.train.launch import launch_training
 
     result = launch_training(args.out, args.then_train, address=args.train_address, follow=False)
     console.print(
         f"training job {result.submission_id} submitted ({result.state}); its record: "
-        f"{args.out.rstrip('/')}/train/job.json",
+        f"{args.out.rstrip('/')}/{layout.JOB}",
         highlight=False,
         soft_wrap=True,
     )

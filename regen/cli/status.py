@@ -39,4 +39,8 @@ def run(args: argparse.Namespace) -> int:
         highlight=False,
     )
     console.print(sources_table(n, console.width))
+    if n.damaged:
+        from monitor.render import damage_note
+
+        console.print(Text(damage_note(n), style="bold red"), soft_wrap=True)
     return 0

@@ -3,10 +3,15 @@
 - :mod:`regen.engine.turns`: which requests a sample needs and the history each carries.
 - :mod:`regen.engine.worker`: ``SampleWorker`` (clients, router, C slots, rows) in one actor.
 - :mod:`regen.engine.actor`: the Ray actor around it.
-- :mod:`regen.engine.tracker`: counters → ``progress.json``.
-- :mod:`regen.engine.driver`: ``run_job(manifest, run_dir, RunOptions)``.
+- :mod:`regen.engine.tracker`: counters → the progress file.
+- :mod:`regen.engine.preflight`: configuration checks before anything starts (fail fast).
+- :mod:`regen.engine.planning`: the session's plan and its record.
+- :mod:`regen.engine.pool`: ``WorkerPool`` (Ray actors, or SampleWorkers in this process).
+- :mod:`regen.engine.dispatch`: the dispatch loop (feed, requeue, respawn) over a pool.
+- :mod:`regen.engine.driver`: ``run_job(manifest, run_dir, RunOptions)``: one session.
 
-Files are owned by :mod:`regen.store` (layout there); the engine only calls it.
+Files are owned by :mod:`regen.store` (names in :mod:`regen.store.layout`); the engine only
+calls it.
 """
 
 from regen.engine.driver import JobSummary, RunOptions, run_job

@@ -1,42 +1,45 @@
-"""The driver: plans the session, feeds Ray actors per sample, journals what completes.
+"""The driver: one session of a job over one run directory.
 
-Files it writes (through :mod:`regen.store`): lock.json (held for the session), run.json and
-manifest.yaml (:func:`regen.store.run.prepare_run`), plan.json (per-source totals of this
-session), journal/ and parts/ (:class:`regen.store.journal.Journal`), failures/, progress.json
+Files (through :mod:`regen.store`; names in :mod:`regen.store.layout`): the lock (held for the
+session), run.json and manifest.yaml (:func:`regen.store.run.prepare_run`), plan.json
+(:mod:`regen.engine.planning`), journal/, parts/ and their records, quarantine/
+(:mod:`regen.store.journal`), failures/, schedule.json, progress.json
 (:class:`regen.engine.tracker.ProgressTracker`, every ~2 s and once at the end).
 
-Flow: lock → fingerprint → fold leftover journals → done-set from the parts → read the samples
-(skip done ones and recorded permanent failures unless ``retry_failed``) → native rows are
-journaled directly → endpoint check → N actors, each kept fed with up to its concurrency plus a
-prefetch margin of single-sample work items (no batches, no barriers) → every completed sample
-is journaled at once; every ``part_size`` samples or ``part_interval_s`` the segment becomes a
-Parquet part. SIGINT/SIGTERM stop feeding, write the buffered samples as a part, release the
-lock and leave the state "interrupted"; rerunning the same command resumes.
+Flow: fail-fast checks (:mod:`regen.engine.preflight`: paths, tokenizer, one render per source;
+before Ray or any actor) → lock → fingerprint → fold leftover journals → done-set from the
+verified parts (damaged ones quarantined, their samples planned again) → plan (skip done ones
+and recorded permanent failures unless ``retry_failed``) → native rows journaled directly →
+endpoint check → Ray and N actors (started while the plan is read) → the dispatch loop
+(:mod:`regen.engine.dispatch`) → every completed sample journaled at once; every
+``part_size`` samples or ``part_interval_s`` the segment becomes a Parquet part.
+SIGINT/SIGTERM stop feeding, write the buffered samples as a part, release the lock and leave
+the state "interrupted"; rerunning the same command resumes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import logging
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from regen.engine.adaptive import split
-from regen.engine.schedule import SCHEDULE_FILE, LengthModel, PackedSample, Spill, WorkQueue
+from regen.engine.dispatch import Dispatcher
+from regen.engine.planning import Plan, plan_session, write_plan
+from regen.engine.pool import RayWorkerPool
+from regen.engine.schedule import LengthModel, WorkQueue, schedule_record
 from regen.engine.tracker import ProgressTracker
 from regen.engine.worker import SampleOutcome
 from regen.errors import RegenError
-from regen.manifest import Endpoint, Manifest
-from regen.progress import PROGRESS_FILE, ProgressSnapshot
-from regen.sample import Sample
+from regen.manifest import Endpoint, Manifest, public_url
+from regen.progress import ProgressSnapshot
+from regen.store import layout
 from regen.store.journal import (
     CompletedSample,
     DoneSet,
@@ -47,12 +50,11 @@ from regen.store.journal import (
     read_failures,
     recover,
 )
-from regen.store.run import RunLock, new_session_id, prepare_run, public_url
+from regen.store.lock import RunLock
+from regen.store.run import new_session_id, prepare_run
 from regen.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
-
-PLAN_FILE = "plan.json"
 
 
 @dataclass(slots=True)
@@ -75,6 +77,11 @@ class RunOptions:
     #: set from outside to stop the session cleanly (like SIGINT)
     stop: threading.Event | None = None
     handle_signals: bool = True  #: install SIGINT/SIGTERM handlers (main thread only)
+    #: stream the actors' own output (tracebacks included) to this terminal; otherwise it
+    #: stays in Ray's worker log files and a lost worker is one line here
+    verbose: bool = False
+    #: run the fail-fast configuration checks before anything starts
+    preflight: bool = True
 
 
 @dataclass(slots=True)
@@ -96,15 +103,6 @@ class JobSummary:
     per_source: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-@dataclass(slots=True)
-class _Plan:
-    todo: list[PackedSample]  #: bodies in ``spill``
-    native: list[Sample]
-    totals: dict[str, tuple[int, bool]]
-    skipped_failed: int
-    spill: Spill
-
-
 def _apply_options(manifest: Manifest, opts: RunOptions) -> Manifest:
     update: dict[str, Any] = {}
     if opts.endpoints:
@@ -121,68 +119,24 @@ def _apply_options(manifest: Manifest, opts: RunOptions) -> Manifest:
     return manifest.model_copy(update=update) if update else manifest
 
 
-def _native_check(manifest: Manifest) -> Callable[[Sample], str | None] | None:
-    if not any(s.mode == "native" for s in manifest.sources):
-        return None
-    from regen.native import VocabInfo, validate_native
+def connect_ray(address: str | None, *, verbose: bool = False) -> bool:
+    """Join ``address`` / $RAY_ADDRESS, else start a quiet local Ray; True if we started it.
 
-    vocab = VocabInfo.from_dir(
-        manifest.resolve(manifest.target.tokenizer),
-        trust_remote_code=manifest.target.trust_remote_code,
-    )
-    return lambda s: validate_native(s, vocab)
-
-
-def plan_session(
-    manifest: Manifest, done: set[str], failures: dict[str, FailureRecord], opts: RunOptions
-) -> _Plan:
-    """Read the samples; split them into work (regenerate), native rows and already-done.
-    The bodies of the work are spilled to a temporary file (closed with the plan)."""
-    from regen.sources import read_samples
-
-    samples: Iterator[Sample] = read_samples(manifest, None, _native_check(manifest))
-    spill = Spill()
-    if opts.limit is not None:
-        samples = itertools.islice(samples, opts.limit)
-    todo: list[PackedSample] = []
-    native: list[Sample] = []
-    totals: dict[str, list[Any]] = {
-        s.name: [0, s.mode == "regenerate"] for s in manifest.sources
-    }  # fmt: skip
-    seen: set[str] = set()
-    skipped = 0
-    for s in samples:
-        if s.id in seen:
-            log.warning("sample id %s appears twice; keeping the first", s.id)
-            continue
-        seen.add(s.id)
-        totals[s.source][0] += 1
-        if s.id in done:
-            continue
-        f = failures.get(s.id)
-        if f is not None and f.permanent and not opts.retry_failed:
-            skipped += 1
-            continue
-        if s.mode == "native":
-            native.append(s)
-        else:
-            todo.append(PackedSample.pack(s, spill))  # the plan of a big run stays small
-    return _Plan(todo, native, {k: (v[0], v[1]) for k, v in totals.items()}, skipped, spill)
-
-
-def connect_ray(address: str | None) -> bool:
-    """Join ``address`` / $RAY_ADDRESS, else start a quiet local Ray; True if we started it."""
+    The actors' output (their tracebacks included) reaches this terminal only when
+    ``verbose``; otherwise it stays in Ray's worker log files (``<ray session>/logs``).
+    """
     import ray
 
     if ray.is_initialized():
         return False
     addr = address or os.environ.get("RAY_ADDRESS") or None
     if addr:
-        ray.init(address=addr, logging_level=logging.WARNING, log_to_driver=True)
+        ray.init(address=addr, logging_level=logging.WARNING, log_to_driver=verbose)
     else:
         ray.init(
             include_dashboard=False,
             logging_level=logging.WARNING,
+            log_to_driver=verbose,
             _node_ip_address="127.0.0.1",
             num_cpus=max(2, os.cpu_count() or 2),
         )
@@ -199,110 +153,13 @@ def _secrets(manifest: Manifest) -> dict[str, str]:
 
 
 @dataclass(slots=True)
-class _Worker:
-    """One actor and the work items it holds."""
-
-    index: int  #: slot number (a replacement takes the dead one's slot)
-    actor: Any
-    slots: int  #: the actor's in-flight limit (it reports changes with each outcome)
-    load: int = 0
-    alive: bool = True
-
-
-class _WorkerPool:
-    """The session's actors; a dead one is replaced while the respawn budget lasts."""
-
-    def __init__(
-        self, sess: _Session, infos: list[Any], conc: int, prefetch: int, n_workers: int
-    ) -> None:
-        from regen.engine.actor import MAX_CALLS_PER_ACTOR, actor_class
-
-        self.sess = sess
-        self.prefetch = prefetch
-        self.infos = infos
-        self.conc = conc
-        self.n_workers = n_workers
-        self._cls = actor_class(MAX_CALLS_PER_ACTOR)
-        level = logging.getLevelName(logging.getLogger("regen").getEffectiveLevel())
-        self._args = (sess.m, infos, conc, level, _secrets(sess.m))
-        budget = sess.opts.max_respawns
-        self.respawns_left = budget if budget is not None else max(3, 2 * n_workers)
-        self.deaths = 0
-        self.spawned: list[Any] = []
-        self.workers = [self._spawn(i) for i in range(n_workers)]
-
-    def shares(self, index: int) -> dict[str, int]:
-        """Worker ``index``'s starting share of each server's batch slots (when reported)."""
-        return {
-            i.url: split(i.max_running_requests, self.n_workers, index)
-            for i in self.infos
-            if getattr(i, "max_running_requests", None)
-        }
-
-    def _spawn(self, index: int) -> _Worker:
-        from regen.engine.worker import starting_limits
-
-        shares = self.shares(index)
-        actor = self._cls.options(
-            scheduling_strategy="SPREAD",
-            name=f"regen-{self.sess.session}-w{index}-{len(self.spawned)}",
-        ).remote(*self._args, shares)
-        self.spawned.append(actor)
-        slots = sum(starting_limits(self.infos, self.conc, shares).values())
-        return _Worker(index, actor, slots)
-
-    def least_loaded(self) -> _Worker | None:
-        """The live worker with the most room below its slots + prefetch, if any has room."""
-        best, room = None, 0
-        for w in self.workers:
-            r = w.slots + self.prefetch - w.load
-            if w.alive and r > room:
-                best, room = w, r
-        return best
-
-    def live_actors(self) -> list[Any]:
-        return [w.actor for w in self.workers if w.alive]
-
-    def died(self, w: _Worker, err: BaseException, requeued: int) -> None:
-        """Worker ``w`` is gone: its samples are back in the queue; start a replacement."""
-        w.alive = False
-        self.deaths += 1
-        self.sess.summary.workers_died += 1
-        assert self.sess.tracker is not None
-        self.sess.tracker.driver_error("worker_died", str(err)[:300])
-        if self.respawns_left > 0:
-            self.respawns_left -= 1
-            self.workers[w.index] = self._spawn(w.index)
-            self.sess.summary.workers_respawned += 1
-            log.error("worker %d died; %d samples requeued, replacement started (%d respawns "
-                      "left): %s", w.index, requeued, self.respawns_left, err)  # fmt: skip
-            return
-        log.error("worker %d died; %d samples requeued to the others, respawn budget spent: %s",
-                  w.index, requeued, err)  # fmt: skip
-        if not any(x.alive for x in self.workers):
-            raise RegenError(
-                f"all workers died ({self.deaths} deaths, respawn budget spent); "
-                "rerun the command to resume"
-            ) from err
-
-    def close(self) -> None:
-        import ray
-
-        live = self.live_actors()
-        with contextlib.suppress(Exception):
-            ray.get([a.close.remote() for a in live], timeout=5)
-        for a in self.spawned:
-            with contextlib.suppress(Exception):
-                ray.kill(a)
-
-
-@dataclass(slots=True)
 class _Warm:
     """What was started before the plan was known (see _Session.run)."""
 
     infos: list[Any] = field(default_factory=list)
     started_ray: bool = False
-    pool: _WorkerPool | None = None
+    pool: RayWorkerPool | None = None
+    dispatcher: Dispatcher | None = None
     error: RegenError | None = None
 
     def close(self) -> None:
@@ -317,7 +174,7 @@ class _Warm:
 
 
 class _Session:
-    """One driver session over one run directory."""
+    """One driver session over one run directory; the dispatch loop's recorder."""
 
     def __init__(self, manifest: Manifest, rd: RunDir, opts: RunOptions, session: str) -> None:
         self.m = manifest
@@ -332,9 +189,10 @@ class _Session:
         self.summary = JobSummary(run_dir=rd.uri, session=session, state="failed")
         self._last_progress = 0.0
         self.lengths: LengthModel | None = None  #: the dispatch order's estimate (learned)
+        self.lock_lost: str = ""  #: set when another run took the lock over
 
-    # -- recording --------------------------------------------------------------------------
-    def completed(self, sample_id: str, source: str, rows: list[dict[str, Any]]) -> None:
+    # -- recording (regen.engine.dispatch.Recorder) --------------------------------------
+    def store(self, sample_id: str, source: str, rows: list[dict[str, Any]]) -> None:
         self.journal.append(CompletedSample(sample_id, source, rows))
         prev = self.failed_ids.pop(sample_id, None)
         assert self.tracker is not None
@@ -343,18 +201,33 @@ class _Session:
         if self.journal.due(self.m.engine.part_size, self.m.engine.part_interval_s):
             self.roll()
 
+    def completed(self, out: SampleOutcome, sample: Any) -> None:
+        self.store(out.sample_id, out.source, out.rows)
+
+    def worker_lost(self, error: str) -> None:
+        self.summary.workers_died += 1
+        assert self.tracker is not None
+        self.tracker.driver_error("worker_died", error[:300])
+
+    def tick(self, snapshots: Callable[[], list[dict[str, Any]]]) -> None:
+        if self.journal.due(self.m.engine.part_size, self.m.engine.part_interval_s):
+            self.roll()  # part_interval_s also applies while nothing completes
+        self.progress(snapshots)
+
     def roll(self) -> None:
         """Write the journal's samples as a part; save what the order learned with it."""
         self.journal.roll()
+        if self.tracker is not None:
+            self.tracker.part_written(self.journal.last_record)
         self.save_schedule()
 
     def save_schedule(self) -> None:
         if self.lengths is None:
             return
         try:
-            self.rd.write_json_atomic(SCHEDULE_FILE, self.lengths.state())
-        except OSError as e:  # an estimate; losing it costs only ordering
-            log.warning("could not write %s: %s", SCHEDULE_FILE, e)
+            layout.SCHEDULE_FILE.write(self.rd, schedule_record(self.lengths))
+        except RegenError as e:  # an estimate; losing it costs only ordering
+            log.warning("could not write %s: %s", layout.SCHEDULE, e)
 
     def failed(self, out: SampleOutcome) -> None:
         rec = FailureRecord(
@@ -379,47 +252,41 @@ class _Session:
         log.warning("sample %s failed (%s%s): %s", out.sample_id, out.kind,
                     "" if rec.permanent else ", retried next run", out.message[:300])  # fmt: skip
 
-    def progress(self, actors: list[Any] | None = None, *, force: bool = False) -> None:
+    def progress(
+        self, snapshots: Callable[[], list[dict[str, Any]]] | None = None, *, force: bool = False
+    ) -> None:
         now = time.monotonic()
         if not force and now - self._last_progress < self.opts.progress_interval_s:
             return
         self._last_progress = now
         assert self.tracker is not None
-        if actors:
-            import ray
-
-            refs = [a.snapshot.remote() for a in actors]
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=2)
-            snaps = []
-            for ref in ready:
-                try:
-                    snaps.append(ray.get(ref))
-                except Exception as e:  # a dying worker; progress must never stop the run
-                    log.debug("worker snapshot failed: %s", e)
-            self.tracker.workers(snaps)
+        if snapshots is not None:
+            self.tracker.workers(snapshots())
         self.tracker.write()
         if self.opts.on_progress is not None:
             self.opts.on_progress(self.tracker.snap)
 
+    def on_lock_lost(self, message: str) -> None:
+        self.lock_lost = message
+        self.stop.set()
+
     # -- the session --------------------------------------------------------------------------
-    def _read_state(self) -> tuple[DoneSet, _Plan]:
-        """Fold journals, read the done-set and failures, plan (run in a thread, see run)."""
+    def _read_state(self) -> tuple[DoneSet, Plan]:
+        """Fold journals, verify the parts, read failures, plan (in a thread, see run)."""
         rd, m = self.rd, self.m
         recovered = recover(rd, skip=self.session)
-        done = read_done(rd)
+        done = read_done(rd, repair=True)
         failures = read_failures(rd)
         self.failed_ids = {k: v for k, v in failures.items() if k not in done}
         log.info("%s: %d samples done in %d parts (%d recovered from journals)", rd.uri,
                  len(done), done.parts, recovered)  # fmt: skip
-        return done, plan_session(m, done.ids, self.failed_ids, self.opts)
+        plan = plan_session(m, done.ids, self.failed_ids, limit=self.opts.limit,
+                            retry_failed=self.opts.retry_failed)  # fmt: skip
+        return done, plan
 
     def _likely_work(self) -> bool:
         """False when the last session finished (then nothing is started before the plan)."""
-        try:
-            last = self.rd.read_json(PROGRESS_FILE) or {}
-        except Exception:  # a torn or missing snapshot says nothing
-            return True
-        return self.opts.retry_failed or last.get("state") != "finished"
+        return self.opts.retry_failed or layout.last_state(self.rd) != "finished"
 
     def _warm_up(self) -> _Warm:
         """Endpoint check, Ray and the actors, while the plan is read (actors boot async)."""
@@ -436,14 +303,16 @@ class _Session:
         except RegenError as e:
             warm.error = e  # raised only if there is work to do
             return warm
-        warm.started_ray = connect_ray(self.opts.address)
-        warm.pool = self._pool(warm.infos, m.engine.workers)
-        return warm
-
-    def _pool(self, infos: list[Any], n_workers: int) -> _WorkerPool:
-        conc = self.m.engine.concurrency
+        warm.started_ray = connect_ray(self.opts.address, verbose=self.opts.verbose)
+        conc = m.engine.concurrency
+        level = logging.getLevelName(logging.getLogger("regen").getEffectiveLevel())
+        warm.pool = RayWorkerPool(self.session, m, warm.infos, conc, m.engine.workers,
+                                  log_level=level, secrets=_secrets(m))  # fmt: skip
         prefetch = self.opts.prefetch if self.opts.prefetch is not None else max(2, conc // 4)
-        return _WorkerPool(self, infos, conc, prefetch, n_workers)
+        warm.dispatcher = Dispatcher(warm.pool, m.engine.workers, prefetch=prefetch,
+                                     max_respawns=self.opts.max_respawns,
+                                     stop=self.stop)  # fmt: skip
+        return warm
 
     def run(self) -> JobSummary:
         rd, m = self.rd, self.m
@@ -462,26 +331,13 @@ class _Session:
         if warm is not None and (not plan.todo or self.stop.is_set()):
             warm.close()
             warm = None
-        todo_n: dict[str, int] = {}
-        todo_turns: dict[str, int] = {}
-        for p in plan.todo:
-            todo_n[p.source] = todo_n.get(p.source, 0) + 1
-            todo_turns[p.source] = todo_turns.get(p.source, 0) + p.turns_to_regenerate()
-        rd.write_json_atomic(
-            PLAN_FILE,
-            {name: {"total": t, "regenerate": r,
-                    "native": sum(1 for s in plan.native if s.source == name),
-                    # samples still to regenerate and their requests (the ETA's turns/sample)
-                    "regenerate_todo": todo_n.get(name, 0),
-                    "regenerate_turns": todo_turns.get(name, 0)}
-             for name, (t, r) in plan.totals.items()},
-        )  # fmt: skip
+        write_plan(rd, plan, self.session, m, self.opts.limit)
         self.tracker = ProgressTracker(
             rd,
             name=m.name,
             model=m.target.model,
             session=self.session,
-            run_started_at=float(run_info.get("created_at", time.time())),
+            run_started_at=run_info.created_at,
             endpoints=[public_url(e.url) for e in m.endpoints],
         )
         failed_per_source: dict[str, int] = {}
@@ -489,6 +345,8 @@ class _Session:
             if f.permanent:
                 failed_per_source[f.source] = failed_per_source.get(f.source, 0) + 1
         self.tracker.start_from(done, plan.totals, failed_per_source)
+        for msg in done.damaged:
+            self.tracker.driver_error("damaged_part", msg)
         log.info("session %s: %d samples to regenerate, %d native, %d permanent failures skipped",
                  self.session, len(plan.todo), len(plan.native), plan.skipped_failed)  # fmt: skip
         self.progress(force=True)
@@ -497,11 +355,11 @@ class _Session:
             from regen.rows import native_row
 
             for s in plan.native:
-                self.completed(s.id, s.source, [native_row(s)])
+                self.store(s.id, s.source, [native_row(s)])
         with plan.spill:
             if plan.todo and not self.stop.is_set():
                 regen_sources = {s.name for s in m.sources if s.mode == "regenerate"}
-                saved = self.rd.read_json(SCHEDULE_FILE)  # None when missing or torn
+                saved = layout.SCHEDULE_FILE.read(rd)  # None when missing or unreadable
                 self.lengths = LengthModel.from_done(done, regen_sources, saved)
                 queue = WorkQueue(plan.todo, self.lengths, spill=plan.spill)
                 plan.todo.clear()  # the queue holds them now
@@ -515,77 +373,28 @@ class _Session:
         try:
             if warm.error is not None:
                 raise warm.error
-            assert warm.pool is not None
-            pool = warm.pool
-            limits = [w.slots for w in pool.workers]
+            assert warm.dispatcher is not None and warm.pool is not None
+            d = warm.dispatcher
+            limits = [w.slots for w in d.workers]
             log.info("%d workers against %d endpoint(s); starting in-flight limits %s",
                      len(limits), len(warm.infos), limits)  # fmt: skip
-            return self._feed(pool, queue)
+            try:
+                state = d.run(queue, self)
+            finally:
+                self.summary.workers_respawned = d.respawned
+            pool = warm.pool
+            self.progress(lambda: pool.snapshots(d.live()), force=True)
+            return state
         finally:
             warm.close()
-
-    def _feed(self, pool: _WorkerPool, queue: WorkQueue) -> str:
-        import ray
-        from ray.exceptions import RayActorError, TaskCancelledError
-
-        outstanding: dict[Any, tuple[_Worker, Sample | PackedSample]] = {}
-        while True:
-            # feed: keep every live actor at `cap` outstanding work items, longest first
-            while queue and not self.stop.is_set():
-                w = pool.least_loaded()
-                if w is None:
-                    break
-                s = queue.pop()
-                assert s is not None
-                outstanding[w.actor.process.remote(s)] = (w, s)
-                w.load += 1
-            if self.stop.is_set():
-                for ref in outstanding:
-                    with contextlib.suppress(Exception):
-                        ray.cancel(ref)
-                return "interrupted"
-            if not outstanding:
-                break
-            refs = list(outstanding)
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)  # busy: one call
-            if not ready:
-                ready, _ = ray.wait(refs, num_returns=1, timeout=0.5)
-            for ref in ready:
-                if ref not in outstanding:  # taken back when its worker died
-                    continue
-                w, s = outstanding.pop(ref)
-                w.load -= 1
-                try:
-                    out: SampleOutcome = ray.get(ref)
-                except (RayActorError, TaskCancelledError) as e:
-                    if self.stop.is_set():
-                        continue
-                    lost = [r for r, (ow, _) in outstanding.items() if ow is w]
-                    for r in lost:
-                        queue.push(outstanding.pop(r)[1])
-                    queue.push(s)
-                    pool.died(w, e, len(lost) + 1)
-                    continue
-                if out.slots:
-                    w.slots = out.slots
-                if out.status == "done":
-                    self.completed(out.sample_id, out.source, out.rows)
-                    queue.observe(out.source,
-                                  [int(r.get("completion_tokens") or 0) for r in out.rows],
-                                  s.original_chars())  # fmt: skip
-                else:
-                    self.failed(out)
-            if self.journal.due(self.m.engine.part_size, self.m.engine.part_interval_s):
-                self.roll()  # part_interval_s also applies while nothing completes
-            self.progress(pool.live_actors())
-        self.progress(pool.live_actors(), force=True)
-        return "finished"
 
     def finish(self, state: str) -> None:
         """Write what is buffered as a part, close the logs, final progress."""
         try:
             self.summary.parts_written = self.journal.parts_written
             self.journal.close()
+            if self.tracker is not None:
+                self.tracker.part_written(self.journal.last_record)
             self.summary.parts_written = self.journal.parts_written
             self.save_schedule()
         finally:
@@ -607,15 +416,23 @@ class _Session:
 
 
 def run_job(manifest: Manifest, run_dir: str, options: RunOptions | None = None) -> JobSummary:
-    """Run (or resume) the job of ``manifest`` into ``run_dir``; returns how the session ended."""
+    """Run (or resume) the job of ``manifest`` into ``run_dir``; returns how the session ended.
+
+    Configuration problems (paths, tokenizer, template) are found before the run directory is
+    touched and before Ray or any actor starts (:func:`regen.engine.preflight.preflight`).
+    """
     opts = options or RunOptions()
     manifest = _apply_options(manifest, opts)
+    if opts.preflight:
+        from regen.engine.preflight import preflight
+
+        preflight(manifest)
     rd = RunDir.open(run_dir)
     session = new_session_id()
-    lock = RunLock(rd, session)
+    sess = _Session(manifest, rd, opts, session)
+    lock = RunLock(rd, session, on_lost=sess.on_lock_lost)
     lock.acquire()
     lock.start_heartbeat()
-    sess = _Session(manifest, rd, opts, session)
     restore = _install_signal_handlers(sess.stop) if opts.handle_signals else None
     state = "failed"
     try:
@@ -627,6 +444,8 @@ def run_job(manifest: Manifest, run_dir: str, options: RunOptions | None = None)
             lock.release()
             if restore is not None:
                 restore()
+    if sess.lock_lost:
+        raise RegenError(sess.lock_lost)
     sess.summary.state = state
     return sess.summary
 

@@ -1,11 +1,12 @@
 """Tail-aware order of the samples not yet dispatched: the longest expected first.
 
-On-disk layout owned here: ``RUN_DIR/schedule.json``, the learned state of :class:`LengthModel`
-(``{"version": 1, "sources": {name: {turns, tokens, n, sx, sy, sxx, sxy}}}``), replaced
-atomically whenever the driver writes a part. The per-source ``turns``/``tokens`` are also
-derived from the parts at start (:meth:`LengthModel.from_done`: ``read_done`` sums them while
-building the done-set), and those win; the file adds what the parts do not hold (how the
-source's original answers predicted the target's). A missing or unreadable file only means
+What it learns is saved as the run directory's schedule record
+(:class:`regen.store.layout.ScheduleRecord`: ``{"version": 1, "sources": {name: {turns, tokens,
+n, sx, sy, sxx, sxy}}}``), replaced atomically whenever the driver writes a part. The
+per-source ``turns``/``tokens`` are also derived from the parts at start
+(:meth:`LengthModel.from_done`: ``read_done`` sums them while building the done-set), and
+those win; the file adds what the parts do not hold (how the source's original answers
+predicted the target's). A missing or unreadable file only means
 starting that part of the estimate from its prior.
 
 Expected cost of a sample (in decode tokens, the server's unit of work)::
@@ -49,10 +50,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from regen.sample import Sample
+from regen.store.layout import ScheduleRecord
 
 log = logging.getLogger(__name__)
 
-SCHEDULE_FILE = "schedule.json"
 SCHEDULE_VERSION = 1
 
 #: tokens per regenerated turn assumed before any sample completed
@@ -194,7 +195,7 @@ class LengthModel:
 
     # -- persistence ----------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        """The JSON of ``schedule.json``."""
+        """The learned state as plain data (the schedule record's shape)."""
         return {
             "version": SCHEDULE_VERSION,
             "sources": {k: dataclasses.asdict(v) for k, v in self.sources.items()},
@@ -202,12 +203,17 @@ class LengthModel:
 
     @classmethod
     def from_done(
-        cls, done: Any, regenerate: Iterable[str], state: dict[str, Any] | None = None
+        cls,
+        done: Any,
+        regenerate: Iterable[str],
+        state: ScheduleRecord | dict[str, Any] | None = None,
     ) -> LengthModel:
         """Learned state of earlier sessions: per-source turns and tokens from a
         :class:`regen.store.journal.DoneSet` (only sources that regenerate: native rows say
-        nothing about the server), the regression sums from ``schedule.json``'s ``state``."""
+        nothing about the server), the regression sums from the saved schedule record."""
         keep = set(regenerate)
+        if isinstance(state, ScheduleRecord):
+            state = state.model_dump()
         saved = _saved_sources(state)
         out: dict[str, SourceStats] = {}
         for name in keep:
@@ -240,8 +246,14 @@ def _saved_sources(state: dict[str, Any] | None) -> dict[str, SourceStats]:
             out[str(name)] = st
         return out
     except (AttributeError, KeyError, TypeError, ValueError) as e:
-        log.warning("%s ignored (%s): the length estimate starts from its prior", SCHEDULE_FILE, e)
+        log.warning("the saved schedule is ignored (%s): the length estimate starts from its "
+                    "prior", e)  # fmt: skip
         return {}
+
+
+def schedule_record(model: LengthModel) -> ScheduleRecord:
+    """What the run directory keeps of ``model``."""
+    return ScheduleRecord.model_validate(model.state())
 
 
 PICKLE_PROTOCOL = 5

@@ -1,7 +1,9 @@
-"""The driver's counters, published as ``RUN_DIR/progress.json`` (see :mod:`regen.progress`).
+"""The driver's counters, published as the run directory's progress file (regen.progress).
 
-Source counters start from the parts of earlier sessions (the done-set) and the failures on
-record, then grow as samples complete. Request counters and endpoint views come from the
+Source counters start from the verified parts of earlier sessions (the done-set) and the
+failures on record, then grow as samples complete; what is journaled but not yet in a part is
+also counted as ``pending`` (cleared when the part is written), so a reader can tell the
+counters that a part's record backs. Request counters and endpoint views come from the
 workers' snapshots; the driver sums them.
 """
 
@@ -16,14 +18,16 @@ from typing import Any
 from regen.engine.worker import SampleOutcome
 from regen.manifest import public_url
 from regen.progress import (
-    PROGRESS_FILE,
     EndpointProgress,
     ErrorInfo,
+    Pending,
     ProgressSnapshot,
     RequestCounts,
     SourceProgress,
 )
-from regen.store.journal import DoneSet
+from regen.store import layout
+from regen.store.journal import DoneSet, count_rows
+from regen.store.layout import PartRecord
 from regen.store.rundir import RunDir
 
 
@@ -77,21 +81,26 @@ class ProgressTracker:
 
     def sample_done(self, source: str, rows: list[dict[str, Any]], *, was_failed: bool) -> None:
         sp = self.source(source)
+        c = count_rows(rows)
         sp.done += 1
-        sp.rows += len(rows)
+        sp.rows += c.rows
+        sp.truncated += c.truncated
+        sp.prompt_tokens += c.prompt_tokens
+        sp.completion_tokens += c.completion_tokens
+        self.session_tokens += c.completion_tokens
         if was_failed:
             sp.failed = max(0, sp.failed - 1)
-        trunc = False
         for r in rows:
-            pt = int(r.get("prompt_tokens") or 0)
-            ct = int(r.get("completion_tokens") or 0)
-            sp.prompt_tokens += pt
-            sp.completion_tokens += ct
-            self.session_tokens += ct
             if r.get("token_source") != "native":  # regenerated turns only
-                self.snap.output_tokens_hist.add(ct)
-            trunc = trunc or r.get("finish_reason") == "length"
-        sp.truncated += int(trunc)
+                self.snap.output_tokens_hist.add(int(r.get("completion_tokens") or 0))
+        if sp.pending is None:
+            sp.pending = Pending()
+        sp.pending.add(c)
+
+    def part_written(self, record: PartRecord | None) -> None:
+        """The journaled samples are in a part now: nothing is pending any more."""
+        for sp in self.snap.sources.values():
+            sp.pending = Pending()
 
     def sample_failed(self, out: SampleOutcome, *, newly_permanent: bool) -> None:
         if newly_permanent:
@@ -142,12 +151,13 @@ class ProgressTracker:
             self.snap.state = state  # type: ignore[assignment]
         self.snap.updated_at = now
         self.snap.add_token_point(now, self.session_tokens, force=state is not None)
-        merged = {k: ErrorInfo(v.count, v.last_message, v.last_at)
-                  for k, v in self._worker_errors.items()}  # fmt: skip
+        merged = {
+            k: ErrorInfo(v.count, v.last_message, v.last_at) for k, v in self._worker_errors.items()
+        }
         for k, v in self._driver_errors.items():
             e = merged.setdefault(k, ErrorInfo())
             e.count += v.count
             if v.last_at >= e.last_at:
                 e.last_message, e.last_at = v.last_message, v.last_at
         self.snap.errors = merged
-        self.rd.write_json_atomic(PROGRESS_FILE, self.snap.to_dict())
+        layout.write_progress(self.rd, self.snap)

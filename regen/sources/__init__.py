@@ -3,12 +3,14 @@
     reader.py    raw rows from a local JSONL/Parquet file or a hub dataset
     shapes.py    the seven row-shape parsers (CONTRACTS §5) and role mapping
     adapters.py  the ten adapters by manifest name; stable ids (``iter_source``)
+    neardup.py   near-duplicate prompts: MinHash signatures + a compact LSH index
     stream.py    all sources → filters → dedup → limits, with counts (``read_samples``)
 
 Owns no files.
 """
 
 from regen.sources.adapters import NATIVE_ADAPTERS, PARSERS, NativeCheck, adapt_row, iter_source
+from regen.sources.neardup import NearDuplicates, NearMatch, NearReport
 from regen.sources.reader import RawRow, iter_raw
 from regen.sources.stream import ReadStats, SourceStats, filter_reason, read_samples
 
@@ -16,6 +18,9 @@ __all__ = [
     "NATIVE_ADAPTERS",
     "PARSERS",
     "NativeCheck",
+    "NearDuplicates",
+    "NearMatch",
+    "NearReport",
     "RawRow",
     "ReadStats",
     "SourceStats",

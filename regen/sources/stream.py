@@ -2,9 +2,11 @@
 
 Order of work per source, sources in manifest order:
 adapter → filters (min/max prompt chars, max turns; regenerate mode only) → exact-duplicate drop
-within and across sources (by ``Sample.content_hash``; the first occurrence wins) → per-source
-limit (reading stops once the limit is reached). Memory: one set of content hashes plus a
-per-source id map. Owns no files. An unusable row never stops a source: it is counted, the
+within and across sources (by ``Sample.content_hash``; the first occurrence wins) → near-duplicate
+drop of regenerate samples when ``dedup.near`` (:mod:`regen.sources.neardup`; the first kept
+occurrence wins) → per-source limit (reading stops once the limit is reached). Memory: one set of
+content hashes, a per-source id map and the near-duplicate index (about 330 bytes per kept
+sample). Owns no files. An unusable row never stops a source: it is counted, the
 first ``WARNINGS_PER_SOURCE`` of each source are logged as warnings naming the source, row,
 field and reason, and a per-source total is logged at the end of the source.
 """
@@ -19,6 +21,7 @@ from typing import Any
 from regen.manifest import Filters, Manifest
 from regen.sample import Rejection, Sample
 from regen.sources.adapters import NativeCheck, iter_source
+from regen.sources.neardup import NearDuplicates, NearReport, near_text
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,7 @@ class SourceStats:
     rejected: dict[str, int] = field(default_factory=dict)  #: reason → rows
     filtered: dict[str, int] = field(default_factory=dict)  #: filter name → samples
     duplicates: int = 0  #: exact duplicates dropped (within or across sources)
+    near_duplicates: int = 0  #: near-duplicates dropped (of a sample kept earlier)
     kept: int = 0  #: samples passed on
     regenerate_turns: int = 0  #: requests the kept samples need
     native_tokens: int = 0  #: tokens of kept native rows
@@ -58,6 +62,7 @@ class SourceStats:
             "rejected_total": self.rejected_total,
             "filtered": dict(sorted(self.filtered.items())),
             "duplicates": self.duplicates,
+            "near_duplicates": self.near_duplicates,
             "kept": self.kept,
             "regenerate_turns": self.regenerate_turns,
             "native_tokens": self.native_tokens,
@@ -71,6 +76,7 @@ class ReadStats:
     """Counts of every source read so far, in manifest order."""
 
     sources: dict[str, SourceStats] = field(default_factory=dict)
+    near: NearReport = field(default_factory=NearReport)  #: near-duplicates by source pair
 
     def for_source(self, name: str) -> SourceStats:
         if name not in self.sources:
@@ -107,6 +113,7 @@ def read_samples(
     """
     stats = stats if stats is not None else ReadStats()
     seen: set[str] = set()
+    near = NearDuplicates(manifest.dedup) if manifest.dedup.near else None
     for source in manifest.sources:
         st = stats.for_source(source.name)
         if source.limit == 0:
@@ -132,6 +139,15 @@ def read_samples(
                 st.duplicates += 1
                 continue
             seen.add(h)
+            if near is not None and item.mode == "regenerate":
+                text = near_text(item)
+                match = near.match_or_add(item, text)
+                if match is not None:
+                    st.near_duplicates += 1
+                    stats.near.add(item, match, text)
+                    log.debug("%s is a near-duplicate of %s (%.2f)", item.id, match.id,
+                              match.similarity)  # fmt: skip
+                    continue
             st.kept += 1
             st.regenerate_turns += item.turns_to_regenerate()
             if item.input_ids is not None:
@@ -140,6 +156,9 @@ def read_samples(
             if source.limit is not None and st.kept >= source.limit:
                 st.limit_reached = True
                 break
+        if st.near_duplicates:
+            log.info("source %s: %d near-duplicate prompt(s) dropped", source.name,
+                     st.near_duplicates)  # fmt: skip
         if st.rejected:
             reasons = dict(sorted(st.rejected.items()))
             log.warning(

@@ -1,22 +1,30 @@
-"""Completed samples: the journal, the Parquet parts, the done-set and the failure records.
+"""Completed samples: the journal, the Parquet parts and their records, the done-set, failures.
 
-Files owned here (see :mod:`regen.store` for the whole layout)::
+Files (names and records in :mod:`regen.store.layout`)::
 
-    journal/SESSION-SEQ.jsonl   one line per completed sample, flushed when it completes:
-                                {"sample_id": str, "source": str, "rows": [row, ...]}
-    parts/SESSION-SEQ.parquet   the rows of one journal segment (schema regen.rows.SCHEMA),
-                                written as parts/.tmp-*.parquet, then renamed
-    failures/SESSION.jsonl      {sample_id, source, kind, status, message, attempts,
-                                 permanent, at}; the latest record of a sample wins
+    journal/SESSION-SEQ.jsonl   one JournalLine per completed sample, flushed when it completes
+                                (local filesystems only: an object store cannot append, so
+                                there a segment lives in memory until it becomes its part)
+    parts/SESSION-SEQ.parquet   the rows of one segment (regen.rows.SCHEMA), written under a
+                                temporary name and renamed; key-value metadata regen.samples,
+                                regen.rows
+    parts/SESSION-SEQ.json      its PartRecord (rows, samples, bytes, sha256, per-source
+                                counters), written right after the part
+    failures/SESSION.jsonl      FailureRecord lines; the latest record of a sample wins
+    quarantine/                 parts found damaged on resume, moved aside with their records
 
 A segment is folded into the part of the same stem, then deleted. A crash between the rename
 and the deletion leaves both; recovery sees the part and only deletes the segment, so no row is
 ever stored twice. A line cut by a crash is a sample that was in flight: it is dropped and
-requested again. A sample is done when its ``sample_id`` appears in a part.
+requested again. A sample is done when its ``sample_id`` appears in an intact part: on resume
+every part is checked against its record (size, sha256 of its bytes, row count); a damaged,
+unreadable or missing part is reported in one warning and quarantined, and its samples are
+requested again (:func:`read_done`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -26,17 +34,20 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import ValidationError
 
 from regen.errors import RunDirError
-from regen.store.rundir import TMP_PREFIX, RunDir
+from regen.store import layout
+from regen.store.layout import FailureLine, PartRecord, SourceCounts
+from regen.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
-JOURNAL_DIR = "journal"
-PARTS_DIR = "parts"
-FAILURES_DIR = "failures"
-
 RowsToTable = Callable[[list[dict[str, Any]]], pa.Table]
+
+#: Parquet key-value metadata of every part
+META_SAMPLES = b"regen.samples"
+META_ROWS = b"regen.rows"
 
 
 def _default_to_table(rows: list[dict[str, Any]]) -> pa.Table:
@@ -58,99 +69,153 @@ class CompletedSample:
         return (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
-def parse_journal(data: bytes, where: str = "journal") -> list[CompletedSample]:
-    """The complete lines of a journal segment; a cut (or unparsable) last line is dropped."""
-    out: list[CompletedSample] = []
+@dataclass(slots=True)
+class SegmentReport:
+    """What parsing a journal segment found."""
+
+    samples: list[CompletedSample] = field(default_factory=list)
+    cut_tail: int = 0  #: bytes of a last line cut by a crash (0: none)
+    bad_lines: list[int] = field(default_factory=list)  #: 1-based numbers of unreadable lines
+
+
+def scan_journal(data: bytes) -> SegmentReport:
+    """The complete lines of a segment, and what could not be read."""
+    rep = SegmentReport()
     lines = data.split(b"\n")
-    # everything after the last newline is a line cut by a crash (in flight): drop it
+    # everything after the last newline is a line cut by a crash (in flight)
     complete, tail = lines[:-1], lines[-1]
     if tail.strip():
-        log.info("%s: dropping a cut last line (%d bytes): its sample is requested again",
-                 where, len(tail))  # fmt: skip
+        rep.cut_tail = len(tail)
     for i, raw in enumerate(complete):
         if not raw.strip():
             continue
         try:
-            obj = json.loads(raw)
-            out.append(CompletedSample(obj["sample_id"], obj["source"], obj["rows"]))
-        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
-            log.warning("%s: line %d is unreadable; its sample is requested again", where, i + 1)
-    return out
+            line = layout.JournalLine.model_validate_json(raw)
+        except ValidationError:
+            rep.bad_lines.append(i + 1)
+            continue
+        rep.samples.append(CompletedSample(line.sample_id, line.source, line.rows))
+    return rep
+
+
+def parse_journal(data: bytes, where: str = "journal segment") -> list[CompletedSample]:
+    """The complete lines of a journal segment; a cut (or unparsable) line is dropped."""
+    rep = scan_journal(data)
+    if rep.cut_tail:
+        log.info(
+            "%s: dropping a cut last line (%d bytes): its sample is requested again",
+            where,
+            rep.cut_tail,
+        )
+    for n in rep.bad_lines:
+        log.warning("%s: line %d is unreadable; its sample is requested again", where, n)
+    return rep.samples
+
+
+def count_rows(rows: Iterable[dict[str, Any]]) -> SourceCounts:
+    """The counters of one sample's rows (done = 1)."""
+    c = SourceCounts(done=1)
+    trunc = False
+    for r in rows:
+        c.rows += 1
+        c.prompt_tokens += int(r.get("prompt_tokens") or 0)
+        c.completion_tokens += int(r.get("completion_tokens") or 0)
+        trunc = trunc or r.get("finish_reason") == "length"
+    c.truncated = int(trunc)
+    return c
+
+
+def part_bytes(table: pa.Table, samples: int) -> bytes:
+    """The bytes of a part holding ``table`` (zstd), with its counts in the footer metadata."""
+    meta = dict(table.schema.metadata or {})
+    meta[META_SAMPLES] = str(samples).encode()
+    meta[META_ROWS] = str(table.num_rows).encode()
+    sink = pa.BufferOutputStream()
+    pq.write_table(table.replace_schema_metadata(meta), sink, compression="zstd")
+    return sink.getvalue().to_pybytes()
+
+
+SourceCountsKey = tuple[str, SourceCounts]
+
+
+def make_record(stem: str, data: bytes, by_sample: dict[str, SourceCountsKey]) -> PartRecord:
+    """The record of a part: its size and checksum, and the counters of its samples."""
+    sources: dict[str, SourceCounts] = {}
+    rows = 0
+    for source, counts in by_sample.values():
+        sources.setdefault(source, SourceCounts()).add(counts)
+        rows += counts.rows
+    return PartRecord(
+        stem=stem,
+        rows=rows,
+        samples=len(by_sample),
+        bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        sources=sources,
+        written_at=time.time(),
+    )
 
 
 def write_part(
     rd: RunDir, stem: str, samples: list[CompletedSample], to_table: RowsToTable | None = None
-) -> str | None:
-    """Write the rows of ``samples`` as parts/STEM.parquet (temp name, then rename).
-
-    Returns the part's relative path, or None when there were no rows. On any failure (disk
-    full, ...) the temporary file is removed and no part is left behind.
-    """
+) -> PartRecord | None:
+    """Write the rows of ``samples`` as parts/STEM.parquet (temp name, then rename), then its
+    record parts/STEM.json. Returns the record, or None when there were no rows. On any failure
+    (disk full, ...) the temporary file is removed and no part is left behind."""
     rows = [r for s in samples for r in s.rows]
     if not rows:
         return None
     table = (to_table or _default_to_table)(rows)
-    final = f"{PARTS_DIR}/{stem}.parquet"
-    tmp = f"{PARTS_DIR}/{TMP_PREFIX}{stem}.parquet"
-    rd.makedirs(PARTS_DIR)
+    by_sample: dict[str, SourceCountsKey] = {}
+    for s in samples:
+        if s.sample_id not in by_sample:
+            by_sample[s.sample_id] = (s.source, count_rows(s.rows))
+    final = layout.part_path(stem)
     try:
-        with rd.fs.open_output_stream(rd.path(tmp)) as f:
-            pq.write_table(table, f, compression="zstd")
-        rd.move(tmp, final)
-    except BaseException as e:
-        try:
-            rd.delete(tmp)
-        except Exception as cleanup:  # keep the original error
-            log.warning("could not remove %s: %s", tmp, cleanup)
-        if isinstance(e, OSError):
-            raise RunDirError(
-                f"{rd.uri}: cannot write part {final}: {e}; the journal is kept, "
-                "rerun the same command to resume"
-            ) from e
-        raise
-    return final
+        data = part_bytes(table, len(by_sample))
+        rd.write_bytes_atomic(final, data)
+    except (OSError, RunDirError) as e:
+        why = e.__cause__ if isinstance(e, RunDirError) and e.__cause__ else e
+        raise RunDirError(
+            f"{rd.uri}: cannot write part {final}: {why}; the journal is kept, "
+            "rerun the same command to resume"
+        ) from e
+    record = make_record(stem, data, by_sample)
+    layout.part_record_file(stem).write(rd, record)
+    return record
 
 
 def recover(rd: RunDir, to_table: RowsToTable | None = None, *, skip: str = "") -> int:
     """Fold every leftover journal segment (not ``skip``'s) into its part; returns samples kept."""
-    parts = set(rd.list(PARTS_DIR))
+    parts = set(rd.list(layout.PARTS_DIR))
     kept = 0
-    for name in rd.list(JOURNAL_DIR):
-        if not name.endswith(".jsonl") or (skip and name.startswith(skip)):
+    for name in rd.list(layout.JOURNAL_DIR):
+        stem = layout.segment_stem(name)
+        if stem is None or (skip and name.startswith(skip)):
             continue
-        stem = name[: -len(".jsonl")]
-        rel = f"{JOURNAL_DIR}/{name}"
-        if f"{stem}.parquet" not in parts:
+        rel = layout.segment_path(stem)
+        if f"{stem}{layout.PART_SUFFIX}" not in parts:
             samples = parse_journal(rd.read_bytes(rel) or b"", where=rel)
             write_part(rd, stem, samples, to_table)
             kept += len(samples)
             if samples:
                 log.info("recovered %d completed samples from %s", len(samples), rel)
         rd.delete(rel)
-    for name in rd.list(PARTS_DIR, include_temp=True):  # leftovers of a crash mid-write
-        if name.startswith(TMP_PREFIX):
-            rd.delete(f"{PARTS_DIR}/{name}")
+    for name in rd.list(layout.PARTS_DIR, include_temp=True):  # leftovers of a crash mid-write
+        if name.startswith(layout.TMP_PREFIX):
+            rd.delete(f"{layout.PARTS_DIR}/{name}")
     return kept
 
 
 @dataclass(slots=True)
-class SourceTotals:
-    """Counters of one source, read from the parts."""
-
-    done: int = 0
-    rows: int = 0
-    truncated: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-@dataclass(slots=True)
 class DoneSet:
-    """Sample ids stored in parts, with per-source totals."""
+    """Sample ids stored in intact parts, with per-source totals."""
 
     ids: set[str] = field(default_factory=set)
-    sources: dict[str, SourceTotals] = field(default_factory=dict)
+    sources: dict[str, SourceCounts] = field(default_factory=dict)
     parts: int = 0
+    #: parts found damaged or missing (and quarantined when reading for a run)
+    damaged: list[str] = field(default_factory=list)
 
     def __contains__(self, sample_id: object) -> bool:
         return sample_id in self.ids
@@ -163,38 +228,156 @@ class DoneSet:
         if sample_id in self.ids:
             return
         self.ids.add(sample_id)
-        t = self.sources.setdefault(source, SourceTotals())
-        t.done += 1
-        trunc = False
-        for r in rows:
-            t.rows += 1
-            t.prompt_tokens += int(r.get("prompt_tokens") or 0)
-            t.completion_tokens += int(r.get("completion_tokens") or 0)
-            trunc = trunc or r.get("finish_reason") == "length"
-        t.truncated += int(trunc)
+        self.sources.setdefault(source, SourceCounts()).add(count_rows(rows))
 
 
 _COUNT_COLUMNS = ("sample_id", "source", "prompt_tokens", "completion_tokens", "finish_reason")
 
 
-def read_done(rd: RunDir) -> DoneSet:
-    """The done-set: every ``sample_id`` in the parts, with per-source counters."""
-    done = DoneSet()
-    for name in rd.list(PARTS_DIR):
-        if not name.endswith(".parquet"):
+@dataclass(slots=True)
+class PartState:
+    """One part as found: its record, whether its file is there, and what is wrong."""
+
+    stem: str
+    record: PartRecord | None
+    size: int | None  #: listed size; None when the part file is missing
+    problem: str = ""  #: "" when intact
+    #: sample id -> (source, counters), when the part was read
+    samples: dict[str, SourceCountsKey] = field(default_factory=dict)
+    record_problem: str = ""  #: the record itself does not parse
+    schema: pa.Schema | None = None  #: the part's Arrow schema, when it was read
+    keys: list[tuple[str, int]] = field(default_factory=list)  #: (sample_id, turn) when read
+
+    @property
+    def part(self) -> str:
+        return layout.part_path(self.stem)
+
+
+def list_parts(rd: RunDir) -> list[PartState]:
+    """Every part and every part record, paired by stem (one listing, records read)."""
+    sizes = rd.sizes(layout.PARTS_DIR)
+    stems: dict[str, PartState] = {}
+    for name, size in sizes.items():
+        stem = layout.part_stem(name)
+        if stem is not None:
+            stems[stem] = PartState(stem, None, size)
+    for name in sizes:
+        stem = layout.record_stem(name)
+        if stem is None:
             continue
-        path = rd.path(f"{PARTS_DIR}/{name}")
-        schema = pq.read_schema(path, filesystem=rd.fs)
-        cols = [c for c in _COUNT_COLUMNS if c in schema.names]
-        table = pq.read_table(path, columns=cols, filesystem=rd.fs)
-        by_sample: dict[str, tuple[str, list[dict[str, Any]]]] = {}
-        for row in table.to_pylist():
-            sid = row["sample_id"]
-            by_sample.setdefault(sid, (row.get("source") or sid.split(":", 1)[0], []))[1].append(
-                row
+        st = stems.setdefault(stem, PartState(stem, None, None))
+        try:
+            st.record = layout.part_record_file(stem).read(rd)
+        except RunDirError as e:
+            st.record_problem = str(e)
+    return [stems[k] for k in sorted(stems)]
+
+
+def footer_problem(rd: RunDir, st: PartState) -> str:
+    """The cheap check of a part (one listing entry and its footer): "" when it passes."""
+    if st.size is None:
+        return "missing"
+    rec = st.record
+    if rec is not None and st.size != rec.bytes:
+        return f"size {st.size} bytes, its record says {rec.bytes}"
+    try:
+        with rd.fs.open_input_file(rd.path(st.part)) as f:
+            meta = pq.read_metadata(f)
+    except (OSError, pa.ArrowException) as e:
+        return f"unreadable footer ({_one_line(e)})"
+    if rec is not None and meta.num_rows != rec.rows:
+        return f"{meta.num_rows} rows in its footer, its record says {rec.rows}"
+    return ""
+
+
+def inspect_part(rd: RunDir, st: PartState, *, columns: tuple[str, ...] = _COUNT_COLUMNS) -> str:
+    """The full check of a part: its bytes against the record's size and sha256, then the
+    Parquet read of ``columns`` (filling ``st.samples``). Returns the problem ("" if intact)."""
+    if st.size is None:
+        return "missing"
+    data = rd.read_bytes(st.part)
+    if data is None:
+        return "missing"
+    rec = st.record
+    if rec is not None:
+        if len(data) != rec.bytes:
+            return f"size {len(data)} bytes, its record says {rec.bytes}"
+        if hashlib.sha256(data).hexdigest() != rec.sha256:
+            return "checksum mismatch (its bytes changed after it was written)"
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(data))
+        names = pf.schema_arrow.names
+        table = pf.read(columns=[c for c in columns if c in names])
+    except (OSError, pa.ArrowException) as e:
+        return f"unreadable ({_one_line(e)})"
+    if "sample_id" not in table.column_names:
+        return "no sample_id column"
+    if rec is not None and table.num_rows != rec.rows:
+        return f"{table.num_rows} rows, its record says {rec.rows}"
+    st.schema = pf.schema_arrow
+    if "turn" in table.column_names:
+        st.keys = list(
+            zip(
+                table.column("sample_id").to_pylist(), table.column("turn").to_pylist(), strict=True
             )
-        for sid, (source, rows) in by_sample.items():
-            done.add(source, sid, rows)
+        )
+    by_sample: dict[str, tuple[str, list[dict[str, Any]]]] = {}
+    for row in table.to_pylist():
+        sid = row["sample_id"]
+        src = row.get("source") or sid.split(":", 1)[0]
+        by_sample.setdefault(sid, (src, []))[1].append(row)
+    st.samples = {sid: (src, count_rows(rows)) for sid, (src, rows) in by_sample.items()}
+    if st.record is None:
+        st.record = make_record(st.stem, data, st.samples)
+        st.record.written_at = 0.0  # made afterwards, from the part as found
+    return ""
+
+
+def quarantine(rd: RunDir, st: PartState) -> list[str]:
+    """Move a damaged part and its record to quarantine/; returns the new paths."""
+    moved = []
+    for rel in (st.part, layout.part_record_path(st.stem)):
+        if rd.exists(rel):
+            dst = layout.quarantine_path(rel)
+            rd.makedirs(layout.QUARANTINE_DIR)
+            rd.delete(dst)
+            rd.move(rel, dst)
+            moved.append(dst)
+    return moved
+
+
+def damage_message(st: PartState) -> str:
+    """One line naming a damaged part and what it costs."""
+    n = f"{st.record.samples} samples" if st.record is not None else "its samples"
+    return f"{st.part}: {st.problem}; {n} will be requested again"
+
+
+def read_done(rd: RunDir, *, repair: bool = False) -> DoneSet:
+    """The done-set: every ``sample_id`` of the intact parts, with per-source counters.
+
+    Every part is checked (:func:`inspect_part`). A damaged or missing part counts nothing and
+    is named in one warning; with ``repair`` (a run resuming) it is moved to quarantine/ with
+    its record, and an intact part without a record gets one.
+    """
+    done = DoneSet()
+    for st in list_parts(rd):
+        had_record = st.record is not None
+        st.problem = inspect_part(rd, st) if not st.record_problem else st.record_problem
+        if st.problem:
+            done.damaged.append(damage_message(st))
+            log.warning("%s: %s", rd.uri, done.damaged[-1])
+            if repair:
+                moved = quarantine(rd, st)
+                if moved:
+                    log.info("moved to %s", ", ".join(moved))
+            continue
+        if repair and not had_record and st.record is not None:
+            layout.part_record_file(st.stem).write(rd, st.record)
+            log.info("%s: wrote its missing record %s", st.part, layout.part_record_path(st.stem))
+        for sid, (source, c) in st.samples.items():
+            if sid not in done.ids:
+                done.ids.add(sid)
+                done.sources.setdefault(source, SourceCounts()).add(c)
         done.parts += 1
     return done
 
@@ -202,25 +385,40 @@ def read_done(rd: RunDir) -> DoneSet:
 def read_journal_lines(rd: RunDir) -> list[CompletedSample]:
     """Complete lines of every journal segment (read-only; for status views and tests)."""
     out: list[CompletedSample] = []
-    for name in rd.list(JOURNAL_DIR):
-        if name.endswith(".jsonl"):
-            rel = f"{JOURNAL_DIR}/{name}"
+    for name in rd.list(layout.JOURNAL_DIR):
+        stem = layout.segment_stem(name)
+        if stem is not None:
+            rel = layout.segment_path(stem)
             out.extend(parse_journal(rd.read_bytes(rel) or b"", where=rel))
     return out
 
 
 class Journal:
-    """The journal of one session: appends completed samples, folds segments into parts."""
+    """The journal of one session: appends completed samples, folds segments into parts.
 
-    def __init__(self, rd: RunDir, session: str, to_table: RowsToTable | None = None) -> None:
+    On a filesystem that cannot append durably (an object store: ``durable=False``) the segment
+    lives only in memory and becomes its part every ``part_size`` samples or
+    ``part_interval_s`` seconds: a crash costs at most that much work.
+    """
+
+    def __init__(
+        self,
+        rd: RunDir,
+        session: str,
+        to_table: RowsToTable | None = None,
+        *,
+        durable: bool | None = None,
+    ) -> None:
         self.rd = rd
         self.session = session
         self.to_table = to_table
+        self.durable = not rd.is_object_store if durable is None else durable
         self.seq = 0
         self._buffer: list[CompletedSample] = []
         self._stream: Any = None
         self._opened_at = time.monotonic()
         self.parts_written = 0
+        self.last_record: PartRecord | None = None
 
     @property
     def stem(self) -> str:
@@ -237,19 +435,21 @@ class Journal:
         A write error (disk full, ...) raises RunDirError: the lines before are complete, the
         cut one is dropped on recovery and its sample requested again.
         """
-        seg = f"{JOURNAL_DIR}/{self.stem}.jsonl"
-        try:
-            if self._stream is None:
-                self.rd.makedirs(JOURNAL_DIR)
-                self._stream = self.rd.fs.open_output_stream(self.rd.path(seg))
-                self._opened_at = time.monotonic()
-            self._stream.write(sample.to_line())
-            self._stream.flush()
-        except OSError as e:
-            raise RunDirError(
-                f"{self.rd.uri}: cannot append to {seg}: {e}; the samples journaled before "
-                "are kept, rerun the same command to resume"
-            ) from e
+        if not self._buffer:
+            self._opened_at = time.monotonic()
+        if self.durable:
+            seg = layout.segment_path(self.stem)
+            try:
+                if self._stream is None:
+                    self.rd.makedirs(layout.JOURNAL_DIR)
+                    self._stream = self.rd.fs.open_output_stream(self.rd.path(seg))
+                self._stream.write(sample.to_line())
+                self._stream.flush()
+            except OSError as e:
+                raise RunDirError(
+                    f"{self.rd.uri}: cannot append to {seg}: {e}; the samples journaled before "
+                    "are kept, rerun the same command to resume"
+                ) from e
         self._buffer.append(sample)
 
     def due(self, part_size: int, part_interval_s: float) -> bool:
@@ -262,51 +462,33 @@ class Journal:
 
     def roll(self) -> str | None:
         """Close the segment, write its part, delete it; returns the part path (or None)."""
-        if self._stream is None:
+        if self._stream is None and not self._buffer:
             return None
-        seg = f"{JOURNAL_DIR}/{self.stem}.jsonl"
-        try:
-            self._stream.close()
-        except OSError as e:  # e.g. disk full: the part is written from memory below
-            log.warning("closing %s: %s", seg, e)
-        self._stream = None
-        part = write_part(self.rd, self.stem, self._buffer, self.to_table)
-        self.rd.delete(seg)
+        seg = layout.segment_path(self.stem)
+        if self._stream is not None:
+            try:
+                self._stream.close()
+            except OSError as e:  # e.g. disk full: the part is written from memory below
+                log.warning("closing %s: %s", seg, e)
+            self._stream = None
+        record = write_part(self.rd, self.stem, self._buffer, self.to_table)
+        if self.durable:
+            self.rd.delete(seg)
         self._buffer = []
         self.seq += 1
-        if part is not None:
-            self.parts_written += 1
-        return part
+        self.last_record = record
+        if record is None:
+            return None
+        self.parts_written += 1
+        return layout.part_path(record.stem)
 
     def close(self) -> str | None:
         """Fold what is buffered (used at the end and on interruption)."""
         return self.roll()
 
 
-@dataclass(slots=True)
-class FailureRecord:
-    """Why a sample could not be completed."""
-
-    sample_id: str
-    source: str
-    kind: str  #: RegenError.kind of the last error
-    status: int | None  #: HTTP status, when there was one
-    message: str
-    attempts: int
-    permanent: bool  #: permanent ones are skipped on resume unless --retry-failed
-    at: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "sample_id": self.sample_id,
-            "source": self.source,
-            "kind": self.kind,
-            "status": self.status,
-            "message": self.message,
-            "attempts": self.attempts,
-            "permanent": self.permanent,
-            "at": self.at,
-        }
+#: why a sample could not be completed (one line of failures/SESSION.jsonl)
+FailureRecord = FailureLine
 
 
 class FailureLog:
@@ -314,16 +496,21 @@ class FailureLog:
 
     def __init__(self, rd: RunDir, session: str) -> None:
         self.rd = rd
-        self.rel = f"{FAILURES_DIR}/{session}.jsonl"
+        self.rel = layout.failures_path(session)
         self._stream: Any = None
+        self._lines: list[bytes] = []
 
     def append(self, rec: FailureRecord) -> None:
-        line = json.dumps(rec.to_dict(), ensure_ascii=False) + "\n"
+        line = rec.model_dump_json().encode() + b"\n"
         try:
+            if self.rd.is_object_store:  # no append there: rewrite the session's file
+                self._lines.append(line)
+                self.rd.write_bytes_atomic(self.rel, b"".join(self._lines))
+                return
             if self._stream is None:
-                self.rd.makedirs(FAILURES_DIR)
+                self.rd.makedirs(layout.FAILURES_DIR)
                 self._stream = self.rd.fs.open_output_stream(self.rd.path(self.rel))
-            self._stream.write(line.encode())
+            self._stream.write(line)
             self._stream.flush()
         except OSError as e:
             raise RunDirError(f"{self.rd.uri}: cannot append to {self.rel}: {e}") from e
@@ -340,17 +527,23 @@ class FailureLog:
 def read_failures(rd: RunDir) -> dict[str, FailureRecord]:
     """The latest failure record of every sample (sessions in name order = time order)."""
     out: dict[str, FailureRecord] = {}
-    for name in rd.list(FAILURES_DIR):
-        if not name.endswith(".jsonl"):
+    for name in rd.list(layout.FAILURES_DIR):
+        if not layout.is_failures_log(name):
             continue
-        data = rd.read_bytes(f"{FAILURES_DIR}/{name}") or b""
+        data = rd.read_bytes(f"{layout.FAILURES_DIR}/{name}") or b""
         for raw in data.split(b"\n"):
+            if not raw.strip():
+                continue
             try:
-                d = json.loads(raw)
-                rec = FailureRecord(**d)
-            except (json.JSONDecodeError, TypeError, UnicodeDecodeError):
+                rec = FailureRecord.model_validate_json(raw)
+            except ValidationError:
                 continue
             prev = out.get(rec.sample_id)
             if prev is None or rec.at >= prev.at:
                 out[rec.sample_id] = rec
     return out
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 200 else text[:197] + "..."

@@ -1,30 +1,53 @@
 """RunDir: the run directory as a filesystem, over pyarrow.fs (local paths and URIs).
 
 A run directory is a local path (``runs/demo``) or any URI pyarrow.fs understands
-(``file:///abs/path``, ``s3://bucket/prefix``, ...). ``RunDir`` only knows relative paths
-below that root; what lives there (run.json, lock.json, journal/, parts/, failures/,
-progress.json, ...) is documented in :mod:`regen.store`.
+(``file:///abs/path``, ``s3://bucket/prefix?endpoint_override=host:port&scheme=http``, ...).
+``RunDir`` only knows relative paths below that root; what lives there is documented in
+:mod:`regen.store.layout`, the only module that names those files.
 
-Writes that readers may race with (JSON snapshots) go to a temporary sibling name first and are
-then moved over the target, so a reader sees the old or the new file, never half of one.
+Every write of a whole file goes through :meth:`RunDir.atomic_writer`: the bytes go to a
+temporary sibling (``.tmp-*``) that is then moved over the target, so a reader sees the old or
+the new file, never half of one, and a failed write leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow.fs as pafs
 
 from regen.errors import RunDirError
+from regen.store.layout import TMP_PREFIX
 
 log = logging.getLogger(__name__)
 
-TMP_PREFIX = ".tmp-"
+#: pyarrow filesystems that are object stores
+OBJECT_STORES = frozenset({"S3FileSystem", "GcsFileSystem", "AzureFileSystem"})
+
+
+def public_uri(uri: str) -> str:
+    """``uri`` as regen may print or write it: without user:password (pyarrow reads S3 keys
+    from ``s3://KEY:SECRET@bucket/...``) and without key query parameters."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    if "://" not in uri:
+        return uri
+    parts = urlsplit(uri)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
+                       if k not in SECRET_PARAMS], safe=":/")  # fmt: skip
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+#: URI query parameters that carry credentials
+SECRET_PARAMS = frozenset({"access_key", "secret_key", "session_token"})
 
 
 class RunDir:
@@ -48,7 +71,7 @@ class RunDir:
                 raise RunDirError(f"cannot open run directory {text!r}: {e}") from None
         else:
             fs, root = pafs.LocalFileSystem(), str(Path(text).expanduser().absolute())
-        rd = cls(fs, root, text)
+        rd = cls(fs, root, public_uri(text))
         if create:
             try:
                 fs.create_dir(rd.root, recursive=True)
@@ -66,6 +89,11 @@ class RunDir:
     def is_local(self) -> bool:
         return isinstance(self.fs, pafs.LocalFileSystem)
 
+    @property
+    def is_object_store(self) -> bool:
+        """An object store (S3, GCS, Azure): no append, no rename (a move is copy + delete)."""
+        return type(self.fs).__name__ in OBJECT_STORES
+
     # -- queries ----------------------------------------------------------------------------
     def exists(self, rel: str) -> bool:
         return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
@@ -79,9 +107,26 @@ class RunDir:
         names = (info.base_name for info in self.fs.get_file_info(sel))
         return sorted(n for n in names if include_temp or not n.startswith(TMP_PREFIX))
 
+    def sizes(self, rel_dir: str = "") -> dict[str, int]:
+        """``{name: size in bytes}`` of the files of ``rel_dir`` (no temporary ones): one
+        listing call, no file is opened."""
+        sel = pafs.FileSelector(self.path(rel_dir), allow_not_found=True, recursive=False)
+        return {
+            i.base_name: int(i.size or 0)
+            for i in self.fs.get_file_info(sel)
+            if i.type == pafs.FileType.File and not i.base_name.startswith(TMP_PREFIX)
+        }
+
     def size(self, rel: str) -> int:
         info = self.fs.get_file_info(self.path(rel))
         return info.size or 0
+
+    def mtime(self, rel: str) -> float | None:
+        """Modification time (epoch seconds) of ``rel``; None when missing or unknown."""
+        info = self.fs.get_file_info(self.path(rel))
+        if info.type == pafs.FileType.NotFound or info.mtime is None:
+            return None
+        return info.mtime.timestamp()
 
     # -- bytes ------------------------------------------------------------------------------
     def read_bytes(self, rel: str) -> bytes | None:
@@ -96,19 +141,19 @@ class RunDir:
         data = self.read_bytes(rel)
         return None if data is None else data.decode("utf-8")
 
-    def write_bytes_atomic(self, rel: str, data: bytes) -> None:
-        """Write to a temporary sibling, then move it over ``rel``; RunDirError on OSError."""
+    @contextlib.contextmanager
+    def atomic_writer(self, rel: str) -> Iterator[Any]:
+        """A binary output stream for ``rel``: written under a temporary sibling name and moved
+        over ``rel`` when the block ends without error. On any error the temporary file is
+        removed and ``rel`` is untouched; an OSError becomes one RunDirError naming ``rel``."""
         parent, _, name = rel.strip("/").rpartition("/")
         if parent:
             self.makedirs(parent)
-        tmp = (
-            f"{parent}/{TMP_PREFIX}{uuid.uuid4().hex[:8]}-{name}"
-            if parent
-            else (f"{TMP_PREFIX}{uuid.uuid4().hex[:8]}-{name}")
-        )
+        tmp_name = f"{TMP_PREFIX}{uuid.uuid4().hex[:8]}-{name}"
+        tmp = f"{parent}/{tmp_name}" if parent else tmp_name
         try:
             with self.fs.open_output_stream(self.path(tmp)) as f:
-                f.write(data)
+                yield f
             self.fs.move(self.path(tmp), self.path(rel))
         except BaseException as e:
             try:
@@ -118,6 +163,11 @@ class RunDir:
             if isinstance(e, OSError):  # disk full, permissions, ...: one clear error
                 raise RunDirError(f"{self.uri}: cannot write {rel}: {e}") from e
             raise
+
+    def write_bytes_atomic(self, rel: str, data: bytes) -> None:
+        """Write ``data`` to ``rel`` atomically (see :meth:`atomic_writer`)."""
+        with self.atomic_writer(rel) as f:
+            f.write(data)
 
     def write_text_atomic(self, rel: str, text: str) -> None:
         self.write_bytes_atomic(rel, text.encode("utf-8"))

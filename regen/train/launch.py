@@ -23,6 +23,8 @@ from typing import Any
 
 from regen.errors import ConfigError, EndpointError
 from regen.store import RunDir
+from regen.store import layout as store_layout
+from regen.store.verify import refuse_damaged
 from regen.train import layout
 from regen.train.checks import check_target_files, check_train_config, turn_open_ids
 from regen.train.config import TrainConfig, load_train_config
@@ -102,6 +104,7 @@ def prepare_training(
     """Check the config, export if needed, scan the data, write and validate run.yaml."""
     cfg = load_train_config(config_path)
     rd = layout.open_local(run_dir)
+    refuse_damaged(rd, "training")
     aux = check_train_config(cfg)
     check_target_files(cfg)
 
@@ -136,23 +139,23 @@ def prepare_training(
     if validated:
         validate_with_specforge(run_yaml)
     else:
-        log.warning("SpecForge is not importable here; run.yaml is validated on the cluster")
+        log.warning("SpecForge is not importable here; %s is validated on the cluster", run_yaml)
 
     argv = specforge_argv(run_yaml)
     exec_argv = [*_launcher(launcher), *argv]
     py = python or os.environ.get(PYTHON_ENV, "python")
     entrypoint = shlex.join([py, "-m", "regen.train.preflight", "--run-dir", rd.root])
     n_gpus = gpus if gpus is not None else cfg.gpus
-    rd.write_json_atomic(
-        layout.COMMAND,
-        {
-            "argv": argv,
-            "exec_argv": exec_argv,
-            "entrypoint": entrypoint,
-            "gpus": n_gpus,
-            "run_yaml": str(run_yaml),
-            "prompts_path": str(prompts),
-        },
+    store_layout.COMMAND_FILE.write(
+        rd,
+        store_layout.CommandRecord(
+            argv=argv,
+            exec_argv=exec_argv,
+            entrypoint=entrypoint,
+            gpus=n_gpus,
+            run_yaml=str(run_yaml),
+            prompts_path=str(prompts),
+        ),
     )
     return TrainPlan(
         run_dir=rd.root,
@@ -185,14 +188,14 @@ def _client(address: str | None) -> Any:
         raise ConfigError(f"cannot reach the Ray cluster at {addr}: {e}") from None
 
 
-def _record_state(rd: RunDir, state: str, message: str | None = None) -> dict[str, Any]:
-    job = rd.read_json(layout.JOB) or {}
+def _record_state(rd: RunDir, state: str, message: str | None = None) -> store_layout.JobRecord:
+    job = store_layout.JOB_FILE.read(rd) or store_layout.JobRecord()
     now = time.time()
-    job["state"] = state
-    job["message"] = message
-    job["updated_at"] = now
-    job.setdefault("history", []).append({"state": state, "at": now})
-    rd.write_json_atomic(layout.JOB, job)
+    job.state = state
+    job.message = message
+    job.updated_at = now
+    job.history.append(store_layout.JobState(state=state, at=now))
+    store_layout.JOB_FILE.write(rd, job)
     return job
 
 
@@ -240,16 +243,15 @@ def submit_training(
             log.warning("job submission refused (%s); retrying in %.1f s", e, delay)
             sleep(delay)
             delay = min(delay * 2, 5.0)
-    rd.write_json_atomic(
-        layout.JOB,
-        {
-            "submission_id": submission_id,
-            "address": resolve_address(address),
-            "entrypoint": plan.entrypoint,
-            "entrypoint_num_gpus": plan.gpus,
-            "submitted_at": time.time(),
-            "history": [],
-        },
+    store_layout.JOB_FILE.write(
+        rd,
+        store_layout.JobRecord(
+            submission_id=submission_id,
+            address=resolve_address(address),
+            entrypoint=plan.entrypoint,
+            entrypoint_num_gpus=plan.gpus,
+            submitted_at=time.time(),
+        ),
     )
     _record_state(rd, "PENDING")
     log.info("submitted %s asking for %d GPUs", submission_id, plan.gpus)
@@ -271,7 +273,8 @@ def follow_job(
     rd = RunDir.open(run_dir, create=False)
     seen: list[str] = []
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    recorded = (rd.read_json(layout.JOB) or {}).get("state")
+    job = store_layout.JOB_FILE.read(rd)
+    recorded = job.state if job is not None else None
     message: str | None = None
     failures = 0
     while True:

@@ -1,24 +1,12 @@
 """The training records of a run directory, and how the export feeds them.
 
-Layout (``RUN_DIR`` must be a local or shared-filesystem path: the cluster reads it)::
-
-    RUN_DIR/
-      parts/                the run's Parquet parts (regen.store); newer than export/stats.json
-                            means the export is stale and is redone
-      export/               shard-*.jsonl (SpecForge pre-tokenized rows) + stats.json, written
-                            by regen.export.export_run when missing, stale or forced
-      train/
-        train.yaml          the train config this job was launched with (resolved, strict)
-        draft_config.json   EAGLE-3 draft config          (regen.train.specforge_config)
-        run.yaml            SpecForge run config          (regen.train.specforge_config)
-        prompts.jsonl       the shards concatenated, only when the export has several
-        command.json        {argv, exec_argv, entrypoint, gpus, run_yaml, prompts_path}
-        job.json            {submission_id, address, entrypoint, entrypoint_num_gpus, state,
-                             message, submitted_at, updated_at, history: [{state, at}]}
-        preflight.json      written ON THE CLUSTER by regen.train.preflight:
-                            {ok, host, at, cuda_visible_devices, rows, prepared, loss_tokens,
-                             argv, exec_argv, error?, trap?}
-        control/            SpecForge's shared control directory (default)
+The files (``RUN_DIR`` must be a local or shared-filesystem path: the cluster reads it) are
+named and typed in :mod:`regen.store.layout`: ``export/`` (shards + stats, written by
+regen.export.export_run when missing, stale or forced: a Parquet part newer than the export's
+stats means stale) and ``train/`` (train.yaml, draft_config.json, run.yaml, prompts.jsonl when
+the export has several shards, command.json, job.json, preflight.json written ON THE CLUSTER
+by regen.train.preflight, control/ for SpecForge). The names below are the layout's, under the
+names the training modules use.
 """
 
 from __future__ import annotations
@@ -29,23 +17,22 @@ from pathlib import Path
 
 from regen.errors import ConfigError, RunDirError
 from regen.store import RunDir
+from regen.store import layout as L
 from regen.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
-TRAIN_DIR = "train"
-TRAIN_YAML = "train/train.yaml"
-DRAFT_CONFIG = "train/draft_config.json"
-RUN_YAML = "train/run.yaml"
-PROMPTS = "train/prompts.jsonl"
-COMMAND = "train/command.json"
-JOB = "train/job.json"
-PREFLIGHT = "train/preflight.json"
-CONTROL_DIR = "train/control"
-EXPORT_DIR = "export"
-EXPORT_STATS = "stats.json"
-SHARD_GLOB = "shard-*.jsonl"
-PARTS_DIR = "parts"
+TRAIN_DIR = L.TRAIN_DIR
+TRAIN_YAML = L.TRAIN_YAML
+DRAFT_CONFIG = L.DRAFT_CONFIG
+RUN_YAML = L.RUN_YAML
+PROMPTS = L.PROMPTS
+COMMAND = L.COMMAND
+JOB = L.JOB
+PREFLIGHT = L.PREFLIGHT
+CONTROL_DIR = L.CONTROL_DIR
+EXPORT_DIR = L.EXPORT_DIR
+EXPORT_STATS = L.EXPORT_STATS
 
 
 def open_local(run_dir: str | Path) -> RunDir:
@@ -67,15 +54,18 @@ def export_dir(rd: RunDir, cfg: TrainConfig) -> Path:
 
 def export_shards(out: Path) -> list[Path]:
     """The pre-tokenized JSONL shards of an export (``shard-*.jsonl``), in name order."""
-    return sorted(out.glob(f"{SHARD_GLOB}"))
+    if not out.is_dir():
+        return []
+    return sorted(p for p in out.iterdir() if L.is_shard("pretokenized", p.name))
 
 
 def export_is_stale(rd: RunDir, out: Path) -> bool:
     """True when the run has a Parquet part newer than the export's stats.json (or the export
     has no stats.json at all while the run has parts). Shards without parts are kept as given.
     """
-    parts = Path(rd.path(PARTS_DIR))
-    newest = max((p.stat().st_mtime for p in parts.glob("*.parquet")), default=None)
+    parts = Path(rd.path(L.PARTS_DIR))
+    newest = max((p.stat().st_mtime for p in parts.glob(f"*{L.PART_SUFFIX}")
+                  if not p.name.startswith(L.TMP_PREFIX)), default=None)  # fmt: skip
     if newest is None:
         return False
     stats = out / EXPORT_STATS
@@ -110,17 +100,13 @@ def prompts_file(rd: RunDir, shards: list[Path]) -> Path:
     """One JSONL file for SpecForge's data.prompts_path (it takes exactly one)."""
     if len(shards) == 1:
         return shards[0]
-    dst = Path(rd.path(PROMPTS))
-    tmp = dst.with_name(f".tmp-{dst.name}")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with tmp.open("wb") as w:
+    with rd.atomic_writer(PROMPTS) as w:
         for shard in shards:
             with shard.open("rb") as r:
                 shutil.copyfileobj(r, w)
             if shard.stat().st_size and not _ends_with_newline(shard):
                 w.write(b"\n")
-    tmp.replace(dst)
-    return dst
+    return Path(rd.path(PROMPTS))
 
 
 def _ends_with_newline(path: Path) -> bool:

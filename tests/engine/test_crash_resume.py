@@ -19,21 +19,21 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
+from _runs import check_answers, check_ids_once, stored_rows, wait_until
 
 from regen.cli.main import main as regen_main
 from regen.engine import RunOptions, run_job
-from regen.engine.driver import _native_check
+from regen.engine.planning import native_check as _native_check
 from regen.errors import FingerprintMismatchError, LockHeldError
 from regen.manifest import load_manifest
 from regen.procs import kill_group
-from regen.simulate import answer, conversation_key
+from regen.simulate import conversation_key
 from regen.simulate.testing import running_simulator
 from regen.sources import read_samples
 from regen.store import RunDir
 from regen.store.journal import read_done, read_journal_lines
-from regen.store.run import LOCK_FILE
+from regen.store.layout import LOCK as LOCK_FILE
 
 pytestmark = pytest.mark.ray
 
@@ -46,31 +46,9 @@ SIM = {"model_name": "demo-target", "max_running_requests": 4, "step_ms": 5.0,
 KILL_AFTER_SAMPLES = 12
 
 
-def sim_answer_config(options: dict[str, Any]):
-    from regen.simulate.config import SimConfig
-
-    return SimConfig.from_flat(options).answer
-
-
-def stored_rows(run_dir: Path) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for p in sorted((run_dir / "parts").glob("*.parquet")):
-        rows += pq.read_table(p).to_pylist()
-    return rows
-
-
 def row_conversation(row: dict[str, Any]) -> str:
     tools = json.loads(row["tools"]) if row["tools"] else None
     return conversation_key({"messages": json.loads(row["messages"]), "tools": tools})
-
-
-def wait_until(pred, timeout_s: float, step_s: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(step_s)
-    return pred()
 
 
 def wait_quiet(sim, timeout_s: float = 30.0, quiet_s: float = 1.5) -> None:
@@ -159,39 +137,11 @@ def test_crash_left_a_partial_run(crashed) -> None:
 
 
 def test_output_ids_equal_input_ids_without_duplicates(crashed) -> None:
-    rows = crashed["rows"]
-    assert {r["sample_id"] for r in rows} == {s.id for s in crashed["inputs"]}
-    keys = Counter((r["sample_id"], r["turn"]) for r in rows)
-    assert [k for k, n in keys.items() if n > 1] == []
-    turns = Counter(r["sample_id"] for r in rows)
-    for s in crashed["inputs"]:
-        if s.mode == "native":
-            assert turns[s.id] == 1
-        else:  # a turn may stop early only when our reply changed the tool calls
-            assert 1 <= turns[s.id] <= s.turns_to_regenerate()
+    check_ids_once(crashed["rows"], crashed["inputs"])
 
 
 def test_every_answer_is_the_simulators_byte_for_byte(crashed) -> None:
-    m = crashed["manifest"]
-    cfg = sim_answer_config(SIM)
-    checked = 0
-    for r in crashed["rows"]:
-        if r["token_source"] == "native":
-            continue
-        body = {
-            "messages": json.loads(r["messages"]),
-            "tools": json.loads(r["tools"]) if r["tools"] else None,
-            "seed": m.sampling.seed,
-            "max_tokens": m.sampling.max_tokens,
-            "chat_template_kwargs": m.sampling.template_kwargs(),
-        }
-        want = answer(body, cfg)
-        assert r["content"] == want.content, r["sample_id"]
-        assert (r["reasoning"] or "") == want.reasoning, r["sample_id"]
-        assert r["finish_reason"] == want.finish_reason
-        assert [c["id"] for c in json.loads(r["tool_calls"])] == [c.id for c in want.tool_calls]
-        checked += 1
-    assert checked >= 60
+    assert check_answers(crashed["rows"], crashed["manifest"], SIM) >= 60
 
 
 def test_only_samples_not_stored_at_the_crash_were_requested_again(crashed) -> None:

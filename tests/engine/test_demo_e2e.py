@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from regen.cli.main import main as regen_main
-from regen.engine.driver import _native_check
+from regen.engine.planning import native_check as _native_check
 from regen.manifest import load_manifest
 from regen.sources import read_samples
-from regen.store import RunDir
+from regen.store import RunDir, layout
 
 pytestmark = [pytest.mark.ray, pytest.mark.server]
 
@@ -85,7 +85,7 @@ def test_export_written(demo_run) -> None:
 
 
 def test_plan_json_counts_the_requests_each_source_needs(demo_run) -> None:
-    plan = RunDir.open(demo_run["out"]).read_json("plan.json")
+    plan = layout.PLAN_FILE.read(RunDir.open(demo_run["out"])).sources
     expect: dict[str, list[int]] = {}
     for s in demo_run["inputs"]:
         if s.mode == "regenerate":
@@ -93,4 +93,4 @@ def test_plan_json_counts_the_requests_each_source_needs(demo_run) -> None:
             e[0] += 1
             e[1] += s.turns_to_regenerate()
     for name, (n, turns) in expect.items():
-        assert (plan[name]["regenerate_todo"], plan[name]["regenerate_turns"]) == (n, turns)
+        assert (plan[name].regenerate_todo, plan[name].regenerate_turns) == (n, turns)

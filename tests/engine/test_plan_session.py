@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from regen.engine import RunOptions
-from regen.engine.driver import _native_check, plan_session
+from regen.engine.planning import native_check as _native_check
+from regen.engine.planning import plan_session
 from regen.manifest import load_manifest
 from regen.sources import read_samples
 from regen.store.journal import FailureRecord
@@ -14,7 +14,8 @@ DEMO = Path(__file__).resolve().parents[2] / "manifests" / "demo.yaml"
 
 
 def fail(sid: str, permanent: bool) -> FailureRecord:
-    return FailureRecord(sid, sid.split(":")[0], "x", 400, "m", 1, permanent, 1.0)
+    return FailureRecord(sample_id=sid, source=sid.split(":")[0], kind="x", status=400,
+                         message="m", attempts=1, permanent=permanent, at=1.0)  # fmt: skip
 
 
 def test_limit_done_failures_and_order() -> None:
@@ -23,7 +24,7 @@ def test_limit_done_failures_and_order() -> None:
     first = ids[:20]
     done = set(first[:5])
     failures = {first[5]: fail(first[5], True), first[6]: fail(first[6], False)}
-    plan = plan_session(m, done, failures, RunOptions(limit=20))
+    plan = plan_session(m, done, failures, limit=20)
     planned = [s.id for s in plan.todo] + [s.id for s in plan.native]
     assert sorted(planned) == sorted(set(first) - done - {first[5]})  # transient ones retried
     assert plan.skipped_failed == 1
@@ -33,6 +34,24 @@ def test_limit_done_failures_and_order() -> None:
     assert [b.id for b in bodies] == [p.id for p in plan.todo]
     assert [b.turns_to_regenerate() for b in bodies] == [p.turns for p in plan.todo]
     assert all(p.blob == b"" and p.at >= 0 for p in plan.todo)  # nothing held in memory
-    again = plan_session(m, done, failures, RunOptions(limit=20, retry_failed=True))
+    again = plan_session(m, done, failures, limit=20, retry_failed=True)
     assert first[5] in {s.id for s in again.todo}
     again.spill.close()
+
+
+def test_plan_record_counts_what_is_left(tmp_path) -> None:
+    from regen.engine.planning import write_plan
+    from regen.store import RunDir, layout
+
+    m = load_manifest(DEMO)
+    plan = plan_session(m, set(), {}, limit=30)
+    rd = RunDir.open(tmp_path / "run")
+    rec = write_plan(rd, plan, "S", m, 30)
+    plan.spill.close()
+    assert layout.PLAN_FILE.read(rd) == rec
+    assert rec.limit == 30 and rec.manifest_dir == str(DEMO.parent)
+    assert sum(e.total for e in rec.sources.values()) == 30
+    for name, e in rec.sources.items():
+        todo = [p for p in plan.todo if p.source == name]
+        assert e.regenerate_todo == len(todo)
+        assert e.regenerate_turns == sum(p.turns_to_regenerate() for p in todo)

@@ -17,7 +17,7 @@ from regen.manifest import load_manifest
 from regen.simulate.testing import simulator_in_thread
 from regen.store import RunDir
 from regen.store.journal import read_done
-from regen.store.run import LOCK_FILE
+from regen.store.layout import LOCK as LOCK_FILE
 
 pytestmark = pytest.mark.ray
 

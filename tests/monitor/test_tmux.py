@@ -161,7 +161,7 @@ def test_monitor_waits_for_a_run_directory_that_does_not_exist_yet(live_run) -> 
 def test_two_captures_show_progress_advancing(live_run) -> None:
     a, b = live_run["first"]["rows"], live_run["second"]["rows"]
     assert b["TOTAL"][0] > a["TOTAL"][0]
-    assert b["TOTAL"][1] == a["TOTAL"][1] == 71  # the demo's samples
+    assert b["TOTAL"][1] == a["TOTAL"][1] == 73  # the demo's samples
     assert all(b[s][0] >= a[s][0] for s in a)
 
 
@@ -178,7 +178,7 @@ def test_final_pane_shows_exactly_the_status_numbers(live_run) -> None:
     status, shown = live_run["final_status"], live_run["final"]
     assert status["state"] == shown["state"] == "finished"
     assert shown["rows"] == table_of(status)
-    assert status["done"] == status["total"] == 71
+    assert status["done"] == status["total"] == 73
     for r in status["rates"]:
         assert shown["rates"].get(int(r["window_s"] // 60)) == round(r["tok_s"]), shown["screen"]
     assert "in flight" in shown["screen"]

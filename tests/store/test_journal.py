@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import errno
+import importlib.util
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -10,7 +11,6 @@ import pytest
 
 from regen.errors import RunDirError
 from regen.store import RunDir
-from regen.store import journal as jn
 from regen.store.journal import (
     CompletedSample,
     FailureLog,
@@ -21,6 +21,11 @@ from regen.store.journal import (
     read_journal_lines,
     recover,
 )
+
+
+def fail(sid, kind, status, message, attempts, permanent, at) -> FailureRecord:
+    return FailureRecord(sample_id=sid, source="src", kind=kind, status=status, message=message,
+                         attempts=attempts, permanent=permanent, at=at)  # fmt: skip
 
 
 def to_table(rows: list[dict]) -> pa.Table:
@@ -45,7 +50,8 @@ def rd(request, tmp_path) -> RunDir:
 def all_rows(rd: RunDir) -> list[dict]:
     out = []
     for name in rd.list("parts"):
-        out += pq.read_table(rd.path(f"parts/{name}"), filesystem=rd.fs).to_pylist()
+        if name.endswith(".parquet"):
+            out += pq.read_table(rd.path(f"parts/{name}"), filesystem=rd.fs).to_pylist()
     return out
 
 
@@ -59,7 +65,8 @@ def test_append_roll_and_done_set(rd: RunDir) -> None:
     assert j.roll() == "parts/S1-00000.parquet"
     j.append(sample(3, finish="length"))
     j.close()
-    assert rd.list("parts") == ["S1-00000.parquet", "S1-00001.parquet"]
+    assert rd.list("parts") == ["S1-00000.parquet", "S1-00001.parquet", "_S1-00000.json",
+                                "_S1-00001.json"]  # fmt: skip
     assert rd.list("journal") == []
     done = read_done(rd)
     assert done.ids == {"src:0", "src:1", "src:2", "src:3"}
@@ -105,36 +112,44 @@ def test_recover_skips_current_session_and_removes_temp_parts(rd: RunDir) -> Non
     cur.append(sample(1))
     rd.write_bytes_atomic("parts/.tmp-S0-99999.parquet", b"half")
     recover(rd, to_table, skip="S1")
-    assert rd.list("parts", include_temp=True) == ["S0-00000.parquet"]
+    assert rd.list("parts", include_temp=True) == ["S0-00000.parquet", "_S0-00000.json"]
     assert rd.list("journal") == ["S1-00000.jsonl"]
 
 
-def test_disk_full_leaves_no_half_written_part(rd: RunDir, monkeypatch) -> None:
+def _quota_disk():
+    """tests/reliability/_quota_fs.QuotaDisk: a local disk that fills up."""
+    spec = importlib.util.spec_from_file_location(
+        "_quota_fs", Path(__file__).parents[1] / "reliability" / "_quota_fs.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.QuotaDisk
+
+
+def test_disk_full_leaves_no_half_written_part(tmp_path) -> None:
+    disk = _quota_disk()(tmp_path / "disk", 10**9)
+    rd = disk.rundir(tmp_path / "disk" / "run")
     j = Journal(rd, "S1", to_table)
     j.append(sample(0))
-
-    def full(table, where, **kw):
-        where.write(b"PAR1 partial bytes")
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(jn.pq, "write_table", full)
+    disk.capacity = disk.used + 100  # the part does not fit
     with pytest.raises(RunDirError, match="No space left"):
         j.roll()
+    assert disk.full_errors >= 1
     assert rd.list("parts", include_temp=True) == []
     # the journal still holds the sample: the next run recovers it
     assert [s.sample_id for s in read_journal_lines(rd)] == ["src:0"]
-    monkeypatch.undo()
+    disk.capacity = 10**9
     recover(rd, to_table)
     assert read_done(rd).ids == {"src:0"}
 
 
 def test_failures_latest_record_wins(rd: RunDir) -> None:
     log = FailureLog(rd, "S1")
-    log.append(FailureRecord("src:1", "src", "server_error", 503, "busy", 8, False, 1.0))
-    log.append(FailureRecord("src:2", "src", "context_length", 400, "too long", 1, True, 1.0))
+    log.append(fail("src:1", "server_error", 503, "busy", 8, False, 1.0))
+    log.append(fail("src:2", "context_length", 400, "too long", 1, True, 1.0))
     log.close()
     log2 = FailureLog(rd, "S2")
-    log2.append(FailureRecord("src:1", "src", "permanent", 400, "bad", 1, True, 2.0))
+    log2.append(fail("src:1", "permanent", 400, "bad", 1, True, 2.0))
     log2.close()
     fails = read_failures(rd)
     assert {k: (v.kind, v.permanent) for k, v in fails.items()} == {

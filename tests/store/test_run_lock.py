@@ -1,18 +1,25 @@
-"""run.json / fingerprint checks and the lock (live, stale by heartbeat, stale by dead pid)."""
+"""run.json / fingerprint checks and the lock: live, stale by heartbeat, stale by dead pid,
+a race between two takers, a lock taken over while its holder looked dead."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from regen.errors import FingerprintMismatchError, LockHeldError
 from regen.manifest import parse_manifest
-from regen.store import RunDir
-from regen.store.run import LOCK_FILE, RunLock, lock_is_live, prepare_run, public_url
+from regen.store import RunDir, layout
+from regen.store.layout import LOCK_STALE_S, LockRecord
+from regen.store.lock import RunLock, read_lock
+from regen.store.run import prepare_run, public_url
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _manifest(temperature: float = 0.6):
@@ -29,18 +36,18 @@ def _manifest(temperature: float = 0.6):
 def test_prepare_run_writes_once_and_refuses_other_fingerprint(tmp_path) -> None:
     rd = RunDir.open(tmp_path / "r")
     info = prepare_run(rd, _manifest(), ["http://u:secret@h:1/v1"])
-    assert info["fingerprint"] == _manifest().fingerprint()
-    assert rd.read_json("run.json")["endpoints"] == ["http://h:1/v1"]
-    assert "secret" not in rd.read_text("run.json")
-    assert "name: t" in rd.read_text("manifest.yaml")
+    assert info.fingerprint == _manifest().fingerprint()
+    assert layout.RUN_FILE.read(rd).endpoints == ["http://h:1/v1"]
+    assert "secret" not in rd.read_text(layout.RUN)
+    assert "name: t" in rd.read_text(layout.MANIFEST)
     again = prepare_run(rd, _manifest(), [])
-    assert again["created_at"] == info["created_at"]
+    assert again.created_at == info.created_at
     with pytest.raises(FingerprintMismatchError):
         prepare_run(rd, _manifest(temperature=0.0), [])
     forced = prepare_run(rd, _manifest(temperature=0.0), [], force=True)
-    assert forced["fingerprint"] == _manifest(0.0).fingerprint()
-    assert forced["previous_fingerprints"] == [info["fingerprint"]]
-    assert rd.read_json("run.json")["fingerprint"] == forced["fingerprint"]
+    assert forced.fingerprint == _manifest(0.0).fingerprint()
+    assert forced.previous_fingerprints == [info.fingerprint]
+    assert layout.RUN_FILE.read(rd).fingerprint == forced.fingerprint
 
 
 def test_public_url_strips_credentials() -> None:
@@ -51,37 +58,81 @@ def test_public_url_strips_credentials() -> None:
 def test_second_lock_refused_while_live_then_released(tmp_path) -> None:
     rd = RunDir.open(tmp_path / "r")
     with RunLock(rd, "s1") as lock:
-        held = rd.read_json(LOCK_FILE)
-        assert held["session"] == "s1"
-        assert {"owner", "host", "pid", "started_at", "heartbeat_at"} <= held.keys()
-        with pytest.raises(LockHeldError):
+        held = read_lock(rd)
+        assert held is not None and held.session == "s1" and held.pid == os.getpid()
+        with pytest.raises(LockHeldError, match="locked by a live run"):
             RunLock(rd, "s2").acquire()
         lock.heartbeat()
-    assert not rd.exists(LOCK_FILE)
+        assert read_lock(rd).heartbeat_at >= held.heartbeat_at
+    assert not rd.exists(layout.LOCK)
     with RunLock(rd, "s2"):
-        assert rd.read_json(LOCK_FILE)["session"] == "s2"
+        assert read_lock(rd).session == "s2"
+
+
+def _write_lock(rd: RunDir, **kw) -> None:
+    now = time.time()
+    rec = {"owner": "x", "host": "elsewhere", "pid": 1, "session": "old",
+           "started_at": now - 100, "heartbeat_at": now, **kw}  # fmt: skip
+    layout.LOCK_FILE.write(rd, LockRecord(**rec))
 
 
 def test_stale_heartbeat_is_taken_over(tmp_path, caplog) -> None:
     rd = RunDir.open(tmp_path / "r")
-    now = time.time()
-    rd.write_json_atomic(
-        LOCK_FILE,
-        {"owner": "x", "host": "elsewhere", "pid": 1, "session": "old",
-         "started_at": now - 100, "heartbeat_at": now - 31},
-    )  # fmt: skip
+    # another host: the staleness limit plus the clock-skew allowance
+    _write_lock(rd, heartbeat_at=time.time() - LOCK_STALE_S - 5)
+    with pytest.raises(LockHeldError):
+        RunLock(rd, "new").acquire()
+    _write_lock(rd, heartbeat_at=time.time() - LOCK_STALE_S - layout.CLOCK_SKEW_S - 1)
     with RunLock(rd, "new"):
-        assert rd.read_json(LOCK_FILE)["session"] == "new"
+        assert read_lock(rd).session == "new"
     assert "stale lock" in caplog.text
 
 
-def test_dead_pid_on_this_host_is_stale(tmp_path) -> None:
+def test_dead_pid_on_this_host_is_taken_over_at_once(tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip
-    dead_pid = int(proc.stdout)
-    now = time.time()
-    lock = {"host": socket.gethostname(), "pid": dead_pid, "heartbeat_at": now}
-    assert not lock_is_live(lock, now)
-    assert lock_is_live({**lock, "host": "other-host"}, now)
-    assert lock_is_live({**lock, "pid": __import__("os").getpid()}, now)
-    assert not lock_is_live({**lock, "host": "other-host"}, now + 31)
+    rd = RunDir.open(tmp_path / "r")
+    _write_lock(rd, host=socket.gethostname(), pid=int(proc.stdout))
+    with RunLock(rd, "new"):
+        assert read_lock(rd).session == "new"
+
+
+def test_a_lock_taken_over_is_noticed_by_its_heartbeat(tmp_path) -> None:
+    rd = RunDir.open(tmp_path / "r")
+    lost: list[str] = []
+    lock = RunLock(rd, "s1", on_lost=lost.append)
+    lock.acquire()
+    _write_lock(rd, session="thief", heartbeat_at=time.time())
+    lock.heartbeat()
+    assert lost and "taken over by session thief" in lost[0]
+    lock.release()
+    assert read_lock(rd).session == "thief"  # the thief's lock is not removed
+
+
+RACE = """
+import sys, time
+from regen.errors import LockHeldError
+from regen.store import RunDir
+from regen.store.lock import RunLock
+rd = RunDir.open(sys.argv[1])
+while time.time() < float(sys.argv[2]):
+    pass
+try:
+    RunLock(rd, sys.argv[3]).acquire()
+    print("won", flush=True)
+    time.sleep(3)  # hold it (a holder whose pid is gone is stale at once)
+except LockHeldError:
+    print("lost", flush=True)
+"""
+
+
+def test_two_processes_racing_for_a_stale_lock_one_wins(tmp_path) -> None:
+    rd = RunDir.open(tmp_path / "r")
+    for _ in range(2):
+        _write_lock(rd, heartbeat_at=time.time() - 3600)
+        start = time.time() + 1.5
+        procs = [subprocess.Popen([sys.executable, "-c", RACE, str(tmp_path / "r"), str(start),
+                                   f"s{i}"], stdout=subprocess.PIPE, text=True, cwd=REPO)
+                 for i in range(4)]  # fmt: skip
+        results = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
+        assert results == ["lost", "lost", "lost", "won"]

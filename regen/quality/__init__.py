@@ -1,0 +1,248 @@
+"""Quality checks of one regenerated turn: cheap, deterministic, no model (docs/quality.md).
+
+:func:`check_turn` takes what one regenerated turn has — the request's messages and tools, and
+the answer's reasoning, content, tool calls and ``finish_reason`` — and returns a
+:class:`Quality`: ``flags`` (names from :data:`FLAGS`) plus the measures behind them, shaped as
+row columns (:data:`COLUMNS`, :meth:`Quality.columns`). :func:`check_row` does the same for a
+row dict of :mod:`regen.rows` (JSON columns as stored). Thresholds live in
+:class:`QualityConfig`; their defaults were chosen on measured corpora (docs/quality.md).
+
+Flags:
+
+- ``repetition``: the longest back-to-back run of one n-gram (:mod:`.repetition`) covers at
+  least ``repeat_min_words`` words in ``repeat_min_copies`` or more copies (``repeat_min_words
+  _stopped`` when the answer stopped by itself), or the answer compresses below
+  ``compression_max`` while at least ``compression_min_bytes`` long. Reasoning and content are
+  measured together.
+- ``empty_content``: the answer stopped by itself (not ``length``) with no content and no tool
+  call — thinking closed (or never started) and nothing followed.
+- ``reasoning_unclosed``: the answer is all reasoning — no content, no tool call — and either ran
+  into ``max_tokens`` or is known not to hold ``</think>`` (``think_closed=False``).
+- ``language_mismatch``: the content is in another script than the prompt (:mod:`.script`).
+- ``refusal``: the content opens with a refusal phrase (:mod:`.refusal`).
+- ``bad_tool_call``: a tool call does not fit the declared tools (:mod:`.tools`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
+
+from regen.quality.refusal import REFUSAL_PHRASES, refusal_phrase
+from regen.quality.repetition import compression_ratio, longest_repeat
+from regen.quality.script import script_mismatch
+from regen.quality.tools import call_problem, declared
+
+FLAGS = (
+    "repetition",
+    "empty_content",
+    "reasoning_unclosed",
+    "language_mismatch",
+    "refusal",
+    "bad_tool_call",
+)
+
+#: the row columns a :class:`Quality` fills (phase 2 appends them to regen.rows.SCHEMA)
+COLUMNS = pa.schema(
+    [
+        pa.field("quality_flags", pa.list_(pa.string()), nullable=False),
+        pa.field("q_repeat_words", pa.int32(), nullable=False),
+        pa.field("q_repeat_ngram", pa.int32(), nullable=False),
+        pa.field("q_compression", pa.float32()),
+        pa.field("q_prompt_script", pa.string()),
+        pa.field("q_answer_script", pa.string()),
+        pa.field("q_script_share", pa.float32()),
+        pa.field("q_refusal", pa.string()),
+        pa.field("q_bad_tool_calls", pa.int32(), nullable=False),
+    ]
+)
+
+
+class QualityConfig(BaseModel):
+    """Thresholds of the checks (defaults measured in docs/quality.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: longest n-gram looked for in a back-to-back repetition
+    repeat_max_ngram: int = Field(default=64, ge=1, le=512)
+    #: repetition: words a back-to-back run must cover in an answer cut at max_tokens
+    repeat_min_words: int = Field(default=48, ge=2)
+    #: repetition: words a back-to-back run must cover in an answer that stopped by itself
+    repeat_min_words_stopped: int = Field(default=200, ge=2)
+    #: repetition: copies of the n-gram the run must hold
+    repeat_min_copies: int = Field(default=3, ge=2)
+    #: repetition: zlib ratio (compressed / raw bytes) below which an answer repeats itself
+    compression_max: float = Field(default=0.08, gt=0, le=1)
+    #: ... counted only for answers of at least this many UTF-8 bytes
+    compression_min_bytes: int = Field(default=2048, ge=1)
+    #: letters (a CJK character counts 3) a prompt and an answer need to have their scripts compared
+    script_min_letters: float = Field(default=24, gt=0)
+    #: language_mismatch when less than this share of the answer's letters is in the prompt's script
+    script_max_share: float = Field(default=0.25, gt=0, le=1)
+    #: characters at the opening of the content searched for a refusal phrase
+    refusal_window: int = Field(default=160, ge=1)
+
+
+DEFAULT_CONFIG = QualityConfig()
+
+
+@dataclass(slots=True, frozen=True)
+class Quality:
+    """The flags of one turn and the measures behind them (:data:`COLUMNS`)."""
+
+    flags: tuple[str, ...]  #: names from FLAGS, in FLAGS order
+    repeat_words: int  #: words in the longest back-to-back repetition of one n-gram
+    repeat_ngram: int  #: the size of that n-gram (0: none)
+    compression: float | None  #: zlib ratio of reasoning + content (None: empty)
+    prompt_script: str | None  #: dominant script of the prompt (None: too few letters)
+    answer_script: str | None  #: dominant script of the content (None: too few letters)
+    script_share: float | None  #: share of the content's letters in the prompt's script family
+    refusal: str | None  #: the refusal phrase found
+    bad_tool_calls: int  #: tool calls that do not fit the declared tools
+
+    def columns(self) -> dict[str, Any]:
+        """The row columns (names and order of :data:`COLUMNS`)."""
+        return {
+            "quality_flags": list(self.flags),
+            "q_repeat_words": self.repeat_words,
+            "q_repeat_ngram": self.repeat_ngram,
+            "q_compression": self.compression,
+            "q_prompt_script": self.prompt_script,
+            "q_answer_script": self.answer_script,
+            "q_script_share": self.script_share,
+            "q_refusal": self.refusal,
+            "q_bad_tool_calls": self.bad_tool_calls,
+        }
+
+
+#: what a row that is not checked (a native row) gets
+NOT_CHECKED = Quality((), 0, 0, None, None, None, None, None, 0)
+
+
+def check_turn(
+    messages: Sequence[Mapping[str, Any]],
+    reasoning: str | None,
+    content: str,
+    tool_calls: Sequence[Mapping[str, Any]] = (),
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    finish_reason: str | None = "stop",
+    *,
+    think_closed: bool | None = None,
+    config: QualityConfig = DEFAULT_CONFIG,
+) -> Quality:
+    """The checks of the module docstring on one turn. ``messages`` are the request's OpenAI
+    messages, ``tool_calls`` the answer's (OpenAI shape), ``tools`` the declarations sent.
+    ``think_closed``: whether the produced tokens hold ``</think>``, when the caller knows
+    (server token ids); None infers it from ``finish_reason``."""
+    flags: set[str] = set()
+    reasoning = reasoning or ""
+    truncated = finish_reason == "length"
+    answer = f"{reasoning}\n{content}" if reasoning and content else reasoning or content
+
+    run, ngram = longest_repeat(answer, config.repeat_max_ngram)
+    min_words = config.repeat_min_words if truncated else config.repeat_min_words_stopped
+    ratio = compression_ratio(answer) if answer else None
+    raw_bytes = len(answer.encode("utf-8", "surrogatepass"))
+    if (run >= min_words and ngram and run >= config.repeat_min_copies * ngram) or (
+        ratio is not None
+        and ratio < config.compression_max
+        and raw_bytes >= config.compression_min_bytes
+    ):
+        flags.add("repetition")
+
+    no_answer = not content.strip() and not tool_calls
+    if no_answer and reasoning.strip() and (truncated or think_closed is False):
+        flags.add("reasoning_unclosed")
+    elif no_answer and not truncated:
+        flags.add("empty_content")
+
+    users = [_text(m.get("content")) for m in messages if m.get("role") == "user"]
+    request = "\n".join(_text(m.get("content")) for m in messages if m.get("role") != "assistant")
+    script = script_mismatch(
+        users[-1] if users else "",
+        "\n".join(users),
+        request,
+        content,
+        config.script_min_letters,
+        config.script_max_share,
+    )
+    if script.mismatch:
+        flags.add("language_mismatch")
+
+    refusal = refusal_phrase(content, config.refusal_window)
+    if refusal is not None:
+        flags.add("refusal")
+
+    decl = declared(tools)
+    bad = sum(1 for c in tool_calls if call_problem(c, decl) is not None)
+    if bad:
+        flags.add("bad_tool_call")
+
+    return Quality(
+        flags=tuple(f for f in FLAGS if f in flags),
+        repeat_words=run,
+        repeat_ngram=ngram,
+        compression=None if ratio is None else round(ratio, 4),
+        prompt_script=script.prompt,
+        answer_script=script.answer,
+        script_share=None if script.share is None else round(script.share, 4),
+        refusal=refusal,
+        bad_tool_calls=bad,
+    )
+
+
+def check_row(
+    row: Mapping[str, Any],
+    *,
+    think_closed: bool | None = None,
+    config: QualityConfig = DEFAULT_CONFIG,
+) -> Quality:
+    """:func:`check_turn` on a row of :mod:`regen.rows` (``messages``, ``tools`` and
+    ``tool_calls`` as stored JSON text); a native row (no ``finish_reason``) is not checked."""
+    if row.get("finish_reason") is None:
+        return NOT_CHECKED
+    return check_turn(
+        _json(row.get("messages"), []),
+        row.get("reasoning"),
+        row.get("content") or "",
+        _json(row.get("tool_calls"), []),
+        _json(row.get("tools"), None),
+        row.get("finish_reason"),
+        think_closed=think_closed,
+        config=config,
+    )
+
+
+def _json(value: Any, default: Any) -> Any:
+    if value is None:
+        return default
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _text(content: Any) -> str:
+    """Message content as text (OpenAI content parts joined)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(p.get("text", "")) for p in content if isinstance(p, Mapping) and "text" in p
+        )
+    return ""
+
+
+__all__ = [
+    "COLUMNS",
+    "DEFAULT_CONFIG",
+    "FLAGS",
+    "NOT_CHECKED",
+    "REFUSAL_PHRASES",
+    "Quality",
+    "QualityConfig",
+    "check_row",
+    "check_turn",
+]

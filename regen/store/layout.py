@@ -1,0 +1,568 @@
+"""The run directory's layout: one typed record, name, reader and writer per file.
+
+This module is the only place that spells a file name of the run directory (a test greps the
+code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI, see
+:class:`regen.store.rundir.RunDir`)::
+
+    RUN_DIR/
+      run.json          RunRecord        the run: name, fingerprint, model, created_at,
+                                         regen_version, endpoints, previous_fingerprints.
+                                         Written once by the driver (regen.store.run.prepare_run);
+                                         only ``--force`` rewrites it
+      manifest.yaml     regen.manifest.Manifest   the resolved manifest of the latest session
+                                         (no secrets); driver, every session
+      lock.json         LockRecord       the session holding the directory; driver
+                                         (regen.store.lock), heartbeat every 5 s
+      plan.json         PlanRecord       per-source totals of the current session; driver
+                                         (regen.engine.planning), once per session
+      progress.json     regen.progress.ProgressSnapshot   the dashboard's counters; driver
+                                         (regen.engine.tracker), every ~2 s and at the end
+      schedule.json     ScheduleRecord   what the dispatch order learned; driver, with each part
+      journal/SESSION-SEQ.jsonl          JournalLine per line, one per completed sample, flushed;
+                                         driver (regen.store.journal.Journal); local
+                                         filesystems only (object stores cannot append)
+      parts/SESSION-SEQ.parquet          the rows of one segment (regen.rows.SCHEMA), written as
+                                         parts/.tmp-* and renamed; key-value metadata
+                                         ``regen.samples`` / ``regen.rows``
+      parts/_SESSION-SEQ.json            PartRecord: row and sample counts, size and sha256 of
+                                         the part's bytes, per-source counters; written right
+                                         after its part (a part without one is verified by
+                                         reading it, then gets one). The leading "_" makes
+                                         Parquet dataset readers (pyarrow, pandas, Spark) skip
+                                         it: parts/ still reads as one dataset
+      failures/SESSION.jsonl             FailureRecord per line; driver
+      quarantine/NAME                    damaged parts (and their records) moved aside by the
+                                         driver on resume or by ``regen verify --repair``
+      export/                            ``regen train``'s export: shard-NNNNN.jsonl +
+                                         stats.json (ExportRecord); regen.export
+      train/            train.yaml, draft_config.json, run.yaml, prompts.jsonl,
+                        command.json (CommandRecord), job.json (JobRecord),
+                        preflight.json (PreflightRecord), control/   regen.train
+
+Any export directory (``regen export --out DIR``) has the export's shard and stats names.
+
+Readers return ``None`` for a missing file. A file that exists but does not parse or does not
+match its record is a :class:`regen.errors.RunDirError` naming the file, except for the
+snapshots that are only estimates (``schedule.json``), which read as ``None`` with a warning.
+Writers replace the file atomically (:meth:`regen.store.rundir.RunDir.write_bytes_atomic`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from regen.errors import RunDirError
+
+if TYPE_CHECKING:
+    from regen.manifest import Manifest
+    from regen.progress import ProgressSnapshot
+    from regen.store.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+# ---- names ---------------------------------------------------------------------------------
+
+RUN = "run.json"
+MANIFEST = "manifest.yaml"
+LOCK = "lock.json"
+PLAN = "plan.json"
+PROGRESS = "progress.json"
+SCHEDULE = "schedule.json"
+JOURNAL_DIR = "journal"
+PARTS_DIR = "parts"
+FAILURES_DIR = "failures"
+QUARANTINE_DIR = "quarantine"
+EXPORT_DIR = "export"
+TRAIN_DIR = "train"
+TRAIN_YAML = f"{TRAIN_DIR}/train.yaml"
+DRAFT_CONFIG = f"{TRAIN_DIR}/draft_config.json"
+RUN_YAML = f"{TRAIN_DIR}/run.yaml"
+PROMPTS = f"{TRAIN_DIR}/prompts.jsonl"
+COMMAND = f"{TRAIN_DIR}/command.json"
+JOB = f"{TRAIN_DIR}/job.json"
+PREFLIGHT = f"{TRAIN_DIR}/preflight.json"
+CONTROL_DIR = f"{TRAIN_DIR}/control"
+#: the stats file of an export directory (``regen export --out DIR`` and ``RUN_DIR/export``)
+EXPORT_STATS = "stats.json"
+#: shard name prefix per export format
+SHARD_PREFIX: dict[str, str] = {"pretokenized": "shard-", "conversations": "conversations-"}
+#: temporary names start with this (never read, removed when left over)
+TMP_PREFIX = ".tmp-"
+PART_SUFFIX = ".parquet"
+RECORD_PREFIX = "_"
+RECORD_SUFFIX = ".json"
+SEGMENT_SUFFIX = ".jsonl"
+
+
+def part_path(stem: str) -> str:
+    """``parts/STEM.parquet``."""
+    return f"{PARTS_DIR}/{stem}{PART_SUFFIX}"
+
+
+def part_record_path(stem: str) -> str:
+    """``parts/_STEM.json``: the part's :class:`PartRecord`."""
+    return f"{PARTS_DIR}/{RECORD_PREFIX}{stem}{RECORD_SUFFIX}"
+
+
+def part_temp_path(stem: str) -> str:
+    """Where a part is written before its rename."""
+    return f"{PARTS_DIR}/{TMP_PREFIX}{stem}{PART_SUFFIX}"
+
+
+def part_stem(name: str) -> str | None:
+    """The stem of a part file name (``S-00001.parquet`` → ``S-00001``); None otherwise."""
+    if name.startswith(TMP_PREFIX) or not name.endswith(PART_SUFFIX):
+        return None
+    return name[: -len(PART_SUFFIX)]
+
+
+def record_stem(name: str) -> str | None:
+    """The stem of a part record file name (``_S-00001.json`` → ``S-00001``); None otherwise."""
+    if not (name.startswith(RECORD_PREFIX) and name.endswith(RECORD_SUFFIX)):
+        return None
+    return name[len(RECORD_PREFIX) : -len(RECORD_SUFFIX)]
+
+
+def segment_path(stem: str) -> str:
+    """``journal/STEM.jsonl``."""
+    return f"{JOURNAL_DIR}/{stem}{SEGMENT_SUFFIX}"
+
+
+def segment_stem(name: str) -> str | None:
+    """The stem of a journal segment file name; None for anything else."""
+    if name.startswith(TMP_PREFIX) or not name.endswith(SEGMENT_SUFFIX):
+        return None
+    return name[: -len(SEGMENT_SUFFIX)]
+
+
+def failures_path(session: str) -> str:
+    """``failures/SESSION.jsonl``."""
+    return f"{FAILURES_DIR}/{session}{SEGMENT_SUFFIX}"
+
+
+def is_failures_log(name: str) -> bool:
+    return not name.startswith(TMP_PREFIX) and name.endswith(SEGMENT_SUFFIX)
+
+
+def quarantine_path(rel: str) -> str:
+    """Where a damaged file ``rel`` is moved: ``quarantine/`` + its path with '/' → '__'."""
+    return f"{QUARANTINE_DIR}/{rel.strip('/').replace('/', '__')}"
+
+
+def shard_name(fmt: str, index: int) -> str:
+    """``shard-00000.jsonl`` (pretokenized) or ``conversations-00000.jsonl``."""
+    return f"{SHARD_PREFIX[fmt]}{index:05d}{SEGMENT_SUFFIX}"
+
+
+def is_shard(fmt: str, name: str) -> bool:
+    return name.startswith(SHARD_PREFIX[fmt]) and name.endswith(SEGMENT_SUFFIX)
+
+
+# ---- the lock's one staleness rule ----------------------------------------------------------
+
+#: a lock whose heartbeat is older than this is stale (its holder is gone)
+LOCK_STALE_S = 30.0
+#: seconds between heartbeats of a live run
+HEARTBEAT_S = 5.0
+#: extra allowance when the lock was written on another host than the reader's: heartbeat
+#: times are the writer's clock, ``now`` the reader's (clock skew between hosts)
+CLOCK_SKEW_S = 15.0
+
+
+def fmt_age(seconds: float) -> str:
+    """A short age: ``42 s``, ``12 min``, ``3 h 05 min``."""
+    s = int(max(0, seconds))
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def pid_is_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (OverflowError, ValueError):  # not a pid at all (a corrupt lock file)
+        return False
+    return True
+
+
+# ---- records -------------------------------------------------------------------------------
+
+
+class Record(BaseModel):
+    """A JSON record of the run directory: unknown keys refused, so damage is seen."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunRecord(Record):
+    """``run.json``: which run this directory holds."""
+
+    #: the manifest's name
+    name: str
+    #: Manifest.fingerprint() of the manifest the directory is bound to
+    fingerprint: str
+    #: the served model name
+    model: str
+    #: epoch seconds when the directory was created
+    created_at: float
+    #: regen version that created it
+    regen_version: str
+    #: endpoint URLs of the first session (without user:password)
+    endpoints: list[str] = Field(default_factory=list)
+    #: fingerprints replaced by ``--force``, oldest first
+    previous_fingerprints: list[str | None] = Field(default_factory=list)
+
+
+class LockRecord(Record):
+    """``lock.json``: the session that holds the directory."""
+
+    #: what holds it ("regen run")
+    owner: str = "regen run"
+    #: hostname of the holder
+    host: str
+    #: pid of the holder on ``host``
+    pid: int
+    #: the holder's session id
+    session: str
+    #: epoch seconds when the session took the lock
+    started_at: float
+    #: epoch seconds of the last heartbeat (the holder's clock)
+    heartbeat_at: float
+
+    def age(self, now: float | None = None) -> float:
+        """Seconds since the last heartbeat."""
+        return (time.time() if now is None else now) - self.heartbeat_at
+
+    def why_gone(
+        self,
+        now: float | None = None,
+        *,
+        hostname: str | None = None,
+        pid_alive: Callable[[int], bool] | None = None,
+    ) -> str:
+        """Why the holder is gone ("" while it may still run): the one staleness rule.
+
+        Gone when the heartbeat is older than :data:`LOCK_STALE_S` (plus :data:`CLOCK_SKEW_S`
+        when the lock was written on another host), or when it was written on this host and
+        its pid no longer exists.
+        """
+        here = socket.gethostname() if hostname is None else hostname
+        alive = pid_is_alive if pid_alive is None else pid_alive
+        age = self.age(now)
+        if age > LOCK_STALE_S + (0.0 if self.host == here else CLOCK_SKEW_S):
+            return f"heartbeat {fmt_age(age)} old"
+        if self.host == here and not alive(self.pid):
+            return f"pid {self.pid} is gone on {self.host}"
+        return ""
+
+
+class PlanEntry(Record):
+    """One source in ``plan.json``."""
+
+    #: samples of the source in this session's plan (after filters, dedup, limits)
+    total: int
+    #: True when the source is regenerated (False: native rows)
+    regenerate: bool
+    #: native samples still to store
+    native: int = 0
+    #: samples still to regenerate
+    regenerate_todo: int = 0
+    #: requests those need (the ETA's turns per sample)
+    regenerate_turns: int = 0
+
+
+class PlanRecord(Record):
+    """``plan.json``: per-source totals of the current session."""
+
+    #: {source name: its entry}, in manifest order
+    sources: dict[str, PlanEntry] = Field(default_factory=dict)
+    #: the session that planned
+    session: str = ""
+    #: epoch seconds
+    planned_at: float = 0.0
+    #: absolute folder of the manifest that session loaded (its relative paths resolve there)
+    manifest_dir: str = ""
+    #: that session's ``--limit`` (the plan keeps the first N samples)
+    limit: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, data: Any) -> Any:
+        """Drivers before this record wrote ``{source: entry}`` at the top level."""
+        flat = isinstance(data, dict) and data and "sources" not in data
+        if flat and all(isinstance(v, dict) for v in data.values()):
+            return {"sources": data}
+        return data
+
+
+class ScheduleSource(Record):
+    """One source of ``schedule.json`` (see regen.engine.schedule.SourceStats)."""
+
+    turns: int
+    tokens: float
+    n: int
+    sx: float
+    sy: float
+    sxx: float
+    sxy: float
+
+
+class ScheduleRecord(Record):
+    """``schedule.json``: the dispatch order's learned per-source lengths."""
+
+    version: int = 1
+    sources: dict[str, ScheduleSource] = Field(default_factory=dict)
+
+
+class SourceCounts(Record):
+    """Counters of one source over some stored samples (a part, or a pending journal)."""
+
+    #: samples
+    done: int = 0
+    #: training rows (one per regenerated turn)
+    rows: int = 0
+    #: samples with a ``finish_reason == "length"`` turn
+    truncated: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def add(self, other: SourceCounts) -> None:
+        self.done += other.done
+        self.rows += other.rows
+        self.truncated += other.truncated
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+
+
+class PartRecord(Record):
+    """``parts/STEM.json``: what a part holds and how to know it is intact."""
+
+    #: the part's stem (its file is parts/STEM.parquet)
+    stem: str
+    #: rows in the part (also in the Parquet footer)
+    rows: int
+    #: distinct samples in the part
+    samples: int
+    #: size of the part's file in bytes
+    bytes: int
+    #: sha256 of the part's bytes (hex)
+    sha256: str
+    #: per-source counters of the part's samples
+    sources: dict[str, SourceCounts] = Field(default_factory=dict)
+    #: epoch seconds
+    written_at: float = 0.0
+
+
+class JournalLine(Record):
+    """One line of ``journal/SESSION-SEQ.jsonl``: a completed sample and all its rows."""
+
+    sample_id: str
+    source: str
+    rows: list[dict[str, Any]]
+
+
+class FailureLine(Record):
+    """One line of ``failures/SESSION.jsonl`` (regen.store.journal.FailureRecord)."""
+
+    sample_id: str
+    source: str
+    #: RegenError.kind of the last error
+    kind: str
+    #: HTTP status, when there was one
+    status: int | None
+    message: str
+    attempts: int
+    #: permanent ones are skipped on resume unless --retry-failed
+    permanent: bool
+    at: float
+
+
+class ExportRecord(BaseModel):
+    """``stats.json`` of an export directory (regen.export.ExportStats.to_dict); the fields
+    readers rely on are typed, the rest is kept as written."""
+
+    model_config = ConfigDict(extra="allow")
+
+    run_dir: str
+    out: str
+    format: str
+    rows_written: int
+    shards: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class CommandRecord(Record):
+    """``train/command.json``: what the training job runs."""
+
+    argv: list[str]
+    exec_argv: list[str]
+    entrypoint: str
+    gpus: int
+    run_yaml: str
+    prompts_path: str
+
+
+class JobState(Record):
+    state: str
+    at: float
+
+
+class JobRecord(Record):
+    """``train/job.json``: the submitted training job and every state it went through."""
+
+    submission_id: str | None = None
+    address: str | None = None
+    entrypoint: str | None = None
+    entrypoint_num_gpus: int | None = None
+    submitted_at: float | None = None
+    state: str | None = None
+    message: str | None = None
+    updated_at: float | None = None
+    history: list[JobState] = Field(default_factory=list)
+
+
+class PreflightRecord(BaseModel):
+    """``train/preflight.json``: written on the cluster by regen.train.preflight."""
+
+    model_config = ConfigDict(extra="allow")
+
+    ok: bool
+    host: str
+    at: float
+    error: str | None = None
+    trap: str | None = None
+
+
+# ---- files ---------------------------------------------------------------------------------
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True, slots=True)
+class JsonFile(Generic[M]):
+    """A JSON file of the run directory: its relative name and its record type."""
+
+    name: str
+    model: type[M]
+    #: an estimate: unreadable reads as None with a warning instead of an error
+    lenient: bool = False
+
+    def exists(self, rd: RunDir) -> bool:
+        return rd.exists(self.name)
+
+    def read(self, rd: RunDir) -> M | None:
+        """The record, or None when the file is missing (or, if lenient, unreadable)."""
+        data = rd.read_bytes(self.name)
+        if data is None:
+            return None
+        try:
+            return self.parse(data)
+        except RunDirError as e:
+            if self.lenient:
+                log.warning("%s ignored: %s", self.name, e)
+                return None
+            raise
+
+    def parse(self, data: bytes) -> M:
+        try:
+            return self.model.model_validate_json(data)
+        except ValidationError as e:
+            first = e.errors()[0] if e.errors() else {}
+            where = ".".join(str(x) for x in first.get("loc", ())) or "(top level)"
+            raise RunDirError(f"{self.name} is damaged: {where}: {first.get('msg', e)}") from None
+
+    def write(self, rd: RunDir, record: M) -> None:
+        """Replace the file atomically with ``record``."""
+        rd.write_bytes_atomic(self.name, dump_json(record))
+
+
+def dump_json(record: BaseModel | dict[str, Any]) -> bytes:
+    """The bytes regen writes for a JSON record (indented, UTF-8)."""
+    obj = record.model_dump(mode="json") if isinstance(record, BaseModel) else record
+    return json.dumps(obj, ensure_ascii=False, indent=1).encode()
+
+
+RUN_FILE = JsonFile(RUN, RunRecord)
+LOCK_FILE = JsonFile(LOCK, LockRecord)
+PLAN_FILE = JsonFile(PLAN, PlanRecord)
+SCHEDULE_FILE = JsonFile(SCHEDULE, ScheduleRecord, lenient=True)
+COMMAND_FILE = JsonFile(COMMAND, CommandRecord)
+JOB_FILE = JsonFile(JOB, JobRecord)
+PREFLIGHT_FILE = JsonFile(PREFLIGHT, PreflightRecord)
+EXPORT_STATS_FILE = JsonFile(EXPORT_STATS, ExportRecord)
+
+
+def part_record_file(stem: str) -> JsonFile[PartRecord]:
+    """The record file of part ``stem``."""
+    return JsonFile(part_record_path(stem), PartRecord)
+
+
+def read_progress(rd: RunDir) -> ProgressSnapshot | None:
+    """``progress.json`` (regen.progress.ProgressSnapshot); None when missing or torn."""
+    from regen.progress import ProgressSnapshot
+
+    raw = rd.read_json(PROGRESS)
+    return None if raw is None else ProgressSnapshot.from_dict(raw, where=PROGRESS)
+
+
+def write_progress(rd: RunDir, snap: ProgressSnapshot) -> None:
+    rd.write_bytes_atomic(PROGRESS, dump_json(snap.to_dict()))
+
+
+def last_state(rd: RunDir) -> str | None:
+    """The ``state`` progress.json last recorded (None when missing or unreadable)."""
+    try:
+        snap = read_progress(rd)
+    except RunDirError:
+        return None
+    return None if snap is None else snap.state
+
+
+def read_manifest(rd: RunDir) -> Manifest | None:
+    """``manifest.yaml`` as a Manifest; None when missing; RunDirError when it does not parse."""
+    from regen.errors import ConfigError
+    from regen.manifest import parse_manifest
+
+    text = rd.read_text(MANIFEST)
+    if text is None:
+        return None
+    import yaml
+
+    try:
+        return parse_manifest(yaml.safe_load(text), origin=f"{rd.uri}/{MANIFEST}")
+    except (yaml.YAMLError, ConfigError) as e:
+        raise RunDirError(f"{MANIFEST} is damaged: {e}") from None
+
+
+def read_manifest_data(rd: RunDir) -> dict[str, Any] | None:
+    """``manifest.yaml`` as plain data, not validated (for a reader that needs one section
+    and must not fail on the rest); None when missing; RunDirError when it is not YAML."""
+    import yaml
+
+    text = rd.read_text(MANIFEST)
+    if text is None:
+        return None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise RunDirError(f"{MANIFEST} is damaged: {e}") from None
+    return data if isinstance(data, dict) else None
+
+
+def write_manifest(rd: RunDir, manifest: Manifest) -> None:
+    rd.write_text_atomic(MANIFEST, manifest.to_yaml())

@@ -1,0 +1,95 @@
+"""Helpers shared by the tests that run `regen run` for real and check the data it stored
+(the crash checks: ids equal the input, no duplicate (sample_id, turn), every answer
+byte-for-byte the simulator's)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from regen.engine.planning import native_check
+from regen.manifest import Manifest
+from regen.simulate import answer
+from regen.sources import read_samples
+from regen.store import RunDir, layout
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "manifests" / "demo.yaml"
+REGEN = Path(sys.executable).with_name("regen")
+
+
+def sim_answer_config(options: dict[str, Any]):
+    from regen.simulate.config import SimConfig
+
+    return SimConfig.from_flat(options).answer
+
+
+def stored_rows(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every row of every part (any run-directory URI)."""
+    rd = RunDir.open(str(run_dir), create=False)
+    rows: list[dict[str, Any]] = []
+    for name in rd.list(layout.PARTS_DIR):
+        if layout.part_stem(name) is not None:
+            rows += pq.read_table(rd.path(f"{layout.PARTS_DIR}/{name}"),
+                                  filesystem=rd.fs).to_pylist()  # fmt: skip
+    return rows
+
+
+def inputs(manifest: Manifest, limit: int | None = None) -> list[Any]:
+    out = list(read_samples(manifest, None, native_check(manifest)))
+    return out[:limit] if limit is not None else out
+
+
+def check_ids_once(rows: list[dict[str, Any]], samples: list[Any]) -> None:
+    """Ids equal the input's, no (sample_id, turn) twice, every sample's turns there."""
+    assert {r["sample_id"] for r in rows} == {s.id for s in samples}
+    keys = Counter((r["sample_id"], r["turn"]) for r in rows)
+    assert [k for k, n in keys.items() if n > 1] == []
+    turns = Counter(r["sample_id"] for r in rows)
+    for s in samples:
+        if s.mode == "native":
+            assert turns[s.id] == 1
+        else:  # a turn may stop early only when our reply changed the tool calls
+            assert 1 <= turns[s.id] <= s.turns_to_regenerate()
+
+
+def check_answers(rows: list[dict[str, Any]], manifest: Manifest, sim_options: dict) -> int:
+    """Every regenerated row's answer is the simulator's, byte for byte; returns how many."""
+    cfg = sim_answer_config(sim_options)
+    checked = 0
+    for r in rows:
+        if r["token_source"] == "native":
+            continue
+        body = {
+            "messages": json.loads(r["messages"]),
+            "tools": json.loads(r["tools"]) if r["tools"] else None,
+            "seed": manifest.sampling.seed,
+            "max_tokens": manifest.sampling.max_tokens,
+            "chat_template_kwargs": manifest.sampling.template_kwargs(),
+        }
+        want = answer(body, cfg)
+        assert r["content"] == want.content, r["sample_id"]
+        assert (r["reasoning"] or "") == want.reasoning, r["sample_id"]
+        assert r["finish_reason"] == want.finish_reason
+        assert [c["id"] for c in json.loads(r["tool_calls"])] == [c.id for c in want.tool_calls]
+        checked += 1
+    return checked
+
+
+def regen_cmd(*args: str) -> list[str]:
+    return [str(REGEN), "--log-level", "WARNING", *args]
+
+
+def wait_until(pred, timeout_s: float, step_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step_s)
+    return pred()

@@ -1,0 +1,178 @@
+"""The dispatch loop without Ray: LocalWorkerPool over real SampleWorkers (against an in-thread
+simulator) and over scripted workers: every sample once, a dead worker's samples requeued and
+a replacement started, the respawn budget, a start that fails twice with the same error, stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from regen.client import RetryPolicy
+from regen.engine.dispatch import Dispatcher
+from regen.engine.pool import LocalWorkerPool
+from regen.engine.schedule import WorkQueue
+from regen.engine.worker import SampleOutcome, SampleWorker
+from regen.errors import ConfigError, RegenError
+from regen.manifest import Endpoint, parse_manifest
+from regen.sample import Message, Sample
+from regen.simulate.testing import simulator_in_thread
+
+
+def samples(n: int) -> list[Sample]:
+    return [Sample(f"s:{i}", "s", [Message("user", f"question {i} " * (1 + i % 5))])
+            for i in range(n)]  # fmt: skip
+
+
+class Recorder:
+    """Collects what the loop reports; ``on_done`` runs after each completion."""
+
+    def __init__(self, on_done=None) -> None:
+        self.done: list[str] = []
+        self.failures: list[str] = []
+        self.lost: list[str] = []
+        self.ticks = 0
+        self.on_done = on_done
+
+    def completed(self, out: SampleOutcome, sample: Any) -> None:
+        self.done.append(out.sample_id)
+        if self.on_done is not None:
+            self.on_done(len(self.done))
+
+    def failed(self, out: SampleOutcome) -> None:
+        self.failures.append(out.sample_id)
+
+    def worker_lost(self, error: str) -> None:
+        self.lost.append(error)
+
+    def tick(self, snapshots) -> None:
+        self.ticks += 1
+        snapshots()
+
+
+class Scripted:
+    """A worker that answers after ``delay_s`` (on the pool's event loop)."""
+
+    def __init__(self, delay_s: float = 0.01, capacity: int = 2) -> None:
+        self.delay_s = delay_s
+        self.slots = type("S", (), {"capacity": capacity})()
+        self.seen: list[str] = []
+
+    async def process(self, sample: Any) -> SampleOutcome:
+        self.seen.append(sample.id)
+        await asyncio.sleep(self.delay_s)
+        return SampleOutcome(sample.id, sample.source, rows=[{"turn": 0}], slots=2)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"seen": len(self.seen)}
+
+    async def aclose(self) -> None:
+        return None
+
+
+def run_pool(factory, n_samples: int, n_workers: int = 2, *, on_done=None, **kw):
+    pool = LocalWorkerPool(factory)
+    try:
+        d = Dispatcher(pool, n_workers, prefetch=1, **kw)
+        rec = Recorder(on_done=on_done(pool, d) if on_done else None)
+        state = d.run(WorkQueue(samples(n_samples)), rec)
+        return state, rec, d
+    finally:
+        pool.close()
+
+
+def test_every_sample_once_over_two_workers() -> None:
+    made: list[Scripted] = []
+
+    def factory(i: int, gen: int) -> Scripted:
+        made.append(Scripted())
+        return made[-1]
+
+    state, rec, d = run_pool(factory, 40)
+    assert state == "finished"
+    assert sorted(rec.done) == sorted(s.id for s in samples(40))
+    assert all(len(w.seen) > 5 for w in made)  # both were fed
+    assert d.deaths == 0 and rec.ticks > 0
+
+
+def test_a_dead_worker_is_requeued_and_replaced() -> None:
+    def kill_first_after_5(pool, d):
+        def cb(n: int) -> None:
+            if n == 5:
+                pool.kill(d.workers[0])
+
+        return cb
+
+    state, rec, d = run_pool(lambda i, g: Scripted(delay_s=0.02), 40,
+                             on_done=kill_first_after_5)  # fmt: skip
+    assert state == "finished"
+    counts = Counter(rec.done)
+    assert set(counts) == {s.id for s in samples(40)} and max(counts.values()) == 1
+    assert d.deaths == 1 and d.respawned == 1 and rec.lost == ["killed"]
+    assert d.workers[0].name.endswith("-2")  # the replacement took slot 0
+
+
+def test_no_budget_and_no_survivor_is_one_error() -> None:
+    def kill_it(pool, d):
+        return lambda n: pool.kill(d.workers[0]) if n == 3 else None
+
+    with pytest.raises(RegenError, match="all workers died"):
+        run_pool(lambda i, g: Scripted(), 20, n_workers=1, max_respawns=0, on_done=kill_it)
+
+
+def test_a_start_failing_twice_with_the_same_error_is_a_configuration_error() -> None:
+    def factory(i: int, gen: int) -> Scripted:
+        raise FileNotFoundError(2, "No such file or directory", "/models/missing")
+
+    with pytest.raises(ConfigError, match=r"workers cannot start: FileNotFoundError.*missing"):
+        run_pool(factory, 10, n_workers=1, max_respawns=5)
+
+
+def test_a_start_failing_once_is_replaced() -> None:
+    def factory(i: int, gen: int) -> Scripted:
+        if gen == 0:
+            raise OSError("flaky node")
+        return Scripted()
+
+    state, rec, d = run_pool(factory, 10, n_workers=2)
+    assert state == "finished" and sorted(rec.done) == sorted(s.id for s in samples(10))
+    assert d.deaths == 1 and rec.lost == ["OSError: flaky node"]
+
+
+def test_stop_interrupts() -> None:
+    stop = threading.Event()
+
+    def stop_after_3(pool, d):
+        return lambda n: stop.set() if n == 3 else None
+
+    state, rec, _ = run_pool(lambda i, g: Scripted(delay_s=0.05), 30, stop=stop,
+                             on_done=stop_after_3)  # fmt: skip
+    assert state == "interrupted" and 3 <= len(rec.done) < 30
+
+
+def test_real_sample_workers_against_a_simulator() -> None:
+    with simulator_in_thread(model_name="m", instant=True, mean_tokens=8) as sim:
+        m = parse_manifest({
+            "name": "t", "target": {"model": "m", "tokenizer": "tok"},
+            "sampling": {"max_tokens": 16, "seed": 0}, "endpoints": [{"url": sim.url}],
+            "sources": [{"name": "s", "adapter": "sharegpt", "path": "x.jsonl"}],
+        })  # fmt: skip
+
+        async def instant(_s: float) -> None:
+            return None
+
+        def factory(i: int, gen: int) -> SampleWorker:
+            rows = lambda s, turns: [{"sample_id": s.id, "turn": t.turn,  # noqa: E731
+                                      "completion_tokens": t.result.completion_tokens}
+                                     for t in turns]  # fmt: skip
+            return SampleWorker(m, [Endpoint(url=sim.url)], 4, row_builder=rows,
+                                retry=RetryPolicy.from_engine(m.engine, sleep=instant))  # fmt: skip
+
+        state, rec, _ = run_pool(factory, 30)
+        assert state == "finished"
+        assert sorted(rec.done) == sorted(s.id for s in samples(30))
+        assert sim.stats()["received"] == 30

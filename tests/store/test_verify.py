@@ -1,0 +1,130 @@
+"""regen.store.verify: every kind of damage named, --repair fixing what it can, the cheap check,
+and a part written before records existed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from regen.errors import LockHeldError, RunDirError
+from regen.progress import Pending, ProgressSnapshot, SourceProgress
+from regen.store import RunDir, layout
+from regen.store.journal import CompletedSample, Journal, list_parts, read_done
+from regen.store.lock import RunLock
+from regen.store.verify import cheap_problems, refuse_damaged, verify_run
+
+
+def sample(i: int, turns: int = 1) -> CompletedSample:
+    rows = [{"sample_id": f"a:{i}", "source": "a", "turn": t, "prompt_tokens": 2,
+             "completion_tokens": 10, "finish_reason": "stop"} for t in range(turns)]  # fmt: skip
+    return CompletedSample(f"a:{i}", "a", rows)
+
+
+def run_dir(tmp_path: Path, n: int = 8, per_part: int = 4) -> RunDir:
+    rd = RunDir.open(tmp_path / "run")
+    j = Journal(rd, "S1", pa.Table.from_pylist)
+    for i in range(n):
+        j.append(sample(i))
+        if (i + 1) % per_part == 0:
+            j.roll()
+    snap = ProgressSnapshot(name="r", model="m", session="S1", host="h", pid=1, state="finished")
+    snap.sources["a"] = SourceProgress(total=n, done=n, rows=n, prompt_tokens=2 * n,
+                                       completion_tokens=10 * n, pending=Pending())  # fmt: skip
+    layout.write_progress(rd, snap)
+    return rd
+
+
+def kinds(rd: RunDir) -> list[tuple[str, str]]:
+    rep = verify_run(rd, check_plan=False)
+    return [(p.kind, p.path) for p in rep.problems if p.kind != "schema"]
+
+
+def test_a_clean_directory(tmp_path: Path) -> None:
+    rd = run_dir(tmp_path)
+    rep = verify_run(rd, check_plan=False)
+    assert [p.kind for p in rep.problems] == ["schema", "schema"]  # test rows, not SCHEMA
+    assert (rep.parts, rep.samples, rep.rows) == (2, 8, 8)
+    assert cheap_problems(rd) == []
+
+
+def test_each_damage_is_named(tmp_path: Path) -> None:
+    rd = run_dir(tmp_path, n=12)
+    p0, p1, p2 = (st.part for st in list_parts(rd))
+    root = tmp_path / "run"
+    (root / p0).write_bytes((root / p0).read_bytes()[:50])
+    (root / p1).unlink()
+    data = bytearray((root / p2).read_bytes())
+    data[40:48] = b"garbage!"
+    (root / p2).write_bytes(bytes(data))
+    seg = layout.segment_path("S0-00000")
+    rd.write_bytes_atomic(seg, sample(20).to_line() + b"{not json}\n" + sample(21).to_line()[:9])
+    got = kinds(rd)
+    assert ("part_damaged", p0) in got and ("part_missing", p1) in got
+    assert ("part_damaged", p2) in got
+    assert ("journal_cut", seg) in got and ("journal_unreadable", seg) in got
+    assert ("counts", layout.PROGRESS) in got  # 12 counted, 1 left (+1 journal line)
+    assert sorted(p.split(":")[0] for p in cheap_problems(rd)) == sorted([p0, p1])
+    with pytest.raises(RunDirError, match=r"regen verify .* --repair"):
+        refuse_damaged(rd, "export")
+
+
+def test_repair_quarantines_and_recounts(tmp_path: Path) -> None:
+    rd = run_dir(tmp_path)
+    p0 = list_parts(rd)[0].part
+    (tmp_path / "run" / p0).write_bytes(b"PAR1 nothing")
+    rep = verify_run(rd, repair=True, check_plan=False)
+    assert rep.repaired
+    assert layout.quarantine_path(p0).split("/")[-1] in rd.list(layout.QUARANTINE_DIR)
+    assert read_done(rd).ids == {f"a:{i}" for i in range(4, 8)}
+    assert layout.read_progress(rd).sources["a"].done == 4
+    assert kinds(rd) == []
+
+
+def test_repair_is_refused_beside_a_live_run(tmp_path: Path) -> None:
+    rd = run_dir(tmp_path)
+    (tmp_path / "run" / list_parts(rd)[0].part).unlink()
+    with RunLock(rd, "live"), pytest.raises(LockHeldError):
+        verify_run(rd, repair=True, check_plan=False)
+
+
+def test_duplicates_are_named(tmp_path: Path) -> None:
+    rd = run_dir(tmp_path, n=4)
+    j = Journal(rd, "S2", pa.Table.from_pylist)
+    j.append(sample(0))
+    j.roll()
+    got = kinds(rd)
+    assert any(k == "duplicate" for k, _ in got)
+
+
+def test_a_part_without_record_is_read_and_given_one(tmp_path: Path) -> None:
+    rd = run_dir(tmp_path, n=4)
+    st = list_parts(rd)[0]
+    rd.delete(layout.part_record_path(st.stem))
+    assert cheap_problems(rd) == []  # nothing to compare with: the footer reads
+    rep = verify_run(rd, check_plan=False)
+    assert any("no record" in n for n in rep.notes)
+    done = read_done(rd, repair=True)
+    assert len(done) == 4
+    rec = layout.part_record_file(st.stem).read(rd)
+    assert rec is not None and rec.samples == 4
+
+
+def test_ids_not_in_the_plan(tmp_path: Path) -> None:
+    from regen.engine.planning import plan_session, write_plan
+    from regen.manifest import load_manifest
+    from regen.store.run import prepare_run
+
+    demo = Path(__file__).resolve().parents[2] / "manifests" / "demo.yaml"
+    m = load_manifest(demo)
+    rd = run_dir(tmp_path, n=4)
+    prepare_run(rd, m, [])
+    plan = plan_session(m, set(), {}, limit=10)
+    write_plan(rd, plan, "S1", m, 10)
+    plan.spill.close()
+    rep = verify_run(rd)
+    bad = [p for p in rep.problems if p.kind == "not_in_plan"]
+    assert bad and "4 stored sample id(s)" in bad[0].message
+    assert json.loads(json.dumps(rep.to_dict()))["clean"] is False
