@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,23 @@ from regen.bench.report import (
 )
 from regen.bench.stats import crossover
 from regen.bench.verdicts import source_kind, verdicts
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def regen_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``python -m regen ARGS`` from the repository, 120 columns wide, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "regen", *args],
+        cwd=REPO,
+        env={**os.environ, "COLUMNS": "120", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
 
 TOOL = {
     "type": "function",

@@ -11,14 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _bench_common import SPEC, prompts, prompts_file
+from _bench_common import REPO, SPEC, prompts, prompts_file, regen_cli
 
 from regen.bench.report import BenchReport, BenchSettings, read_report
 from regen.bench.runner import BenchOptions, run_bench
@@ -30,7 +27,6 @@ from regen.simulate.testing import RunningSimulator, running_simulator
 
 pytestmark = pytest.mark.timeout(240)
 
-REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "manifests" / "demo.yaml"
 
 #: configured acceptance per source (the prompts carry the source name: "[xlam] question ...")
@@ -72,17 +68,6 @@ def speculating(algorithm: str, accept_map: Path):
         speculative_algorithm=algorithm,
         spec_accept_map=accept_map,
         spec_verify_cost=VERIFY_COST,
-    )
-
-
-def regen_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "regen", *args],
-        cwd=REPO,
-        env={**os.environ, "COLUMNS": "120"},
-        capture_output=True,
-        text=True,
-        timeout=200,
     )
 
 

@@ -12,16 +12,9 @@ from typing import Any
 
 import pytest
 
-from regen.simulate.testing import simulator_in_thread
+from regen.simulate.testing import EAGLE3_OPTIONS, simulator_in_thread
 
 MODEL = "moonshotai/Kimi-K2.5"
-SPEC = {
-    "speculative_algorithm": "EAGLE3",
-    "speculative_draft_model_path": "/drafts/k25-eagle3",
-    "speculative_num_steps": 3,
-    "speculative_eagle_topk": 1,
-    "speculative_num_draft_tokens": 4,
-}
 
 
 def post(url: str, body: dict[str, Any]) -> bytes:
@@ -45,7 +38,7 @@ def body(stream: bool) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def answers() -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
-    with simulator_in_thread(mean_tokens=300, length_sigma=0, step_ms=0.2, **SPEC) as sim:
+    with simulator_in_thread(mean_tokens=300, length_sigma=0, step_ms=0.2, **EAGLE3_OPTIONS) as sim:
         whole = json.loads(post(sim.url, body(False)))
         raw = post(sim.url, body(True)).decode()
     lines = [ln for ln in raw.splitlines() if ln.startswith("data: ") and ln != "data: [DONE]"]

@@ -19,17 +19,11 @@ from regen.errors import ConfigError
 from regen.simulate.config import SimConfig
 from regen.simulate.loadgen import run_load
 from regen.simulate.speculative import SpeedModel
-from regen.simulate.testing import running_simulator, simulator_in_thread
+from regen.simulate.testing import EAGLE3_OPTIONS, running_simulator, simulator_in_thread
 
 pytestmark = pytest.mark.timeout(90)
 
-SPEC = {
-    "speculative_algorithm": "EAGLE3",
-    "speculative_draft_model_path": "/drafts/k25-eagle3",
-    "speculative_num_steps": 3,
-    "speculative_eagle_topk": 1,
-    "speculative_num_draft_tokens": 4,
-}
+SPEC = EAGLE3_OPTIONS
 MAP = "keywords:\n  xlam: 1.4\n  sharegpt: 2.6\n  magicoder: 3.1\ndefault: 2.0\n"
 
 
