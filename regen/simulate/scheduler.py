@@ -158,13 +158,13 @@ class Scheduler:
                     next_tick = now
             c = self.counters
             running = [j for j in self.running if not j.cancelled]
-            c.steps += steps
             c.late_steps += steps - 1
-            c.slot_steps += steps * len(running)
-            c.busy_s += steps * step_s
             if spec is not None:
                 self.running = self._speculate(spec, running, steps, now)
                 continue
+            c.steps += steps
+            c.slot_steps += steps * len(running)
+            c.busy_s += steps * step_s
             grant = k * steps
             still = []
             for job in running:
@@ -179,14 +179,20 @@ class Scheduler:
             self.running = still
 
     def _speculate(self, spec: SpecServer, running: list[Job], steps: int, now: float) -> list[Job]:
-        """``steps`` speculative steps of the batch; returns the jobs still running."""
+        """Up to ``steps`` speculative steps of the batch (a catch-up ends early when every
+        job is done, and each step is counted at its own batch); returns the jobs still
+        running."""
         c = self.counters
         for _ in range(steps):
+            batch = [j for j in running if j.produced < j.total]
+            if not batch:
+                break
+            c.steps += 1
+            c.slot_steps += len(batch)
+            c.busy_s += spec.step_s(self.step_s, len(batch))
             kept = verified = 0
-            for job in running:
+            for job in batch:
                 before = job.produced
-                if before >= job.total:
-                    continue
                 if before == 0 or job.spec is None:  # the prefill's token (or a plain job)
                     n = 1
                 else:

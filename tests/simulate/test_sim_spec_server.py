@@ -233,10 +233,13 @@ def _sim_tok_s(sim, concurrency: int, requests: int) -> tuple[float, dict]:
 
 
 def test_the_step_loop_follows_the_speed_model() -> None:
-    """Speculative ÷ plain tokens per busy second at concurrency 1 and 32 is the model's
-    a / r(b) (the batch counted per step; ramp, tail and prefill steps cost a little)."""
-    common = {"mean_tokens": 120, "length_sigma": 0, "step_ms": 2.0}
+    """Tokens per busy second of each server is the model's at the batch it really ran (its
+    mean occupancy: a closed loop of clients cannot keep every slot busy at every step), and
+    speculative ÷ plain is a / r(b): 1.66× at batch 1, falling with the batch."""
+    step_s = 0.005
+    common = {"mean_tokens": 120, "length_sigma": 0, "step_ms": step_s * 1000}
     model = SpeedModel()
+    per_step = 120 / (1 + 119 / 2.6)  # the prefill's step makes one token, then 2.6 per step
     with (
         running_simulator(**common) as plain,
         running_simulator(**common, **SPEC, spec_accept_length=2.6) as spec,
@@ -246,8 +249,16 @@ def test_the_step_loop_follows_the_speed_model() -> None:
             base, st_b = _sim_tok_s(plain, c, 3 * c)
             fast, st_s = _sim_tok_s(spec, c, 3 * c)
             assert st_b["tokens_generated"] == st_s["tokens_generated"] == 3 * c * 120
+            b_plain = st_b["mean_batch_occupancy"] * 64
+            b_spec = st_s["mean_batch_occupancy"] * 64
+            assert 0.8 * c <= b_spec <= c and 0.8 * c <= b_plain <= c
+            assert base == pytest.approx(b_plain / step_s, rel=0.03)
+            want = b_spec * per_step / (step_s * model.step_ratio(round(b_spec)))
+            assert fast == pytest.approx(want, rel=0.04), (c, fast, want, b_spec)
             ratios[c] = fast / base
-            # tokens per verify step 2.6 (the prefill's token and the last step aside)
-            want = model.speedup(2.6, c) * (120 / (1 + 119 / 2.6)) / 2.6
-            assert ratios[c] == pytest.approx(want, rel=0.08), (c, ratios[c], want)
-        assert ratios[1] > 1.6 and ratios[32] < ratios[1]
+        assert ratios[1] == pytest.approx(model.speedup(2.6, 1) * per_step / 2.6, rel=0.03)
+        assert ratios[32] < 0.9 * ratios[1]
+        # at the batch it ran, the speculative server is the model's a / r(b)
+        assert ratios[32] == pytest.approx(
+            model.speedup(per_step, round(b_spec)) * b_spec / b_plain, rel=0.05
+        )
