@@ -281,34 +281,40 @@ def test_dedup_defaults_and_fingerprint(tmp_path: Path) -> None:
 
 def test_changed_dedup_refuses_a_resume_unless_forced(tmp_path: Path) -> None:
     from regen.errors import FingerprintMismatchError
-    from regen.store import RunDir
+    from regen.store import RunDir, layout
     from regen.store.run import prepare_run
 
     path = write(tmp_path, BASE)
     rd = RunDir.open(tmp_path / "run")
     first = prepare_run(rd, load_manifest(path), [])
-    assert prepare_run(rd, load_manifest(path), [])["fingerprint"] == first["fingerprint"]
+    assert prepare_run(rd, load_manifest(path), []).fingerprint == first.fingerprint
     changed = load_manifest(path, ["dedup.threshold=0.9"])
     with pytest.raises(FingerprintMismatchError):
         prepare_run(rd, changed, [])
     with pytest.raises(FingerprintMismatchError):
         prepare_run(rd, load_manifest(path, ["dedup.near=false"]), [])
     forced = prepare_run(rd, changed, [], force=True)
-    assert forced["fingerprint"] == changed.fingerprint() != first["fingerprint"]
-    assert forced["previous_fingerprints"] == [first["fingerprint"]]
-    assert "threshold: 0.9" in rd.read_text("manifest.yaml")  # the resolved manifest has it
+    assert forced.fingerprint == changed.fingerprint() != first.fingerprint
+    assert forced.previous_fingerprints == [first.fingerprint]
+    assert "threshold: 0.9" in rd.read_text(layout.MANIFEST)  # the resolved manifest has it
 
 
 def test_a_run_made_before_near_dup_resumes_with_near_off(tmp_path: Path) -> None:
     from regen.errors import FingerprintMismatchError
-    from regen.store import RunDir
+    from regen.store import RunDir, layout
     from regen.store.run import prepare_run
 
     path = write(tmp_path, BASE)
     old = load_manifest(path, ["dedup.near=false"])
     rd = RunDir.open(tmp_path / "run")
     before = {k: old.model_dump(mode="json")[k] for k in ("target", "sampling", "sources")}
-    rd.write_json_atomic("run.json", {"name": "t", "fingerprint": stable_hash(before, n=32)})
+    old_fp = stable_hash(before, n=32)
+    layout.RUN_FILE.write(
+        rd,
+        layout.RunRecord(
+            name="t", fingerprint=old_fp, model="m", created_at=0.0, regen_version="0.1.0"
+        ),
+    )
     with pytest.raises(FingerprintMismatchError):  # the new default would drop samples
         prepare_run(rd, load_manifest(path), [])
-    assert prepare_run(rd, old, [])["fingerprint"] == stable_hash(before, n=32)
+    assert prepare_run(rd, old, []).fingerprint == old_fp
