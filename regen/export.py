@@ -12,11 +12,15 @@ writes to ``OUT`` (local path or pyarrow URI; file names from the layout too)::
       conversations-00000.jsonl    fmt="conversations": {"id", "conversations": [...], "tools"?}
                                    per line, SpecForge's ``data.train_data_path``
       stats.json                   what was kept and dropped, rows and tokens per source
+      holdout.jsonl                with ``holdout`` N > 0: the held-out samples' prompts for
+                                   ``regen bench`` (regen.bench.prompts format); removed by
+                                   an export without a holdout
 
 Rules, in this order: rows are deduplicated by (sample_id, turn) (first in part-name order
-wins), then truncated rows (finish_reason "length") are dropped unless kept, rows longer than
-``max_length`` tokens are dropped (never cut: a cut row would change its mask), rows without a
-single loss token are dropped (SpecForge would skip them silently). The kept rows are sorted by
+wins), then every row of a held-out sample is dropped (below), then truncated rows
+(finish_reason "length") are dropped unless kept, rows longer than ``max_length`` tokens are
+dropped (never cut: a cut row would change its mask), rows without a single loss token are
+dropped (SpecForge would skip them silently). The kept rows are sorted by
 (sample_id, turn) and shuffled with ``random.Random(seed)``, so the output depends only on the
 rows and the seed, never on part order. Shards are consecutive slices of that one order:
 concatenating them in name order gives the single file SpecForge 0.2.0 reads
@@ -28,7 +32,19 @@ flags) of all rows are held to decide dedup, drops and order; the heavy columns 
 one Parquet row group at a time and each kept row's JSON line is spilled to a local temporary
 bucket file by its output position (``WINDOW_ROWS`` positions per bucket), and the shards are
 written bucket by bucket through an output stream (temp name, then rename). Each part is read
-twice (keys, then data) and nothing else.
+twice (keys, then data) and nothing else (with a holdout, the row groups holding the held-out
+first turns once more, for their messages).
+
+**Held-out samples** (``holdout`` N): per source, the N samples with the smallest
+:func:`holdout_rank` (a sha256 of the seed and the sample id: the same samples on every machine
+and every re-export of the same rows, whatever their order) are kept out of the shards, all
+their turns. Each becomes one line of ``holdout.jsonl``: the request of its first regenerated
+turn exactly as the run sent it (system prompt, user message, tools; for a sample whose first
+regenerated turn is a later one, the dataset's history before it). Later turns are not sent
+to the bench: their history holds this target's own earlier answers, and one prompt per sample
+keeps every sample's weight in its source's acceptance equal. Native sources (pre-tokenized
+rows, no messages to send) are not held out; a source keeps at least half of its samples for
+training (a warning says when that cuts its holdout below N).
 
 The conversations variant has one record per sample (its highest kept turn): the request
 messages of that turn plus the regenerated assistant message, with ``reasoning_content`` on
@@ -46,6 +62,7 @@ import random
 import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,8 +70,10 @@ from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import ValidationError
 
 from regen.errors import ConfigError, RunDirError
+from regen.sample import stable_hash
 from regen.store import layout
 from regen.store.rundir import RunDir
 
@@ -112,6 +131,7 @@ class SourceStats:
     tokens: int = 0
     loss_tokens: int = 0
     truncated_seen: int = 0
+    holdout_samples: int = 0  #: samples held out for the bench
     dropped: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -130,6 +150,7 @@ class ExportStats:
     drop_truncated: bool
     max_length: int | None
     shard_rows: int
+    holdout: int = 0  #: samples per source held out (the setting)
     parts: int = 0
     rows_read: int = 0
     rows_written: int = 0
@@ -141,6 +162,8 @@ class ExportStats:
     token_check: dict[str, int] = field(default_factory=dict)  #: read rows per check result
     token_check_problems: int = 0  #: read rows whose check is not in TOKEN_CHECKS_OK
     shards: list[dict[str, Any]] = field(default_factory=list)  #: {file, rows, tokens}
+    holdout_samples: int = 0  #: samples held out, all sources
+    holdout_file: str | None = None  #: holdout.jsonl when written
 
     @property
     def mask_coverage(self) -> float:
@@ -164,10 +187,13 @@ def export_run(
     max_length: int | None = None,
     shard_rows: int = 10000,
     fmt: Format = "pretokenized",
+    holdout: int = 0,
 ) -> ExportStats:
     """Export every row of ``run_dir`` to ``out`` (see the module docstring)."""
     if fmt not in FORMATS:
         raise ConfigError(f"export format must be one of {FORMATS}, got {fmt!r}", field="format")
+    if holdout < 0:
+        raise ConfigError("holdout must be >= 0 (samples per source)", field="holdout")
     if shard_rows < 0:
         raise ConfigError("shard_rows must be >= 0 (0: one shard)", field="shard_rows")
     if max_length is not None and max_length <= 0:
@@ -186,9 +212,18 @@ def export_run(
         drop_truncated=drop_truncated,
         max_length=max_length,
         shard_rows=shard_rows,
+        holdout=holdout,
     )
     parts, table = _read_keys(rd, fmt, stats)
-    order = _select(table, fmt, stats, drop_truncated=drop_truncated, max_length=max_length)
+    held = _holdout(table, holdout, seed)
+    order = _select(
+        table,
+        fmt,
+        stats,
+        drop_truncated=drop_truncated,
+        max_length=max_length,
+        held={sid for first in held.values() for sid in first},
+    )
     sids, turns = table.column("sample_id").to_pylist(), table.column("turn").to_pylist()
     order.sort(key=lambda i: (sids[i], turns[i]))
     random.Random(seed).shuffle(order)
@@ -207,6 +242,7 @@ def export_run(
                     f.write((next(lines) + "\n").encode("utf-8"))
             tokens = sum(ntok[i] for i in rows)
             stats.shards.append({"file": name, "rows": len(rows), "tokens": tokens})
+    _write_holdout(rd, dest, parts, held, stats)
     layout.EXPORT_STATS_FILE.write(dest, layout.ExportRecord.model_validate(stats.to_dict()))
     log.info(
         "exported %d of %d rows (%d tokens, mask coverage %.3f) to %s in %d shard(s)",
@@ -260,26 +296,13 @@ def _ordered_lines(
     position = {row: p for p, row in enumerate(order)}
     window = max(WINDOW_ROWS, -(-len(order) // MAX_BUCKETS))
     n_buckets = -(-len(order) // window)
-    columns = list(_DATA_COLUMNS[fmt])
     render = _pretokenized_lines if fmt == "pretokenized" else _conversation_lines
     files = [(spill / f"b{b:05d}").open("w", encoding="utf-8") for b in range(n_buckets)]
     try:
-        for part in parts:
-            try:
-                with rd.fs.open_input_file(part.path) as f:
-                    pf = pq.ParquetFile(f)
-                    first = part.start
-                    for g, n in enumerate(part.group_rows):
-                        want = [(j, position[first + j]) for j in range(n) if first + j in position]
-                        first += n
-                        if not want:
-                            continue
-                        group = pf.read_row_group(g, columns=columns)
-                        rows = group.take(pa.array([j for j, _ in want], type=pa.int64()))
-                        for (_, pos), line in zip(want, render(rows), strict=True):
-                            files[pos // window].write(f"{pos}\t{line}\n")
-            except (OSError, pa.ArrowInvalid) as e:
-                raise RunDirError(f"{rd.uri}: cannot read part {part.name}: {e}") from e
+        for found, rows in _read_rows(rd, parts, position, list(_DATA_COLUMNS[fmt])):
+            for i, line in zip(found, render(rows), strict=True):
+                pos = position[i]
+                files[pos // window].write(f"{pos}\t{line}\n")
     finally:
         for fh in files:
             fh.close()
@@ -291,6 +314,107 @@ def _ordered_lines(
         entries.sort(key=lambda e: int(e[0]))
         for _, line in entries:
             yield line
+
+
+def _read_rows(
+    rd: RunDir, parts: list[_Part], wanted: set[int] | dict[int, Any], columns: list[str]
+) -> Iterator[tuple[list[int], pa.Table]]:
+    """The ``columns`` of the rows numbered in ``wanted``, one row group at a time: (their
+    numbers, their rows in that order)."""
+    for part in parts:
+        try:
+            with rd.fs.open_input_file(part.path) as f:
+                pf = pq.ParquetFile(f)
+                first = part.start
+                for g, n in enumerate(part.group_rows):
+                    found = [j for j in range(n) if first + j in wanted]
+                    if found:
+                        group = pf.read_row_group(g, columns=columns)
+                        rows = group.take(pa.array(found, type=pa.int64()))
+                        yield [first + j for j in found], rows
+                    first += n
+        except (OSError, pa.ArrowInvalid) as e:
+            raise RunDirError(f"{rd.uri}: cannot read part {part.name}: {e}") from e
+
+
+def holdout_rank(seed: int, sample_id: str) -> str:
+    """Where a sample stands in the holdout order: regen's stable hash of (seed, id)."""
+    return stable_hash(["holdout", seed, sample_id])
+
+
+def _holdout(table: pa.Table, n: int, seed: int) -> dict[str, dict[str, int]]:
+    """Per source, the held-out samples and the row of each one's first regenerated turn
+    (module docstring), in holdout order."""
+    if n <= 0:
+        return {}
+    sids = table.column("sample_id").to_pylist()
+    sources = table.column("source").to_pylist()
+    turns = table.column("turn").to_pylist()
+    kinds = table.column("token_source").to_pylist()
+    first: dict[str, dict[str, int]] = defaultdict(dict)  # source → sample → row
+    for i, sid in enumerate(sids):
+        if kinds[i] == "native":
+            continue
+        rows = first[sources[i]]
+        j = rows.get(sid)
+        if j is None or turns[i] < turns[j]:
+            rows[sid] = i
+    held: dict[str, dict[str, int]] = {}
+    for source in sorted(first):
+        rows = first[source]
+        k = min(n, len(rows) // 2)
+        if k < n:
+            log.warning(
+                "holdout: source %s has %d samples: holding out %d, not %d (half stays for "
+                "training)",
+                source,
+                len(rows),
+                k,
+                n,
+            )
+        chosen = sorted(rows, key=lambda sid: (holdout_rank(seed, sid), sid))[:k]
+        if chosen:
+            held[source] = {sid: rows[sid] for sid in chosen}
+    return held
+
+
+def _write_holdout(
+    rd: RunDir,
+    dest: RunDir,
+    parts: list[_Part],
+    held: dict[str, dict[str, int]],
+    stats: ExportStats,
+) -> None:
+    """``holdout.jsonl`` of the held-out samples (removed when there are none)."""
+    from regen.bench.prompts import BenchPrompt, prompt_line
+
+    if not held:
+        if dest.exists(layout.HOLDOUT):  # an earlier export's: those samples are in training now
+            dest.delete(layout.HOLDOUT)
+        return
+    wanted = {row: sid for rows in held.values() for sid, row in rows.items()}
+    prompts: dict[str, BenchPrompt] = {}
+    columns = ["sample_id", "source", "turn", "messages", "tools"]
+    for _, rows in _read_rows(rd, parts, wanted, columns):
+        for r in rows.to_pylist():
+            try:
+                prompts[r["sample_id"]] = BenchPrompt(
+                    source=r["source"],
+                    sample_id=r["sample_id"],
+                    turn=r["turn"],
+                    messages=json.loads(r["messages"] or "[]"),
+                    tools=json.loads(r["tools"]) if r["tools"] else None,
+                )
+            except (ValueError, ValidationError) as e:  # still out of training
+                log.warning("holdout: %s has no prompt to send: %s", r["sample_id"], e)
+    with dest.atomic_writer(layout.HOLDOUT) as f:
+        for source, rows in held.items():
+            for sid in rows:
+                if sid in prompts:
+                    f.write((prompt_line(prompts[sid]) + "\n").encode("utf-8"))
+            stats.sources[source].holdout_samples = len(rows)
+    stats.holdout_samples = len(wanted)
+    stats.holdout_file = layout.HOLDOUT
 
 
 def _empty(columns: list[str]) -> pa.Table:
@@ -306,8 +430,10 @@ def _select(
     *,
     drop_truncated: bool,
     max_length: int | None,
+    held: AbstractSet[str] = frozenset(),
 ) -> list[int]:
-    """Indices of the rows to write; fills the read/drop/keep numbers of ``stats``."""
+    """Indices of the rows to write (the rows of ``held`` samples left out); fills the
+    read/drop/keep numbers of ``stats``."""
     sids = table.column("sample_id").to_pylist()
     turns = table.column("turn").to_pylist()
     sources = table.column("source").to_pylist()
@@ -335,7 +461,9 @@ def _select(
             seen.add(key)
             if truncated[i]:
                 src.truncated_seen += 1
-            if truncated[i] and drop_truncated:
+            if sid in held:
+                reason = "holdout"
+            elif truncated[i] and drop_truncated:
                 reason = "truncated"
             elif max_length is not None and ntok[i] > max_length:
                 reason = "too_long"

@@ -244,6 +244,8 @@ class Export(Strict):
     seed: int = 0
     #: rows per JSONL shard
     shard_rows: int = Field(default=10_000, gt=0)
+    #: samples per source kept out of the shards for `regen bench` (holdout.jsonl); 0: none
+    holdout: int = Field(default=0, ge=0)
 
 
 class Manifest(Strict):

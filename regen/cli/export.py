@@ -1,4 +1,5 @@
-"""`regen export RUN_DIR --out DIR`: SpecForge JSONL shards + stats.json from a run directory.
+"""`regen export RUN_DIR --out DIR [--holdout N]`: SpecForge JSONL shards + stats.json (and the
+held-out prompts) from a run directory.
 
 Defaults come from the ``export`` section of the run directory's manifest when it has one;
 flags override them. A damaged run directory is refused (see ``regen verify``).
@@ -18,6 +19,8 @@ HELP = "write SpecForge pre-tokenized (or raw-conversation) JSONL shards and the
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from regen.store import layout
+
     parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory (path or pyarrow URI)")
     parser.add_argument("--out", required=True, help="output directory (path or pyarrow URI)")
     parser.add_argument("--seed", type=int, default=None, help="shuffle seed (manifest: 0)")
@@ -40,6 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="rows per shard (manifest: 10000; 0 = one shard, what SpecForge's prompts_path reads)",
+    )
+    parser.add_argument(
+        "--holdout",
+        type=int,
+        default=None,
+        metavar="N",
+        help="keep N samples per source out of the shards, chosen by the seed, and write their "
+        f"prompts to OUT/{layout.HOLDOUT} for `regen bench --run` (manifest: 0)",
     )
     parser.add_argument(
         "--format",
@@ -81,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         max_length=pick(args.max_length, "max_length"),
         shard_rows=pick(args.shard_rows, "shard_rows"),
         fmt=args.fmt,
+        holdout=pick(args.holdout, "holdout"),
     )
     console = Console()
     table = Table(title=f"export {escape(args.run_dir)} → {escape(args.out)} ({stats.format})")
@@ -104,6 +116,12 @@ def run(args: argparse.Namespace) -> int:
         f"server token check: {escape(checks)}",
         highlight=False,
     )
+    if stats.holdout_file:
+        console.print(
+            f"{stats.holdout_samples:,} samples held out ({stats.holdout} per source at most): "
+            f"prompts in {escape(args.out)}/{stats.holdout_file} for `regen bench --run`",
+            highlight=False,
+        )
     mismatches = stats.token_check_problems
     if mismatches:
         console.print(

@@ -34,6 +34,7 @@ _FILES = [
     "command.json",
     "job.json",
     "preflight.json",
+    "holdout.jsonl",
 ]
 #: folders spelled alone or in a path
 _DIRS = ("parts", "journal", "quarantine")
