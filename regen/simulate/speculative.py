@@ -55,11 +55,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from regen.errors import ConfigError
-from regen.manifest import config_error
+from regen.manifest import config_error, read_yaml_file
 
 #: the acceptance length of an EAGLE-3 draft served under EAGLE (fc skipped: only the bonus
 #: token survives each step, CONTRACTS §2b)
@@ -215,12 +214,7 @@ class AcceptanceMap(BaseModel):
     def load(cls, path: str | Path) -> AcceptanceMap:
         """A YAML or JSON file ``{keywords: {KEYWORD: A, ...}, default: A}``."""
         p = Path(path)
-        try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise ConfigError(f"cannot read acceptance map {p}: {e.strerror or e}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML/JSON: {e}") from None
+        data = read_yaml_file(p, "acceptance map")
         try:
             return cls.model_validate(data if data is not None else {})
         except ValidationError as e:

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from regen.errors import ConfigError
+from regen.manifest import read_yaml_file
 
 
 class Strict(BaseModel):
@@ -255,10 +256,4 @@ def parse_train_config(raw: Any, *, source: str = "train config") -> TrainConfig
 def load_train_config(path: str | Path) -> TrainConfig:
     """Read and validate a train.yaml."""
     p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError(f"cannot read train config {p}: {e}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"train config {p} is not valid YAML: {e}") from None
-    return parse_train_config(raw, source=str(p))
+    return parse_train_config(read_yaml_file(p, "train config"), source=str(p))
