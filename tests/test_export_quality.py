@@ -119,3 +119,19 @@ def test_verify_accepts_a_part_from_before_the_columns(run_dir) -> None:
     assert [p for p in rep.problems if p.kind in ("schema", "duplicate")] == []
     assert any("1 part(s) written before the attempt and quality columns" in n for n in rep.notes)
     assert (rep.samples, rep.rows) == (4, 4)  # q:1 counted once, with its latest answer
+
+
+def test_holdout_counts_each_sample_once_and_the_inspection_holds_nothing_out(
+    run_dir, tmp_path
+) -> None:
+    stats = export_run(str(run_dir), str(tmp_path / "h"), holdout=1, drop_flags="none")
+    held = [json.loads(x) for x in (tmp_path / "h" / "holdout.jsonl").read_text().splitlines()]
+    assert stats.sources["q"].holdout_samples == 1 and len(held) == 1  # "old" keeps its one
+    # the held-out sample's latest answer is out, a superseded row counted apart
+    assert stats.dropped["superseded"] == 1
+    assert stats.dropped["holdout"] == 1
+    assert stats.rows_written == 5 - 1 - 1
+    listed = export_run(str(run_dir), str(tmp_path / "f"), holdout=1, drop_flags="all",
+                        only_flagged=True, fmt="conversations")  # fmt: skip
+    assert listed.holdout_samples == 0 and not (tmp_path / "f" / "holdout.jsonl").exists()
+    assert listed.rows_written == 1  # the refusal, held out or not

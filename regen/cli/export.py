@@ -1,4 +1,5 @@
-"""`regen export RUN_DIR --out DIR`: SpecForge JSONL shards + stats.json from a run directory.
+"""`regen export RUN_DIR --out DIR [--holdout N] [--drop-flags FLAGS] [--only-flagged]`: SpecForge
+JSONL shards + stats.json (and the held-out prompts) from a run directory.
 
 Defaults come from the ``export`` section of the run directory's manifest when it has one;
 flags override them. A damaged run directory is refused (see ``regen verify``). Rows carrying a
@@ -20,6 +21,8 @@ HELP = "write SpecForge pre-tokenized (or raw-conversation) JSONL shards and the
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from regen.store import layout
+
     parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory (path or pyarrow URI)")
     parser.add_argument("--out", required=True, help="output directory (path or pyarrow URI)")
     parser.add_argument("--seed", type=int, default=None, help="shuffle seed (manifest: 0)")
@@ -56,6 +59,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="write only the rows --drop-flags would drop (one record per row with its turn, "
         "attempt and flags in the conversations format), for inspection",
+    )
+    parser.add_argument(
+        "--holdout",
+        type=int,
+        default=None,
+        metavar="N",
+        help="keep N samples per source out of the shards, chosen by the seed, and write their "
+        f"prompts to OUT/{layout.HOLDOUT} for `regen bench --run` (manifest: 0)",
     )
     parser.add_argument(
         "--format",
@@ -99,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         fmt=args.fmt,
         drop_flags=pick(args.drop_flags, "drop_flags"),
         only_flagged=args.only_flagged,
+        holdout=pick(args.holdout, "holdout"),
     )
     console = Console()
     table = Table(title=f"export {escape(args.run_dir)} → {escape(args.out)} ({stats.format})")
@@ -128,6 +140,12 @@ def run(args: argparse.Namespace) -> int:
         f"server token check: {escape(checks)}",
         highlight=False,
     )
+    if stats.holdout_file:
+        console.print(
+            f"{stats.holdout_samples:,} samples held out ({stats.holdout} per source at most): "
+            f"prompts in {escape(args.out)}/{stats.holdout_file} for `regen bench --run`",
+            highlight=False,
+        )
     mismatches = stats.token_check_problems
     if mismatches:
         console.print(

@@ -34,7 +34,10 @@ code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI
       quarantine/NAME                    damaged parts (and their records) moved aside by the
                                          driver on resume or by ``regen verify --repair``
       export/                            ``regen train``'s export: shard-NNNNN.jsonl +
-                                         stats.json (ExportRecord); regen.export
+                                         stats.json (ExportRecord); regen.export; with
+                                         ``--holdout N`` also holdout.jsonl (the held-out
+                                         prompts ``regen bench --run`` sends,
+                                         regen.bench.prompts)
       train/            train.yaml, draft_config.json, run.yaml, prompts.jsonl,
                         command.json (CommandRecord), job.json (JobRecord),
                         preflight.json (PreflightRecord), control/   regen.train
@@ -93,6 +96,8 @@ PREFLIGHT = f"{TRAIN_DIR}/preflight.json"
 CONTROL_DIR = f"{TRAIN_DIR}/control"
 #: the stats file of an export directory (``regen export --out DIR`` and ``RUN_DIR/export``)
 EXPORT_STATS = "stats.json"
+#: the held-out prompts of an export directory (``regen export --holdout N``)
+HOLDOUT = "holdout.jsonl"
 #: shard name prefix per export format
 SHARD_PREFIX: dict[str, str] = {"pretokenized": "shard-", "conversations": "conversations-"}
 #: temporary names start with this (never read, removed when left over)
@@ -438,6 +443,8 @@ class ExportRecord(BaseModel):
     format: str
     rows_written: int
     shards: list[dict[str, Any]] = Field(default_factory=list)
+    #: samples per source held out of the shards (``holdout.jsonl``); 0 for none
+    holdout: int = 0
 
 
 class CommandRecord(Record):
