@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from regen.errors import ConfigError
+from regen.quality.config import DEFAULT_DROP_FLAGS, QualityConfig, parse_flags
 from regen.sample import stable_hash
 
 ADAPTERS = (
@@ -246,6 +247,17 @@ class Export(Strict):
     shard_rows: int = Field(default=10_000, gt=0)
     #: samples per source kept out of the shards for `regen bench` (holdout.jsonl); 0: none
     holdout: int = Field(default=0, ge=0)
+    #: drop rows carrying any of these quality flags (docs/quality.md; [] keeps every row)
+    drop_flags: list[str] = Field(default_factory=lambda: list(DEFAULT_DROP_FLAGS))
+
+    @field_validator("drop_flags", mode="before")
+    @classmethod
+    def _flags(cls, v: Any) -> list[str]:
+        """A list or a comma string of flag names, ``all``, ``default`` or ``none``."""
+        try:
+            return list(parse_flags(v if isinstance(v, str) else list(v or []), "drop_flags"))
+        except (ConfigError, TypeError) as e:
+            raise ValueError(str(e)) from None
 
 
 class Manifest(Strict):
@@ -262,6 +274,9 @@ class Manifest(Strict):
     #: exact and near-duplicate prompts
     dedup: Dedup = Field(default_factory=Dedup)
     export: Export = Field(default_factory=Export)
+    #: thresholds of the quality checks run on every regenerated turn (docs/quality.md); not
+    #: part of the fingerprint: they decide flags, never which samples a run holds
+    quality: QualityConfig = Field(default_factory=QualityConfig)
     #: folder the manifest was loaded from (relative paths resolve against it); set by load
     base_dir: str = "."
 

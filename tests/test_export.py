@@ -12,6 +12,7 @@ import pytest
 from regen.errors import ConfigError
 from regen.export import export_run
 from regen.native import VocabInfo, validate_native
+from regen.quality import DEFAULT_DROP_FLAGS
 from regen.result import TurnResult
 from regen.rows import build_turn_row, native_row, rows_to_table
 from regen.sample import Message, Sample, ToolCall
@@ -114,7 +115,9 @@ def test_pretokenized_export_numbers(run_dir: Path, tmp_path: Path) -> None:
     stats = export_run(str(run_dir), str(tmp_path / "out"), shard_rows=0)
     assert stats.parts == 2
     assert stats.rows_read == 5 + 4 + 1 + 1
-    assert stats.dropped == {"duplicate": 1, "no_loss_tokens": 1, "truncated": 1}
+    # the cut row is all reasoning: flagged reasoning_unclosed (checked before truncation)
+    assert stats.dropped == {"duplicate": 1, "flagged": 1, "no_loss_tokens": 1}
+    assert list(stats.flags) == ["reasoning_unclosed"] and stats.flags["reasoning_unclosed"].rows
     assert stats.rows_written == 8
     assert stats.sources["chat"].rows == 3 and stats.sources["chat"].truncated_seen == 1
     assert stats.sources["native"].rows == 4
@@ -129,7 +132,11 @@ def test_pretokenized_export_numbers(run_dir: Path, tmp_path: Path) -> None:
     saved = json.loads((tmp_path / "out" / "stats.json").read_text())
     assert saved["rows_written"] == 8 and saved["dropped"] == stats.dropped
     assert 0 < saved["mask_coverage"] < 1
-    assert saved["sources"]["chat"]["dropped"] == {"duplicate": 1, "truncated": 1}
+    assert saved["sources"]["chat"]["dropped"] == {"duplicate": 1, "flagged": 1}
+    assert saved["sources"]["chat"]["flags"] == {
+        "reasoning_unclosed": {"rows": 1, "tokens": 48, "loss_tokens": 7}
+    }
+    assert saved["drop_flags"] == list(DEFAULT_DROP_FLAGS) and saved["only_flagged"] is False
 
 
 def test_native_rows_come_out_byte_identical(run_dir: Path, tmp_path: Path) -> None:
@@ -179,12 +186,15 @@ def test_shards_are_slices_of_one_order(run_dir: Path, tmp_path: Path) -> None:
 
 
 def test_keep_truncated_and_max_length(run_dir: Path, tmp_path: Path) -> None:
-    kept = export_run(str(run_dir), str(tmp_path / "k"), drop_truncated=False)
+    flagged = export_run(str(run_dir), str(tmp_path / "k"), drop_truncated=False)
+    assert flagged.rows_written == 8 and flagged.dropped["flagged"] == 1  # cut in its reasoning
+    kept = export_run(str(run_dir), str(tmp_path / "k"), drop_truncated=False, drop_flags="none")
     assert kept.rows_written == 9 and "truncated" not in kept.dropped
     all_lens = sorted(len(json.loads(x)["input_ids"]) for x in _lines(tmp_path / "k"))
     limit = all_lens[-2]  # drops exactly the longest row
     assert all_lens[-1] > limit
-    short = export_run(str(run_dir), str(tmp_path / "s"), drop_truncated=False, max_length=limit)
+    short = export_run(str(run_dir), str(tmp_path / "s"), drop_truncated=False, max_length=limit,
+                       drop_flags=())  # fmt: skip
     assert short.dropped["too_long"] == 1 and short.rows_written == 8
     assert all(len(json.loads(x)["input_ids"]) <= limit for x in _lines(tmp_path / "s"))
 
@@ -234,7 +244,8 @@ def test_cli_uses_manifest_defaults_and_reports_errors(run_dir: Path, tmp_path: 
     assert main(["export", str(run_dir), "--out", str(tmp_path / "o")]) == 0
     stats = json.loads((tmp_path / "o" / "stats.json").read_text())
     assert (stats["seed"], stats["shard_rows"], len(stats["shards"])) == (5, 3, 3)
-    assert main(["export", str(run_dir), "--out", str(tmp_path / "o"), "--keep-truncated"]) == 0
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "o"), "--keep-truncated",
+                 "--drop-flags", "none"]) == 0  # fmt: skip
     assert json.loads((tmp_path / "o" / "stats.json").read_text())["rows_written"] == 9
     assert main(["export", str(tmp_path / "missing"), "--out", str(tmp_path / "o2")]) == 2
 

@@ -1,8 +1,10 @@
-"""`regen export RUN_DIR --out DIR [--holdout N]`: SpecForge JSONL shards + stats.json (and the
-held-out prompts) from a run directory.
+"""`regen export RUN_DIR --out DIR [--holdout N] [--drop-flags FLAGS] [--only-flagged]`: SpecForge
+JSONL shards + stats.json (and the held-out prompts) from a run directory.
 
 Defaults come from the ``export`` section of the run directory's manifest when it has one;
-flags override them. A damaged run directory is refused (see ``regen verify``).
+flags override them. A damaged run directory is refused (see ``regen verify``). Rows carrying a
+quality flag of ``--drop-flags`` are dropped (docs/quality.md); ``--only-flagged`` writes just
+those, for inspection.
 """
 
 from __future__ import annotations
@@ -43,6 +45,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="rows per shard (manifest: 10000; 0 = one shard, what SpecForge's prompts_path reads)",
+    )
+    parser.add_argument(
+        "--drop-flags",
+        metavar="FLAGS",
+        default=None,
+        help="drop rows carrying any of these quality flags: comma list of repetition, "
+        "empty_content, reasoning_unclosed, language_mismatch, refusal, bad_tool_call; or "
+        "default, all, none (manifest export.drop_flags; default: all but refusal)",
+    )
+    parser.add_argument(
+        "--only-flagged",
+        action="store_true",
+        help="write only the rows --drop-flags would drop (one record per row with its turn, "
+        "attempt and flags in the conversations format), for inspection",
     )
     parser.add_argument(
         "--holdout",
@@ -92,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
         max_length=pick(args.max_length, "max_length"),
         shard_rows=pick(args.shard_rows, "shard_rows"),
         fmt=args.fmt,
+        drop_flags=pick(args.drop_flags, "drop_flags"),
+        only_flagged=args.only_flagged,
         holdout=pick(args.holdout, "holdout"),
     )
     console = Console()
@@ -110,6 +128,12 @@ def run(args: argparse.Namespace) -> int:
             escape(dropped),
         )
     console.print(table)
+    if stats.flags:
+        what = "written" if stats.only_flagged else "dropped"
+        flags = ", ".join(
+            f"{k} {v.rows:,} rows / {v.tokens:,} tokens" for k, v in stats.flags.items()
+        )
+        console.print(f"quality flags {what}: {escape(flags)}", highlight=False)
     checks = ", ".join(f"{k} {v}" for k, v in sorted(stats.token_check.items())) or "none"
     console.print(
         f"{stats.rows_written:,} rows, {stats.tokens:,} tokens in {len(stats.shards)} shard(s); "
