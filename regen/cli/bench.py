@@ -30,9 +30,6 @@ def _levels(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from regen.bench.prompts import HOLDOUT_FILE
-    from regen.store import layout
-
     parser.add_argument(
         "--baseline",
         required=True,
@@ -49,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--run",
         metavar="RUN_DIR",
-        help=f"a run directory: prompts from RUN_DIR/{layout.EXPORT_DIR}/{HOLDOUT_FILE}, "
-        f"sampling from RUN_DIR/{layout.MANIFEST}",
+        help="a run directory: the held-out prompts of its export (regen export --holdout N), "
+        "sampling from the run's resolved manifest",
     )
     src.add_argument("--prompts", metavar="FILE", help="a holdout.jsonl-format prompts file")
     parser.add_argument(

@@ -21,8 +21,6 @@ HELP = "write SpecForge pre-tokenized (or raw-conversation) JSONL shards and the
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from regen.store import layout
-
     parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory (path or pyarrow URI)")
     parser.add_argument("--out", required=True, help="output directory (path or pyarrow URI)")
     parser.add_argument("--seed", type=int, default=None, help="shuffle seed (manifest: 0)")
@@ -66,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="keep N samples per source out of the shards, chosen by the seed, and write their "
-        f"prompts to OUT/{layout.HOLDOUT} for `regen bench --run` (manifest: 0)",
+        "prompts beside the shards for `regen bench --run` (manifest: 0)",
     )
     parser.add_argument(
         "--format",
