@@ -1,0 +1,322 @@
+"""Benchmark: CPU of the whole client process tree per 1,000 requests, rows built, regen vs a
+bare asyncio worker pool doing the same requests in the same run (issue 16).
+
+Workload and server as ``benchmarks/utilization.py``: the 1,500 ShareGPT-style conversations of
+``benchmarks/_workload.py`` (~2,150 requests) against one fresh ``regen simulate`` per contender
+(64 slots, 3.2 ms steps, 1 token per slot per step: 20,000 tok/s), with the demo's tiny Kimi
+tokenizer so the server returns real ids. For each ``sampling.token_ids`` mode asked
+(``--modes``; default ``local`` then ``stream``) two contenders run, each in a child process of
+its own:
+
+- ``regen``: ``regen.engine.run_job`` (the driver in the child, the local Ray it starts, the
+  ``--workers`` actors building every row: local render, or the server's ids);
+- ``pool``: the bare asyncio worker pool the ratio is taken against (``utilization.pool``, as
+  in issue 16): 64 asyncio workers, each taking the next conversation and running its turns
+  through regen's own ``ChatClient`` (the same transport and SSE parsing as regen's actors);
+  no Ray, no driver, no router, no rows;
+- ``plain``: the same without regen's client: the same request bodies and turns
+  (``regen.engine.turns.regenerate``), read by a plain aiohttp loop with one ``json.loads`` per
+  ``data:`` line (what a script of one's own would do).
+
+The CPU is that of the child and every process under it (``benchmarks/_proctree.py``: driver,
+actors, Ray's own processes), from ``/proc``, sampled every 0.1 s; the simulator's is not
+counted. Printed per contender: CPU seconds by group over the requests' window (first request
+received → last finished, from the server's request log) and over the child's whole life (its
+imports, Ray's start and the actors' start-up included), per 1,000 requests; then the ratio
+regen ÷ pool and regen ÷ plain per mode. ``--profile DIR`` also attaches
+``py-spy record --nonblocking`` to each actor and prints where its samples go.
+
+Run: ``.venv/bin/python benchmarks/cpu.py`` (~3 minutes on 2 cores) or ``--conversations 500``.
+Timings on a shared machine are noisy; the ratio is measured within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _proctree import TreeSampler, become_subreaper
+from _workload import TOKENIZER, Measured, fleet, write_workload
+
+SLOTS = 64
+CONTENDERS = ("regen", "pool", "plain")
+HERE = Path(__file__).resolve()
+PY_SPY = str(Path(sys.executable).parent / "py-spy")
+
+
+# -- the child: one contender --------------------------------------------------------------
+def child(args: argparse.Namespace) -> int:
+    become_subreaper()
+    from regen.manifest import load_manifest
+
+    m = load_manifest(args.manifest)
+    m = m.model_copy(update={"sampling": m.sampling.model_copy(update={"token_ids": args.mode})})
+    if args.contender == "regen":
+        from regen.engine import RunOptions, run_job
+
+        opts = RunOptions(endpoints=[args.url], workers=args.workers, handle_signals=False)
+        summary = run_job(m, args.out, opts)
+        print(json.dumps({"state": summary.state, "done": summary.done}), flush=True)
+        return 0 if summary.state == "finished" else 1
+    from regen.sources import read_samples
+
+    samples = list(read_samples(m))
+    if args.contender == "plain":
+        asyncio.run(plain_pool(m, args.url, samples))
+    else:
+        from utilization import pool
+
+        asyncio.run(pool(m, [args.url], samples))
+    print(json.dumps({"state": "finished", "done": len(samples)}), flush=True)
+    return 0
+
+
+async def plain_pool(m: Any, url: str, samples: list[Any]) -> None:
+    """64 asyncio workers with a plain aiohttp stream reader and one ``json.loads`` per line:
+    the same request bodies (``ChatClient.request_body``) and turns (``regenerate``) as regen,
+    without regen's transport, retries, router or rows."""
+    import aiohttp
+
+    from regen.client import ChatClient
+    from regen.engine.turns import regenerate
+    from regen.manifest import Endpoint
+    from regen.result import TurnResult
+
+    bodies = ChatClient.from_manifest(m, Endpoint(url=url))
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+    async def complete(messages: list[dict[str, Any]], tools: Any) -> TurnResult:
+        body = json.dumps(bodies.request_body(messages, tools)).encode()
+        content, reasoning, finish, ids, out_ids, usage = [], [], None, None, None, {}
+        async with session.post(f"{url}/chat/completions", data=body,
+                                headers={"Content-Type": "application/json"}) as resp:  # fmt: skip
+            buf = b""
+            async for piece in resp.content.iter_any():
+                *lines, buf = (buf + piece).split(b"\n")
+                for line in lines:
+                    if not line.startswith(b"data: {"):
+                        continue
+                    chunk = json.loads(line[6:])
+                    usage = chunk.get("usage") or usage
+                    ext = chunk.get("sglext") or {}
+                    ids = ext.get("input_ids", ids)
+                    out_ids = (ext.get("output_ids") or [out_ids])[0]
+                    for c in chunk.get("choices") or ():
+                        d = c.get("delta") or {}
+                        if d.get("content"):
+                            content.append(d["content"])
+                        if d.get("reasoning_content"):
+                            reasoning.append(d["reasoning_content"])
+                        finish = c.get("finish_reason") or finish
+        return TurnResult("".join(content), "".join(reasoning) or None, (), finish or "stop",
+                          m.target.model, url, usage.get("prompt_tokens"),
+                          usage.get("completion_tokens"), prompt_token_ids=ids,
+                          output_token_ids=out_ids)  # fmt: skip
+
+    it = iter(samples)
+
+    async def worker() -> None:
+        for s in it:
+            await regenerate(s, complete)
+
+    await asyncio.gather(*(worker() for _ in range(SLOTS)))
+    await session.close()
+
+
+# -- the parent: fleet, child, sampler -----------------------------------------------------
+def run_contender(
+    contender: str, mode: str, args: argparse.Namespace, manifest: Path, work: Path
+) -> tuple[Measured, TreeSampler, dict[str, Any]]:
+    sim = {"max_running_requests": SLOTS, "step_ms": args.step_ms, "tokens_per_step": 1,
+           "prompt_share": args.length_corr, "tokenizer": str(TOKENIZER)}  # fmt: skip
+    out = work / f"run-{contender}-{mode}"
+    with fleet(1, work, **sim) as f:
+        f.start(args.conversations)
+        argv = [sys.executable, str(HERE), "child", "--contender", contender, "--mode", mode,
+                "--manifest", str(manifest), "--url", f.urls[0], "--out", str(out),
+                "--workers", str(args.workers)]  # fmt: skip
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True)
+        sampler = TreeSampler(proc.pid, args.interval).start()
+        spies = Spies(args.profile, f"{contender}-{mode}") if args.profile else None
+        if spies is not None:
+            spies.follow(sampler, proc)
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped yet
+        sampler.stop()
+        stdout = proc.communicate()[0].decode()
+        measured = f.stop()
+    if proc.returncode != 0:
+        raise SystemExit(f"{contender} ({mode}) failed with {proc.returncode}: {stdout}")
+    info = json.loads(stdout.strip().splitlines()[-1])
+    if contender == "regen":
+        info["rows"] = row_kinds(out)
+    if spies is not None:
+        info["profile"] = spies.finish()
+    return measured, sampler, info
+
+
+def row_kinds(run_dir: Path) -> dict[str, int]:
+    import pyarrow.parquet as pq
+
+    kinds: collections.Counter[str] = collections.Counter()
+    for part in sorted((run_dir / "parts").glob("*.parquet")):
+        t = pq.read_table(part, columns=["token_source", "token_check"]).to_pylist()
+        kinds.update(f"{r['token_source']}/{r['token_check']}" for r in t)
+    return dict(kinds)
+
+
+class Spies:
+    """``py-spy record --nonblocking`` on each actor of a run, raw (collapsed) stacks."""
+
+    def __init__(self, folder: Path, tag: str) -> None:
+        self.folder, self.tag = folder, tag
+        folder.mkdir(parents=True, exist_ok=True)
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.files: list[Path] = []
+
+    def follow(self, sampler: TreeSampler, proc: subprocess.Popen[bytes]) -> None:
+        import threading
+        import time
+
+        def watch() -> None:
+            seen: set[int] = set()
+            while proc.poll() is None:
+                for p in list(sampler.procs.values()):
+                    if p.cmdline.startswith("ray::WorkerActor") and p.pid not in seen:
+                        seen.add(p.pid)
+                        out = self.folder / f"{self.tag}-actor{p.pid}.txt"
+                        self.files.append(out)
+                        argv = [PY_SPY, "record", "--nonblocking", "--format", "raw", "-r", "100",
+                                "-p", str(p.pid), "-o", str(out)]  # fmt: skip
+                        self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL,
+                                                           stderr=subprocess.DEVNULL))  # fmt: skip
+                time.sleep(0.2)
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    def finish(self) -> dict[str, Any]:
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        return summarize([f for f in self.files if f.exists()])
+
+
+#: inclusive shares printed for these frames (function name as py-spy writes it)
+WATCH = {
+    "rows (build_turn_row)": "build_turn_row",
+    "  chat template (render_prompt)": "render_prompt",
+    "  encode": "encode",
+    "  decode": "decode",
+    "SSE lines (feed_bytes)": "feed_bytes",
+    "transport.stream": "stream",
+    "aiohttp": "aiohttp",
+    "ray (actor call machinery)": "_raylet",
+}
+
+
+def summarize(files: list[Path]) -> dict[str, Any]:
+    total = 0
+    incl: collections.Counter[str] = collections.Counter()
+    self_: collections.Counter[str] = collections.Counter()
+    frame_re = re.compile(r"^(.*?) \((.*?)(?::\d+)?\)$")
+    for f in files:
+        for line in f.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            if not count.isdigit():
+                continue
+            n = int(count)
+            total += n
+            frames = stack.split(";")
+            names = set()
+            for fr in frames:
+                m = frame_re.match(fr)
+                name, path = (m.group(1), m.group(2)) if m else (fr, "")
+                names.add(name)
+                if "aiohttp" in path:
+                    names.add("aiohttp")
+                if "_raylet" in path or "/ray/" in path:
+                    names.add("_raylet")
+            incl.update(names)
+            self_[frames[-1]] += n
+    return {
+        "samples": total,
+        "inclusive": {label: incl[name] / total for label, name in WATCH.items()} if total else {},
+        "self_top": [(fr, n / total) for fr, n in self_.most_common(15)] if total else [],
+    }
+
+
+def report(contender: str, mode: str, r: Measured, s: TreeSampler, info: dict[str, Any]) -> float:
+    win = s.between(r.first_at, r.last_at)
+    tot = s.total()
+    n = r.requests
+    w = sum(win.values())
+    label = "driver" if contender == "regen" else contender
+    print(f"{contender:<5} {mode:<6} {n} requests  wall {r.wall_s:5.1f}s  "
+          f"e2e {r.utilization:5.3f}  window CPU-s: {label} {win['root']:5.2f} "
+          f"actors {win['actors']:5.2f} ray {win['ray']:5.2f} = {w:5.2f} "
+          f"({1000 * w / n:5.2f} per 1,000 requests); whole child {sum(tot.values()):5.2f} "
+          f"({label} {tot['root']:.2f}, actors {tot['actors']:.2f}, ray {tot['ray']:.2f}; "
+          f"{s.count('actors')} actors, {s.count('ray')} Ray processes)", flush=True)  # fmt: skip
+    if "rows" in info:
+        print(f"      rows {info['rows']}")
+    prof = info.get("profile")
+    if prof and prof["samples"]:
+        print(f"      actor profile ({prof['samples']} samples): " + ", ".join(
+            f"{k.strip()} {v:.0%}" for k, v in prof["inclusive"].items()))  # fmt: skip
+        for fr, share in prof["self_top"]:
+            print(f"        self {share:5.1%}  {fr}")
+    return w
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd")
+    c = sub.add_parser("child")
+    c.add_argument("--contender", choices=CONTENDERS, required=True)
+    c.add_argument("--mode", required=True)
+    c.add_argument("--manifest", required=True)
+    c.add_argument("--url", required=True)
+    c.add_argument("--out", required=True)
+    c.add_argument("--workers", type=int, default=2)
+    p.add_argument("--conversations", type=int, default=1500)
+    p.add_argument("--modes", nargs="*", default=["local", "stream"])
+    p.add_argument("--only", nargs="*", default=list(CONTENDERS), choices=CONTENDERS)
+    p.add_argument("--workers", type=int, default=2, help="regen's Ray actors")
+    p.add_argument("--step-ms", type=float, default=3.2)
+    p.add_argument("--length-corr", type=float, default=0.0)
+    p.add_argument("--interval", type=float, default=0.1, help="seconds between /proc samples")
+    p.add_argument("--profile", type=Path, help="py-spy the actors; raw stacks into this folder")
+    args = p.parse_args()
+    if args.cmd == "child":
+        return child(args)
+    work = Path(tempfile.mkdtemp(prefix="regen-bench-cpu-"))
+    manifest = write_workload(work, args.conversations, length_corr=args.length_corr)
+    print(f"{args.conversations} conversations, {args.workers} actors, pool of {SLOTS}; "
+          f"load average {os.getloadavg()[0]:.1f}; work dir {work}", flush=True)  # fmt: skip
+    for mode in args.modes:
+        cpu: dict[str, float] = {}
+        for contender in args.only:
+            r, s, info = run_contender(contender, mode, args, manifest, work)
+            cpu[contender] = 1000 * sum(s.between(r.first_at, r.last_at).values()) / r.requests
+            report(contender, mode, r, s, info)
+        for base in ("pool", "plain"):
+            if "regen" in cpu and base in cpu:
+                print(f"ratio ({mode}): regen / {base} = {cpu['regen'] / cpu[base]:.2f}x CPU per "
+                      f"request (window)", flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
