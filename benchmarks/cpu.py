@@ -16,7 +16,13 @@ its own:
   no Ray, no driver, no router, no rows;
 - ``plain``: the same without regen's client: the same request bodies and turns
   (``regen.engine.turns.regenerate``), read by a plain aiohttp loop with one ``json.loads`` per
-  ``data:`` line (what a script of one's own would do).
+  ``data:`` line (what a script of one's own would do);
+- ``base`` (with ``--base-python PY --base-tree DIR``): regen as ``regen``, another version of
+  it (before and after in one run), run in DIR (Ray's workers import from the driver's working
+  directory) by an interpreter that imports ``regen`` from DIR. An editable install's import
+  hook outranks ``PYTHONPATH``, so make a venv without it: ``python3 -m venv --without-pip B``
+  and a ``B/lib/python3.11/site-packages/base.pth`` listing DIR (an export of the other
+  version: ``git archive main regen | tar -x -C DIR``) and then ``.venv``'s site-packages.
 
 The CPU is that of the child and every process under it (``benchmarks/_proctree.py``: driver,
 actors, Ray's own processes), from ``/proc``, sampled every 0.1 s; the simulator's is not
@@ -38,6 +44,7 @@ import collections
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,7 +57,7 @@ from _proctree import TreeSampler, become_subreaper
 from _workload import TOKENIZER, Measured, fleet, write_workload
 
 SLOTS = 64
-CONTENDERS = ("regen", "pool", "plain")
+CONTENDERS = ("regen", "base", "pool", "plain")
 HERE = Path(__file__).resolve()
 PY_SPY = str(Path(sys.executable).parent / "py-spy")
 
@@ -62,7 +69,7 @@ def child(args: argparse.Namespace) -> int:
 
     m = load_manifest(args.manifest)
     m = m.model_copy(update={"sampling": m.sampling.model_copy(update={"token_ids": args.mode})})
-    if args.contender == "regen":
+    if args.contender in ("regen", "base"):
         from regen.engine import RunOptions, run_job
 
         opts = RunOptions(endpoints=[args.url], workers=args.workers, handle_signals=False)
@@ -136,19 +143,22 @@ async def plain_pool(m: Any, url: str, samples: list[Any]) -> None:
 
 # -- the parent: fleet, child, sampler -----------------------------------------------------
 def run_contender(
-    contender: str, mode: str, args: argparse.Namespace, manifest: Path, work: Path
+    contender: str, mode: str, args: argparse.Namespace, manifest: Path, work: Path, rnd: int = 0
 ) -> tuple[Measured, TreeSampler, dict[str, Any]]:
     sim = {"max_running_requests": SLOTS, "step_ms": args.step_ms, "tokens_per_step": 1,
            "prompt_share": args.length_corr, "tokenizer": str(TOKENIZER)}  # fmt: skip
-    out = work / f"run-{contender}-{mode}"
+    out = work / f"run-{contender}-{mode}-{rnd}"
     with fleet(1, work, **sim) as f:
         f.start(args.conversations)
         argv = [sys.executable, str(HERE), "child", "--contender", contender, "--mode", mode,
                 "--manifest", str(manifest), "--url", f.urls[0], "--out", str(out),
                 "--workers", str(args.workers)]  # fmt: skip
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True)
+        cwd = None
+        if contender == "base":  # another interpreter, in the other tree (Ray's workers
+            argv[0], cwd = str(args.base_python), args.base_tree  # import from the cwd)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True, cwd=cwd)
         sampler = TreeSampler(proc.pid, args.interval).start()
-        spies = Spies(args.profile, f"{contender}-{mode}") if args.profile else None
+        spies = Spies(args.profile, f"{contender}-{mode}-{rnd}") if args.profile else None
         if spies is not None:
             spies.follow(sampler, proc)
         os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped yet
@@ -158,7 +168,7 @@ def run_contender(
     if proc.returncode != 0:
         raise SystemExit(f"{contender} ({mode}) failed with {proc.returncode}: {stdout}")
     info = json.loads(stdout.strip().splitlines()[-1])
-    if contender == "regen":
+    if contender in ("regen", "base"):
         info["rows"] = row_kinds(out)
     if spies is not None:
         info["profile"] = spies.finish()
@@ -262,7 +272,7 @@ def report(contender: str, mode: str, r: Measured, s: TreeSampler, info: dict[st
     tot = s.total()
     n = r.requests
     w = sum(win.values())
-    label = "driver" if contender == "regen" else contender
+    label = "driver" if contender in ("regen", "base") else contender
     print(f"{contender:<5} {mode:<6} {n} requests  wall {r.wall_s:5.1f}s  "
           f"e2e {r.utilization:5.3f}  window CPU-s: {label} {win['root']:5.2f} "
           f"actors {win['actors']:5.2f} ray {win['ray']:5.2f} = {w:5.2f} "
@@ -292,10 +302,13 @@ def main() -> int:
     c.add_argument("--workers", type=int, default=2)
     p.add_argument("--conversations", type=int, default=1500)
     p.add_argument("--modes", nargs="*", default=["local", "stream"])
-    p.add_argument("--only", nargs="*", default=list(CONTENDERS), choices=CONTENDERS)
+    p.add_argument("--only", nargs="*", default=["regen", "pool", "plain"], choices=CONTENDERS)
+    p.add_argument("--base-python", type=Path, help="contender 'base': its interpreter")
+    p.add_argument("--base-tree", type=Path, help="contender 'base': its source tree")
     p.add_argument("--workers", type=int, default=2, help="regen's Ray actors")
     p.add_argument("--step-ms", type=float, default=3.2)
     p.add_argument("--length-corr", type=float, default=0.0)
+    p.add_argument("--repeat", type=int, default=1, help="rounds (contenders interleaved)")
     p.add_argument("--interval", type=float, default=0.1, help="seconds between /proc samples")
     p.add_argument("--profile", type=Path, help="py-spy the actors; raw stacks into this folder")
     args = p.parse_args()
@@ -306,15 +319,27 @@ def main() -> int:
     print(f"{args.conversations} conversations, {args.workers} actors, pool of {SLOTS}; "
           f"load average {os.getloadavg()[0]:.1f}; work dir {work}", flush=True)  # fmt: skip
     for mode in args.modes:
-        cpu: dict[str, float] = {}
-        for contender in args.only:
-            r, s, info = run_contender(contender, mode, args, manifest, work)
-            cpu[contender] = 1000 * sum(s.between(r.first_at, r.last_at).values()) / r.requests
-            report(contender, mode, r, s, info)
-        for base in ("pool", "plain"):
-            if "regen" in cpu and base in cpu:
-                print(f"ratio ({mode}): regen / {base} = {cpu['regen'] / cpu[base]:.2f}x CPU per "
-                      f"request (window)", flush=True)  # fmt: skip
+        cpu: dict[str, list[float]] = collections.defaultdict(list)
+        whole: dict[str, list[float]] = collections.defaultdict(list)
+        for rnd in range(args.repeat):
+            for contender in args.only:
+                r, s, info = run_contender(contender, mode, args, manifest, work, rnd)
+                cpu[contender].append(1000 * sum(s.between(r.first_at, r.last_at).values())
+                                      / r.requests)  # fmt: skip
+                whole[contender].append(1000 * sum(s.total().values()) / r.requests)
+                report(contender, mode, r, s, info)
+        med = {c: statistics.median(v) for c, v in cpu.items()}
+        med_whole = {c: statistics.median(v) for c, v in whole.items()}
+        if args.repeat > 1:
+            print(f"medians of {args.repeat} rounds ({mode}), CPU-s per 1,000 requests: "
+                  + ", ".join(f"{c} {v:.2f} (whole child {med_whole[c]:.2f})"
+                              for c, v in med.items()))  # fmt: skip
+        pairs = [(a, b) for a in ("regen", "base") for b in ("pool", "plain")]
+        for a, b in [*pairs, ("regen", "base")]:
+            if a in med and b in med:
+                print(f"ratio ({mode}): {a} / {b} = {med[a] / med[b]:.2f}x CPU per request "
+                      f"(window), {med_whole[a] / med_whole[b]:.2f}x whole child",
+                      flush=True)  # fmt: skip
     return 0
 
 
