@@ -63,6 +63,22 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _threads(pid: int, into: dict[int, tuple[str, float]]) -> None:
+    """Each thread's name and CPU seconds (``/proc/PID/task``), latest values."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            raw = Path(f"/proc/{pid}/task/{tid}/stat").read_bytes()
+        except OSError:
+            continue
+        name = raw[raw.index(b"(") + 1 : raw.rindex(b")")].decode(errors="replace")
+        fields = raw.rsplit(b")", 1)[1].split()
+        into[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / CLK_TCK)
+
+
 def group_of(cmdline: str, *, is_root: bool) -> str:
     if is_root:
         return "root"
@@ -77,6 +93,7 @@ class _Proc:
     cmdline: str
     times: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
+    threads: dict[int, tuple[str, float]] = field(default_factory=dict)  #: tid -> (name, CPU)
 
     def at(self, t: float) -> float:
         """CPU seconds at time ``t`` (0 before its first sample, its last value after)."""
@@ -142,6 +159,8 @@ class TreeSampler:
                 proc.cmdline = _cmdline(pid) or proc.cmdline
             proc.times.append(now)
             proc.cpu.append(cpu)
+            if proc.cmdline.startswith("ray::WorkerActor"):
+                _threads(pid, proc.threads)
 
     def at(self, t: float) -> dict[str, float]:
         """CPU seconds per group at time ``t`` (monotonic clock)."""
@@ -156,6 +175,14 @@ class TreeSampler:
     def between(self, t0: float, t1: float) -> dict[str, float]:
         a, b = self.at(t0), self.at(t1)
         return {g: b[g] - a[g] for g in GROUPS}
+
+    def actor_threads(self) -> dict[str, float]:
+        """CPU seconds of the actors' threads by name (summed over actors; whole run)."""
+        out: dict[str, float] = {}
+        for p in self.procs.values():
+            for name, cpu in p.threads.values():
+                out[name] = out.get(name, 0.0) + cpu
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
     def count(self, group: str) -> int:
         return sum(

@@ -14,6 +14,9 @@ its own:
   in issue 16): 64 asyncio workers, each taking the next conversation and running its turns
   through regen's own ``ChatClient`` (the same transport and SSE parsing as regen's actors);
   no Ray, no driver, no router, no rows;
+- ``worker``: regen's per-actor path in one plain process: one ``SampleWorker`` (router,
+  adaptive limits, retries, rows built) fed by 64 lanes; no Ray, no driver (where regen's cost
+  over the pool goes: the worker and its rows, or Ray and the driver);
 - ``plain``: the same without regen's client: the same request bodies and turns
   (``regen.engine.turns.regenerate``), read by a plain aiohttp loop with one ``json.loads`` per
   ``data:`` line (what a script of one's own would do);
@@ -57,7 +60,7 @@ from _proctree import TreeSampler, become_subreaper
 from _workload import TOKENIZER, Measured, fleet, write_workload
 
 SLOTS = 64
-CONTENDERS = ("regen", "base", "pool", "plain")
+CONTENDERS = ("regen", "base", "worker", "pool", "plain")
 HERE = Path(__file__).resolve()
 PY_SPY = str(Path(sys.executable).parent / "py-spy")
 
@@ -81,12 +84,32 @@ def child(args: argparse.Namespace) -> int:
     samples = list(read_samples(m))
     if args.contender == "plain":
         asyncio.run(plain_pool(m, args.url, samples))
+    elif args.contender == "worker":
+        asyncio.run(one_worker(m, args.url, samples))
     else:
         from utilization import pool
 
         asyncio.run(pool(m, [args.url], samples))
     print(json.dumps({"state": "finished", "done": len(samples)}), flush=True)
     return 0
+
+
+async def one_worker(m: Any, url: str, samples: list[Any]) -> None:
+    """regen's per-actor path without Ray or a driver: one ``SampleWorker`` (router, adaptive
+    limits, retries, rows built off the loop) on this process's event loop, fed by 64 lanes."""
+    from regen.engine.worker import SampleWorker
+    from regen.manifest import Endpoint
+
+    worker = SampleWorker(m, [Endpoint(url=url)], SLOTS)
+    it = iter(samples)
+
+    async def lane() -> None:
+        for s in it:
+            out = await worker.process(s)
+            assert out.status == "done", out
+
+    await asyncio.gather(*(lane() for _ in range(SLOTS)))
+    await worker.aclose()
 
 
 async def plain_pool(m: Any, url: str, samples: list[Any]) -> None:
@@ -281,6 +304,10 @@ def report(contender: str, mode: str, r: Measured, s: TreeSampler, info: dict[st
           f"{s.count('actors')} actors, {s.count('ray')} Ray processes)", flush=True)  # fmt: skip
     if "rows" in info:
         print(f"      rows {info['rows']}")
+        threads = s.actor_threads()
+        if threads:
+            print("      actor threads (CPU-s, whole run): " + ", ".join(
+                f"{k} {v:.2f}" for k, v in list(threads.items())[:8]))  # fmt: skip
     prof = info.get("profile")
     if prof and prof["samples"]:
         print(f"      actor profile ({prof['samples']} samples): " + ", ".join(
@@ -302,7 +329,7 @@ def main() -> int:
     c.add_argument("--workers", type=int, default=2)
     p.add_argument("--conversations", type=int, default=1500)
     p.add_argument("--modes", nargs="*", default=["local", "stream"])
-    p.add_argument("--only", nargs="*", default=["regen", "pool", "plain"], choices=CONTENDERS)
+    p.add_argument("--only", nargs="*", default=["regen", "worker", "pool"], choices=CONTENDERS)
     p.add_argument("--base-python", type=Path, help="contender 'base': its interpreter")
     p.add_argument("--base-tree", type=Path, help="contender 'base': its source tree")
     p.add_argument("--workers", type=int, default=2, help="regen's Ray actors")
@@ -334,7 +361,7 @@ def main() -> int:
             print(f"medians of {args.repeat} rounds ({mode}), CPU-s per 1,000 requests: "
                   + ", ".join(f"{c} {v:.2f} (whole child {med_whole[c]:.2f})"
                               for c, v in med.items()))  # fmt: skip
-        pairs = [(a, b) for a in ("regen", "base") for b in ("pool", "plain")]
+        pairs = [(a, b) for a in ("regen", "base", "worker") for b in ("pool", "plain")]
         for a, b in [*pairs, ("regen", "base")]:
             if a in med and b in med:
                 print(f"ratio ({mode}): {a} / {b} = {med[a] / med[b]:.2f}x CPU per request "
