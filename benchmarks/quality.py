@@ -20,6 +20,9 @@ to max_tokens, a paragraph repeated to max_tokens, a loop with a counter that ch
 that turns into a loop half-way, empty content after reasoning, reasoning cut at max_tokens, an
 answer in another script (languages), a refusal, tool calls with broken or undeclared arguments.
 
+The simulator's own degenerate answers (``--degenerate-rate 0.1``, regen.simulate.answer) over
+the same workload and demo turns, each kind counted apart, normal ones for false flags.
+
 Run: ``.venv/bin/python benchmarks/quality.py`` (~1-2 min). ``--examples N`` prints the first N
 false flags of each kind.
 """
@@ -107,7 +110,8 @@ def demo_items() -> Iterator[Item]:
             )
 
 
-def simulator_items() -> Iterator[Item]:
+def simulator_items(degenerate_rate: float = 0.0) -> Iterator[tuple[str | None, Item]]:
+    """(the simulator's degenerate kind or None, the turn) of every workload and demo turn."""
     requests: list[tuple[str, list[dict[str, Any]], Any]] = []
     for row in make_rows(1500):
         msgs: list[dict[str, Any]] = []
@@ -121,17 +125,20 @@ def simulator_items() -> Iterator[Item]:
     for sid, msgs, tools in requests:
         body = {"messages": msgs, "tools": tools, "max_tokens": 4096, "seed": 0,
                 "chat_template_kwargs": {"thinking": True}}  # fmt: skip
-        a = answer(body, AnswerConfig())
+        a = answer(body, AnswerConfig(degenerate_rate=degenerate_rate))
         yield (
-            f"sim:{sid}",
-            {
-                "messages": msgs,
-                "reasoning": a.reasoning,
-                "content": a.content,
-                "tool_calls": [c.as_openai(i) for i, c in enumerate(a.tool_calls)],
-                "tools": tools,
-                "finish_reason": a.finish_reason,
-            },
+            a.degenerate,
+            (
+                f"sim:{sid}",
+                {
+                    "messages": msgs,
+                    "reasoning": a.reasoning,
+                    "content": a.content,
+                    "tool_calls": [c.as_openai(i) for i, c in enumerate(a.tool_calls)],
+                    "tools": tools,
+                    "finish_reason": a.finish_reason,
+                },
+            ),
         )
 
 
@@ -321,7 +328,7 @@ def main() -> None:
     lang_items, answers = language_items(40)
     corpora: dict[str, list[Item]] = {
         "demo": list(demo_items()),
-        "simulator": list(simulator_items()),
+        "simulator": [item for _, item in simulator_items()],
         "docs": list(text_items("docs", args.files)),
         "code": list(text_items("code", args.files)),
         "languages": lang_items,
@@ -366,6 +373,24 @@ def main() -> None:
         all_c += c
         print(f"{kind:<34} {n:>6} {c:>8} {c / n:>7.2%}  {dict(others[kind]) or '-'}")
     print(f"{'all':<34} {all_n:>6} {all_c:>8} {all_c / max(all_n, 1):>7.2%}")
+    head = "simulator --degenerate-rate 0.1"
+    print(f"\n{head:<34} {'turns':>6} {'flagged':>8} {'rate':>7}  by flag")
+    sim: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    sim_flags: dict[str, Counter[str]] = defaultdict(Counter)
+    for kind, (sid, kw) in simulator_items(0.1):
+        q = check_turn(**kw)
+        key = kind or "normal"
+        sim[key][0] += 1
+        sim[key][1] += bool(q.flags)
+        sim_flags[key].update(q.flags)
+        if bool(q.flags) != (kind is not None):
+            examples[f"simulator {key}"].append(f"{sid}: {q}")
+    for key in ("normal", "loop", "empty", "language"):
+        n, c = sim[key]
+        print(f"{key:<34} {n:>6} {c:>8} {c / max(n, 1):>7.2%}  {dict(sim_flags[key]) or '-'}")
+    deg_n = sum(sim[k][0] for k in sim if k != "normal")
+    deg_c = sum(sim[k][1] for k in sim if k != "normal")
+    print(f"{'degenerate, all kinds':<34} {deg_n:>6} {deg_c:>8} {deg_c / max(deg_n, 1):>7.2%}")
     if args.examples:
         for key, lines in sorted(examples.items()):
             print(f"\n{key}:")

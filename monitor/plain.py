@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from monitor.render import fmt_duration, fmt_int
+from monitor.render import fmt_duration, fmt_int, top_flags
 from regen.status import RunNumbers
 
 
 def log_line(n: RunNumbers) -> str:
-    """``name state done/total (pct) failed trunc | tok/s 1m/5m/15m | in-flight | ETA | errors``."""
+    """``name state done/total (pct) failed trunc flagged | tok/s 1m/5m/15m | in-flight | ETA |
+    errors``."""
     rates = "/".join("—" if r.tok_s is None else f"{r.tok_s:,.0f}" for r in n.rates)
     if n.state == "finished" and n.remaining == 0:
         eta = "done"
@@ -25,7 +26,10 @@ def log_line(n: RunNumbers) -> str:
     eps = f"{len(n.endpoints) - down}/{len(n.endpoints)} up"
     return (
         f"{n.name} {state} | {fmt_int(n.done)}/{fmt_int(n.total)} ({100 * n.fraction:.1f}%) "
-        f"failed {fmt_int(n.failed)} trunc {fmt_int(n.truncated)} | "
+        f"failed {fmt_int(n.failed)} trunc {fmt_int(n.truncated)} flagged {fmt_int(n.flagged)}"
+        + (f" ({top_flags(n.flags)})" if n.flags else "")
+        + (f" new attempts {fmt_int(n.retried)}+{fmt_int(n.retrying)}" if n.retrying else "")
+        + " | "
         f"tok/s 1m/5m/15m {rates} | in flight {fmt_int(n.in_flight)} | endpoints {eps} | "
         f"ETA {eta} | errors {fmt_int(errors)}{top}"
         + (f" | {len(n.damaged)} part(s) missing or damaged" if n.damaged else "")

@@ -1,8 +1,9 @@
 """One dashboard frame: a rich renderable built from :class:`regen.status.RunNumbers`.
 
 Pure: no file access, no clock (``numbers.now`` is the clock). Layout, top to bottom: header
-(run, model, state, times), one progress bar per source, then throughput + ETA, endpoints and
-output lengths side by side, then errors by class.
+(run, model, state, times), one progress bar per source (with its flagged samples and, in wide
+terminals, their top reasons), then throughput + ETA, endpoints and output lengths side by side,
+then errors by class.
 """
 
 from __future__ import annotations
@@ -29,6 +30,20 @@ STATE_STYLE = {
 }
 BAR_WIDTH = 28
 SPARK = "▁▂▃▄▅▆▇█"
+#: short names of the quality flags in the sources table (regen.quality.FLAGS)
+FLAG_LABELS = {
+    "repetition": "repeat",
+    "empty_content": "empty",
+    "reasoning_unclosed": "unclosed",
+    "language_mismatch": "lang",
+    "refusal": "refusal",
+    "bad_tool_call": "tool",
+}
+#: terminals at least WIDE columns wide get the token and top-flag columns
+WIDE = 118
+#: top reasons shown per source: 2 in terminals at least EXTRA_WIDE columns wide, else 1
+TOP_FLAGS = 2
+EXTRA_WIDE = 140
 
 
 def fmt_int(n: float) -> str:
@@ -111,10 +126,17 @@ def header(n: RunNumbers) -> Panel:
     return Panel(grid, title=title, title_align="left", subtitle=n.uri or None, border_style=style)
 
 
+def top_flags(flags: dict[str, int], k: int = TOP_FLAGS) -> str:
+    """``repeat 5 empty 3``: the ``k`` most frequent flags (rows), short names."""
+    top = sorted(flags.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+    return " ".join(f"{FLAG_LABELS.get(f, f)} {fmt_int(c)}" for f, c in top if c > 0)
+
+
 def sources_table(n: RunNumbers, width: int = 120) -> Table:
-    """One row per source and a total; narrow terminals drop the token columns."""
-    wide = width >= 110
-    bar_w = max(10, min(BAR_WIDTH, width - (92 if wide else 70)))
+    """One row per source and a total; narrow terminals drop the token and top-flag columns."""
+    wide = width >= WIDE
+    top_k = TOP_FLAGS if width >= EXTRA_WIDE else 1
+    bar_w = max(10, min(BAR_WIDTH, width - ((118 if top_k > 1 else 108) if wide else 78)))
     t = Table(expand=True, box=None, pad_edge=False, header_style="bold")
     t.add_column("source", no_wrap=True)
     t.add_column("progress", no_wrap=True)
@@ -123,7 +145,9 @@ def sources_table(n: RunNumbers, width: int = 120) -> Table:
     t.add_column("%", justify="right")
     t.add_column("failed", justify="right")
     t.add_column("trunc", justify="right")
+    t.add_column("flagged", justify="right")
     if wide:
+        t.add_column("top flags" if top_k > 1 else "top flag", no_wrap=True)
         t.add_column("tok/turn", justify="right")
         t.add_column("compl. tok", justify="right")
     for s in n.sources:
@@ -137,8 +161,12 @@ def sources_table(n: RunNumbers, width: int = 120) -> Table:
             f"{pct:5.1f}",
             Text(fmt_int(s.failed), style="red" if s.failed else "dim"),
             Text(fmt_int(s.truncated), style="yellow" if s.truncated else "dim"),
+            Text(fmt_int(s.flagged), style="magenta" if s.flagged else "dim"),
         ]
         if wide:
+            cells.append(
+                Text(top_flags(s.flags, top_k) or "—", style="magenta" if s.flags else "dim")
+            )
             cells.append(fmt_int(s.tokens_per_turn) if s.tokens_per_turn else "—")
             cells.append(fmt_tokens(s.completion_tokens))
         t.add_row(*cells)
@@ -151,8 +179,12 @@ def sources_table(n: RunNumbers, width: int = 120) -> Table:
         Text(f"{100.0 * n.fraction:5.1f}", style="bold"),
         Text(fmt_int(n.failed), style="bold red" if n.failed else "dim"),
         Text(fmt_int(n.truncated), style="bold yellow" if n.truncated else "dim"),
+        Text(fmt_int(n.flagged), style="bold magenta" if n.flagged else "dim"),
     ]
     if wide:
+        total.append(
+            Text(top_flags(n.flags, top_k) or "—", style="bold magenta" if n.flags else "dim")
+        )
         total.append(
             fmt_int(n.completion_tokens / n.rows) if n.rows and n.completion_tokens else "—"
         )
@@ -179,6 +211,9 @@ def throughput_panel(n: RunNumbers) -> Panel:
     rq = n.requests
     g.add_row("requests", Text(f"{fmt_int(rq['sent'])} sent · {fmt_int(rq['ok'])} ok"))
     g.add_row("", Text(f"{fmt_int(rq['retried'])} retried · {fmt_int(rq['failed'])} failed"))
+    if n.retried or n.retrying:
+        g.add_row("new attempts", Text(f"{fmt_int(n.retried)} stored · {fmt_int(n.retrying)} to go",
+                                       style="magenta"))  # fmt: skip
     g.add_row("", "")
     if n.state == "finished" and n.remaining == 0:
         g.add_row("ETA", Text("done", style="bold cyan"))

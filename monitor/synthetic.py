@@ -85,7 +85,9 @@ def make_snapshot(
             completion_tokens=rows * per_turn,
             regenerate=regen,
             pending=None,  # no parts behind these counters: not reconciled with parts/
+            flags=_flags(rows, per_turn) if regen else {},
         )
+        snap.sources[name].flagged = round(sum(snap.sources[name].flags.values()) * 0.9)
         if regen and rows:
             _spread(hist, per_turn, rows)
     snap.output_tokens_hist = hist
@@ -190,6 +192,15 @@ def write_run_dir(
         layout.write_progress(rd, snapshot)
 
 
+def _flags(rows: int, per_turn: int) -> dict[str, int]:
+    """Flagged rows of a source: ~1% (more loops and unclosed reasoning for long answers)."""
+    long = per_turn > 3000
+    shares = {"repetition": 0.006 if long else 0.003,
+              "reasoning_unclosed": 0.005 if long else 0.001, "empty_content": 0.002,
+              "language_mismatch": 0.001, "refusal": 0.002}  # fmt: skip
+    return {f: round(rows * x) for f, x in shares.items() if round(rows * x)}
+
+
 def write_parts(uri: str | os.PathLike[str], rows: int, *, rows_per_part: int = 10_000) -> int:
     """Write ``rows`` small Kimi-format-shaped rows as Parquet parts; returns the part count."""
     import pyarrow as pa
@@ -220,7 +231,10 @@ def write_parts(uri: str | os.PathLike[str], rows: int, *, rows_per_part: int = 
         layout.part_record_file(stem).write(
             rd,
             make_record(
-                stem, data, {sid: ("sharegpt", one) for sid in table["sample_id"].to_pylist()}
+                stem,
+                data,
+                {sid: ("sharegpt", one) for sid in table["sample_id"].to_pylist()},
+                table.num_rows,
             ),
         )
         n_parts += 1

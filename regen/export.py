@@ -12,11 +12,26 @@ writes to ``OUT`` (local path or pyarrow URI; file names from the layout too)::
       conversations-00000.jsonl    fmt="conversations": {"id", "conversations": [...], "tools"?}
                                    per line, SpecForge's ``data.train_data_path``
       stats.json                   what was kept and dropped, rows and tokens per source
+      holdout.jsonl                with ``holdout`` N > 0: the held-out samples' prompts for
+                                   ``regen bench`` (regen.bench.prompts format); removed by
+                                   an export without a holdout
 
-Rules, in this order: rows are deduplicated by (sample_id, turn) (first in part-name order
-wins), then truncated rows (finish_reason "length") are dropped unless kept, rows longer than
-``max_length`` tokens are dropped (never cut: a cut row would change its mask), rows without a
-single loss token are dropped (SpecForge would skip them silently). The kept rows are sorted by
+Rules, in this order: only each sample's latest answer counts (rows of an earlier attempt,
+kept in the run directory when ``regen run --retry-flagged`` answered the sample again, are
+dropped as ``superseded``); rows are deduplicated by (sample_id, turn, attempt) (first in
+part-name order wins); every row of a held-out sample is dropped (below); rows carrying a
+quality flag of ``drop_flags`` are dropped as ``flagged`` (default
+:data:`regen.quality.DEFAULT_DROP_FLAGS`; stats.json counts rows, tokens and loss tokens per
+flag, a row with two such flags under each); then truncated rows (finish_reason "length") are
+dropped unless kept, rows longer than ``max_length`` tokens are dropped (never cut: a cut row
+would change its mask), rows without a single loss token are dropped (SpecForge would skip them
+silently). Parts written before the attempt and quality columns read as attempt 0 without
+flags.
+
+``only_flagged`` inverts the flag rule for inspection: only the latest answers' rows carrying a
+flag of ``drop_flags`` are written (nothing else is dropped), and the conversations variant
+writes one record per such row (not per sample), with its ``turn``, ``attempt`` and
+``quality_flags``. Dropped rows always stay in the run directory. The kept rows are sorted by
 (sample_id, turn) and shuffled with ``random.Random(seed)``, so the output depends only on the
 rows and the seed, never on part order. Shards are consecutive slices of that one order:
 concatenating them in name order gives the single file SpecForge 0.2.0 reads
@@ -28,7 +43,20 @@ flags) of all rows are held to decide dedup, drops and order; the heavy columns 
 one Parquet row group at a time and each kept row's JSON line is spilled to a local temporary
 bucket file by its output position (``WINDOW_ROWS`` positions per bucket), and the shards are
 written bucket by bucket through an output stream (temp name, then rename). Each part is read
-twice (keys, then data) and nothing else.
+twice (keys, then data) and nothing else (with a holdout, the row groups holding the held-out
+first turns once more, for their messages).
+
+**Held-out samples** (``holdout`` N): per source, the N samples with the smallest
+:func:`holdout_rank` (a sha256 of the seed and the sample id: the same samples on every machine
+and every re-export of the same rows, whatever their order) are kept out of the shards, all
+their turns. Each becomes one line of ``holdout.jsonl``: the request of its first regenerated
+turn exactly as the run sent it (system prompt, user message, tools; for a sample whose first
+regenerated turn is a later one, the dataset's history before it). Later turns are not sent
+to the bench: their history holds this target's own earlier answers, and one prompt per sample
+keeps every sample's weight in its source's acceptance equal (a sample answered more than once
+is held out by its latest answer's rows). Native sources (pre-tokenized
+rows, no messages to send) are not held out; a source keeps at least half of its samples for
+training (a warning says when that cuts its holdout below N).
 
 The conversations variant has one record per sample (its highest kept turn): the request
 messages of that turn plus the regenerated assistant message, with ``reasoning_content`` on
@@ -45,16 +73,22 @@ import logging
 import random
 import tempfile
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import ValidationError
 
 from regen.errors import ConfigError, RunDirError
+from regen.quality import DEFAULT_DROP_FLAGS, parse_flags
+from regen.rows import ADDED_COLUMNS
+from regen.sample import stable_hash
 from regen.store import layout
 from regen.store.rundir import RunDir
 
@@ -74,6 +108,8 @@ _KEY_COLUMNS = (
     "loss_tokens",
     "token_source",
     "token_check",
+    "attempt",
+    "quality_flags",
 )
 _DATA_COLUMNS: dict[str, tuple[str, ...]] = {
     "pretokenized": ("input_ids", "loss_mask"),
@@ -85,6 +121,8 @@ _DATA_COLUMNS: dict[str, tuple[str, ...]] = {
         "reasoning",
         "content",
         "tool_calls",
+        "attempt",
+        "quality_flags",
     ),
 }
 #: output positions per spill bucket (a bucket's lines are held in memory while it is written)
@@ -104,6 +142,20 @@ class _Part:
 
 
 @dataclass(slots=True)
+class FlagStats:
+    """Rows dropped for one quality flag (stats.json ``flags``)."""
+
+    rows: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+
+    def add(self, tokens: int, loss_tokens: int) -> None:
+        self.rows += 1
+        self.tokens += tokens
+        self.loss_tokens += loss_tokens
+
+
+@dataclass(slots=True)
 class SourceStats:
     """Per-source numbers in stats.json."""
 
@@ -112,7 +164,10 @@ class SourceStats:
     tokens: int = 0
     loss_tokens: int = 0
     truncated_seen: int = 0
+    holdout_samples: int = 0  #: samples held out for the bench
     dropped: dict[str, int] = field(default_factory=dict)
+    #: rows, tokens and loss tokens dropped per quality flag (with only_flagged: written)
+    flags: dict[str, FlagStats] = field(default_factory=dict)
 
     @property
     def mask_coverage(self) -> float:
@@ -130,6 +185,9 @@ class ExportStats:
     drop_truncated: bool
     max_length: int | None
     shard_rows: int
+    holdout: int = 0  #: samples per source held out (the setting)
+    drop_flags: list[str] = field(default_factory=list)  #: quality flags whose rows are dropped
+    only_flagged: bool = False  #: only the rows carrying one of them were written
     parts: int = 0
     rows_read: int = 0
     rows_written: int = 0
@@ -141,6 +199,10 @@ class ExportStats:
     token_check: dict[str, int] = field(default_factory=dict)  #: read rows per check result
     token_check_problems: int = 0  #: read rows whose check is not in TOKEN_CHECKS_OK
     shards: list[dict[str, Any]] = field(default_factory=list)  #: {file, rows, tokens}
+    holdout_samples: int = 0  #: samples held out, all sources
+    holdout_file: str | None = None  #: holdout.jsonl when written
+    #: rows, tokens and loss tokens dropped per quality flag (with only_flagged: written)
+    flags: dict[str, FlagStats] = field(default_factory=dict)
 
     @property
     def mask_coverage(self) -> float:
@@ -164,10 +226,20 @@ def export_run(
     max_length: int | None = None,
     shard_rows: int = 10000,
     fmt: Format = "pretokenized",
+    holdout: int = 0,
+    drop_flags: Iterable[str] | str = DEFAULT_DROP_FLAGS,
+    only_flagged: bool = False,
 ) -> ExportStats:
-    """Export every row of ``run_dir`` to ``out`` (see the module docstring)."""
+    """Export every row of ``run_dir`` to ``out`` (see the module docstring). ``drop_flags``:
+    quality flags whose rows are dropped (names, a comma string, ``default``, ``all``,
+    ``none``)."""
+    flags = parse_flags(drop_flags, "drop_flags")
+    if only_flagged and not flags:
+        raise ConfigError("--only-flagged needs at least one flag to look for", field="drop_flags")
     if fmt not in FORMATS:
         raise ConfigError(f"export format must be one of {FORMATS}, got {fmt!r}", field="format")
+    if holdout < 0:
+        raise ConfigError("holdout must be >= 0 (samples per source)", field="holdout")
     if shard_rows < 0:
         raise ConfigError("shard_rows must be >= 0 (0: one shard)", field="shard_rows")
     if max_length is not None and max_length <= 0:
@@ -186,9 +258,25 @@ def export_run(
         drop_truncated=drop_truncated,
         max_length=max_length,
         shard_rows=shard_rows,
+        holdout=holdout,
+        drop_flags=list(flags),
+        only_flagged=only_flagged,
     )
     parts, table = _read_keys(rd, fmt, stats)
-    order = _select(table, fmt, stats, drop_truncated=drop_truncated, max_length=max_length)
+    latest = _latest_attempts(table)
+    # --only-flagged lists what the export drops: nothing is held out of that listing
+    held = {} if only_flagged else _holdout(table, holdout, seed, latest)
+    order = _select(
+        table,
+        fmt,
+        stats,
+        drop_truncated=drop_truncated,
+        max_length=max_length,
+        held={sid for first in held.values() for sid in first},
+        latest=latest,
+        drop_flags=frozenset(flags),
+        only_flagged=only_flagged,
+    )
     sids, turns = table.column("sample_id").to_pylist(), table.column("turn").to_pylist()
     order.sort(key=lambda i: (sids[i], turns[i]))
     random.Random(seed).shuffle(order)
@@ -198,7 +286,7 @@ def export_run(
     _remove_old_shards(dest, fmt)
     size = shard_rows or max(len(order), 1)
     with tempfile.TemporaryDirectory(prefix="regen-export-") as spill:
-        lines = _ordered_lines(rd, parts, order, fmt, Path(spill))
+        lines = _ordered_lines(rd, parts, order, fmt, Path(spill), inspect=only_flagged)
         for n, start in enumerate(range(0, len(order), size)):
             rows = order[start : start + size]
             name = layout.shard_name(fmt, n)
@@ -207,6 +295,7 @@ def export_run(
                     f.write((next(lines) + "\n").encode("utf-8"))
             tokens = sum(ntok[i] for i in rows)
             stats.shards.append({"file": name, "rows": len(rows), "tokens": tokens})
+    _write_holdout(rd, dest, parts, held, stats)
     layout.EXPORT_STATS_FILE.write(dest, layout.ExportRecord.model_validate(stats.to_dict()))
     log.info(
         "exported %d of %d rows (%d tokens, mask coverage %.3f) to %s in %d shard(s)",
@@ -223,7 +312,7 @@ def export_run(
 def _read_keys(rd: RunDir, fmt: str, stats: ExportStats) -> tuple[list[_Part], pa.Table]:
     """The parts (name order) and the key columns of all their rows, concatenated."""
     names = [n for n in rd.list(layout.PARTS_DIR) if layout.part_stem(n) is not None]
-    needed = set(_KEY_COLUMNS + _DATA_COLUMNS[fmt])
+    needed = set(_KEY_COLUMNS + _DATA_COLUMNS[fmt]) - set(ADDED_COLUMNS.names)
     parts: list[_Part] = []
     tables = []
     start = 0
@@ -236,7 +325,8 @@ def _read_keys(rd: RunDir, fmt: str, stats: ExportStats) -> tuple[list[_Part], p
                 if missing:
                     raise RunDirError(f"{rd.uri}: part {name} lacks column(s) {missing}")
                 groups = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
-                tables.append(pf.read(columns=list(_KEY_COLUMNS)))
+                have = [c for c in _KEY_COLUMNS if c in pf.schema_arrow.names]
+                tables.append(with_added_columns(pf.read(columns=have)))
         except (OSError, pa.ArrowInvalid) as e:
             raise RunDirError(f"{rd.uri}: cannot read part {name}: {e}") from e
         parts.append(_Part(name, path, start, groups))
@@ -249,7 +339,7 @@ def _read_keys(rd: RunDir, fmt: str, stats: ExportStats) -> tuple[list[_Part], p
 
 
 def _ordered_lines(
-    rd: RunDir, parts: list[_Part], order: list[int], fmt: str, spill: Path
+    rd: RunDir, parts: list[_Part], order: list[int], fmt: str, spill: Path, *, inspect: bool
 ) -> Iterator[str]:
     """The JSON line of every row in ``order``, in that order, with bounded memory.
 
@@ -260,26 +350,16 @@ def _ordered_lines(
     position = {row: p for p, row in enumerate(order)}
     window = max(WINDOW_ROWS, -(-len(order) // MAX_BUCKETS))
     n_buckets = -(-len(order) // window)
-    columns = list(_DATA_COLUMNS[fmt])
-    render = _pretokenized_lines if fmt == "pretokenized" else _conversation_lines
+    if fmt == "pretokenized":
+        render = _pretokenized_lines
+    else:
+        render = partial(_conversation_lines, inspect=inspect)
     files = [(spill / f"b{b:05d}").open("w", encoding="utf-8") for b in range(n_buckets)]
     try:
-        for part in parts:
-            try:
-                with rd.fs.open_input_file(part.path) as f:
-                    pf = pq.ParquetFile(f)
-                    first = part.start
-                    for g, n in enumerate(part.group_rows):
-                        want = [(j, position[first + j]) for j in range(n) if first + j in position]
-                        first += n
-                        if not want:
-                            continue
-                        group = pf.read_row_group(g, columns=columns)
-                        rows = group.take(pa.array([j for j, _ in want], type=pa.int64()))
-                        for (_, pos), line in zip(want, render(rows), strict=True):
-                            files[pos // window].write(f"{pos}\t{line}\n")
-            except (OSError, pa.ArrowInvalid) as e:
-                raise RunDirError(f"{rd.uri}: cannot read part {part.name}: {e}") from e
+        for found, rows in _read_rows(rd, parts, position, list(_DATA_COLUMNS[fmt])):
+            for i, line in zip(found, render(rows), strict=True):
+                pos = position[i]
+                files[pos // window].write(f"{pos}\t{line}\n")
     finally:
         for fh in files:
             fh.close()
@@ -293,10 +373,137 @@ def _ordered_lines(
             yield line
 
 
+def _read_rows(
+    rd: RunDir, parts: list[_Part], wanted: set[int] | dict[int, Any], columns: list[str]
+) -> Iterator[tuple[list[int], pa.Table]]:
+    """The ``columns`` of the rows numbered in ``wanted``, one row group at a time: (their
+    numbers, their rows in that order). A part from before the attempt and quality columns
+    gets them filled in (:func:`with_added_columns`)."""
+    for part in parts:
+        try:
+            with rd.fs.open_input_file(part.path) as f:
+                pf = pq.ParquetFile(f)
+                first = part.start
+                for g, n in enumerate(part.group_rows):
+                    found = [j for j in range(n) if first + j in wanted]
+                    if found:
+                        have = [c for c in columns if c in pf.schema_arrow.names]
+                        group = with_added_columns(pf.read_row_group(g, columns=have))
+                        rows = group.take(pa.array(found, type=pa.int64()))
+                        yield [first + j for j in found], rows
+                    first += n
+        except (OSError, pa.ArrowInvalid) as e:
+            raise RunDirError(f"{rd.uri}: cannot read part {part.name}: {e}") from e
+
+
+def holdout_rank(seed: int, sample_id: str) -> str:
+    """Where a sample stands in the holdout order: regen's stable hash of (seed, id)."""
+    return stable_hash(["holdout", seed, sample_id])
+
+
+def _latest_attempts(table: pa.Table) -> dict[str, int]:
+    """The latest attempt of every sample answered more than once (others: 0)."""
+    latest: dict[str, int] = {}
+    sids = table.column("sample_id").to_pylist()
+    for sid, a in zip(sids, table.column("attempt").to_pylist(), strict=True):
+        if a and a > latest.get(sid, 0):
+            latest[sid] = a
+    return latest
+
+
+def _holdout(
+    table: pa.Table, n: int, seed: int, latest: dict[str, int]
+) -> dict[str, dict[str, int]]:
+    """Per source, the held-out samples and the row of each one's first regenerated turn of its
+    latest answer (module docstring), in holdout order."""
+    if n <= 0:
+        return {}
+    attempts = table.column("attempt").to_pylist()
+    sids = table.column("sample_id").to_pylist()
+    sources = table.column("source").to_pylist()
+    turns = table.column("turn").to_pylist()
+    kinds = table.column("token_source").to_pylist()
+    first: dict[str, dict[str, int]] = defaultdict(dict)  # source → sample → row
+    for i, sid in enumerate(sids):
+        if kinds[i] == "native" or (attempts[i] or 0) < latest.get(sid, 0):
+            continue
+        rows = first[sources[i]]
+        j = rows.get(sid)
+        if j is None or turns[i] < turns[j]:
+            rows[sid] = i
+    held: dict[str, dict[str, int]] = {}
+    for source in sorted(first):
+        rows = first[source]
+        k = min(n, len(rows) // 2)
+        if k < n:
+            log.warning(
+                "holdout: source %s has %d samples: holding out %d, not %d (half stays for "
+                "training)",
+                source,
+                len(rows),
+                k,
+                n,
+            )
+        chosen = sorted(rows, key=lambda sid: (holdout_rank(seed, sid), sid))[:k]
+        if chosen:
+            held[source] = {sid: rows[sid] for sid in chosen}
+    return held
+
+
+def _write_holdout(
+    rd: RunDir,
+    dest: RunDir,
+    parts: list[_Part],
+    held: dict[str, dict[str, int]],
+    stats: ExportStats,
+) -> None:
+    """``holdout.jsonl`` of the held-out samples (removed when there are none)."""
+    from regen.bench.prompts import BenchPrompt, prompt_line
+
+    if not held:
+        if dest.exists(layout.HOLDOUT):  # an earlier export's: those samples are in training now
+            dest.delete(layout.HOLDOUT)
+        return
+    wanted = {row: sid for rows in held.values() for sid, row in rows.items()}
+    prompts: dict[str, BenchPrompt] = {}
+    columns = ["sample_id", "source", "turn", "messages", "tools"]
+    for _, rows in _read_rows(rd, parts, wanted, columns):
+        for r in rows.to_pylist():
+            try:
+                prompts[r["sample_id"]] = BenchPrompt(
+                    source=r["source"],
+                    sample_id=r["sample_id"],
+                    turn=r["turn"],
+                    messages=json.loads(r["messages"] or "[]"),
+                    tools=json.loads(r["tools"]) if r["tools"] else None,
+                )
+            except (ValueError, ValidationError) as e:  # still out of training
+                log.warning("holdout: %s has no prompt to send: %s", r["sample_id"], e)
+    with dest.atomic_writer(layout.HOLDOUT) as f:
+        for source, rows in held.items():
+            for sid in rows:
+                if sid in prompts:
+                    f.write((prompt_line(prompts[sid]) + "\n").encode("utf-8"))
+            stats.sources[source].holdout_samples = len(rows)
+    stats.holdout_samples = len(wanted)
+    stats.holdout_file = layout.HOLDOUT
+
+
 def _empty(columns: list[str]) -> pa.Table:
     from regen.rows import SCHEMA
 
     return SCHEMA.empty_table().select(columns)
+
+
+def with_added_columns(table: pa.Table) -> pa.Table:
+    """``table`` of a part written before ADDED_COLUMNS with the key ones filled in (attempt 0,
+    no flags); other tables come back as they are."""
+    if "attempt" not in table.column_names:
+        table = table.append_column("attempt", pa.array([0] * table.num_rows, pa.int32()))
+    if "quality_flags" not in table.column_names:
+        empty = pa.array([[]] * table.num_rows, pa.list_(pa.string()))
+        table = table.append_column("quality_flags", empty)
+    return table
 
 
 def _select(
@@ -306,9 +513,18 @@ def _select(
     *,
     drop_truncated: bool,
     max_length: int | None,
+    held: AbstractSet[str] = frozenset(),
+    latest: dict[str, int] | None = None,
+    drop_flags: frozenset[str] = frozenset(),
+    only_flagged: bool = False,
 ) -> list[int]:
-    """Indices of the rows to write; fills the read/drop/keep numbers of ``stats``."""
+    """Indices of the rows to write (the rows of ``held`` samples left out); fills the
+    read/drop/keep numbers of ``stats``. ``latest``: each sample's latest attempt
+    (:func:`_latest_attempts`)."""
     sids = table.column("sample_id").to_pylist()
+    attempts = table.column("attempt").to_pylist()
+    row_flags = table.column("quality_flags").to_pylist()
+    latest = _latest_attempts(table) if latest is None else latest
     turns = table.column("turn").to_pylist()
     sources = table.column("source").to_pylist()
     truncated = table.column("truncated").to_pylist()
@@ -318,7 +534,7 @@ def _select(
     checks = table.column("token_check").to_pylist()
     dropped: Counter[str] = Counter()
     per_source: dict[str, SourceStats] = defaultdict(SourceStats)
-    seen: set[tuple[str, int]] = set()
+    seen: set[tuple[str, int, int]] = set()
     keep: list[int] = []
     for i, sid in enumerate(sids):
         src = per_source[sources[i]]
@@ -327,15 +543,29 @@ def _select(
             stats.token_check[checks[i]] = stats.token_check.get(checks[i], 0) + 1
             if checks[i] not in TOKEN_CHECKS_OK:
                 stats.token_check_problems += 1
-        key = (sid, turns[i])
+        key = (sid, turns[i], attempts[i] or 0)
+        hit = [f for f in row_flags[i] or () if f in drop_flags]
         reason = None
-        if key in seen:
+        if key[2] < latest.get(sid, 0):
+            reason = "superseded"
+        elif key in seen:
             reason = "duplicate"
+        elif only_flagged:
+            seen.add(key)
+            if not hit:
+                reason = "not_flagged"
+            else:
+                _count_flags(stats, src, hit, ntok[i], nloss[i])
         else:
             seen.add(key)
             if truncated[i]:
                 src.truncated_seen += 1
-            if truncated[i] and drop_truncated:
+            if sid in held:
+                reason = "holdout"
+            elif hit:
+                reason = "flagged"
+                _count_flags(stats, src, hit, ntok[i], nloss[i])
+            elif truncated[i] and drop_truncated:
                 reason = "truncated"
             elif max_length is not None and ntok[i] > max_length:
                 reason = "too_long"
@@ -348,7 +578,7 @@ def _select(
             src.dropped[reason] = src.dropped.get(reason, 0) + 1
             continue
         keep.append(i)
-    if fmt == "conversations":  # one record per sample: its highest kept turn
+    if fmt == "conversations" and not only_flagged:  # one record per sample: its highest turn
         best: dict[str, int] = {}
         for i in keep:
             if sids[i] not in best or turns[i] > turns[best[sids[i]]]:
@@ -375,6 +605,14 @@ def _select(
     return keep
 
 
+def _count_flags(
+    stats: ExportStats, src: SourceStats, flags: list[str], tokens: int, loss_tokens: int
+) -> None:
+    for f in flags:
+        stats.flags.setdefault(f, FlagStats()).add(tokens, loss_tokens)
+        src.flags.setdefault(f, FlagStats()).add(tokens, loss_tokens)
+
+
 def _pretokenized_lines(chunk: pa.Table) -> list[str]:
     ids = chunk.column("input_ids").to_pylist()
     masks = chunk.column("loss_mask").to_pylist()
@@ -384,11 +622,10 @@ def _pretokenized_lines(chunk: pa.Table) -> list[str]:
     ]
 
 
-def _conversation_lines(chunk: pa.Table) -> list[str]:
+def _conversation_lines(chunk: pa.Table, *, inspect: bool = False) -> list[str]:
+    """Conversation records; ``inspect`` adds each row's turn, attempt and quality flags."""
     lines = []
-    for r in chunk.select(
-        ["sample_id", "turn", "messages", "tools", "reasoning", "content", "tool_calls"]
-    ).to_pylist():
+    for r in chunk.to_pylist():
         answer: dict[str, Any] = {"role": "assistant", "content": r["content"] or ""}
         if r["reasoning"] is not None:
             answer["reasoning_content"] = r["reasoning"]
@@ -401,6 +638,8 @@ def _conversation_lines(chunk: pa.Table) -> list[str]:
         }
         if r["tools"]:
             rec["tools"] = json.loads(r["tools"])
+        if inspect:
+            rec.update(turn=r["turn"], attempt=r["attempt"], quality_flags=r["quality_flags"])
         lines.append(json.dumps(rec, ensure_ascii=False, separators=(",", ":")))
     return lines
 

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from regen.errors import ConfigError
+from regen.quality.config import DEFAULT_DROP_FLAGS, QualityConfig, parse_flags
 from regen.sample import stable_hash
 
 ADAPTERS = (
@@ -244,6 +245,19 @@ class Export(Strict):
     seed: int = 0
     #: rows per JSONL shard
     shard_rows: int = Field(default=10_000, gt=0)
+    #: samples per source kept out of the shards for `regen bench` (holdout.jsonl); 0: none
+    holdout: int = Field(default=0, ge=0)
+    #: drop rows carrying any of these quality flags (docs/quality.md; [] keeps every row)
+    drop_flags: list[str] = Field(default_factory=lambda: list(DEFAULT_DROP_FLAGS))
+
+    @field_validator("drop_flags", mode="before")
+    @classmethod
+    def _flags(cls, v: Any) -> list[str]:
+        """A list or a comma string of flag names, ``all``, ``default`` or ``none``."""
+        try:
+            return list(parse_flags(v if isinstance(v, str) else list(v or []), "drop_flags"))
+        except (ConfigError, TypeError) as e:
+            raise ValueError(str(e)) from None
 
 
 class Manifest(Strict):
@@ -260,6 +274,9 @@ class Manifest(Strict):
     #: exact and near-duplicate prompts
     dedup: Dedup = Field(default_factory=Dedup)
     export: Export = Field(default_factory=Export)
+    #: thresholds of the quality checks run on every regenerated turn (docs/quality.md); not
+    #: part of the fingerprint: they decide flags, never which samples a run holds
+    quality: QualityConfig = Field(default_factory=QualityConfig)
     #: folder the manifest was loaded from (relative paths resolve against it); set by load
     base_dir: str = "."
 
@@ -338,16 +355,25 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def _read_overlay(path: str) -> dict[str, Any]:
+def read_yaml_file(path: str | Path, what: str, *, field: str | None = None) -> Any:
+    """The YAML (or JSON) document of a config file; a ConfigError naming ``what`` and the path
+    when it cannot be read or parsed."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"override {path!r} is neither key=value nor a YAML file", field=path)
     try:
-        overlay = yaml.safe_load(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read overlay {path!r}: {e}", field=path) from None
+        why = getattr(e, "strerror", None) or e
+        raise ConfigError(f"cannot read {what} {str(p)!r}: {why}", field=field) from None
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"overlay {path}: not valid YAML: {e}", field=path) from None
+        raise ConfigError(f"{what} {p}: not valid YAML: {e}", field=field) from None
+
+
+def _read_overlay(path: str) -> dict[str, Any]:
+    if not Path(path).is_file():
+        raise ConfigError(f"override {path!r} is neither key=value nor a YAML file", field=path)
+    overlay = read_yaml_file(path, "overlay", field=path)
     if not isinstance(overlay, dict):
         raise ConfigError(f"overlay {path}: expected a mapping at top level", field=path)
     return overlay
@@ -398,14 +424,7 @@ def load_manifest(path: str | Path, overrides: list[str] | None = None) -> Manif
     hub id) as a SourceError naming the source and its field, in manifest order.
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"cannot read manifest {str(p)!r}: {e.strerror or e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    data = read_yaml_file(p, "manifest")
     if isinstance(data, dict) and overrides:
         data = apply_overrides(data, overrides)
     return parse_manifest(data, base_dir=p.resolve().parent, origin=str(p))

@@ -11,8 +11,10 @@ object, atomically replaced every ~2 s by the driver (and once at the end of a s
       "endpoints_configured": [str],
       "sources": {name: {"total", "done", "failed", "truncated", "rows",
                          "prompt_tokens", "completion_tokens": int, "regenerate": bool,
+                         "flagged", "retried", "retrying": int, "flags": {flag: int},
                          "pending": {"done", "rows", "truncated", "prompt_tokens",
-                                     "completion_tokens": int}}},
+                                     "completion_tokens", "flagged", "retried": int,
+                                     "flags": {flag: int}}}},
       "in_flight": int,
       "requests": {"sent", "ok", "retried", "failed": int},                 # this session
       "token_series": [[t, cumulative_completion_tokens], ...],             # this session
@@ -22,7 +24,12 @@ object, atomically replaced every ~2 s by the driver (and once at the end of a s
       "output_tokens_hist": {"edges": [int, ...], "counts": [int, ...]}
     }
 
-Source counters are cumulative over every session of the run directory; ``pending`` is the part
+Source counters are cumulative over every session of the run directory and describe each
+sample's latest answer (a sample answered again by ``regen run --retry-flagged`` counts its new
+rows, tokens and flags instead of the old ones; ``retried`` counts those new attempts):
+``flagged`` samples have a row with a quality flag, ``flags`` counts rows per flag
+(regen.quality), ``retrying`` is the new attempts this session planned and has not stored yet
+(part of what remains). A file written before these fields reads them as 0. ``pending`` is the part
 of them journaled but not yet in a Parquet part (the rest is in the parts, whose records say
 how much each holds: that is how a reader notices a part that vanished, see regen.status).
 ``requests`` and ``token_series`` cover the current session only. ``token_series`` holds one
@@ -41,6 +48,7 @@ from typing import Any, Literal
 
 from regen.errors import RunDirError
 from regen.store.layout import SourceCounts as Pending
+from regen.store.layout import add_flag_counts
 
 VERSION = 1
 STATES = ("running", "finished", "interrupted", "failed")
@@ -71,10 +79,25 @@ class SourceProgress:
     regenerate: bool = True  #: False for native (pass-through) sources
     #: the part of the counters not yet in a part (None: unknown, an older writer)
     pending: Pending | None = field(default_factory=Pending)
+    flagged: int = 0  #: done samples whose answer has a row with a quality flag
+    flags: dict[str, int] = field(default_factory=dict)  #: rows per quality flag
+    retried: int = 0  #: new attempts stored (regen run --retry-flagged)
+    retrying: int = 0  #: new attempts this session still has to store
 
     @property
     def remaining(self) -> int:
-        return max(0, self.total - self.done - self.failed)
+        return max(0, self.total - self.done - self.failed) + self.retrying
+
+    def add_counts(self, c: Pending) -> None:
+        """Add a part's, a journal's or one sample's counters (regen.store.layout.SourceCounts)."""
+        self.done += c.done
+        self.rows += c.rows
+        self.truncated += c.truncated
+        self.prompt_tokens += c.prompt_tokens
+        self.completion_tokens += c.completion_tokens
+        self.flagged += c.flagged
+        self.retried += c.retried
+        add_flag_counts(self.flags, c.flags)
 
 
 @dataclass(slots=True)
@@ -224,6 +247,10 @@ class ProgressSnapshot:
                     "prompt_tokens": s.prompt_tokens,
                     "completion_tokens": s.completion_tokens,
                     "regenerate": s.regenerate,
+                    "flagged": s.flagged,
+                    "flags": dict(s.flags),
+                    "retried": s.retried,
+                    "retrying": s.retrying,
                     **({} if s.pending is None else {"pending": s.pending.model_dump()}),
                 }
                 for name, s in self.sources.items()
@@ -277,8 +304,16 @@ class ProgressSnapshot:
             if "pending" in sr.d:
                 pr = _Reader(sr.mapping("pending"), f"{where}: sources.{name}.pending")
                 keys = ("done", "rows", "truncated", "prompt_tokens", "completion_tokens")
-                pending = Pending(**{k: pr.integer(k) for k in keys})
+                pending = Pending(
+                    **{k: pr.integer(k) for k in keys},
+                    **{k: pr.integer(k, 0) for k in ("flagged", "retried")},
+                    flags=pr.counts("flags"),
+                )
             sources[str(name)] = SourceProgress(
+                flagged=sr.integer("flagged", 0),
+                flags=sr.counts("flags"),
+                retried=sr.integer("retried", 0),
+                retrying=sr.integer("retrying", 0),
                 pending=pending,
                 total=sr.integer("total"),
                 done=sr.integer("done"),
@@ -374,11 +409,16 @@ class _Reader:
         got = type(self.d.get(key)).__name__
         return RunDirError(f"{self.where}: field {key!r}: expected {want}, got {got}")
 
-    def integer(self, key: str) -> int:
-        v = self.get(key)
+    def integer(self, key: str, default: Any = _MISSING) -> int:
+        v = self.get(key, default)
         if isinstance(v, bool) or not isinstance(v, int):
             raise self._bad(key, "an integer")
         return v
+
+    def counts(self, key: str) -> dict[str, int]:
+        """``{name: int}`` (missing: empty)."""
+        m = _Reader(self.mapping(key, {}), f"{self.where}.{key}")
+        return {str(k): m.integer(k) for k in m.d}
 
     def number(self, key: str) -> float:
         v = self.get(key)

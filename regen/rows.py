@@ -51,7 +51,22 @@ attempts           int32               requests it took
 latency_s          float64             request latency
 ttft_s             float64/null        time to first token (streaming)
 created_at         string, required    ISO-8601 UTC time the row was built
+attempt            int32, required     0: the sample's first answer; n: its n-th new attempt
+                                       (``regen run --retry-flagged``; every row of a sample's
+                                       attempt carries the same number, the highest wins in
+                                       export). Not ``attempts`` (requests one turn took)
+quality_flags      list<string>, req.  regen.quality's flags of this turn (``[]``: clean);
+q_*                                    and the measures behind them (regen.quality.COLUMNS,
+                                       docs/quality.md); native rows are not checked
 =================  ==================  ========================================================
+
+``attempt`` and the quality columns are the :data:`ADDED_COLUMNS`: a part written before them
+lacks them and is still read (no flags, attempt 0); a row dict without them (a journal line of
+such a session, folded on resume) gets them from :func:`upgrade_row` (its turn checked then).
+The quality checks run where the row is built, in the actor (:func:`build_turn_row`, off the
+event loop); whether the reasoning was closed (``think_closed``) comes from the server's ids
+when the row has them (is ``</think>`` among the output ids), else from the local render
+(``think_inserted``: the output had no ``</think>``, so all of it is checked as reasoning).
 
 Server ids: when the server returned ``prompt_token_ids`` and ``output_token_ids`` those ARE
 the row. A turn that finished normally (not ``length``) must end with the end-of-turn token for
@@ -85,10 +100,16 @@ from typing import Any
 import pyarrow as pa
 
 from regen.errors import RowError, TemplateError
+from regen.quality import COLUMNS as QUALITY_COLUMNS
+from regen.quality import DEFAULT_CONFIG, NOT_CHECKED, QualityConfig, check_row, check_turn
 from regen.result import TurnResult
 from regen.sample import Message, Sample
 from regen.template.render import KimiRenderer, messages_json
 
+#: columns a part written before issue 15 lacks (see the module docstring)
+ADDED_COLUMNS: pa.Schema = pa.schema(
+    [pa.field("attempt", pa.int32(), nullable=False), *QUALITY_COLUMNS]
+)
 SCHEMA: pa.Schema = pa.schema(
     [
         pa.field("sample_id", pa.string(), nullable=False),
@@ -120,6 +141,7 @@ SCHEMA: pa.Schema = pa.schema(
         pa.field("latency_s", pa.float64()),
         pa.field("ttft_s", pa.float64()),
         pa.field("created_at", pa.string(), nullable=False),
+        *ADDED_COLUMNS,
     ]
 )
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
@@ -136,8 +158,10 @@ def build_turn_row(
     request_messages: list[Message],
     result: TurnResult,
     renderer: KimiRenderer,
+    quality: QualityConfig = DEFAULT_CONFIG,
 ) -> dict[str, Any]:
-    """The training row of one regenerated assistant turn (see the module docstring)."""
+    """The training row of one regenerated assistant turn (see the module docstring), its
+    quality checked with ``quality``'s thresholds."""
     tools = sample.tools or None
     local = None
     render_error: TemplateError | None = None
@@ -162,6 +186,7 @@ def build_turn_row(
             response_ids.append(renderer.im_end_id)
             im_end_added = True
         token_source = "server"
+        think_closed = renderer.think_close_id in result.output_token_ids
         if local is None:
             token_check = "render_error"
         else:
@@ -182,6 +207,7 @@ def build_turn_row(
             raise render_error
         prompt_ids, response_ids = local.prompt_ids, local.response_ids
         token_source, text = "local", local.text
+        think_closed = False if local.flag == "think_inserted" else None
         token_check = local_check(
             local.flag,
             count_check(
@@ -195,15 +221,30 @@ def build_turn_row(
     input_ids = prompt_ids + response_ids
     if not response_ids:
         raise TemplateError(f"{sample.id} turn {turn}: empty response, nothing to train on")
+    reasoning = local.reasoning if local is not None else result.reasoning
+    content = local.content if local is not None else result.content
+    calls = [c.to_openai() for c in result.tool_calls]
+    # think_inserted: the output never wrote </think>, so all of it is reasoning
+    unclosed = local is not None and local.flag == "think_inserted"
+    checked = check_turn(
+        [m.to_openai() if isinstance(m, Message) else m for m in request_messages],
+        f"{reasoning or ''}{content}" if unclosed else reasoning,
+        "" if unclosed else content,
+        calls,
+        tools,
+        result.finish_reason,
+        think_closed=think_closed,
+        config=quality,
+    )
     return {
         "sample_id": sample.id,
         "source": sample.source,
         "turn": turn,
         "messages": messages_json(request_messages),
         "tools": json.dumps(tools, ensure_ascii=False) if tools else None,
-        "reasoning": local.reasoning if local is not None else result.reasoning,
-        "content": local.content if local is not None else result.content,
-        "tool_calls": json.dumps([c.to_openai() for c in result.tool_calls], ensure_ascii=False),
+        "reasoning": reasoning,
+        "content": content,
+        "tool_calls": json.dumps(calls, ensure_ascii=False),
         "finish_reason": result.finish_reason,
         "truncated": result.truncated,
         "text": text,
@@ -229,6 +270,8 @@ def build_turn_row(
         "latency_s": float(result.latency_s),
         "ttft_s": result.ttft_s,
         "created_at": _now(),
+        "attempt": sample.attempt,
+        **checked.columns(),
     }
 
 
@@ -299,12 +342,29 @@ def native_row(sample: Sample) -> dict[str, Any]:
         "latency_s": 0.0,
         "ttft_s": None,
         "created_at": _now(),
+        "attempt": sample.attempt,
+        **NOT_CHECKED.columns(),
     }
 
 
+def upgrade_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A row dict from before :data:`ADDED_COLUMNS` with them filled in: attempt 0 and its
+    turn checked now (:func:`regen.quality.check_row`; native rows not checked). Rows that have
+    them come back as they are."""
+    if all(name in row for name in ADDED_COLUMNS.names):
+        return row
+    out = dict(row)
+    out.setdefault("attempt", 0)
+    if any(name not in row for name in QUALITY_COLUMNS.names):
+        out.update(check_row(row).columns())
+    return out
+
+
 def rows_to_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
-    """Rows as a table of :data:`SCHEMA`; a row with missing or unknown keys is refused."""
+    """Rows as a table of :data:`SCHEMA` (rows from before the added columns upgraded, see
+    :func:`upgrade_row`); a row with missing or unknown keys is refused."""
     want = set(COLUMNS)
+    rows = [upgrade_row(r) for r in rows]
     for i, row in enumerate(rows):
         keys = set(row)
         if keys != want:

@@ -18,6 +18,8 @@ Role = Literal["system", "user", "assistant", "tool"]
 ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
 Mode = Literal["regenerate", "native"]
 Turns = Literal["all", "last"]
+#: the ``Sample.meta`` key holding a new attempt's number (see :attr:`Sample.attempt`)
+ATTEMPT_META = "regen.attempt"
 
 
 @dataclass(slots=True, frozen=True)
@@ -120,6 +122,12 @@ class Sample:
     def __reduce__(self) -> tuple[Any, ...]:  # plain tuples pickle ~3x faster (queue, Ray)
         return (Sample, (self.id, self.source, self.messages, self.tools, self.mode, self.turns,
                          self.input_ids, self.loss_mask, self.row, self.meta))  # fmt: skip
+
+    @property
+    def attempt(self) -> int:
+        """0 for a sample's first answer; n for its n-th new attempt (``regen run
+        --retry-flagged``, regen.engine.attempts), kept in ``meta``."""
+        return int(self.meta.get(ATTEMPT_META, 0))
 
     def prompt_chars(self) -> int:
         """Characters of all non-assistant text (what a max-prompt filter bounds)."""

@@ -53,7 +53,14 @@ from typing import Any
 from regen.errors import RunDirError
 from regen.progress import ProgressSnapshot
 from regen.store import RunDir, layout
-from regen.store.layout import CLOCK_SKEW_S, LockRecord, PartRecord, RunRecord, SourceCounts
+from regen.store.layout import (
+    CLOCK_SKEW_S,
+    LockRecord,
+    PartRecord,
+    RunRecord,
+    SourceCounts,
+    add_flag_counts,
+)
 from regen.store.layout import fmt_age as _age
 from regen.store.layout import pid_is_alive as _pid_alive
 from regen.store.lock import read_lock
@@ -275,6 +282,10 @@ class SourceNumbers:
     regenerate: bool
     tokens_per_turn: float | None  #: observed mean completion tokens per regenerated turn
     tokens_per_sample: float | None  #: observed mean completion tokens per done sample
+    flagged: int = 0  #: done samples whose answer has a row with a quality flag
+    flags: dict[str, int] = field(default_factory=dict)  #: rows per flag, most first
+    retried: int = 0  #: new attempts stored (regen run --retry-flagged)
+    retrying: int = 0  #: new attempts this session still has to store
 
 
 @dataclass(slots=True)
@@ -349,6 +360,10 @@ class RunNumbers:
     last_progress_at: float | None  #: last time completion tokens grew
     #: parts that are missing or damaged (their samples are not counted; see regen verify)
     damaged: list[str] = field(default_factory=list)
+    flagged: int = 0  #: done samples whose answer has a row with a quality flag
+    flags: dict[str, int] = field(default_factory=dict)  #: rows per flag, most first
+    retried: int = 0  #: new attempts stored (regen run --retry-flagged)
+    retrying: int = 0  #: new attempts this session still has to store
 
     @property
     def fraction(self) -> float:
@@ -546,7 +561,11 @@ def compute(
                 done=c.done,
                 failed=sp.failed,
                 truncated=c.truncated,
-                remaining=max(0, sp.total - c.done - sp.failed),
+                remaining=max(0, sp.total - c.done - sp.failed) + sp.retrying,
+                flagged=c.flagged,
+                flags=_by_count(c.flags),
+                retried=c.retried,
+                retrying=sp.retrying,
                 rows=c.rows,
                 prompt_tokens=c.prompt_tokens,
                 completion_tokens=c.completion_tokens,
@@ -631,10 +650,26 @@ def compute(
         holder=holder,
         last_progress_at=growth,
         damaged=list(check.damaged) if check else [],
+        flagged=sum(s.flagged for s in srcs),
+        flags=_by_count(_sum_flags(s.flags for s in srcs)),
+        retried=sum(s.retried for s in srcs),
+        retrying=sum(s.retrying for s in srcs),
     )
 
 
-_FIELDS = ("done", "rows", "truncated", "prompt_tokens", "completion_tokens")
+def _sum_flags(many: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for flags in many:
+        add_flag_counts(out, flags)
+    return out
+
+
+def _by_count(flags: dict[str, int]) -> dict[str, int]:
+    """Flags with a positive count, most first (ties in name order)."""
+    return dict(sorted(((k, v) for k, v in flags.items() if v > 0), key=lambda kv: (-kv[1], kv[0])))
+
+
+_FIELDS = ("done", "rows", "truncated", "prompt_tokens", "completion_tokens", "flagged", "retried")
 
 
 def deficit(
@@ -655,15 +690,20 @@ def deficit(
             f: max(0, getattr(sp, f) - getattr(have, f) - getattr(sp.pending, f))
             for f in _FIELDS
         })  # fmt: skip
-        if any(getattr(gap, f) for f in _FIELDS):
+        for flag, n in sp.flags.items():
+            left = n - have.flags.get(flag, 0) - sp.pending.flags.get(flag, 0)
+            if left > 0:
+                gap.flags[flag] = left
+        if gap.flags or any(getattr(gap, f) for f in _FIELDS):
             out[name] = gap
     return out
 
 
 def _shown(sp: Any, gap: SourceCounts | None) -> SourceCounts:
     """A source's counters less what vanished (``gap``)."""
+    flags = {k: v - (gap.flags.get(k, 0) if gap else 0) for k, v in sp.flags.items()}
     return SourceCounts(**{f: max(0, getattr(sp, f) - (getattr(gap, f) if gap else 0))
-                           for f in _FIELDS})  # fmt: skip
+                           for f in _FIELDS}, flags=flags)  # fmt: skip
 
 
 def read_numbers(uri: str | os.PathLike[str], now: float | None = None, **kw: Any) -> RunNumbers:

@@ -12,6 +12,7 @@ import pytest
 from regen.errors import ConfigError
 from regen.export import export_run
 from regen.native import VocabInfo, validate_native
+from regen.quality import DEFAULT_DROP_FLAGS
 from regen.result import TurnResult
 from regen.rows import build_turn_row, native_row, rows_to_table
 from regen.sample import Message, Sample, ToolCall
@@ -114,7 +115,9 @@ def test_pretokenized_export_numbers(run_dir: Path, tmp_path: Path) -> None:
     stats = export_run(str(run_dir), str(tmp_path / "out"), shard_rows=0)
     assert stats.parts == 2
     assert stats.rows_read == 5 + 4 + 1 + 1
-    assert stats.dropped == {"duplicate": 1, "no_loss_tokens": 1, "truncated": 1}
+    # the cut row is all reasoning: flagged reasoning_unclosed (checked before truncation)
+    assert stats.dropped == {"duplicate": 1, "flagged": 1, "no_loss_tokens": 1}
+    assert list(stats.flags) == ["reasoning_unclosed"] and stats.flags["reasoning_unclosed"].rows
     assert stats.rows_written == 8
     assert stats.sources["chat"].rows == 3 and stats.sources["chat"].truncated_seen == 1
     assert stats.sources["native"].rows == 4
@@ -129,7 +132,11 @@ def test_pretokenized_export_numbers(run_dir: Path, tmp_path: Path) -> None:
     saved = json.loads((tmp_path / "out" / "stats.json").read_text())
     assert saved["rows_written"] == 8 and saved["dropped"] == stats.dropped
     assert 0 < saved["mask_coverage"] < 1
-    assert saved["sources"]["chat"]["dropped"] == {"duplicate": 1, "truncated": 1}
+    assert saved["sources"]["chat"]["dropped"] == {"duplicate": 1, "flagged": 1}
+    assert saved["sources"]["chat"]["flags"] == {
+        "reasoning_unclosed": {"rows": 1, "tokens": 48, "loss_tokens": 7}
+    }
+    assert saved["drop_flags"] == list(DEFAULT_DROP_FLAGS) and saved["only_flagged"] is False
 
 
 def test_native_rows_come_out_byte_identical(run_dir: Path, tmp_path: Path) -> None:
@@ -179,12 +186,15 @@ def test_shards_are_slices_of_one_order(run_dir: Path, tmp_path: Path) -> None:
 
 
 def test_keep_truncated_and_max_length(run_dir: Path, tmp_path: Path) -> None:
-    kept = export_run(str(run_dir), str(tmp_path / "k"), drop_truncated=False)
+    flagged = export_run(str(run_dir), str(tmp_path / "k"), drop_truncated=False)
+    assert flagged.rows_written == 8 and flagged.dropped["flagged"] == 1  # cut in its reasoning
+    kept = export_run(str(run_dir), str(tmp_path / "k"), drop_truncated=False, drop_flags="none")
     assert kept.rows_written == 9 and "truncated" not in kept.dropped
     all_lens = sorted(len(json.loads(x)["input_ids"]) for x in _lines(tmp_path / "k"))
     limit = all_lens[-2]  # drops exactly the longest row
     assert all_lens[-1] > limit
-    short = export_run(str(run_dir), str(tmp_path / "s"), drop_truncated=False, max_length=limit)
+    short = export_run(str(run_dir), str(tmp_path / "s"), drop_truncated=False, max_length=limit,
+                       drop_flags=())  # fmt: skip
     assert short.dropped["too_long"] == 1 and short.rows_written == 8
     assert all(len(json.loads(x)["input_ids"]) <= limit for x in _lines(tmp_path / "s"))
 
@@ -234,7 +244,8 @@ def test_cli_uses_manifest_defaults_and_reports_errors(run_dir: Path, tmp_path: 
     assert main(["export", str(run_dir), "--out", str(tmp_path / "o")]) == 0
     stats = json.loads((tmp_path / "o" / "stats.json").read_text())
     assert (stats["seed"], stats["shard_rows"], len(stats["shards"])) == (5, 3, 3)
-    assert main(["export", str(run_dir), "--out", str(tmp_path / "o"), "--keep-truncated"]) == 0
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "o"), "--keep-truncated",
+                 "--drop-flags", "none"]) == 0  # fmt: skip
     assert json.loads((tmp_path / "o" / "stats.json").read_text())["rows_written"] == 9
     assert main(["export", str(tmp_path / "missing"), "--out", str(tmp_path / "o2")]) == 2
 
@@ -317,3 +328,195 @@ def test_heavy_columns_are_streamed_per_row_group(
         )
         assert group_reads and all(c == export_mod._DATA_COLUMNS[fmt] for _, c in group_reads)
         assert len(group_reads) <= 3 + 3  # at most once per row group (2 parts of 3 groups)
+
+
+# ---- --holdout N: held-out samples for regen bench --------------------------------------------
+
+
+def _holdout_rows(r: KimiRenderer, chats: int, tools: int) -> list[dict]:
+    """``chats`` one- or two-turn chat samples and ``tools`` tool-calling samples."""
+    rows = []
+    for i in range(chats):
+        s = Sample(id=f"chat:{i}", source="chat", messages=[])
+        sys_msg, u1 = Message("system", "Be brief."), Message("user", f"Question {i}?")
+        rows.append(build_turn_row(s, 0, [sys_msg, u1], _res("Think.", f"Answer {i}."), r))
+        if i % 2:  # a second turn: its request holds the first answer
+            a1 = Message("assistant", f"Answer {i}.", reasoning="Think.")
+            u2 = Message("user", "And then?")
+            rows.append(build_turn_row(s, 1, [sys_msg, u1, a1, u2], _res("More.", "Then."), r))
+    for i in range(tools):
+        s = Sample(id=f"tools:{i}", source="tools", messages=[], tools=TOOLS)
+        call = ToolCall("functions.get_weather:0", "get_weather", f'{{"city": "C{i}"}}')
+        rows.append(
+            build_turn_row(
+                s, 0, [Message("user", f"Weather {i}?")], _res("Call.", "", "tool_calls", [call]), r
+            )
+        )
+    return rows
+
+
+@pytest.fixture(scope="module")
+def holdout_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """chat: 10 samples (5 with two turns), tools: 3 samples, native rows; two parts."""
+    r = KimiRenderer.from_dir(TOKENIZER)
+    root = tmp_path_factory.mktemp("holdout-run")
+    rows = _holdout_rows(r, chats=10, tools=3) + [native_row(s) for s in _native_samples()]
+    (root / "parts").mkdir()
+    half = len(rows) // 2
+    pq.write_table(rows_to_table(rows[:half]), root / "parts" / "s1-00000.parquet")
+    pq.write_table(rows_to_table(rows[half:]), root / "parts" / "s1-00001.parquet")
+    manifest = {
+        "name": "holdout-test",
+        "target": {"model": "moonshotai/Kimi-K2.5", "tokenizer": str(TOKENIZER)},
+        "sampling": {"temperature": 0.0, "seed": 3},
+        "sources": [
+            {"name": "chat", "adapter": "sharegpt", "path": "a.jsonl"},
+            {"name": "tools", "adapter": "xlam", "path": "b.jsonl"},
+        ],
+        "export": {"seed": 7, "holdout": 2},
+    }
+    (root / "manifest.yaml").write_text(json.dumps(manifest))
+    return root
+
+
+def test_holdout_keeps_n_samples_per_source_out_of_the_shards(
+    holdout_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from regen.bench.prompts import read_prompts
+    from regen.export import holdout_rank
+
+    out = tmp_path / "out"
+    stats = export_run(str(holdout_run), str(out), seed=7, holdout=2, fmt="conversations")
+    # per source the 2 samples of smallest rank; tools has 3 samples: only 1 (half stays)
+    chat_ids = [f"chat:{i}" for i in range(10)]
+    want_chat = sorted(chat_ids, key=lambda s: (holdout_rank(7, s), s))[:2]
+    want_tools = sorted((f"tools:{i}" for i in range(3)), key=lambda s: holdout_rank(7, s))[:1]
+    assert "source tools has 3 samples: holding out 1, not 2" in caplog.text
+    prompts = read_prompts(out / layout.HOLDOUT)
+    assert [p.sample_id for p in prompts] == want_chat + want_tools
+    held = set(want_chat + want_tools)
+    # none of their turns is in the shards; every other sample is
+    written = {json.loads(line)["id"] for line in _lines(out, "conversations-")}
+    assert written.isdisjoint(held)
+    assert written == (set(chat_ids) | {f"tools:{i}" for i in range(3)}) - held
+    held_rows = sum(2 if int(s.split(":")[1]) % 2 and s.startswith("chat") else 1 for s in held)
+    assert stats.dropped["holdout"] == held_rows
+    assert (stats.holdout, stats.holdout_samples, stats.holdout_file) == (2, 3, layout.HOLDOUT)
+    assert stats.sources["chat"].holdout_samples == 2
+    assert stats.sources["tools"].holdout_samples == 1
+    assert "native" not in {p.source for p in prompts}  # nothing to send for native rows
+    on_disk = json.loads((out / layout.EXPORT_STATS).read_text())
+    assert on_disk["holdout"] == 2 and on_disk["dropped"]["holdout"] == held_rows
+    assert on_disk["sources"]["chat"]["holdout_samples"] == 2
+    # each prompt is the first turn's request as the run sent it, ready to send
+    for p in prompts:
+        assert p.turn == 0 and p.messages[-1]["role"] == "user"
+        if p.source == "chat":
+            n = p.sample_id.split(":")[1]
+            assert p.messages == [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": f"Question {n}?"},
+            ]
+            assert p.tools is None
+        else:
+            assert p.tools == TOOLS and p.messages[0]["content"].startswith("Weather ")
+
+
+def test_holdout_is_deterministic_by_seed_whatever_the_part_order(
+    holdout_run: Path, tmp_path: Path
+) -> None:
+    from regen.bench.prompts import read_prompts
+
+    def held(run: Path, seed: int, name: str) -> list[str]:
+        export_run(str(run), str(tmp_path / name), seed=seed, holdout=3)
+        return [p.sample_id for p in read_prompts(tmp_path / name / layout.HOLDOUT)]
+
+    first = held(holdout_run, 7, "a")
+    assert held(holdout_run, 7, "b") == first
+    # the same rows split into other parts, in another order
+    swapped = tmp_path / "swapped"
+    shutil.copytree(holdout_run, swapped)
+    parts = sorted((swapped / "parts").glob("*.parquet"))
+    tables = [pq.read_table(p) for p in parts]
+    parts[0].rename(swapped / "parts" / "s2-00009.parquet")
+    pq.write_table(tables[1], swapped / "parts" / "s1-00001.parquet")
+    assert held(swapped, 7, "c") == first
+    others = {tuple(held(holdout_run, seed, f"s{seed}")) for seed in range(1, 6)}
+    assert len(others) > 1  # the seed decides
+
+
+def test_holdout_in_pretokenized_shards_and_removed_by_an_export_without(
+    holdout_run: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    full = export_run(str(holdout_run), str(out), seed=7)
+    held = export_run(str(holdout_run), str(out), seed=7, holdout=2)
+    assert held.rows_written == full.rows_written - held.dropped["holdout"]
+    assert len(_lines(out)) == held.rows_written
+    assert (out / layout.HOLDOUT).is_file()
+    again = export_run(str(holdout_run), str(out), seed=7)  # no holdout: those samples train now
+    assert not (out / layout.HOLDOUT).exists() and again.holdout_file is None
+    assert "holdout" not in again.dropped
+    with pytest.raises(ConfigError, match="holdout must be >= 0"):
+        export_run(str(holdout_run), str(out), holdout=-1)
+
+
+def test_train_uses_the_shards_only_and_a_re_export_keeps_the_holdout(
+    holdout_run: Path, tmp_path: Path
+) -> None:
+    from regen.store import RunDir
+    from regen.train.config import ExportSpec
+    from regen.train.layout import default_holdout, export_is_stale, export_shards
+
+    rd = RunDir.open(str(holdout_run))
+    out = tmp_path / "export"
+    assert default_holdout(rd, out) == 2  # no export yet: the manifest's export.holdout
+    export_run(str(holdout_run), str(out), seed=7, holdout=3)
+    assert layout.HOLDOUT not in {p.name for p in export_shards(out)}
+    assert export_shards(out) and all(p.name.startswith("shard-") for p in export_shards(out))
+    assert not export_is_stale(rd, out)
+    assert default_holdout(rd, out) == 3  # what the export being replaced held out
+    # regen train's re-export: that holdout unless the train config says
+    assert ExportSpec().export_kwargs(4096, default_holdout(rd, out))["holdout"] == 3
+    assert ExportSpec(holdout=0).export_kwargs(4096, 3)["holdout"] == 0
+    (out / layout.EXPORT_STATS).write_text("{broken")
+    assert default_holdout(rd, out) == 2
+    bare = RunDir.open(str(tmp_path / "bare"), create=True)
+    assert default_holdout(bare, tmp_path / "none") == 0
+
+
+def test_cli_holdout_and_bench_finds_it(
+    holdout_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """`regen export` takes the manifest's export.holdout (or --holdout); `regen bench --run`
+    sends exactly those prompts to both servers."""
+    from regen.bench.prompts import holdout_path, read_prompts
+    from regen.bench.report import read_report
+    from regen.cli.main import main
+    from regen.simulate.testing import simulator_in_thread
+
+    run = tmp_path / "run"
+    shutil.copytree(holdout_run, run)
+    assert main(["export", str(run), "--out", str(run / "export")]) == 0
+    out = capsys.readouterr().out
+    assert "3 samples held out (2 per source at most)" in out
+    assert main(["export", str(run), "--out", str(tmp_path / "o"), "--holdout", "1"]) == 0
+    assert len(read_prompts(tmp_path / "o" / layout.HOLDOUT)) == 2
+    assert main(["export", str(run), "--out", str(tmp_path / "o"), "--holdout", "-1"]) == 2
+
+    assert holdout_path(run) == run / "export" / layout.HOLDOUT
+    prompts = read_prompts(holdout_path(run))
+    opts = {"instant": True, "mean_tokens": 8, "length_sigma": 0}
+    with (
+        simulator_in_thread(**opts) as base,
+        simulator_in_thread(**opts, speculative_algorithm="EAGLE3") as spec,
+    ):
+        args = ["bench", "--baseline", base.url, "--speculative", spec.url, "--run", str(run),
+                "--concurrency", "1", "--max-tokens", "8"]  # fmt: skip
+        assert main(args) == 0, capsys.readouterr().err
+        keys = base.stats(keys=True)["keys"]
+    rep = read_report(run / "bench" / "bench.json")
+    assert rep.settings.prompts == len(prompts) == 3
+    assert {s.source: s.prompts for s in rep.sources} == {"chat": 2, "tools": 1}
+    assert {s.source: s.kind for s in rep.sources} == {"chat": "chat", "tools": "tool-calling"}
+    assert len(keys) == 3  # three distinct requests (the warm-up repeats the first)

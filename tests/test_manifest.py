@@ -11,6 +11,7 @@ import yaml
 
 from regen.errors import ConfigError, RegenError, SourceError
 from regen.manifest import load_manifest
+from regen.quality import DEFAULT_DROP_FLAGS, FLAGS
 from regen.sample import stable_hash
 from regen.sources import read_samples
 
@@ -202,7 +203,7 @@ def test_reference_documents_every_field() -> None:
 
     doc = (REPO / "docs" / "manifest.md").read_text()
     models = [mf.Manifest, mf.Target, mf.Sampling, mf.Endpoint, mf.Engine, mf.Source, mf.HubRef]
-    models += [mf.Filters, mf.Dedup, mf.Export]
+    models += [mf.Filters, mf.Dedup, mf.Export, mf.QualityConfig]
     missing = [f"{m.__name__}.{f}" for m in models for f in m.model_fields if f"`{f}`" not in doc]
     assert missing == []
 
@@ -281,34 +282,79 @@ def test_dedup_defaults_and_fingerprint(tmp_path: Path) -> None:
 
 def test_changed_dedup_refuses_a_resume_unless_forced(tmp_path: Path) -> None:
     from regen.errors import FingerprintMismatchError
-    from regen.store import RunDir
+    from regen.store import RunDir, layout
     from regen.store.run import prepare_run
 
     path = write(tmp_path, BASE)
     rd = RunDir.open(tmp_path / "run")
     first = prepare_run(rd, load_manifest(path), [])
-    assert prepare_run(rd, load_manifest(path), [])["fingerprint"] == first["fingerprint"]
+    assert prepare_run(rd, load_manifest(path), []).fingerprint == first.fingerprint
     changed = load_manifest(path, ["dedup.threshold=0.9"])
     with pytest.raises(FingerprintMismatchError):
         prepare_run(rd, changed, [])
     with pytest.raises(FingerprintMismatchError):
         prepare_run(rd, load_manifest(path, ["dedup.near=false"]), [])
     forced = prepare_run(rd, changed, [], force=True)
-    assert forced["fingerprint"] == changed.fingerprint() != first["fingerprint"]
-    assert forced["previous_fingerprints"] == [first["fingerprint"]]
-    assert "threshold: 0.9" in rd.read_text("manifest.yaml")  # the resolved manifest has it
+    assert forced.fingerprint == changed.fingerprint() != first.fingerprint
+    assert forced.previous_fingerprints == [first.fingerprint]
+    assert "threshold: 0.9" in rd.read_text(layout.MANIFEST)  # the resolved manifest has it
 
 
 def test_a_run_made_before_near_dup_resumes_with_near_off(tmp_path: Path) -> None:
     from regen.errors import FingerprintMismatchError
-    from regen.store import RunDir
+    from regen.store import RunDir, layout
     from regen.store.run import prepare_run
 
     path = write(tmp_path, BASE)
     old = load_manifest(path, ["dedup.near=false"])
     rd = RunDir.open(tmp_path / "run")
     before = {k: old.model_dump(mode="json")[k] for k in ("target", "sampling", "sources")}
-    rd.write_json_atomic("run.json", {"name": "t", "fingerprint": stable_hash(before, n=32)})
+    old_fp = stable_hash(before, n=32)
+    layout.RUN_FILE.write(
+        rd,
+        layout.RunRecord(
+            name="t", fingerprint=old_fp, model="m", created_at=0.0, regen_version="0.1.0"
+        ),
+    )
     with pytest.raises(FingerprintMismatchError):  # the new default would drop samples
         prepare_run(rd, load_manifest(path), [])
-    assert prepare_run(rd, old, [])["fingerprint"] == stable_hash(before, n=32)
+    assert prepare_run(rd, old, []).fingerprint == old_fp
+
+
+def test_quality_thresholds_and_drop_flags_are_not_fingerprinted(tmp_path: Path) -> None:
+    from regen.store import RunDir
+    from regen.store.run import prepare_run
+
+    path = write(tmp_path, BASE)
+    rd = RunDir.open(tmp_path / "run")
+    first = prepare_run(rd, load_manifest(path), [])
+    other = load_manifest(path, ["quality.repeat_min_words=64", "export.drop_flags=all"])
+    assert other.quality.repeat_min_words == 64
+    assert other.export.drop_flags == list(FLAGS)
+    assert prepare_run(rd, other, []).fingerprint == first.fingerprint  # resumes as it is
+
+
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [
+        ("repetition,refusal", ["repetition", "refusal"]),
+        ("refusal, repetition", ["repetition", "refusal"]),  # always in FLAGS order
+        ("none", []),
+        ("", []),
+        ("default", list(DEFAULT_DROP_FLAGS)),
+        ("default,refusal", [f for f in FLAGS if f in {*DEFAULT_DROP_FLAGS, "refusal"}]),
+    ],
+)
+def test_export_drop_flags_parse(tmp_path: Path, value: str, want: list[str]) -> None:
+    path = write(tmp_path, BASE)
+    assert load_manifest(path, [f"export.drop_flags={value}"]).export.drop_flags == want
+
+
+def test_bad_quality_settings_name_the_field(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE)
+    with pytest.raises(ConfigError, match=r"drop_flags.*unknown flag 'loops'"):
+        load_manifest(path, ["export.drop_flags=repetition,loops"])
+    with pytest.raises(ConfigError, match="quality"):
+        load_manifest(path, ["quality.compression_max=2"])
+    with pytest.raises(ConfigError, match="quality"):
+        load_manifest(path, ["quality.typo=1"])

@@ -39,12 +39,19 @@ CONTRACT_EXAMPLE = {
             "prompt_tokens": 12000,
             "completion_tokens": 55000,
             "regenerate": True,
+            "flagged": 5,
+            "flags": {"repetition": 3, "empty_content": 2, "refusal": 1},
+            "retried": 2,
+            "retrying": 1,
             "pending": {
                 "done": 4,
                 "rows": 9,
                 "truncated": 0,
                 "prompt_tokens": 1200,
                 "completion_tokens": 5000,
+                "flagged": 1,
+                "flags": {"repetition": 1},
+                "retried": 0,
             },
         },
         "kimi": {
@@ -56,6 +63,10 @@ CONTRACT_EXAMPLE = {
             "prompt_tokens": 0,
             "completion_tokens": 0,
             "regenerate": False,  # no "pending": written before it existed (not reconciled)
+            "flagged": 0,
+            "flags": {},
+            "retried": 0,
+            "retrying": 0,
         },
     },
     "in_flight": 17,
@@ -92,7 +103,7 @@ def test_contract_example_round_trips_exactly() -> None:
 
 def test_parsed_values_and_totals() -> None:
     snap = ProgressSnapshot.from_dict(CONTRACT_EXAMPLE)
-    assert snap.sources["sharegpt"].remaining == 58
+    assert snap.sources["sharegpt"].remaining == 58 + 1  # one new attempt still to store
     assert snap.sources["kimi"].regenerate is False
     assert (snap.total, snap.done, snap.failed, snap.truncated) == (110, 50, 2, 3)
     assert snap.completion_tokens == 55000
@@ -183,3 +194,24 @@ def test_bad_shapes_are_rejected_naming_the_field(mutate, needle: str) -> None:
 def test_not_an_object_is_rejected() -> None:
     with pytest.raises(RunDirError):
         ProgressSnapshot.from_dict([1, 2])
+
+
+def test_a_file_from_before_the_quality_counters_reads_them_as_zero() -> None:
+    old = json.loads(json.dumps(CONTRACT_EXAMPLE))
+    for src in old["sources"].values():
+        for key in ("flagged", "flags", "retried", "retrying"):
+            del src[key]
+        for key in ("flagged", "flags", "retried"):
+            src.get("pending", {}).pop(key, None)
+    snap = ProgressSnapshot.from_dict(old)
+    sp = snap.sources["sharegpt"]
+    assert (sp.flagged, sp.flags, sp.retried, sp.retrying) == (0, {}, 0, 0)
+    assert sp.pending is not None and (sp.pending.flagged, sp.pending.flags) == (0, {})
+    assert sp.remaining == 58
+
+
+def test_mistyped_flag_counts_are_refused() -> None:
+    bad = json.loads(json.dumps(CONTRACT_EXAMPLE))
+    bad["sources"]["sharegpt"]["flags"]["repetition"] = "3"
+    with pytest.raises(RunDirError, match=r"sources\.sharegpt\.flags"):
+        ProgressSnapshot.from_dict(bad, where="progress.json")

@@ -267,3 +267,84 @@ def test_flags_outrank_the_count(renderer: KimiRenderer) -> None:
     assert renderer.decode(_split(inserted)[1]) == "</think>A.<|im_end|>"
     has_think = build_turn_row(sample, 0, request, _result("R", "A<think>B"), renderer)
     assert has_think["token_check"] == "content_has_think"
+
+
+# ---- quality columns and attempts (issue 15) ------------------------------------------------
+
+
+def test_every_row_carries_the_quality_columns_and_its_attempt(renderer: KimiRenderer) -> None:
+    from regen.quality import COLUMNS as QUALITY
+    from regen.sample import ATTEMPT_META
+
+    loop = "Wait, let me check the value again. " * 30
+    request = [Message("user", "What is the value of the cache after three steps?")]
+    res = _result(loop, "", finish_reason="length")
+    sample = Sample(id="q:1", source="q", messages=[], meta={ATTEMPT_META: 2})
+    row = build_turn_row(sample, 0, request, res, renderer)
+    assert row["attempt"] == 2
+    assert row["quality_flags"] == ["repetition", "reasoning_unclosed"]
+    assert row["q_repeat_ngram"] == 7 and row["q_repeat_words"] >= 200
+    assert set(QUALITY.names) <= set(row)
+    clean = build_turn_row(Sample(id="q:2", source="q", messages=[]), 0, request,
+                           _result("Three steps.", "It holds 3."), renderer)  # fmt: skip
+    assert clean["attempt"] == 0 and clean["quality_flags"] == []
+    nat = native_row(Sample(id="n:1", source="n", messages=[], input_ids=[1, 2], loss_mask=[0, 1]))
+    assert nat["quality_flags"] == [] and nat["q_compression"] is None and nat["attempt"] == 0
+
+
+def test_think_closed_comes_from_the_server_ids(renderer: KimiRenderer) -> None:
+    """Reasoning and no content that stopped by itself: the ids say whether </think> was
+    written (empty content after it) or not (reasoning never closed)."""
+    request = [Message("user", "Think about it and answer.")]
+    local = renderer.render_turn(request, None, reasoning="Hmm.", content="")
+    close = renderer.think_close_id
+    assert close is not None and close in local.response_ids
+    closed = _result("Hmm.", "", prompt_token_ids=list(local.prompt_ids),
+                     output_token_ids=list(local.response_ids))  # fmt: skip
+    sample = Sample(id="k:1", source="k", messages=[])
+    assert build_turn_row(sample, 0, request, closed, renderer)["quality_flags"] == [
+        "empty_content"
+    ]
+    never = _result("Hmm.", "", prompt_token_ids=list(local.prompt_ids),
+                    output_token_ids=[i for i in local.response_ids if i != close])  # fmt: skip
+    assert build_turn_row(sample, 0, request, never, renderer)["quality_flags"] == [
+        "reasoning_unclosed"
+    ]
+
+
+def test_think_closed_comes_from_the_local_render_without_server_ids(
+    renderer: KimiRenderer,
+) -> None:
+    """A parser-less server's output with no </think>: the render had to insert it."""
+    request = [Message("user", "Think about it and answer.")]
+    row = build_turn_row(Sample(id="k:2", source="k", messages=[]), 0, request,
+                         _result(None, "only thoughts, never closed"), renderer)  # fmt: skip
+    assert row["token_check"] == "think_inserted"
+    assert row["quality_flags"] == ["reasoning_unclosed"]
+
+
+def test_the_manifests_thresholds_decide(renderer: KimiRenderer) -> None:
+    from regen.quality import QualityConfig
+
+    text = " ".join(["one two three four five six"] * 12)  # a 72-word run
+    request = [Message("user", "Count for me, please, in words and slowly.")]
+    res = _result("Counting.", text, finish_reason="length")
+    sample = Sample(id="t:1", source="t", messages=[])
+    assert build_turn_row(sample, 0, request, res, renderer)["quality_flags"] == ["repetition"]
+    strict = QualityConfig(repeat_min_words=100)
+    assert build_turn_row(sample, 0, request, res, renderer, strict)["quality_flags"] == []
+
+
+def test_a_row_from_before_the_quality_columns_is_upgraded(renderer: KimiRenderer) -> None:
+    """A journal line of a session made before issue 15 (folded on resume) still fits."""
+    from regen.rows import ADDED_COLUMNS, upgrade_row
+
+    row = build_turn_row(Sample(id="o:1", source="o", messages=[]), 0,
+                         [Message("user", "Please summarise the text for me.")],
+                         _result("", ""), renderer)  # fmt: skip
+    old = {k: v for k, v in row.items() if k not in ADDED_COLUMNS.names}
+    new = upgrade_row(old)
+    assert new["attempt"] == 0 and new["quality_flags"] == ["empty_content"]
+    assert {k: new[k] for k in ADDED_COLUMNS.names} == {k: row[k] for k in ADDED_COLUMNS.names}
+    assert rows_to_table([old]).to_pylist()[0]["quality_flags"] == ["empty_content"]
+    assert upgrade_row(row) is row

@@ -538,3 +538,46 @@ def test_a_driver_on_another_host_gets_a_clock_skew_allowance() -> None:
     assert numbers(snap(token_series=flat), lock()).state == "stalled"
     remote = numbers(snap(token_series=flat, host="node-b"), lock(host="node-b"))
     assert remote.state == "running"
+
+
+def test_status_text_and_json_carry_the_flagged_counts(tmp_path: Path, capsys) -> None:
+    from regen.cli.main import main
+
+    s = make_snapshot(NOW, state="interrupted")
+    write_run_dir(tmp_path, s, now=NOW, lock="none")
+    assert main(["status", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    flagged = sum(v.flagged for v in s.sources.values())
+    assert f"flagged {flagged:,} samples (rows per flag: repetition" in out
+    assert main(["status", str(tmp_path), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["flagged"] == flagged
+    assert {x["name"]: x["flagged"] for x in d["sources"]} == {
+        k: v.flagged for k, v in s.sources.items()
+    }
+    assert list(d["flags"].values()) == sorted(d["flags"].values(), reverse=True)
+
+
+def test_the_flagged_samples_of_a_vanished_part_are_not_counted(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    from regen.progress import Pending
+    from regen.store import RunDir
+    from regen.store.journal import CompletedSample, Journal, list_parts, read_done
+
+    rd = RunDir.open(tmp_path)
+    j = Journal(rd, "S1", pa.Table.from_pylist)
+    for i in range(8):
+        flags = ["repetition"] if i % 2 else []
+        j.append(CompletedSample(f"a:{i}", "a", [{"sample_id": f"a:{i}", "source": "a",
+                 "turn": 0, "completion_tokens": 5, "quality_flags": flags}]))  # fmt: skip
+        if i % 4 == 3:
+            j.roll()
+    sp = SourceProgress(total=8, pending=Pending())
+    sp.add_counts(read_done(rd).sources["a"])
+    write_run_dir(tmp_path, snap(state="finished", sources={"a": sp}), now=NOW, lock="none")
+    got = RunView(tmp_path).numbers(NOW)
+    assert (got.flagged, got.flags) == (4, {"repetition": 4})
+    (tmp_path / list_parts(rd)[0].part).unlink()
+    got = RunView(tmp_path).numbers(NOW)
+    assert (got.done, got.flagged, got.flags) == (4, 2, {"repetition": 2})

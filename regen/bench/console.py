@@ -64,7 +64,7 @@ def levels_table(report: BenchReport) -> Table:
                 cells.append(str(st.requests - st.ok))
             t.add_row(*cells, end_section=not first)
     cross = report.crossover
-    note = "TTFT in ms, latency in s"
+    note = "tok/s while all of a level's requests were in flight; TTFT in ms, latency in s"
     if cross.concurrency is not None:
         note = (
             f"speedup crosses 1 near concurrency {cross.concurrency:.0f} (between "

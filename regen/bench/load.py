@@ -7,7 +7,13 @@ a request records (:class:`RequestRecord`): time to its first token (reasoning, 
 tool call), its latency, the server-counted usage from the stream's usage chunk, and SGLang's
 ``sglext.spec_tokens_details`` when the server sends it (a ``choices: []`` chunk before the
 usage chunk, SGLang 0.5.23 ``serving_chat.py``). Nothing is retried: a failed request is
-recorded with its error class (a retry would distort the latencies). Owns no files.
+recorded with its error class (a retry would distort the latencies).
+
+A level is a closed loop: ``concurrency`` workers, each sending its next request when the last
+one ends, until the level's requests are all sent. ``full_s`` is how long all ``concurrency``
+were in flight: from the start to the moment the first worker finds nothing left to send.
+After it the batch drains (the tail), so the level's throughput is measured inside it
+(:func:`regen.bench.stats.level_stats`). Owns no files.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ class RequestRecord:
     finish_reason: str | None = None
     verify_ct: int | None = None  #: spec_tokens_details.spec_verify_ct
     accept_length: float | None = None  #: spec_tokens_details.spec_accept_length
+    sent_s: float | None = None  #: when it was sent, seconds after its level started
 
     @property
     def decode_tok_s(self) -> float | None:
@@ -73,6 +80,9 @@ class LevelRun:
     concurrency: int
     wall_s: float
     records: list[RequestRecord] = field(default_factory=list)
+    #: seconds from the start during which all ``concurrency`` requests were in flight (None:
+    #: not known, e.g. a level built by hand)
+    full_s: float | None = None
 
 
 #: (role, concurrency, finished, total) after every finished request
@@ -145,19 +155,23 @@ async def run_level(
     records: list[RequestRecord | None] = [None] * total
     next_index = 0
     finished = 0
+    full_until: float | None = None
 
     async def worker() -> None:
-        nonlocal next_index, finished
+        nonlocal next_index, finished, full_until
         while next_index < total:
             i = next_index
             next_index += 1
             req = requests[i % len(requests)]
-            records[i] = await send_one(
-                transport, req, role=role, concurrency=concurrency, clock=clock
-            )
+            sent = clock()
+            rec = await send_one(transport, req, role=role, concurrency=concurrency, clock=clock)
+            rec.sent_s = sent - start
+            records[i] = rec
             finished += 1
             if progress is not None:
                 progress(role, concurrency, finished, total)
+        if full_until is None:  # the first worker out of work: the batch starts to drain
+            full_until = clock()
 
     start = clock()
     await asyncio.gather(*(worker() for _ in range(min(concurrency, total))))
@@ -167,4 +181,5 @@ async def run_level(
         concurrency=concurrency,
         wall_s=wall,
         records=[r for r in records if r is not None],
+        full_s=None if full_until is None else full_until - start,
     )

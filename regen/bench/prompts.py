@@ -28,10 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from regen.errors import ConfigError
 from regen.manifest import config_error
 from regen.sample import ROLES, Message, Sample
-from regen.train.layout import EXPORT_DIR
+from regen.store.layout import EXPORT_DIR, HOLDOUT
 
-#: the held-out prompts' file name inside an export directory
-HOLDOUT_FILE = "holdout.jsonl"
+#: the held-out prompts' file name inside an export directory (the layout's)
+HOLDOUT_FILE = HOLDOUT
 
 
 class BenchPrompt(BaseModel):
@@ -116,6 +116,11 @@ def read_prompts(path: str | Path) -> list[BenchPrompt]:
     return out
 
 
+def prompt_line(prompt: BenchPrompt) -> str:
+    """One line of a ``holdout.jsonl``-format file (no newline)."""
+    return json.dumps(prompt.model_dump(mode="json"), ensure_ascii=False)
+
+
 def write_prompts(path: str | Path, prompts: Iterable[BenchPrompt]) -> int:
     """Write prompts in the ``holdout.jsonl`` format (temp name, then rename); returns the count."""
     p = Path(path)
@@ -123,7 +128,7 @@ def write_prompts(path: str | Path, prompts: Iterable[BenchPrompt]) -> int:
     n = 0
     with tmp.open("w", encoding="utf-8") as f:
         for prompt in prompts:
-            f.write(json.dumps(prompt.model_dump(mode="json"), ensure_ascii=False) + "\n")
+            f.write(prompt_line(prompt) + "\n")
             n += 1
     tmp.replace(p)
     return n

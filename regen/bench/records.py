@@ -4,7 +4,7 @@ Layout (one line per request, in the order the levels ran)::
 
     {"role": "baseline" | "speculative" | "pass", "concurrency", "source", "sample_id",
      "ok", "error", "status", "ttft_s", "latency_s", "prompt_tokens", "completion_tokens",
-     "finish_reason", "verify_ct", "accept_length"}
+     "finish_reason", "verify_ct", "accept_length", "sent_s"}
 
 ``role`` "pass" is the per-source acceptance pass (only when the speculative server returns
 no ``spec_tokens_details``); the warm-up requests are not written. Writes only that file.

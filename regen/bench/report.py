@@ -90,8 +90,13 @@ class LevelStats(_Strict):
     wall_s: float
     #: server-counted completion tokens of the ok requests
     completion_tokens: int
-    #: completion_tokens / wall_s
+    #: completion tokens produced while all the level's requests were in flight ÷ that time
+    #: (the steady state; the level's drain is left out: regen/bench/stats.py)
     output_tok_s: float
+    #: seconds all the level's requests were in flight (None: output_tok_s is wall-based)
+    full_s: float | None = None
+    #: completion_tokens / wall_s (drain included)
+    wall_tok_s: float | None = None
     #: ok requests / wall_s
     requests_per_s: float
     #: time to the first token, median and 95th percentile, seconds

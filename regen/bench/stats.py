@@ -2,12 +2,20 @@
 
 Definitions (pure functions, no I/O):
 
-- **output tok/s** = server-counted completion tokens of the level's ok requests ÷ the level's
-  wall time (first request sent → last one finished); **requests/s** alike.
+- **output tok/s** = server-counted completion tokens produced while all of the level's
+  ``concurrency`` requests were in flight ÷ that time (:func:`steady_tokens`): the level is a
+  closed loop, and once its last request is sent the batch drains, so counting the tail would
+  measure how the level ends, not the server at that concurrency (a tail of a few slow
+  requests can halve a short level's throughput). Each request's first token counts at its
+  TTFT, the rest evenly over its decode time. **wall tok/s** = all completion tokens ÷ the
+  level's wall time (first request sent → last one finished); **requests/s** = ok requests ÷
+  wall time.
 - **TTFT / latency p50, p95**: linear interpolation between order statistics.
-- **acceptance from spec_tokens_details** = Σ completion tokens ÷ Σ ``spec_verify_ct`` over the
-  requests — SGLang's per-request ``spec_accept_length`` (completion ÷ verify steps) pooled
-  by tokens, i.e. the mean tokens per verify step over all of them.
+- **acceptance from spec_tokens_details** = Σ decode tokens ÷ Σ ``spec_verify_ct`` over the
+  requests (decode tokens: completion tokens minus the prefill's first): the mean tokens kept
+  per verify step, the quantity ``/server_info``'s ``avg_spec_accept_length`` and SGLang's own
+  ``bench_serving`` report. SGLang's per-request ``spec_accept_length`` (completion ÷ verify
+  steps) also counts the prefill's token, which inflates short answers.
 - **acceptance from /server_info**: ``avg_spec_accept_length`` is SGLang's running total
   (accepted tokens ÷ request-steps since start). Across a window (a level, or one source's
   pass) where the bench had the server produce ``T`` decode tokens (completion tokens minus the
@@ -61,21 +69,22 @@ def decode_tokens(records: Iterable[RequestRecord]) -> int:
 class DetailsAccept:
     """Acceptance pooled from per-request spec_tokens_details."""
 
-    accept_length: float | None
+    accept_length: float | None  #: decode tokens ÷ verify steps
     completion_tokens: int
     verify_ct: int
     requests: int
 
 
 def details_accept(records: Iterable[RequestRecord]) -> DetailsAccept:
-    """Σ completion ÷ Σ verify steps over the ok requests that carried details."""
+    """Σ decode tokens ÷ Σ verify steps over the ok requests that carried details."""
     tokens = verify = n = 0
     for r in records:
         if r.ok and r.verify_ct and r.completion_tokens is not None:
             tokens += r.completion_tokens
             verify += r.verify_ct
             n += 1
-    return DetailsAccept(tokens / verify if verify else None, tokens, verify, n)
+    decode = tokens - n  # each request's first token came from its prefill
+    return DetailsAccept(decode / verify if verify else None, tokens, verify, n)
 
 
 @dataclass(slots=True)
@@ -104,6 +113,28 @@ class AcceptWindow:
         return value if value >= MIN_PLAUSIBLE_ACCEPT else None
 
 
+def steady_tokens(run: LevelRun) -> float | None:
+    """Completion tokens the ok requests produced within ``[0, run.full_s]`` (module
+    docstring); None when the level does not know that window."""
+    end = run.full_s
+    if end is None or end <= 0:
+        return None
+    total = 0.0
+    for r in run.records:
+        n = r.completion_tokens
+        if not r.ok or not n or r.sent_s is None or r.latency_s is None:
+            continue
+        last = r.sent_s + r.latency_s
+        first = r.sent_s + r.ttft_s if r.ttft_s is not None else last
+        if first <= end:
+            total += 1
+        if n > 1 and last > first:
+            total += (n - 1) * max(0.0, min(last, end) - first) / (last - first)
+        elif n > 1 and last <= end:
+            total += n - 1
+    return total
+
+
 def level_stats(
     run: LevelRun, accept: float | None = None, method: AcceptMethod = "none"
 ) -> LevelStats:
@@ -112,6 +143,11 @@ def level_stats(
     errors = Counter(r.error or "unknown" for r in run.records if not r.ok)
     tokens = sum(r.completion_tokens or 0 for r in ok)
     wall = run.wall_s
+    steady = steady_tokens(run)
+    if steady is not None and run.full_s:
+        tok_s, window = steady / run.full_s, run.full_s
+    else:
+        tok_s, window = (tokens / wall if wall > 0 else 0.0), None
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     lats = [r.latency_s for r in ok if r.latency_s is not None]
     speeds = [s for s in (r.decode_tok_s for r in ok) if s is not None]
@@ -121,7 +157,9 @@ def level_stats(
         errors=dict(sorted(errors.items())),
         wall_s=wall,
         completion_tokens=tokens,
-        output_tok_s=tokens / wall if wall > 0 else 0.0,
+        output_tok_s=tok_s,
+        full_s=window,
+        wall_tok_s=tokens / wall if wall > 0 else 0.0,
         requests_per_s=len(ok) / wall if wall > 0 else 0.0,
         ttft_p50_s=percentile(ttfts, 0.5),
         ttft_p95_s=percentile(ttfts, 0.95),

@@ -92,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
         return 130
     e = manifest.export
     stats = export_run(args.out, export_dir, seed=e.seed, drop_truncated=e.drop_truncated,
-                       max_length=e.max_length, shard_rows=e.shard_rows)  # fmt: skip
+                       max_length=e.max_length, shard_rows=e.shard_rows,
+                       drop_flags=e.drop_flags)  # fmt: skip
     console.print(
         f"[bold green]done[/]: {summary.done}/{summary.total} samples "
         f"({summary.failed_permanent} failed permanently, {summary.failed_transient} left for "

@@ -1,7 +1,10 @@
-"""`regen export RUN_DIR --out DIR`: SpecForge JSONL shards + stats.json from a run directory.
+"""`regen export RUN_DIR --out DIR [--holdout N] [--drop-flags FLAGS] [--only-flagged]`: SpecForge
+JSONL shards + stats.json (and the held-out prompts) from a run directory.
 
 Defaults come from the ``export`` section of the run directory's manifest when it has one;
-flags override them. A damaged run directory is refused (see ``regen verify``).
+flags override them. A damaged run directory is refused (see ``regen verify``). Rows carrying a
+quality flag of ``--drop-flags`` are dropped (docs/quality.md); ``--only-flagged`` writes just
+those, for inspection.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ HELP = "write SpecForge pre-tokenized (or raw-conversation) JSONL shards and the
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from regen.store import layout
+
     parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory (path or pyarrow URI)")
     parser.add_argument("--out", required=True, help="output directory (path or pyarrow URI)")
     parser.add_argument("--seed", type=int, default=None, help="shuffle seed (manifest: 0)")
@@ -40,6 +45,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="rows per shard (manifest: 10000; 0 = one shard, what SpecForge's prompts_path reads)",
+    )
+    parser.add_argument(
+        "--drop-flags",
+        metavar="FLAGS",
+        default=None,
+        help="drop rows carrying any of these quality flags: comma list of repetition, "
+        "empty_content, reasoning_unclosed, language_mismatch, refusal, bad_tool_call; or "
+        "default, all, none (manifest export.drop_flags; default: all but refusal)",
+    )
+    parser.add_argument(
+        "--only-flagged",
+        action="store_true",
+        help="write only the rows --drop-flags would drop (one record per row with its turn, "
+        "attempt and flags in the conversations format), for inspection",
+    )
+    parser.add_argument(
+        "--holdout",
+        type=int,
+        default=None,
+        metavar="N",
+        help="keep N samples per source out of the shards, chosen by the seed, and write their "
+        f"prompts to OUT/{layout.HOLDOUT} for `regen bench --run` (manifest: 0)",
     )
     parser.add_argument(
         "--format",
@@ -81,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
         max_length=pick(args.max_length, "max_length"),
         shard_rows=pick(args.shard_rows, "shard_rows"),
         fmt=args.fmt,
+        drop_flags=pick(args.drop_flags, "drop_flags"),
+        only_flagged=args.only_flagged,
+        holdout=pick(args.holdout, "holdout"),
     )
     console = Console()
     table = Table(title=f"export {escape(args.run_dir)} → {escape(args.out)} ({stats.format})")
@@ -98,12 +128,24 @@ def run(args: argparse.Namespace) -> int:
             escape(dropped),
         )
     console.print(table)
+    if stats.flags:
+        what = "written" if stats.only_flagged else "dropped"
+        flags = ", ".join(
+            f"{k} {v.rows:,} rows / {v.tokens:,} tokens" for k, v in stats.flags.items()
+        )
+        console.print(f"quality flags {what}: {escape(flags)}", highlight=False)
     checks = ", ".join(f"{k} {v}" for k, v in sorted(stats.token_check.items())) or "none"
     console.print(
         f"{stats.rows_written:,} rows, {stats.tokens:,} tokens in {len(stats.shards)} shard(s); "
         f"server token check: {escape(checks)}",
         highlight=False,
     )
+    if stats.holdout_file:
+        console.print(
+            f"{stats.holdout_samples:,} samples held out ({stats.holdout} per source at most): "
+            f"prompts in {escape(args.out)}/{stats.holdout_file} for `regen bench --run`",
+            highlight=False,
+        )
     mismatches = stats.token_check_problems
     if mismatches:
         console.print(

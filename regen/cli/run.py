@@ -47,6 +47,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="request samples with a recorded permanent failure again",
     )
     p.add_argument(
+        "--retry-flagged",
+        metavar="FLAGS",
+        help="request done samples whose latest answer carries one of these quality flags "
+        "again, as a new attempt with another seed (comma list of repetition, empty_content, "
+        "reasoning_unclosed, language_mismatch, refusal, bad_tool_call; or default, all); both "
+        "attempts stay in the run directory, the latest wins in export (docs/quality.md)",
+    )
+    p.add_argument(
+        "--flagged-retries",
+        type=int,
+        default=1,
+        metavar="N",
+        help="new attempts a flagged sample may have in all (default 1: rerunning the same "
+        "command after it finished requests nothing more)",
+    )
+    p.add_argument(
         "--force",
         action="store_true",
         help="continue a run directory made by a different manifest fingerprint",
@@ -77,17 +93,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
     from regen.engine import RunOptions
+    from regen.errors import ConfigError
+    from regen.quality import parse_flags
 
     if args.limit is not None and args.limit < 0:
-        from regen.errors import ConfigError
-
         raise ConfigError("--limit must be >= 0", field="--limit")
+    flagged = getattr(args, "retry_flagged", None)
+    retries = getattr(args, "flagged_retries", 1)
+    if retries < 1:
+        raise ConfigError("--flagged-retries must be >= 1", field="--flagged-retries")
+    retry_flagged = parse_flags(flagged, "--retry-flagged") if flagged is not None else ()
+    if flagged is not None and not retry_flagged:
+        raise ConfigError("--retry-flagged needs at least one flag", field="--retry-flagged")
     return RunOptions(
         endpoints=list(args.endpoint) or None,
         workers=args.workers,
         concurrency=args.concurrency,
         limit=args.limit,
         retry_failed=args.retry_failed,
+        retry_flagged=retry_flagged,
+        flagged_retries=retries,
         force=args.force,
         address=args.address,
         verbose=getattr(args, "verbose", False),
@@ -147,7 +172,9 @@ def execute(args: argparse.Namespace, *, view: bool = True) -> int:
     summary = run_with_view(manifest, args.out, opts, view=view)
     console.print(
         f"[bold]{summary.state}[/]: {summary.done:,}/{summary.total:,} samples done "
-        f"({summary.completed_now:,} this session), {summary.failed_permanent:,} failed "
+        f"({summary.completed_now:,} this session"
+        + (f", {summary.retried_now:,} of them new attempts" if summary.retried_now else "")
+        + f"), {summary.failed_permanent:,} failed "
         f"permanently, {summary.failed_transient:,} left for the next run; "
         f"run dir {summary.run_dir}",
         highlight=False,

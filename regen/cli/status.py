@@ -6,7 +6,7 @@ import argparse
 import json
 
 NAME = "status"
-HELP = "samples done/failed/truncated, tokens, tok/s, ETA and state of a run directory"
+HELP = "samples done/failed/truncated/flagged, tokens, tok/s, ETA and state of a run directory"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +38,13 @@ def run(args: argparse.Namespace) -> int:
         f"{fmt_tokens(n.prompt_tokens)}, rows {n.rows:,}",
         highlight=False,
     )
+    if n.flagged or n.retried or n.retrying:
+        flags = ", ".join(f"{k} {v:,}" for k, v in n.flags.items()) or "none left"
+        console.print(
+            f"flagged {n.flagged:,} samples (rows per flag: {flags}); new attempts "
+            f"{n.retried:,} stored, {n.retrying:,} to go",
+            highlight=False,
+        )
     console.print(sources_table(n, console.width))
     if n.damaged:
         from monitor.render import damage_note

@@ -163,9 +163,14 @@ class ChatClient:
         return not (self.server_ids and self.sampling.token_ids == "nonstream")
 
     def request_body(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        seed: int | None = None,
     ) -> dict[str, Any]:
-        """The JSON body of one ``POST /chat/completions``."""
+        """The JSON body of one ``POST /chat/completions``; ``seed`` replaces the sampling
+        seed (a new attempt of a flagged sample, regen.engine.attempts)."""
         s = self.sampling
         body: dict[str, Any] = {
             "model": self.model,
@@ -178,8 +183,10 @@ class ChatClient:
         }
         if s.top_k is not None:
             body["top_k"] = s.top_k
-        if s.seed is not None:
-            body["seed"] = s.seed
+        if seed is None:
+            seed = s.seed
+        if seed is not None:
+            body["seed"] = seed
         if tools:
             body["tools"] = tools
         if self.streaming:
@@ -216,9 +223,11 @@ class ChatClient:
         tools: list[dict[str, Any]] | None = None,
         *,
         sample_id: str,
+        seed: int | None = None,
     ) -> TurnResult:
-        """One try, no retry. Raises a :class:`regen.errors.RequestError` subclass on failure."""
-        body = self.request_body(messages, tools)
+        """One try, no retry (``seed``: see :meth:`request_body`). Raises a
+        :class:`regen.errors.RequestError` subclass on failure."""
+        body = self.request_body(messages, tools, seed=seed)
         start = self._clock()
         try:
             if self.streaming:

@@ -9,10 +9,11 @@ session), run.json and manifest.yaml (:func:`regen.store.run.prepare_run`), plan
 Flow: fail-fast checks (:mod:`regen.engine.preflight`: paths, tokenizer, one render per source;
 before Ray or any actor) → lock → fingerprint → fold leftover journals → done-set from the
 verified parts (damaged ones quarantined, their samples planned again) → plan (skip done ones
-and recorded permanent failures unless ``retry_failed``) → native rows journaled directly →
-endpoint check → Ray and N actors (started while the plan is read) → the dispatch loop
-(:mod:`regen.engine.dispatch`) → every completed sample journaled at once; every
-``part_size`` samples or ``part_interval_s`` the segment becomes a Parquet part.
+and recorded permanent failures unless ``retry_failed``; with ``retry_flagged``, done samples
+whose latest answer is flagged are planned again as a new attempt, regen.engine.attempts) →
+native rows journaled directly → endpoint check → Ray and N actors (started while the plan is
+read) → the dispatch loop (:mod:`regen.engine.dispatch`) → every completed sample journaled at
+once; every ``part_size`` samples or ``part_interval_s`` the segment becomes a Parquet part.
 SIGINT/SIGTERM stop feeding, write the buffered samples as a part, release the lock and leave
 the state "interrupted"; rerunning the same command resumes.
 """
@@ -30,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from regen.engine.attempts import RetryFlagged, select
 from regen.engine.dispatch import Dispatcher
 from regen.engine.planning import Plan, plan_session, write_plan
 from regen.engine.pool import RayWorkerPool
@@ -50,6 +52,7 @@ from regen.store.journal import (
     read_failures,
     recover,
 )
+from regen.store.layout import SourceCounts
 from regen.store.lock import RunLock
 from regen.store.run import new_session_id, prepare_run
 from regen.store.rundir import RunDir
@@ -66,6 +69,10 @@ class RunOptions:
     concurrency: int | None = None  #: requests in flight per actor (default: engine.concurrency)
     limit: int | None = None  #: keep the first N samples (after sources' own limits)
     retry_failed: bool = False  #: request recorded permanent failures again
+    #: request done samples whose latest answer carries one of these quality flags again
+    retry_flagged: tuple[str, ...] = ()
+    #: new attempts a flagged sample may have in all (regen.engine.attempts)
+    flagged_retries: int = 1
     force: bool = False  #: continue a run directory whose fingerprint differs
     address: str | None = None  #: Ray cluster to join (default: $RAY_ADDRESS, else local)
     prefetch: int | None = None  #: work items per actor beyond its concurrency
@@ -95,7 +102,9 @@ class JobSummary:
     done: int = 0  #: samples stored (all sessions)
     completed_now: int = 0  #: samples completed in this session
     failed_permanent: int = 0  #: permanent failures on record (not done)
-    failed_transient: int = 0  #: samples of this session that ran out of retries
+    #: samples of this session that ran out of retries (and new attempts that failed)
+    failed_transient: int = 0
+    retried_now: int = 0  #: new attempts of flagged samples stored this session
     parts_written: int = 0
     requests_sent: int = 0
     workers_died: int = 0  #: actors lost this session (their samples were requeued)
@@ -190,14 +199,19 @@ class _Session:
         self._last_progress = 0.0
         self.lengths: LengthModel | None = None  #: the dispatch order's estimate (learned)
         self.lock_lost: str = ""  #: set when another run took the lock over
+        #: new attempts planned: sample id -> the counters of the answer each replaces
+        self.replaces: dict[str, SourceCounts] = {}
 
     # -- recording (regen.engine.dispatch.Recorder) --------------------------------------
     def store(self, sample_id: str, source: str, rows: list[dict[str, Any]]) -> None:
-        self.journal.append(CompletedSample(sample_id, source, rows))
+        replaces = self.replaces.pop(sample_id, None)
+        self.journal.append(CompletedSample(sample_id, source, rows, replaces))
         prev = self.failed_ids.pop(sample_id, None)
         assert self.tracker is not None
-        self.tracker.sample_done(source, rows, was_failed=prev is not None and prev.permanent)
+        self.tracker.sample_done(source, rows, was_failed=prev is not None and prev.permanent,
+                                 replaces=replaces)  # fmt: skip
         self.summary.completed_now += 1
+        self.summary.retried_now += replaces is not None
         if self.journal.due(self.m.engine.part_size, self.m.engine.part_interval_s):
             self.roll()
 
@@ -241,9 +255,18 @@ class _Session:
             at=time.time(),
         )
         self.failure_log.append(rec)
+        assert self.tracker is not None
+        if self.replaces.pop(out.sample_id, None) is not None:
+            # a new attempt failed: the sample keeps its stored answer (the next run with
+            # --retry-flagged requests it again)
+            self.tracker.sample_failed(out, newly_permanent=False, retry=True)
+            self.summary.failed_transient += 1  # the same command requests it again
+            log.warning("new attempt of %s failed (%s; its earlier answer is kept, the same "
+                        "command requests it again): %s", out.sample_id, out.kind,
+                        out.message[:300])  # fmt: skip
+            return
         prev = self.failed_ids.get(out.sample_id)
         self.failed_ids[out.sample_id] = rec
-        assert self.tracker is not None
         self.tracker.sample_failed(
             out, newly_permanent=rec.permanent and not (prev and prev.permanent)
         )
@@ -280,13 +303,21 @@ class _Session:
         self.failed_ids = {k: v for k, v in failures.items() if k not in done}
         log.info("%s: %d samples done in %d parts (%d recovered from journals)", rd.uri,
                  len(done), done.parts, recovered)  # fmt: skip
+        redo: dict[str, int] = {}
+        if self.opts.retry_flagged:
+            redo = select(done, RetryFlagged(self.opts.retry_flagged, self.opts.flagged_retries))
+            self.replaces = {sid: done.flagged[sid].to_counts() for sid in redo}
         plan = plan_session(m, done.ids, self.failed_ids, limit=self.opts.limit,
-                            retry_failed=self.opts.retry_failed)  # fmt: skip
+                            retry_failed=self.opts.retry_failed, redo=redo)  # fmt: skip
+        for sid in set(self.replaces) - {p.id for p in plan.todo}:
+            del self.replaces[sid]  # no longer in the plan (e.g. --limit)
         return done, plan
 
     def _likely_work(self) -> bool:
         """False when the last session finished (then nothing is started before the plan)."""
-        return self.opts.retry_failed or layout.last_state(self.rd) != "finished"
+        if self.opts.retry_failed or self.opts.retry_flagged:
+            return True
+        return layout.last_state(self.rd) != "finished"
 
     def _warm_up(self) -> _Warm:
         """Endpoint check, Ray and the actors, while the plan is read (actors boot async)."""
@@ -344,11 +375,12 @@ class _Session:
         for f in self.failed_ids.values():
             if f.permanent:
                 failed_per_source[f.source] = failed_per_source.get(f.source, 0) + 1
-        self.tracker.start_from(done, plan.totals, failed_per_source)
+        self.tracker.start_from(done, plan.totals, failed_per_source, plan.retries)
         for msg in done.damaged:
             self.tracker.driver_error("damaged_part", msg)
-        log.info("session %s: %d samples to regenerate, %d native, %d permanent failures skipped",
-                 self.session, len(plan.todo), len(plan.native), plan.skipped_failed)  # fmt: skip
+        log.info("session %s: %d samples to regenerate (%d new attempts of flagged samples), "
+                 "%d native, %d permanent failures skipped", self.session, len(plan.todo),
+                 sum(plan.retries.values()), len(plan.native), plan.skipped_failed)  # fmt: skip
         self.progress(force=True)
         state = "finished"
         if plan.native:

@@ -6,9 +6,15 @@ to store as they are, and samples already done or failed permanently. :func:`wri
 the per-source totals as ``plan.json`` (:class:`regen.store.layout.PlanRecord`), which the
 dashboard reads for its expected turns per sample.
 
+New attempts (``regen run --retry-flagged``): ``redo`` maps done samples to the attempt number
+to request (:func:`regen.engine.attempts.select`); :func:`plan_session` queues them like any
+other work, marked with that attempt (:func:`regen.engine.attempts.as_attempt`).
+
 Seam for a plan index: :func:`iter_planned` is the one place samples come from. An index of the
 plan kept in the run directory (so that a resume reads only unfinished rows) replaces it by
-yielding the same samples from there; :func:`plan_session` and everything after it stay.
+yielding the same samples from there; :func:`plan_session` and everything after it stay. Such
+an index must still yield the done samples named in ``redo`` (their bodies are what a new
+attempt sends).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class Plan:
     totals: dict[str, tuple[int, bool]]  #: {source: (samples planned, regenerate)}
     skipped_failed: int  #: recorded permanent failures left out (no --retry-failed)
     spill: Spill = field(default_factory=Spill)
+    retries: dict[str, int] = field(default_factory=dict)  #: new attempts queued per source
 
     def record(self, session: str) -> PlanRecord:
         """``plan.json`` of this plan."""
@@ -95,9 +102,13 @@ def plan_session(
     *,
     limit: int | None = None,
     retry_failed: bool = False,
+    redo: dict[str, int] | None = None,
 ) -> Plan:
-    """Split the samples into work (regenerate), native rows and already-done. The bodies of
-    the work are spilled to a temporary file (closed with the plan)."""
+    """Split the samples into work (regenerate), native rows and already-done. ``redo``: done
+    samples requested again, with their new attempt number. The bodies of the work are spilled
+    to a temporary file (closed with the plan)."""
+    from regen.engine.attempts import as_attempt
+
     spill = Spill()
     todo: list[PackedSample] = []
     native: list[Sample] = []
@@ -106,6 +117,8 @@ def plan_session(
     }
     seen: set[str] = set()
     skipped = 0
+    redo = redo or {}
+    retries: dict[str, int] = {}
     for s in iter_planned(manifest, limit):
         if s.id in seen:
             log.warning("sample id %s appears twice; keeping the first", s.id)
@@ -113,6 +126,9 @@ def plan_session(
         seen.add(s.id)
         totals[s.source][0] += 1
         if s.id in done:
+            if s.id in redo and s.mode == "regenerate":
+                todo.append(PackedSample.pack(as_attempt(s, redo[s.id]), spill))
+                retries[s.source] = retries.get(s.source, 0) + 1
             continue
         f = failures.get(s.id)
         if f is not None and f.permanent and not retry_failed:
@@ -122,9 +138,8 @@ def plan_session(
             native.append(s)
         else:
             todo.append(PackedSample.pack(s, spill))  # the plan of a big run stays small
-    return Plan(
-        todo, native, {k: (int(v[0]), bool(v[1])) for k, v in totals.items()}, skipped, spill
-    )
+    totals_ = {k: (int(v[0]), bool(v[1])) for k, v in totals.items()}
+    return Plan(todo, native, totals_, skipped, spill, retries)
 
 
 def write_plan(

@@ -26,8 +26,8 @@ from regen.progress import (
     SourceProgress,
 )
 from regen.store import layout
-from regen.store.journal import DoneSet, count_rows
-from regen.store.layout import PartRecord
+from regen.store.journal import DoneSet, count_sample
+from regen.store.layout import PartRecord, SourceCounts
 from regen.store.rundir import RunDir
 
 
@@ -67,27 +67,37 @@ class ProgressTracker:
         return self.snap.sources.setdefault(name, SourceProgress())
 
     def start_from(
-        self, done: DoneSet, totals: dict[str, tuple[int, bool]], failed: dict[str, int]
+        self,
+        done: DoneSet,
+        totals: dict[str, tuple[int, bool]],
+        failed: dict[str, int],
+        retrying: dict[str, int] | None = None,
     ) -> None:
-        """Counters of earlier sessions: totals {source: (samples, regenerate)}."""
+        """Counters of earlier sessions: totals {source: (samples, regenerate)}; ``retrying``:
+        the new attempts (regen run --retry-flagged) this session planned per source."""
         for name, (total, regen_) in totals.items():
             sp = self.source(name)
             sp.total, sp.regenerate = total, regen_
             sp.failed = failed.get(name, 0)
+            sp.retrying = (retrying or {}).get(name, 0)
         for name, t in done.sources.items():
-            sp = self.source(name)
-            sp.done, sp.rows, sp.truncated = t.done, t.rows, t.truncated
-            sp.prompt_tokens, sp.completion_tokens = t.prompt_tokens, t.completion_tokens
+            self.source(name).add_counts(t)
 
-    def sample_done(self, source: str, rows: list[dict[str, Any]], *, was_failed: bool) -> None:
+    def sample_done(
+        self,
+        source: str,
+        rows: list[dict[str, Any]],
+        *,
+        was_failed: bool,
+        replaces: SourceCounts | None = None,
+    ) -> None:
+        """One stored sample; ``replaces``: the counters of the answer a new attempt replaces."""
         sp = self.source(source)
-        c = count_rows(rows)
-        sp.done += 1
-        sp.rows += c.rows
-        sp.truncated += c.truncated
-        sp.prompt_tokens += c.prompt_tokens
-        sp.completion_tokens += c.completion_tokens
-        self.session_tokens += c.completion_tokens
+        c = count_sample(rows, replaces)
+        sp.add_counts(c)
+        self.session_tokens += sum(int(r.get("completion_tokens") or 0) for r in rows)
+        if replaces is not None:
+            sp.retrying = max(0, sp.retrying - 1)
         if was_failed:
             sp.failed = max(0, sp.failed - 1)
         for r in rows:
@@ -102,8 +112,15 @@ class ProgressTracker:
         for sp in self.snap.sources.values():
             sp.pending = Pending()
 
-    def sample_failed(self, out: SampleOutcome, *, newly_permanent: bool) -> None:
-        if newly_permanent:
+    def sample_failed(
+        self, out: SampleOutcome, *, newly_permanent: bool, retry: bool = False
+    ) -> None:
+        """A sample that could not be completed; a failed new attempt (``retry``) keeps the
+        sample's earlier answer: it only leaves what this session still has to do."""
+        if retry:
+            sp = self.source(out.source)
+            sp.retrying = max(0, sp.retrying - 1)
+        elif newly_permanent:
             self.source(out.source).failed += 1
 
     def driver_error(self, kind: str, message: str) -> None:

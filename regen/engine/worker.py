@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from regen.engine.adaptive import AdaptiveLimit
+from regen.engine.attempts import attempt_seed
 from regen.engine.turns import DoneTurn, regenerate
 from regen.errors import (
     OverloadedError,
@@ -78,15 +79,18 @@ class WorkerStats:
 
 
 def default_row_builder(manifest: Manifest) -> RowBuilder:
-    """Rows through regen.rows.build_turn_row with the manifest's Kimi renderer."""
+    """Rows through regen.rows.build_turn_row with the manifest's Kimi renderer; every turn's
+    quality is checked there (the manifest's ``quality`` thresholds, docs/quality.md)."""
     from regen.rows import build_turn_row
     from regen.template.render import KimiRenderer
 
     renderer = KimiRenderer.from_manifest(manifest)
+    quality = manifest.quality
 
     def build(sample: Sample, turns: list[DoneTurn]) -> list[dict[str, Any]]:
         return [
-            build_turn_row(sample, t.turn, t.request_messages, t.result, renderer) for t in turns
+            build_turn_row(sample, t.turn, t.request_messages, t.result, renderer, quality)
+            for t in turns
         ]
 
     return build
@@ -225,8 +229,10 @@ class SampleWorker:
         out: SampleOutcome,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
+        seed: int | None = None,
     ) -> TurnResult:
-        """One turn: each try leases an endpoint; transient failures retried per the policy."""
+        """One turn: each try leases an endpoint; transient failures retried per the policy.
+        ``seed`` replaces the sampling seed (a new attempt, regen.engine.attempts)."""
         st = self.stats
         sample_id = out.sample_id
 
@@ -238,7 +244,7 @@ class SampleWorker:
                 t0 = time.monotonic()
                 try:
                     res = await self.clients[lease.url].complete_once(
-                        messages, tools, sample_id=sample_id
+                        messages, tools, sample_id=sample_id, seed=seed
                     )
                 except OverloadedError as e:  # 503 (SGLang) or 429: back off, never "down"
                     limit = self.limits[lease.url]
@@ -284,9 +290,10 @@ class SampleWorker:
             if await self.slots.acquire():
                 for ctl in self.limits.values():
                     ctl.note_demand()
+            seed = attempt_seed(self.manifest.sampling.seed, sample.attempt)
             try:
                 turns = await regenerate(
-                    sample, lambda msgs, tools: self._complete(out, msgs, tools)
+                    sample, lambda msgs, tools: self._complete(out, msgs, tools, seed)
                 )
             finally:
                 self.slots.release()

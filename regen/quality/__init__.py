@@ -3,9 +3,10 @@
 :func:`check_turn` takes what one regenerated turn has — the request's messages and tools, and
 the answer's reasoning, content, tool calls and ``finish_reason`` — and returns a
 :class:`Quality`: ``flags`` (names from :data:`FLAGS`) plus the measures behind them, shaped as
-row columns (:data:`COLUMNS`, :meth:`Quality.columns`). :func:`check_row` does the same for a
-row dict of :mod:`regen.rows` (JSON columns as stored). Thresholds live in
-:class:`QualityConfig`; their defaults were chosen on measured corpora (docs/quality.md).
+row columns (:data:`COLUMNS` of :mod:`.columns`, :meth:`Quality.columns`). :func:`check_row` does
+the same for a row dict of :mod:`regen.rows` (JSON columns as stored). Thresholds live in
+:class:`QualityConfig` (:mod:`.config`, the manifest's ``quality:`` section); their defaults were
+chosen on measured corpora (docs/quality.md).
 
 Flags:
 
@@ -30,65 +31,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
-
+from regen.quality.config import (
+    DEFAULT_CONFIG,
+    DEFAULT_DROP_FLAGS,
+    FLAGS,
+    QualityConfig,
+    parse_flags,
+)
 from regen.quality.refusal import REFUSAL_PHRASES, refusal_phrase
 from regen.quality.repetition import compression_ratio, longest_repeat
 from regen.quality.script import script_mismatch
 from regen.quality.tools import call_problem, declared
-
-FLAGS = (
-    "repetition",
-    "empty_content",
-    "reasoning_unclosed",
-    "language_mismatch",
-    "refusal",
-    "bad_tool_call",
-)
-
-#: the row columns a :class:`Quality` fills (phase 2 appends them to regen.rows.SCHEMA)
-COLUMNS = pa.schema(
-    [
-        pa.field("quality_flags", pa.list_(pa.string()), nullable=False),
-        pa.field("q_repeat_words", pa.int32(), nullable=False),
-        pa.field("q_repeat_ngram", pa.int32(), nullable=False),
-        pa.field("q_compression", pa.float32()),
-        pa.field("q_prompt_script", pa.string()),
-        pa.field("q_answer_script", pa.string()),
-        pa.field("q_script_share", pa.float32()),
-        pa.field("q_refusal", pa.string()),
-        pa.field("q_bad_tool_calls", pa.int32(), nullable=False),
-    ]
-)
-
-
-class QualityConfig(BaseModel):
-    """Thresholds of the checks (defaults measured in docs/quality.md)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    #: longest n-gram looked for in a back-to-back repetition
-    repeat_max_ngram: int = Field(default=64, ge=1, le=512)
-    #: repetition: words a back-to-back run must cover in an answer cut at max_tokens
-    repeat_min_words: int = Field(default=48, ge=2)
-    #: repetition: words a back-to-back run must cover in an answer that stopped by itself
-    repeat_min_words_stopped: int = Field(default=200, ge=2)
-    #: repetition: copies of the n-gram the run must hold
-    repeat_min_copies: int = Field(default=3, ge=2)
-    #: repetition: zlib ratio (compressed / raw bytes) below which an answer repeats itself
-    compression_max: float = Field(default=0.08, gt=0, le=1)
-    #: ... counted only for answers of at least this many UTF-8 bytes
-    compression_min_bytes: int = Field(default=2048, ge=1)
-    #: letters (a CJK character counts 3) a prompt and an answer need to have their scripts compared
-    script_min_letters: float = Field(default=24, gt=0)
-    #: language_mismatch when less than this share of the answer's letters is in the prompt's script
-    script_max_share: float = Field(default=0.25, gt=0, le=1)
-    #: characters at the opening of the content searched for a refusal phrase
-    refusal_window: int = Field(default=160, ge=1)
-
-
-DEFAULT_CONFIG = QualityConfig()
 
 
 @dataclass(slots=True, frozen=True)
@@ -218,6 +171,16 @@ def check_row(
     )
 
 
+def __getattr__(name: str) -> Any:
+    """``COLUMNS`` (a pyarrow schema) is built on first use: the manifest imports this package
+    for :class:`QualityConfig` and must stay light."""
+    if name == "COLUMNS":
+        from regen.quality.columns import COLUMNS
+
+        return COLUMNS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _json(value: Any, default: Any) -> Any:
     if value is None:
         return default
@@ -238,6 +201,7 @@ def _text(content: Any) -> str:
 __all__ = [
     "COLUMNS",
     "DEFAULT_CONFIG",
+    "DEFAULT_DROP_FLAGS",
     "FLAGS",
     "NOT_CHECKED",
     "REFUSAL_PHRASES",
@@ -245,4 +209,5 @@ __all__ = [
     "QualityConfig",
     "check_row",
     "check_turn",
+    "parse_flags",
 ]

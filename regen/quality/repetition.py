@@ -6,8 +6,9 @@ two or more back-to-back copies of one n-gram (``n`` ≤ ``max_ngram``), as ``(w
 that loops ("Wait, let me check. Wait, let me check. ...") makes a long stretch with a small
 ``n``; a legitimate list or refrain rarely repeats itself word for word more than a few times.
 A period-``n`` stretch is found where ``word[i] == word[i + n]`` holds for consecutive ``i``:
-a run of ``L`` such positions is a stretch of ``L + n`` words. Cost: ``max_ngram`` vectorized
-comparisons over the words (a few milliseconds for 20,000 words).
+a run of ``L`` such positions is a stretch of ``L + n`` words. All periods are compared at once
+(a ``max_ngram`` × words boolean matrix, its longest runs from one running maximum): about
+0.2 ms for a 300-token answer, a few milliseconds for 20,000 words.
 
 ``compression_ratio(text)``: zlib-compressed bytes over UTF-8 bytes (level 6). Prose is
 around 0.35-0.5, code 0.2-0.35; a text that repeats itself, even loosely, falls far lower.
@@ -17,35 +18,33 @@ from __future__ import annotations
 
 import zlib
 
-import numpy as np
-
 from regen.text import words
 
 
 def longest_repeat(text: str, max_ngram: int) -> tuple[int, int]:
     """``(words in the longest back-to-back repetition, its n-gram size)``; ``(0, 0)`` when no
-    n-gram follows itself."""
+    n-gram follows itself (ties: the smallest n)."""
+    import numpy as np  # here, not at import: the manifest imports regen.quality
+
     ws = words(text)
-    if len(ws) < 2:
+    n_words = len(ws)
+    if n_words < 2:
         return 0, 0
-    ids = np.fromiter((hash(w) for w in ws), dtype=np.int64, count=len(ws))
-    best, best_n = 0, 0
-    for n in range(1, min(max_ngram, len(ws) // 2) + 1):
-        eq = ids[n:] == ids[:-n]
-        if not eq.any():
-            continue
-        run = _longest_true_run(eq)
-        span = run + n
-        if run >= n and span > best:  # run >= n: at least two whole copies
-            best, best_n = span, n
-    return best, best_n
-
-
-def _longest_true_run(mask: np.ndarray) -> int:
-    edges = np.diff(np.concatenate(([0], mask.view(np.int8), [0])))
-    starts = np.flatnonzero(edges == 1)
-    ends = np.flatnonzero(edges == -1)
-    return int((ends - starts).max())
+    ids = np.fromiter((hash(w) for w in ws), dtype=np.int64, count=n_words)
+    k = min(max_ngram, n_words // 2)
+    # row n-1: word[i] == word[i + n] (padded with False), for every period n at once
+    eq = np.zeros((k, n_words), dtype=bool)
+    for n in range(1, k + 1):
+        eq[n - 1, : n_words - n] = ids[n:] == ids[:-n]
+    pos = np.arange(n_words)
+    last_false = np.maximum.accumulate(np.where(eq, -1, pos), axis=1)
+    runs = (pos - last_false).max(axis=1)  # longest run of True per period
+    periods = np.arange(1, k + 1)
+    spans = np.where(runs >= periods, runs + periods, 0)  # at least two whole copies
+    best = int(np.argmax(spans))
+    if spans[best] == 0:
+        return 0, 0
+    return int(spans[best]), best + 1
 
 
 def compression_ratio(text: str) -> float:

@@ -12,6 +12,18 @@ from the whole request; :attr:`AnswerConfig.prompt_share` is the prompt's share 
 (0, the default, keeps every answer as it was before the knob existed). A ``max_tokens`` cap
 keeps the first tokens (reasoning, then content, then whole tool calls) and sets
 ``finish_reason`` to ``"length"``. Tokens are the word pieces of :mod:`regen.simulate.tokens`.
+
+Degenerate answers (:attr:`AnswerConfig.degenerate_rate`, 0 by default): a share of requests,
+drawn from the request's own digest apart from everything else (:func:`degenerate_kind`), gets
+one of the answers a thinking model at temperature 1.0 sometimes gives instead
+(:data:`DEGENERATE_KINDS`): ``loop`` (a few words of normal text, then one sentence repeated
+until ``max_tokens``: in the reasoning when thinking, else in the content; ``finish_reason``
+``"length"``), ``empty`` (normal reasoning, then nothing: empty content, no tool call,
+``"stop"``) or ``language`` (normal reasoning, content of at least :data:`LANGUAGE_MIN_TOKENS`
+in another script than the prompt's: Cyrillic, or Han when the prompt writes Cyrillic). The draw
+depends on the seed too, so a request sent again with another seed may come back clean. Answers
+not drawn are exactly the answers of rate 0, and rate 0 leaves every answer as it was before the
+knob existed.
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ import hashlib
 import json
 import math
 import random
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -211,6 +224,15 @@ class AnswerConfig(BaseModel):
         "last user message), 0-1; 0 keeps every answer as before the knob existed",
     )
 
+    degenerate_rate: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="share of answers that are degenerate (a loop until max_tokens, empty "
+        "content after reasoning, or another script than the prompt's), 0-1; drawn from the "
+        "request, seed included, so a new seed draws again; 0 keeps every answer as before",
+    )
+
     @property
     def mean(self) -> float:
         """The mean answer length the draws use (``mean_tokens × length_scale``)."""
@@ -247,6 +269,7 @@ class SimAnswer:
     content_pieces: tuple[str, ...]  #: the tokens of ``content``
     tool_tokens: int  #: tokens of the tool-call section (0 without calls)
     prompt_tokens: int  #: simulated prompt length (see tokens.prompt_tokens)
+    degenerate: str | None = None  #: the kind of DEGENERATE_KINDS, None for a normal answer
 
     @property
     def reasoning_tokens(self) -> int:
@@ -412,7 +435,9 @@ def answer(
     """
     messages = list(request.get("messages") or ())
     tools = list(request.get("tools") or ())
-    rng = random.Random(int.from_bytes(answer_seed(request)[:16], "big"))
+    digest = answer_seed(request)
+    kind = _degenerate(digest, config.degenerate_rate)
+    rng = random.Random(int.from_bytes(digest[:16], "big"))
     sigma = config.length_sigma
     mu = math.log(config.mean) - sigma * sigma / 2
     drawn = config.mean
@@ -428,19 +453,32 @@ def answer(
     n_reason = max(1, round(total * rng.uniform(0.3, 0.8))) if thinking else 0
     n_content = max(1, total - n_reason)
     calls: tuple[SimToolCall, ...] = ()
-    if tools and rng.random() < config.tool_call_rate:
+    if kind is None and tools and rng.random() < config.tool_call_rate:
         calls = _tool_calls(rng, tools, messages)
         if calls:
             n_content = min(n_content, rng.randint(0, 12))
     text_rng = random.Random(rng.getrandbits(64))
-    reasoning = _sentence_pieces(text_rng, n_reason)
-    content = _sentence_pieces(text_rng, n_content)
-    tool_tokens = SECTION_TOKENS + sum(c.tokens for c in calls) if calls else 0
-
-    finish = "tool_calls" if calls else "stop"
     cap = requested_max_tokens(request)
     if cap is None:
         cap = default_max_tokens
+    n_prompt = count_prompt_tokens(messages, tools) if prompt_tokens is None else prompt_tokens
+    if kind == "loop":
+        limit = max(0, cap if cap is not None else max(256, 8 * total))
+        looped = _loop_pieces(text_rng, min(limit // 4, max(1, total // 2)), limit)
+        reasoning, content = (looped, []) if thinking else ([], looped)
+        return SimAnswer("".join(reasoning), "".join(content), (), "length", tuple(reasoning),
+                         tuple(content), 0, n_prompt, kind)  # fmt: skip
+    reasoning = _sentence_pieces(text_rng, n_reason)
+    if kind == "empty":
+        content = []
+    elif kind == "language":
+        n_content = max(n_content, LANGUAGE_MIN_TOKENS)  # a whole answer, in another script
+        content = _foreign_pieces(text_rng, n_content, last_user_text(messages) or "")
+    else:
+        content = _sentence_pieces(text_rng, n_content)
+    tool_tokens = SECTION_TOKENS + sum(c.tokens for c in calls) if calls else 0
+
+    finish = "tool_calls" if calls else "stop"
     if cap is not None and len(reasoning) + len(content) + tool_tokens > cap:
         cap = max(cap, 0)
         finish = "length"
@@ -458,7 +496,71 @@ def answer(
         reasoning_pieces=tuple(reasoning),
         content_pieces=tuple(content),
         tool_tokens=tool_tokens,
-        prompt_tokens=count_prompt_tokens(messages, tools)
-        if prompt_tokens is None
-        else prompt_tokens,
+        prompt_tokens=n_prompt,
+        degenerate=kind,
     )
+
+
+#: the kinds of degenerate answers and their shares among them (module docstring)
+DEGENERATE_KINDS: tuple[tuple[str, float], ...] = (("loop", 0.4), ("empty", 0.3), ("language", 0.3))
+
+#: content tokens of an answer that switches script at least (one letter is one token)
+LANGUAGE_MIN_TOKENS = 64
+#: words of the answers that switch script
+_CYRILLIC = (
+    "это", "модель", "ответ", "значение", "сервер", "запрос", "потому", "что", "данные", "время",
+    "результат", "проверка", "когда", "можно", "нужно", "также", "только", "после", "между",
+    "каждый", "первый", "второй", "здесь", "очень", "просто", "решение", "задача", "пример",
+    "число", "поэтому",
+)  # fmt: skip
+_HAN = (
+    "这个", "模型", "回答", "数值", "服务器", "请求", "因为", "所以", "数据", "时间",
+    "结果", "检查", "可以", "需要", "也是", "只有", "之后", "每个", "第一", "第二",
+    "这里", "非常", "简单", "解决", "问题", "例子", "数字", "我们", "他们", "然后",
+)  # fmt: skip
+_HAS_CYRILLIC = re.compile("[\u0400-\u04ff]")
+
+
+def degenerate_kind(request: Mapping[str, Any], rate: float) -> str | None:
+    """The degenerate kind :func:`answer` gives ``request`` at ``rate`` (None: a normal answer)."""
+    return _degenerate(answer_seed(request), rate)
+
+
+def _degenerate(digest: bytes, rate: float) -> str | None:
+    if rate <= 0:
+        return None
+    draw = hashlib.sha256(b"degenerate\x00" + digest).digest()
+    if int.from_bytes(draw[:8], "big") / 2**64 >= rate:
+        return None
+    v = int.from_bytes(draw[8:16], "big") / 2**64
+    acc = 0.0
+    for kind, share in DEGENERATE_KINDS:
+        acc += share
+        if v < acc:
+            return kind
+    return DEGENERATE_KINDS[-1][0]
+
+
+def _loop_pieces(rng: random.Random, prefix: int, n: int) -> list[str]:
+    """``prefix`` tokens of normal text, then one short sentence again and again: ``n`` tokens."""
+    pieces = _sentence_pieces(rng, prefix)
+    words = [_WORDS[int(rng.random() * len(_WORDS))] for _ in range(4 + int(rng.random() * 9))]
+    unit = split_pieces(" " + " ".join([words[0].capitalize(), *words[1:]]) + ".")
+    while len(pieces) < n:
+        pieces.extend(unit)
+    return pieces[:n]
+
+
+def _foreign_pieces(rng: random.Random, n: int, prompt: str) -> list[str]:
+    """Exactly ``n`` tokens of text in another script than ``prompt``'s (module docstring)."""
+    han = bool(_HAS_CYRILLIC.search(prompt))
+    words, sep, stop = (_HAN, "", "。") if han else (_CYRILLIC, " ", ".")
+    pieces: list[str] = []
+    left = 5 + int(rng.random() * 8)
+    while len(pieces) < n:
+        pieces.extend(split_pieces((sep if pieces else "") + rng.choice(words)))
+        left -= 1
+        if left <= 0:
+            pieces.append(stop)
+            left = 5 + int(rng.random() * 8)
+    return pieces[:n]

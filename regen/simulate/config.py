@@ -19,12 +19,36 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from regen.errors import ConfigError
 from regen.simulate.answer import AnswerConfig
 from regen.simulate.faults import FaultConfig
+from regen.simulate.speculative import (
+    AcceptanceMap,
+    DraftKind,
+    SpecServer,
+    SpeedModel,
+    draft_kind,
+    effective_accept_length,
+)
 
 #: SGLang version the simulator reports (the one tests/contract pins, with a marker)
 SIM_VERSION = "0.5.23-sim"
 
-#: avg_spec_accept_length reported when --spec-accept-length is not given
-DEFAULT_ACCEPT_LENGTH = {"EAGLE3": 2.1, "EAGLE": 1.0}
+#: acceptance length of a request when neither --spec-accept-length nor the prompt says (the
+#: reference case's trained draft)
+DEFAULT_ACCEPT_LENGTH = 2.1
+
+#: the speed model's defaults (regen.simulate.speculative.SpeedModel: one spelling)
+_SPEED = SpeedModel()
+
+#: options that only mean something on a speculative server
+_SPEC_ONLY = (
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "spec_accept_length",
+    "spec_accept_map",
+    "spec_draft_kind",
+    "spec_draft_overhead",
+    "spec_verify_cost",
+)
 
 
 def _group(name: str) -> dict[str, Any]:
@@ -128,8 +152,36 @@ class SimConfig(BaseModel):
     )
     spec_accept_length: float | None = Field(
         None,
-        description="reported avg_spec_accept_length and per-request spec_accept_length "
-        "(default 2.1 EAGLE3, 1.0 EAGLE)",
+        ge=1.0,
+        allow_inf_nan=False,
+        description="acceptance length (tokens kept per verify step) of a request whose prompt "
+        "names none (default 2.1; 1.0 under EAGLE with an eagle3 draft)",
+        **_group("speculative decoding"),
+    )
+    spec_accept_map: Path | None = Field(
+        None,
+        description="YAML/JSON file {keywords: {KEYWORD: A, ...}, default: A}: a request's "
+        "acceptance is that of the first keyword found in its prompt (an inline "
+        "'spec_accept=A' in the prompt wins)",
+        **_group("speculative decoding"),
+    )
+    spec_draft_kind: DraftKind | None = Field(
+        None,
+        description="the draft's kind (default: from the draft's config.json architectures; "
+        "eagle3 when unreadable): an eagle3 draft under anything but EAGLE3 accepts 1.0",
+        **_group("speculative decoding"),
+    )
+    spec_draft_overhead: float = Field(
+        _SPEED.draft_overhead,
+        ge=1.0,
+        description="speed model: a speculative step at an empty batch ÷ a plain step "
+        "(docs/bench.md)",
+        **_group("speculative decoding"),
+    )
+    spec_verify_cost: float = Field(
+        _SPEED.verify_cost,
+        ge=0.0,
+        description="speed model: step time each running request adds ÷ a plain step",
         **_group("speculative decoding"),
     )
     spec_tokens_details: bool = Field(
@@ -141,13 +193,16 @@ class SimConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> SimConfig:
-        tuning = (
-            self.speculative_num_steps,
-            self.speculative_eagle_topk,
-            self.speculative_num_draft_tokens,
-        )
-        if self.speculative_algorithm is None and any(t is not None for t in tuning):
-            raise ValueError("speculative tuning flags need --speculative-algorithm")
+        if self.speculative_algorithm is None:
+            given = [n for n in _SPEC_ONLY if n in self.model_fields_set]
+            if given:
+                flags = ", ".join("--" + n.replace("_", "-") for n in given)
+                raise ValueError(f"{flags} need --speculative-algorithm")
+        elif self.tokens_per_step != 1:
+            raise ValueError(
+                "--tokens-per-step is the plain server's; a speculative step keeps each "
+                "request's acceptance length (--spec-accept-length, --spec-accept-map)"
+            )
         if self.slots % self.dp_size:
             raise ValueError(f"{self.slots} batch slots do not split over dp_size {self.dp_size}")
         return self
@@ -190,12 +245,45 @@ class SimConfig(BaseModel):
 
     @property
     def capacity_tok_s(self) -> float:
-        return self.slots * self.tokens_per_step / self.step_s
+        """Output tok/s with every slot busy (speculative: at the default acceptance)."""
+        if self.speculative_algorithm is None:
+            return self.slots * self.tokens_per_step / self.step_s
+        return self.speed.tok_s(
+            effective_accept_length(
+                self.speculative_algorithm, self.draft_kind, self.accept_length
+            ),
+            self.slots,
+            step_s=self.step_s,
+            max_running=self.slots,
+        )
 
     @property
-    def accept_length(self) -> float | None:
+    def accept_length(self) -> float:
+        """The acceptance of a request whose prompt names none (before the EAGLE trap)."""
+        return self.spec_accept_length or DEFAULT_ACCEPT_LENGTH
+
+    @property
+    def draft_kind(self) -> DraftKind:
+        return self.spec_draft_kind or draft_kind(self.speculative_draft_model_path)
+
+    @property
+    def speed(self) -> SpeedModel:
+        return SpeedModel(
+            draft_overhead=self.spec_draft_overhead, verify_cost=self.spec_verify_cost
+        )
+
+    def speculation(self) -> SpecServer | None:
+        """The speed model of a speculative server (None without --speculative-algorithm);
+        reads --spec-accept-map (a bad file is a ConfigError naming it)."""
         if self.speculative_algorithm is None:
             return None
-        if self.spec_accept_length is not None:
-            return self.spec_accept_length
-        return DEFAULT_ACCEPT_LENGTH.get(self.speculative_algorithm.upper(), 1.5)
+        mapping = AcceptanceMap.load(self.spec_accept_map) if self.spec_accept_map else None
+        return SpecServer(
+            algorithm=self.speculative_algorithm,
+            accept_length=self.accept_length,
+            draft=self.draft_kind,
+            mapping=mapping,
+            num_steps=self.speculative_num_steps,
+            num_draft_tokens=self.speculative_num_draft_tokens,
+            speed=self.speed,
+        )

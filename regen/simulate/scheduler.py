@@ -5,7 +5,14 @@ has left), so the server's capacity is ``R * K / step_s`` tok/s whatever the bat
 under-filled batch wastes capacity. Jobs beyond R wait in a FIFO queue and join the batch at
 the start of a step. If the event loop falls behind its schedule (a busy machine), the loop
 catches up by running the missed steps at once (up to ``MAX_CATCHUP``), so the capacity
-stays exact and only the chunking gets coarser. Owns no files.
+stays exact and only the chunking gets coarser.
+
+A speculative server (``spec``, :class:`regen.simulate.speculative.SpecServer`) runs the same
+loop with two changes: a step takes ``spec.step_s(step_s, batch)`` (the verify pass grows
+with the batch), and a job's first step yields the prefill's one token while each later step
+is a verify step that keeps ``job.spec.step(remaining)`` tokens (its acceptance length); the
+verify steps go into ``spec``'s running counters (``avg_spec_accept_length``). Without
+``spec`` the loop is the plain one, unchanged. Owns no files.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from regen.errors import ConfigError
+from regen.simulate.speculative import SpecRequest, SpecServer
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +43,7 @@ class Job:
     waiter: asyncio.Future[None] | None = None
     admitted_at: float | None = None
     finished_at: float | None = None
+    spec: SpecRequest | None = None  #: its verify steps on a speculative server
 
     @property
     def done(self) -> bool:
@@ -60,18 +69,26 @@ class SchedulerCounters:
     slot_steps: int = 0  #: sum over steps of running jobs (occupancy numerator)
     tokens: int = 0  #: tokens generated (cancelled jobs included)
     late_steps: int = 0  #: steps run late, in a catch-up (the event loop lagged)
+    busy_s: float = 0.0  #: simulated time of those steps
     since: float = field(default_factory=time.monotonic)
 
 
 class Scheduler:
     """R slots, K tokens per slot per step, one step every ``step_s``."""
 
-    def __init__(self, max_running: int, step_s: float, tokens_per_step: int) -> None:
+    def __init__(
+        self,
+        max_running: int,
+        step_s: float,
+        tokens_per_step: int,
+        spec: SpecServer | None = None,
+    ) -> None:
         if max_running < 1 or step_s <= 0 or tokens_per_step < 1:
             raise ConfigError("need max_running >= 1, step_s > 0, tokens_per_step >= 1")
         self.max_running = max_running
         self.step_s = step_s
         self.tokens_per_step = tokens_per_step
+        self.spec = spec
         self.queue: collections.deque[Job] = collections.deque()
         self.running: list[Job] = []
         self.counters = SchedulerCounters()
@@ -118,6 +135,7 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         next_tick = 0.0
         k = self.tokens_per_step
+        spec = self.spec
         while True:
             if not self.running and not self.queue:
                 self._wakeup = loop.create_future()
@@ -125,23 +143,28 @@ class Scheduler:
                 self._wakeup = None
                 next_tick = loop.time()
             self._admit(loop.time())
-            next_tick += self.step_s
+            step_s = self.step_s if spec is None else spec.step_s(self.step_s, self.n_running)
+            next_tick += step_s
             delay = next_tick - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
             now = loop.time()
             steps = 1
-            if now - next_tick >= self.step_s:  # lagging: run the missed steps now
-                missed = int((now - next_tick) / self.step_s)
+            if now - next_tick >= step_s:  # lagging: run the missed steps now
+                missed = int((now - next_tick) / step_s)
                 steps += min(missed, MAX_CATCHUP - 1)
-                next_tick += (steps - 1) * self.step_s
+                next_tick += (steps - 1) * step_s
                 if missed >= MAX_CATCHUP:
                     next_tick = now
             c = self.counters
             running = [j for j in self.running if not j.cancelled]
-            c.steps += steps
             c.late_steps += steps - 1
+            if spec is not None:
+                self.running = self._speculate(spec, running, steps, now)
+                continue
+            c.steps += steps
             c.slot_steps += steps * len(running)
+            c.busy_s += steps * step_s
             grant = k * steps
             still = []
             for job in running:
@@ -154,6 +177,40 @@ class Scheduler:
                     still.append(job)
                 job._wake()
             self.running = still
+
+    def _speculate(self, spec: SpecServer, running: list[Job], steps: int, now: float) -> list[Job]:
+        """Up to ``steps`` speculative steps of the batch (a catch-up ends early when every
+        job is done, and each step is counted at its own batch); returns the jobs still
+        running."""
+        c = self.counters
+        for _ in range(steps):
+            batch = [j for j in running if j.produced < j.total]
+            if not batch:
+                break
+            c.steps += 1
+            c.slot_steps += len(batch)
+            c.busy_s += spec.step_s(self.step_s, len(batch))
+            kept = verified = 0
+            for job in batch:
+                before = job.produced
+                if before == 0 or job.spec is None:  # the prefill's token (or a plain job)
+                    n = 1
+                else:
+                    n = job.spec.step(job.total - before)
+                    kept += n
+                    verified += 1
+                job.produced = before + n
+                c.tokens += n
+            if verified:
+                spec.record_step(kept, verified)
+        still = []
+        for job in running:
+            if job.produced >= job.total:
+                job.finished_at = now
+            else:
+                still.append(job)
+            job._wake()
+        return still
 
     def _admit(self, now: float) -> None:
         while self.queue and len(self.running) < self.max_running:

@@ -17,7 +17,6 @@ import functools
 import hmac
 import json
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -91,7 +90,11 @@ class SimServer:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.stats = RequestStats(config.request_log)
-        self.scheduler = Scheduler(config.slots, config.step_s, config.tokens_per_step)
+        #: the speed model of a speculative server (None: a plain one)
+        self.spec = config.speculation()
+        self.scheduler = Scheduler(
+            config.slots, config.step_s, config.tokens_per_step, spec=self.spec
+        )
         self.tokenizer: AnswerTokenizer | None = None
         self.created = int(time.time())
         self.port = config.port  #: the bound port once listening
@@ -226,8 +229,10 @@ class SimServer:
                 "num_running_reqs": self.scheduler.n_running,
                 "num_queue_reqs": self.scheduler.n_queued,
             }
-            if c.accept_length is not None:
-                state["avg_spec_accept_length"] = c.accept_length
+            # SGLang: the running total since start, left out before its first verify step
+            accept = self.spec.counters.avg_accept_length if self.spec is not None else None
+            if accept is not None:
+                state["avg_spec_accept_length"] = accept
             states.append(state)
         info = {
             **args,
@@ -242,6 +247,7 @@ class SimServer:
                 "slots": c.slots,
                 "answer": c.answer.model_dump(),
                 "faults": c.faults.model_dump(mode="json"),
+                "speculative": self.spec.describe() if self.spec is not None else None,
             },
         }
         return web.json_response(info)
@@ -253,7 +259,7 @@ class SimServer:
         sc = self.scheduler.counters
         now = time.monotonic()
         cap = self.config.capacity_tok_s
-        busy = sc.steps * self.config.step_s
+        busy = sc.busy_s
         window = now - rc.first_request_at if rc.first_request_at is not None else 0.0
         out: dict[str, Any] = {
             "received": rc.received,
@@ -412,6 +418,10 @@ class SimServer:
                 return await self._stream_error(request, body, QUEUE_FULL, n_prompt)
             return error_response(503, QUEUE_FULL, "503")  # HTTPException: type str(status)
         job = Job(total=ans.completion_tokens)
+        if self.spec is not None:
+            job.spec = self.spec.request(body)
+            if self.config.instant:  # no step loop: its verify steps all at once
+                self.spec.run_alone(job.spec, job.total)
         if self.config.instant:
             job.produced = job.total
             self.scheduler.counters.tokens += job.total
@@ -564,7 +574,7 @@ class SimServer:
                 choice["prompt_token_ids"] = ids.prompt
             if body.get("return_token_ids"):
                 choice["response_token_ids"] = ids.output
-        ext = self._sglext(body, ans, None, usage)  # non-streamed: ids stay on the choice
+        ext = self._sglext(body, job, None, usage)  # non-streamed: ids stay on the choice
         if ext:
             out["sglext"] = ext
         done()
@@ -594,18 +604,19 @@ class SimServer:
     def _sglext(
         self,
         body: Mapping[str, Any],
-        ans: SimAnswer,
+        job: Job,
         ids: TokenIds | None,
         usage: dict[str, Any],
     ) -> dict[str, Any]:
-        """SGLang's extension object: spec_tokens_details when asked (and speculative), and,
-        for streams, the ids asked with return_{input,output}_ids_in_sglext (``ids``)."""
+        """SGLang's extension object: the request's spec_tokens_details when asked (on a
+        speculative server, once it had a verify step), and, for streams, the ids asked with
+        return_{input,output}_ids_in_sglext (``ids``)."""
         ext: dict[str, Any] = {}
-        accept = self.config.accept_length
         asked = body.get("return_spec_tokens_details") and self.config.spec_tokens_details
-        if asked and accept is not None:
-            steps = self.config.speculative_num_steps
-            ext["spec_tokens_details"] = spec_details(usage["completion_tokens"], accept, steps)
+        if asked and self.spec is not None and job.spec is not None:
+            details = self.spec.details(job.spec, usage["completion_tokens"])
+            if details is not None:
+                ext["spec_tokens_details"] = details
         if ids is not None:
             if body.get("return_input_ids_in_sglext"):
                 ext["input_ids"] = ids.prompt
@@ -675,7 +686,8 @@ class SimServer:
         pieces = ans.reasoning_pieces + ans.content_pieces
         nr = len(ans.reasoning_pieces)
         text_end = len(pieces)
-        k = self.config.tokens_per_step
+        # one chunk per step: K tokens, or what a speculative step can keep
+        k = self.config.tokens_per_step if self.spec is None else self.spec.max_step_tokens
 
         resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
@@ -758,9 +770,9 @@ class SimServer:
         if self.config.usage_shape == "finish":
             last += b',"usage":' + _dumps(usage)
         out = [base, last, b"}\n\n"]
-        ext = self._sglext(body, ans, ids, usage)
+        ext = self._sglext(body, job, ids, usage)
         if ext:  # SGLang: one chunk with choices [] after the finish chunk, before usage
-            out += [base, b',"choices":[],"sglext":', _dumps(ext), b"}\n\n"]
+            out += [base, b',"choices":[],"usage":null,"sglext":', _dumps(ext), b"}\n\n"]
         opts = body.get("stream_options") or {}
         if self.config.usage_shape == "sglang" and opts.get("include_usage"):
             out += [base, b',"choices":[],"usage":', _dumps(usage), b"}\n\n"]
@@ -811,26 +823,6 @@ def _zero_usage(n_prompt: int) -> dict[str, Any]:
     return {"prompt_tokens": n_prompt, "completion_tokens": 0, "total_tokens": n_prompt,
             "reasoning_tokens": 0, "prompt_tokens_details": None,
             "completion_tokens_details": None}  # fmt: skip
-
-
-def spec_details(completion_tokens: int, accept: float, steps: int | None) -> dict[str, Any]:
-    """A request's ``SpecTokensDetails`` (SGLang's per-request speculative statistics) for an
-    answer of ``completion_tokens`` at acceptance length ``accept``."""
-    verify = max(1, math.ceil(completion_tokens / accept)) if completion_tokens else 0
-    steps = steps or 3
-    correct = max(0, completion_tokens - verify)
-    proposed = verify * steps
-    return {
-        "spec_accept_rate": round(correct / proposed, 4) if proposed else 0.0,
-        "spec_accept_length": round(completion_tokens / verify, 4) if verify else 0.0,
-        "spec_cap_length": float(steps + 1),
-        "spec_block_accept_length": round(completion_tokens / verify, 4) if verify else 0.0,
-        "spec_num_correct_drafts": correct,
-        "spec_num_proposed_drafts": proposed,
-        "spec_verify_ct": verify,
-        "spec_correct_drafts_histogram": [],
-        "spec_cap_lens_histogram": [],
-    }
 
 
 async def serve(config: SimConfig, *, ready: asyncio.Future[str] | None = None) -> None:

@@ -16,7 +16,8 @@ not). Per request, the speedup over the plain server at the same batch is
 
     speedup(a, b) = a / r(b)                         (falls as the batch grows)
 
-and it crosses 1 at ``b* = (a − draft_overhead) / verify_cost`` (:meth:`SpeedModel.crossover`).
+and it crosses 1 at ``b* = (a − draft_overhead) / verify_cost`` (:meth:`SpeedModel.crossover`);
+:meth:`SpeedModel.fit` finds both constants from two measured speedups of a real pair.
 The defaults (1.25, 0.0163) reproduce the reference case's shape: at ``a = 2.1`` the draft is
 1.66× at batch 1 and 0.92× at 64 (82.4 vs 90 tok/s; the real pair measured 82.3 vs 90), and
 stops paying near batch 52. A batch of requests with different ``a`` behaves as one with the
@@ -54,11 +55,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from regen.errors import ConfigError
-from regen.manifest import config_error
+from regen.manifest import config_error, read_yaml_file
 
 #: the acceptance length of an EAGLE-3 draft served under EAGLE (fc skipped: only the bonus
 #: token survives each step, CONTRACTS §2b)
@@ -88,6 +88,26 @@ class SpeedModel(BaseModel):
     #: extra step time per running request, relative to a plain decode step (the verify pass
     #: grows with the batch; a plain decode step does not)
     verify_cost: float = Field(0.0163, ge=0.0)
+
+    @classmethod
+    def fit(cls, accept: float, low: tuple[int, float], high: tuple[int, float]) -> SpeedModel:
+        """The model through two measured (batch, speedup) points at acceptance ``accept``:
+        ``a / s = draft_overhead + verify_cost · b`` at both. A ConfigError when the points
+        do not fit the model's shape (the speedup must fall with the batch, from at most
+        ``a``)."""
+        (b1, s1), (b2, s2) = low, high
+        if b1 == b2 or s1 <= 0 or s2 <= 0:
+            raise ConfigError("fit needs two different batches with positive speedups")
+        cost = (accept / s2 - accept / s1) / (b2 - b1)
+        overhead = accept / s1 - cost * b1
+        try:
+            return cls(draft_overhead=overhead, verify_cost=cost)
+        except ValidationError as e:
+            raise ConfigError(
+                f"speedups {s1:g} at {b1} and {s2:g} at {b2} with acceptance {accept:g} give "
+                f"draft_overhead {overhead:.3f}, verify_cost {cost:.4f}: outside the model "
+                f"({e.errors()[0]['msg']})"
+            ) from None
 
     def step_ratio(self, batch: int) -> float:
         """r(b): a speculative step's time ÷ a plain decode step's, with ``batch`` running."""
@@ -194,12 +214,7 @@ class AcceptanceMap(BaseModel):
     def load(cls, path: str | Path) -> AcceptanceMap:
         """A YAML or JSON file ``{keywords: {KEYWORD: A, ...}, default: A}``."""
         p = Path(path)
-        try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise ConfigError(f"cannot read acceptance map {p}: {e.strerror or e}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML/JSON: {e}") from None
+        data = read_yaml_file(p, "acceptance map")
         try:
             return cls.model_validate(data if data is not None else {})
         except ValidationError as e:
@@ -281,15 +296,22 @@ class SpecRequest:
         self.histogram[drafts] += 1
         return n
 
-    def details(self, completion_tokens: int, num_draft_tokens: int | None) -> dict[str, Any]:
-        """SGLang's ``SpecTokensDetails`` for this request (all nine fields)."""
+    def details(
+        self, completion_tokens: int, num_draft_tokens: int | None
+    ) -> dict[str, Any] | None:
+        """SGLang's ``SpecTokensDetails`` for this request (all nine fields), as
+        ``tokenizer_manager._calculate_spec_decoding_metrics`` and
+        ``spec_tokens_details_from_meta_info`` build it; None before the first verify step
+        (SGLang then sends no details). ``spec_cap_length`` and ``spec_block_accept_length``
+        stay 0 and ``spec_cap_lens_histogram`` empty: SGLang fills them only in its ragged
+        verify modes."""
+        if self.verify_ct <= 0:
+            return None
         drafts_per_step = (num_draft_tokens or DEFAULT_NUM_DRAFT_TOKENS) - 1
         proposed = self.verify_ct * drafts_per_step
         return {
             "spec_accept_rate": self.correct_drafts / proposed if proposed > 0 else 0.0,
-            "spec_accept_length": (
-                completion_tokens / self.verify_ct if self.verify_ct > 0 else 0.0
-            ),
+            "spec_accept_length": completion_tokens / self.verify_ct,
             "spec_cap_length": 0.0,
             "spec_block_accept_length": 0.0,
             "spec_num_correct_drafts": self.correct_drafts,
@@ -344,6 +366,11 @@ class SpecServer:
             cap=max_accept_length(self.num_steps),
         )
 
+    @property
+    def max_step_tokens(self) -> int:
+        """Most tokens one request keeps in one step (``num_steps + 1``)."""
+        return max_accept_length(self.num_steps)
+
     def step_s(self, base_step_s: float, batch: int) -> float:
         return self.speed.step_s(base_step_s, batch)
 
@@ -351,5 +378,27 @@ class SpecServer:
         """One step of ``batch`` requests that kept ``tokens`` in all."""
         self.counters.add(tokens, batch)
 
-    def details(self, req: SpecRequest, completion_tokens: int) -> dict[str, Any]:
+    def run_alone(self, req: SpecRequest, total: int) -> None:
+        """Step ``req`` to ``total`` tokens in a batch of its own (a server without a step
+        loop): the prefill's token, then verify steps, each counted."""
+        produced = min(total, 1)
+        while produced < total:
+            n = req.step(total - produced)
+            produced += n
+            self.record_step(n, 1)
+
+    def details(self, req: SpecRequest, completion_tokens: int) -> dict[str, Any] | None:
         return req.details(completion_tokens, self.num_draft_tokens)
+
+    def describe(self) -> dict[str, Any]:
+        """The model's settings, for the simulator's block of ``/server_info``."""
+        return {
+            "draft_kind": self.draft,
+            "accept_length": self.accept_length,
+            "effective_accept_length": effective_accept_length(
+                self.algorithm, self.draft, self.accept_length
+            ),
+            "accept_map": self.mapping.model_dump() if self.mapping is not None else None,
+            "max_step_tokens": self.max_step_tokens,
+            **self.speed.model_dump(),
+        }

@@ -33,6 +33,16 @@ from regen.procs import kill_group, stop_group
 #: seconds a simulator may take to start answering /health
 START_TIMEOUT_S = 30.0
 
+#: options of a speculating simulator with the reference serving flags (EAGLE3, 3 steps,
+#: top-k 1, 4 draft tokens: CONTRACTS §2), for tests
+EAGLE3_OPTIONS: dict[str, Any] = {
+    "speculative_algorithm": "EAGLE3",
+    "speculative_draft_model_path": "/drafts/k25-eagle3",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
+    "speculative_num_draft_tokens": 4,
+}
+
 
 @dataclass(slots=True)
 class RunningSimulator:

@@ -57,12 +57,15 @@ class AnswerTokenizer:
         return list(self.tok.encode(text, add_special_tokens=False))
 
     def output_text(self, prompt: str, ans: SimAnswer, thinking: bool) -> str:
+        # an answer cut inside its reasoning (nothing after it) never wrote </think>
+        cut_in_reasoning = ans.finish_reason == "length" and not ans.content and not ans.tool_tokens
+        close = "" if cut_in_reasoning else "</think>"
         if prompt.endswith("<think></think>"):
             out = ans.content
         elif prompt.endswith("<think>"):
-            out = f"{ans.reasoning}</think>{ans.content}"
+            out = f"{ans.reasoning}{close}{ans.content}"
         elif thinking:
-            out = f"<think>{ans.reasoning}</think>{ans.content}"
+            out = f"<think>{ans.reasoning}{close}{ans.content}"
         else:
             out = ans.content
         if ans.tool_calls:

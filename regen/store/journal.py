@@ -13,6 +13,12 @@ Files (names and records in :mod:`regen.store.layout`)::
     failures/SESSION.jsonl      FailureRecord lines; the latest record of a sample wins
     quarantine/                 parts found damaged on resume, moved aside with their records
 
+A sample's answer is the rows of one attempt: 0 for its first, n for the n-th new attempt that
+``regen run --retry-flagged`` requested (the ``attempt`` column). Parts are never rewritten: a
+new attempt is a row set in a later part, the highest attempt is the sample's answer, and the
+counters of a new attempt are the difference from the answer it replaces (its journal line and
+its part record carry that; :class:`DoneSet` recomputes it from the parts on resume).
+
 A segment is folded into the part of the same stem, then deleted. A crash between the rename
 and the deletion leaves both; recovery sees the part and only deletes the segment, so no row is
 ever stored twice. A line cut by a crash is a sample that was in flight: it is dropped and
@@ -38,7 +44,7 @@ from pydantic import ValidationError
 
 from regen.errors import RunDirError
 from regen.store import layout
-from regen.store.layout import FailureLine, PartRecord, SourceCounts
+from regen.store.layout import SCALAR_COUNTS, FailureLine, PartRecord, SourceCounts
 from regen.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -63,10 +69,19 @@ class CompletedSample:
     sample_id: str
     source: str
     rows: list[dict[str, Any]]
+    #: a new attempt: the counters of the answer it replaces (None: the first answer)
+    replaces: SourceCounts | None = None
 
     def to_line(self) -> bytes:
-        obj = {"sample_id": self.sample_id, "source": self.source, "rows": self.rows}
+        obj: dict[str, Any] = {"sample_id": self.sample_id, "source": self.source,
+                               "rows": self.rows}  # fmt: skip
+        if self.replaces is not None:
+            obj["replaces"] = self.replaces.model_dump()
         return (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+    def counts(self) -> SourceCounts:
+        """This sample's counters (the difference from the answer it replaces, if any)."""
+        return count_sample(self.rows, self.replaces)
 
 
 @dataclass(slots=True)
@@ -94,7 +109,7 @@ def scan_journal(data: bytes) -> SegmentReport:
         except ValidationError:
             rep.bad_lines.append(i + 1)
             continue
-        rep.samples.append(CompletedSample(line.sample_id, line.source, line.rows))
+        rep.samples.append(CompletedSample(line.sample_id, line.source, line.rows, line.replaces))
     return rep
 
 
@@ -121,8 +136,26 @@ def count_rows(rows: Iterable[dict[str, Any]]) -> SourceCounts:
         c.prompt_tokens += int(r.get("prompt_tokens") or 0)
         c.completion_tokens += int(r.get("completion_tokens") or 0)
         trunc = trunc or r.get("finish_reason") == "length"
+        for flag in r.get("quality_flags") or ():
+            c.flags[flag] = c.flags.get(flag, 0) + 1
     c.truncated = int(trunc)
+    c.flagged = int(bool(c.flags))
     return c
+
+
+def count_sample(rows: Iterable[dict[str, Any]], replaces: SourceCounts | None) -> SourceCounts:
+    """A stored sample's counters: its rows', less those of the answer it replaces (a new
+    attempt counts done 0 and retried 1)."""
+    c = count_rows(rows)
+    if replaces is not None:
+        c.add(replaces, -1)
+        c.retried += 1
+    return c
+
+
+def rows_attempt(rows: Iterable[dict[str, Any]]) -> int:
+    """The attempt of one sample's rows (0 for rows from before the column)."""
+    return max((int(r.get("attempt") or 0) for r in rows), default=0)
 
 
 def part_bytes(table: pa.Table, samples: int) -> bytes:
@@ -138,22 +171,27 @@ def part_bytes(table: pa.Table, samples: int) -> bytes:
 SourceCountsKey = tuple[str, SourceCounts]
 
 
-def make_record(stem: str, data: bytes, by_sample: dict[str, SourceCountsKey]) -> PartRecord:
-    """The record of a part: its size and checksum, and the counters of its samples."""
-    sources: dict[str, SourceCounts] = {}
-    rows = 0
-    for source, counts in by_sample.values():
-        sources.setdefault(source, SourceCounts()).add(counts)
-        rows += counts.rows
+def make_record(
+    stem: str, data: bytes, by_sample: dict[str, SourceCountsKey], rows: int
+) -> PartRecord:
+    """The record of a part: its size and checksum, its rows, and the counters of its
+    samples (a new attempt's: the difference from the answer it replaces)."""
     return PartRecord(
         stem=stem,
         rows=rows,
         samples=len(by_sample),
         bytes=len(data),
         sha256=hashlib.sha256(data).hexdigest(),
-        sources=sources,
+        sources=_source_totals(by_sample.values()),
         written_at=time.time(),
     )
+
+
+def _source_totals(counts: Iterable[SourceCountsKey]) -> dict[str, SourceCounts]:
+    sources: dict[str, SourceCounts] = {}
+    for source, c in counts:
+        sources.setdefault(source, SourceCounts()).add(c)
+    return sources
 
 
 def write_part(
@@ -169,7 +207,7 @@ def write_part(
     by_sample: dict[str, SourceCountsKey] = {}
     for s in samples:
         if s.sample_id not in by_sample:
-            by_sample[s.sample_id] = (s.source, count_rows(s.rows))
+            by_sample[s.sample_id] = (s.source, s.counts())
     final = layout.part_path(stem)
     try:
         data = part_bytes(table, len(by_sample))
@@ -180,7 +218,7 @@ def write_part(
             f"{rd.uri}: cannot write part {final}: {why}; the journal is kept, "
             "rerun the same command to resume"
         ) from e
-    record = make_record(stem, data, by_sample)
+    record = make_record(stem, data, by_sample, table.num_rows)
     layout.part_record_file(stem).write(rd, record)
     return record
 
@@ -207,15 +245,45 @@ def recover(rd: RunDir, to_table: RowsToTable | None = None, *, skip: str = "") 
     return kept
 
 
+@dataclass(slots=True, frozen=True)
+class FlaggedAnswer:
+    """The latest answer of a sample when it carries quality flags (a --retry-flagged
+    candidate), with its counters (compact: one per flagged sample is held)."""
+
+    source: str
+    attempt: int
+    counts: tuple[int, ...]  #: SCALAR_COUNTS values
+    flags: tuple[tuple[str, int], ...]  #: rows per flag
+
+    @classmethod
+    def of(cls, source: str, attempt: int, c: SourceCounts) -> FlaggedAnswer:
+        return cls(source, attempt, tuple(getattr(c, n) for n in SCALAR_COUNTS),
+                   tuple(sorted(c.flags.items())))  # fmt: skip
+
+    def to_counts(self) -> SourceCounts:
+        return SourceCounts(**dict(zip(SCALAR_COUNTS, self.counts, strict=True)),
+                            flags=dict(self.flags))  # fmt: skip
+
+    @property
+    def flag_names(self) -> frozenset[str]:
+        return frozenset(f for f, n in self.flags if n > 0)
+
+
 @dataclass(slots=True)
 class DoneSet:
-    """Sample ids stored in intact parts, with per-source totals."""
+    """Sample ids stored in intact parts, with per-source totals of their latest answers."""
 
     ids: set[str] = field(default_factory=set)
     sources: dict[str, SourceCounts] = field(default_factory=dict)
     parts: int = 0
     #: parts found damaged or missing (and quarantined when reading for a run)
     damaged: list[str] = field(default_factory=list)
+    #: the latest attempt of every sample answered more than once (others: 0)
+    attempts: dict[str, int] = field(default_factory=dict)
+    #: samples whose latest answer carries a quality flag
+    flagged: dict[str, FlaggedAnswer] = field(default_factory=dict)
+    #: answers found that an intact part already replaced, or stored twice (not counted)
+    stale: int = 0
 
     def __contains__(self, sample_id: object) -> bool:
         return sample_id in self.ids
@@ -224,14 +292,53 @@ class DoneSet:
         return len(self.ids)
 
     def add(self, source: str, sample_id: str, rows: Iterable[dict[str, Any]]) -> None:
-        """Count a sample (and its rows) once."""
+        """Count one stored answer of a sample (its rows)."""
+        rows = list(rows)
+        self.add_answer(source, sample_id, rows_attempt(rows), count_rows(rows))
+
+    def add_answer(
+        self, source: str, sample_id: str, attempt: int, counts: SourceCounts
+    ) -> SourceCounts | None:
+        """Count one stored answer (``counts``: its rows' own, done 1): the first answer of a
+        sample, or a later attempt that replaces the latest one so far. Returns what it added
+        to the totals (a later attempt: the difference), or None when it changes nothing (an
+        older or repeated attempt)."""
+        added = counts
         if sample_id in self.ids:
-            return
+            if attempt <= self.attempts.get(sample_id, 0):
+                self.stale += 1
+                return None
+            old = self.flagged.pop(sample_id, None)
+            added = counts.model_copy(deep=True)
+            added.retried += 1
+            if old is not None:
+                added.add(old.to_counts(), -1)
+            else:  # not a flagged answer: a --retry-flagged run never replaces one
+                log.warning("%s: attempt %d replaces an unflagged answer", sample_id, attempt)
+                added.done -= 1
         self.ids.add(sample_id)
-        self.sources.setdefault(source, SourceCounts()).add(count_rows(rows))
+        if attempt:
+            self.attempts[sample_id] = attempt
+        if counts.flagged:
+            self.flagged[sample_id] = FlaggedAnswer.of(source, attempt, counts)
+        self.sources.setdefault(source, SourceCounts()).add(added)
+        return added
+
+    def answer_counts(self, sample_id: str) -> SourceCounts | None:
+        """The counters of a flagged sample's latest answer (what a new attempt replaces)."""
+        a = self.flagged.get(sample_id)
+        return None if a is None else a.to_counts()
 
 
-_COUNT_COLUMNS = ("sample_id", "source", "prompt_tokens", "completion_tokens", "finish_reason")
+_COUNT_COLUMNS = (
+    "sample_id",
+    "source",
+    "prompt_tokens",
+    "completion_tokens",
+    "finish_reason",
+    "attempt",
+    "quality_flags",
+)
 
 
 @dataclass(slots=True)
@@ -242,11 +349,16 @@ class PartState:
     record: PartRecord | None
     size: int | None  #: listed size; None when the part file is missing
     problem: str = ""  #: "" when intact
-    #: sample id -> (source, counters), when the part was read
+    #: sample id -> (source, counters of its rows here), when the part was read
     samples: dict[str, SourceCountsKey] = field(default_factory=dict)
+    #: sample id -> its attempt in this part, for attempts above 0
+    attempts: dict[str, int] = field(default_factory=dict)
     record_problem: str = ""  #: the record itself does not parse
     schema: pa.Schema | None = None  #: the part's Arrow schema, when it was read
-    keys: list[tuple[str, int]] = field(default_factory=list)  #: (sample_id, turn) when read
+    #: (sample_id, turn, attempt) when read
+    keys: list[tuple[str, int, int]] = field(default_factory=list)
+    sha256: str = ""  #: of the part's bytes, when read
+    rows: int = 0  #: rows, when read
 
     @property
     def part(self) -> str:
@@ -292,17 +404,20 @@ def footer_problem(rd: RunDir, st: PartState) -> str:
 
 def inspect_part(rd: RunDir, st: PartState, *, columns: tuple[str, ...] = _COUNT_COLUMNS) -> str:
     """The full check of a part: its bytes against the record's size and sha256, then the
-    Parquet read of ``columns`` (filling ``st.samples``). Returns the problem ("" if intact)."""
+    Parquet read of ``columns`` (filling ``st.samples`` with each sample's rows in this part,
+    its highest attempt here). Returns the problem ("" if intact); a part without a record gets
+    one when it is folded into a done-set (:func:`fold_part`)."""
     if st.size is None:
         return "missing"
     data = rd.read_bytes(st.part)
     if data is None:
         return "missing"
     rec = st.record
+    digest = hashlib.sha256(data).hexdigest()
     if rec is not None:
         if len(data) != rec.bytes:
             return f"size {len(data)} bytes, its record says {rec.bytes}"
-        if hashlib.sha256(data).hexdigest() != rec.sha256:
+        if digest != rec.sha256:
             return "checksum mismatch (its bytes changed after it was written)"
     try:
         pf = pq.ParquetFile(pa.BufferReader(data))
@@ -315,21 +430,21 @@ def inspect_part(rd: RunDir, st: PartState, *, columns: tuple[str, ...] = _COUNT
     if rec is not None and table.num_rows != rec.rows:
         return f"{table.num_rows} rows, its record says {rec.rows}"
     st.schema = pf.schema_arrow
+    st.sha256, st.rows = digest, table.num_rows
+    rows = table.to_pylist()
     if "turn" in table.column_names:
-        st.keys = list(
-            zip(
-                table.column("sample_id").to_pylist(), table.column("turn").to_pylist(), strict=True
-            )
-        )
+        st.keys = [(r["sample_id"], r["turn"], int(r.get("attempt") or 0)) for r in rows]
     by_sample: dict[str, tuple[str, list[dict[str, Any]]]] = {}
-    for row in table.to_pylist():
+    for row in rows:
         sid = row["sample_id"]
         src = row.get("source") or sid.split(":", 1)[0]
         by_sample.setdefault(sid, (src, []))[1].append(row)
-    st.samples = {sid: (src, count_rows(rows)) for sid, (src, rows) in by_sample.items()}
-    if st.record is None:
-        st.record = make_record(st.stem, data, st.samples)
-        st.record.written_at = 0.0  # made afterwards, from the part as found
+    for sid, (src, sample_rows) in by_sample.items():
+        attempt = rows_attempt(sample_rows)
+        if attempt:  # one attempt of a sample per part; keep the highest if there were more
+            sample_rows = [r for r in sample_rows if int(r.get("attempt") or 0) == attempt]
+            st.attempts[sid] = attempt
+        st.samples[sid] = (src, count_rows(sample_rows))
     return ""
 
 
@@ -353,7 +468,8 @@ def damage_message(st: PartState) -> str:
 
 
 def read_done(rd: RunDir, *, repair: bool = False) -> DoneSet:
-    """The done-set: every ``sample_id`` of the intact parts, with per-source counters.
+    """The done-set: every ``sample_id`` of the intact parts, with per-source counters of
+    their latest answers (parts in name order, which is the order they were written).
 
     Every part is checked (:func:`inspect_part`). A damaged or missing part counts nothing and
     is named in one warning; with ``repair`` (a run resuming) it is moved to quarantine/ with
@@ -361,7 +477,6 @@ def read_done(rd: RunDir, *, repair: bool = False) -> DoneSet:
     """
     done = DoneSet()
     for st in list_parts(rd):
-        had_record = st.record is not None
         st.problem = inspect_part(rd, st) if not st.record_problem else st.record_problem
         if st.problem:
             done.damaged.append(damage_message(st))
@@ -371,15 +486,26 @@ def read_done(rd: RunDir, *, repair: bool = False) -> DoneSet:
                 if moved:
                     log.info("moved to %s", ", ".join(moved))
             continue
-        if repair and not had_record and st.record is not None:
-            layout.part_record_file(st.stem).write(rd, st.record)
-            log.info("%s: wrote its missing record %s", st.part, layout.part_record_path(st.stem))
-        for sid, (source, c) in st.samples.items():
-            if sid not in done.ids:
-                done.ids.add(sid)
-                done.sources.setdefault(source, SourceCounts()).add(c)
-        done.parts += 1
+        fold_part(done, st, rd if repair else None)
     return done
+
+
+def fold_part(done: DoneSet, st: PartState, repair_into: RunDir | None = None) -> None:
+    """Count an intact, inspected part into ``done``; a part without a record gets one made
+    from what it added (written when ``repair_into`` is given)."""
+    added: dict[str, SourceCountsKey] = {}
+    for sid, (source, c) in st.samples.items():
+        net = done.add_answer(source, sid, st.attempts.get(sid, 0), c)
+        if net is not None:
+            added[sid] = (source, net)
+    done.parts += 1
+    if st.record is None and st.size is not None:
+        st.record = PartRecord(stem=st.stem, rows=st.rows, samples=len(st.samples),
+                               bytes=st.size, sha256=st.sha256,
+                               sources=_source_totals(added.values()))  # fmt: skip
+        if repair_into is not None:
+            layout.part_record_file(st.stem).write(repair_into, st.record)
+            log.info("%s: wrote its missing record %s", st.part, layout.part_record_path(st.stem))
 
 
 def read_journal_lines(rd: RunDir) -> list[CompletedSample]:

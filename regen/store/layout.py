@@ -34,7 +34,10 @@ code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI
       quarantine/NAME                    damaged parts (and their records) moved aside by the
                                          driver on resume or by ``regen verify --repair``
       export/                            ``regen train``'s export: shard-NNNNN.jsonl +
-                                         stats.json (ExportRecord); regen.export
+                                         stats.json (ExportRecord); regen.export; with
+                                         ``--holdout N`` also holdout.jsonl (the held-out
+                                         prompts ``regen bench --run`` sends,
+                                         regen.bench.prompts)
       train/            train.yaml, draft_config.json, run.yaml, prompts.jsonl,
                         command.json (CommandRecord), job.json (JobRecord),
                         preflight.json (PreflightRecord), control/   regen.train
@@ -93,6 +96,8 @@ PREFLIGHT = f"{TRAIN_DIR}/preflight.json"
 CONTROL_DIR = f"{TRAIN_DIR}/control"
 #: the stats file of an export directory (``regen export --out DIR`` and ``RUN_DIR/export``)
 EXPORT_STATS = "stats.json"
+#: the held-out prompts of an export directory (``regen export --holdout N``)
+HOLDOUT = "holdout.jsonl"
 #: shard name prefix per export format
 SHARD_PREFIX: dict[str, str] = {"pretokenized": "shard-", "conversations": "conversations-"}
 #: temporary names start with this (never read, removed when left over)
@@ -331,7 +336,12 @@ class ScheduleRecord(Record):
 
 
 class SourceCounts(Record):
-    """Counters of one source over some stored samples (a part, or a pending journal)."""
+    """Counters of one source over some stored samples (a part, or a pending journal).
+
+    They describe each sample's latest answer: a new attempt (``regen run --retry-flagged``)
+    counts as the difference from the answer it replaces (``done`` 0, ``retried`` 1, rows,
+    tokens and flags new minus old), so adding up the parts in any order gives the totals of
+    the latest answers. Fields a record written before them lacks read as 0."""
 
     #: samples
     done: int = 0
@@ -341,13 +351,40 @@ class SourceCounts(Record):
     truncated: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    #: samples with a row carrying a quality flag (regen.quality)
+    flagged: int = 0
+    #: rows per quality flag
+    flags: dict[str, int] = Field(default_factory=dict)
+    #: new attempts stored (samples answered again by regen run --retry-flagged)
+    retried: int = 0
 
-    def add(self, other: SourceCounts) -> None:
-        self.done += other.done
-        self.rows += other.rows
-        self.truncated += other.truncated
-        self.prompt_tokens += other.prompt_tokens
-        self.completion_tokens += other.completion_tokens
+    def add(self, other: SourceCounts, sign: int = 1) -> None:
+        """Add ``other`` (``sign=-1``: subtract it)."""
+        for name in SCALAR_COUNTS:
+            setattr(self, name, getattr(self, name) + sign * getattr(other, name))
+        add_flag_counts(self.flags, other.flags, sign)
+
+
+def add_flag_counts(into: dict[str, int], other: dict[str, int], sign: int = 1) -> None:
+    """Add per-flag counts (``sign=-1``: subtract); a flag whose count reaches 0 is removed."""
+    for flag, n in other.items():
+        left = into.get(flag, 0) + sign * n
+        if left:
+            into[flag] = left
+        else:
+            into.pop(flag, None)
+
+
+#: the integer counters of SourceCounts (``flags`` is the per-flag mapping)
+SCALAR_COUNTS = (
+    "done",
+    "rows",
+    "truncated",
+    "prompt_tokens",
+    "completion_tokens",
+    "flagged",
+    "retried",
+)
 
 
 class PartRecord(Record):
@@ -375,6 +412,8 @@ class JournalLine(Record):
     sample_id: str
     source: str
     rows: list[dict[str, Any]]
+    #: a new attempt: the counters of the answer it replaces (None: the sample's first answer)
+    replaces: SourceCounts | None = None
 
 
 class FailureLine(Record):
@@ -404,6 +443,8 @@ class ExportRecord(BaseModel):
     format: str
     rows_written: int
     shards: list[dict[str, Any]] = Field(default_factory=list)
+    #: samples per source held out of the shards (``holdout.jsonl``); 0 for none
+    holdout: int = 0
 
 
 class CommandRecord(Record):

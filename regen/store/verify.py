@@ -6,8 +6,10 @@ Owns no files of its own; with ``repair`` it changes the ones named in
 :func:`verify_run` checks, and names every problem it finds:
 
 - every part: its bytes against its record (size, sha256), readable, row count as recorded,
-  schema as documented (``regen.rows.SCHEMA``); a part without a record is read and noted;
-- no ``(sample_id, turn)`` stored twice across parts;
+  schema as documented (``regen.rows.SCHEMA``; a part written before ``regen.rows.ADDED_COLUMNS``
+  lacks those, which is noted, not a problem); a part without a record is read and noted;
+- no ``(sample_id, turn, attempt)`` stored twice across parts (a sample answered again by
+  ``regen run --retry-flagged`` has its turns once per attempt);
 - every stored sample id in the plan (the samples the latest session planned, re-read from the
   manifest and the plan record; skipped with a note when the sources cannot be read here);
 - the progress counters per source equal what the parts (plus unfolded journal lines) hold;
@@ -32,7 +34,9 @@ from typing import Any
 from regen.errors import RegenError, RunDirError
 from regen.store import layout
 from regen.store.journal import (
+    DoneSet,
     PartState,
+    fold_part,
     footer_problem,
     inspect_part,
     list_parts,
@@ -53,6 +57,8 @@ VERIFY_COLUMNS = (
     "prompt_tokens",
     "completion_tokens",
     "finish_reason",
+    "attempt",
+    "quality_flags",
 )
 
 
@@ -117,11 +123,13 @@ def refuse_damaged(rd: RunDir, what: str) -> None:
 
 
 def _schema_problem(st: PartState) -> str:
-    from regen.rows import SCHEMA
+    from regen.rows import ADDED_COLUMNS, SCHEMA
 
     if st.schema is None:
         return ""
     have = {f.name: f.type for f in st.schema}
+    if not any(name in have for name in ADDED_COLUMNS.names):
+        have.update({f.name: f.type for f in ADDED_COLUMNS})  # written before them: fine
     missing = [f.name for f in SCHEMA if f.name not in have]
     wrong = [
         f"{f.name} ({have[f.name]}, want {f.type})"
@@ -162,11 +170,11 @@ def verify_run(rd: RunDir, *, repair: bool = False, check_plan: bool = True) -> 
     """Check every file of the run directory (see the module docstring)."""
     rep = VerifyReport(run_dir=rd.uri)
     states = list_parts(rd)
-    per_source: dict[str, SourceCounts] = {}
-    seen_ids: set[str] = set()
-    keys: Counter[tuple[str, int]] = Counter()
-    key_part: dict[tuple[str, int], str] = {}
+    done = DoneSet()
+    keys: Counter[tuple[str, int, int]] = Counter()
+    key_part: dict[tuple[str, int, int], str] = {}
     bad: list[PartState] = []
+    old_schema = 0
     for st in states:
         had_record = st.record is not None
         st.problem = st.record_problem or inspect_part(rd, st, columns=VERIFY_COLUMNS)
@@ -185,43 +193,53 @@ def verify_run(rd: RunDir, *, repair: bool = False, check_plan: bool = True) -> 
         schema = _schema_problem(st)
         if schema:
             rep.problems.append(Problem("schema", st.part, schema))
-        if not had_record and st.record is not None:
+        old_schema += st.schema is not None and "attempt" not in st.schema.names
+        fold_part(done, st, rd if repair else None)
+        if not had_record:
             rep.notes.append(
                 f"{st.part} has no record (written before records existed, or "
                 "cut off right after its rename); its bytes read cleanly"
             )
             if repair:
-                layout.part_record_file(st.stem).write(rd, st.record)
                 rep.repaired.append(f"wrote {layout.part_record_path(st.stem)}")
         rep.parts += 1
         for key in st.keys:
             keys[key] += 1
             key_part.setdefault(key, st.part)
-        for sid, (source, c) in st.samples.items():
-            if sid not in seen_ids:
-                seen_ids.add(sid)
-                per_source.setdefault(source, SourceCounts()).add(c)
-                rep.rows += c.rows
-    rep.samples = len(seen_ids)
-    for key, n in sorted(keys.items()):
+    per_source = done.sources
+    rep.samples = len(done)
+    rep.rows = sum(c.rows for c in per_source.values())
+    if old_schema:
+        rep.notes.append(
+            f"{old_schema} part(s) written before the attempt and quality columns: read as "
+            "attempt 0 without flags"
+        )
+    for (sid, turn, attempt), n in sorted(keys.items()):
         if n > 1:
             rep.problems.append(
-                Problem("duplicate", key_part[key], f"(sample_id, turn) {key} is stored {n} times")
+                Problem(
+                    "duplicate",
+                    key_part[(sid, turn, attempt)],
+                    f"(sample_id, turn, attempt) ({sid!r}, {turn}, {attempt}) is stored {n} times",
+                )
             )
 
-    journal_ids = _check_journals(rd, rep, seen_ids)
+    journal: dict[str, SourceCounts] = {}
+    journal_ids = _check_journals(rd, rep, done.ids, journal)
     if check_plan:
-        _check_plan(rd, rep, seen_ids | journal_ids)
-    _check_counts(rd, rep, per_source, journal_ids)
+        _check_plan(rd, rep, done.ids | journal_ids)
+    _check_counts(rd, rep, per_source, journal)
 
     if repair and rep.problems:
         _repair(rd, rep, bad)
     return rep
 
 
-def _check_journals(rd: RunDir, rep: VerifyReport, stored: set[str]) -> set[str]:
+def _check_journals(
+    rd: RunDir, rep: VerifyReport, stored: set[str], pending: dict[str, SourceCounts]
+) -> set[str]:
     """Journal segments: cut or unreadable lines; returns the ids of complete lines not yet
-    in a part (what a resume folds in)."""
+    in a part (what a resume folds in) and adds their counters to ``pending``."""
     parts = set(rd.list(layout.PARTS_DIR))
     out: set[str] = set()
     for name in rd.list(layout.JOURNAL_DIR):
@@ -248,6 +266,8 @@ def _check_journals(rd: RunDir, rep: VerifyReport, stored: set[str]) -> set[str]
             )
         if f"{stem}{layout.PART_SUFFIX}" not in parts:
             out |= {s.sample_id for s in seg.samples if s.sample_id not in stored}
+            for s in seg.samples:
+                pending.setdefault(s.source, SourceCounts()).add(s.counts())
     return out
 
 
@@ -269,7 +289,10 @@ def _check_plan(rd: RunDir, rep: VerifyReport, ids: set[str]) -> None:
 
 
 def _check_counts(
-    rd: RunDir, rep: VerifyReport, per_source: dict[str, SourceCounts], journal_ids: set[str]
+    rd: RunDir,
+    rep: VerifyReport,
+    per_source: dict[str, SourceCounts],
+    journal: dict[str, SourceCounts],
 ) -> None:
     from regen.store.lock import read_lock
 
@@ -286,18 +309,22 @@ def _check_counts(
             f"a live run holds the directory (session {lock.session}): counts not compared"
         )
         return
-    journal_per_source = Counter(sid.split(":", 1)[0] for sid in journal_ids)
     for name, sp in snap.sources.items():
-        have = per_source.get(name, SourceCounts()).done + journal_per_source.get(name, 0)
-        if sp.done != have:
-            rep.problems.append(
-                Problem(
-                    "counts",
-                    layout.PROGRESS,
-                    f"source {name!r}: {sp.done} samples counted done, "
-                    f"the parts and journal hold {have}",
+        have = SourceCounts()
+        have.add(per_source.get(name, SourceCounts()))
+        have.add(journal.get(name, SourceCounts()))
+        for what, counted, held in (
+            ("samples counted done", sp.done, have.done),
+            ("flagged samples counted", sp.flagged, have.flagged),
+        ):
+            if counted != held:
+                rep.problems.append(
+                    Problem(
+                        "counts",
+                        layout.PROGRESS,
+                        f"source {name!r}: {counted} {what}, the parts and journal hold {held}",
+                    )
                 )
-            )
 
 
 def _repair(rd: RunDir, rep: VerifyReport, bad: list[PartState]) -> None:
@@ -332,8 +359,7 @@ def _rewrite_counters(rd: RunDir, done: Any) -> None:
         t = done.sources.get(name)
         base = SourceProgress(total=sp.total, failed=sp.failed, regenerate=sp.regenerate)
         if t is not None:
-            base.done, base.rows, base.truncated = t.done, t.rows, t.truncated
-            base.prompt_tokens, base.completion_tokens = t.prompt_tokens, t.completion_tokens
+            base.add_counts(t)
         base.pending = Pending()
         snap.sources[name] = base
     if snap.state == "running":

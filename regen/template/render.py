@@ -182,6 +182,10 @@ class KimiRenderer:
             raise TemplateError(f"the tokenizer has no {IM_END} token: not a Kimi tokenizer")
         #: id of ``<|im_end|>``
         self.im_end_id: int = int(ids[0])
+        #: id of ``</think>`` (None: the tokenizer has no such token)
+        self.think_close_id: int | None = (
+            None if ids[2] is None or ids[2] == getattr(tokenizer, "unk_token_id", None) else ids[2]
+        )
         #: ids that end a turn (``<|im_end|>`` and the tokenizer's eos)
         self.end_ids: frozenset[int] = frozenset(
             i for i in (self.im_end_id, getattr(tokenizer, "eos_token_id", None)) if i is not None

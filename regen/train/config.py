@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from regen.errors import ConfigError
+from regen.manifest import read_yaml_file
 
 
 class Strict(BaseModel):
@@ -169,15 +170,21 @@ class ExportSpec(Strict):
     shard_rows: int = Field(default=10000, ge=0)
     #: drop rows longer than this many tokens (None: training.max_length)
     max_length: int | None = Field(default=None, gt=0)
+    #: samples per source held out for `regen bench` (None: as many as the export being
+    #: replaced held out, so a re-export never trains on the bench's prompts; without one,
+    #: the run manifest's export.holdout)
+    holdout: int | None = Field(default=None, ge=0)
 
-    def export_kwargs(self, training_max_length: int) -> dict[str, Any]:
-        """Keyword arguments of regen.export.export_run (pre-tokenized format)."""
+    def export_kwargs(self, training_max_length: int, holdout: int = 0) -> dict[str, Any]:
+        """Keyword arguments of regen.export.export_run (pre-tokenized format); ``holdout``
+        is the previous export's, used when this spec does not say."""
         return {
             "seed": self.seed,
             "drop_truncated": self.drop_truncated,
             "shard_rows": self.shard_rows,
             "max_length": self.max_length or training_max_length,
             "fmt": "pretokenized",
+            "holdout": self.holdout if self.holdout is not None else holdout,
         }
 
 
@@ -249,10 +256,4 @@ def parse_train_config(raw: Any, *, source: str = "train config") -> TrainConfig
 def load_train_config(path: str | Path) -> TrainConfig:
     """Read and validate a train.yaml."""
     p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError(f"cannot read train config {p}: {e}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"train config {p} is not valid YAML: {e}") from None
-    return parse_train_config(raw, source=str(p))
+    return parse_train_config(read_yaml_file(p, "train config"), source=str(p))

@@ -3,10 +3,12 @@
 The files (``RUN_DIR`` must be a local or shared-filesystem path: the cluster reads it) are
 named and typed in :mod:`regen.store.layout`: ``export/`` (shards + stats, written by
 regen.export.export_run when missing, stale or forced: a Parquet part newer than the export's
-stats means stale) and ``train/`` (train.yaml, draft_config.json, run.yaml, prompts.jsonl when
-the export has several shards, command.json, job.json, preflight.json written ON THE CLUSTER
-by regen.train.preflight, control/ for SpecForge). The names below are the layout's, under the
-names the training modules use.
+stats means stale; it holds out as many samples as the export it replaces, else the run
+manifest's ``export.holdout``, and ``holdout.jsonl`` is never a shard) and ``train/``
+(train.yaml, draft_config.json, run.yaml, prompts.jsonl when the export has several shards,
+command.json, job.json, preflight.json written ON THE CLUSTER by regen.train.preflight,
+control/ for SpecForge). The names below are the layout's, under the names the training
+modules use.
 """
 
 from __future__ import annotations
@@ -72,6 +74,26 @@ def export_is_stale(rd: RunDir, out: Path) -> bool:
     return not stats.exists() or newest > stats.stat().st_mtime
 
 
+def default_holdout(rd: RunDir, out: Path) -> int:
+    """Samples per source an export by ``regen train`` holds out when its config does not say:
+    as many as the export in ``out`` did (a re-export never trains on the bench's prompts),
+    else the run manifest's ``export.holdout``, else 0."""
+    try:
+        record = L.EXPORT_STATS_FILE.read(RunDir.open(str(out), create=False))
+    except RunDirError as e:
+        log.warning("%s: %s; taking the holdout from the manifest", out, e)
+        record = None
+    if record is not None:
+        return record.holdout
+    try:
+        data = L.read_manifest_data(rd) or {}
+    except RunDirError:
+        return 0
+    export = data.get("export")
+    value = export.get("holdout") if isinstance(export, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def ensure_export(rd: RunDir, cfg: TrainConfig) -> list[Path]:
     """The export's shards; exports the run first when it has none, is stale, or is forced.
 
@@ -87,7 +109,7 @@ def ensure_export(rd: RunDir, cfg: TrainConfig) -> list[Path]:
         from regen.export import export_run
     except ImportError as e:
         raise ConfigError(f"{out} holds no export and regen.export is unavailable: {e}") from None
-    options = cfg.export.export_kwargs(cfg.training.max_length)
+    options = cfg.export.export_kwargs(cfg.training.max_length, default_holdout(rd, out))
     log.info("exporting %s to %s (%s)", rd.uri, out, options)
     export_run(rd.root, str(out), **options)
     shards = export_shards(out)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,23 @@ from regen.bench.report import (
 from regen.bench.stats import crossover
 from regen.bench.verdicts import source_kind, verdicts
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def regen_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``python -m regen ARGS`` from the repository, 120 columns wide, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "regen", *args],
+        cwd=REPO,
+        env={**os.environ, "COLUMNS": "120", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 TOOL = {
     "type": "function",
     "function": {
@@ -27,8 +47,10 @@ TOOL = {
     },
 }
 
-#: simulator options of the bench's runner tests: short answers of a fixed length, 3.2 ms steps
-SIM = {"mean_tokens": 24, "length_sigma": 0, "max_running_requests": 64, "step_ms": 3.2}
+#: simulator options of the bench's runner tests: short answers of a fixed length, 5 ms steps
+#: (slow enough that the bench's client keeps up at concurrency 16 on a shared CI core)
+SIM = {"mean_tokens": 24, "length_sigma": 0, "max_running_requests": 64, "step_ms": 5.0}
+STEP_S = SIM["step_ms"] / 1000
 #: the draft the speculative simulators report
 DRAFT = "/drafts/k25-eagle3"
 #: the speculative flags (the algorithm is added per simulator)

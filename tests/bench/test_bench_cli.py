@@ -4,32 +4,17 @@ manifest), the outputs, the API key never written or printed, and the one-line e
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from _bench_common import SIM, SPEC, prompts_file
+from _bench_common import SIM, SPEC, prompts_file, regen_cli
 
 from regen.bench.report import read_report
 from regen.simulate.testing import RunningSimulator, running_simulator
 
-REPO = Path(__file__).resolve().parents[2]
 KEY = "sk-cli-bench-secret-987"
 MIX = {"sharegpt": 3, "xlam": 3, "magicoder": 3, "extra": 5}
-
-
-def regen_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "regen", *args],
-        cwd=REPO,
-        env={**os.environ, "COLUMNS": "120", **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def make_run(tmp: Path) -> Path:

@@ -5,21 +5,19 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from _bench_common import report
+from _bench_common import REPO, report
+from _bench_common import regen_cli as _cli
 
 from regen.bench.report import write_report
 from regen.bench.reweight import overlay_yaml, reason, reweight
 from regen.errors import ConfigError
 from regen.manifest import load_manifest
 
-REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "manifests" / "demo.yaml"
 LEVELS = {1: (90.0, 144.0), 64: (4000.0, 3640.0)}
 
@@ -113,14 +111,7 @@ def test_overlay_loads_with_load_manifest(tmp_path: Path) -> None:
 
 
 def regen_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "regen", *args],
-        cwd=REPO,
-        env={**os.environ, "COLUMNS": "200"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return _cli(*args, env={"COLUMNS": "200"}, timeout=120)
 
 
 def test_plan_reweight_writes_an_overlay_that_plan_loads(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from regen.bench.stats import (
     level_stats,
     percentile,
     speedup,
+    steady_tokens,
 )
 from regen.simulate.speculative import SpecCounters, SpecRequest, SpeedModel
 
@@ -59,6 +60,36 @@ def test_level_stats_from_records() -> None:
     assert empty.output_tok_s == 0 and empty.ttft_p50_s is None and empty.accept_method == "none"
 
 
+def test_throughput_counts_only_while_the_level_was_full() -> None:
+    """Two workers: one did two short requests, the other one long one; the first ran out of
+    work at 4 s, so the last 6 s (one request draining alone) are left out."""
+    records = [
+        rec(sent_s=0.0, ttft_s=1.0, latency_s=2.0, completion_tokens=11),  # all inside
+        rec(sent_s=2.0, ttft_s=1.0, latency_s=2.0, completion_tokens=11),  # all inside
+        # first token at 1 s, 100 more evenly over 1..10 s: 1 + 100 × 3/9 before 4 s
+        rec(sent_s=0.0, ttft_s=1.0, latency_s=10.0, completion_tokens=101),
+        rec(ok=False, error="timeout", sent_s=0.5, latency_s=1.0),
+    ]
+    lv = LevelRun("baseline", 2, wall_s=10.0, records=records, full_s=4.0)
+    assert steady_tokens(lv) == pytest.approx(11 + 11 + 1 + 100 / 3)
+    st = level_stats(lv)
+    assert st.full_s == 4.0
+    assert st.output_tok_s == pytest.approx((22 + 1 + 100 / 3) / 4.0)
+    assert st.wall_tok_s == pytest.approx(123 / 10.0)  # the whole level, drain included
+    assert st.requests_per_s == pytest.approx(3 / 10.0)
+    # a first token after the window, or no first token at all (an empty answer)
+    late = rec(sent_s=3.0, ttft_s=2.0, latency_s=3.0, completion_tokens=5)
+    silent = rec(sent_s=1.0, ttft_s=None, latency_s=2.0, completion_tokens=1)
+    assert steady_tokens(LevelRun("b", 2, 10.0, [late, silent], full_s=4.0)) == 1
+    # one worker: it runs out of work when the level ends, the window is the whole level
+    seq = [rec(sent_s=2.0 * i, ttft_s=0.5, latency_s=2.0, completion_tokens=20) for i in range(3)]
+    one = level_stats(LevelRun("b", 1, wall_s=6.0, records=seq, full_s=6.0))
+    assert one.output_tok_s == pytest.approx(one.wall_tok_s) == pytest.approx(10.0)
+    # a level without the window (built by hand) falls back to the wall time
+    assert steady_tokens(LevelRun("b", 2, 10.0, records)) is None
+    assert level_stats(LevelRun("b", 2, 10.0, records)).output_tok_s == pytest.approx(12.3)
+
+
 def test_decode_speed_needs_two_tokens_and_a_first_token() -> None:
     assert rec(completion_tokens=1, ttft_s=0.1, latency_s=1.0).decode_tok_s is None
     assert rec(completion_tokens=10, ttft_s=None, latency_s=1.0).decode_tok_s is None
@@ -74,7 +105,7 @@ def test_details_pool_tokens_over_verify_steps() -> None:
         rec(ok=False, completion_tokens=None, verify_ct=None, error="timeout"),
     ]
     d = details_accept(records)
-    assert d.accept_length == pytest.approx(150 / 90)
+    assert d.accept_length == pytest.approx((99 + 49) / 90)  # the prefill's tokens left out
     assert (d.completion_tokens, d.verify_ct, d.requests) == (150, 90, 2)
     assert details_accept([]).accept_length is None
 

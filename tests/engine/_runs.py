@@ -1,6 +1,6 @@
 """Helpers shared by the tests that run `regen run` for real and check the data it stored
-(the crash checks: ids equal the input, no duplicate (sample_id, turn), every answer
-byte-for-byte the simulator's)."""
+(the crash checks: ids equal the input, no duplicate (sample_id, turn, attempt), every answer
+byte-for-byte the simulator's for the seed its attempt sent)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from regen.engine.attempts import attempt_seed
 from regen.engine.planning import native_check
 from regen.manifest import Manifest
 from regen.simulate import answer
@@ -47,16 +48,31 @@ def inputs(manifest: Manifest, limit: int | None = None) -> list[Any]:
 
 
 def check_ids_once(rows: list[dict[str, Any]], samples: list[Any]) -> None:
-    """Ids equal the input's, no (sample_id, turn) twice, every sample's turns there."""
+    """Ids equal the input's, no (sample_id, turn, attempt) twice, every attempt of every
+    sample has its turns (attempts numbered 0..n without gaps)."""
     assert {r["sample_id"] for r in rows} == {s.id for s in samples}
-    keys = Counter((r["sample_id"], r["turn"]) for r in rows)
+    keys = Counter((r["sample_id"], r["turn"], r.get("attempt") or 0) for r in rows)
     assert [k for k, n in keys.items() if n > 1] == []
-    turns = Counter(r["sample_id"] for r in rows)
+    turns = Counter((r["sample_id"], r.get("attempt") or 0) for r in rows)
     for s in samples:
-        if s.mode == "native":
-            assert turns[s.id] == 1
-        else:  # a turn may stop early only when our reply changed the tool calls
-            assert 1 <= turns[s.id] <= s.turns_to_regenerate()
+        attempts = sorted(a for sid, a in turns if sid == s.id)
+        assert attempts == list(range(len(attempts))), s.id
+        for a in attempts:
+            if s.mode == "native":
+                assert turns[s.id, a] == 1
+            else:  # a turn may stop early when our reply changed the tool calls or was cut
+                assert 1 <= turns[s.id, a] <= s.turns_to_regenerate()
+
+
+def request_body(row: dict[str, Any], manifest: Manifest) -> dict[str, Any]:
+    """The parts of the request that produced a stored row that the simulator's answer reads."""
+    return {
+        "messages": json.loads(row["messages"]),
+        "tools": json.loads(row["tools"]) if row["tools"] else None,
+        "seed": attempt_seed(manifest.sampling.seed, row.get("attempt") or 0),
+        "max_tokens": manifest.sampling.max_tokens,
+        "chat_template_kwargs": manifest.sampling.template_kwargs(),
+    }
 
 
 def check_answers(rows: list[dict[str, Any]], manifest: Manifest, sim_options: dict) -> int:
@@ -66,14 +82,7 @@ def check_answers(rows: list[dict[str, Any]], manifest: Manifest, sim_options: d
     for r in rows:
         if r["token_source"] == "native":
             continue
-        body = {
-            "messages": json.loads(r["messages"]),
-            "tools": json.loads(r["tools"]) if r["tools"] else None,
-            "seed": manifest.sampling.seed,
-            "max_tokens": manifest.sampling.max_tokens,
-            "chat_template_kwargs": manifest.sampling.template_kwargs(),
-        }
-        want = answer(body, cfg)
+        want = answer(request_body(r, manifest), cfg)
         assert r["content"] == want.content, r["sample_id"]
         assert (r["reasoning"] or "") == want.reasoning, r["sample_id"]
         assert r["finish_reason"] == want.finish_reason

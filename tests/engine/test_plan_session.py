@@ -55,3 +55,25 @@ def test_plan_record_counts_what_is_left(tmp_path) -> None:
         todo = [p for p in plan.todo if p.source == name]
         assert e.regenerate_todo == len(todo)
         assert e.regenerate_turns == sum(p.turns_to_regenerate() for p in todo)
+
+
+def test_done_samples_to_redo_are_planned_as_their_new_attempt() -> None:
+    m = load_manifest(DEMO)
+    samples = list(read_samples(m, None, _native_check(m)))[:20]
+    regen = [s.id for s in samples if s.mode == "regenerate"]
+    native = next((s.id for s in samples if s.mode == "native"), None)
+    done = {s.id for s in samples}
+    redo = {regen[0]: 1, regen[3]: 2}
+    if native is not None:
+        redo[native] = 1  # never flagged in practice; a native row is never requested
+    plan = plan_session(m, done, {}, limit=20, redo=redo)
+    with plan.spill:
+        bodies = {p.id: p.loaded(plan.spill).unpack() for p in plan.todo}
+    assert {k: b.attempt for k, b in bodies.items()} == {regen[0]: 1, regen[3]: 2}
+    assert plan.native == []
+    src = {s.id: s.source for s in samples}
+    want: dict[str, int] = {}
+    for sid in (regen[0], regen[3]):
+        want[src[sid]] = want.get(src[sid], 0) + 1
+    assert plan.retries == want
+    assert sum(t for t, _ in plan.totals.values()) == 20  # the totals do not change

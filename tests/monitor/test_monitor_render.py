@@ -123,3 +123,33 @@ def test_once_on_a_pyarrow_uri_of_a_stopped_run(tmp_path: Path, capsys) -> None:
 def test_once_on_a_missing_directory_is_one_clean_error(tmp_path: Path, capsys) -> None:
     assert main(["monitor", str(tmp_path / "nope"), "--once"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_flagged_counts_and_top_reasons_per_source(live_dir: Path) -> None:
+    from monitor.render import top_flags
+
+    n = read_numbers(live_dir)
+    assert n.flagged == sum(s.flagged for s in n.sources) > 0
+    for width, k in ((160, 2), (120, 1)):
+        text = render_text(n, width=width)
+        header = next(ln for ln in text.splitlines() if " source " in ln)
+        assert "flagged" in header and ("top flags" if k == 2 else "top flag") in header
+        for s in n.sources:
+            line = next(ln for ln in text.splitlines() if f" {s.name} " in ln)
+            cells = line.split()
+            assert f"{s.flagged:,}" in cells
+            assert (top_flags(s.flags, k) or "—") in line
+    assert top_flags({"refusal": 2, "repetition": 5, "empty_content": 5}) == "empty 5 repeat 5"
+    narrow = render_text(n, width=100)
+    assert "flagged" in narrow and "top flag" not in narrow
+
+
+def test_new_attempts_are_shown_while_a_retry_runs(tmp_path: Path) -> None:
+    s = make_snapshot(time.time(), fraction=1.0)
+    s.sources["sharegpt"].retried, s.sources["sharegpt"].retrying = 30, 12
+    write_run_dir(tmp_path, s, now=time.time())
+    n = read_numbers(tmp_path)
+    assert (n.retried, n.retrying) == (30, 12)
+    assert n.remaining == 12  # what the retry still has to do
+    text = render_text(n, width=130)
+    assert "new attempts" in text and "30 stored · 12 to go" in text

@@ -1,9 +1,10 @@
 """Real terminal: `regen monitor` in a tmux pane on a live `regen run` against `regen simulate`.
 
-A slow simulator (4 request slots, 25 ms per decode step) makes the demo run last ~20 s on a
-real local Ray head. The monitor starts before the run directory exists. Two captures of the
-pane a few seconds apart must show more samples done, bracket what `regen status --json` said
-between them, and after the run the pane must show exactly `regen status --json`'s numbers.
+A slow simulator (4 request slots, 25 ms per decode step, 10% degenerate answers) makes the demo
+run last ~20 s on a real local Ray head. The monitor starts before the run directory exists. Two
+captures of the pane a few seconds apart must show more samples done, bracket what `regen status
+--json` said between them, and after the run the pane must show exactly `regen status --json`'s
+numbers, the flagged samples per source and their top reasons included.
 Needs tmux (CI: ``apt-get install -y tmux``); skipped with the reason when it is missing.
 """
 
@@ -33,11 +34,12 @@ REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "manifests" / "demo.yaml"
 REGEN = [sys.executable, "-m", "regen"]
 SIM = {"model_name": "demo-target", "max_running_requests": 4, "step_ms": 25.0,
-       "mean_tokens": 40.0}  # fmt: skip
+       "mean_tokens": 40.0, "degenerate_rate": 0.1}  # fmt: skip
 PANE = ("150", "70")  # columns, rows: room for the whole frame in wide layout
-#: one row of the sources table: name, bar, done, total, %, failed, truncated
+#: one row of the sources table: name, bar, done, total, %, failed, truncated, flagged
 ROW = re.compile(
-    r"│ (\S+)(?: \(native\))?\s+[█░·]+\s+([\d,]+)\s+([\d,]+)\s+[\d.]+\s+([\d,]+)\s+([\d,]+)\s"
+    r"│ (\S+)(?: \(native\))?\s+[█░·]+\s+([\d,]+)\s+([\d,]+)\s+[\d.]+\s+([\d,]+)\s+([\d,]+)"
+    r"\s+([\d,]+)\s"
 )
 RATE = re.compile(r"│ (1|5|15) min\s+([\d,]+) tok/s")
 
@@ -108,10 +110,11 @@ def status_json(run_dir: Path) -> dict[str, Any]:
     return json.loads(r.stdout)
 
 
-def table_of(status: dict[str, Any]) -> dict[str, tuple[int, int, int, int]]:
-    rows = {s["name"]: (s["done"], s["total"], s["failed"], s["truncated"])
+def table_of(status: dict[str, Any]) -> dict[str, tuple[int, int, int, int, int]]:
+    rows = {s["name"]: (s["done"], s["total"], s["failed"], s["truncated"], s["flagged"])
             for s in status["sources"]}  # fmt: skip
-    rows["TOTAL"] = (status["done"], status["total"], status["failed"], status["truncated"])
+    rows["TOTAL"] = (status["done"], status["total"], status["failed"], status["truncated"],
+                     status["flagged"])  # fmt: skip
     return rows
 
 
@@ -183,3 +186,18 @@ def test_final_pane_shows_exactly_the_status_numbers(live_run) -> None:
         assert shown["rates"].get(int(r["window_s"] // 60)) == round(r["tok_s"]), shown["screen"]
     assert "in flight" in shown["screen"]
     assert "✔ FINISHED" in shown["screen"] and "ETA" in shown["screen"]
+
+
+def test_final_pane_shows_the_flagged_samples_and_their_top_reasons(live_run) -> None:
+    from monitor.render import top_flags
+
+    status, screen = live_run["final_status"], live_run["final"]["screen"]
+    assert status["flagged"] > 0 and status["flags"]
+    assert "flagged" in screen and "top flags" in screen
+    lines = screen.splitlines()
+    total = next(ln for ln in lines if "│ TOTAL" in ln)
+    assert top_flags(status["flags"]) in total
+    for s in status["sources"]:
+        if s["flags"]:
+            line = next(ln for ln in lines if f"│ {s['name']} " in ln)
+            assert top_flags(s["flags"]) in line, (s, line)

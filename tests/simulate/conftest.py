@@ -21,5 +21,5 @@ def sim() -> Iterator[RunningSimulator]:
 def sim_finish() -> Iterator[RunningSimulator]:
     """transformers-serve usage shape (usage on the finish_reason chunk)."""
     opts = {k: v for k, v in PROTOCOL_OPTIONS.items() if not k.startswith("spec")}
-    with running_simulator(usage_shape="finish", **opts) as s:
+    with running_simulator(usage_shape="finish", tokens_per_step=4, **opts) as s:
         yield s

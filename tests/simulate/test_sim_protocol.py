@@ -111,7 +111,11 @@ def test_health_models_and_infos(sim):
         info["speculative_eagle_topk"],
         info["speculative_num_draft_tokens"],
     ) == (3, 1, 4)
-    assert info["internal_states"][0]["avg_spec_accept_length"] == 2.1
+    # SGLang's running total: reported once a verify step ran (the shared server has served
+    # requests by now: /health_generate above at least prefilled one)
+    create(sim.url, body("acceptance", max_tokens=32))
+    accept = sim.get("/server_info")["internal_states"][0]["avg_spec_accept_length"]
+    assert 1.0 <= accept <= 2.1
 
 
 def test_no_speculative_state_without_the_flag(sim_finish):
@@ -136,7 +140,7 @@ def test_stream_sglang_shape(sim):
         r, c = getattr(d, "reasoning_content", None), d.content
         assert (r is None) != (c is None)
         text = r if r is not None else c
-        assert 1 <= count_tokens(text) <= 4  # one chunk per step of K=4 tokens
+        assert 1 <= count_tokens(text) <= 4  # one chunk per step: num_steps + 1 at most
         kinds.append("r" if r is not None else "c")
         reasoning += r or ""
         content += c or ""

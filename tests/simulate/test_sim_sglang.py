@@ -131,8 +131,11 @@ def test_spec_tokens_details_when_asked_on_a_speculative_server():
         whole = json.loads(post(sim.url, body("s", False, return_spec_tokens_details=True))[1])
         d = whole["sglext"]["spec_tokens_details"]
         n = whole["usage"]["completion_tokens"]
-        assert d["spec_verify_ct"] == -(-n // 2) and d["spec_accept_length"] == pytest.approx(
-            n / d["spec_verify_ct"], abs=1e-3)  # fmt: skip
+        # the prefill's token, then verify steps of 2 (the last one keeps what is left)
+        assert d["spec_verify_ct"] == -(-(n - 1) // 2) and d["spec_accept_length"] == n / d[
+            "spec_verify_ct"]  # fmt: skip
+        assert d["spec_num_correct_drafts"] == n - 1 - d["spec_verify_ct"]
+        assert d["spec_num_proposed_drafts"] == 3 * d["spec_verify_ct"]
         evs = events(post(sim.url, body("s", True, return_spec_tokens_details=True))[1])
         ext = [e["sglext"] for e in evs if e != "[DONE]" and "sglext" in e]
         assert len(ext) == 1 and ext[0]["spec_tokens_details"] == d

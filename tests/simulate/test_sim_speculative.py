@@ -79,6 +79,23 @@ def test_tok_s_closed_form_and_batch_cap() -> None:
     assert m.step_s(step, 0) == pytest.approx(step * 1.25)
 
 
+def test_fit_recovers_the_model_from_two_speedups() -> None:
+    m = SpeedModel(draft_overhead=1.4, verify_cost=0.03)
+    fitted = SpeedModel.fit(2.3, (1, m.speedup(2.3, 1)), (48, m.speedup(2.3, 48)))
+    assert fitted.draft_overhead == pytest.approx(1.4)
+    assert fitted.verify_cost == pytest.approx(0.03)
+    # the reference case: 1.66x at 1 and 0.914x (82.3 / 90) at 64 for acceptance 2.1
+    ref = SpeedModel.fit(2.1, (1, 1.66), (64, 82.3 / 90))
+    assert ref.draft_overhead == pytest.approx(1.25, abs=0.01)
+    assert ref.verify_cost == pytest.approx(0.0163, abs=0.0005)
+    with pytest.raises(ConfigError, match="outside the model"):
+        SpeedModel.fit(2.0, (1, 1.0), (16, 1.5))  # rising with the batch
+    with pytest.raises(ConfigError, match="outside the model"):
+        SpeedModel.fit(2.0, (1, 2.5), (16, 1.0))  # faster than the acceptance allows
+    with pytest.raises(ConfigError):
+        SpeedModel.fit(2.0, (4, 1.2), (4, 1.1))
+
+
 def test_speed_model_is_strict() -> None:
     with pytest.raises(ValueError):
         SpeedModel(draft_overhead=0.9)  # speculation never costs less than a plain step
@@ -148,8 +165,8 @@ def test_details_follow_sglang_definitions() -> None:
     assert d["spec_accept_rate"] == pytest.approx(60 / 120)
     assert d["spec_correct_drafts_histogram"] == r.histogram
     json.dumps(d)  # plain JSON for the wire
-    empty = SpecRequest(2.0).details(1, None)
-    assert empty["spec_accept_length"] == 0.0 and empty["spec_accept_rate"] == 0.0
+    # SGLang sends no details for a request without a verify step (a 1-token answer)
+    assert SpecRequest(2.0).details(1, None) is None
 
 
 def test_counters_are_a_running_total() -> None:
@@ -328,6 +345,7 @@ def test_spec_server_applies_the_eagle_trap_and_reports_details() -> None:
     while produced < 50:
         produced += req.step(50 - produced)
     d = broken.details(req, produced)
+    assert d is not None
     assert d["spec_accept_length"] == pytest.approx(50 / 49)
     assert d["spec_num_correct_drafts"] == 0 and d["spec_accept_rate"] == 0.0
     capped = SpecServer(algorithm="EAGLE3", accept_length=2.1, num_steps=1)

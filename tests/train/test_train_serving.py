@@ -7,6 +7,7 @@ import itertools
 import json
 import shlex
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,22 @@ from regen.simulate.testing import running_simulator
 from regen.train.serving import verify_server
 
 DRAFT = "/drafts/kimi-k25-eagle3"
+#: answers of the speculative simulators: 400 tokens, cut by SERVED_TOKENS
+ANSWERS = {"mean_tokens": 400, "length_sigma": 0}
+#: one answer of 211 tokens: the prefill's, then 210 kept by verify steps, so the running
+#: acceptance is exactly the configured one (2.1: 2 nine steps in ten, 3 in the tenth)
+SERVED_TOKENS = 211
+
+
+def serve_one(base: str) -> None:
+    """One request, so that the simulator's running avg_spec_accept_length is reported (SGLang
+    reports none before its first verify step)."""
+    body = {"model": "moonshotai/Kimi-K2.5", "max_tokens": SERVED_TOKENS,
+            "messages": [{"role": "user", "content": "draft?"}]}  # fmt: skip
+    req = urllib.request.Request(f"{base}/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert json.loads(r.read())["usage"]["completion_tokens"] == SERVED_TOKENS
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +61,7 @@ def sim_eagle3() -> Iterator[str]:
         speculative_eagle_topk=1,
         speculative_num_draft_tokens=4,
         spec_accept_length=2.1,
+        **ANSWERS,
     ) as sim:
         yield sim.base
 
@@ -55,6 +73,7 @@ def test_verify_server_fails_on_eagle(sim_eagle: str, capsys) -> None:
 
 
 def test_verify_server_passes_on_eagle3_and_reports_acceptance(sim_eagle3: str, capsys) -> None:
+    serve_one(sim_eagle3)
     assert regen_main(["verify-server", sim_eagle3, "--draft", DRAFT + "/"]) == 0
     out = capsys.readouterr().out
     assert "EAGLE3" in out and "avg_spec_accept_length: 2.100" in out
@@ -75,7 +94,11 @@ def test_verify_server_warns_when_the_draft_is_not_helping(capsys) -> None:
         speculative_algorithm="EAGLE3",
         speculative_draft_model_path=DRAFT,
         spec_accept_length=1.05,
+        **ANSWERS,
     ) as sim:
+        assert regen_main(["verify-server", sim.base, "--draft", DRAFT]) == 0
+        assert "avg_spec_accept_length: not reported yet" in capsys.readouterr().out
+        serve_one(sim.base)  # 210 tokens in 200 verify steps
         assert regen_main(["verify-server", sim.base, "--draft", DRAFT]) == 0  # warn, not fail
         out = capsys.readouterr().out
         assert "avg_spec_accept_length: 1.050" in out and "the draft is not helping" in out
