@@ -107,7 +107,9 @@ def child(args: argparse.Namespace) -> int:
     prompts = getattr(renderer, "_prompts", None)
     stats = dict(prompts.stats) if prompts is not None else {}
     turns = sum(len(t) for _, t in items)
-    print(json.dumps({"cpu": cpu, "turns": turns, "samples": len(items), "stats": stats}))
+    how = "build_rows" if build_rows is not None else "build_turn_row"
+    print(json.dumps({"cpu": cpu, "turns": turns, "samples": len(items), "stats": stats,
+                      "how": f"{how} of {rows_mod.__file__}"}))  # fmt: skip
     return 0
 
 
@@ -146,7 +148,8 @@ def main() -> int:
               f"before {b:.3f} ms per turn, after {a:.3f} ms ({b / a:.2f}x less; medians of "
               f"{args.repeat}: before {[round(x, 3) for x in cpu['before']]}, after "
               f"{[round(x, 3) for x in cpu['after']]}); rows byte-equal: {same}; prompt ids: "
-              f"{info['after']['stats']}", flush=True)  # fmt: skip
+              f"{info['after']['stats']}; before: {info['before']['how']}; after: "
+              f"{info['after']['how']}", flush=True)  # fmt: skip
     return 0
 
 
