@@ -403,29 +403,17 @@ class KimiRenderer:
         self,
         messages: Sequence[Message | dict[str, Any]],
         tools: list[dict[str, Any]] | None,
-        *,
-        reasoning: str | None,
-        content: str,
-        tool_calls: Sequence[ToolCall] = (),
-        finish_reason: str = "stop",
-        completion_tokens: int | None = None,
+        **response: Any,
     ) -> RenderedTurn:
-        """Prompt (template) + reassembled response, tokenized separately.
+        """Prompt (template) + reassembled response, tokenized separately; ``response``: the
+        keyword arguments of :meth:`render_text` (reasoning, content, tool_calls,
+        finish_reason, completion_tokens).
 
         A turn cut (``length``) with reasoning but no content is ambiguous: the model may or
         may not have emitted ``</think>`` as its last token. When ``completion_tokens`` (the
         server's count) is given and says so, ``</think>`` is kept.
         """
-        text = self.render_text(
-            messages,
-            tools,
-            reasoning=reasoning,
-            content=content,
-            tool_calls=tool_calls,
-            finish_reason=finish_reason,
-            completion_tokens=completion_tokens,
-        )
-        return self.tokenize([text])[0]
+        return self.tokenize([self.render_text(messages, tools, **response)])[0]
 
 
 def messages_json(messages: Sequence[Message | dict[str, Any]]) -> str:
