@@ -246,17 +246,21 @@ class Spies:
         return summarize([f for f in self.files if f.exists()])
 
 
-#: inclusive shares printed for these frames (function name as py-spy writes it)
+#: inclusive shares printed (of the samples not idle): label -> a function name as py-spy
+#: writes it, or a [path part] for every frame in such files
 WATCH = {
-    "rows (build_turn_row)": "build_turn_row",
-    "  chat template (render_prompt)": "render_prompt",
-    "  encode": "encode",
-    "  decode": "decode",
-    "SSE lines (feed_bytes)": "feed_bytes",
-    "transport.stream": "stream",
-    "aiohttp": "aiohttp",
-    "ray (actor call machinery)": "_raylet",
+    "rows (build_rows)": "build_rows",
+    "  chat template (render_prompt)": "KimiRenderer.render_prompt",
+    "  encode (TokenCodec.encode_many)": "TokenCodec.encode_many",
+    "  decode (TokenCodec.decode_many)": "TokenCodec.decode_many",
+    "  quality checks (check_turn)": "check_turn",
+    "SSE lines (feed_bytes)": "StreamAccumulator.feed_bytes",
+    "HTTP (ChatTransport.stream)": "ChatTransport.stream",
+    "aiohttp": "[aiohttp]",
+    "asyncio": "[asyncio]",
 }
+#: leaf frames of a thread that waits (py-spy --nonblocking counts some of them as active)
+IDLE = {"Worker.main_loop", "_worker", "EpollSelector.select", "Condition.wait", "Event.wait", ""}
 
 
 def summarize(files: list[Path]) -> dict[str, Any]:
@@ -264,24 +268,22 @@ def summarize(files: list[Path]) -> dict[str, Any]:
     incl: collections.Counter[str] = collections.Counter()
     self_: collections.Counter[str] = collections.Counter()
     frame_re = re.compile(r"^(.*?) \((.*?)(?::\d+)?\)$")
+    groups = [w[1:-1] for w in WATCH.values() if w.startswith("[")]
     for f in files:
         for line in f.read_text().splitlines():
             stack, _, count = line.rpartition(" ")
             if not count.isdigit():
                 continue
+            frames = stack.split(";")
+            parsed = [(m.group(1), m.group(2)) if (m := frame_re.match(fr)) else (fr, "")
+                      for fr in frames]  # fmt: skip
+            if parsed[-1][0] in IDLE:
+                continue
             n = int(count)
             total += n
-            frames = stack.split(";")
-            names = set()
-            for fr in frames:
-                m = frame_re.match(fr)
-                name, path = (m.group(1), m.group(2)) if m else (fr, "")
-                names.add(name)
-                if "aiohttp" in path:
-                    names.add("aiohttp")
-                if "_raylet" in path or "/ray/" in path:
-                    names.add("_raylet")
-            incl.update(names)
+            names = {name for name, _ in parsed}
+            names.update(f"[{g}]" for g in groups if any(g in path for _, path in parsed))
+            incl.update(dict.fromkeys(names, n))
             self_[frames[-1]] += n
     return {
         "samples": total,
@@ -310,7 +312,7 @@ def report(contender: str, mode: str, r: Measured, s: TreeSampler, info: dict[st
                 f"{k} {v:.2f}" for k, v in list(threads.items())[:8]))  # fmt: skip
     prof = info.get("profile")
     if prof and prof["samples"]:
-        print(f"      actor profile ({prof['samples']} samples): " + ", ".join(
+        print(f"      actor profile ({prof['samples']} busy samples): " + ", ".join(
             f"{k.strip()} {v:.0%}" for k, v in prof["inclusive"].items()))  # fmt: skip
         for fr, share in prof["self_top"]:
             print(f"        self {share:5.1%}  {fr}")
