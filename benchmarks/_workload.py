@@ -167,6 +167,8 @@ class Measured:
     requests: int
     occupancy: float = 0.0  #: servers' mean batch occupancy over the steps they ran
     late_steps: float = 0.0  #: share of steps the servers ran late (their loop lagged)
+    first_at: float = 0.0  #: first request received (this process's monotonic clock)
+    last_at: float = 0.0  #: last request finished (same clock)
 
     @property
     def utilization(self) -> float:
@@ -252,7 +254,7 @@ class Fleet:
         occupancy = sum(f["mean_batch_occupancy"] * f["steps"] for f in final) / max(1, steps)
         late = sum(f["late_steps"] for f in final) / max(1, steps)
         return Measured(tokens, cap, last - first, max(0.0, backlog_end - first),
-                        backlog_tokens, requests, occupancy, late)  # fmt: skip
+                        backlog_tokens, requests, occupancy, late, first, last)  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -36,7 +36,7 @@ endpoint           string/null         base URL of the endpoint that answered
 token_source       string, required    ``server`` (the server's prompt/output ids are the row),
                                        ``local`` (rendered + tokenized here), ``native``
 token_check        string/null         server rows: the local render compared with the
-                                       server ids: ``match``, ``prompt_mismatch``,
+                                       server ids, as text: ``match``, ``prompt_mismatch``,
                                        ``response_mismatch``, ``mismatch``, ``render_error``.
                                        local rows (first that applies): a render flag
                                        (``think_inserted``, ``content_has_think``, see
@@ -73,7 +73,10 @@ the row. A turn that finished normally (not ``length``) must end with the end-of
 the draft to learn where answers stop; SGLang may or may not include the stop token in the
 returned output ids, so when the last output id is not ``<|im_end|>`` (or the tokenizer's eos)
 ``<|im_end|>`` is appended with mask 1 and ``im_end_added`` is set. Truncated turns get nothing
-appended. The local render is then a cross-check recorded in ``token_check``.
+appended. The local render is then a cross-check recorded in ``token_check``, made without the
+tokenizer's encoder: the rendered prompt and reassembled response are compared with the server's
+prompt and response ids decoded (one batch per sample); ids that decode to the rendered text
+are a ``match`` even when a whole encode would have split the text otherwise.
 
 Local rows (no server ids): the response is rebuilt from what the server's parsers returned
 and re-tokenized here, so it cannot be proven equal to the tokens the model produced; every
@@ -94,6 +97,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -104,7 +108,7 @@ from regen.quality import COLUMNS as QUALITY_COLUMNS
 from regen.quality import DEFAULT_CONFIG, NOT_CHECKED, QualityConfig, check_row, check_turn
 from regen.result import TurnResult
 from regen.sample import Message, Sample
-from regen.template.render import KimiRenderer, messages_json
+from regen.template.render import KimiRenderer, RenderedTurn, TurnText, messages_json
 
 #: columns a part written before issue 15 lacks (see the module docstring)
 ADDED_COLUMNS: pa.Schema = pa.schema(
@@ -152,46 +156,119 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
+#: one regenerated turn as the row builder takes it: (turn index, request messages, result)
+TurnInput = tuple[int, Sequence[Message | dict[str, Any]], TurnResult]
+
+
+@dataclass(slots=True)
+class PreparedTurn:
+    """The tokenizer work of one turn, done by :func:`prepare_turns` for a whole sample: its
+    local render (ids included for a local row, text only for a server row) or why it failed,
+    and for a server row its ids (``<|im_end|>`` appended where missing) and their text."""
+
+    local: RenderedTurn | TurnText | None
+    render_error: TemplateError | None = None
+    server_ids: tuple[list[int], list[int], bool] | None = None  #: prompt, response, added
+    decoded: tuple[str, str] | None = None  #: the server's prompt and response ids, decoded
+
+
+def build_rows(
+    sample: Sample,
+    turns: Sequence[TurnInput],
+    renderer: KimiRenderer,
+    quality: QualityConfig = DEFAULT_CONFIG,
+) -> list[dict[str, Any]]:
+    """The rows of a sample's regenerated turns, in order; the same rows as
+    :func:`build_turn_row` on each turn, with the tokenizer work of all turns batched
+    (:func:`prepare_turns`). The first turn that cannot become a row raises."""
+    prepared = prepare_turns(sample, turns, renderer)
+    return [
+        build_turn_row(sample, turn, msgs, res, renderer, quality, p)
+        for (turn, msgs, res), p in zip(turns, prepared, strict=True)
+    ]
+
+
+def server_ids(result: TurnResult, renderer: KimiRenderer) -> tuple[list[int], list[int], bool]:
+    """A server row's prompt and response ids, ``<|im_end|>`` appended to a turn that finished
+    normally without it (see the module docstring), and whether it was."""
+    prompt_ids = list(result.prompt_token_ids or ())
+    response_ids = list(result.output_token_ids or ())
+    if not result.truncated and (not response_ids or response_ids[-1] not in renderer.end_ids):
+        response_ids.append(renderer.im_end_id)
+        return prompt_ids, response_ids, True
+    return prompt_ids, response_ids, False
+
+
+def prepare_turns(
+    sample: Sample, turns: Sequence[TurnInput], renderer: KimiRenderer
+) -> list[PreparedTurn]:
+    """Render every turn as text (template and response assembly, no encode); then, in one
+    batch each, encode the local turns (each prompt reusing the ids of the sample's previous
+    local prompt where the texts agree, regen.template.extend) and decode the server turns'
+    ids (their check compares texts: a server row needs no encode)."""
+    tools = sample.tools or None
+    out: list[PreparedTurn] = []
+    for _, msgs, res in turns:
+        try:
+            text = renderer.render_text(
+                msgs,
+                tools,
+                reasoning=res.reasoning,
+                content=res.content,
+                tool_calls=res.tool_calls,
+                finish_reason=res.finish_reason,
+                completion_tokens=res.completion_tokens,
+            )
+            out.append(PreparedTurn(text))
+        except TemplateError as e:
+            out.append(PreparedTurn(None, e))
+        if res.prompt_token_ids is not None and res.output_token_ids is not None:
+            out[-1].server_ids = server_ids(res, renderer)
+            if out[-1].local is not None:
+                renderer.settle_text(out[-1].local)  # type: ignore[arg-type]
+    local = [p for p in out if p.server_ids is None and p.local is not None]
+    rendered = renderer.tokenize(
+        [p.local for p in local],  # type: ignore[misc]
+        [None, *range(len(local) - 1)][: len(local)],
+    )
+    for p, r in zip(local, rendered, strict=True):
+        p.local = r
+    server = [p for p in out if p.server_ids is not None]
+    seqs = [ids for p in server for ids in p.server_ids[:2]]  # type: ignore[index]
+    texts = iter(renderer.codec.decode_many(seqs))
+    for p in server:
+        p.decoded = (next(texts), next(texts))
+    return out
+
+
 def build_turn_row(
     sample: Sample,
     turn: int,
-    request_messages: list[Message],
+    request_messages: Sequence[Message | dict[str, Any]],
     result: TurnResult,
     renderer: KimiRenderer,
     quality: QualityConfig = DEFAULT_CONFIG,
+    prepared: PreparedTurn | None = None,
 ) -> dict[str, Any]:
     """The training row of one regenerated assistant turn (see the module docstring), its
-    quality checked with ``quality``'s thresholds."""
+    quality checked with ``quality``'s thresholds; ``prepared``: its tokenizer work done
+    already (:func:`build_rows`)."""
     tools = sample.tools or None
-    local = None
-    render_error: TemplateError | None = None
-    try:
-        local = renderer.render_turn(
-            request_messages,
-            tools,
-            reasoning=result.reasoning,
-            content=result.content,
-            tool_calls=result.tool_calls,
-            finish_reason=result.finish_reason,
-            completion_tokens=result.completion_tokens,
-        )
-    except TemplateError as e:
-        render_error = e
+    if prepared is None:
+        prepared = prepare_turns(sample, [(turn, request_messages, result)], renderer)[0]
+    local, render_error = prepared.local, prepared.render_error
 
     im_end_added = False
-    if result.prompt_token_ids is not None and result.output_token_ids is not None:
-        prompt_ids = list(result.prompt_token_ids)
-        response_ids = list(result.output_token_ids)
-        if not result.truncated and (not response_ids or response_ids[-1] not in renderer.end_ids):
-            response_ids.append(renderer.im_end_id)
-            im_end_added = True
+    if prepared.server_ids is not None:
+        prompt_ids, response_ids, im_end_added = prepared.server_ids
         token_source = "server"
         think_closed = renderer.think_close_id in result.output_token_ids
         if local is None:
             token_check = "render_error"
         else:
-            p_ok = local.prompt_ids == prompt_ids
-            r_ok = local.response_ids == response_ids
+            assert prepared.decoded is not None
+            p_ok = local.prompt_text == prepared.decoded[0]
+            r_ok = local.response_text == prepared.decoded[1]
             token_check = {
                 (True, True): "match",
                 (False, True): "prompt_mismatch",
@@ -205,6 +282,7 @@ def build_turn_row(
         if local is None:
             assert render_error is not None
             raise render_error
+        assert isinstance(local, RenderedTurn)
         prompt_ids, response_ids = local.prompt_ids, local.response_ids
         token_source, text = "local", local.text
         think_closed = False if local.flag == "think_inserted" else None

@@ -15,6 +15,7 @@ from regen.result import TurnResult
 from regen.rows import (
     COLUMNS,
     SCHEMA,
+    build_rows,
     build_turn_row,
     count_check,
     native_row,
@@ -348,3 +349,86 @@ def test_a_row_from_before_the_quality_columns_is_upgraded(renderer: KimiRendere
     assert {k: new[k] for k in ADDED_COLUMNS.names} == {k: row[k] for k in ADDED_COLUMNS.names}
     assert rows_to_table([old]).to_pylist()[0]["quality_flags"] == ["empty_content"]
     assert upgrade_row(row) is row
+
+
+def _chain(n_turns: int, tools: bool) -> tuple[Sample, list[tuple[int, list, TurnResult]]]:
+    """A sample's turns as the worker hands them over: each request carries the replies so far;
+    with ``tools`` every even reply calls a tool and every odd one answers plainly (the Kimi
+    history rule then rewrites the turns before a plain answer: no reasoning)."""
+    from regen.engine.turns import reply_message
+
+    sample = Sample(
+        id="m:1", source="m", messages=[], tools=[{"type": "function"}] if tools else None
+    )
+    history: list[Message] = [Message("user", "Start, please: " + "word " * 30)]
+    turns = []
+    for t in range(n_turns):
+        calls = (ToolCall(f"functions.f:{t}", "f", '{"a": 1}'),) if tools and t % 2 == 0 else ()
+        res = _result(f"Reasoning {t}.", "" if calls else f"Answer {t}.", tool_calls=calls,
+                      finish_reason="tool_calls" if calls else "stop")  # fmt: skip
+        turns.append((t, list(history), res))
+        history.append(reply_message(res))
+        if calls:
+            history.append(Message("tool", f"result {t}", tool_call_id=calls[0].id))
+        history.append(Message("user", f"Next {t}."))
+    return sample, turns
+
+
+def _no_time(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "created_at"} for r in rows]
+
+
+@pytest.mark.parametrize("tools", [False, True])
+def test_rows_of_a_sample_equal_rows_of_each_turn_alone(tools: bool) -> None:
+    """build_rows reuses a prompt's ids for the next turn (and batches the tokenizer); the rows
+    are those of building each turn on its own, where every prompt is encoded whole."""
+    r = KimiRenderer.from_dir(TOKENIZER, template_kwargs={"thinking": True})
+    sample, turns = _chain(5, tools)
+    together = build_rows(sample, turns, r)
+    st = dict(r.prompts.stats)
+    alone = [build_turn_row(sample, t, m, res, r) for t, m, res in turns]
+    assert _no_time(together) == _no_time(alone)
+    for row, (_, msgs, _) in zip(together, turns, strict=True):
+        prompt_ids, _ = _split(row)
+        assert prompt_ids == r.encode(r.render_prompt(msgs, sample.tools))
+    assert (st.get("extended", 0), st.get("common_prefix", 0)) == ((2, 2) if tools else (4, 0))
+    assert st["first"] == 1 and "mismatch" not in st
+
+
+def test_a_sample_mixing_server_and_local_turns(renderer: KimiRenderer) -> None:
+    sample, turns = _chain(3, tools=False)
+    _, msgs, res = turns[1]
+    local = renderer.render_turn(msgs, None, reasoning=res.reasoning, content=res.content)
+    res.prompt_token_ids, res.output_token_ids = local.prompt_ids, local.response_ids
+    rows = build_rows(sample, turns, renderer)
+    assert [r["token_source"] for r in rows] == ["local", "server", "local"]
+    assert rows[1]["token_check"] == "match" and rows[1]["im_end_added"] is False
+    assert _no_time(rows) == _no_time([build_turn_row(sample, *x, renderer) for x in turns])
+
+
+def test_the_first_turn_that_cannot_be_a_row_raises(renderer: KimiRenderer) -> None:
+    off = KimiRenderer.from_dir(TOKENIZER, template_kwargs={"thinking": False})
+    sample = Sample(id="e:1", source="e", messages=[])
+    ok = (0, [Message("user", "Hi")], _result(None, "Hey."))
+    bad = (1, [Message("user", "Hi")], _result("reasoning with thinking off", "Hey."))
+    with pytest.raises(TemplateError, match="closed <think>"):
+        build_rows(sample, [ok, bad], off)
+    empty = (0, [Message("user", "Hi")], _result(None, "", finish_reason="length"))
+    with pytest.raises(TemplateError, match="e:1 turn 0: empty response"):
+        build_rows(sample, [empty, bad], off)
+
+
+def test_server_ids_are_compared_as_text(renderer: KimiRenderer) -> None:
+    """Ids that decode to the rendered text are a match even when the tokenizer would have
+    merged them (a sampled split): the row is the server's ids, as they came."""
+    request = [Message("user", "Hi")]
+    res = _server_result(renderer, request)
+    merged = next(i for i in res.output_token_ids if len(renderer.decode([i])) > 1)
+    pieces = [renderer.encode(ch)[0] for ch in renderer.decode([merged])]
+    assert len(pieces) > 1
+    at = res.output_token_ids.index(merged)
+    res.output_token_ids[at : at + 1] = pieces
+    row = build_turn_row(Sample(id="s:5", source="s", messages=[]), 0, request, res, renderer)
+    assert row["token_check"] == "match"
+    assert row["input_ids"] == res.prompt_token_ids + res.output_token_ids + [renderer.im_end_id]
+    assert row["text"] == renderer.decode(row["input_ids"])

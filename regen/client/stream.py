@@ -7,6 +7,20 @@ OpenAI-compatible server writes one JSON object per line); ``data: [DONE]`` ends
 comments, ``event:`` and ``id:`` lines are ignored. A chunk carrying ``error`` raises the
 matching regen error (see :func:`regen.client.errors.stream_error`).
 
+The fast path: SGLang streams one token per chunk, and all the text chunks of one stream are
+the same bytes around the token's JSON string (same id, created, model, keys). The first chunk
+of each such shape is decoded in full; when it carried only text (one choice, index 0, a
+non-empty ``content``, ``reasoning_content`` or ``reasoning`` string and nothing else that
+:meth:`StreamAccumulator.add` reads), the bytes before and after that string are kept as a
+:class:`_TextShape`, and proven to be one by decoding two probes (the string replaced by a
+non-empty and an empty one) through the full path. A later line that starts and ends with a
+kept shape's bytes is then that chunk with another string, so only the string is decoded, by
+the ``json`` module's own string scanner (escapes and all); a string the scanner does not end
+exactly at the shape's tail (an unescaped quote: another structure) or refuses goes to the full
+parser. Every other line (role, finish, tool calls, ``sglext``, usage, errors, and any server
+whose chunks differ in more than the string) is decoded in full. tests/client/test_stream_fast.py
+proves both paths give the same result on SGLang's own serializer, the simulator and odd text.
+
 Usage is taken from whichever chunk carries it: SGLang's last chunk with ``choices: []`` or the
 ``finish_reason`` chunk (``transformers serve``). Reasoning is ``delta.reasoning_content``
 (SGLang) or ``delta.reasoning``. Tool calls are assembled by ``index`` from their deltas.
@@ -26,6 +40,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from json.decoder import scanstring
 from typing import Any
 
 from regen.client.errors import stream_error
@@ -37,6 +52,25 @@ class _ToolCallParts:
     id: str = ""
     name: str = ""
     arguments: list[str] = field(default_factory=list)
+
+
+#: text-chunk shapes learned per stream (content and reasoning: 2 in practice), and lines that
+#: may try to teach one (a server whose chunks never repeat a shape stops paying after that)
+MAX_SHAPES = 4
+MAX_LEARN_TRIES = 8
+#: the keys of a text delta, in the order :meth:`StreamAccumulator.add` reads them
+_TEXT_KEYS = (("content", False), ("reasoning_content", True), ("reasoning", True))
+_PROBE = "zq"
+
+
+@dataclass(slots=True, frozen=True)
+class _TextShape:
+    """The bytes around the JSON string of one kind of text chunk (see the module docstring)."""
+
+    head: bytes  #: up to and including the string's opening quote
+    tail: bytes  #: from the string's closing quote to the end of the line
+    reasoning: bool  #: the string is reasoning (else content)
+    model: str  #: what the chunk sets ``model`` to ("" when it has none)
 
 
 @dataclass(slots=True)
@@ -57,6 +91,10 @@ class StreamAccumulator:
     prompt_ids: list[int] | None = None  #: sglext.input_ids
     output_ids: list[int] | None = None  #: sglext.output_ids[0]
     spec: dict[str, Any] | None = None  #: sglext.spec_tokens_details
+    fast: bool = True  #: take text chunks of a known shape without a full parse
+    fast_chunks: int = 0  #: chunks the fast path took
+    _shapes: list[_TextShape] = field(default_factory=list)
+    _tries: int = 0
 
     def feed_line(self, line: str) -> None:
         """One line of the SSE body."""
@@ -66,21 +104,110 @@ class StreamAccumulator:
     def feed_bytes(self, line: bytes) -> None:
         """One line of the SSE body, undecoded (:mod:`regen.client.transport` feeds these)."""
         if line.startswith(b"data:"):
-            self._payload(line[5:].strip(), b"[DONE]")
+            payload = line[5:].strip()
+            for shape in self._shapes:
+                if self._take(shape, payload):
+                    return
+            data = self._payload(payload, b"[DONE]")
+            if data is not None and self.fast and self._tries < MAX_LEARN_TRIES:
+                self._learn(payload, data)
 
-    def _payload(self, payload: str | bytes, done_marker: str | bytes) -> None:
-        """The data of one SSE event: the end marker, an error object, or a chunk."""
+    def _payload(self, payload: str | bytes, done_marker: str | bytes) -> dict[str, Any] | None:
+        """The data of one SSE event: the end marker, an error object, or a chunk (returned)."""
         if not payload:
-            return
+            return None
         if payload == done_marker:
             self.done = True
-            return
+            return None
         data = json.loads(payload)  # str or bytes alike
         if not isinstance(data, dict):
-            return
+            return None
         if data.get("error") is not None:
             raise stream_error(data["error"], endpoint=self.endpoint)
         self.add(data)
+        return data
+
+    def _take(self, shape: _TextShape, payload: bytes) -> bool:
+        """Apply ``payload`` as a text chunk of ``shape``; False when it is not one."""
+        head, tail = shape.head, shape.tail
+        if not (payload.startswith(head) and payload.endswith(tail)):
+            return False
+        if len(payload) < len(head) + len(tail):  # head and tail overlap: not this shape
+            return False
+        try:
+            # what json.loads does to bytes (UTF-8, surrogatepass), then its string scanner
+            raw = payload[len(head) : len(payload) - len(tail) + 1].decode("utf-8", "surrogatepass")
+            text, end = scanstring(raw, 0, True)
+        except ValueError:  # UnicodeDecodeError, JSONDecodeError: the full parser decides
+            return False
+        if end != len(raw):  # an unescaped quote inside: another structure
+            return False
+        self.chunks += 1
+        self.fast_chunks += 1
+        if shape.model:
+            self.model = shape.model
+        if text:
+            (self.reasoning if shape.reasoning else self.content).append(text)
+            if self.first_token_at is None:
+                self.first_token_at = self.clock()
+        return True
+
+    def _learn(self, payload: bytes, data: dict[str, Any]) -> None:
+        """Keep the shape of ``payload`` when it is a text chunk that probes prove to be one."""
+        choices = data.get("choices")
+        if not (isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict)):
+            return
+        delta = choices[0].get("delta")
+        if not isinstance(delta, dict):
+            return
+        found = [(k, r, v) for k, r in _TEXT_KEYS if isinstance(v := delta.get(k), str) and v]
+        if not found:
+            return
+        key, reasoning, value = found[0]
+        self._tries += 1
+        marker = f'"{key}":"'.encode()
+        at = payload.find(marker)
+        if at < 0 or payload.find(marker, at + 1) >= 0:
+            return
+        start = at + len(marker)
+        try:
+            rest = payload[start:].decode("utf-8", "surrogatepass")
+            text, end = scanstring(rest, 0, True)
+        except ValueError:
+            return
+        if text != value:
+            return
+        cut = start + len(rest[: end - 1].encode("utf-8", "surrogatepass"))
+        model = data.get("model")
+        shape = _TextShape(payload[:start], payload[cut:], reasoning, model if model else "")
+        if all(self._probe(shape, probe) for probe in (_PROBE, "")):
+            self._shapes.append(shape)
+            if len(self._shapes) >= MAX_SHAPES:
+                self._tries = MAX_LEARN_TRIES
+
+    @staticmethod
+    def _probe(shape: _TextShape, value: str) -> bool:
+        """The full path on the shape with ``value`` does exactly what :meth:`_take` does."""
+        full = StreamAccumulator(clock=lambda: 0.0, fast=False)
+        try:
+            full.feed_bytes(b"data: " + shape.head + value.encode() + shape.tail)
+        except Exception:
+            return False
+        text = [value] if value else []
+        return (
+            full.chunks == 1
+            and full.content == ([] if shape.reasoning else text)
+            and full.reasoning == (text if shape.reasoning else [])
+            and full.model == shape.model
+            and (full.first_token_at is not None) == bool(value)
+            and not full.tools
+            and full.finish_reason is None
+            and full.usage is None
+            and full.prompt_ids is None
+            and full.output_ids is None
+            and full.spec is None
+            and not full.done
+        )
 
     def add(self, data: dict[str, Any]) -> None:
         """One decoded chunk."""

@@ -3,7 +3,8 @@
 Streaming and non-streaming requests both go through :class:`ChatTransport`; nothing else in
 regen sends a chat request. A streamed body is read as it arrives (``iter_any``), split on
 newlines, and each line is fed, undecoded, to a :class:`regen.client.stream.StreamAccumulator`
-(one ``json.loads`` per ``data:`` line); a whole answer is read and decoded once. The key goes
+(text chunks of a shape it has seen take its fast path, every other ``data:`` line one
+``json.loads``); a whole answer is read and decoded once. The key goes
 in ``Authorization: Bearer`` and nowhere else. Owns no files.
 
 Errors map to the regen taxonomy (:mod:`regen.client.errors`): an HTTP status →

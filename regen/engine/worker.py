@@ -79,19 +79,18 @@ class WorkerStats:
 
 
 def default_row_builder(manifest: Manifest) -> RowBuilder:
-    """Rows through regen.rows.build_turn_row with the manifest's Kimi renderer; every turn's
-    quality is checked there (the manifest's ``quality`` thresholds, docs/quality.md)."""
-    from regen.rows import build_turn_row
+    """Rows through regen.rows.build_rows with the manifest's Kimi renderer (one batch of
+    tokenizer work per sample); every turn's quality is checked there (the manifest's
+    ``quality`` thresholds, docs/quality.md)."""
+    from regen.rows import build_rows
     from regen.template.render import KimiRenderer
 
     renderer = KimiRenderer.from_manifest(manifest)
     quality = manifest.quality
 
     def build(sample: Sample, turns: list[DoneTurn]) -> list[dict[str, Any]]:
-        return [
-            build_turn_row(sample, t.turn, t.request_messages, t.result, renderer, quality)
-            for t in turns
-        ]
+        turn_inputs = [(t.turn, t.request_messages, t.result) for t in turns]
+        return build_rows(sample, turn_inputs, renderer, quality)
 
     return build
 

@@ -35,6 +35,13 @@ inside the reasoning (no content, no calls) no ``</think>`` either: only what th
 
 Prompt and response are tokenized separately (``add_special_tokens=False``) and concatenated, so
 no token spans the boundary; the loss mask is 1 on the response tokens only.
+
+Cost: :meth:`KimiRenderer.render_text` renders the texts only (the template and the response
+assembly, no tokenizer); :meth:`KimiRenderer.tokenize` encodes many turns in one batch
+(:mod:`regen.template.codec`: the Rust tokenizer when it is provably the same), and a prompt
+that follows an earlier prompt of the same conversation reuses that prompt's ids where their
+texts agree (:mod:`regen.template.extend`; the template is not trusted to be prefix-stable:
+both are rendered and compared). :meth:`KimiRenderer.render_turn` is the one-turn form of both.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ from typing import Any, Literal
 
 from regen.errors import TemplateError
 from regen.sample import Message, ToolCall, stable_hash
+from regen.template.codec import TokenCodec
+from regen.template.extend import Boundaries, PromptIds
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +100,43 @@ class RenderedTurn:
     @property
     def loss_mask(self) -> list[int]:
         return [0] * len(self.prompt_ids) + [1] * len(self.response_ids)
+
+
+@dataclass(slots=True)
+class TurnText:
+    """One turn rendered as text only (:meth:`KimiRenderer.render_text`); ``tokenize`` makes it
+    a :class:`RenderedTurn`."""
+
+    prompt_text: str
+    response_text: str
+    think_state: ThinkState
+    reasoning: str | None
+    content: str
+    flag: RenderFlag | None
+    #: cut (``length``) inside the reasoning: ``</think>`` belongs to the response when the
+    #: server's ``completion_tokens`` counts one token more than the response (see render_turn)
+    cut_in_reasoning: bool = False
+    completion_tokens: int | None = None
+
+    @property
+    def text(self) -> str:
+        return self.prompt_text + self.response_text
+
+    def settle(self, response_len: int) -> bool:
+        """Append ``</think>`` when the turn was cut in its reasoning and the server counted one
+        token more than the ``response_len`` ids of the response: True when it did."""
+        if self.cut_in_reasoning and self.completion_tokens == response_len + 1:
+            self.response_text += THINK_CLOSE
+            self.cut_in_reasoning = False
+            return True
+        return False
+
+
+#: special tokens of the chat format after which prompt ids may be reused (regen.template.extend)
+BOUNDARY_TOKENS = (
+    IM_END, "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>", THINK_OPEN,
+    THINK_CLOSE, CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_ARGS, CALL_END,
+)  # fmt: skip
 
 
 def tool_calls_section(calls: Sequence[ToolCall]) -> str:
@@ -196,6 +242,17 @@ class KimiRenderer:
         self.template_hash: str = stable_hash(
             {"template": template, "kwargs": self.template_kwargs, "vocab": self.vocab_size}
         )
+        #: batched encode/decode (the Rust tokenizer when it gives the same ids)
+        self.codec = TokenCodec(tokenizer)
+        self._prompts: PromptIds | None = None
+
+    @property
+    def prompts(self) -> PromptIds:
+        """Prompt-id reuse across a conversation's turns (built on first use: it probes the
+        tokenizer); its ``stats`` count how often each case applied."""
+        if self._prompts is None:
+            self._prompts = PromptIds(self.codec, Boundaries(self.codec, BOUNDARY_TOKENS))
+        return self._prompts
 
     # -- construction -------------------------------------------------------------------
     @classmethod
@@ -227,13 +284,11 @@ class KimiRenderer:
     # -- text and ids -------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; nothing added around it."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self.codec.encode_many([text])[0]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with special tokens kept."""
-        return self.tokenizer.decode(
-            list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
-        )
+        return self.codec.decode_many([ids])[0]
 
     def render_prompt(
         self,
@@ -256,7 +311,7 @@ class KimiRenderer:
             raise TemplateError(f"chat template returned {type(text).__name__}, not text")
         return text
 
-    def render_turn(
+    def render_text(
         self,
         messages: Sequence[Message | dict[str, Any]],
         tools: list[dict[str, Any]] | None,
@@ -266,40 +321,99 @@ class KimiRenderer:
         tool_calls: Sequence[ToolCall] = (),
         finish_reason: str = "stop",
         completion_tokens: int | None = None,
-    ) -> RenderedTurn:
-        """Prompt (template) + reassembled response, tokenized separately.
-
-        A turn cut (``length``) with reasoning but no content is ambiguous: the model may or
-        may not have emitted ``</think>`` as its last token. When ``completion_tokens`` (the
-        server's count) is given and says so, ``</think>`` is kept.
-        """
+    ) -> TurnText:
+        """Prompt (template) + reassembled response, as text (see :meth:`render_turn`)."""
         prompt = self.render_prompt(messages, tools)
         state = think_state(prompt)
         reasoning, content, flag = split_reasoning(state, reasoning, content)
         if flag is not None:
             log.debug("rendered turn flagged %s (after a %r prompt)", flag, state)
         response = response_text(state, reasoning, content, tool_calls, finish_reason)
-        response_ids = self.encode(response)
-        if (
+        cut = (
             finish_reason == "length"
             and reasoning is not None
             and not content
             and not tool_calls
             and state != "closed"
-            and completion_tokens == len(response_ids) + 1
-        ):
-            response += THINK_CLOSE
-            response_ids = self.encode(response)
-        return RenderedTurn(
-            prompt_text=prompt,
-            response_text=response,
-            prompt_ids=self.encode(prompt),
-            response_ids=response_ids,
-            think_state=state,
-            reasoning=reasoning,
-            content=content,
-            flag=flag,
         )
+        return TurnText(prompt, response, state, reasoning, content, flag, cut, completion_tokens)
+
+    def settle_text(self, turn: TurnText) -> TurnText:
+        """``turn`` with the ``</think>`` a cut in the reasoning may have produced appended, as
+        :meth:`tokenize` does, for callers that need the text only (encodes such a response)."""
+        if turn.cut_in_reasoning:
+            turn.settle(len(self.encode(turn.response_text)))
+        return turn
+
+    def tokenize(
+        self, turns: Sequence[TurnText], before: Sequence[int | None] | None = None
+    ) -> list[RenderedTurn]:
+        """Token ids of many turns in one batch. ``before[i]``: the index in ``turns`` of the
+        previous turn of the same conversation (its prompt ids may be reused, see
+        :mod:`regen.template.extend`), or None."""
+        if not turns:
+            return []
+        prompts = self.prompts
+        plans = [
+            prompts.plan(t.prompt_text, None if b is None else turns[b].prompt_text)
+            for t, b in zip(turns, before or [None] * len(turns), strict=True)
+        ]
+        checks = [i for i, p in enumerate(plans) if p.keep is not None and prompts.checking(p.kind)]
+        ids = self.codec.encode_many(
+            [p.piece for p in plans]
+            + [t.response_text for t in turns]
+            + [turns[i].prompt_text for i in checks]
+        )
+        n = len(turns)
+        whole = dict(zip(checks, ids[2 * n :], strict=True))
+        prompt_ids: list[list[int]] = []
+        for i, plan in enumerate(plans):
+            b = before[i] if before else None
+            got = prompts.assemble(plan, None if b is None else prompt_ids[b], ids[i])
+            if got is None:  # the earlier ids lack the boundary the plan counted on
+                got = self.codec.encode_many([turns[i].prompt_text])[0]
+            elif i in whole:
+                prompts.checked(plan.kind, got == whole[i])
+                got = whole[i]
+            prompts.stats[plan.kind] += 1
+            prompt_ids.append(got)
+        if not prompts.enabled and any(p.keep is not None for p in plans):
+            # a reuse differed from a whole encode: nothing of this batch is reused
+            prompt_ids = self.codec.encode_many([t.prompt_text for t in turns])
+        response_ids = ids[n : 2 * n]
+        cut = [i for i, t in enumerate(turns) if t.settle(len(response_ids[i]))]
+        for i, got in zip(cut, self.codec.encode_many([turns[i].response_text for i in cut]),
+                          strict=True):  # fmt: skip
+            response_ids[i] = got
+        return [
+            RenderedTurn(
+                prompt_text=t.prompt_text,
+                response_text=t.response_text,
+                prompt_ids=prompt_ids[i],
+                response_ids=response_ids[i],
+                think_state=t.think_state,
+                reasoning=t.reasoning,
+                content=t.content,
+                flag=t.flag,
+            )
+            for i, t in enumerate(turns)
+        ]
+
+    def render_turn(
+        self,
+        messages: Sequence[Message | dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        **response: Any,
+    ) -> RenderedTurn:
+        """Prompt (template) + reassembled response, tokenized separately; ``response``: the
+        keyword arguments of :meth:`render_text` (reasoning, content, tool_calls,
+        finish_reason, completion_tokens).
+
+        A turn cut (``length``) with reasoning but no content is ambiguous: the model may or
+        may not have emitted ``</think>`` as its last token. When ``completion_tokens`` (the
+        server's count) is given and says so, ``</think>`` is kept.
+        """
+        return self.tokenize([self.render_text(messages, tools, **response)])[0]
 
 
 def messages_json(messages: Sequence[Message | dict[str, Any]]) -> str:

@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from _sse import assert_same
 
 from regen.client import ChatClient, RetryPolicy
 from regen.errors import OverloadedError, PermanentError, ServerError
@@ -28,6 +29,8 @@ SSE = {"Content-Type": "text/event-stream"}
 
 
 def run(step: Reply, token_ids: str = "stream") -> Any:
+    if step.headers.get("Content-Type") == SSE["Content-Type"]:
+        assert_same(step.body)  # the fast path and the full parse agree on every stream here
     server = ScriptedServer(step)
     with server.running():
         client = ChatClient(Endpoint(url=server.url), model=MODEL,

@@ -1,0 +1,100 @@
+"""Encode and decode many texts in one call, in the Rust tokenizer when that is provably the same.
+
+Owns no files. ``TokenCodec(tokenizer)`` wraps a transformers tokenizer. A fast tokenizer
+(``backend_tokenizer``: the HF ``tokenizers`` Rust object) is called directly and in batches
+(``encode_batch_fast``: no offsets; ``decode_batch``) instead of through transformers' per-call
+wrapper, which for ``encode(text, add_special_tokens=False)`` and
+``decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)`` only sets the
+backend's truncation, padding and ``encode_special_tokens`` and converts the result. So the
+backend is used only while it is in the state that call would leave it in (no truncation, no
+padding, ``encode_special_tokens == split_special_tokens``, checked on every batch), and only
+when it gave the same ids and text as the transformers calls on probe strings at construction
+(special-token text, whitespace, non-ASCII). Anything else (a slow tokenizer such as Kimi's
+tiktoken-based one, a backend in another state) goes through the transformers calls, one text
+at a time, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: texts the backend must encode (and decode back) exactly as transformers does
+PROBES = (
+    "",
+    "Hello, world!",
+    "  two  spaces\n\nand\ttabs\r\n",
+    "café 日本語 🙂 \u2028",
+    "<|im_user|>user<|im_middle|>Hi<|im_end|><|im_assistant|>assistant<|im_middle|><think>",
+    "R.</think>A.<|im_end|> <think> x</think>\n",
+    "[BOS]x[EOS] <|tool_calls_section_begin|><|tool_call_begin|>f:0<|tool_call_argument_begin|>{}",
+)
+
+
+class TokenCodec:
+    """``encode_many`` / ``decode_many`` over one tokenizer (see the module docstring)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend: Any = None
+        if backend is not None:
+            tokenizer.encode("", add_special_tokens=False)  # leaves the backend as it calls it
+            self._backend = backend
+            if not (self._ready() and self._agrees()):
+                log.debug("tokenizer backend differs from transformers: encoding one by one")
+                self._backend = None
+
+    @property
+    def batched(self) -> bool:
+        """True when the Rust backend is called directly."""
+        return self._backend is not None
+
+    def _ready(self) -> bool:
+        b = self._backend
+        split = bool(getattr(self.tokenizer, "split_special_tokens", False))
+        return b.truncation is None and b.padding is None and b.encode_special_tokens == split
+
+    def _agrees(self) -> bool:
+        texts = list(PROBES)
+        ids = [self._slow_encode(t) for t in texts]
+        return self._fast_encode(texts) == ids and self._fast_decode(ids) == [
+            self._slow_decode(i) for i in ids
+        ]
+
+    # -- the two ways -------------------------------------------------------------------
+    def _slow_encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _slow_decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(
+            list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+
+    def _fast_encode(self, texts: list[str]) -> list[list[int]]:
+        b = self._backend
+        batch = getattr(b, "encode_batch_fast", None) or b.encode_batch
+        return [e.ids for e in batch(texts, add_special_tokens=False)]
+
+    def _fast_decode(self, seqs: list[list[int]]) -> list[str]:
+        return self._backend.decode_batch(seqs, skip_special_tokens=False)
+
+    # -- the API ------------------------------------------------------------------------
+    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text; nothing added around them."""
+        if not texts:
+            return []
+        if self._backend is not None and self._ready():
+            return self._fast_encode(list(texts))
+        return [self._slow_encode(t) for t in texts]
+
+    def decode_many(self, seqs: Sequence[Sequence[int]]) -> list[str]:
+        """Text of each id sequence, special tokens kept."""
+        if not seqs:
+            return []
+        if self._backend is not None:
+            return self._fast_decode([list(s) for s in seqs])
+        return [self._slow_decode(s) for s in seqs]
