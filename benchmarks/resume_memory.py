@@ -13,8 +13,18 @@ one machine). The session is stopped right after. Target: <= 10 s.
 conversation, 30% multi-turn), ``run_job`` against an instant simulator for ``--seconds``,
 then the peak RSS (VmHWM) of the driver process and of each actor process. Target: <= 1.5 GB.
 
-Run: ``.venv/bin/python benchmarks/resume_memory.py resume`` (~1 min) and
-``.venv/bin/python benchmarks/resume_memory.py memory`` (~3 min; ``--samples`` to scale).
+``driver-cpu``: the driver's CPU per sample, read from ``/proc/self/stat`` (user + system of
+every thread of the driver process: the dispatch loop, the journal and parts, progress, the
+plan thread and Ray's own threads in it), on the 1,500-conversation benchmark workload
+(``benchmarks/_workload.py``) against one simulated SGLang (64 slots, 3.2 ms steps, 1 token
+per step: 20,000 tok/s). Printed: the whole session, the part before the first request
+(imports, preflight, plan, Ray and actor start), and the dispatch phase (first request to the
+end), each in CPU-ms per sample. :func:`driver_cpu` is importable (``benchmarks/cpu.py``).
+Target: <= 1 ms per sample in the dispatch phase.
+
+Run: ``.venv/bin/python benchmarks/resume_memory.py resume`` (~1 min),
+``.venv/bin/python benchmarks/resume_memory.py memory`` (~3 min; ``--samples`` to scale) and
+``.venv/bin/python benchmarks/resume_memory.py driver-cpu`` (~1 min).
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -35,7 +46,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _workload import MODEL, make_rows, write_workload
+from _workload import MODEL, fleet, make_rows, write_workload
 
 from regen.engine import RunOptions, run_job
 from regen.manifest import load_manifest
@@ -43,6 +54,9 @@ from regen.procs import stop_group
 from regen.rows import SCHEMA
 from regen.simulate.testing import running_simulator
 from regen.sources import read_samples
+
+#: the benchmark workload's simulator (docs/performance.md): 64 slots, 20,000 tok/s
+BENCH_SIM = {"max_running_requests": 64, "step_ms": 3.2, "tokens_per_step": 1}
 
 #: the rows repeat a 5,000-row block behind a unique "#i" prefix: exact dedup keeps them all,
 #: near-duplicate detection would drop all but 5,000 (its own memory: benchmarks/neardup.py)
@@ -236,6 +250,85 @@ def memory(args: argparse.Namespace) -> None:
     )
 
 
+def proc_cpu_s(pid: int | str = "self") -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(slots=True)
+class DriverCpu:
+    """The driver's CPU over one session of the benchmark workload."""
+
+    samples: int  #: samples completed
+    requests: int  #: requests the server received
+    wall_s: float  #: the session, call to return
+    total_s: float  #: driver CPU over the session
+    before_first_s: float  #: ... up to the first request the server received
+    first_request_s: float  #: wall seconds to that request
+
+    @property
+    def dispatch_s(self) -> float:
+        """Driver CPU from the first request to the end."""
+        return self.total_s - self.before_first_s
+
+    def ms_per_sample(self, cpu_s: float) -> float:
+        return 1000.0 * cpu_s / max(1, self.samples)
+
+    def line(self) -> str:
+        return (f"driver CPU over {self.samples} samples ({self.requests} requests, "
+                f"{self.wall_s:.1f} s): {self.ms_per_sample(self.total_s):.2f} ms/sample "
+                f"in all ({self.total_s:.2f} CPU-s), {self.ms_per_sample(self.dispatch_s):.2f} "
+                f"ms/sample dispatching ({self.dispatch_s:.2f} CPU-s from the first request), "
+                f"{self.before_first_s:.2f} CPU-s before it ({self.first_request_s:.1f} s)")  # fmt: skip
+
+
+def driver_cpu(
+    work: Path,
+    conversations: int = 1500,
+    *,
+    workers: int = 2,
+    address: str | None = None,
+    overrides: list[str] | None = None,
+    sim: dict[str, object] | None = None,
+) -> DriverCpu:
+    """One ``run_job`` session of the benchmark workload (``conversations`` rows in ``work``)
+    against a fresh simulator; the driver's (this process's) CPU from /proc."""
+    m = load_manifest(write_workload(work, conversations), overrides or [])
+    with fleet(1, work, **(sim or BENCH_SIM)) as f:
+        f.start(conversations)
+        stop = threading.Event()
+        mark: list[tuple[float, float]] = []
+        t0, c0 = time.monotonic(), proc_cpu_s()
+
+        def watch() -> None:
+            while not stop.is_set():
+                if f.sims[0].stats()["received"] > 0:
+                    mark.append((time.monotonic() - t0, proc_cpu_s() - c0))
+                    return
+                stop.wait(0.01)
+
+        w = threading.Thread(target=watch, daemon=True)
+        w.start()
+        summary = run_job(m, str(work / f"run-{time.monotonic_ns()}"),
+                          RunOptions(endpoints=f.urls, workers=workers, address=address,
+                                     handle_signals=False))  # fmt: skip
+        total, wall = proc_cpu_s() - c0, time.monotonic() - t0
+        stop.set()
+        w.join(timeout=5)
+        measured = f.stop()
+    assert summary.state == "finished", summary
+    first = mark[0] if mark else (float("nan"), float("nan"))
+    return DriverCpu(summary.completed_now, measured.requests, wall, total, first[1], first[0])
+
+
+def driver_cpu_main(args: argparse.Namespace) -> None:
+    work = Path(tempfile.mkdtemp(prefix="regen-bench-driver-cpu-"))
+    print(f"load average {os.getloadavg()[0]:.1f}; work dir {work}", flush=True)
+    print(driver_cpu(work, args.conversations, workers=args.workers).line())
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -245,13 +338,16 @@ def main() -> int:
     mm = sub.add_parser("memory")
     mm.add_argument("--samples", type=int, default=1_400_000)
     mm.add_argument("--seconds", type=float, default=10.0)
+    dc = sub.add_parser("driver-cpu")
+    dc.add_argument("--conversations", type=int, default=1500)
+    dc.add_argument("--workers", type=int, default=2)
     p.add_argument("--log", action="store_true", help="show regen's INFO log with times")
     args = p.parse_args()
     if args.log:
         import logging
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    (resume if args.cmd == "resume" else memory)(args)
+    {"resume": resume, "memory": memory, "driver-cpu": driver_cpu_main}[args.cmd](args)
     return 0
 
 

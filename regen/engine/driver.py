@@ -8,7 +8,8 @@ session), run.json and manifest.yaml (:func:`regen.store.run.prepare_run`), plan
 
 Flow: fail-fast checks (:mod:`regen.engine.preflight`: paths, tokenizer, one render per source;
 before Ray or any actor) → lock → fingerprint → fold leftover journals → done-set from the
-verified parts (damaged ones quarantined, their samples planned again) → plan (skip done ones
+verified parts (damaged ones quarantined, their samples planned again) → plan (from the plan
+index under plan/ when it is valid, else by reading the sources, which writes it; skip done ones
 and recorded permanent failures unless ``retry_failed``) → native rows journaled directly →
 endpoint check → Ray and N actors (started while the plan is read) → the dispatch loop
 (:mod:`regen.engine.dispatch`) → every completed sample journaled at once; every
@@ -33,7 +34,7 @@ from typing import Any
 from regen.engine.dispatch import Dispatcher
 from regen.engine.planning import Plan, plan_session, write_plan
 from regen.engine.pool import RayWorkerPool
-from regen.engine.schedule import LengthModel, WorkQueue, schedule_record
+from regen.engine.schedule import LengthModel, QueueItems, WorkQueue, schedule_record
 from regen.engine.tracker import ProgressTracker
 from regen.engine.worker import SampleOutcome
 from regen.errors import RegenError
@@ -281,7 +282,7 @@ class _Session:
         log.info("%s: %d samples done in %d parts (%d recovered from journals)", rd.uri,
                  len(done), done.parts, recovered)  # fmt: skip
         plan = plan_session(m, done.ids, self.failed_ids, limit=self.opts.limit,
-                            retry_failed=self.opts.retry_failed)  # fmt: skip
+                            retry_failed=self.opts.retry_failed, rd=rd)  # fmt: skip
         return done, plan
 
     def _likely_work(self) -> bool:
@@ -362,7 +363,7 @@ class _Session:
                 saved = layout.SCHEDULE_FILE.read(rd)  # None when missing or unreadable
                 self.lengths = LengthModel.from_done(done, regen_sources, saved)
                 queue = WorkQueue(plan.todo, self.lengths, spill=plan.spill)
-                plan.todo.clear()  # the queue holds them now
+                plan.todo = QueueItems.of([])  # the queue holds them now
                 state = self._regenerate(queue, warm or self._warm_up())
             elif self.stop.is_set():
                 state = "interrupted"

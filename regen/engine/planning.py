@@ -1,14 +1,18 @@
 """Planning a session: which samples still need work, and ``plan.json``.
 
-:func:`plan_session` reads the manifest's samples (filtered, deduplicated, limited) and splits
-them into work to regenerate (spilled :class:`~regen.engine.schedule.PackedSample`), native rows
-to store as they are, and samples already done or failed permanently. :func:`write_plan` records
-the per-source totals as ``plan.json`` (:class:`regen.store.layout.PlanRecord`), which the
-dashboard reads for its expected turns per sample.
+:func:`plan_session` takes the manifest's samples (filtered, deduplicated, limited) and splits
+them into work to regenerate, native rows to store as they are, and samples already done or
+failed permanently. :func:`write_plan` records the per-source totals as ``plan.json``
+(:class:`regen.store.layout.PlanRecord`), which the dashboard reads for its expected turns per
+sample.
 
-Seam for a plan index: :func:`iter_planned` is the one place samples come from. An index of the
-plan kept in the run directory (so that a resume reads only unfinished rows) replaces it by
-yielding the same samples from there; :func:`plan_session` and everything after it stay.
+Where the samples come from: given the run directory, a valid plan index
+(:mod:`regen.engine.planindex`) answers which samples exist and where their rows are; the
+done-set and the failures then select the work (:func:`regen.engine.planindex.select`), and
+only unfinished rows are read (JSONL ones when dispatched). Without a valid index the sources
+are read (:func:`iter_planned`: adapters, filters, dedup, near-duplicates, limits), the work's
+bodies are spilled (:class:`~regen.engine.schedule.PackedSample`), and the index is written
+for the next session, with one line saying why it was (re)built.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from regen.engine.schedule import PackedSample, Spill
+from regen.engine import planindex
+from regen.engine.planindex import IndexBodies, IndexBuilder
+from regen.engine.schedule import PackedSample, QueueItems, Spill
 from regen.manifest import Manifest
 from regen.sample import Sample
 from regen.store import layout
@@ -34,19 +40,19 @@ log = logging.getLogger(__name__)
 class Plan:
     """This session's work."""
 
-    todo: list[PackedSample]  #: to regenerate; bodies in ``spill``
+    todo: QueueItems  #: to regenerate (iterating yields PackedSamples); bodies in ``spill``
     native: list[Sample]  #: native rows still to store
     totals: dict[str, tuple[int, bool]]  #: {source: (samples planned, regenerate)}
     skipped_failed: int  #: recorded permanent failures left out (no --retry-failed)
-    spill: Spill = field(default_factory=Spill)
+    #: where the work's bodies wait: a spill file, or the sources through the plan index
+    spill: Spill | IndexBodies = field(default_factory=Spill)
+    indexed: bool = False  #: the plan came from the plan index
 
     def record(self, session: str) -> PlanRecord:
         """``plan.json`` of this plan."""
-        todo_n: dict[str, int] = {}
-        todo_turns: dict[str, int] = {}
-        for p in self.todo:
-            todo_n[p.source] = todo_n.get(p.source, 0) + 1
-            todo_turns[p.source] = todo_turns.get(p.source, 0) + p.turns_to_regenerate()
+        per = self.todo.per_source()
+        todo_n = {k: n for k, (n, _) in per.items()}
+        todo_turns = {k: t for k, (_, t) in per.items()}
         native: dict[str, int] = {}
         for s in self.native:
             native[s.source] = native.get(s.source, 0) + 1
@@ -95,9 +101,33 @@ def plan_session(
     *,
     limit: int | None = None,
     retry_failed: bool = False,
+    rd: RunDir | None = None,
 ) -> Plan:
     """Split the samples into work (regenerate), native rows and already-done. The bodies of
-    the work are spilled to a temporary file (closed with the plan)."""
+    the work wait in a temporary file or in the sources (closed with the plan's ``spill``).
+
+    With ``rd``, the plan index in it is used when valid, else written (module docstring)."""
+    skip = set() if retry_failed else {k for k, f in failures.items() if f.permanent}
+    builder: IndexBuilder | None = None
+    if rd is not None:
+        index, why = planindex.open_index(rd, manifest, limit)
+        if index is not None:
+            bodies = IndexBodies(index)
+            try:
+                got = planindex.select(index, bodies, done, skip, limit)
+            except BaseException:
+                bodies.close()
+                raise
+            log.info("plan from %s: %d samples, %d to regenerate", layout.PLAN_INDEX,
+                     index.record.samples, len(got.todo))  # fmt: skip
+            return Plan(got.todo, got.native, got.totals, got.skipped_failed, bodies, True)
+        if why:
+            log.warning("%s is not used (%s): reading the sources; it is written again",
+                        layout.PLAN_INDEX, why)  # fmt: skip
+        else:
+            log.info("no plan index yet: reading the sources (%s is written for the next "
+                     "session)", layout.PLAN_INDEX)  # fmt: skip
+        builder = IndexBuilder(rd, manifest)
     spill = Spill()
     todo: list[PackedSample] = []
     native: list[Sample] = []
@@ -106,24 +136,40 @@ def plan_session(
     }
     seen: set[str] = set()
     skipped = 0
-    for s in iter_planned(manifest, limit):
-        if s.id in seen:
-            log.warning("sample id %s appears twice; keeping the first", s.id)
-            continue
-        seen.add(s.id)
-        totals[s.source][0] += 1
-        if s.id in done:
-            continue
-        f = failures.get(s.id)
-        if f is not None and f.permanent and not retry_failed:
-            skipped += 1
-            continue
-        if s.mode == "native":
-            native.append(s)
-        else:
-            todo.append(PackedSample.pack(s, spill))  # the plan of a big run stays small
+    read = 0
+    try:
+        for s in iter_planned(manifest, limit):
+            read += 1
+            repeat = s.id in seen
+            if builder is not None:
+                builder.add(s, repeat=repeat)
+            if repeat:
+                log.warning("sample id %s appears twice; keeping the first", s.id)
+                continue
+            seen.add(s.id)
+            totals[s.source][0] += 1
+            if s.id in done:
+                continue
+            if s.id in skip:
+                skipped += 1
+                continue
+            if s.mode == "native":
+                native.append(s)
+            else:
+                todo.append(PackedSample.pack(s, spill))  # the plan of a big run stays small
+    except BaseException:
+        spill.close()
+        if builder is not None:
+            builder.discard()
+        raise
+    if builder is not None:
+        builder.write(limit=limit, complete=limit is None or read < limit)
     return Plan(
-        todo, native, {k: (int(v[0]), bool(v[1])) for k, v in totals.items()}, skipped, spill
+        QueueItems.of(todo),
+        native,
+        {k: (int(v[0]), bool(v[1])) for k, v in totals.items()},
+        skipped,
+        spill,
     )
 
 
