@@ -31,11 +31,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from regen.engine.batch import PackedOutcome
 from regen.engine.dispatch import Dispatcher
 from regen.engine.planning import Plan, plan_session, write_plan
 from regen.engine.pool import RayWorkerPool
 from regen.engine.schedule import LengthModel, QueueItems, WorkQueue, schedule_record
-from regen.engine.tracker import ProgressTracker
+from regen.engine.tracker import ProgressTracker, output_tokens
 from regen.engine.worker import SampleOutcome
 from regen.errors import RegenError
 from regen.manifest import Endpoint, Manifest, public_url
@@ -102,6 +103,8 @@ class JobSummary:
     workers_died: int = 0  #: actors lost this session (their samples were requeued)
     workers_respawned: int = 0  #: replacement actors started
     per_source: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: CPU-s of the driver process (all its threads) while the dispatch loop ran
+    dispatch_cpu_s: float = 0.0
 
 
 def _apply_options(manifest: Manifest, opts: RunOptions) -> Manifest:
@@ -194,16 +197,26 @@ class _Session:
 
     # -- recording (regen.engine.dispatch.Recorder) --------------------------------------
     def store(self, sample_id: str, source: str, rows: list[dict[str, Any]]) -> None:
-        self.journal.append(CompletedSample(sample_id, source, rows))
-        prev = self.failed_ids.pop(sample_id, None)
+        self.keep(CompletedSample(sample_id, source, rows), output_tokens(rows))
+
+    def keep(self, done: CompletedSample, tokens: list[int]) -> None:
+        """Journal one completed sample (flushed), count it, write a part when one is due."""
+        self.journal.append(done)
+        prev = self.failed_ids.pop(done.sample_id, None)
         assert self.tracker is not None
-        self.tracker.sample_done(source, rows, was_failed=prev is not None and prev.permanent)
+        self.tracker.sample_counted(done.source, done.row_counts(), tokens,
+                                    was_failed=prev is not None and prev.permanent)  # fmt: skip
         self.summary.completed_now += 1
         if self.journal.due(self.m.engine.part_size, self.m.engine.part_interval_s):
             self.roll()
 
     def completed(self, out: SampleOutcome, sample: Any) -> None:
-        self.store(out.sample_id, out.source, out.rows)
+        if isinstance(out, PackedOutcome) and out.packed:  # encoded by the worker
+            done = CompletedSample(out.sample_id, out.source, [], line=out.line,
+                                   table=out.table, counts=out.counts)  # fmt: skip
+            self.keep(done, out.tokens)
+        else:
+            self.store(out.sample_id, out.source, out.rows)
 
     def worker_lost(self, error: str) -> None:
         self.summary.workers_died += 1
@@ -379,12 +392,18 @@ class _Session:
             limits = [w.slots for w in d.workers]
             log.info("%d workers against %d endpoint(s); starting in-flight limits %s",
                      len(limits), len(warm.infos), limits)  # fmt: skip
+            cpu = time.process_time()
             try:
                 state = d.run(queue, self)
             finally:
                 self.summary.workers_respawned = d.respawned
+                used = self.summary.dispatch_cpu_s = time.process_time() - cpu
+                n = self.summary.completed_now
+                log.info("dispatch: %d samples completed in %d exchanges with the workers; "
+                         "driver CPU %.2f s (%.2f ms per sample)", n, d.calls, used,
+                         1000 * used / max(1, n))  # fmt: skip
             pool = warm.pool
-            self.progress(lambda: pool.snapshots(d.live()), force=True)
+            self.progress(lambda: pool.snapshots(d.live(), fresh=True), force=True)
             return state
         finally:
             warm.close()

@@ -27,8 +27,14 @@ from regen.progress import (
 )
 from regen.store import layout
 from regen.store.journal import DoneSet, count_rows
-from regen.store.layout import PartRecord
+from regen.store.layout import PartRecord, SourceCounts
 from regen.store.rundir import RunDir
+
+
+def output_tokens(rows: list[dict[str, Any]]) -> list[int]:
+    """Completion tokens of the regenerated rows (native rows are not answers of the server)."""
+    return [int(r.get("completion_tokens") or 0) for r in rows
+            if r.get("token_source") != "native"]  # fmt: skip
 
 
 class ProgressTracker:
@@ -80,8 +86,15 @@ class ProgressTracker:
             sp.prompt_tokens, sp.completion_tokens = t.prompt_tokens, t.completion_tokens
 
     def sample_done(self, source: str, rows: list[dict[str, Any]], *, was_failed: bool) -> None:
+        """One stored sample, from its rows."""
+        self.sample_counted(source, count_rows(rows), output_tokens(rows), was_failed=was_failed)
+
+    def sample_counted(
+        self, source: str, c: SourceCounts, tokens: list[int], *, was_failed: bool
+    ) -> None:
+        """One stored sample: the counters of its rows (``count_rows``) and the completion
+        tokens of its regenerated rows (:func:`output_tokens`)."""
         sp = self.source(source)
-        c = count_rows(rows)
         sp.done += 1
         sp.rows += c.rows
         sp.truncated += c.truncated
@@ -90,9 +103,8 @@ class ProgressTracker:
         self.session_tokens += c.completion_tokens
         if was_failed:
             sp.failed = max(0, sp.failed - 1)
-        for r in rows:
-            if r.get("token_source") != "native":  # regenerated turns only
-                self.snap.output_tokens_hist.add(int(r.get("completion_tokens") or 0))
+        for t in tokens:
+            self.snap.output_tokens_hist.add(t)
         if sp.pending is None:
             sp.pending = Pending()
         sp.pending.add(c)

@@ -58,15 +58,27 @@ def _default_to_table(rows: list[dict[str, Any]]) -> pa.Table:
 
 @dataclass(slots=True)
 class CompletedSample:
-    """One sample whose every turn is done: what a journal line holds."""
+    """One sample whose every turn is done: what a journal line holds.
+
+    A worker may have done the encoding already (regen.engine.batch): then ``line`` is its
+    journal line, ``table`` its rows (regen.rows.SCHEMA), ``counts`` their counters, and
+    ``rows`` may be empty."""
 
     sample_id: str
     source: str
     rows: list[dict[str, Any]]
+    line: bytes | None = None
+    table: pa.Table | None = None
+    counts: SourceCounts | None = None
 
     def to_line(self) -> bytes:
+        if self.line is not None:
+            return self.line
         obj = {"sample_id": self.sample_id, "source": self.source, "rows": self.rows}
         return (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+    def row_counts(self) -> SourceCounts:
+        return self.counts if self.counts is not None else count_rows(self.rows)
 
 
 @dataclass(slots=True)
@@ -156,20 +168,40 @@ def make_record(stem: str, data: bytes, by_sample: dict[str, SourceCountsKey]) -
     )
 
 
+def samples_table(samples: list[CompletedSample], to_table: RowsToTable) -> pa.Table | None:
+    """The rows of ``samples`` in order as one table (None: no rows): the workers' tables as
+    they are, the others' rows converted by ``to_table``."""
+    pieces: list[pa.Table] = []
+    pending: list[dict[str, Any]] = []
+    for s in samples:
+        if s.table is None:
+            pending.extend(s.rows)
+            continue
+        if pending:
+            pieces.append(to_table(pending))
+            pending = []
+        if s.table.num_rows:
+            pieces.append(s.table)
+    if pending:
+        pieces.append(to_table(pending))
+    if not pieces:
+        return None
+    return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces).combine_chunks()
+
+
 def write_part(
     rd: RunDir, stem: str, samples: list[CompletedSample], to_table: RowsToTable | None = None
 ) -> PartRecord | None:
     """Write the rows of ``samples`` as parts/STEM.parquet (temp name, then rename), then its
     record parts/STEM.json. Returns the record, or None when there were no rows. On any failure
     (disk full, ...) the temporary file is removed and no part is left behind."""
-    rows = [r for s in samples for r in s.rows]
-    if not rows:
+    table = samples_table(samples, to_table or _default_to_table)
+    if table is None:
         return None
-    table = (to_table or _default_to_table)(rows)
     by_sample: dict[str, SourceCountsKey] = {}
     for s in samples:
         if s.sample_id not in by_sample:
-            by_sample[s.sample_id] = (s.source, count_rows(s.rows))
+            by_sample[s.sample_id] = (s.source, s.row_counts())
     final = layout.part_path(stem)
     try:
         data = part_bytes(table, len(by_sample))
