@@ -2,17 +2,19 @@
 
 Files (through :mod:`regen.store`; names in :mod:`regen.store.layout`): the lock (held for the
 session), run.json and manifest.yaml (:func:`regen.store.run.prepare_run`), plan.json
-(:mod:`regen.engine.planning`), journal/, parts/ and their records, quarantine/
+and plan/ (:mod:`regen.engine.planning`, :mod:`regen.engine.planindex`), checks.json
+(:mod:`regen.engine.preflight`), journal/, parts/ and their records, quarantine/
 (:mod:`regen.store.journal`), failures/, schedule.json, progress.json
 (:class:`regen.engine.tracker.ProgressTracker`, every ~2 s and once at the end).
 
-Flow: fail-fast checks (:mod:`regen.engine.preflight`: paths, tokenizer, one render per source;
-before Ray or any actor) → lock → fingerprint → fold leftover journals → done-set from the
-verified parts (damaged ones quarantined, their samples planned again) → plan (from the plan
-index under plan/ when it is valid, else by reading the sources, which writes it; skip done ones
-and recorded permanent failures unless ``retry_failed``) → native rows journaled directly →
-endpoint check → Ray and N actors (started while the plan is read) → the dispatch loop
-(:mod:`regen.engine.dispatch`) → every completed sample journaled at once; every
+Flow: fail-fast checks (:mod:`regen.engine.preflight`: paths, tokenizer, one render per
+source; before Ray or any actor; the last two only when checks.json does not hold their key)
+→ lock → fingerprint → fold leftover journals → done-set from the verified parts (damaged ones
+quarantined, their samples planned again) → plan (from the plan index under plan/ when it is
+valid, else by reading the sources, which writes it; skip done ones and recorded permanent
+failures unless ``retry_failed``) → native rows journaled directly → endpoint check → Ray and
+N actors (started while the plan is read) → the dispatch loop (:mod:`regen.engine.dispatch`:
+batches exchanged with the actors) → every completed sample journaled at once; every
 ``part_size`` samples or ``part_interval_s`` the segment becomes a Parquet part.
 SIGINT/SIGTERM stop feeding, write the buffered samples as a part, release the lock and leave
 the state "interrupted"; rerunning the same command resumes.
@@ -439,14 +441,17 @@ def run_job(manifest: Manifest, run_dir: str, options: RunOptions | None = None)
     """Run (or resume) the job of ``manifest`` into ``run_dir``; returns how the session ended.
 
     Configuration problems (paths, tokenizer, template) are found before the run directory is
-    touched and before Ray or any actor starts (:func:`regen.engine.preflight.preflight`).
+    touched and before Ray or any actor starts (:func:`regen.engine.preflight.preflight`;
+    the tokenizer and template checks are skipped when an earlier session passed the same).
     """
     opts = options or RunOptions()
     manifest = _apply_options(manifest, opts)
+    checked: str | None = None
+    passed = _passed_checks(run_dir)
     if opts.preflight:
         from regen.engine.preflight import preflight
 
-        preflight(manifest)
+        checked = preflight(manifest, passed=passed)
     rd = RunDir.open(run_dir)
     session = new_session_id()
     sess = _Session(manifest, rd, opts, session)
@@ -456,6 +461,8 @@ def run_job(manifest: Manifest, run_dir: str, options: RunOptions | None = None)
     restore = _install_signal_handlers(sess.stop) if opts.handle_signals else None
     state = "failed"
     try:
+        if checked is not None and checked != passed:
+            layout.CHECKS_FILE.write(rd, layout.ChecksRecord(key=checked, checked_at=time.time()))
         state = sess.run().state
     finally:
         try:
@@ -468,6 +475,17 @@ def run_job(manifest: Manifest, run_dir: str, options: RunOptions | None = None)
         raise RegenError(sess.lock_lost)
     sess.summary.state = state
     return sess.summary
+
+
+def _passed_checks(run_dir: str) -> str | None:
+    """The key of the checks an earlier session passed (checks.json), read without creating
+    or locking anything; None when there is none."""
+    try:
+        rd = RunDir.open(run_dir, create=False)
+        rec = layout.CHECKS_FILE.read(rd)
+    except (RegenError, OSError):
+        return None
+    return rec.key if rec is not None else None
 
 
 def _install_signal_handlers(stop: threading.Event) -> Callable[[], None] | None:

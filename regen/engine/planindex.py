@@ -52,7 +52,6 @@ import pickle
 import time
 from array import array
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -68,6 +67,7 @@ from regen.sample import Message, Rejection, Sample, stable_hash
 from regen.sources.locate import (
     FileSignature,
     LineReader,
+    dir_signature,
     file_signature,
     locate_parquet_row,
     parquet_row_starts,
@@ -122,17 +122,6 @@ def source_codes(column: pa.ChunkedArray | pa.Array, names: list[str]) -> np.nda
     return lut[enc.indices.to_numpy(zero_copy_only=False)] if len(lut) else np.zeros(0, np.int32)
 
 
-def _dir_signature(path: Path) -> str:
-    """Names, sizes and mtimes of the files under a directory (the native check's tokenizer)."""
-    items = []
-    if path.is_dir():
-        for p in sorted(path.rglob("*")):
-            if p.is_file():
-                st = p.stat()
-                items.append([str(p.relative_to(path)), st.st_size, st.st_mtime_ns])
-    return stable_hash([str(path), items], n=32)
-
-
 def index_keys(manifest: Manifest) -> dict[str, str]:
     """The components of the index key: everything that decides which samples are planned."""
     keys = {
@@ -146,7 +135,7 @@ def index_keys(manifest: Manifest) -> dict[str, str]:
     if any(s.mode == "native" for s in manifest.sources):
         tok = manifest.target
         keys["native_check"] = stable_hash(
-            [_dir_signature(manifest.resolve(tok.tokenizer)), tok.trust_remote_code], n=32
+            [dir_signature(manifest.resolve(tok.tokenizer)), tok.trust_remote_code], n=32
         )
     return keys
 

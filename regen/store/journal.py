@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
@@ -322,20 +323,52 @@ def footer_problem(rd: RunDir, st: PartState) -> str:
     return ""
 
 
-def inspect_part(rd: RunDir, st: PartState, *, columns: tuple[str, ...] = _COUNT_COLUMNS) -> str:
-    """The full check of a part: its bytes against the record's size and sha256, then the
-    Parquet read of ``columns`` (filling ``st.samples``). Returns the problem ("" if intact)."""
+def _part_bytes(rd: RunDir, st: PartState) -> tuple[str, bytes]:
+    """A part's bytes, checked against its record's size and sha256: (problem, bytes)."""
     if st.size is None:
-        return "missing"
+        return "missing", b""
     data = rd.read_bytes(st.part)
     if data is None:
-        return "missing"
+        return "missing", b""
     rec = st.record
     if rec is not None:
         if len(data) != rec.bytes:
-            return f"size {len(data)} bytes, its record says {rec.bytes}"
+            return f"size {len(data)} bytes, its record says {rec.bytes}", b""
         if hashlib.sha256(data).hexdigest() != rec.sha256:
-            return "checksum mismatch (its bytes changed after it was written)"
+            return "checksum mismatch (its bytes changed after it was written)", b""
+    return "", data
+
+
+def part_ids(rd: RunDir, st: PartState) -> tuple[str, list[str]]:
+    """The full check of a part that has a record, reading only its ``sample_id`` column:
+    (problem, its distinct sample ids). Its counters are its record's (its bytes are the ones
+    the record was made from: same size and sha256)."""
+    problem, data = _part_bytes(rd, st)
+    if problem:
+        return problem, []
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(data))
+        if "sample_id" not in pf.schema_arrow.names:
+            return "no sample_id column", []
+        ids = pf.read(columns=["sample_id"]).column("sample_id")
+    except (OSError, pa.ArrowException) as e:
+        return f"unreadable ({_one_line(e)})", []
+    assert st.record is not None
+    if len(ids) != st.record.rows:
+        return f"{len(ids)} rows, its record says {st.record.rows}", []
+    unique: list[str] = pc.unique(ids).to_pylist()
+    if len(unique) != st.record.samples:
+        return f"{len(unique)} samples, its record says {st.record.samples}", []
+    return "", unique
+
+
+def inspect_part(rd: RunDir, st: PartState, *, columns: tuple[str, ...] = _COUNT_COLUMNS) -> str:
+    """The full check of a part: its bytes against the record's size and sha256, then the
+    Parquet read of ``columns`` (filling ``st.samples``). Returns the problem ("" if intact)."""
+    problem, data = _part_bytes(rd, st)
+    if problem:
+        return problem
+    rec = st.record
     try:
         pf = pq.ParquetFile(pa.BufferReader(data))
         names = pf.schema_arrow.names
@@ -387,14 +420,31 @@ def damage_message(st: PartState) -> str:
 def read_done(rd: RunDir, *, repair: bool = False) -> DoneSet:
     """The done-set: every ``sample_id`` of the intact parts, with per-source counters.
 
-    Every part is checked (:func:`inspect_part`). A damaged or missing part counts nothing and
+    Every part is checked: a part with a record by its bytes (size, sha256) and its ids
+    (:func:`part_ids`; its counters are the record's), one without by reading its counter
+    columns (:func:`inspect_part`). A damaged or missing part counts nothing and
     is named in one warning; with ``repair`` (a run resuming) it is moved to quarantine/ with
     its record, and an intact part without a record gets one.
     """
     done = DoneSet()
+    sums: dict[str, SourceCounts] = {}
     for st in list_parts(rd):
         had_record = st.record is not None
-        st.problem = inspect_part(rd, st) if not st.record_problem else st.record_problem
+        if st.record_problem:
+            st.problem = st.record_problem
+        elif had_record:  # the fast path: ids only, counters from the verified record
+            st.problem, ids = part_ids(rd, st)
+            if not st.problem and not done.ids.isdisjoint(ids):
+                st.problem = inspect_part(rd, st)  # a sample stored twice: count it once
+            elif not st.problem:
+                done.ids.update(ids)
+                assert st.record is not None
+                for source, c in st.record.sources.items():
+                    sums.setdefault(source, SourceCounts()).add(c)
+                done.parts += 1
+                continue
+        else:
+            st.problem = inspect_part(rd, st)
         if st.problem:
             done.damaged.append(damage_message(st))
             log.warning("%s: %s", rd.uri, done.damaged[-1])
@@ -409,8 +459,9 @@ def read_done(rd: RunDir, *, repair: bool = False) -> DoneSet:
         for sid, (source, c) in st.samples.items():
             if sid not in done.ids:
                 done.ids.add(sid)
-                done.sources.setdefault(source, SourceCounts()).add(c)
+                sums.setdefault(source, SourceCounts()).add(c)
         done.parts += 1
+    done.sources = sums
     return done
 
 

@@ -24,6 +24,9 @@ code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI
       plan/rows.parquet                  hub sources only: the planned samples themselves
                                          (JSON); driver (regen.engine.planindex), when it reads
                                          the sources (first session, or the index is stale)
+      checks.json       ChecksRecord     the key of the configuration checks an earlier session
+                                         passed (tokenizer files, template, sources, versions);
+                                         driver (regen.engine.preflight), when it changes
       progress.json     regen.progress.ProgressSnapshot   the dashboard's counters; driver
                                          (regen.engine.tracker), every ~2 s and at the end
       schedule.json     ScheduleRecord   what the dispatch order learned; driver, with each part
@@ -52,7 +55,8 @@ Any export directory (``regen export --out DIR``) has the export's shard and sta
 
 Readers return ``None`` for a missing file. A file that exists but does not parse or does not
 match its record is a :class:`regen.errors.RunDirError` naming the file, except for the
-snapshots that are only estimates (``schedule.json``), which read as ``None`` with a warning.
+snapshots that are only estimates or shortcuts (``schedule.json``, ``checks.json``), which read as
+``None`` with a warning.
 Writers replace the file atomically (:meth:`regen.store.rundir.RunDir.write_bytes_atomic`).
 """
 
@@ -84,6 +88,7 @@ RUN = "run.json"
 MANIFEST = "manifest.yaml"
 LOCK = "lock.json"
 PLAN = "plan.json"
+CHECKS = "checks.json"
 PLAN_DIR = "plan"
 PLAN_INDEX = f"{PLAN_DIR}/index.json"
 PLAN_SAMPLES = f"{PLAN_DIR}/samples.parquet"
@@ -376,6 +381,15 @@ class PlanIndexRecord(Record):
     regen_version: str = ""
 
 
+class ChecksRecord(Record):
+    """``checks.json``: the configuration checks a session passed (regen.engine.preflight)."""
+
+    #: regen.engine.preflight.checks_key of what was checked
+    key: str
+    #: epoch seconds
+    checked_at: float = 0.0
+
+
 class ScheduleSource(Record):
     """One source of ``schedule.json`` (see regen.engine.schedule.SourceStats)."""
 
@@ -566,6 +580,7 @@ RUN_FILE = JsonFile(RUN, RunRecord)
 LOCK_FILE = JsonFile(LOCK, LockRecord)
 PLAN_FILE = JsonFile(PLAN, PlanRecord)
 PLAN_INDEX_FILE = JsonFile(PLAN_INDEX, PlanIndexRecord)
+CHECKS_FILE = JsonFile(CHECKS, ChecksRecord, lenient=True)
 SCHEDULE_FILE = JsonFile(SCHEDULE, ScheduleRecord, lenient=True)
 COMMAND_FILE = JsonFile(COMMAND, CommandRecord)
 JOB_FILE = JsonFile(JOB, JobRecord)
