@@ -124,11 +124,24 @@ def write_done_parts(run: Path, ids: list[str], part_rows: int) -> None:
         layout.part_record_file(stem).write(rd, rec)
 
 
-def write_first_session_plan(m, run: Path) -> float:
-    """What the first session of the run left in ``run``: its plan index (plan/); seconds."""
+def write_first_session_plan(m, manifest: Path, run: Path) -> float:
+    """What the first session of the run left in ``run``: its plan index (plan/) and the
+    record of the configuration checks it passed (checks.json, written by a subprocess: this
+    process must not import what those checks import); seconds."""
     t = time.perf_counter()
     plan = plan_session(m, set(), {}, rd=RunDir.open(str(run)))
     plan.spill.close()
+    code = (
+        "import sys, time\n"
+        "from regen.engine.preflight import preflight\n"
+        "from regen.manifest import load_manifest\n"
+        "from regen.store import RunDir, layout\n"
+        "key = preflight(load_manifest(sys.argv[1], sys.argv[3:]))\n"
+        "layout.CHECKS_FILE.write(RunDir.open(sys.argv[2]),"
+        " layout.ChecksRecord(key=key, checked_at=time.time()))\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(manifest), str(run), *NO_NEAR_DUP],
+                   check=True)  # fmt: skip
     return time.perf_counter() - t
 
 
@@ -200,8 +213,8 @@ def resume(args: argparse.Namespace) -> None:
     print(f"{len(ids)} samples ({read_s:.1f} s, {read_cpu:.1f} CPU-s to read the source once); "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
     first = work / "run-head"
-    built = write_first_session_plan(m, first)
-    print(f"first session's plan with its index: {built:.1f} s", flush=True)
+    built = write_first_session_plan(m, manifest, first)
+    print(f"first session's plan with its index, and its checks: {built:.1f} s", flush=True)
     with running_simulator(model_name=MODEL, instant=True, mean_tokens=16) as sim:
         proc, address = ray_head(work)
         try:
@@ -209,7 +222,8 @@ def resume(args: argparse.Namespace) -> None:
                                 ("local Ray started by regen", None)):  # fmt: skip
                 run = work / f"run-{'head' if addr else 'local'}"
                 if run != first:
-                    shutil.copytree(first / "plan", run / "plan")
+                    shutil.copytree(first / layout.PLAN_DIR, run / layout.PLAN_DIR)
+                    shutil.copy(first / layout.CHECKS, run / layout.CHECKS)
                 write_done_parts(run, ids[::2], args.part_rows)
                 c = proc_cpu_s()
                 s = first_request_after(m, run, sim.url, sim, addr)
@@ -435,7 +449,10 @@ def driver_cpu(
 def driver_cpu_main(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="regen-bench-driver-cpu-"))
     print(f"load average {os.getloadavg()[0]:.1f}; work dir {work}", flush=True)
-    got = driver_cpu(work, args.conversations, workers=args.workers)
+    try:
+        got = driver_cpu(work, args.conversations, workers=args.workers)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     print(got.line())
     print("driver threads, CPU-s (last seen): " + ", ".join(
         f"{k} {v:.2f}" for k, v in got.threads.items() if v >= 0.01))  # fmt: skip

@@ -486,9 +486,6 @@ class IndexBodies:
                       int(ints["row"][i]), int(ints["group"][i]), int(ints["offset"][i]),
                       int(ints["length"][i]))  # fmt: skip
 
-    def kind(self, i: int) -> str:
-        return self._kinds[self._sources[i].as_py()]
-
     # -- JSONL: one pread per sample -----------------------------------------------------
     def _jsonl(self, e: _Entry) -> Sample:
         from regen.sources.adapters import adapt_row
@@ -528,10 +525,12 @@ class IndexBodies:
         file (only their row groups, in file order); returns how many."""
         by_source: dict[str, dict[int, list[int]]] = {}
         where: dict[tuple[str, int, int], int] = {}
+        names = [s.name for s in self.m.sources]
+        read_back = np.array([self._kinds[n] != "jsonl" for n in names], dtype=bool)
+        if not read_back.any() or not len(rows):
+            return 0
+        rows = rows[read_back[source_codes(self._sources.take(pa.array(rows)), names)]]
         for i in rows.tolist():
-            kind = self.kind(i)
-            if kind == "jsonl":
-                continue
             e = self.entry(i)
             by_source.setdefault(e.source, {}).setdefault(e.group, []).append(e.offset)
             where[(e.source, e.group, e.offset)] = i

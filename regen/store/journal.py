@@ -27,8 +27,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -428,41 +430,69 @@ def read_done(rd: RunDir, *, repair: bool = False) -> DoneSet:
     """
     done = DoneSet()
     sums: dict[str, SourceCounts] = {}
-    for st in list_parts(rd):
-        had_record = st.record is not None
-        if st.record_problem:
-            st.problem = st.record_problem
-        elif had_record:  # the fast path: ids only, counters from the verified record
-            st.problem, ids = part_ids(rd, st)
-            if not st.problem and not done.ids.isdisjoint(ids):
-                st.problem = inspect_part(rd, st)  # a sample stored twice: count it once
-            elif not st.problem:
-                done.ids.update(ids)
-                assert st.record is not None
-                for source, c in st.record.sources.items():
-                    sums.setdefault(source, SourceCounts()).add(c)
-                done.parts += 1
-                continue
-        else:
-            st.problem = inspect_part(rd, st)
-        if st.problem:
-            done.damaged.append(damage_message(st))
-            log.warning("%s: %s", rd.uri, done.damaged[-1])
-            if repair:
-                moved = quarantine(rd, st)
-                if moved:
-                    log.info("moved to %s", ", ".join(moved))
-            continue
-        if repair and not had_record and st.record is not None:
-            layout.part_record_file(st.stem).write(rd, st.record)
-            log.info("%s: wrote its missing record %s", st.part, layout.part_record_path(st.stem))
-        for sid, (source, c) in st.samples.items():
-            if sid not in done.ids:
-                done.ids.add(sid)
-                sums.setdefault(source, SourceCounts()).add(c)
-        done.parts += 1
+    states = list_parts(rd)
+    fast = [st.record is not None and not st.record_problem for st in states]
+    with ThreadPoolExecutor(PART_READERS, thread_name_prefix="regen-parts") as ex:
+        # reading and hashing release the GIL: parts are checked side by side, merged in order
+        def check(st: PartState, is_fast: bool) -> tuple[str, list[str]]:
+            return part_ids(rd, st) if is_fast else ("", [])
+
+        checked = ex.map(check, states, fast)
+        for st, is_fast, (problem, ids) in zip(states, fast, checked, strict=True):
+            _add_part(rd, done, sums, st, is_fast, problem, ids, repair=repair)
     done.sources = sums
     return done
+
+
+#: threads that check parts at once when the done-set is read
+PART_READERS = min(8, os.cpu_count() or 1)
+
+
+def _add_part(
+    rd: RunDir,
+    done: DoneSet,
+    sums: dict[str, SourceCounts],
+    st: PartState,
+    fast: bool,
+    problem: str,
+    ids: list[str],
+    *,
+    repair: bool,
+) -> None:
+    """Count one part into the done-set (``fast``: checked by :func:`part_ids`, giving
+    ``problem`` and ``ids``), or name, and with ``repair`` quarantine, its damage."""
+    had_record = st.record is not None
+    if st.record_problem:
+        st.problem = st.record_problem
+    elif fast:  # ids only, counters from the verified record
+        st.problem = problem
+        if not st.problem and not done.ids.isdisjoint(ids):
+            st.problem = inspect_part(rd, st)  # a sample stored twice: count it once
+        elif not st.problem:
+            done.ids.update(ids)
+            assert st.record is not None
+            for source, c in st.record.sources.items():
+                sums.setdefault(source, SourceCounts()).add(c)
+            done.parts += 1
+            return
+    else:
+        st.problem = inspect_part(rd, st)
+    if st.problem:
+        done.damaged.append(damage_message(st))
+        log.warning("%s: %s", rd.uri, done.damaged[-1])
+        if repair:
+            moved = quarantine(rd, st)
+            if moved:
+                log.info("moved to %s", ", ".join(moved))
+        return
+    if repair and not had_record and st.record is not None:
+        layout.part_record_file(st.stem).write(rd, st.record)
+        log.info("%s: wrote its missing record %s", st.part, layout.part_record_path(st.stem))
+    for sid, (source, c) in st.samples.items():
+        if sid not in done.ids:
+            done.ids.add(sid)
+            sums.setdefault(source, SourceCounts()).add(c)
+    done.parts += 1
 
 
 def read_journal_lines(rd: RunDir) -> list[CompletedSample]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from _runs import copy_demo
 
 from regen.engine import planindex
 from regen.engine.planning import Plan, plan_session
@@ -28,10 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def demo(tmp_path: Path) -> Path:
-    """A copy of the demo manifest and its files (so a test may change them)."""
-    shutil.copy(REPO / "manifests" / "demo.yaml", tmp_path / "demo.yaml")
-    shutil.copytree(REPO / "manifests" / "demo", tmp_path / "demo")
-    return tmp_path / "demo.yaml"
+    return copy_demo(tmp_path)
 
 
 def fail(sid: str, permanent: bool) -> FailureRecord:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from pathlib import Path
 
 import pytest
+from _runs import copy_demo
 
 from regen.engine import preflight as pf
 from regen.engine.driver import _passed_checks
@@ -20,9 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def demo(tmp_path: Path) -> Path:
-    shutil.copy(REPO / "manifests" / "demo.yaml", tmp_path / "demo.yaml")
-    shutil.copytree(REPO / "manifests" / "demo", tmp_path / "demo")
-    return tmp_path / "demo.yaml"
+    return copy_demo(tmp_path)
 
 
 def test_a_passed_key_skips_the_tokenizer_and_template(demo, monkeypatch, caplog) -> None:
