@@ -84,7 +84,7 @@ class WorkerActor:
                                    row_builder=rows)  # fmt: skip
         self.mailbox = Mailbox(self.worker, problem=rows.problem)
 
-    async def exchange(self, samples: list[Any], wait_s: float, low_water: int = 0) -> Any:
+    async def exchange(self, samples: list[Any], wait_s: float, low_water: int = -1) -> Any:
         """:meth:`Mailbox.exchange`, as :meth:`regen.engine.batch.Reply.wire` data."""
         return (await self.mailbox.exchange(samples, wait_s, low_water)).wire()
 

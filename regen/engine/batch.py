@@ -7,11 +7,15 @@ exchange in flight at a time; its reply also carries its counters
 (:meth:`regen.engine.worker.SampleWorker.snapshot`) every ``SNAPSHOT_EVERY_S`` and whenever it
 has nothing left in progress, so the driver's progress needs no calls of its own.
 
-An exchange waits up to ``wait_s`` for a first outcome; then, while fewer than ``MAX_BATCH``
-are ready, it lingers as long as the worker still has more than ``low_water`` samples waiting
-for a slot (the driver feeds ``prefetch`` beyond the slots and asks back at half of it), and
-at most ``LINGER_S``. So a reply comes when the worker needs more work, not per sample, and
-no server slot waits for it.
+An exchange answers once the worker needs work: fewer than ``low_water`` of its samples wait
+for a slot (the driver feeds ``prefetch`` beyond the slots and asks back at half of it; it
+asks with ``low_water`` -1 when it has nothing left to feed). Otherwise it answers when its
+first outcome has waited ``LINGER_S`` for more, when ``MAX_BATCH`` are ready, or after
+``wait_s`` with none. Every reply says how many samples are still in their requests
+(``active``: holding or waiting for a slot): samples whose answers are in but whose rows are
+still being built (the tokenizer still loading, say) take no slot, and the driver feeds by
+``active``, so the servers never wait for row building. So a reply comes when the worker
+needs more work, not per sample, and no server slot waits for it.
 
 A finished sample comes back ready to store (:func:`pack`, in the worker, off its event loop):
 its journal line (the bytes of :meth:`regen.store.journal.CompletedSample.to_line`), its rows
@@ -52,6 +56,8 @@ LINGER_S = 1.0
 MAX_BATCH = 256
 #: seconds between the counters snapshots a worker attaches to its replies
 SNAPSHOT_EVERY_S = 1.0
+#: seconds between looks at the worker's waiting samples while an exchange waits
+POLL_S = 0.05
 
 
 @dataclass(slots=True)
@@ -78,6 +84,8 @@ class Reply:
     error: str = ""  #: the worker cannot go on: one line
     init_failed: bool = False  #: ... because it could not start
     snapshot: dict[str, Any] | None = None  #: the worker's counters, when attached
+    #: samples in their requests (holding or waiting for a slot); -1: the worker cannot tell
+    active: int = -1
 
     def wire(self) -> tuple[Any, ...]:
         packed, other = [], []
@@ -90,17 +98,17 @@ class Reply:
             else:
                 other.append(o)
         return (packed, other, self.rows, self.slots, self.error, self.init_failed,
-                self.snapshot)  # fmt: skip
+                self.snapshot, self.active)  # fmt: skip
 
     @classmethod
     def from_wire(cls, data: tuple[Any, ...]) -> Reply:
-        packed, other, rows, slots, error, init_failed, snapshot = data
+        packed, other, rows, slots, error, init_failed, snapshot, active = data
         outcomes: list[SampleOutcome] = list(other)
         for d in packed:
             counts = d.pop("counts")
             sc = SourceCounts(**counts) if counts else None
             outcomes.append(PackedOutcome(**d, packed=True, counts=sc))
-        return cls(outcomes, rows, slots, error, init_failed, snapshot)
+        return cls(outcomes, rows, slots, error, init_failed, snapshot, active)
 
 
 def pack(outcomes: list[SampleOutcome], to_table: Callable[[list[dict[str, Any]]], Any]) -> Reply:
@@ -214,14 +222,21 @@ class Mailbox:
             self._running -= 1
         self._event().set()
 
-    def _waiting(self) -> int:
-        """Samples of this worker waiting for a slot (0 when it cannot tell)."""
+    def _waiting(self) -> int | None:
+        """Samples of this worker waiting for a slot (None when it cannot tell)."""
         slots = getattr(self.worker, "slots", None)
-        return int(getattr(slots, "waiting", 0) or 0)
+        waiting = getattr(slots, "waiting", None)
+        return None if waiting is None else int(waiting)
 
-    async def exchange(self, samples: list[Any], wait_s: float, low_water: int = 0) -> Reply:
+    def _active(self) -> int:
+        """Samples in their requests: holding a slot or waiting for one (-1: cannot tell)."""
+        slots = getattr(self.worker, "slots", None)
+        used, waiting = getattr(slots, "used", None), self._waiting()
+        return -1 if used is None or waiting is None else int(used) + waiting
+
+    async def exchange(self, samples: list[Any], wait_s: float, low_water: int = -1) -> Reply:
         """Start ``samples``; return the outcomes finished since the last reply (module
-        docstring: how long it waits)."""
+        docstring: when it answers), with the worker's counters now and then."""
         self.submit(samples)
         reply = await self.collect(wait_s, low_water)
         now = time.monotonic()
@@ -232,27 +247,23 @@ class Mailbox:
             reply.snapshot = snap()
         return reply
 
-    async def collect(self, wait_s: float, low_water: int = 0) -> Reply:
-        """Outcomes finished since the last reply: waits up to ``wait_s`` for one, then
-        lingers (up to ``linger_s``) while more than ``low_water`` samples wait for a slot."""
+    async def collect(self, wait_s: float, low_water: int = -1) -> Reply:
+        """Outcomes finished since the last reply (module docstring: when it answers)."""
         wake = self._event()
-        deadline = time.monotonic() + wait_s
-        while not (self._out or self.error or self.problem()):
-            wake.clear()
-            left = deadline - time.monotonic()
-            if left <= 0:
+        now = time.monotonic()
+        deadline = now + wait_s
+        while not (self.error or self.problem() or len(self._out) >= MAX_BATCH):
+            waiting = self._waiting()
+            if low_water >= 0 and (waiting <= low_water if waiting is not None else self._out):
+                break  # it needs more work (or cannot tell, and has an outcome): answer now
+            until = self._first_at + self.linger_s if self._out else deadline
+            if now >= until:
                 break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), left)
-        while self._out and len(self._out) < MAX_BATCH and not self.error:
-            if self._waiting() <= low_water:
-                break  # it needs more work: answer now
-            left = self._first_at + self.linger_s - time.monotonic()
-            if left <= 0:
-                break
+            poll = POLL_S if low_water >= 0 and waiting is not None else until - now
             wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), left)
+                await asyncio.wait_for(wake.wait(), min(until - now, poll))
+            now = time.monotonic()
         outs, self._out = self._out, []
         problem = self.problem()
         if self.error or problem:
@@ -263,6 +274,7 @@ class Mailbox:
             reply = Reply(outs)
         slots = getattr(self.worker, "slots", None)
         reply.slots = int(getattr(slots, "capacity", 0) or 0)
+        reply.active = self._active()
         return reply
 
     def cancel_all(self) -> None:

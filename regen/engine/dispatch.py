@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 #: seconds one wait for replies may block
 WAIT_S = 0.5
+#: samples a worker may hold in all, as a multiple of its slots + prefetch (the others are
+#: building rows: bounded, should that be slow)
+HELD_FACTOR = 4
 
 
 class Recorder(Protocol):
@@ -145,6 +148,7 @@ class Dispatcher:
                     continue
                 if fin.slots:
                     w.slots = fin.slots
+                w.active = fin.active
                 for out in fin.outcomes:
                     s = w.held.pop(out.sample_id, None)
                     if s is None:  # not this worker's any more
@@ -159,20 +163,26 @@ class Dispatcher:
 
     def feed(self, queue: WorkQueue) -> None:
         """Every live worker without an exchange in flight: up to its slots + prefetch more
-        samples, and its next exchange (even with none new while it holds some)."""
+        samples in their requests (at most ``HELD_FACTOR`` x that held in all), and its next
+        exchange (even with none new while it holds some)."""
         for w in self.workers:
             if not w.alive or self.pool.pending(w):
                 continue
             batch = []
-            room = w.slots + self.prefetch - w.load
+            limit = w.slots + self.prefetch
+            room = min(limit - w.load, HELD_FACTOR * limit - len(w.held))
             while room > 0 and queue:
                 s = queue.pop()
                 assert s is not None
                 w.held[s.id] = s
                 batch.append(s)
                 room -= 1
+            if w.active >= 0:
+                w.active += len(batch)
             if batch or w.held:
-                self.pool.exchange(w, batch, self.prefetch // 2)
+                # ask back at half the prefetch while there is more to give
+                low_water = self.prefetch // 2 if queue else -1
+                self.pool.exchange(w, batch, low_water)
                 self.calls += 1
 
 

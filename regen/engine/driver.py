@@ -35,6 +35,7 @@ from typing import Any
 
 from regen.engine.batch import PackedOutcome
 from regen.engine.dispatch import Dispatcher
+from regen.engine.planindex import open_index
 from regen.engine.planning import Plan, plan_session, write_plan
 from regen.engine.pool import RayWorkerPool
 from regen.engine.schedule import LengthModel, QueueItems, WorkQueue, schedule_record
@@ -290,14 +291,17 @@ class _Session:
     def _read_state(self) -> tuple[DoneSet, Plan]:
         """Fold journals, verify the parts, read failures, plan (in a thread, see run)."""
         rd, m = self.rd, self.m
-        recovered = recover(rd, skip=self.session)
-        done = read_done(rd, repair=True)
-        failures = read_failures(rd)
+        with ThreadPoolExecutor(1, thread_name_prefix="regen-index") as ex:
+            index = ex.submit(open_index, rd, m, self.opts.limit)  # beside the done-set
+            recovered = recover(rd, skip=self.session)
+            done = read_done(rd, repair=True)
+            failures = read_failures(rd)
+            opened = index.result()
         self.failed_ids = {k: v for k, v in failures.items() if k not in done}
         log.info("%s: %d samples done in %d parts (%d recovered from journals)", rd.uri,
                  len(done), done.parts, recovered)  # fmt: skip
         plan = plan_session(m, done.ids, self.failed_ids, limit=self.opts.limit,
-                            retry_failed=self.opts.retry_failed, rd=rd)  # fmt: skip
+                            retry_failed=self.opts.retry_failed, rd=rd, opened=opened)  # fmt: skip
         return done, plan
 
     def _likely_work(self) -> bool:

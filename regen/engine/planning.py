@@ -102,15 +102,18 @@ def plan_session(
     limit: int | None = None,
     retry_failed: bool = False,
     rd: RunDir | None = None,
+    opened: tuple[planindex.PlanIndex | None, str] | None = None,
 ) -> Plan:
     """Split the samples into work (regenerate), native rows and already-done. The bodies of
     the work wait in a temporary file or in the sources (closed with the plan's ``spill``).
 
-    With ``rd``, the plan index in it is used when valid, else written (module docstring)."""
+    With ``rd``, the plan index in it is used when valid, else written (module docstring);
+    ``opened``: what :func:`regen.engine.planindex.open_index` returned for it, when the
+    caller opened it already (while it read the done-set)."""
     skip = set() if retry_failed else {k for k, f in failures.items() if f.permanent}
     builder: IndexBuilder | None = None
     if rd is not None:
-        index, why = planindex.open_index(rd, manifest, limit)
+        index, why = opened if opened is not None else planindex.open_index(rd, manifest, limit)
         if index is not None:
             bodies = IndexBodies(index)
             try:

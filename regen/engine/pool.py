@@ -46,10 +46,14 @@ class Worker:
     name: str = ""
     #: samples handed to it and not finished, by id
     held: dict[str, Any] = field(default_factory=dict)
+    #: of those, the ones in their requests (holding or waiting for a slot) as of its last
+    #: reply plus the ones sent since; -1: it does not say (then every held one counts)
+    active: int = -1
 
     @property
     def load(self) -> int:
-        return len(self.held)
+        """Samples that take or wait for a slot (those whose rows are being built do not)."""
+        return len(self.held) if self.active < 0 else self.active
 
 
 @dataclass(slots=True, eq=False)
@@ -62,6 +66,7 @@ class Finished:
     lost: bool = False  #: the worker died (every sample it held is lost)
     init_failed: bool = False  #: ... because it could not start
     error: str = ""  #: one line: why it was lost
+    active: int = -1  #: its samples in their requests now (-1: it does not say)
 
 
 class WorkerPool(Protocol):
@@ -107,7 +112,7 @@ class _Replies:
             self.snaps[w] = reply.snapshot
         if reply.error:
             return Finished(w, lost=True, init_failed=reply.init_failed, error=reply.error)
-        return Finished(w, unpack_reply(reply), slots=reply.slots)
+        return Finished(w, unpack_reply(reply), slots=reply.slots, active=reply.active)
 
     def latest(self, workers: list[Worker]) -> list[dict[str, Any]]:
         return [self.snaps[w] for w in workers if w.alive and w in self.snaps]

@@ -146,18 +146,22 @@ def test_a_reply_lingers_while_the_worker_has_work_waiting() -> None:
         assert 0.25 < waited < 1.0  # lingered for more
         assert reply.snapshot == {"calls": 1} and reply.slots == 2
 
-        w.slots.waiting = 1  # at the low water: answer at once
+        w.slots.waiting = 1  # at the low water: it needs work, answer at once (even empty)
         t0 = asyncio.get_running_loop().time()
-        task = asyncio.ensure_future(box.exchange([], 2.0, 1))
-        await asyncio.sleep(0.01)
+        reply = await box.exchange([], 2.0, 1)
+        assert reply.outcomes == [] and asyncio.get_running_loop().time() - t0 < 0.2
+
+        t0 = asyncio.get_running_loop().time()  # nothing more to give (-1): wait for outcomes
+        task = asyncio.ensure_future(box.exchange([], 2.0, -1))
+        await asyncio.sleep(0.1)
         w.gates["s:2"].set()
         reply = await task
         assert [o.sample_id for o in reply.outcomes] == ["s:2"]
-        assert asyncio.get_running_loop().time() - t0 < 0.2
+        assert 0.05 < asyncio.get_running_loop().time() - t0 < 0.6  # lingered up to 0.3 s
         assert reply.snapshot == {"calls": 2}  # nothing left in progress: fresh counters
 
         t0 = asyncio.get_running_loop().time()
-        reply = await box.exchange([], 0.1, 1)  # nothing finishes: answers empty
+        reply = await box.exchange([], 0.1, -1)  # nothing finishes: answers empty
         assert reply.outcomes == [] and reply.snapshot is not None
         assert 0.08 < asyncio.get_running_loop().time() - t0 < 0.5
 
