@@ -90,8 +90,11 @@ def contender(name: str, m: Manifest, urls: list[str], samples: list[Sample], wo
     if name == "regen":
         out = work / f"run-{time.monotonic_ns()}"
         opts = RunOptions(endpoints=urls, workers=workers, handle_signals=False)
+        t0 = time.monotonic()
         summary = run_job(m, str(out), opts)
         assert summary.state == "finished" and summary.done == len(samples), summary
+        print(f"regen session: {time.monotonic() - t0:.1f} s from run_job to its return "
+              f"(start-up included)", flush=True)  # fmt: skip
     elif name == "pool":
         asyncio.run(pool(m, urls, samples))
     else:

@@ -105,6 +105,9 @@ class Sample:
     loss_mask: list[int] | None = None  #: native rows only
     row: int = -1  #: row number in the source (for error messages; not part of identity)
     meta: dict[str, Any] = field(default_factory=dict)
+    #: where the row lives in a local JSONL source: (byte offset, length) of its line; set by
+    #: the reader for the plan index, not part of identity, not pickled
+    loc: tuple[int, int] | None = field(default=None, repr=False, compare=False)
     _hash: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property

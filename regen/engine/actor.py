@@ -1,19 +1,29 @@
 """The Ray actor around :class:`regen.engine.worker.SampleWorker`. Owns no files.
 
-An async actor: Ray runs its coroutine methods concurrently on one event loop, so many
-``process`` calls are in flight at once while the worker's semaphore bounds the requests.
+An async actor: ``exchange`` starts a batch of samples on its event loop and returns the
+outcomes finished since its last reply, packed for storing, with its counters now and then
+(:mod:`regen.engine.batch`), so the driver pays one Ray call per batch instead of one per
+sample and per progress tick.
+
+The actor answers before its tokenizer is loaded: the row builder (chat template, tokenizer)
+loads in a thread while the first requests are already out (rows are built only after an
+answer). Should it fail to load, every later ``collect`` says so as a failed start (the driver
+takes back what the actor held and treats it like an actor whose constructor raised).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any
 
-from regen.engine.schedule import PackedSample, unpacked
-from regen.engine.worker import SampleOutcome, SampleWorker
+from regen.engine.batch import Mailbox
+from regen.engine.worker import RowBuilder, SampleWorker, default_row_builder
 from regen.manifest import Manifest
 from regen.sample import Sample
+
+log = logging.getLogger(__name__)
 
 
 def quiet_http_logs() -> None:
@@ -22,8 +32,39 @@ def quiet_http_logs() -> None:
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
+class LazyRows:
+    """A row builder loaded in a thread; calls wait for it. ``error`` says why it failed."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self._built: RowBuilder | None = None
+        self.error = ""
+        self._ready = threading.Event()
+        threading.Thread(target=self._load, args=(manifest,), name="regen-rows-load",
+                         daemon=True).start()  # fmt: skip
+
+    def _load(self, manifest: Manifest) -> None:
+        try:
+            self._built = default_row_builder(manifest)
+        except Exception as e:  # any failure to start is reported as a failed start
+            self.error = f"{type(e).__name__}: {e}"
+            log.error("the row builder could not start: %s", self.error)
+        finally:
+            self._ready.set()
+
+    def problem(self) -> str:
+        return self.error
+
+    def __call__(self, sample: Sample, turns: list[Any]) -> list[dict[str, Any]]:
+        self._ready.wait()
+        if self._built is None:
+            from regen.errors import TemplateError
+
+            raise TemplateError(f"the row builder could not start: {self.error}")
+        return self._built(sample, turns)
+
+
 class WorkerActor:
-    """Ray actor body: one SampleWorker with its clients and router."""
+    """Ray actor body: one SampleWorker with its clients and router, behind a Mailbox."""
 
     def __init__(
         self,
@@ -38,24 +79,32 @@ class WorkerActor:
         quiet_http_logs()
         for name, value in (secrets or {}).items():  # API keys by env var name; never logged
             os.environ.setdefault(name, value)
-        self.worker = SampleWorker(manifest, endpoints, concurrency, shares=shares)
+        rows = LazyRows(manifest)
+        self.worker = SampleWorker(manifest, endpoints, concurrency, shares=shares,
+                                   row_builder=rows)  # fmt: skip
+        self.mailbox = Mailbox(self.worker, problem=rows.problem)
 
-    async def process(self, sample: Sample | PackedSample) -> SampleOutcome:
-        return await self.worker.process(unpacked(sample))
+    async def exchange(self, samples: list[Any], wait_s: float, low_water: int = -1) -> Any:
+        """:meth:`Mailbox.exchange`, as :meth:`regen.engine.batch.Reply.wire` data."""
+        return (await self.mailbox.exchange(samples, wait_s, low_water)).wire()
+
+    async def cancel(self) -> None:
+        self.mailbox.cancel_all()
 
     async def snapshot(self) -> dict[str, Any]:
         return self.worker.snapshot()
 
     async def close(self) -> None:
+        self.mailbox.cancel_all()
         await self.worker.aclose()
 
 
-def actor_class(max_in_flight: int) -> Any:
-    """The Ray remote class, accepting ``max_in_flight`` concurrent calls per actor."""
+def actor_class() -> Any:
+    """The Ray remote class (a few concurrent calls: one exchange, a snapshot, cancel, close)."""
     import ray
 
-    return ray.remote(num_cpus=0, max_concurrency=max_in_flight + 8, max_restarts=0)(WorkerActor)
+    return ray.remote(num_cpus=0, max_concurrency=MAX_CALLS_PER_ACTOR, max_restarts=0)(WorkerActor)
 
 
-#: concurrent calls an actor accepts (feed-ahead included; the adaptive limits stay below it)
-MAX_CALLS_PER_ACTOR = 4096
+#: concurrent calls an actor accepts (the pending exchange, snapshots, cancel, close)
+MAX_CALLS_PER_ACTOR = 64

@@ -3,10 +3,11 @@
 :class:`Dispatcher` runs against any :class:`~regen.engine.pool.WorkerPool` (Ray actors in a
 run, objects on an event loop in unit tests):
 
-- feed: while the queue has samples, hand the next (longest expected first) to the live worker
-  with the most room below its slots + ``prefetch`` (single-sample work items, no batches);
-- wait up to 0.5 s for finished items; each outcome goes to the :class:`Recorder`;
-- a lost worker: every item it held goes back to the queue and a replacement starts in its
+- feed: every live worker without an exchange in flight gets the next samples (longest
+  expected first) up to its slots + ``prefetch``, in one exchange call that also brings back
+  its finished outcomes (:mod:`regen.engine.batch`);
+- wait up to 0.5 s for replies; each outcome goes to the :class:`Recorder`;
+- a lost worker: every sample it held goes back to the queue and a replacement starts in its
   slot while the respawn budget lasts (past it the others carry on; none left is an error
   that says a rerun resumes);
 - a worker that cannot start (its constructor raised) with the same error as an earlier
@@ -21,6 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from regen.engine.batch import PackedOutcome
 from regen.engine.pool import Worker, WorkerPool
 from regen.engine.schedule import WorkQueue
 from regen.engine.worker import SampleOutcome
@@ -28,8 +30,11 @@ from regen.errors import ConfigError, RegenError
 
 log = logging.getLogger(__name__)
 
-#: seconds one wait for finished items may block
+#: seconds one wait for replies may block
 WAIT_S = 0.5
+#: samples a worker may hold in all, as a multiple of its slots + prefetch (the others are
+#: building rows: bounded, should that be slow)
+HELD_FACTOR = 4
 
 
 class Recorder(Protocol):
@@ -63,6 +68,8 @@ class Dispatcher:
         self.respawns_left = max_respawns if max_respawns is not None else max(3, 2 * n_workers)
         self.deaths = 0
         self.respawned = 0
+        self.calls = 0  #: exchanges sent
+        self.replies = 0  #: replies received
         self._starts = 0
         self._init_errors: dict[str, int] = {}
         self.workers = [self._start(i) for i in range(n_workers)]
@@ -74,15 +81,6 @@ class Dispatcher:
 
     def live(self) -> list[Worker]:
         return [w for w in self.workers if w.alive]
-
-    def least_loaded(self) -> Worker | None:
-        """The live worker with the most room below its slots + prefetch, if any has room."""
-        best, room = None, 0
-        for w in self.workers:
-            r = w.slots + self.prefetch - w.load
-            if w.alive and r > room:
-                best, room = w, r
-        return best
 
     def lost(self, w: Worker, error: str, *, init_failed: bool, requeued: int) -> None:
         """Worker ``w`` is gone (its items are back in the queue): replace it, or stop."""
@@ -124,52 +122,72 @@ class Dispatcher:
 
     def run(self, queue: WorkQueue, recorder: Recorder) -> str:
         """Dispatch every queued sample; ``"finished"`` or ``"interrupted"``."""
-        outstanding: dict[Any, tuple[Worker, Any]] = {}
 
         def snapshots() -> list[dict[str, Any]]:
             return self.pool.snapshots(self.live())
 
         while True:
-            while queue and not self.stop.is_set():
-                w = self.least_loaded()
-                if w is None:
-                    break
-                s = queue.pop()
-                assert s is not None
-                outstanding[self.pool.submit(w, s)] = (w, s)
-                w.load += 1
             if self.stop.is_set():
-                self.pool.cancel(list(outstanding))
+                self.pool.cancel(self.live())
                 return "interrupted"
-            if not outstanding:
-                break
-            for fin in self.pool.wait(list(outstanding), WAIT_S):
-                if fin.ticket not in outstanding:  # taken back when its worker died
-                    continue
-                w, s = outstanding.pop(fin.ticket)
-                w.load -= 1
-                if fin.lost or fin.outcome is None:
-                    if self.stop.is_set():
+            self.feed(queue)
+            if not any(self.pool.pending(w) for w in self.live()):
+                break  # nothing queued, nothing held
+            for fin in self.pool.wait(WAIT_S):
+                self.replies += 1
+                w = fin.worker
+                if fin.lost:
+                    if self.stop.is_set() or not w.alive:
                         continue
-                    mine = [t for t, (ow, _) in outstanding.items() if ow is w]
-                    for t in mine:
-                        queue.push(outstanding.pop(t)[1])
-                    queue.push(s)
-                    w.load = 0
+                    taken = list(w.held.values())
+                    w.held.clear()
+                    for s in taken:
+                        queue.push(s)
                     recorder.worker_lost(fin.error)
-                    self.lost(w, fin.error, init_failed=fin.init_failed, requeued=len(mine) + 1)
+                    self.lost(w, fin.error, init_failed=fin.init_failed, requeued=len(taken))
                     continue
-                out = fin.outcome
-                if out.slots:
-                    w.slots = out.slots
-                if out.status == "done":
-                    recorder.completed(out, s)
-                    queue.observe(
-                        out.source,
-                        [int(r.get("completion_tokens") or 0) for r in out.rows],
-                        s.original_chars(),
-                    )
-                else:
-                    recorder.failed(out)
+                if fin.slots:
+                    w.slots = fin.slots
+                w.active = fin.active
+                for out in fin.outcomes:
+                    s = w.held.pop(out.sample_id, None)
+                    if s is None:  # not this worker's any more
+                        continue
+                    if out.status == "done":
+                        recorder.completed(out, s)
+                        queue.observe(out.source, completion_tokens(out), s.original_chars())
+                    else:
+                        recorder.failed(out)
             recorder.tick(snapshots)
         return "finished"
+
+    def feed(self, queue: WorkQueue) -> None:
+        """Every live worker without an exchange in flight: up to its slots + prefetch more
+        samples in their requests (at most ``HELD_FACTOR`` x that held in all), and its next
+        exchange (even with none new while it holds some)."""
+        for w in self.workers:
+            if not w.alive or self.pool.pending(w):
+                continue
+            batch = []
+            limit = w.slots + self.prefetch
+            room = min(limit - w.load, HELD_FACTOR * limit - len(w.held))
+            while room > 0 and queue:
+                s = queue.pop()
+                assert s is not None
+                w.held[s.id] = s
+                batch.append(s)
+                room -= 1
+            if w.active >= 0:
+                w.active += len(batch)
+            if batch or w.held:
+                # ask back at half the prefetch while there is more to give
+                low_water = self.prefetch // 2 if queue else -1
+                self.pool.exchange(w, batch, low_water)
+                self.calls += 1
+
+
+def completion_tokens(out: SampleOutcome) -> list[int]:
+    """Completion tokens of each row of a done outcome (packed or not)."""
+    if isinstance(out, PackedOutcome) and out.packed:
+        return out.tokens
+    return [int(r.get("completion_tokens") or 0) for r in out.rows]

@@ -2,18 +2,22 @@
 
 Files (through :mod:`regen.store`; names in :mod:`regen.store.layout`): the lock (held for the
 session), run.json and manifest.yaml (:func:`regen.store.run.prepare_run`), plan.json
-(:mod:`regen.engine.planning`), journal/, parts/ and their records, quarantine/
+and plan/ (:mod:`regen.engine.planning`, :mod:`regen.engine.planindex`), checks.json
+(:mod:`regen.engine.preflight`), journal/, parts/ and their records, quarantine/
 (:mod:`regen.store.journal`), failures/, schedule.json, progress.json
 (:class:`regen.engine.tracker.ProgressTracker`, every ~2 s and once at the end).
 
-Flow: fail-fast checks (:mod:`regen.engine.preflight`: paths, tokenizer, one render per source;
-before Ray or any actor) → lock → fingerprint → fold leftover journals → done-set from the
-verified parts (damaged ones quarantined, their samples planned again) → plan (skip done ones
-and recorded permanent failures unless ``retry_failed``; with ``retry_flagged``, done samples
-whose latest answer is flagged are planned again as a new attempt, regen.engine.attempts) →
-native rows journaled directly → endpoint check → Ray and N actors (started while the plan is
-read) → the dispatch loop (:mod:`regen.engine.dispatch`) → every completed sample journaled at
-once; every ``part_size`` samples or ``part_interval_s`` the segment becomes a Parquet part.
+Flow: fail-fast checks (:mod:`regen.engine.preflight`: paths, tokenizer, one render per
+source; before Ray or any actor; the last two only when checks.json does not hold their key)
+→ lock → fingerprint → fold leftover journals → done-set from the verified parts (damaged ones
+quarantined, their samples planned again) → plan (from the plan index under plan/ when it is
+valid, else by reading the sources, which writes it; skip done ones and recorded permanent
+failures unless ``retry_failed``; with ``retry_flagged``, done samples whose latest answer is
+flagged are planned again as a new attempt, regen.engine.attempts) → native rows journaled
+directly → endpoint check → Ray and N actors (started while the plan is read) → the dispatch
+loop (:mod:`regen.engine.dispatch`: batches exchanged with the actors) → every completed
+sample journaled at once; every ``part_size`` samples or ``part_interval_s`` the segment
+becomes a Parquet part.
 SIGINT/SIGTERM stop feeding, write the buffered samples as a part, release the lock and leave
 the state "interrupted"; rerunning the same command resumes.
 """
@@ -32,11 +36,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from regen.engine.attempts import RetryFlagged, select
+from regen.engine.batch import PackedOutcome
 from regen.engine.dispatch import Dispatcher
+from regen.engine.planindex import open_index
 from regen.engine.planning import Plan, plan_session, write_plan
 from regen.engine.pool import RayWorkerPool
-from regen.engine.schedule import LengthModel, WorkQueue, schedule_record
-from regen.engine.tracker import ProgressTracker
+from regen.engine.schedule import LengthModel, QueueItems, WorkQueue, schedule_record
+from regen.engine.tracker import ProgressTracker, output_tokens
 from regen.engine.worker import SampleOutcome
 from regen.errors import RegenError
 from regen.manifest import Endpoint, Manifest, public_url
@@ -110,6 +116,8 @@ class JobSummary:
     workers_died: int = 0  #: actors lost this session (their samples were requeued)
     workers_respawned: int = 0  #: replacement actors started
     per_source: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: CPU-s of the driver process (all its threads) while the dispatch loop ran
+    dispatch_cpu_s: float = 0.0
 
 
 def _apply_options(manifest: Manifest, opts: RunOptions) -> Manifest:
@@ -204,19 +212,29 @@ class _Session:
 
     # -- recording (regen.engine.dispatch.Recorder) --------------------------------------
     def store(self, sample_id: str, source: str, rows: list[dict[str, Any]]) -> None:
-        replaces = self.replaces.pop(sample_id, None)
-        self.journal.append(CompletedSample(sample_id, source, rows, replaces))
-        prev = self.failed_ids.pop(sample_id, None)
+        self.keep(CompletedSample(sample_id, source, rows), output_tokens(rows))
+
+    def keep(self, done: CompletedSample, tokens: list[int]) -> None:
+        """Journal one completed sample (flushed), count it, write a part when one is due."""
+        done.replaces = replaces = self.replaces.pop(done.sample_id, None)
+        self.journal.append(done)
+        prev = self.failed_ids.pop(done.sample_id, None)
         assert self.tracker is not None
-        self.tracker.sample_done(source, rows, was_failed=prev is not None and prev.permanent,
-                                 replaces=replaces)  # fmt: skip
+        self.tracker.sample_counted(done.source, done.counts(), tokens,
+                                    was_failed=prev is not None and prev.permanent,
+                                    retry=replaces is not None)  # fmt: skip
         self.summary.completed_now += 1
         self.summary.retried_now += replaces is not None
         if self.journal.due(self.m.engine.part_size, self.m.engine.part_interval_s):
             self.roll()
 
     def completed(self, out: SampleOutcome, sample: Any) -> None:
-        self.store(out.sample_id, out.source, out.rows)
+        if isinstance(out, PackedOutcome) and out.packed:  # encoded by the worker
+            done = CompletedSample(out.sample_id, out.source, [], line=out.line,
+                                   table=out.table, own=out.counts)  # fmt: skip
+            self.keep(done, out.tokens)
+        else:
+            self.store(out.sample_id, out.source, out.rows)
 
     def worker_lost(self, error: str) -> None:
         self.summary.workers_died += 1
@@ -297,9 +315,12 @@ class _Session:
     def _read_state(self) -> tuple[DoneSet, Plan]:
         """Fold journals, verify the parts, read failures, plan (in a thread, see run)."""
         rd, m = self.rd, self.m
-        recovered = recover(rd, skip=self.session)
-        done = read_done(rd, repair=True)
-        failures = read_failures(rd)
+        with ThreadPoolExecutor(1, thread_name_prefix="regen-index") as ex:
+            index = ex.submit(open_index, rd, m, self.opts.limit)  # beside the done-set
+            recovered = recover(rd, skip=self.session)
+            done = read_done(rd, repair=True, answers=bool(self.opts.retry_flagged))
+            failures = read_failures(rd)
+            opened = index.result()
         self.failed_ids = {k: v for k, v in failures.items() if k not in done}
         log.info("%s: %d samples done in %d parts (%d recovered from journals)", rd.uri,
                  len(done), done.parts, recovered)  # fmt: skip
@@ -308,8 +329,9 @@ class _Session:
             redo = select(done, RetryFlagged(self.opts.retry_flagged, self.opts.flagged_retries))
             self.replaces = {sid: done.flagged[sid].to_counts() for sid in redo}
         plan = plan_session(m, done.ids, self.failed_ids, limit=self.opts.limit,
-                            retry_failed=self.opts.retry_failed, redo=redo)  # fmt: skip
-        for sid in set(self.replaces) - {p.id for p in plan.todo}:
+                            retry_failed=self.opts.retry_failed, redo=redo, rd=rd,
+                            opened=opened)  # fmt: skip
+        for sid in set(self.replaces) - plan.redo:
             del self.replaces[sid]  # no longer in the plan (e.g. --limit)
         return done, plan
 
@@ -394,7 +416,7 @@ class _Session:
                 saved = layout.SCHEDULE_FILE.read(rd)  # None when missing or unreadable
                 self.lengths = LengthModel.from_done(done, regen_sources, saved)
                 queue = WorkQueue(plan.todo, self.lengths, spill=plan.spill)
-                plan.todo.clear()  # the queue holds them now
+                plan.todo = QueueItems.of([])  # the queue holds them now
                 state = self._regenerate(queue, warm or self._warm_up())
             elif self.stop.is_set():
                 state = "interrupted"
@@ -410,12 +432,18 @@ class _Session:
             limits = [w.slots for w in d.workers]
             log.info("%d workers against %d endpoint(s); starting in-flight limits %s",
                      len(limits), len(warm.infos), limits)  # fmt: skip
+            cpu = time.process_time()
             try:
                 state = d.run(queue, self)
             finally:
                 self.summary.workers_respawned = d.respawned
+                used = self.summary.dispatch_cpu_s = time.process_time() - cpu
+                n = self.summary.completed_now
+                log.info("dispatch: %d samples completed in %d exchanges with the workers; "
+                         "driver CPU %.2f s (%.2f ms per sample)", n, d.calls, used,
+                         1000 * used / max(1, n))  # fmt: skip
             pool = warm.pool
-            self.progress(lambda: pool.snapshots(d.live()), force=True)
+            self.progress(lambda: pool.snapshots(d.live(), fresh=True), force=True)
             return state
         finally:
             warm.close()
@@ -451,14 +479,17 @@ def run_job(manifest: Manifest, run_dir: str, options: RunOptions | None = None)
     """Run (or resume) the job of ``manifest`` into ``run_dir``; returns how the session ended.
 
     Configuration problems (paths, tokenizer, template) are found before the run directory is
-    touched and before Ray or any actor starts (:func:`regen.engine.preflight.preflight`).
+    touched and before Ray or any actor starts (:func:`regen.engine.preflight.preflight`;
+    the tokenizer and template checks are skipped when an earlier session passed the same).
     """
     opts = options or RunOptions()
     manifest = _apply_options(manifest, opts)
+    checked: str | None = None
+    passed = _passed_checks(run_dir)
     if opts.preflight:
         from regen.engine.preflight import preflight
 
-        preflight(manifest)
+        checked = preflight(manifest, passed=passed)
     rd = RunDir.open(run_dir)
     session = new_session_id()
     sess = _Session(manifest, rd, opts, session)
@@ -468,6 +499,8 @@ def run_job(manifest: Manifest, run_dir: str, options: RunOptions | None = None)
     restore = _install_signal_handlers(sess.stop) if opts.handle_signals else None
     state = "failed"
     try:
+        if checked is not None and checked != passed:
+            layout.CHECKS_FILE.write(rd, layout.ChecksRecord(key=checked, checked_at=time.time()))
         state = sess.run().state
     finally:
         try:
@@ -480,6 +513,17 @@ def run_job(manifest: Manifest, run_dir: str, options: RunOptions | None = None)
         raise RegenError(sess.lock_lost)
     sess.summary.state = state
     return sess.summary
+
+
+def _passed_checks(run_dir: str) -> str | None:
+    """The key of the checks an earlier session passed (checks.json), read without creating
+    or locking anything; None when there is none."""
+    try:
+        rd = RunDir.open(run_dir, create=False)
+        rec = layout.CHECKS_FILE.read(rd)
+    except (RegenError, OSError):
+        return None
+    return rec.key if rec is not None else None
 
 
 def _install_signal_handlers(stop: threading.Event) -> Callable[[], None] | None:

@@ -1,20 +1,24 @@
 """Planning a session: which samples still need work, and ``plan.json``.
 
-:func:`plan_session` reads the manifest's samples (filtered, deduplicated, limited) and splits
-them into work to regenerate (spilled :class:`~regen.engine.schedule.PackedSample`), native rows
-to store as they are, and samples already done or failed permanently. :func:`write_plan` records
-the per-source totals as ``plan.json`` (:class:`regen.store.layout.PlanRecord`), which the
-dashboard reads for its expected turns per sample.
+:func:`plan_session` takes the manifest's samples (filtered, deduplicated, limited) and splits
+them into work to regenerate, native rows to store as they are, and samples already done or
+failed permanently. :func:`write_plan` records the per-source totals as ``plan.json``
+(:class:`regen.store.layout.PlanRecord`), which the dashboard reads for its expected turns per
+sample.
+
+Where the samples come from: given the run directory, a valid plan index
+(:mod:`regen.engine.planindex`) answers which samples exist and where their rows are; the
+done-set and the failures then select the work (:func:`regen.engine.planindex.select`), and
+only unfinished rows are read (JSONL ones when dispatched). Without a valid index the sources
+are read (:func:`iter_planned`: adapters, filters, dedup, near-duplicates, limits), the work's
+bodies are spilled (:class:`~regen.engine.schedule.PackedSample`), and the index is written
+for the next session, with one line saying why it was (re)built.
 
 New attempts (``regen run --retry-flagged``): ``redo`` maps done samples to the attempt number
 to request (:func:`regen.engine.attempts.select`); :func:`plan_session` queues them like any
-other work, marked with that attempt (:func:`regen.engine.attempts.as_attempt`).
-
-Seam for a plan index: :func:`iter_planned` is the one place samples come from. An index of the
-plan kept in the run directory (so that a resume reads only unfinished rows) replaces it by
-yielding the same samples from there; :func:`plan_session` and everything after it stay. Such
-an index must still yield the done samples named in ``redo`` (their bodies are what a new
-attempt sends).
+other work, marked with that attempt (:func:`regen.engine.attempts.as_attempt`). Their bodies
+are done samples' rows, which the index does not keep at hand: such a session reads the
+sources (an explicit, occasional command; the index stays as it is).
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from regen.engine.schedule import PackedSample, Spill
+from regen.engine import planindex
+from regen.engine.planindex import IndexBodies, IndexBuilder
+from regen.engine.schedule import PackedSample, QueueItems, Spill
 from regen.manifest import Manifest
 from regen.sample import Sample
 from regen.store import layout
@@ -40,20 +46,21 @@ log = logging.getLogger(__name__)
 class Plan:
     """This session's work."""
 
-    todo: list[PackedSample]  #: to regenerate; bodies in ``spill``
+    todo: QueueItems  #: to regenerate (iterating yields PackedSamples); bodies in ``spill``
     native: list[Sample]  #: native rows still to store
     totals: dict[str, tuple[int, bool]]  #: {source: (samples planned, regenerate)}
     skipped_failed: int  #: recorded permanent failures left out (no --retry-failed)
-    spill: Spill = field(default_factory=Spill)
+    #: where the work's bodies wait: a spill file, or the sources through the plan index
+    spill: Spill | IndexBodies = field(default_factory=Spill)
+    indexed: bool = False  #: the plan came from the plan index
     retries: dict[str, int] = field(default_factory=dict)  #: new attempts queued per source
+    redo: set[str] = field(default_factory=set)  #: the samples queued as new attempts
 
     def record(self, session: str) -> PlanRecord:
         """``plan.json`` of this plan."""
-        todo_n: dict[str, int] = {}
-        todo_turns: dict[str, int] = {}
-        for p in self.todo:
-            todo_n[p.source] = todo_n.get(p.source, 0) + 1
-            todo_turns[p.source] = todo_turns.get(p.source, 0) + p.turns_to_regenerate()
+        per = self.todo.per_source()
+        todo_n = {k: n for k, (n, _) in per.items()}
+        todo_turns = {k: t for k, (_, t) in per.items()}
         native: dict[str, int] = {}
         for s in self.native:
             native[s.source] = native.get(s.source, 0) + 1
@@ -88,7 +95,7 @@ def native_check(manifest: Manifest) -> Callable[[Sample], str | None] | None:
 
 
 def iter_planned(manifest: Manifest, limit: int | None) -> Iterator[Sample]:
-    """Every sample of the manifest in plan order (the seam for a plan index, see above)."""
+    """Every sample of the manifest in plan order (what a session without a valid index reads)."""
     from regen.sources import read_samples
 
     samples: Iterator[Sample] = read_samples(manifest, None, native_check(manifest))
@@ -103,12 +110,45 @@ def plan_session(
     limit: int | None = None,
     retry_failed: bool = False,
     redo: dict[str, int] | None = None,
+    rd: RunDir | None = None,
+    opened: tuple[planindex.PlanIndex | None, str] | None = None,
 ) -> Plan:
     """Split the samples into work (regenerate), native rows and already-done. ``redo``: done
-    samples requested again, with their new attempt number. The bodies of the work are spilled
-    to a temporary file (closed with the plan)."""
+    samples requested again, with their new attempt number. The bodies of the work wait in a
+    temporary file or in the sources (closed with the plan's ``spill``).
+
+    With ``rd``, the plan index in it is used when valid (and no ``redo``), else written when
+    missing or stale (module docstring); ``opened``: what
+    :func:`regen.engine.planindex.open_index` returned for it, when the caller opened it
+    already (while it read the done-set)."""
     from regen.engine.attempts import as_attempt
 
+    redo = redo or {}
+    skip = set() if retry_failed else {k for k, f in failures.items() if f.permanent}
+    builder: IndexBuilder | None = None
+    if rd is not None:
+        index, why = opened if opened is not None else planindex.open_index(rd, manifest, limit)
+        if index is not None and not redo:
+            bodies = IndexBodies(index)
+            try:
+                got = planindex.select(index, bodies, done, skip, limit)
+            except BaseException:
+                bodies.close()
+                raise
+            log.info("plan from %s: %d samples, %d to regenerate", layout.PLAN_INDEX,
+                     index.record.samples, len(got.todo))  # fmt: skip
+            return Plan(got.todo, got.native, got.totals, got.skipped_failed, bodies, True)
+        if index is not None:
+            log.info("new attempts of done samples: reading the sources (%s stays as it is)",
+                     layout.PLAN_INDEX)  # fmt: skip
+        elif why:
+            log.warning("%s is not used (%s): reading the sources; it is written again",
+                        layout.PLAN_INDEX, why)  # fmt: skip
+            builder = IndexBuilder(rd, manifest)
+        else:
+            log.info("no plan index yet: reading the sources (%s is written for the next "
+                     "session)", layout.PLAN_INDEX)  # fmt: skip
+            builder = IndexBuilder(rd, manifest)
     spill = Spill()
     todo: list[PackedSample] = []
     native: list[Sample] = []
@@ -117,29 +157,49 @@ def plan_session(
     }
     seen: set[str] = set()
     skipped = 0
-    redo = redo or {}
+    read = 0
     retries: dict[str, int] = {}
-    for s in iter_planned(manifest, limit):
-        if s.id in seen:
-            log.warning("sample id %s appears twice; keeping the first", s.id)
-            continue
-        seen.add(s.id)
-        totals[s.source][0] += 1
-        if s.id in done:
-            if s.id in redo and s.mode == "regenerate":
-                todo.append(PackedSample.pack(as_attempt(s, redo[s.id]), spill))
-                retries[s.source] = retries.get(s.source, 0) + 1
-            continue
-        f = failures.get(s.id)
-        if f is not None and f.permanent and not retry_failed:
-            skipped += 1
-            continue
-        if s.mode == "native":
-            native.append(s)
-        else:
-            todo.append(PackedSample.pack(s, spill))  # the plan of a big run stays small
-    totals_ = {k: (int(v[0]), bool(v[1])) for k, v in totals.items()}
-    return Plan(todo, native, totals_, skipped, spill, retries)
+    queued: set[str] = set()
+    try:
+        for s in iter_planned(manifest, limit):
+            read += 1
+            repeat = s.id in seen
+            if builder is not None:
+                builder.add(s, repeat=repeat)
+            if repeat:
+                log.warning("sample id %s appears twice; keeping the first", s.id)
+                continue
+            seen.add(s.id)
+            totals[s.source][0] += 1
+            if s.id in done:
+                if s.id in redo and s.mode == "regenerate":
+                    todo.append(PackedSample.pack(as_attempt(s, redo[s.id]), spill))
+                    retries[s.source] = retries.get(s.source, 0) + 1
+                    queued.add(s.id)
+                continue
+            if s.id in skip:
+                skipped += 1
+                continue
+            if s.mode == "native":
+                native.append(s)
+            else:
+                todo.append(PackedSample.pack(s, spill))  # the plan of a big run stays small
+    except BaseException:
+        spill.close()
+        if builder is not None:
+            builder.discard()
+        raise
+    if builder is not None:
+        builder.write(limit=limit, complete=limit is None or read < limit)
+    return Plan(
+        QueueItems.of(todo),
+        native,
+        {k: (int(v[0]), bool(v[1])) for k, v in totals.items()},
+        skipped,
+        spill,
+        retries=retries,
+        redo=queued,
+    )
 
 
 def write_plan(

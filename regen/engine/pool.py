@@ -1,10 +1,12 @@
 """Worker pools: where the dispatch loop's samples run. Owns no files.
 
 :class:`WorkerPool` is what :mod:`regen.engine.dispatch` needs from workers: start one in a
-slot, hand it a sample, wait for outcomes, read counters, close. Two implementations:
+slot, exchange a batch of samples for the outcomes finished since (one call in flight per
+worker: :mod:`regen.engine.batch`), wait for replies, read counters, close. Two
+implementations:
 
 - :class:`RayWorkerPool`: one Ray actor (:mod:`regen.engine.actor`) per worker, spread over
-  the cluster; a dead actor (or node) shows up as a lost ticket.
+  the cluster; a dead actor (or node) shows up as a lost worker.
 - :class:`LocalWorkerPool`: :class:`~regen.engine.worker.SampleWorker` objects on one event
   loop in a thread of this process (unit tests of dispatch, requeue and respawn; no Ray).
 
@@ -23,32 +25,48 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from regen.engine.batch import LINGER_S, Mailbox, Reply, unpack_reply
 from regen.engine.worker import SampleOutcome
 
 log = logging.getLogger(__name__)
 
+#: seconds an exchange waits for a first outcome before it answers with none (the dispatch
+#: loop itself wakes every 0.5 s: regen.engine.dispatch.WAIT_S)
+EXCHANGE_WAIT_S = 2.0
+
 
 @dataclass(slots=True, eq=False)
 class Worker:
-    """One worker in a slot of the pool and the work items it holds."""
+    """One worker in a slot of the pool and the samples it holds."""
 
     index: int  #: slot number (a replacement takes the dead one's slot)
     handle: Any  #: the pool's object (a Ray actor handle, a SampleWorker)
-    slots: int  #: its in-flight limit (it reports changes with each outcome)
-    load: int = 0  #: work items handed to it and not finished
+    slots: int  #: its in-flight limit (it reports changes with each batch of outcomes)
     alive: bool = True
     name: str = ""
+    #: samples handed to it and not finished, by id
+    held: dict[str, Any] = field(default_factory=dict)
+    #: of those, the ones in their requests (holding or waiting for a slot) as of its last
+    #: reply plus the ones sent since; -1: it does not say (then every held one counts)
+    active: int = -1
+
+    @property
+    def load(self) -> int:
+        """Samples that take or wait for a slot (those whose rows are being built do not)."""
+        return len(self.held) if self.active < 0 else self.active
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Finished:
-    """One finished work item: an outcome, or the worker that held it is gone."""
+    """One reply of one worker: a batch of outcomes, or the worker is gone."""
 
-    ticket: Any
-    outcome: SampleOutcome | None = None
-    lost: bool = False  #: the worker died (every ticket it held is lost)
+    worker: Worker
+    outcomes: list[SampleOutcome] = field(default_factory=list)
+    slots: int = 0  #: the worker's slots now (0: unknown)
+    lost: bool = False  #: the worker died (every sample it held is lost)
     init_failed: bool = False  #: ... because it could not start
     error: str = ""  #: one line: why it was lost
+    active: int = -1  #: its samples in their requests now (-1: it does not say)
 
 
 class WorkerPool(Protocol):
@@ -57,23 +75,51 @@ class WorkerPool(Protocol):
     def start(self, index: int, generation: int) -> Worker:
         """Start a worker in slot ``index`` (its ``generation``-th start overall)."""
 
-    def submit(self, worker: Worker, sample: Any) -> Any:
-        """Hand ``sample`` to ``worker``; returns a ticket (hashable)."""
+    def pending(self, worker: Worker) -> bool:
+        """Whether ``worker`` has an exchange in flight."""
 
-    def wait(self, tickets: list[Any], timeout_s: float) -> list[Finished]:
-        """Tickets finished within ``timeout_s`` (at least one unless the time ran out)."""
+    def exchange(self, worker: Worker, samples: list[Any], low_water: int) -> None:
+        """Hand ``samples`` to ``worker`` and ask for its outcomes (one call; the reply comes
+        through :meth:`wait`). ``low_water``: see :meth:`regen.engine.batch.Mailbox.collect`."""
 
-    def snapshots(self, workers: list[Worker]) -> list[dict[str, Any]]:
-        """The live workers' counters (SampleWorker.snapshot); missing ones are skipped."""
+    def wait(self, timeout_s: float) -> list[Finished]:
+        """Replies that came within ``timeout_s`` (at least one unless the time ran out or
+        nothing is in flight), and the workers found dead."""
 
-    def cancel(self, tickets: list[Any]) -> None:
-        """Best effort: stop the work of ``tickets``."""
+    def snapshots(self, workers: list[Worker], *, fresh: bool = False) -> list[dict[str, Any]]:
+        """The live workers' counters (SampleWorker.snapshot): the latest their replies
+        carried, or asked now when ``fresh``; missing ones are skipped."""
+
+    def cancel(self, workers: list[Worker]) -> None:
+        """Best effort: stop the work of ``workers``."""
 
     def stop(self, worker: Worker) -> None:
         """Stop one worker (best effort; a lost one may be gone already)."""
 
     def close(self) -> None:
         """Stop every worker."""
+
+
+class _Replies:
+    """What both pools keep per worker: the exchange in flight, the latest counters."""
+
+    def __init__(self) -> None:
+        self.inflight: dict[Worker, Any] = {}
+        self.snaps: dict[Worker, dict[str, Any]] = {}
+
+    def finished(self, w: Worker, reply: Reply) -> Finished:
+        if reply.snapshot is not None:
+            self.snaps[w] = reply.snapshot
+        if reply.error:
+            return Finished(w, lost=True, init_failed=reply.init_failed, error=reply.error)
+        return Finished(w, unpack_reply(reply), slots=reply.slots, active=reply.active)
+
+    def latest(self, workers: list[Worker]) -> list[dict[str, Any]]:
+        return [self.snaps[w] for w in workers if w.alive and w in self.snaps]
+
+    def forget(self, w: Worker) -> None:
+        self.inflight.pop(w, None)
+        self.snaps.pop(w, None)
 
 
 def one_line_error(text: str) -> str:
@@ -86,7 +132,8 @@ class RayWorkerPool:
     """Workers as Ray actors (``SPREAD`` over the cluster, one CPU-less actor each).
 
     Worker ``i`` starts at its share of each server's batch slots (``max_running_requests``
-    split over ``n_workers``, when the servers report it).
+    split over ``n_workers``, when the servers report it). Each worker has at most one
+    ``exchange`` call in flight.
     """
 
     def __init__(
@@ -100,15 +147,17 @@ class RayWorkerPool:
         log_level: str = "INFO",
         secrets: dict[str, str] | None = None,
     ) -> None:
-        from regen.engine.actor import MAX_CALLS_PER_ACTOR, actor_class
+        from regen.engine.actor import actor_class
 
         self.session = session
         self.infos = infos
         self.concurrency = concurrency
         self.n_workers = n_workers
-        self._cls = actor_class(MAX_CALLS_PER_ACTOR)
+        self._cls = actor_class()
         self._args = (manifest, infos, concurrency, log_level, secrets or {})
         self.spawned: list[Any] = []
+        self._r = _Replies()
+        self._sent: list[Any] = []  #: cancel refs not yet seen finished
 
     def shares(self, index: int) -> dict[str, int]:
         """Worker ``index``'s starting share of each server's batch slots (when reported)."""
@@ -132,31 +181,59 @@ class RayWorkerPool:
         slots = sum(starting_limits(self.infos, self.concurrency, shares).values())
         return Worker(index, actor, slots, name=name)
 
-    def submit(self, worker: Worker, sample: Any) -> Any:
-        return worker.handle.process.remote(sample)
+    def pending(self, worker: Worker) -> bool:
+        return worker in self._r.inflight
 
-    def wait(self, tickets: list[Any], timeout_s: float) -> list[Finished]:
+    def exchange(self, worker: Worker, samples: list[Any], low_water: int) -> None:
+        call = worker.handle.exchange.remote(samples, EXCHANGE_WAIT_S, low_water)
+        self._r.inflight[worker] = call
+
+    def wait(self, timeout_s: float) -> list[Finished]:
         import ray
-        from ray.exceptions import RayActorError, TaskCancelledError
+        from ray.exceptions import RayActorError, RayError
 
-        ready, _ = ray.wait(tickets, num_returns=len(tickets), timeout=0)  # busy: one call
+        self._drain_sent()
+        owner = {ref: w for w, ref in self._r.inflight.items()}
+        refs = list(owner)
+        if not refs:
+            return []
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)  # busy: one call
         if not ready:
-            ready, _ = ray.wait(tickets, num_returns=1, timeout=timeout_s)
+            ready, _ = ray.wait(refs, num_returns=1, timeout=timeout_s)
         out = []
         for ref in ready:
+            w = owner[ref]
+            self._r.inflight.pop(w, None)
             try:
-                out.append(Finished(ref, outcome=ray.get(ref)))
+                reply = ray.get(ref)
             except RayActorError as e:
                 init = bool(getattr(e, "actor_init_failed", False))
-                out.append(Finished(ref, lost=True, init_failed=init, error=one_line_error(str(e))))
+                out.append(Finished(w, lost=True, init_failed=init, error=one_line_error(str(e))))
                 log.debug("worker lost: %s", e)  # the full Ray text (traceback) at DEBUG
-            except TaskCancelledError as e:
-                out.append(Finished(ref, lost=True, error=one_line_error(str(e))))
+            except RayError as e:  # a reply that cannot be had: its samples go back
+                out.append(Finished(w, lost=True, error=one_line_error(str(e))))
+                log.debug("worker reply lost: %s", e)
+            else:
+                out.append(self._r.finished(w, Reply.from_wire(reply)))
         return out
 
-    def snapshots(self, workers: list[Worker]) -> list[dict[str, Any]]:
+    def _drain_sent(self) -> None:
+        """Take the finished cancel calls' results (keeps Ray from logging a dead actor's
+        errors as unhandled)."""
         import ray
 
+        if not self._sent:
+            return
+        ready, self._sent = ray.wait(self._sent, num_returns=len(self._sent), timeout=0)
+        for ref in ready:
+            with contextlib.suppress(Exception):
+                ray.get(ref)
+
+    def snapshots(self, workers: list[Worker], *, fresh: bool = False) -> list[dict[str, Any]]:
+        import ray
+
+        if not fresh:
+            return self._r.latest(workers)
         refs = [w.handle.snapshot.remote() for w in workers if w.alive]
         if not refs:
             return []
@@ -169,16 +246,15 @@ class RayWorkerPool:
                 log.debug("worker snapshot failed: %s", e)
         return snaps
 
-    def cancel(self, tickets: list[Any]) -> None:
-        import ray
-
-        for ref in tickets:
+    def cancel(self, workers: list[Worker]) -> None:
+        for w in workers:
             with contextlib.suppress(Exception):
-                ray.cancel(ref)
+                self._sent.append(w.handle.cancel.remote())
 
     def stop(self, worker: Worker) -> None:
         import ray
 
+        self._r.forget(worker)
         with contextlib.suppress(Exception):
             ray.kill(worker.handle)
 
@@ -191,16 +267,8 @@ class RayWorkerPool:
             with contextlib.suppress(Exception):
                 ray.kill(a)
         self.spawned = []
-
-
-class WorkerLostError(Exception):
-    """The in-process stand-in for a dead actor (raised into its pending tickets)."""
-
-
-@dataclass(slots=True, eq=False)
-class _Local:
-    worker: Any  #: SampleWorker
-    futures: set[concurrent.futures.Future[Any]] = field(default_factory=set)
+        self._r = _Replies()
+        self._sent = []
 
 
 class LocalWorkerPool:
@@ -208,92 +276,113 @@ class LocalWorkerPool:
 
     ``factory(index, generation)`` builds a worker (a :class:`SampleWorker`, or anything with
     ``async process(sample)``, ``snapshot()`` and ``async aclose()``); an exception it raises is
-    a failed start. :meth:`kill` makes a worker die as an actor does: its tickets are lost.
+    a failed start. :meth:`kill` makes a worker die as an actor does: what it holds is lost.
+    ``to_table``: convert rows in the worker as actors do (default: outcomes as they are).
     """
 
-    def __init__(self, factory: Callable[[int, int], Any]) -> None:
+    def __init__(
+        self,
+        factory: Callable[[int, int], Any],
+        *,
+        to_table: Callable[[list[dict[str, Any]]], Any] | None = None,
+        linger_s: float = LINGER_S,
+    ) -> None:
         self.factory = factory
+        self.to_table = to_table
+        self.linger_s = linger_s
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="regen-local-pool", daemon=True
         )
         self._thread.start()
-        self._workers: dict[int, Worker] = {}
-        self._failed_start: dict[int, str] = {}
+        self._boxes: dict[Worker, Mailbox] = {}
+        self._gone: dict[Worker, tuple[str, bool]] = {}  #: (error, init_failed)
+        self._r = _Replies()
 
     def start(self, index: int, generation: int) -> Worker:
         w = Worker(index, None, 0, name=f"local-w{index}-{generation}")
         try:
-            w.handle = _Local(self.factory(index, generation))
-            slots = getattr(w.handle.worker, "slots", None)
+            w.handle = self.factory(index, generation)
+            slots = getattr(w.handle, "slots", None)
             w.slots = slots.capacity if slots is not None else 1
-        except Exception as e:  # a failed start: its first ticket reports it
-            self._failed_start[id(w)] = f"{type(e).__name__}: {e}"
-        self._workers[id(w)] = w
+            self._boxes[w] = Mailbox(w.handle, to_table=self.to_table, linger_s=self.linger_s)
+        except Exception as e:  # a failed start: its first exchange reports it
+            self._gone[w] = (f"{type(e).__name__}: {e}", True)
         return w
 
-    def submit(self, worker: Worker, sample: Any) -> Any:
-        fail = self._failed_start.get(id(worker))
-        fut: concurrent.futures.Future[Any]
-        if fail is not None or not worker.alive:
-            fut = concurrent.futures.Future()
-            fut.set_exception(WorkerLostError(fail or "worker is dead"))
+    def pending(self, worker: Worker) -> bool:
+        return worker in self._r.inflight
+
+    def exchange(self, worker: Worker, samples: list[Any], low_water: int) -> None:
+        fut: concurrent.futures.Future[Reply] = concurrent.futures.Future()
+        box = self._boxes.get(worker)
+        if worker in self._gone or box is None:
+            fut.cancel()  # reported as lost by wait
+            fut.set_running_or_notify_cancel()
         else:
-            fut = asyncio.run_coroutine_threadsafe(worker.handle.worker.process(sample), self.loop)
-            worker.handle.futures.add(fut)
-        fut.regen_worker = worker  # type: ignore[attr-defined]
-        return fut
+            coro = box.exchange(list(samples), EXCHANGE_WAIT_S, low_water)
+            fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        self._r.inflight[worker] = fut
 
     def kill(self, worker: Worker) -> None:
-        """Make ``worker`` die: every ticket it holds is lost."""
-        if worker.handle is None:
-            return
-        for fut in list(worker.handle.futures):
+        """Make ``worker`` die: every sample it holds is lost."""
+        self._gone.setdefault(worker, ("killed", False))
+        box = self._boxes.get(worker)
+        if box is not None:
+            self.loop.call_soon_threadsafe(box.cancel_all)
+        fut = self._r.inflight.get(worker)
+        if fut is not None:
             fut.cancel()
-        self._failed_start[id(worker)] = "killed"
 
-    def wait(self, tickets: list[Any], timeout_s: float) -> list[Finished]:
+    def wait(self, timeout_s: float) -> list[Finished]:
+        futs = {f: w for w, f in self._r.inflight.items()}
+        if not futs:
+            return []
         done, _ = concurrent.futures.wait(
-            tickets, timeout=timeout_s, return_when=concurrent.futures.FIRST_COMPLETED
+            futs, timeout=timeout_s, return_when=concurrent.futures.FIRST_COMPLETED
         )
         out = []
         for fut in done:
-            w = fut.regen_worker
-            if w.handle is not None:
-                w.handle.futures.discard(fut)
-            fail = self._failed_start.get(id(w))
-            if fut.cancelled() or fail == "killed":
-                out.append(Finished(fut, lost=True, error="killed"))
+            w = futs[fut]
+            self._r.inflight.pop(w, None)
+            gone = self._gone.get(w)
+            if gone is not None or fut.cancelled():
+                error, init = gone if gone is not None else ("killed", False)
+                out.append(Finished(w, lost=True, init_failed=init, error=error))
                 continue
             e = fut.exception()
-            if isinstance(e, WorkerLostError):
-                out.append(Finished(fut, lost=True, init_failed=fail is not None, error=str(e)))
-            elif e is not None:  # process() itself never raises; a bug kills the worker
-                out.append(Finished(fut, lost=True, error=f"{type(e).__name__}: {e}"))
+            if e is not None:  # exchange itself never raises; a bug kills the worker
+                out.append(Finished(w, lost=True, error=f"{type(e).__name__}: {e}"))
             else:
-                out.append(Finished(fut, outcome=fut.result()))
+                out.append(self._r.finished(w, fut.result()))
         return out
 
-    def snapshots(self, workers: list[Worker]) -> list[dict[str, Any]]:
+    def snapshots(self, workers: list[Worker], *, fresh: bool = False) -> list[dict[str, Any]]:
+        if not fresh:
+            return self._r.latest(workers)
         return [
-            w.handle.worker.snapshot()
+            w.handle.snapshot()
             for w in workers
-            if w.alive and w.handle is not None and id(w) not in self._failed_start
+            if w.alive and w.handle is not None and w not in self._gone
         ]
 
-    def cancel(self, tickets: list[Any]) -> None:
-        for fut in tickets:
-            fut.cancel()
+    def cancel(self, workers: list[Worker]) -> None:
+        for w in workers:
+            box = self._boxes.get(w)
+            if box is not None:
+                self.loop.call_soon_threadsafe(box.cancel_all)
 
     def stop(self, worker: Worker) -> None:
         self.kill(worker)
+        self._r.forget(worker)
 
     def close(self) -> None:
         async def close_all() -> None:
-            for w in self._workers.values():
-                if w.handle is not None and hasattr(w.handle.worker, "aclose"):
+            for w, box in self._boxes.items():
+                box.cancel_all()
+                if hasattr(w.handle, "aclose"):
                     with contextlib.suppress(Exception):
-                        await w.handle.worker.aclose()
+                        await w.handle.aclose()
 
         if self.loop.is_running():
             with contextlib.suppress(Exception):

@@ -11,6 +11,12 @@ the path:
 
 A worker would otherwise hit each of these in its own ``__init__`` or first sample, be
 respawned, and fail again: a configuration error reported as dying workers.
+
+Loading the tokenizer imports transformers (and torch with it: ~4 CPU-s, most of a resume's
+start). A session that passed 2 and 3 records :func:`checks_key` in the run directory
+(``checks.json``, :class:`regen.store.layout.ChecksRecord`); a later session whose key is the
+same (the same tokenizer files, target and template settings, regenerated sources and their
+files, regen and transformers versions) checks only 1, and says so in one line.
 """
 
 from __future__ import annotations
@@ -18,9 +24,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from regen import __version__
 from regen.errors import ConfigError, RegenError, SourceError
 from regen.manifest import Manifest
-from regen.sample import Rejection, Sample
+from regen.sample import Rejection, Sample, stable_hash
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +62,61 @@ def check_paths(manifest: Manifest) -> None:
         )
 
 
-def preflight(manifest: Manifest) -> None:
-    """Check paths, load the tokenizer and render one request per regenerated source."""
+def checks_key(manifest: Manifest) -> str:
+    """A hash of what checks 2 and 3 depend on (stat calls only: no file is read whole)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from regen.sources.locate import dir_signature, file_signature
+
+    def pkg(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return ""
+
+    sources = []
+    for s in manifest.sources:
+        if s.mode != "regenerate":
+            continue
+        sig = None
+        if s.path is not None:
+            try:
+                f = file_signature(manifest.resolve(s.path))
+                sig = [f.size, f.mtime_ns, f.head_tail]
+            except OSError:
+                sig = None
+        sources.append([s.model_dump(mode="json", exclude={"output_tokens"}), sig])
+    return stable_hash(
+        {
+            "regen": __version__,
+            "packages": [pkg("transformers"), pkg("tokenizers"), pkg("jinja2")],
+            "target": manifest.target.model_dump(mode="json"),
+            "template_kwargs": manifest.sampling.template_kwargs(),
+            "tokenizer_files": dir_signature(manifest.resolve(manifest.target.tokenizer)),
+            "sources": sources,
+        },
+        n=32,
+    )
+
+
+def preflight(manifest: Manifest, *, passed: str | None = None) -> str:
+    """Check paths, load the tokenizer and render one request per regenerated source; returns
+    :func:`checks_key`. When ``passed`` (the key an earlier session recorded) is that key, only
+    the paths are checked."""
+    check_paths(manifest)
+    key = checks_key(manifest)
+    if passed == key:
+        log.info("tokenizer and template checks passed in an earlier session with the same "
+                 "files and settings: not repeated")  # fmt: skip
+        return key
+    _check_template(manifest)
+    return key
+
+
+def _check_template(manifest: Manifest) -> None:
     from regen.sources import iter_source
     from regen.template.render import KimiRenderer
 
-    check_paths(manifest)
     tok = manifest.resolve(manifest.target.tokenizer)
     try:
         renderer = KimiRenderer.from_manifest(manifest)

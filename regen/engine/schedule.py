@@ -25,14 +25,20 @@ Expected cost of a sample (in decode tokens, the server's unit of work)::
   Samples without an original answer get 1.
 - Multi-turn chains run their turns one after another, so their cost is the critical path.
 
-:class:`WorkQueue` is a heap of the not-yet-dispatched samples keyed on that cost (ties: input
-order). When an estimate moves by more than ``REPRIORITISE_SHIFT`` the heap is rebuilt (O(n),
-at most once per ``REPRIORITISE_EVERY_S`` and per ``REBUILD_DUTY`` × the last rebuild's time).
-Samples taken back from a dead worker are pushed again with their cost.
+:class:`WorkQueue` orders the not-yet-dispatched samples on that cost (ties: input order).
+They are columns (:class:`QueueItems`: source, turns, prompt size, original size as numpy
+arrays), so the costs are computed for all of them at once and sorted in C (1.4M samples:
+~0.3 s); a sample becomes an object only when it is popped. When an estimate moves by more than
+``REPRIORITISE_SHIFT`` the remaining order is re-keyed (at most once per
+``REPRIORITISE_EVERY_S`` and per ``REBUILD_DUTY`` × the last re-key's time). Samples taken
+back from a dead worker are pushed on a small heap beside the sorted columns, with their cost.
 
-Memory: a queued sample is a :class:`PackedSample` (what ordering needs, readable) whose body,
-a pickle, lives in a :class:`Spill` file (an unlinked temporary file of the driver) until
-it is dispatched, so a 1.4M-sample plan holds ~0.3 KB per sample in memory.
+Memory: a queued sample is a row of the columns, plus, when the plan read it from the sources,
+a :class:`PackedSample` (what ordering needs, readable) whose body, a pickle, lives in a
+:class:`Spill` file (an unlinked temporary file of the driver) until it is dispatched, so a
+1.4M-sample plan holds ~0.3 KB per sample in memory. A plan from the plan index
+(:mod:`regen.engine.planindex`) holds only the columns; bodies are read from the sources when
+popped (:class:`Bodies`).
 """
 
 from __future__ import annotations
@@ -45,9 +51,11 @@ import os
 import pickle
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
 
 from regen.sample import Sample
 from regen.store.layout import ScheduleRecord
@@ -138,15 +146,21 @@ class LengthModel:
             st.sxy += x * y
         self._cache.clear()
 
-    def set_queued(self, samples: Iterable[Sample | PackedSample]) -> None:
+    def set_queued(self, samples: Iterable[Sample | PackedSample] | QueueItems) -> None:
         """Count the original answer sizes of the samples still queued: with the completed
         ones they give each source's centre (its typical original answer size)."""
+        items = samples if isinstance(samples, QueueItems) else QueueItems.of(samples)
         queued: dict[str, tuple[int, float]] = {}
-        for s in samples:
-            chars = s.original_chars()
-            if chars > 0:
-                n, sx = queued.get(s.source, (0, 0.0))
-                queued[s.source] = (n + 1, sx + math.log(chars))
+        has = items.original > 0
+        if has.any():
+            k = len(items.names)
+            src = items.source[has]
+            n = np.bincount(src, minlength=k)
+            sx = np.bincount(src, weights=np.log(items.original[has].astype(np.float64)),
+                             minlength=k)  # fmt: skip
+            for code, name in enumerate(items.names):
+                if n[code]:
+                    queued[name] = (int(n[code]), float(sx[code]))
         self.queued = queued
         self._cache.clear()
 
@@ -192,6 +206,26 @@ class LengthModel:
         per_turn = self.tokens_per_turn(sample.source)
         per_turn *= self.verbosity(sample.source, sample.original_chars())
         return sample.turns_to_regenerate() * per_turn + PREFILL_WEIGHT * prompt_tokens(sample)
+
+    def costs(self, items: QueueItems, which: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`cost` of the items ``which`` (default all) at once (float64 array)."""
+        src = items.source if which is None else items.source[which]
+        turns = items.turns if which is None else items.turns[which]
+        chars = items.chars if which is None else items.chars[which]
+        orig = items.original if which is None else items.original[which]
+        params = [self._params(name) for name in items.names]
+        mean = np.array([p[0] for p in params], dtype=np.float64)
+        slope = np.array([p[1] for p in params], dtype=np.float64)
+        centre = np.array([np.nan if p[2] is None else p[2] for p in params], dtype=np.float64)
+        verbosity = np.ones(len(src), dtype=np.float64)
+        b, c = slope[src], centre[src]
+        use = (orig > 0) & (b != 0.0) & ~np.isnan(c)
+        if use.any():
+            x = np.log(orig[use].astype(np.float64))
+            f = np.exp(b[use] * (x - c[use]))
+            verbosity[use] = np.clip(f, 1.0 / MAX_VERBOSITY, MAX_VERBOSITY)
+        per_turn = mean[src] * verbosity
+        return turns * per_turn + PREFILL_WEIGHT * (chars / CHARS_PER_TOKEN)
 
     # -- persistence ----------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -259,6 +293,13 @@ def schedule_record(model: LengthModel) -> ScheduleRecord:
 PICKLE_PROTOCOL = 5
 
 
+class Bodies(Protocol):
+    """Where queued samples' bodies wait: ``get(at, size)`` returns the pickle of the body a
+    :class:`PackedSample` points at (a :class:`Spill`, or the plan index's sources)."""
+
+    def get(self, at: int, size: int) -> bytes: ...
+
+
 class Spill:
     """Append-only blobs in an unlinked temporary file (``$TMPDIR``): the bodies of the queued
     samples, read back one at a time when dispatched. Closed with the session."""
@@ -292,8 +333,8 @@ class Spill:
 class PackedSample:
     """A sample waiting in the queue: what ordering needs stays readable (id, source, turns,
     prompt size, original answer size); the rest is a pickle, in memory
-    (``blob``) or in a :class:`Spill` file (``at`` ≥ 0, ``size`` bytes) until :meth:`loaded`.
-    Duck-types the parts of :class:`Sample` the cost uses."""
+    (``blob``) or in a body store (:class:`Bodies`: ``at`` ≥ 0, ``size`` bytes) until
+    :meth:`loaded`. Duck-types the parts of :class:`Sample` the cost uses."""
 
     id: str
     source: str
@@ -313,7 +354,7 @@ class PackedSample:
             return cls(*head, blob=blob)
         return cls(*head, at=spill.put(blob), size=len(blob))
 
-    def loaded(self, spill: Spill | None) -> PackedSample:
+    def loaded(self, spill: Bodies | None) -> PackedSample:
         """The same sample with its body in memory (what is sent to a worker)."""
         if self.at < 0:
             return self
@@ -345,45 +386,130 @@ def prompt_tokens(sample: Sample | PackedSample) -> float:
     return sample.prompt_chars() / CHARS_PER_TOKEN
 
 
+QueueItem = Sample | PackedSample
+
+
+class QueueItems:
+    """Samples as columns: what the order needs (source code, turns, prompt chars, original
+    chars; numpy arrays) and ``item(i)``, the i-th sample as an object. Built from objects
+    (:meth:`of`) or from the plan index's columns (:meth:`columns`); iterating yields the
+    objects."""
+
+    __slots__ = ("_make", "_objects", "chars", "names", "original", "source", "turns")
+
+    def __init__(
+        self,
+        names: list[str],
+        source: np.ndarray,
+        turns: np.ndarray,
+        chars: np.ndarray,
+        original: np.ndarray,
+        objects: Sequence[QueueItem] | None = None,
+        make: Callable[[int], QueueItem] | None = None,
+    ) -> None:
+        self.names = names  #: source names; ``source`` holds indexes into it
+        self.source = source.astype(np.int32, copy=False)
+        self.turns = turns.astype(np.int64, copy=False)
+        self.chars = chars.astype(np.int64, copy=False)
+        self.original = original.astype(np.int64, copy=False)
+        self._objects = objects
+        self._make = make
+
+    @classmethod
+    def of(cls, samples: Iterable[QueueItem]) -> QueueItems:
+        objects = list(samples)
+        codes: dict[str, int] = {}
+        src = np.fromiter((codes.setdefault(s.source, len(codes)) for s in objects),
+                          dtype=np.int32, count=len(objects))  # fmt: skip
+        turns = np.fromiter((s.turns_to_regenerate() for s in objects), np.int64, len(objects))
+        chars = np.fromiter((s.prompt_chars() for s in objects), np.int64, len(objects))
+        orig = np.fromiter((s.original_chars() for s in objects), np.int64, len(objects))
+        return cls(list(codes), src, turns, chars, orig, objects=objects)
+
+    @classmethod
+    def columns(
+        cls,
+        names: list[str],
+        source: np.ndarray,
+        turns: np.ndarray,
+        chars: np.ndarray,
+        original: np.ndarray,
+        make: Callable[[int], QueueItem],
+    ) -> QueueItems:
+        """Items whose objects are made on demand by ``make(i)``."""
+        return cls(names, source, turns, chars, original, make=make)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def item(self, i: int) -> QueueItem:
+        if self._objects is not None:
+            return self._objects[i]
+        assert self._make is not None
+        return self._make(i)
+
+    def __iter__(self) -> Iterator[QueueItem]:
+        for i in range(len(self)):
+            yield self.item(i)
+
+    def per_source(self) -> dict[str, tuple[int, int]]:
+        """{source: (samples, turns to regenerate)}."""
+        k = len(self.names)
+        n = np.bincount(self.source, minlength=k)
+        t = np.bincount(self.source, weights=self.turns, minlength=k)
+        return {name: (int(n[c]), int(t[c])) for c, name in enumerate(self.names) if n[c]}
+
+
 class WorkQueue:
     """The not-yet-dispatched samples, most expensive first; re-keyed as estimates move.
     Popped samples come with their body loaded from ``spill`` (when they were spilled)."""
 
     def __init__(
         self,
-        samples: Iterable[Sample | PackedSample],
+        samples: Iterable[QueueItem] | QueueItems,
         model: LengthModel | None = None,
         *,
-        spill: Spill | None = None,
+        spill: Bodies | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.model = model or LengthModel()
         self.spill = spill
         self._clock = clock
-        items = list(samples)
+        items = samples if isinstance(samples, QueueItems) else QueueItems.of(samples)
+        self._items = items
         self.model.set_queued(items)
-        self._heap: list[tuple[float, int, Sample | PackedSample]] = [
-            (-self.model.cost(s), seq, s) for seq, s in enumerate(items)
-        ]
-        del items
-        self._seq = len(self._heap)
-        heapq.heapify(self._heap)
+        self._keys = self.model.costs(items)
+        #: item indexes not yet popped, most expensive first (ties: input order), from _pos on
+        self._order = np.argsort(-self._keys, kind="stable")
+        self._pos = 0
+        #: pushed samples (taken back from a dead worker): (-cost, seq, sample)
+        self._heap: list[tuple[float, int, QueueItem]] = []
+        self._seq = len(items)
         self._keyed_at = self._snapshot_estimates()
         self._last_rebuild = clock()
         self._rebuild_gap = REPRIORITISE_EVERY_S
         self.rebuilds = 0
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._order) - self._pos + len(self._heap)
 
-    def pop(self) -> Sample | PackedSample | None:
+    def pop(self) -> QueueItem | None:
         """The most expensive sample left (body loaded), or None."""
-        if not self._heap:
+        s: QueueItem
+        if self._pos < len(self._order):
+            i = int(self._order[self._pos])
+            if self._heap and self._heap[0][:2] < (-float(self._keys[i]), i):
+                s = heapq.heappop(self._heap)[2]
+            else:
+                self._pos += 1
+                s = self._items.item(i)
+        elif self._heap:
+            s = heapq.heappop(self._heap)[2]
+        else:
             return None
-        s = heapq.heappop(self._heap)[2]
         return s.loaded(self.spill) if isinstance(s, PackedSample) else s
 
-    def push(self, sample: Sample | PackedSample) -> None:
+    def push(self, sample: QueueItem) -> None:
         """Put a sample (back) in the queue, e.g. one taken from a dead worker."""
         heapq.heappush(self._heap, (-self.model.cost(sample), self._seq, sample))
         self._seq += 1
@@ -391,7 +517,7 @@ class WorkQueue:
     def observe(
         self, source: str, completion_tokens: Iterable[int], original_chars: int = 0
     ) -> None:
-        """Learn from a completed sample; rebuild the heap when estimates moved enough."""
+        """Learn from a completed sample; re-key the order when estimates moved enough."""
         self.model.observe(source, completion_tokens, original_chars)
         self.maybe_reprioritise()
 
@@ -403,13 +529,19 @@ class WorkQueue:
         moved = any(_moved(self._keyed_at.get(k), v) for k, v in current.items())
         if not (moved or force):
             return False
+        left = np.sort(self._order[self._pos :])  # input order: ties stay in it
+        keys = np.zeros(len(self._items), dtype=np.float64)
+        keys[left] = self.model.costs(self._items, left)
+        self._keys = keys
+        self._order = left[np.argsort(-keys[left], kind="stable")]
+        self._pos = 0
         self._heap = [(-self.model.cost(s), seq, s) for _, seq, s in self._heap]
         heapq.heapify(self._heap)
         self._keyed_at = current
         self._last_rebuild = self._clock()
         self._rebuild_gap = max(REPRIORITISE_EVERY_S, REBUILD_DUTY * (self._last_rebuild - now))
         self.rebuilds += 1
-        log.debug("dispatch order re-keyed (%d queued, next in >= %.1f s)", len(self._heap),
+        log.debug("dispatch order re-keyed (%d queued, next in >= %.1f s)", len(self),
                   self._rebuild_gap)  # fmt: skip
         return True
 

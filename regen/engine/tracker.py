@@ -26,9 +26,15 @@ from regen.progress import (
     SourceProgress,
 )
 from regen.store import layout
-from regen.store.journal import DoneSet, count_sample
+from regen.store.journal import DoneSet, count_rows, net_counts
 from regen.store.layout import PartRecord, SourceCounts
 from regen.store.rundir import RunDir
+
+
+def output_tokens(rows: list[dict[str, Any]]) -> list[int]:
+    """Completion tokens of the regenerated rows (native rows are not answers of the server)."""
+    return [int(r.get("completion_tokens") or 0) for r in rows
+            if r.get("token_source") != "native"]  # fmt: skip
 
 
 class ProgressTracker:
@@ -91,18 +97,27 @@ class ProgressTracker:
         was_failed: bool,
         replaces: SourceCounts | None = None,
     ) -> None:
-        """One stored sample; ``replaces``: the counters of the answer a new attempt replaces."""
+        """One stored sample, from its rows; ``replaces``: the counters of the answer a new
+        attempt replaces."""
+        c = net_counts(count_rows(rows), replaces)
+        self.sample_counted(source, c, output_tokens(rows), was_failed=was_failed,
+                            retry=replaces is not None)  # fmt: skip
+
+    def sample_counted(
+        self, source: str, c: SourceCounts, tokens: list[int], *, was_failed: bool, retry: bool
+    ) -> None:
+        """One stored sample: its counters (:meth:`regen.store.journal.CompletedSample.counts`:
+        a new attempt's, ``retry``, are the difference from the answer it replaces) and the
+        completion tokens of its regenerated rows (:func:`output_tokens`)."""
         sp = self.source(source)
-        c = count_sample(rows, replaces)
         sp.add_counts(c)
-        self.session_tokens += sum(int(r.get("completion_tokens") or 0) for r in rows)
-        if replaces is not None:
+        self.session_tokens += sum(tokens)
+        if retry:
             sp.retrying = max(0, sp.retrying - 1)
         if was_failed:
             sp.failed = max(0, sp.failed - 1)
-        for r in rows:
-            if r.get("token_source") != "native":  # regenerated turns only
-                self.snap.output_tokens_hist.add(int(r.get("completion_tokens") or 0))
+        for t in tokens:
+            self.snap.output_tokens_hist.add(t)
         if sp.pending is None:
             sp.pending = Pending()
         sp.pending.add(c)

@@ -73,6 +73,7 @@ def adapt_row(source: Source, raw: RawRow) -> Sample | Rejection:
                 input_ids=tok.input_ids,
                 loss_mask=tok.loss_mask,
                 row=raw.row,
+                loc=raw.loc,
             )
             upstream = tok.upstream_id
             sample.id = (
@@ -97,6 +98,7 @@ def adapt_row(source: Source, raw: RawRow) -> Sample | Rejection:
         turns=source.turns,
         row=raw.row,
         meta=parsed.meta,
+        loc=raw.loc,
     )
 
 

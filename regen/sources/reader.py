@@ -1,7 +1,9 @@
 """Raw rows of one source: a local JSONL or Parquet file, or a Hugging Face hub dataset.
 
 Reads only; owns no files. Rows are numbered from 1 in file order (JSONL: the line number, so a
-person can open the file at that line; Parquet and hub: the row ordinal). Memory is bounded: JSONL
+person can open the file at that line; Parquet and hub: the row ordinal). A JSONL row also says
+where its bytes are (``loc``: byte offset and length of its line), so the plan index can read it
+again without reading the file (:mod:`regen.sources.locate`). Memory is bounded: JSONL
 is read line by line (a line longer than ``MAX_ROW_BYTES`` is rejected as ``too_long`` without
 being held whole), Parquet in record batches, hub datasets as a stream.
 
@@ -13,6 +15,7 @@ manifest field (``sources.N.path`` or ``sources.N.hub``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -46,6 +49,8 @@ class RawRow:
 
     row: int  #: 1-based position in the source (JSONL: line number)
     data: dict[str, Any]
+    #: JSONL: (byte offset, length) of the line (where the row is, not what it is)
+    loc: tuple[int, int] | None = dataclasses.field(default=None, compare=False)
 
 
 def source_field(manifest: Manifest, source: Source) -> str:
@@ -77,14 +82,17 @@ def iter_raw(manifest: Manifest, source: Source) -> Iterator[RawRow | Rejection]
 def _iter_jsonl(name: str, path: Path) -> Iterator[RawRow | Rejection]:
     with path.open("rb") as f:
         lineno = 0
+        at = 0  # byte offset of the line
         while True:
             line = f.readline(MAX_ROW_BYTES + 1)
             if not line:
                 return
             lineno += 1
+            start, at = at, at + len(line)
             if len(line) > MAX_ROW_BYTES:
                 while line and not line.endswith(b"\n"):  # skip the rest of the long line
                     line = f.readline(MAX_ROW_BYTES)
+                    at += len(line)
                 yield Rejection(name, lineno, "too_long", f"line longer than {MAX_ROW_BYTES} bytes")
                 continue
             if not line.strip():
@@ -104,7 +112,7 @@ def _iter_jsonl(name: str, path: Path) -> Iterator[RawRow | Rejection]:
                     name, lineno, "malformed_json", f"expected an object, got {type(data).__name__}"
                 )
                 continue
-            yield RawRow(lineno, data)
+            yield RawRow(lineno, data, (start, len(line)))
 
 
 def _iter_parquet(name: str, field: str, path: Path) -> Iterator[RawRow]:

@@ -33,12 +33,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
@@ -64,24 +67,36 @@ def _default_to_table(rows: list[dict[str, Any]]) -> pa.Table:
 
 @dataclass(slots=True)
 class CompletedSample:
-    """One sample whose every turn is done: what a journal line holds."""
+    """One sample whose every turn is done: what a journal line holds.
+
+    A worker may have done the encoding already (regen.engine.batch): then ``line`` is its
+    journal line, ``table`` its rows (regen.rows.SCHEMA), ``counts`` their counters, and
+    ``rows`` may be empty."""
 
     sample_id: str
     source: str
     rows: list[dict[str, Any]]
     #: a new attempt: the counters of the answer it replaces (None: the first answer)
     replaces: SourceCounts | None = None
+    line: bytes | None = None  #: its journal line without ``replaces``, when packed
+    table: pa.Table | None = None  #: its rows, when packed
+    own: SourceCounts | None = None  #: the counters of its rows, when packed
 
     def to_line(self) -> bytes:
-        obj: dict[str, Any] = {"sample_id": self.sample_id, "source": self.source,
-                               "rows": self.rows}  # fmt: skip
-        if self.replaces is not None:
-            obj["replaces"] = self.replaces.model_dump()
-        return (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        line = self.line
+        if line is None:
+            obj = {"sample_id": self.sample_id, "source": self.source, "rows": self.rows}
+            line = (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        if self.replaces is None:
+            return line
+        # the key after "rows", as a dict holding it serializes (byte-equal either way)
+        extra = json.dumps(self.replaces.model_dump(), separators=(",", ":")).encode()
+        return line[:-2] + b',"replaces":' + extra + b"}\n"
 
     def counts(self) -> SourceCounts:
         """This sample's counters (the difference from the answer it replaces, if any)."""
-        return count_sample(self.rows, self.replaces)
+        own = self.own if self.own is not None else count_rows(self.rows)
+        return net_counts(own, self.replaces)
 
 
 @dataclass(slots=True)
@@ -143,13 +158,14 @@ def count_rows(rows: Iterable[dict[str, Any]]) -> SourceCounts:
     return c
 
 
-def count_sample(rows: Iterable[dict[str, Any]], replaces: SourceCounts | None) -> SourceCounts:
-    """A stored sample's counters: its rows', less those of the answer it replaces (a new
-    attempt counts done 0 and retried 1)."""
-    c = count_rows(rows)
-    if replaces is not None:
-        c.add(replaces, -1)
-        c.retried += 1
+def net_counts(own: SourceCounts, replaces: SourceCounts | None) -> SourceCounts:
+    """A stored sample's counters: its rows' (``own``, from :func:`count_rows`), less those of
+    the answer it replaces (a new attempt counts done 0 and retried 1)."""
+    if replaces is None:
+        return own
+    c = own.model_copy(deep=True)
+    c.add(replaces, -1)
+    c.retried += 1
     return c
 
 
@@ -194,16 +210,36 @@ def _source_totals(counts: Iterable[SourceCountsKey]) -> dict[str, SourceCounts]
     return sources
 
 
+def samples_table(samples: list[CompletedSample], to_table: RowsToTable) -> pa.Table | None:
+    """The rows of ``samples`` in order as one table (None: no rows): the workers' tables as
+    they are, the others' rows converted by ``to_table``."""
+    pieces: list[pa.Table] = []
+    pending: list[dict[str, Any]] = []
+    for s in samples:
+        if s.table is None:
+            pending.extend(s.rows)
+            continue
+        if pending:
+            pieces.append(to_table(pending))
+            pending = []
+        if s.table.num_rows:
+            pieces.append(s.table)
+    if pending:
+        pieces.append(to_table(pending))
+    if not pieces:
+        return None
+    return pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces).combine_chunks()
+
+
 def write_part(
     rd: RunDir, stem: str, samples: list[CompletedSample], to_table: RowsToTable | None = None
 ) -> PartRecord | None:
     """Write the rows of ``samples`` as parts/STEM.parquet (temp name, then rename), then its
     record parts/STEM.json. Returns the record, or None when there were no rows. On any failure
     (disk full, ...) the temporary file is removed and no part is left behind."""
-    rows = [r for s in samples for r in s.rows]
-    if not rows:
+    table = samples_table(samples, to_table or _default_to_table)
+    if table is None:
         return None
-    table = (to_table or _default_to_table)(rows)
     by_sample: dict[str, SourceCountsKey] = {}
     for s in samples:
         if s.sample_id not in by_sample:
@@ -284,6 +320,8 @@ class DoneSet:
     flagged: dict[str, FlaggedAnswer] = field(default_factory=dict)
     #: answers found that an intact part already replaced, or stored twice (not counted)
     stale: int = 0
+    #: every part's rows were read: ``attempts`` and ``flagged`` are known (read_done(answers))
+    answers: bool = True
 
     def __contains__(self, sample_id: object) -> bool:
         return sample_id in self.ids
@@ -402,23 +440,56 @@ def footer_problem(rd: RunDir, st: PartState) -> str:
     return ""
 
 
+def _part_bytes(rd: RunDir, st: PartState) -> tuple[str, bytes, str]:
+    """A part's bytes, checked against its record's size and sha256: (problem, bytes,
+    sha256)."""
+    if st.size is None:
+        return "missing", b"", ""
+    data = rd.read_bytes(st.part)
+    if data is None:
+        return "missing", b"", ""
+    rec = st.record
+    digest = hashlib.sha256(data).hexdigest()
+    if rec is not None:
+        if len(data) != rec.bytes:
+            return f"size {len(data)} bytes, its record says {rec.bytes}", b"", digest
+        if digest != rec.sha256:
+            return "checksum mismatch (its bytes changed after it was written)", b"", digest
+    return "", data, digest
+
+
+def part_ids(rd: RunDir, st: PartState) -> tuple[str, list[str]]:
+    """The full check of a part that has a record, reading only its ``sample_id`` column:
+    (problem, its distinct sample ids). Its counters are its record's (its bytes are the ones
+    the record was made from: same size and sha256)."""
+    problem, data, _ = _part_bytes(rd, st)
+    if problem:
+        return problem, []
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(data))
+        if "sample_id" not in pf.schema_arrow.names:
+            return "no sample_id column", []
+        ids = pf.read(columns=["sample_id"]).column("sample_id")
+    except (OSError, pa.ArrowException) as e:
+        return f"unreadable ({_one_line(e)})", []
+    assert st.record is not None
+    if len(ids) != st.record.rows:
+        return f"{len(ids)} rows, its record says {st.record.rows}", []
+    unique: list[str] = pc.unique(ids).to_pylist()
+    if len(unique) != st.record.samples:
+        return f"{len(unique)} samples, its record says {st.record.samples}", []
+    return "", unique
+
+
 def inspect_part(rd: RunDir, st: PartState, *, columns: tuple[str, ...] = _COUNT_COLUMNS) -> str:
     """The full check of a part: its bytes against the record's size and sha256, then the
     Parquet read of ``columns`` (filling ``st.samples`` with each sample's rows in this part,
     its highest attempt here). Returns the problem ("" if intact); a part without a record gets
     one when it is folded into a done-set (:func:`fold_part`)."""
-    if st.size is None:
-        return "missing"
-    data = rd.read_bytes(st.part)
-    if data is None:
-        return "missing"
+    problem, data, digest = _part_bytes(rd, st)
+    if problem:
+        return problem
     rec = st.record
-    digest = hashlib.sha256(data).hexdigest()
-    if rec is not None:
-        if len(data) != rec.bytes:
-            return f"size {len(data)} bytes, its record says {rec.bytes}"
-        if digest != rec.sha256:
-            return "checksum mismatch (its bytes changed after it was written)"
     try:
         pf = pq.ParquetFile(pa.BufferReader(data))
         names = pf.schema_arrow.names
@@ -467,27 +538,64 @@ def damage_message(st: PartState) -> str:
     return f"{st.part}: {st.problem}; {n} will be requested again"
 
 
-def read_done(rd: RunDir, *, repair: bool = False) -> DoneSet:
+def read_done(rd: RunDir, *, repair: bool = False, answers: bool = False) -> DoneSet:
     """The done-set: every ``sample_id`` of the intact parts, with per-source counters of
     their latest answers (parts in name order, which is the order they were written).
 
-    Every part is checked (:func:`inspect_part`). A damaged or missing part counts nothing and
+    Every part is checked: a part with a record by its bytes (size, sha256) and its ids
+    (:func:`part_ids`; its counters are the record's), or by reading its counter columns
+    (:func:`inspect_part`) when it has no record, when a part of the run holds new attempts, or
+    with ``answers`` (the flagged answers a ``--retry-flagged`` session selects from are
+    then known: :attr:`DoneSet.flagged`). A damaged or missing part counts nothing and
     is named in one warning; with ``repair`` (a run resuming) it is moved to quarantine/ with
     its record, and an intact part without a record gets one.
     """
     done = DoneSet()
-    for st in list_parts(rd):
-        st.problem = inspect_part(rd, st) if not st.record_problem else st.record_problem
-        if st.problem:
-            done.damaged.append(damage_message(st))
-            log.warning("%s: %s", rd.uri, done.damaged[-1])
-            if repair:
-                moved = quarantine(rd, st)
-                if moved:
-                    log.info("moved to %s", ", ".join(moved))
-            continue
-        fold_part(done, st, rd if repair else None)
+    states = list_parts(rd)
+    # ids alone (the record's counters) tell a part of first answers; which samples are flagged
+    # and which attempt replaces which need every part's rows: read them when asked
+    # (``answers``) or when a part may hold new attempts (or has no record to say)
+    answers = answers or any(
+        st.record is None or any(c.retried for c in st.record.sources.values())
+        for st in states
+        if not st.record_problem
+    )
+
+    def check(st: PartState) -> tuple[str, list[str] | None]:
+        if st.record_problem:
+            return st.record_problem, None
+        if answers:
+            return inspect_part(rd, st), None
+        return part_ids(rd, st)
+
+    # reading and hashing release the GIL: parts are checked side by side, counted in order
+    done.answers = answers
+    with ThreadPoolExecutor(PART_READERS, thread_name_prefix="regen-parts") as ex:
+        for st, (problem, ids) in zip(states, ex.map(check, states), strict=True):
+            st.problem = problem
+            if not problem and ids is not None:
+                if done.ids.isdisjoint(ids):  # first answers: counters from the record
+                    assert st.record is not None
+                    done.ids.update(ids)
+                    for source, c in st.record.sources.items():
+                        done.sources.setdefault(source, SourceCounts()).add(c)
+                    done.parts += 1
+                    continue
+                st.problem = inspect_part(rd, st)  # a sample stored twice: count it once
+            if st.problem:
+                done.damaged.append(damage_message(st))
+                log.warning("%s: %s", rd.uri, done.damaged[-1])
+                if repair:
+                    moved = quarantine(rd, st)
+                    if moved:
+                        log.info("moved to %s", ", ".join(moved))
+                continue
+            fold_part(done, st, rd if repair else None)
     return done
+
+
+#: threads that check parts at once when the done-set is read
+PART_READERS = min(8, os.cpu_count() or 1)
 
 
 def fold_part(done: DoneSet, st: PartState, repair_into: RunDir | None = None) -> None:

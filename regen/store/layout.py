@@ -15,6 +15,18 @@ code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI
                                          (regen.store.lock), heartbeat every 5 s
       plan.json         PlanRecord       per-source totals of the current session; driver
                                          (regen.engine.planning), once per session
+      plan/index.json   PlanIndexRecord  the plan index: what decides the plan (key), the
+                                         --limit it holds, each source file's signature, the
+                                         sizes and sha256 of the files below; written last
+      plan/samples.parquet               one row per planned sample in plan order: id, source,
+                                         cost-model inputs, where its row lives
+                                         (regen.engine.planindex.SCHEMA)
+      plan/rows.parquet                  hub sources only: the planned samples themselves
+                                         (JSON); driver (regen.engine.planindex), when it reads
+                                         the sources (first session, or the index is stale)
+      checks.json       ChecksRecord     the key of the configuration checks an earlier session
+                                         passed (tokenizer files, template, sources, versions);
+                                         driver (regen.engine.preflight), when it changes
       progress.json     regen.progress.ProgressSnapshot   the dashboard's counters; driver
                                          (regen.engine.tracker), every ~2 s and at the end
       schedule.json     ScheduleRecord   what the dispatch order learned; driver, with each part
@@ -46,7 +58,8 @@ Any export directory (``regen export --out DIR``) has the export's shard and sta
 
 Readers return ``None`` for a missing file. A file that exists but does not parse or does not
 match its record is a :class:`regen.errors.RunDirError` naming the file, except for the
-snapshots that are only estimates (``schedule.json``), which read as ``None`` with a warning.
+snapshots that are only estimates or shortcuts (``schedule.json``, ``checks.json``), which read as
+``None`` with a warning.
 Writers replace the file atomically (:meth:`regen.store.rundir.RunDir.write_bytes_atomic`).
 """
 
@@ -59,7 +72,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -78,6 +91,11 @@ RUN = "run.json"
 MANIFEST = "manifest.yaml"
 LOCK = "lock.json"
 PLAN = "plan.json"
+CHECKS = "checks.json"
+PLAN_DIR = "plan"
+PLAN_INDEX = f"{PLAN_DIR}/index.json"
+PLAN_SAMPLES = f"{PLAN_DIR}/samples.parquet"
+PLAN_ROWS = f"{PLAN_DIR}/rows.parquet"
 PROGRESS = "progress.json"
 SCHEDULE = "schedule.json"
 JOURNAL_DIR = "journal"
@@ -316,6 +334,67 @@ class PlanRecord(Record):
         return data
 
 
+class IndexedSource(Record):
+    """One source in ``plan/index.json``: where its rows were read and what the file was."""
+
+    #: "jsonl" or "parquet" (a local file, its rows read where they are) or "hub" (the
+    #: planned samples are kept in plan/rows.parquet)
+    kind: Literal["jsonl", "parquet", "hub"]
+    #: absolute path of the local file ("" for hub)
+    path: str = ""
+    #: its size in bytes
+    size: int = 0
+    #: its modification time (ns)
+    mtime_ns: int = 0
+    #: sha256 of its first and last 64 KiB (regen.sources.locate.file_signature)
+    head_tail: str = ""
+
+
+class IndexedFile(Record):
+    """A data file of the plan index, as written."""
+
+    #: its size
+    bytes: int
+    #: sha256 of its bytes ("" for plan/rows.parquet: its size is checked, and each row it
+    #: gives back is checked against its content hash when read)
+    sha256: str = ""
+
+
+class PlanIndexRecord(Record):
+    """``plan/index.json``: which samples the plan holds and how to know it still does."""
+
+    #: regen.engine.planindex.INDEX_VERSION of the writer
+    version: int
+    #: hash of everything that decides which samples are planned (sources, dedup, the native
+    #: check's tokenizer, regen's version); one component per entry of ``keys``
+    key: str
+    #: the components of ``key`` (to name the one that changed)
+    keys: dict[str, str] = Field(default_factory=dict)
+    #: the --limit the stream was cut at (None: read to the end)
+    limit: int | None = None
+    #: the stream ended before any limit: every later --limit is a prefix of these samples
+    complete: bool = False
+    #: entries in plan/samples.parquet (stream items, repeated ids included)
+    samples: int = 0
+    #: {source name: its file signature or hub}, in manifest order
+    sources: dict[str, IndexedSource] = Field(default_factory=dict)
+    #: {file name (plan/samples.parquet, plan/rows.parquet): size and sha256}
+    files: dict[str, IndexedFile] = Field(default_factory=dict)
+    #: epoch seconds
+    built_at: float = 0.0
+    #: regen version that wrote it
+    regen_version: str = ""
+
+
+class ChecksRecord(Record):
+    """``checks.json``: the configuration checks a session passed (regen.engine.preflight)."""
+
+    #: regen.engine.preflight.checks_key of what was checked
+    key: str
+    #: epoch seconds
+    checked_at: float = 0.0
+
+
 class ScheduleSource(Record):
     """One source of ``schedule.json`` (see regen.engine.schedule.SourceStats)."""
 
@@ -541,6 +620,8 @@ def dump_json(record: BaseModel | dict[str, Any]) -> bytes:
 RUN_FILE = JsonFile(RUN, RunRecord)
 LOCK_FILE = JsonFile(LOCK, LockRecord)
 PLAN_FILE = JsonFile(PLAN, PlanRecord)
+PLAN_INDEX_FILE = JsonFile(PLAN_INDEX, PlanIndexRecord)
+CHECKS_FILE = JsonFile(CHECKS, ChecksRecord, lenient=True)
 SCHEDULE_FILE = JsonFile(SCHEDULE, ScheduleRecord, lenient=True)
 COMMAND_FILE = JsonFile(COMMAND, CommandRecord)
 JOB_FILE = JsonFile(JOB, JobRecord)

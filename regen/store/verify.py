@@ -10,8 +10,9 @@ Owns no files of its own; with ``repair`` it changes the ones named in
   lacks those, which is noted, not a problem); a part without a record is read and noted;
 - no ``(sample_id, turn, attempt)`` stored twice across parts (a sample answered again by
   ``regen run --retry-flagged`` has its turns once per attempt);
-- every stored sample id in the plan (the samples the latest session planned, re-read from the
-  manifest and the plan record; skipped with a note when the sources cannot be read here);
+- every stored sample id in the plan (the samples the latest session planned: from the plan
+  index when it is valid, else re-read from the manifest and the plan record; skipped with a
+  note when the sources cannot be read here);
 - the progress counters per source equal what the parts (plus unfolded journal lines) hold;
 - every journal segment parseable (a cut last line is an in-flight sample: named, not lost).
 
@@ -149,6 +150,7 @@ def _schema_problem(st: PartState) -> str:
 
 def planned_ids(rd: RunDir) -> tuple[set[str] | None, str]:
     """The sample ids of the latest plan, or (None, why not)."""
+    from regen.engine.planindex import open_index
     from regen.engine.planning import iter_planned
 
     try:
@@ -160,6 +162,9 @@ def planned_ids(rd: RunDir) -> tuple[set[str] | None, str]:
         return None, "no plan or manifest recorded yet"
     if plan.manifest_dir:
         manifest = manifest.model_copy(update={"base_dir": plan.manifest_dir})
+    index, _ = open_index(rd, manifest, plan.limit)
+    if index is not None:  # the plan index, when it still describes the sources
+        return index.planned_ids(plan.limit), ""
     try:
         return {s.id for s in iter_planned(manifest, plan.limit)}, ""
     except (RegenError, OSError) as e:

@@ -25,6 +25,15 @@ DEMO = REPO / "manifests" / "demo.yaml"
 REGEN = Path(sys.executable).with_name("regen")
 
 
+def copy_demo(tmp: Path) -> Path:
+    """A copy of the demo manifest and its files under ``tmp`` (a test may change them)."""
+    import shutil
+
+    shutil.copy(DEMO, tmp / DEMO.name)
+    shutil.copytree(DEMO.parent / "demo", tmp / "demo")
+    return tmp / DEMO.name
+
+
 def sim_answer_config(options: dict[str, Any]):
     from regen.simulate.config import SimConfig
 

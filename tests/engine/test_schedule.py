@@ -200,9 +200,10 @@ def test_slow_rebuilds_are_spaced_by_their_duration() -> None:
     clock = Clock()
 
     class SlowModel(LengthModel):
-        def cost(self, sample):  # type: ignore[no-untyped-def]
-            clock.t += 0.5  # every re-key of a sample takes half a second of driver time
-            return super().cost(sample)
+        def costs(self, items, which=None):  # type: ignore[no-untyped-def]
+            n = len(items) if which is None else len(which)
+            clock.t += 0.5 * n  # every re-key of a sample takes half a second of driver time
+            return super().costs(items, which)
 
     q = WorkQueue([sample("a", "x", 1), sample("b", "y", 1)], SlowModel(), clock=clock)
     clock.t += REPRIORITISE_EVERY_S
@@ -213,3 +214,34 @@ def test_slow_rebuilds_are_spaced_by_their_duration() -> None:
     assert q.rebuilds == 1
     clock.t += REBUILD_DUTY
     assert q.maybe_reprioritise() and q.rebuilds == 2
+
+
+def test_the_column_order_is_the_order_of_the_scalar_cost() -> None:
+    """The queue computes costs for all samples at once; the order must be the one the scalar
+    cost gives (most expensive first, ties in input order), after learning and re-keying too."""
+    import heapq
+    import random
+
+    rng = random.Random(7)
+    samples = [answered(str(i), rng.choice("abc"), "w " * rng.choice([0, 1, 5, 50, 400]),
+                        turns=rng.choice([1, 1, 2, 3])) for i in range(300)]  # fmt: skip
+    samples += [samples[5], samples[6]]  # exact ties with earlier ones
+    clock = Clock()
+    model = LengthModel()
+    q = WorkQueue(samples, model, clock=clock)
+    ref = [(-model.cost(s), i, s) for i, s in enumerate(samples)]
+    heapq.heapify(ref)
+    got, want = [], []
+    for step in range(len(samples)):
+        if step == 100:  # learn: sources diverge and slopes move; both re-key
+            clock.t += REPRIORITISE_EVERY_S
+            for k in range(40):
+                q.model.observe("a", [2000 + k], 10 + 97 * k)
+                q.model.observe("c", [20], 10 + 97 * k)
+            assert q.maybe_reprioritise()
+            ref = [(-model.cost(s), i, s) for _, i, s in ref]
+            heapq.heapify(ref)
+        got.append(q.pop())
+        want.append(heapq.heappop(ref)[2])
+    assert [s.id for s in got] == [s.id for s in want]  # type: ignore[union-attr]
+    assert q.pop() is None and len(q) == 0

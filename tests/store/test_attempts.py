@@ -43,7 +43,7 @@ def first_session(rd: RunDir) -> None:
 
 def retry_session(rd: RunDir, *, fold: bool = True) -> None:
     """a:0 answered again (one clean turn), with what it replaces (as the driver passes it)."""
-    before = read_done(rd)
+    before = read_done(rd, answers=True)
     j = Journal(rd, "S2", pa.Table.from_pylist)
     new = rows("a:0", 1, [[]], tokens=20)
     j.append(CompletedSample("a:0", "a", new, before.flagged["a:0"].to_counts()))
@@ -68,7 +68,7 @@ def rd(tmp_path: Path) -> RunDir:
 
 
 def test_the_latest_answer_wins_and_counters_are_differences(rd: RunDir) -> None:
-    done = read_done(rd)
+    done = read_done(rd, answers=True)
     a = done.sources["a"]
     assert (a.done, a.rows, a.flagged, a.flags, a.retried) == (
         3, 4, 2, {"repetition": 1, "refusal": 1}, 0)  # fmt: skip
@@ -76,7 +76,7 @@ def test_the_latest_answer_wins_and_counters_are_differences(rd: RunDir) -> None
     assert select(done, RetryFlagged(("repetition", "refusal"))) == {"a:0": 1, "a:2": 1}
 
     retry_session(rd)
-    done = read_done(rd)
+    done = read_done(rd, answers=True)
     a = done.sources["a"]
     assert len(done) == 3 and done.attempts == {"a:0": 1}
     assert (a.done, a.rows, a.flagged, a.flags, a.retried) == (3, 3, 1, {"refusal": 1}, 1)
@@ -86,12 +86,12 @@ def test_the_latest_answer_wins_and_counters_are_differences(rd: RunDir) -> None
 
 
 def test_a_retry_flagged_again_is_retried_only_while_attempts_remain(rd: RunDir) -> None:
-    before = read_done(rd)
+    before = read_done(rd, answers=True)
     j = Journal(rd, "S2", pa.Table.from_pylist)
     j.append(CompletedSample("a:0", "a", rows("a:0", 1, [["repetition"]]),
                              before.flagged["a:0"].to_counts()))  # fmt: skip
     j.roll()
-    done = read_done(rd)
+    done = read_done(rd, answers=True)
     assert done.sources["a"].flags == {"repetition": 1, "refusal": 1}
     assert select(done, RetryFlagged(("repetition",), max_retries=1)) == {}
     assert select(done, RetryFlagged(("repetition",), max_retries=2)) == {"a:0": 2}
@@ -102,7 +102,7 @@ def test_a_retry_left_in_the_journal_by_a_crash_is_folded_with_its_difference(
 ) -> None:
     retry_session(rd, fold=False)  # killed before the part was written
     assert recover(rd, pa.Table.from_pylist) == 1
-    done = read_done(rd)
+    done = read_done(rd, answers=True)
     assert done.sources["a"].retried == 1 and done.sources["a"].flagged == 1
     assert record_totals(rd) == done.sources["a"]
 
@@ -112,14 +112,14 @@ def test_a_retry_part_without_a_record_gets_the_difference(rd: RunDir) -> None:
     want = record_totals(rd)
     stem = list_parts(rd)[-1].stem
     rd.delete(layout.part_record_path(stem))
-    read_done(rd, repair=True)
+    read_done(rd, repair=True, answers=True)
     assert layout.part_record_file(stem).read(rd).sources["a"].retried == 1
     assert record_totals(rd) == want
 
 
 def test_verify_knows_attempts_and_still_names_a_real_duplicate(rd: RunDir) -> None:
     retry_session(rd)
-    done = read_done(rd)
+    done = read_done(rd, answers=True)
     snap = ProgressSnapshot(name="r", model="m", session="S2", host="h", pid=1, state="finished")
     sp = SourceProgress(total=3, pending=Pending())
     sp.add_counts(done.sources["a"])
@@ -137,7 +137,7 @@ def test_verify_knows_attempts_and_still_names_a_real_duplicate(rd: RunDir) -> N
 
 
 def test_flagged_counts_that_disagree_are_named(rd: RunDir) -> None:
-    done = read_done(rd)
+    done = read_done(rd, answers=True)
     snap = ProgressSnapshot(name="r", model="m", session="S1", host="h", pid=1, state="finished")
     sp = SourceProgress(total=3, pending=Pending())
     sp.add_counts(done.sources["a"])
@@ -157,7 +157,7 @@ def test_a_part_from_before_the_columns_is_attempt_zero_without_flags(tmp_path: 
            for r in rows("a:9", 0, [[]])]  # fmt: skip
     j.append(CompletedSample("a:9", "a", old))
     j.roll()
-    done = read_done(rd)
+    done = read_done(rd, answers=True)
     assert len(done) == 1 and done.attempts == {} and done.flagged == {}
     assert done.sources["a"].flagged == 0
 
@@ -165,7 +165,7 @@ def test_a_part_from_before_the_columns_is_attempt_zero_without_flags(tmp_path: 
 def test_the_tracker_counts_a_new_attempt_as_a_difference(tmp_path: Path) -> None:
     rd = RunDir.open(tmp_path / "run")
     first_session(rd)
-    done = read_done(rd)
+    done = read_done(rd, answers=True)
     t = ProgressTracker(rd, name="r", model="m", session="S2", run_started_at=0.0, endpoints=[])
     t.start_from(done, {"a": (3, True)}, {}, {"a": 2})
     sp = t.snap.sources["a"]

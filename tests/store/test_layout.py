@@ -26,6 +26,7 @@ _FILES = [
     "manifest.yaml",
     "lock.json",
     "plan.json",
+    "checks.json",
     "progress.json",
     "schedule.json",
     "stats.json",
@@ -39,8 +40,8 @@ _FILES = [
 #: folders spelled alone or in a path
 _DIRS = ("parts", "journal", "quarantine")
 #: folders whose bare name is also an ordinary word or key ("export" the command, "failures"
-#: a counter): only caught in a path
-_PREFIX_DIRS = ("export", "train", "failures")
+#: a counter, "plan" the command): only caught in a path
+_PREFIX_DIRS = ("export", "train", "failures", "plan")
 #: a file name as a word (in a path, a message, ...)
 FILE_RE = re.compile(r"(?<![\w.-])(" + "|".join(re.escape(f) for f in _FILES) + r")(?![\w-])")
 #: a run-directory folder as a path component: exactly "parts", or "parts/...", ".../parts/..."
