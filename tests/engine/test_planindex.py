@@ -124,6 +124,7 @@ def test_a_changed_source_file_rebuilds_the_index_with_one_line(demo, tmp_path, 
     rd = RunDir.open(tmp_path / "run")
     indexed(rd, m)
     why = change(demo.parent / "demo" / "sharegpt.jsonl")
+    caplog.clear()
     caplog.set_level(logging.WARNING, logger="regen.engine.planning")
     used, got = indexed(rd, m)
     assert not used and got == fresh(m)
