@@ -105,6 +105,8 @@ def write_done_parts(run: Path, ids: list[str], part_rows: int) -> None:
                 cols[f.name] = pa.array(chunk, f.type)
             elif f.name == "source":
                 cols[f.name] = pa.array(["sharegpt"] * n, f.type)
+            elif pa.types.is_list(f.type) and pa.types.is_string(f.type.value_type):
+                cols[f.name] = pa.array([[]] * n, f.type)  # quality_flags: none
             elif pa.types.is_list(f.type):
                 cols[f.name] = pa.array([[1] * 64] * n, f.type)
             elif pa.types.is_string(f.type):
@@ -114,13 +116,15 @@ def write_done_parts(run: Path, ids: list[str], part_rows: int) -> None:
                 cols[f.name] = pa.array([False] * n, f.type)
             elif pa.types.is_floating(f.type):
                 cols[f.name] = pa.array([0.5] * n, f.type)
+            elif f.name == "attempt":
+                cols[f.name] = pa.array([0] * n, f.type)
             else:
                 cols[f.name] = pa.array([256] * n, f.type)
         stem = f"bench-{p:05d}"
         data = part_bytes(pa.table(cols, schema=SCHEMA), n)
         rd.write_bytes_atomic(layout.part_path(stem), data)
         counts = SourceCounts(done=1, rows=1, prompt_tokens=256, completion_tokens=256)
-        rec = make_record(stem, data, {sid: ("sharegpt", counts) for sid in chunk})
+        rec = make_record(stem, data, {sid: ("sharegpt", counts) for sid in chunk}, n)
         layout.part_record_file(stem).write(rd, rec)
 
 

@@ -18,8 +18,9 @@ kept shape's bytes is then that chunk with another string, so only the string is
 the ``json`` module's own string scanner (escapes and all); a string the scanner does not end
 exactly at the shape's tail (an unescaped quote: another structure) or refuses goes to the full
 parser. Every other line (role, finish, tool calls, ``sglext``, usage, errors, and any server
-whose chunks differ in more than the string) is decoded in full. tests/client/test_stream_fast.py
-proves both paths give the same result on SGLang's own serializer, the simulator and odd text.
+whose chunks differ in more than the string) is decoded in full.
+tests/contract/test_stream_fast_path.py proves both paths give the same result on SGLang's own
+serializer, the simulator and odd text.
 
 Usage is taken from whichever chunk carries it: SGLang's last chunk with ``choices: []`` or the
 ``finish_reason`` chunk (``transformers serve``). Reasoning is ``delta.reasoning_content``

@@ -13,6 +13,7 @@ takes back what the actor held and treats it like an actor whose constructor rai
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -39,6 +40,7 @@ class LazyRows:
         self._built: RowBuilder | None = None
         self.error = ""
         self._ready = threading.Event()
+        self._waiter: asyncio.Future[bool] | None = None
         threading.Thread(target=self._load, args=(manifest,), name="regen-rows-load",
                          daemon=True).start()  # fmt: skip
 
@@ -53,6 +55,14 @@ class LazyRows:
 
     def problem(self) -> str:
         return self.error
+
+    async def ready(self) -> None:
+        """Wait until the builder is loaded (or failed to load), without blocking the loop."""
+        if self._ready.is_set():
+            return
+        if self._waiter is None:
+            self._waiter = asyncio.get_running_loop().run_in_executor(None, self._ready.wait)
+        await asyncio.shield(self._waiter)
 
     def __call__(self, sample: Sample, turns: list[Any]) -> list[dict[str, Any]]:
         self._ready.wait()
@@ -79,13 +89,19 @@ class WorkerActor:
         quiet_http_logs()
         for name, value in (secrets or {}).items():  # API keys by env var name; never logged
             os.environ.setdefault(name, value)
-        rows = LazyRows(manifest)
+        self.rows = rows = LazyRows(manifest)
         self.worker = SampleWorker(manifest, endpoints, concurrency, shares=shares,
                                    row_builder=rows)  # fmt: skip
         self.mailbox = Mailbox(self.worker, problem=rows.problem)
 
-    async def exchange(self, samples: list[Any], wait_s: float, low_water: int = -1) -> Any:
-        """:meth:`Mailbox.exchange`, as :meth:`regen.engine.batch.Reply.wire` data."""
+    async def exchange(
+        self, samples: list[Any], wait_s: float, low_water: int = -1, hold: bool = False
+    ) -> Any:
+        """:meth:`Mailbox.exchange`, as :meth:`regen.engine.batch.Reply.wire` data. ``hold``:
+        start the samples only once the row builder is loaded
+        (:attr:`regen.engine.pool.RayWorkerPool.hold_for_rows`)."""
+        if hold and samples:
+            await self.rows.ready()
         return (await self.mailbox.exchange(samples, wait_s, low_water)).wire()
 
     async def cancel(self) -> None:

@@ -417,7 +417,10 @@ class _Session:
                 self.lengths = LengthModel.from_done(done, regen_sources, saved)
                 queue = WorkQueue(plan.todo, self.lengths, spill=plan.spill)
                 plan.todo = QueueItems.of([])  # the queue holds them now
-                state = self._regenerate(queue, warm or self._warm_up())
+                warm = warm or self._warm_up()
+                if warm.pool is not None:  # regen.engine.pool.RayWorkerPool.hold_for_rows
+                    warm.pool.hold_for_rows = not plan.indexed
+                state = self._regenerate(queue, warm)
             elif self.stop.is_set():
                 state = "interrupted"
         self.summary.state = state

@@ -134,6 +134,13 @@ class RayWorkerPool:
     Worker ``i`` starts at its share of each server's batch slots (``max_running_requests``
     split over ``n_workers``, when the servers report it). Each worker has at most one
     ``exchange`` call in flight.
+
+    An actor loads its row builder (the tokenizer: seconds of CPU that hold the GIL) in a
+    thread and can stream answers meanwhile. ``hold_for_rows`` makes it start its samples
+    only once the builder is loaded: the driver sets it for a session that read its sources
+    (a first session, which spends longer than the load reading them anyway), so the load does
+    not slow the event loop while it streams; a resume from the plan index leaves it off, so
+    its first requests go out before the load is done.
     """
 
     def __init__(
@@ -156,6 +163,7 @@ class RayWorkerPool:
         self._cls = actor_class()
         self._args = (manifest, infos, concurrency, log_level, secrets or {})
         self.spawned: list[Any] = []
+        self.hold_for_rows = False
         self._r = _Replies()
         self._sent: list[Any] = []  #: cancel refs not yet seen finished
 
@@ -185,7 +193,8 @@ class RayWorkerPool:
         return worker in self._r.inflight
 
     def exchange(self, worker: Worker, samples: list[Any], low_water: int) -> None:
-        call = worker.handle.exchange.remote(samples, EXCHANGE_WAIT_S, low_water)
+        call = worker.handle.exchange.remote(samples, EXCHANGE_WAIT_S, low_water,
+                                             self.hold_for_rows)  # fmt: skip
         self._r.inflight[worker] = call
 
     def wait(self, timeout_s: float) -> list[Finished]:
