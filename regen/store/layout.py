@@ -90,6 +90,8 @@ log = logging.getLogger(__name__)
 RUN = "run.json"
 MANIFEST = "manifest.yaml"
 LOCK = "lock.json"
+#: held (exclusive create) by the one session taking a stale lock over, for that moment only
+LOCK_TAKEOVER = f"{LOCK}.takeover"
 PLAN = "plan.json"
 CHECKS = "checks.json"
 PLAN_DIR = "plan"

@@ -18,9 +18,11 @@ How each store does it (:class:`LockStore`):
 
 - local and shared POSIX paths (``/path``, ``file://``): the exclusive create is a hard link
   of a fully written temporary file (``link(2)`` fails when the name exists, also on NFS); a
-  stale lock is claimed by renaming it away (one rename of a file succeeds), checked to be
-  the version judged stale (else put back), then created anew; the version is a hash of the
-  bytes, and a heartbeat compares it just before an atomic rename over the file;
+  stale lock is taken over by the one session whose exclusive create of
+  ``lock.json.takeover`` succeeded: it compares the version and renames its new lock over the
+  file (never absent meanwhile), then removes the marker (one left by a taker that died is
+  removed once older than the stale age); the version is a hash of the bytes, and a
+  heartbeat compares it just before an atomic rename over the file;
 - S3 (``s3://``; S3 has no rename): conditional writes through boto3: ``PutObject`` with
   ``If-None-Match: *`` creates, with ``If-Match: ETAG`` replaces, both atomic on the server
   (HTTP 412 when the condition fails). The client uses the run directory URI's
@@ -124,23 +126,24 @@ class LocalLockStore:
         return _digest(data)
 
     def take_over(self, data: bytes, version: str) -> str | None:
-        # claim the stale file by renaming it away: one rename of it succeeds, the others
-        # find nothing; then the new lock is an exclusive create
-        claim = f"{self.path}.claim-{uuid.uuid4().hex[:8]}"
+        # one taker at a time: the exclusive create of a marker; the lock file itself is never
+        # absent (a session finding no lock would create one beside the taker's), and is
+        # replaced atomically only if it is still the version judged stale
+        marker = self.rd.path(layout.LOCK_TAKEOVER)
+        tmp = self._temp(b"")
         try:
-            os.rename(self.path, claim)
-        except FileNotFoundError:
+            os.link(tmp, marker)
+        except FileExistsError:
+            with contextlib.suppress(FileNotFoundError):
+                if time.time() - os.stat(marker).st_mtime > LOCK_STALE_S:
+                    os.unlink(marker)  # left by a taker that died: the next try may go
             return None
-        try:
-            with open(claim, "rb") as f:
-                claimed = _digest(f.read())
-            if claimed != version:  # not the lock we judged stale: put it back, untouched
-                with contextlib.suppress(FileExistsError):
-                    os.link(claim, self.path)
-                return None
         finally:
-            os.unlink(claim)
-        return self.create(data)
+            os.unlink(tmp)
+        try:
+            return self.replace(data, version)
+        finally:
+            os.unlink(marker)
 
     def delete(self, version: str) -> bool:
         cur = self.read()

@@ -109,6 +109,36 @@ def test_a_lock_taken_over_is_noticed_by_its_heartbeat(tmp_path) -> None:
     assert read_lock(rd).session == "thief"  # the thief's lock is not removed
 
 
+def test_a_stale_lock_has_one_taker_and_is_never_absent(tmp_path) -> None:
+    """While one session takes a stale lock over (it holds the marker), the lock file stays
+    in place, so another session neither takes it nor creates a second one beside it."""
+    rd = RunDir.open(tmp_path / "r")
+    _write_lock(rd, heartbeat_at=time.time() - 3600)
+    marker = Path(rd.path(layout.LOCK_TAKEOVER))
+    marker.write_bytes(b"")  # a taker at work
+    with pytest.raises(LockHeldError, match="at the same time"):
+        RunLock(rd, "second").acquire()
+    assert read_lock(rd).session == "old" and marker.exists()
+    marker.unlink()  # the taker is done (here: it gave up)
+    lock = RunLock(rd, "second")
+    lock.acquire()
+    assert read_lock(rd).session == "second" and not marker.exists()
+    lock.release()
+
+
+def test_a_marker_left_by_a_dead_taker_is_cleared(tmp_path) -> None:
+    rd = RunDir.open(tmp_path / "r")
+    _write_lock(rd, heartbeat_at=time.time() - 3600)
+    marker = Path(rd.path(layout.LOCK_TAKEOVER))
+    marker.write_bytes(b"")
+    old = time.time() - LOCK_STALE_S - 5
+    os.utime(marker, (old, old))
+    lock = RunLock(rd, "new")
+    lock.acquire()  # the first try clears the marker, the next takes the lock over
+    assert read_lock(rd).session == "new" and not marker.exists()
+    lock.release()
+
+
 RACE = """
 import sys, time
 from regen.errors import LockHeldError
