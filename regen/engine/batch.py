@@ -45,7 +45,7 @@ import pyarrow as pa
 from regen.engine.schedule import unpacked
 from regen.engine.worker import SampleOutcome
 from regen.errors import RegenError
-from regen.store.journal import CompletedSample, count_rows
+from regen.store.journal import CompletedSample, count_rows, output_tokens
 from regen.store.layout import SourceCounts
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ def pack(outcomes: list[SampleOutcome], to_table: Callable[[list[dict[str, Any]]
         p = PackedOutcome(**same, packed=True,
                           line=CompletedSample(o.sample_id, o.source, rows).to_line(),
                           first=first, nrows=len(rows), counts=count_rows(rows),
-                          tokens=[int(r.get("completion_tokens") or 0) for r in rows])  # fmt: skip
+                          tokens=output_tokens(rows))  # fmt: skip
         first += len(rows)
         out.append(p)
     return Reply(out, ipc_bytes(table) if table is not None else b"")

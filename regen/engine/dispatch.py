@@ -27,6 +27,7 @@ from regen.engine.pool import Worker, WorkerPool
 from regen.engine.schedule import WorkQueue
 from regen.engine.worker import SampleOutcome
 from regen.errors import ConfigError, RegenError
+from regen.store.journal import output_tokens
 
 log = logging.getLogger(__name__)
 
@@ -190,4 +191,4 @@ def completion_tokens(out: SampleOutcome) -> list[int]:
     """Completion tokens of each row of a done outcome (packed or not)."""
     if isinstance(out, PackedOutcome) and out.packed:
         return out.tokens
-    return [int(r.get("completion_tokens") or 0) for r in out.rows]
+    return output_tokens(out.rows)

@@ -42,7 +42,7 @@ from regen.engine.planindex import open_index
 from regen.engine.planning import Plan, plan_session, write_plan
 from regen.engine.pool import RayWorkerPool
 from regen.engine.schedule import LengthModel, QueueItems, WorkQueue, schedule_record
-from regen.engine.tracker import ProgressTracker, output_tokens
+from regen.engine.tracker import ProgressTracker
 from regen.engine.worker import SampleOutcome
 from regen.errors import RegenError
 from regen.manifest import Endpoint, Manifest, public_url
@@ -54,6 +54,7 @@ from regen.store.journal import (
     FailureLog,
     FailureRecord,
     Journal,
+    output_tokens,
     read_done,
     read_failures,
     recover,

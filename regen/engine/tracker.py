@@ -26,15 +26,9 @@ from regen.progress import (
     SourceProgress,
 )
 from regen.store import layout
-from regen.store.journal import DoneSet, count_rows, net_counts
+from regen.store.journal import DoneSet, count_rows, net_counts, output_tokens
 from regen.store.layout import PartRecord, SourceCounts
 from regen.store.rundir import RunDir
-
-
-def output_tokens(rows: list[dict[str, Any]]) -> list[int]:
-    """Completion tokens of the regenerated rows (native rows are not answers of the server)."""
-    return [int(r.get("completion_tokens") or 0) for r in rows
-            if r.get("token_source") != "native"]  # fmt: skip
 
 
 class ProgressTracker:
@@ -108,7 +102,7 @@ class ProgressTracker:
     ) -> None:
         """One stored sample: its counters (:meth:`regen.store.journal.CompletedSample.counts`:
         a new attempt's, ``retry``, are the difference from the answer it replaces) and the
-        completion tokens of its regenerated rows (:func:`output_tokens`)."""
+        completion tokens of its regenerated rows (:func:`regen.store.journal.output_tokens`)."""
         sp = self.source(source)
         sp.add_counts(c)
         self.session_tokens += sum(tokens)

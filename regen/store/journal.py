@@ -158,6 +158,12 @@ def count_rows(rows: Iterable[dict[str, Any]]) -> SourceCounts:
     return c
 
 
+def output_tokens(rows: Iterable[dict[str, Any]]) -> list[int]:
+    """Completion tokens of the regenerated rows (native rows are not answers of the server)."""
+    return [int(r.get("completion_tokens") or 0) for r in rows
+            if r.get("token_source") != "native"]  # fmt: skip
+
+
 def net_counts(own: SourceCounts, replaces: SourceCounts | None) -> SourceCounts:
     """A stored sample's counters: its rows' (``own``, from :func:`count_rows`), less those of
     the answer it replaces (a new attempt counts done 0 and retried 1)."""
