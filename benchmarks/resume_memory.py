@@ -62,8 +62,8 @@ from regen.rows import SCHEMA
 from regen.simulate.testing import running_simulator
 from regen.sources import read_samples
 from regen.store import RunDir, layout
-from regen.store.journal import make_record, part_bytes
-from regen.store.layout import SourceCounts
+from regen.store.counts import SourceCounts
+from regen.store.parts import make_record, part_bytes
 
 log = logging.getLogger("benchmarks.resume_memory")
 

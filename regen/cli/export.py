@@ -80,11 +80,11 @@ def _manifest_defaults(run_dir: str) -> dict[str, Any]:
 
     from regen.errors import RegenError
     from regen.manifest import Export
-    from regen.store import layout
+    from regen.store.run import read_manifest_data
     from regen.store.rundir import RunDir
 
     try:
-        data = layout.read_manifest_data(RunDir.open(run_dir, create=False)) or {}
+        data = read_manifest_data(RunDir.open(run_dir, create=False)) or {}
         return Export.model_validate(data.get("export") or {}).model_dump()
     except (OSError, RegenError, ValidationError):
         return Export().model_dump()  # an unreadable manifest only loses the defaults

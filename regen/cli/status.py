@@ -32,17 +32,18 @@ def run(args: argparse.Namespace) -> int:
         console.out(json.dumps(n.to_dict(), indent=1, ensure_ascii=False), highlight=False)
         return 0
     console.print(Text(log_line(n)), soft_wrap=True)
+    o = n.overall
     console.print(
-        f"completion tokens {fmt_tokens(n.completion_tokens)} "
+        f"completion tokens {fmt_tokens(o.completion_tokens)} "
         f"(this session {fmt_tokens(n.session_tokens)}), prompt tokens "
-        f"{fmt_tokens(n.prompt_tokens)}, rows {n.rows:,}",
+        f"{fmt_tokens(o.prompt_tokens)}, rows {o.rows:,}",
         highlight=False,
     )
-    if n.flagged or n.retried or n.retrying:
-        flags = ", ".join(f"{k} {v:,}" for k, v in n.flags.items()) or "none left"
+    if o.flagged or o.retried or o.retrying:
+        flags = ", ".join(f"{k} {v:,}" for k, v in o.flags.items()) or "none left"
         console.print(
-            f"flagged {n.flagged:,} samples (rows per flag: {flags}); new attempts "
-            f"{n.retried:,} stored, {n.retrying:,} to go",
+            f"flagged {o.flagged:,} samples (rows per flag: {flags}); new attempts "
+            f"{o.retried:,} stored, {o.retrying:,} to go",
             highlight=False,
         )
     console.print(sources_table(n, console.width))

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from regen.sample import ATTEMPT_META, Sample
-from regen.store.journal import DoneSet
+from regen.store.doneset import DoneSet
 
 
 @dataclass(slots=True, frozen=True)

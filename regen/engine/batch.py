@@ -45,8 +45,8 @@ import pyarrow as pa
 from regen.engine.schedule import unpacked
 from regen.engine.worker import SampleOutcome
 from regen.errors import RegenError
-from regen.store.journal import CompletedSample, count_rows, output_tokens
-from regen.store.layout import SourceCounts
+from regen.store.completed import CompletedSample
+from regen.store.counts import SourceCounts, count_rows, output_tokens
 
 log = logging.getLogger(__name__)
 

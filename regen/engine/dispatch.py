@@ -27,7 +27,7 @@ from regen.engine.pool import Worker, WorkerPool
 from regen.engine.schedule import WorkQueue
 from regen.engine.worker import SampleOutcome
 from regen.errors import ConfigError, RegenError
-from regen.store.journal import output_tokens
+from regen.store.counts import output_tokens
 
 log = logging.getLogger(__name__)
 

@@ -46,23 +46,16 @@ from regen.engine.tracker import ProgressTracker
 from regen.engine.worker import SampleOutcome
 from regen.errors import RegenError
 from regen.manifest import Endpoint, Manifest, public_url
-from regen.progress import ProgressSnapshot
 from regen.store import layout
-from regen.store.journal import (
-    CompletedSample,
-    DoneSet,
-    FailureLog,
-    FailureRecord,
-    Journal,
-    output_tokens,
-    read_done,
-    read_failures,
-    recover,
-)
-from regen.store.layout import SourceCounts
+from regen.store.completed import CompletedSample
+from regen.store.counts import SourceCounts, output_tokens
+from regen.store.doneset import DoneSet, read_done
+from regen.store.failures import FailureLog, FailureRecord, read_failures
 from regen.store.lock import RunLock
+from regen.store.progress import ProgressSnapshot, SourceProgress
 from regen.store.run import new_session_id, prepare_run
 from regen.store.rundir import RunDir
+from regen.store.segments import Journal, recover
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +98,7 @@ class JobSummary:
     run_dir: str
     session: str
     state: str  #: "finished" | "interrupted" | "failed"
-    total: int = 0  #: samples planned (all sessions)
-    done: int = 0  #: samples stored (all sessions)
     completed_now: int = 0  #: samples completed in this session
-    failed_permanent: int = 0  #: permanent failures on record (not done)
     #: samples of this session that ran out of retries (and new attempts that failed)
     failed_transient: int = 0
     retried_now: int = 0  #: new attempts of flagged samples stored this session
@@ -116,9 +106,25 @@ class JobSummary:
     requests_sent: int = 0
     workers_died: int = 0  #: actors lost this session (their samples were requeued)
     workers_respawned: int = 0  #: replacement actors started
-    per_source: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: every source's counters and totals (all sessions) as the session ended
+    sources: dict[str, SourceProgress] = field(default_factory=dict)
     #: CPU-s of the driver process (all its threads) while the dispatch loop ran
     dispatch_cpu_s: float = 0.0
+
+    @property
+    def total(self) -> int:
+        """Samples planned (all sessions)."""
+        return SourceProgress.sum(self.sources.values()).total
+
+    @property
+    def done(self) -> int:
+        """Samples stored (all sessions)."""
+        return SourceProgress.sum(self.sources.values()).done
+
+    @property
+    def failed_permanent(self) -> int:
+        """Permanent failures on record (not done)."""
+        return SourceProgress.sum(self.sources.values()).failed
 
 
 def _apply_options(manifest: Manifest, opts: RunOptions) -> Manifest:
@@ -340,7 +346,11 @@ class _Session:
         """False when the last session finished (then nothing is started before the plan)."""
         if self.opts.retry_failed or self.opts.retry_flagged:
             return True
-        return layout.last_state(self.rd) != "finished"
+        try:
+            last = layout.PROGRESS_FILE.read(self.rd)
+        except RegenError:  # unreadable: the plan tells
+            return True
+        return last is None or last.state != "finished"
 
     def _warm_up(self) -> _Warm:
         """Endpoint check, Ray and the actors, while the plan is read (actors boot async)."""
@@ -465,15 +475,8 @@ class _Session:
             self.failure_log.close()
             if self.tracker is not None:
                 snap = self.tracker.snap
-                self.summary.total = snap.total
-                self.summary.done = snap.done
-                self.summary.failed_permanent = snap.failed
                 self.summary.requests_sent = snap.requests.sent
-                self.summary.per_source = {
-                    k: {"total": v.total, "done": v.done, "failed": v.failed,
-                        "truncated": v.truncated, "completion_tokens": v.completion_tokens}
-                    for k, v in snap.sources.items()
-                }  # fmt: skip
+                self.summary.sources = snap.model_copy(deep=True).sources
                 self.tracker.write(state)
                 if self.opts.on_progress is not None:
                     self.opts.on_progress(snap)

@@ -35,7 +35,7 @@ from regen.engine.schedule import PackedSample, QueueItems, Spill
 from regen.manifest import Manifest
 from regen.sample import Sample
 from regen.store import layout
-from regen.store.journal import FailureRecord
+from regen.store.failures import FailureRecord
 from regen.store.layout import PlanEntry, PlanRecord
 from regen.store.rundir import RunDir
 

@@ -36,9 +36,9 @@ from regen.errors import (
     TransientError,
 )
 from regen.manifest import Endpoint, Manifest
-from regen.progress import ErrorInfo
 from regen.result import TurnResult
 from regen.sample import Sample
+from regen.store.progress import ErrorInfo
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,9 @@
 Files written here (names and records in :mod:`regen.store.layout`): ``run.json``
 (:class:`~regen.store.layout.RunRecord`) at creation, rewritten only by ``--force``;
 ``manifest.yaml``, the resolved manifest of the latest session (no secrets: keys come from
-env vars/files, endpoint URLs are written without user:password). The lock is
-:mod:`regen.store.lock`.
+env vars/files, endpoint URLs are written without user:password), read back by
+:func:`read_manifest` (validated) or :func:`read_manifest_data` (plain YAML data, for a reader
+that needs one section). The lock is :mod:`regen.store.lock`.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from typing import Any
+
+import yaml
 
 import regen
-from regen.errors import FingerprintMismatchError
-from regen.manifest import Manifest, public_url
+from regen.errors import ConfigError, FingerprintMismatchError, RunDirError
+from regen.manifest import Manifest, parse_manifest, public_url
 from regen.store import layout
 from regen.store.layout import RunRecord
 from regen.store.rundir import RunDir
@@ -60,7 +64,7 @@ def prepare_run(
             endpoints=[public_url(u) for u in endpoints],
         )
         layout.RUN_FILE.write(rd, info)
-    layout.write_manifest(rd, public_manifest(manifest))
+    write_manifest(rd, public_manifest(manifest))
     return info
 
 
@@ -71,3 +75,32 @@ def public_manifest(manifest: Manifest) -> Manifest:
     """
     eps = [e.model_copy(update={"url": public_url(e.url)}) for e in manifest.endpoints]
     return manifest.model_copy(update={"endpoints": eps})
+
+
+def write_manifest(rd: RunDir, manifest: Manifest) -> None:
+    """Replace ``manifest.yaml`` atomically (give it a :func:`public_manifest`)."""
+    rd.write_text_atomic(layout.MANIFEST, manifest.to_yaml())
+
+
+def read_manifest(rd: RunDir) -> Manifest | None:
+    """``manifest.yaml`` as a Manifest; None when missing; RunDirError when it does not parse."""
+    text = rd.read_text(layout.MANIFEST)
+    if text is None:
+        return None
+    try:
+        return parse_manifest(yaml.safe_load(text), origin=f"{rd.uri}/{layout.MANIFEST}")
+    except (yaml.YAMLError, ConfigError) as e:
+        raise RunDirError(f"{layout.MANIFEST} is damaged: {e}") from None
+
+
+def read_manifest_data(rd: RunDir) -> dict[str, Any] | None:
+    """``manifest.yaml`` as plain data, not validated (for a reader that needs one section
+    and must not fail on the rest); None when missing; RunDirError when it is not YAML."""
+    text = rd.read_text(layout.MANIFEST)
+    if text is None:
+        return None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise RunDirError(f"{layout.MANIFEST} is damaged: {e}") from None
+    return data if isinstance(data, dict) else None

@@ -24,9 +24,12 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from regen.errors import RunDirError
-from regen.store.layout import TMP_PREFIX
 
 log = logging.getLogger(__name__)
+
+#: temporary names (:meth:`RunDir.atomic_writer`'s) start with this: never read, removed when
+#: left over by a crash
+TMP_PREFIX = ".tmp-"
 
 #: pyarrow filesystems that are object stores
 OBJECT_STORES = frozenset({"S3FileSystem", "GcsFileSystem", "AzureFileSystem"})

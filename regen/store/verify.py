@@ -34,19 +34,12 @@ from typing import Any
 
 from regen.errors import RegenError, RunDirError
 from regen.store import layout
-from regen.store.journal import (
-    DoneSet,
-    PartState,
-    fold_part,
-    footer_problem,
-    inspect_part,
-    list_parts,
-    quarantine,
-    recover,
-    scan_journal,
-)
-from regen.store.layout import SourceCounts
+from regen.store.counts import SourceCounts
+from regen.store.doneset import DoneSet, fold_part
+from regen.store.parts import PartState, footer_problem, inspect_part, list_parts, quarantine
+from regen.store.run import read_manifest
 from regen.store.rundir import RunDir
+from regen.store.segments import recover, scan_journal
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +148,7 @@ def planned_ids(rd: RunDir) -> tuple[set[str] | None, str]:
 
     try:
         plan = layout.PLAN_FILE.read(rd)
-        manifest = layout.read_manifest(rd)
+        manifest = read_manifest(rd)
     except RunDirError as e:
         return None, str(e)
     if plan is None or manifest is None:
@@ -299,25 +292,25 @@ def _check_counts(
     per_source: dict[str, SourceCounts],
     journal: dict[str, SourceCounts],
 ) -> None:
-    from regen.store.lock import read_lock
+    from regen.store.lock import read_lock, why_gone
 
     try:
-        snap = layout.read_progress(rd)
+        snap = layout.PROGRESS_FILE.read(rd)
     except RunDirError as e:
         rep.problems.append(Problem("counts", layout.PROGRESS, str(e)))
         return
     if snap is None:
         return
     lock = read_lock(rd)
-    if lock is not None and not lock.why_gone():
+    if lock is not None and not why_gone(lock):
         rep.notes.append(
             f"a live run holds the directory (session {lock.session}): counts not compared"
         )
         return
     for name, sp in snap.sources.items():
         have = SourceCounts()
-        have.add(per_source.get(name, SourceCounts()))
-        have.add(journal.get(name, SourceCounts()))
+        for held in (per_source, journal):
+            have.add(held.get(name) or SourceCounts())
         for what, counted, held in (
             ("samples counted done", sp.done, have.done),
             ("flagged samples counted", sp.flagged, have.flagged),
@@ -333,7 +326,7 @@ def _check_counts(
 
 
 def _repair(rd: RunDir, rep: VerifyReport, bad: list[PartState]) -> None:
-    from regen.store.journal import read_done
+    from regen.store.doneset import read_done
     from regen.store.lock import RunLock
     from regen.store.run import new_session_id
 
@@ -354,19 +347,17 @@ def _repair(rd: RunDir, rep: VerifyReport, bad: list[PartState]) -> None:
         )
 
 
-def _rewrite_counters(rd: RunDir, done: Any) -> None:
-    from regen.progress import Pending, SourceProgress
-
-    snap = layout.read_progress(rd)
+def _rewrite_counters(rd: RunDir, done: DoneSet) -> None:
+    """The progress file's counters as the parts hold them (its totals and failures kept;
+    nothing pending, no new attempt to go)."""
+    snap = layout.PROGRESS_FILE.read(rd)
     if snap is None:
         return
     for name, sp in snap.sources.items():
-        t = done.sources.get(name)
-        base = SourceProgress(total=sp.total, failed=sp.failed, regenerate=sp.regenerate)
-        if t is not None:
-            base.add_counts(t)
-        base.pending = Pending()
-        snap.sources[name] = base
+        fresh = sp.model_copy(update={**dict(SourceCounts()), "pending": SourceCounts(),
+                                      "retrying": 0})  # fmt: skip
+        fresh.add(done.sources.get(name) or SourceCounts())
+        snap.sources[name] = fresh
     if snap.state == "running":
         snap.state = "interrupted"  # nobody runs it: the lock was free
-    layout.write_progress(rd, snap)
+    layout.PROGRESS_FILE.write(rd, snap)

@@ -20,6 +20,7 @@ from pathlib import Path
 from regen.errors import ConfigError, RunDirError
 from regen.store import RunDir
 from regen.store import layout as L
+from regen.store.run import read_manifest_data
 from regen.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ def default_holdout(rd: RunDir, out: Path) -> int:
     if record is not None:
         return record.holdout
     try:
-        data = L.read_manifest_data(rd) or {}
+        data = read_manifest_data(rd) or {}
     except RunDirError:
         return 0
     export = data.get("export")

@@ -16,7 +16,10 @@ from regen.engine.worker import SampleOutcome
 from regen.rows import SCHEMA, rows_to_table
 from regen.sample import Message, Sample
 from regen.store import RunDir, layout
-from regen.store.journal import CompletedSample, Journal, count_rows, part_bytes, samples_table
+from regen.store.completed import CompletedSample
+from regen.store.counts import count_rows
+from regen.store.parts import part_bytes, samples_table
+from regen.store.segments import Journal
 
 
 def rows_of(sid: str, turns: int, rng: random.Random) -> list[dict[str, Any]]:

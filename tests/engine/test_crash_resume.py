@@ -32,8 +32,9 @@ from regen.simulate import conversation_key
 from regen.simulate.testing import running_simulator
 from regen.sources import read_samples
 from regen.store import RunDir
-from regen.store.journal import read_done, read_journal_lines
+from regen.store.doneset import read_done
 from regen.store.layout import LOCK as LOCK_FILE
+from regen.store.segments import read_journal_lines
 
 pytestmark = pytest.mark.ray
 

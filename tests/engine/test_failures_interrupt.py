@@ -13,7 +13,8 @@ from regen.engine import RunOptions, run_job
 from regen.manifest import load_manifest
 from regen.simulate.testing import simulator_in_thread
 from regen.store import RunDir
-from regen.store.journal import read_done, read_failures
+from regen.store.doneset import read_done
+from regen.store.failures import read_failures
 from regen.store.layout import LOCK as LOCK_FILE
 
 pytestmark = pytest.mark.ray

@@ -21,7 +21,8 @@ from regen.errors import SourceError
 from regen.manifest import Manifest, load_manifest, parse_manifest
 from regen.sources import locate
 from regen.store import RunDir, layout
-from regen.store.journal import FailureRecord
+from regen.store.failures import FailureRecord
+from regen.store.run import write_manifest
 from regen.store.verify import planned_ids
 
 REPO = Path(__file__).resolve().parents[2]
@@ -291,7 +292,7 @@ def test_verify_takes_the_planned_ids_from_a_valid_index(demo, tmp_path, monkeyp
     rd = RunDir.open(tmp_path / "run")
     plan = plan_session(m, set(), {}, rd=rd, limit=30)
     write_plan(rd, plan, "S", m, 30)
-    layout.write_manifest(rd, m)
+    write_manifest(rd, m)
     plan.spill.close()
     want = {p.id for p in plan.todo} | {s.id for s in plan.native}
 

@@ -36,7 +36,8 @@ from regen.simulate.testing import running_simulator
 from regen.sources import read_samples
 from regen.status import read_numbers
 from regen.store import RunDir, layout
-from regen.store.journal import read_done, read_journal_lines
+from regen.store.doneset import read_done
+from regen.store.segments import read_journal_lines
 from regen.store.verify import verify_run
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
@@ -290,9 +291,9 @@ def test_status_shows_the_flagged_counts_of_the_parts(e2e) -> None:
     for sid in {r["sample_id"] for r in e2e["rows_first"] if r["quality_flags"]}:
         flagged[sid.split(":", 1)[0]] += 1
     n = e2e["status_first"]
-    assert n.flagged == sum(flagged.values()) > 0
+    assert n.overall.flagged == sum(flagged.values()) > 0
     assert {s.name: s.flagged for s in n.sources if s.flagged} == dict(flagged)
-    assert n.flags == dict(sorted(by_flag.items(), key=lambda kv: (-kv[1], kv[0])))
+    assert n.overall.flags == dict(sorted(by_flag.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def test_export_drops_the_flagged_rows_and_counts_them(e2e) -> None:
@@ -359,12 +360,12 @@ def test_the_export_holds_the_new_attempts(e2e, tmp_path) -> None:
         f"degenerate again"
     )
     n = read_numbers(e2e["out"])
-    assert n.retried == len({r["sample_id"] for r in old}) and n.retrying == 0
-    assert n.flagged == len(
+    assert n.overall.retried == len({r["sample_id"] for r in old}) and n.overall.retrying == 0
+    assert n.overall.flagged == len(
         {
             sid
             for sid, a in latest.items()
             if any(r["quality_flags"] for r in rows if r["sample_id"] == sid and r["attempt"] == a)
         }
     )
-    assert layout.read_progress(RunDir.open(e2e["out"])).state == "finished"
+    assert layout.PROGRESS_FILE.read(RunDir.open(e2e["out"])).state == "finished"

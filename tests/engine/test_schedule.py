@@ -22,7 +22,9 @@ from regen.engine.schedule import (
 )
 from regen.sample import Message, Sample, ToolCall
 from regen.store import RunDir
-from regen.store.journal import CompletedSample, Journal, read_done
+from regen.store.completed import CompletedSample
+from regen.store.doneset import read_done
+from regen.store.segments import Journal
 
 
 class Clock:

@@ -16,7 +16,7 @@ from regen.errors import RegenError
 from regen.manifest import load_manifest
 from regen.simulate.testing import simulator_in_thread
 from regen.store import RunDir
-from regen.store.journal import read_done
+from regen.store.doneset import read_done
 from regen.store.layout import LOCK as LOCK_FILE
 
 pytestmark = pytest.mark.ray

@@ -96,7 +96,7 @@ def test_watch_without_a_terminal_logs_plain_lines(tmp_path: Path, caplog) -> No
     stop.set()  # one line at once, then the final one
     with caplog.at_level(logging.INFO, logger="monitor.live"):
         last = watch(tmp_path, console=console, stop_event=stop, log_every_s=60)
-    assert last is not None and last.done == 44_831
+    assert last is not None and last.overall.done == 44_831
     lines = [r.getMessage() for r in caplog.records if r.name == "monitor.live"]
     assert len(lines) == 2 and all("44,831/88,088" in ln for ln in lines)
     assert console.file.getvalue() == ""  # type: ignore[attr-defined]

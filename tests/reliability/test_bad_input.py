@@ -30,9 +30,11 @@ from regen.manifest import load_manifest
 from regen.procs import kill_group
 from regen.simulate.testing import running_simulator, simulator_in_thread
 from regen.store import RunDir
-from regen.store import journal as jn
-from regen.store.journal import read_done, read_failures, read_journal_lines
+from regen.store import parts as jn
+from regen.store.doneset import read_done
+from regen.store.failures import read_failures
 from regen.store.layout import LOCK as LOCK_FILE
+from regen.store.segments import read_journal_lines
 
 pytestmark = pytest.mark.ray
 

@@ -11,16 +11,11 @@ import pyarrow.parquet as pq
 
 from regen.engine.attempts import RetryFlagged, select
 from regen.store import RunDir, layout
-from regen.store.journal import (
-    CompletedSample,
-    Journal,
-    inspect_part,
-    list_parts,
-    make_record,
-    part_bytes,
-    read_done,
-)
-from regen.store.layout import SourceCounts
+from regen.store.completed import CompletedSample
+from regen.store.counts import SourceCounts
+from regen.store.doneset import read_done
+from regen.store.parts import inspect_part, list_parts, make_record, part_bytes
+from regen.store.segments import Journal
 
 
 def to_table(rows: list[dict]) -> pa.Table:

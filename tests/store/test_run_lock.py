@@ -15,8 +15,8 @@ import pytest
 from regen.errors import FingerprintMismatchError, LockHeldError
 from regen.manifest import parse_manifest
 from regen.store import RunDir, layout
-from regen.store.layout import LOCK_STALE_S, LockRecord
-from regen.store.lock import RunLock, read_lock
+from regen.store.layout import LockRecord
+from regen.store.lock import CLOCK_SKEW_S, LOCK_STALE_S, RunLock, read_lock, why_gone
 from regen.store.run import prepare_run, public_url
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ def test_stale_heartbeat_is_taken_over(tmp_path, caplog) -> None:
     _write_lock(rd, heartbeat_at=time.time() - LOCK_STALE_S - 5)
     with pytest.raises(LockHeldError):
         RunLock(rd, "new").acquire()
-    _write_lock(rd, heartbeat_at=time.time() - LOCK_STALE_S - layout.CLOCK_SKEW_S - 1)
+    _write_lock(rd, heartbeat_at=time.time() - LOCK_STALE_S - CLOCK_SKEW_S - 1)
     with RunLock(rd, "new"):
         assert read_lock(rd).session == "new"
     assert "stale lock" in caplog.text
@@ -166,3 +166,17 @@ def test_two_processes_racing_for_a_stale_lock_one_wins(tmp_path) -> None:
                  for i in range(4)]  # fmt: skip
         results = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
         assert results == ["lost", "lost", "lost", "won"]
+
+
+def test_the_one_lock_staleness_rule() -> None:
+    now = 1_000_000.0
+    rec = LockRecord(host="a", pid=1, session="s", started_at=now - 100, heartbeat_at=now - 20)
+    alive = {"pid_alive": lambda pid: True}
+    assert why_gone(rec, now, hostname="a", **alive) == ""
+    assert "pid 1 is gone" in why_gone(rec, now, hostname="a", pid_alive=lambda pid: False)
+    old = rec.model_copy(update={"heartbeat_at": now - LOCK_STALE_S - 1})
+    assert "heartbeat" in why_gone(old, now, hostname="a", **alive)
+    # from another host the clock-skew allowance applies, and the pid is not ours to check
+    assert why_gone(old, now, hostname="b", pid_alive=lambda pid: False) == ""
+    older = rec.model_copy(update={"heartbeat_at": now - LOCK_STALE_S - CLOCK_SKEW_S - 1})
+    assert "heartbeat" in why_gone(older, now, hostname="b", **alive)

@@ -14,9 +14,12 @@ from _s3 import moto_s3
 
 from regen.errors import LockHeldError
 from regen.store import RunDir, layout
-from regen.store.journal import CompletedSample, Journal, list_parts, read_done
-from regen.store.layout import LOCK_STALE_S, LockRecord
-from regen.store.lock import RunLock, S3LockStore, lock_store, read_lock
+from regen.store.completed import CompletedSample
+from regen.store.doneset import read_done
+from regen.store.layout import LockRecord
+from regen.store.lock import LOCK_STALE_S, RunLock, S3LockStore, lock_store, read_lock
+from regen.store.parts import list_parts
+from regen.store.segments import Journal
 from regen.store.verify import cheap_problems, verify_run
 
 

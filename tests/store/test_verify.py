@@ -10,10 +10,14 @@ import pyarrow as pa
 import pytest
 
 from regen.errors import LockHeldError, RunDirError
-from regen.progress import Pending, ProgressSnapshot, SourceProgress
 from regen.store import RunDir, layout
-from regen.store.journal import CompletedSample, Journal, list_parts, read_done
+from regen.store.completed import CompletedSample
+from regen.store.counts import SourceCounts
+from regen.store.doneset import read_done
 from regen.store.lock import RunLock
+from regen.store.parts import list_parts
+from regen.store.progress import ProgressSnapshot, SourceProgress
+from regen.store.segments import Journal
 from regen.store.verify import cheap_problems, refuse_damaged, verify_run
 
 
@@ -32,8 +36,9 @@ def run_dir(tmp_path: Path, n: int = 8, per_part: int = 4) -> RunDir:
             j.roll()
     snap = ProgressSnapshot(name="r", model="m", session="S1", host="h", pid=1, state="finished")
     snap.sources["a"] = SourceProgress(total=n, done=n, rows=n, prompt_tokens=2 * n,
-                                       completion_tokens=10 * n, pending=Pending())  # fmt: skip
-    layout.write_progress(rd, snap)
+                                       completion_tokens=10 * n,
+                                       pending=SourceCounts())  # fmt: skip
+    layout.PROGRESS_FILE.write(rd, snap)
     return rd
 
 
@@ -79,7 +84,7 @@ def test_repair_quarantines_and_recounts(tmp_path: Path) -> None:
     assert rep.repaired
     assert layout.quarantine_path(p0).split("/")[-1] in rd.list(layout.QUARANTINE_DIR)
     assert read_done(rd).ids == {f"a:{i}" for i in range(4, 8)}
-    assert layout.read_progress(rd).sources["a"].done == 4
+    assert layout.PROGRESS_FILE.read(rd).sources["a"].done == 4
     assert kinds(rd) == []
 
 
