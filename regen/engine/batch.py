@@ -42,9 +42,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from regen.engine.schedule import unpacked
 from regen.engine.worker import SampleOutcome
 from regen.errors import RegenError
+from regen.packed import unpacked
 from regen.store.completed import CompletedSample
 from regen.store.counts import SourceCounts, count_rows, output_tokens
 

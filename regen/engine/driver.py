@@ -38,20 +38,21 @@ from typing import Any
 from regen.engine.attempts import RetryFlagged, select
 from regen.engine.batch import PackedOutcome
 from regen.engine.dispatch import Dispatcher
-from regen.engine.planindex import open_index
 from regen.engine.planning import Plan, plan_session, write_plan
 from regen.engine.pool import RayWorkerPool
-from regen.engine.schedule import LengthModel, QueueItems, WorkQueue, schedule_record
+from regen.engine.schedule import LengthModel, WorkQueue, schedule_record
 from regen.engine.tracker import ProgressTracker
 from regen.engine.worker import SampleOutcome
 from regen.errors import RegenError
 from regen.manifest import Endpoint, Manifest, public_url
+from regen.packed import QueueItems
 from regen.store import layout
 from regen.store.completed import CompletedSample
 from regen.store.counts import SourceCounts, output_tokens
 from regen.store.doneset import DoneSet, read_done
 from regen.store.failures import FailureLog, FailureRecord, read_failures
 from regen.store.lock import RunLock
+from regen.store.planindex import open_index
 from regen.store.progress import ProgressSnapshot, SourceProgress
 from regen.store.run import new_session_id, prepare_run
 from regen.store.rundir import RunDir

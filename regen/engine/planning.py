@@ -7,12 +7,12 @@ failed permanently. :func:`write_plan` records the per-source totals as ``plan.j
 sample.
 
 Where the samples come from: given the run directory, a valid plan index
-(:mod:`regen.engine.planindex`) answers which samples exist and where their rows are; the
-done-set and the failures then select the work (:func:`regen.engine.planindex.select`), and
+(:mod:`regen.store.planindex`) answers which samples exist and where their rows are; the
+done-set and the failures then select the work (:func:`regen.store.planindex.select`), and
 only unfinished rows are read (JSONL ones when dispatched). Without a valid index the sources
-are read (:func:`iter_planned`: adapters, filters, dedup, near-duplicates, limits), the work's
-bodies are spilled (:class:`~regen.engine.schedule.PackedSample`), and the index is written
-for the next session, with one line saying why it was (re)built.
+are read (:func:`regen.store.planindex.iter_planned`: adapters, filters, dedup,
+near-duplicates, limits), the work's bodies are spilled (:class:`regen.packed.PackedSample`),
+and the index is written for the next session, with one line saying why it was (re)built.
 
 New attempts (``regen run --retry-flagged``): ``redo`` maps done samples to the attempt number
 to request (:func:`regen.engine.attempts.select`); :func:`plan_session` queues them like any
@@ -23,20 +23,17 @@ sources (an explicit, occasional command; the index stays as it is).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from regen.engine import planindex
-from regen.engine.planindex import IndexBodies, IndexBuilder
-from regen.engine.schedule import PackedSample, QueueItems, Spill
 from regen.manifest import Manifest
+from regen.packed import PackedSample, QueueItems, Spill
 from regen.sample import Sample
-from regen.store import layout
+from regen.store import layout, planindex
 from regen.store.failures import FailureRecord
 from regen.store.layout import PlanEntry, PlanRecord
+from regen.store.planindex import IndexBodies, IndexBuilder
 from regen.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -80,28 +77,6 @@ class Plan:
         )
 
 
-def native_check(manifest: Manifest) -> Callable[[Sample], str | None] | None:
-    """The check of native rows against the target tokenizer's vocabulary (None: no native
-    source)."""
-    if not any(s.mode == "native" for s in manifest.sources):
-        return None
-    from regen.native import VocabInfo, validate_native
-
-    vocab = VocabInfo.from_dir(
-        manifest.resolve(manifest.target.tokenizer),
-        trust_remote_code=manifest.target.trust_remote_code,
-    )
-    return lambda s: validate_native(s, vocab)
-
-
-def iter_planned(manifest: Manifest, limit: int | None) -> Iterator[Sample]:
-    """Every sample of the manifest in plan order (what a session without a valid index reads)."""
-    from regen.sources import read_samples
-
-    samples: Iterator[Sample] = read_samples(manifest, None, native_check(manifest))
-    return itertools.islice(samples, limit) if limit is not None else samples
-
-
 def plan_session(
     manifest: Manifest,
     done: set[str],
@@ -119,7 +94,7 @@ def plan_session(
 
     With ``rd``, the plan index in it is used when valid (and no ``redo``), else written when
     missing or stale (module docstring); ``opened``: what
-    :func:`regen.engine.planindex.open_index` returned for it, when the caller opened it
+    :func:`regen.store.planindex.open_index` returned for it, when the caller opened it
     already (while it read the done-set)."""
     from regen.engine.attempts import as_attempt
 
@@ -161,7 +136,7 @@ def plan_session(
     retries: dict[str, int] = {}
     queued: set[str] = set()
     try:
-        for s in iter_planned(manifest, limit):
+        for s in planindex.iter_planned(manifest, limit):
             read += 1
             repeat = s.id in seen
             if builder is not None:

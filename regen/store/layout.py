@@ -299,7 +299,7 @@ class IndexedFile(Record):
 class PlanIndexRecord(Record):
     """``plan/index.json``: which samples the plan holds and how to know it still does."""
 
-    #: regen.engine.planindex.INDEX_VERSION of the writer
+    #: regen.store.planindex.INDEX_VERSION of the writer
     version: int
     #: hash of everything that decides which samples are planned (sources, dedup, the native
     #: check's tokenizer, regen's version); one component per entry of ``keys``
@@ -332,7 +332,7 @@ class ChecksRecord(Record):
 
 
 class ScheduleSource(Record):
-    """One source of ``schedule.json`` (see regen.engine.schedule.SourceStats)."""
+    """One source of ``schedule.json`` (see regen.engine.schedule.SourceLengths)."""
 
     turns: int
     tokens: float

@@ -143,8 +143,7 @@ def _schema_problem(st: PartState) -> str:
 
 def planned_ids(rd: RunDir) -> tuple[set[str] | None, str]:
     """The sample ids of the latest plan, or (None, why not)."""
-    from regen.engine.planindex import open_index
-    from regen.engine.planning import iter_planned
+    from regen.store.planindex import iter_planned, open_index
 
     try:
         plan = layout.PLAN_FILE.read(rd)

@@ -24,7 +24,6 @@ from _runs import check_answers, check_ids_once, stored_rows, wait_until
 
 from regen.cli.main import main as regen_main
 from regen.engine import RunOptions, run_job
-from regen.engine.planning import native_check as _native_check
 from regen.errors import FingerprintMismatchError, LockHeldError
 from regen.manifest import load_manifest
 from regen.procs import kill_group
@@ -34,6 +33,7 @@ from regen.sources import read_samples
 from regen.store import RunDir
 from regen.store.doneset import read_done
 from regen.store.layout import LOCK as LOCK_FILE
+from regen.store.planindex import native_check as _native_check
 from regen.store.segments import read_journal_lines
 
 pytestmark = pytest.mark.ray

@@ -26,7 +26,6 @@ import pytest
 import yaml
 from _runs import check_answers, check_ids_once, regen_cmd, request_body, stored_rows, wait_until
 
-from regen.engine.planning import native_check
 from regen.export import export_run
 from regen.manifest import load_manifest
 from regen.procs import kill_group
@@ -37,6 +36,7 @@ from regen.sources import read_samples
 from regen.status import read_numbers
 from regen.store import RunDir, layout
 from regen.store.doneset import read_done
+from regen.store.planindex import native_check
 from regen.store.segments import read_journal_lines
 from regen.store.verify import verify_run
 

@@ -15,11 +15,9 @@ from regen.engine.schedule import (
     REBUILD_DUTY,
     REPRIORITISE_EVERY_S,
     LengthModel,
-    PackedSample,
-    Spill,
     WorkQueue,
-    unpacked,
 )
+from regen.packed import PackedSample, Spill, unpacked
 from regen.sample import Message, Sample, ToolCall
 from regen.store import RunDir
 from regen.store.completed import CompletedSample

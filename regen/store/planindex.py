@@ -37,6 +37,10 @@ are read as before and the index is written again, with one line saying why:
 - ``plan/samples.parquet`` has the recorded size and sha256, and ``plan/rows.parquet`` the
   recorded size.
 
+The planned stream is :func:`iter_planned` (the manifest's samples through adapters, filters,
+dedup, near-duplicates and limits, in order): what the index holds when it is valid, and what
+a session (or ``regen verify``) reads without one.
+
 A torn or damaged index is therefore rebuilt, never trusted: it can neither drop nor invent a
 sample. A row that no longer matches its content hash when read (the file changed during the
 run) stops the session with one error and deletes ``plan/index.json``; the rerun rebuilds it.
@@ -46,11 +50,13 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import logging
 import pickle
 import time
 from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,9 +66,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from regen import __version__
-from regen.engine.schedule import PICKLE_PROTOCOL, PackedSample, QueueItems, Spill
 from regen.errors import RegenError, RunDirError, SourceError
 from regen.manifest import Manifest, Source
+from regen.packed import PICKLE_PROTOCOL, PackedSample, QueueItems, Spill
 from regen.sample import Message, Rejection, Sample, stable_hash
 from regen.sources.locate import (
     FileSignature,
@@ -156,6 +162,31 @@ def _indexed_source(manifest: Manifest, source: Source) -> IndexedSource:
 
 def _sig(s: IndexedSource) -> FileSignature:
     return FileSignature(s.size, s.mtime_ns, s.head_tail)
+
+
+# ---- the planned stream --------------------------------------------------------------------
+
+
+def native_check(manifest: Manifest) -> Callable[[Sample], str | None] | None:
+    """The check of native rows against the target tokenizer's vocabulary (None: no native
+    source)."""
+    if not any(s.mode == "native" for s in manifest.sources):
+        return None
+    from regen.native import VocabInfo, validate_native
+
+    vocab = VocabInfo.from_dir(
+        manifest.resolve(manifest.target.tokenizer),
+        trust_remote_code=manifest.target.trust_remote_code,
+    )
+    return lambda s: validate_native(s, vocab)
+
+
+def iter_planned(manifest: Manifest, limit: int | None) -> Iterator[Sample]:
+    """Every sample of the manifest in plan order (what a session without a valid index reads)."""
+    from regen.sources import read_samples
+
+    samples: Iterator[Sample] = read_samples(manifest, None, native_check(manifest))
+    return itertools.islice(samples, limit) if limit is not None else samples
 
 
 # ---- samples as JSON (hub rows) --------------------------------------------------------------
@@ -463,7 +494,7 @@ class _Entry:
 
 
 class IndexBodies:
-    """The bodies of an index-backed plan (:class:`regen.engine.schedule.Bodies`): ``get(i)``
+    """The bodies of an index-backed plan (:class:`regen.packed.Bodies`): ``get(i)``
     is the pickle of the sample at row ``i`` of plan/samples.parquet. JSONL rows are read when
     asked; Parquet and hub rows must have been read first (:meth:`preload`)."""
 

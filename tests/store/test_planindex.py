@@ -14,13 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 from _runs import copy_demo
 
-from regen.engine import planindex
 from regen.engine.planning import Plan, plan_session
-from regen.engine.schedule import WorkQueue, unpacked
+from regen.engine.schedule import WorkQueue
 from regen.errors import SourceError
 from regen.manifest import Manifest, load_manifest, parse_manifest
+from regen.packed import unpacked
 from regen.sources import locate
-from regen.store import RunDir, layout
+from regen.store import RunDir, layout, planindex
 from regen.store.failures import FailureRecord
 from regen.store.run import write_manifest
 from regen.store.verify import planned_ids
