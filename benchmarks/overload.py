@@ -75,6 +75,7 @@ def overload_run(work: Path, fault: str, *, samples: int, address: str | None = 
     from regen.manifest import load_manifest
     from regen.simulate.config import SimConfig
     from regen.simulate.testing import running_simulator
+    from regen.store import RunDir
 
     work.mkdir(parents=True, exist_ok=True)
     src = chaos.write_sharegpt(work / "source.jsonl", samples, seed)
@@ -92,7 +93,7 @@ def overload_run(work: Path, fault: str, *, samples: int, address: str | None = 
         t0 = time.monotonic()
         try:
             opts = RunOptions(endpoints=[sim.url], address=address, handle_signals=False)
-            summary = run_job(load_manifest(manifest), str(out), opts)
+            summary = run_job(load_manifest(manifest), RunDir.open(out, create=False), opts)
         finally:
             stop.set()
             watcher.join(timeout=5)

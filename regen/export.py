@@ -1,7 +1,8 @@
 """Export a run directory's rows for SpecForge.
 
 First the cheap check of the run directory (:func:`regen.store.verify.refuse_damaged`: each
-part's footer against its record); a damaged directory is refused with one line pointing to
+part's footer against its record; skipped with ``check=False`` by a caller that ran it on the
+same handle, ``regen train``); a damaged directory is refused with one line pointing to
 ``regen verify --repair``. Then reads every Parquet part of the run directory (schema
 ``regen.rows.SCHEMA``; names in :mod:`regen.store.layout`) through its pyarrow filesystem, and
 writes to ``OUT`` (local path or pyarrow URI; file names from the layout too)::
@@ -218,7 +219,7 @@ class ExportStats:
 
 
 def export_run(
-    run_dir: str,
+    rd: RunDir,
     out: str,
     *,
     seed: int = 0,
@@ -229,10 +230,11 @@ def export_run(
     holdout: int = 0,
     drop_flags: Iterable[str] | str = DEFAULT_DROP_FLAGS,
     only_flagged: bool = False,
+    check: bool = True,
 ) -> ExportStats:
-    """Export every row of ``run_dir`` to ``out`` (see the module docstring). ``drop_flags``:
-    quality flags whose rows are dropped (names, a comma string, ``default``, ``all``,
-    ``none``)."""
+    """Export every row of the run directory ``rd`` to ``out`` (see the module docstring).
+    ``drop_flags``: quality flags whose rows are dropped (names, a comma string, ``default``,
+    ``all``, ``none``). ``check``: run the cheap damage check first (False: the caller did)."""
     flags = parse_flags(drop_flags, "drop_flags")
     if only_flagged and not flags:
         raise ConfigError("--only-flagged needs at least one flag to look for", field="drop_flags")
@@ -244,12 +246,12 @@ def export_run(
         raise ConfigError("shard_rows must be >= 0 (0: one shard)", field="shard_rows")
     if max_length is not None and max_length <= 0:
         raise ConfigError("max_length must be > 0", field="max_length")
-    rd = RunDir.open(run_dir, create=False)
     if not rd.exists(""):
         raise RunDirError(f"run directory {rd.uri!r} does not exist")
-    from regen.store.verify import refuse_damaged
+    if check:
+        from regen.store.verify import refuse_damaged
 
-    refuse_damaged(rd, "export")
+        refuse_damaged(rd, "export")
     stats = ExportStats(
         run_dir=rd.uri,
         out=str(out),

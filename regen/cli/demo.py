@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from regen.export import export_run
     from regen.manifest import load_manifest
     from regen.serving import TransformersServer, build_tiny_model
-    from regen.store import layout
+    from regen.store import RunDir, layout
 
     console = Console()
     quiet_http_logs()
@@ -91,9 +91,15 @@ def run(args: argparse.Namespace) -> int:
                       f"stored in {args.out}; run the same command again to resume")  # fmt: skip
         return 130
     e = manifest.export
-    stats = export_run(args.out, export_dir, seed=e.seed, drop_truncated=e.drop_truncated,
-                       max_length=e.max_length, shard_rows=e.shard_rows,
-                       drop_flags=e.drop_flags)  # fmt: skip
+    stats = export_run(
+        RunDir.open(args.out, create=False),
+        export_dir,
+        seed=e.seed,
+        drop_truncated=e.drop_truncated,
+        max_length=e.max_length,
+        shard_rows=e.shard_rows,
+        drop_flags=e.drop_flags,
+    )
     console.print(
         f"[bold green]done[/]: {summary.done}/{summary.total} samples "
         f"({summary.failed_permanent} failed permanently, {summary.failed_transient} left for "

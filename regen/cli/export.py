@@ -10,11 +10,14 @@ those, for inspection.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from regen.store import RunDir
 
 NAME = "export"
 HELP = "write SpecForge pre-tokenized (or raw-conversation) JSONL shards and their stats"
@@ -75,16 +78,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _manifest_defaults(run_dir: str) -> dict[str, Any]:
+def _manifest_defaults(rd: RunDir) -> dict[str, Any]:
     from pydantic import ValidationError
 
     from regen.errors import RegenError
     from regen.manifest import Export
     from regen.store.run import read_manifest_data
-    from regen.store.rundir import RunDir
 
     try:
-        data = read_manifest_data(RunDir.open(run_dir, create=False)) or {}
+        data = read_manifest_data(rd) or {}
         return Export.model_validate(data.get("export") or {}).model_dump()
     except (OSError, RegenError, ValidationError):
         return Export().model_dump()  # an unreadable manifest only loses the defaults
@@ -92,14 +94,16 @@ def _manifest_defaults(run_dir: str) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from regen.export import export_run
+    from regen.store import RunDir
 
-    d = _manifest_defaults(args.run_dir)
+    rd = RunDir.open(args.run_dir, create=False)
+    d = _manifest_defaults(rd)
 
     def pick(flag: Any, key: str) -> Any:
         return d[key] if flag is None else flag
 
     stats = export_run(
-        args.run_dir,
+        rd,
         args.out,
         seed=pick(args.seed, "seed"),
         drop_truncated=pick(args.drop_truncated, "drop_truncated"),

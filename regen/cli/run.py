@@ -139,9 +139,12 @@ def with_endpoint_keys(manifest: Manifest, args: argparse.Namespace) -> Manifest
 
 
 def run_with_view(manifest: Manifest, out: str, opts: RunOptions, *, view: bool) -> JobSummary:
-    """``run_job`` with the live dashboard in a thread of this process when ``view`` (shared
-    with ``regen demo``); returns the job summary."""
+    """``run_job`` on the run directory ``out`` (opened here, once) with the live dashboard in a
+    thread of this process when ``view`` (shared with ``regen demo``); returns the job summary."""
     from regen.engine import run_job
+    from regen.store import RunDir
+
+    rd = RunDir.open(out, create=False)
 
     stop_view = threading.Event()
     thread = None
@@ -150,7 +153,7 @@ def run_with_view(manifest: Manifest, out: str, opts: RunOptions, *, view: bool)
 
         thread = run_in_thread(out, stop_view, log_every_s=30.0)
     try:
-        return run_job(manifest, out, opts)
+        return run_job(manifest, rd, opts)
     finally:
         stop_view.set()
         if thread is not None:
@@ -199,8 +202,10 @@ def _then_train(args: argparse.Namespace, console) -> int:
     `regen status`-style following is `regen train ... ` or Ray's own `ray job logs`."""
     from regen.store import layout
     from regen.train.launch import launch_training
+    from regen.train.layout import open_local
 
-    result = launch_training(args.out, args.then_train, address=args.train_address, follow=False)
+    result = launch_training(open_local(args.out), args.then_train, address=args.train_address,
+                             follow=False)  # fmt: skip
     console.print(
         f"training job {result.submission_id} submitted ({result.state}); its record: "
         f"{args.out.rstrip('/')}/{layout.JOB}",

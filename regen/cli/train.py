@@ -39,10 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from regen.train.launch import launch_training
+    from regen.train.layout import open_local
 
     out = Console()
     result = launch_training(
-        args.run_dir,
+        open_local(args.run_dir),
         args.config,
         address=args.address,
         gpus=args.gpus,

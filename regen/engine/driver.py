@@ -483,8 +483,10 @@ class _Session:
                     self.opts.on_progress(snap)
 
 
-def run_job(manifest: Manifest, run_dir: str, options: RunOptions | None = None) -> JobSummary:
-    """Run (or resume) the job of ``manifest`` into ``run_dir``; returns how the session ended.
+def run_job(manifest: Manifest, rd: RunDir, options: RunOptions | None = None) -> JobSummary:
+    """Run (or resume) the job of ``manifest`` into the run directory ``rd`` (opened by the
+    caller, ``RunDir.open(path, create=False)``: it is created here); returns how the session
+    ended.
 
     Configuration problems (paths, tokenizer, template) are found before the run directory is
     touched and before Ray or any actor starts (:func:`regen.engine.preflight.preflight`;
@@ -493,12 +495,12 @@ def run_job(manifest: Manifest, run_dir: str, options: RunOptions | None = None)
     opts = options or RunOptions()
     manifest = _apply_options(manifest, opts)
     checked: str | None = None
-    passed = _passed_checks(run_dir)
+    passed = _passed_checks(rd)
     if opts.preflight:
         from regen.engine.preflight import preflight
 
         checked = preflight(manifest, passed=passed)
-    rd = RunDir.open(run_dir)
+    rd.create()
     session = new_session_id()
     sess = _Session(manifest, rd, opts, session)
     lock = RunLock(rd, session, on_lost=sess.on_lock_lost)
@@ -523,11 +525,10 @@ def run_job(manifest: Manifest, run_dir: str, options: RunOptions | None = None)
     return sess.summary
 
 
-def _passed_checks(run_dir: str) -> str | None:
+def _passed_checks(rd: RunDir) -> str | None:
     """The key of the checks an earlier session passed (checks.json), read without creating
     or locking anything; None when there is none."""
     try:
-        rd = RunDir.open(run_dir, create=False)
         rec = layout.CHECKS_FILE.read(rd)
     except (RegenError, OSError):
         return None

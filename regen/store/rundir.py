@@ -76,11 +76,15 @@ class RunDir:
             fs, root = pafs.LocalFileSystem(), str(Path(text).expanduser().absolute())
         rd = cls(fs, root, public_uri(text))
         if create:
-            try:
-                fs.create_dir(rd.root, recursive=True)
-            except OSError as e:
-                raise RunDirError(f"cannot create run directory {text!r}: {e}") from None
+            rd.create()
         return rd
+
+    def create(self) -> None:
+        """Create the directory (and its parents) if it does not exist."""
+        try:
+            self.fs.create_dir(self.root, recursive=True)
+        except OSError as e:
+            raise RunDirError(f"cannot create run directory {self.uri!r}: {e}") from None
 
     # -- paths ----------------------------------------------------------------------------
     def path(self, rel: str) -> str:

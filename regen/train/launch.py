@@ -1,6 +1,7 @@
 """Launch draft training as a Ray job: export, write and validate the run config, submit, follow.
 
-``launch_training(run_dir, train_yaml)`` is the one path used by ``regen train``,
+``launch_training(rd, train_yaml)`` (``rd`` from :func:`regen.train.layout.open_local`, opened
+once by the entry point and passed on) is the one path used by ``regen train``,
 ``pipelines/train_draft.py`` and ``regen run --then-train``. The Ray job's entrypoint is
 ``python -m regen.train.preflight --run-dir RUN_DIR``: on the cluster it re-checks everything
 and then executes the exact argv ``specforge train --config RUN_DIR/train/run.yaml`` (prefixed
@@ -56,7 +57,7 @@ FOLLOW_FAILURES = 10
 class TrainPlan:
     """Everything prepared for one submission."""
 
-    run_dir: str
+    rd: RunDir  #: the run directory (a local or shared path)
     config: TrainConfig
     run_yaml: Path
     draft_config: Path
@@ -69,6 +70,11 @@ class TrainPlan:
     specforge_validated: bool
     #: Ray runtime_env of the job (e.g. {"working_dir": "."} to ship regen's code)
     runtime_env: dict[str, Any] | None = None
+
+    @property
+    def run_dir(self) -> str:
+        """The run directory's path (what the cluster reads)."""
+        return self.rd.root
 
 
 @dataclass(slots=True)
@@ -93,7 +99,7 @@ def _launcher(launcher: str | None) -> list[str]:
 
 
 def prepare_training(
-    run_dir: str | Path,
+    rd: RunDir,
     config_path: str | Path,
     *,
     gpus: int | None = None,
@@ -103,8 +109,7 @@ def prepare_training(
 ) -> TrainPlan:
     """Check the config, export if needed, scan the data, write and validate run.yaml."""
     cfg = load_train_config(config_path)
-    rd = layout.open_local(run_dir)
-    refuse_damaged(rd, "training")
+    refuse_damaged(rd, "training")  # once: the export below does not check again
     aux = check_train_config(cfg)
     check_target_files(cfg)
 
@@ -158,7 +163,7 @@ def prepare_training(
         ),
     )
     return TrainPlan(
-        run_dir=rd.root,
+        rd=rd,
         config=cfg,
         run_yaml=run_yaml,
         draft_config=draft_path,
@@ -220,7 +225,7 @@ def submit_training(
     still starting answers 500); one that did land is recognised by looking the id up.
     """
     client = _client(address)
-    rd = RunDir.open(plan.run_dir, create=False)
+    rd = plan.rd
     submission_id = f"regen-train-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     delay = 0.5
     for attempt in range(1, attempts + 1):
@@ -259,7 +264,7 @@ def submit_training(
 
 
 def follow_job(
-    run_dir: str | Path,
+    rd: RunDir,
     submission_id: str,
     *,
     address: str | None = None,
@@ -270,7 +275,6 @@ def follow_job(
 ) -> tuple[str, str | None, list[str]]:
     """Poll the job until it ends (or timeout_s); every state change lands in job.json."""
     client = _client(address)
-    rd = RunDir.open(run_dir, create=False)
     seen: list[str] = []
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     job = store_layout.JOB_FILE.read(rd)
@@ -308,7 +312,7 @@ def follow_job(
 
 
 def launch_training(
-    run_dir: str | Path,
+    rd: RunDir,
     config_path: str | Path,
     *,
     address: str | None = None,
@@ -324,7 +328,7 @@ def launch_training(
 ) -> LaunchResult:
     """Prepare, then (unless dry_run) submit the training job and follow it."""
     plan = prepare_training(
-        run_dir, config_path, gpus=gpus, launcher=launcher, python=python, working_dir=working_dir
+        rd, config_path, gpus=gpus, launcher=launcher, python=python, working_dir=working_dir
     )
     result = LaunchResult(plan=plan)
     if dry_run:
@@ -333,7 +337,7 @@ def launch_training(
     result.state = "PENDING"
     if follow:
         result.state, result.message, result.states = follow_job(
-            plan.run_dir,
+            plan.rd,
             result.submission_id,
             address=address,
             poll_s=poll_s,

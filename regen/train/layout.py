@@ -39,7 +39,8 @@ EXPORT_STATS = L.EXPORT_STATS
 
 
 def open_local(run_dir: str | Path) -> RunDir:
-    """Open a run directory the training cluster can read by path."""
+    """Open a run directory the training cluster can read by path (the entry points' one
+    opening: the RunDir is passed on from here)."""
     rd = RunDir.open(run_dir, create=False)
     if not rd.is_local:
         raise RunDirError(
@@ -97,6 +98,7 @@ def default_holdout(rd: RunDir, out: Path) -> int:
 
 def ensure_export(rd: RunDir, cfg: TrainConfig) -> list[Path]:
     """The export's shards; exports the run first when it has none, is stale, or is forced.
+    The caller has run the damage check on ``rd`` (regen.store.verify.refuse_damaged).
 
     The export drops (never cuts) rows longer than ``export.max_length`` (default
     ``training.max_length``).
@@ -112,7 +114,7 @@ def ensure_export(rd: RunDir, cfg: TrainConfig) -> list[Path]:
         raise ConfigError(f"{out} holds no export and regen.export is unavailable: {e}") from None
     options = cfg.export.export_kwargs(cfg.training.max_length, default_holdout(rd, out))
     log.info("exporting %s to %s (%s)", rd.uri, out, options)
-    export_run(rd.root, str(out), **options)
+    export_run(rd, str(out), check=False, **options)
     shards = export_shards(out)
     if not shards:
         raise ConfigError(f"the export of {rd.uri} wrote no JSONL shards into {out}")

@@ -184,7 +184,9 @@ def e2e(tmp_path_factory, ray_head, ray_env) -> dict[str, Any]:
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
         rows_first = stored_rows(out)
         status_first = read_numbers(out)
-        export_first = export_run(str(out), str(tmp / "export1"), shard_rows=0)
+        export_first = export_run(
+            RunDir.open(out, create=False), str(tmp / "export1"), shard_rows=0
+        )
         parts_first = part_digests(out)
 
         # two requests in flight: the retry lasts long enough to be killed mid-way
@@ -336,7 +338,12 @@ def test_the_crash_in_the_retry_lost_nothing(e2e) -> None:
 
 
 def test_the_export_holds_the_new_attempts(e2e, tmp_path) -> None:
-    stats = export_run(str(e2e["out"]), str(tmp_path / "o"), shard_rows=0, fmt="conversations")
+    stats = export_run(
+        RunDir.open(e2e["out"], create=False),
+        str(tmp_path / "o"),
+        shard_rows=0,
+        fmt="conversations",
+    )
     rows = e2e["rows"]
     latest = {}
     for r in rows:

@@ -226,7 +226,7 @@ def test_disk_full_mid_run_then_resume_once_space_is_back(tmp_path, monkeypatch,
     with simulator_in_thread(**SIM) as s:
         opts = RunOptions(endpoints=[s.url], address=ray_head.address, handle_signals=False)
         with pytest.raises(RunDirError, match="No space left on device"):
-            run_job(m, str(out), opts)
+            run_job(m, RunDir.open(out, create=False), opts)
         assert disk.full_errors >= 1
         rd = RunDir.open(out)
         assert [n for n in rd.list("parts", include_temp=True) if n.startswith(".tmp-")] == []
@@ -238,7 +238,7 @@ def test_disk_full_mid_run_then_resume_once_space_is_back(tmp_path, monkeypatch,
         assert 0 < len(stored) < DISK_SAMPLES  # it filled up mid-run
 
         disk.capacity = 10**10  # space is back
-        summary = run_job(m, str(out), opts)
+        summary = run_job(m, RunDir.open(out, create=False), opts)
     assert summary.state == "finished" and summary.done == DISK_SAMPLES
     v = chaos.verify(path, out, chaos.answer_config(SIM))
     assert v.problems == []
@@ -267,7 +267,7 @@ def test_disk_full_while_writing_a_part_then_resume(tmp_path, monkeypatch, ray_h
         opts = RunOptions(endpoints=[s.url], address=ray_head.address, handle_signals=False)
         monkeypatch.setattr(jn.pq, "write_table", full_after_one)
         with pytest.raises(RunDirError, match="No space left on device") as e:
-            run_job(m, str(out), opts)
+            run_job(m, RunDir.open(out, create=False), opts)
         assert "rerun the same command to resume" in str(e.value)
         rd = RunDir.open(out)
         names = [n for n in rd.list("parts", include_temp=True) if not n.startswith("_")]
@@ -278,7 +278,7 @@ def test_disk_full_while_writing_a_part_then_resume(tmp_path, monkeypatch, ray_h
         assert not rd.exists(LOCK_FILE)
 
         monkeypatch.undo()  # space is back
-        summary = run_job(m, str(out), opts)
+        summary = run_job(m, RunDir.open(out, create=False), opts)
     assert summary.state == "finished" and summary.done == 40
     v = chaos.verify(path, out, chaos.answer_config(SIM))
     assert v.problems == []

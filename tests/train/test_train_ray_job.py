@@ -27,7 +27,7 @@ def test_job_runs_preflight_on_cluster_then_the_exact_specforge_argv(
     address = ray_head.dashboard_url
     states: list[str] = []
     result = launch_training(
-        run_dir,
+        layout.open_local(run_dir),
         write_train_yaml(),
         address=address,
         gpus=8,
@@ -61,14 +61,20 @@ def test_cluster_preflight_refuses_data_changed_after_submit(
 ) -> None:
     address = ray_head.dashboard_url
     plan = prepare_training(
-        run_dir, write_train_yaml(), gpus=8, launcher="echo LAUNCH", python=sys.executable
+        layout.open_local(run_dir),
+        write_train_yaml(),
+        gpus=8,
+        launcher="echo LAUNCH",
+        python=sys.executable,
     )
     bad = kimi_row([1], [2])
     bad["loss_mask"] = [0] * len(bad["input_ids"])
     with plan.prompts_path.open("a") as f:
         f.write(json.dumps(bad) + "\n")
     sid = submit_training(plan, address=address)
-    state, _, _ = follow_job(run_dir, sid, address=address, poll_s=0.5, timeout_s=180)
+    state, _, _ = follow_job(
+        layout.open_local(run_dir), sid, address=address, poll_s=0.5, timeout_s=180
+    )
     assert state == "FAILED"
     pre = json.loads((run_dir / layout.PREFLIGHT).read_text())
     assert pre["ok"] is False and pre["trap"] == "empty-loss-mask"
