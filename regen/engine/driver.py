@@ -36,16 +36,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from regen.engine.attempts import RetryFlagged, select
-from regen.engine.batch import PackedOutcome
 from regen.engine.dispatch import Dispatcher
 from regen.engine.planning import Plan, plan_session, write_plan
 from regen.engine.pool import RayWorkerPool
 from regen.engine.schedule import LengthModel, WorkQueue, schedule_record
 from regen.engine.tracker import ProgressTracker
+from regen.engine.wire import PackedOutcome
 from regen.engine.worker import SampleOutcome
 from regen.errors import RegenError
 from regen.manifest import Endpoint, Manifest, public_url
 from regen.packed import QueueItems
+from regen.sample import Sample
 from regen.store import layout
 from regen.store.completed import CompletedSample
 from regen.store.counts import SourceCounts, output_tokens
@@ -219,8 +220,12 @@ class _Session:
         self.replaces: dict[str, SourceCounts] = {}
 
     # -- recording (regen.engine.dispatch.Recorder) --------------------------------------
-    def store(self, sample_id: str, source: str, rows: list[dict[str, Any]]) -> None:
-        self.keep(CompletedSample(sample_id, source, rows), output_tokens(rows))
+    def store_native(self, sample: Sample) -> None:
+        """A native sample's row, stored as it is (it never goes to a server)."""
+        from regen.rows import native_row
+
+        rows = [native_row(sample)]
+        self.keep(CompletedSample(sample.id, sample.source, rows), output_tokens(rows))
 
     def keep(self, done: CompletedSample, tokens: list[int]) -> None:
         """Journal one completed sample (flushed), count it, write a part when one is due."""
@@ -236,13 +241,11 @@ class _Session:
         if self.journal.due(self.m.engine.part_size, self.m.engine.part_interval_s):
             self.roll()
 
-    def completed(self, out: SampleOutcome, sample: Any) -> None:
-        if isinstance(out, PackedOutcome) and out.packed:  # encoded by the worker
-            done = CompletedSample(out.sample_id, out.source, [], line=out.line,
-                                   table=out.table, own=out.counts)  # fmt: skip
-            self.keep(done, out.tokens)
-        else:
-            self.store(out.sample_id, out.source, out.rows)
+    def completed(self, out: PackedOutcome, sample: Any) -> None:
+        """A sample the workers answered, as they packed it (regen.engine.wire)."""
+        done = CompletedSample(out.sample_id, out.source, [], line=out.line, table=out.table,
+                               own=out.counts)  # fmt: skip
+        self.keep(done, out.tokens)
 
     def worker_lost(self, error: str) -> None:
         self.summary.workers_died += 1
@@ -417,11 +420,8 @@ class _Session:
                  sum(plan.retries.values()), len(plan.native), plan.skipped_failed)  # fmt: skip
         self.progress(force=True)
         state = "finished"
-        if plan.native:
-            from regen.rows import native_row
-
-            for s in plan.native:
-                self.store(s.id, s.source, [native_row(s)])
+        for s in plan.native:
+            self.store_native(s)
         with plan.spill:
             if plan.todo and not self.stop.is_set():
                 regen_sources = {s.name for s in m.sources if s.mode == "regenerate"}
