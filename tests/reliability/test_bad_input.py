@@ -24,7 +24,7 @@ from _quota_fs import QuotaDisk
 from _reliability import chaos
 
 from regen.cli.main import main as regen_main
-from regen.engine import RunOptions, driver, run_job
+from regen.engine import RunOptions, run_job
 from regen.errors import RunDirError
 from regen.manifest import load_manifest
 from regen.procs import kill_group
@@ -206,7 +206,7 @@ def test_second_run_on_a_live_run_directory_is_refused(tmp_path, ray_head, ray_e
     assert len(read_done(RunDir.open(out)).ids) == 24  # the first run lost nothing
 
 
-def test_disk_full_mid_run_then_resume_once_space_is_back(tmp_path, monkeypatch, ray_head):
+def test_disk_full_mid_run_then_resume_once_space_is_back(tmp_path, ray_head) -> None:
     """A real size limit (a quota filesystem under the run directory): whichever write hits it
     (journal line, part, progress.json), the session stops with one RunDirError, leaves no
     half-written part, and a rerun with space back stores every sample once."""
@@ -216,17 +216,10 @@ def test_disk_full_mid_run_then_resume_once_space_is_back(tmp_path, monkeypatch,
     m = load_manifest(path)
     out = tmp_path / "run"
     disk = QuotaDisk(tmp_path / "disk", DISK_BYTES)
-
-    class OnTheDisk:  # what the driver opens its run directory with
-        @staticmethod
-        def open(uri: str, *, create: bool = True) -> RunDir:
-            return disk.rundir(Path(uri))
-
-    monkeypatch.setattr(driver, "RunDir", OnTheDisk)
     with simulator_in_thread(**SIM) as s:
         opts = RunOptions(endpoints=[s.url], address=ray_head.address, handle_signals=False)
         with pytest.raises(RunDirError, match="No space left on device"):
-            run_job(m, RunDir.open(out, create=False), opts)
+            run_job(m, disk.rundir(out), opts)  # the run directory on the small disk
         assert disk.full_errors >= 1
         rd = RunDir.open(out)
         assert [n for n in rd.list("parts", include_temp=True) if n.startswith(".tmp-")] == []
@@ -238,7 +231,7 @@ def test_disk_full_mid_run_then_resume_once_space_is_back(tmp_path, monkeypatch,
         assert 0 < len(stored) < DISK_SAMPLES  # it filled up mid-run
 
         disk.capacity = 10**10  # space is back
-        summary = run_job(m, RunDir.open(out, create=False), opts)
+        summary = run_job(m, disk.rundir(out), opts)
     assert summary.state == "finished" and summary.done == DISK_SAMPLES
     v = chaos.verify(path, out, chaos.answer_config(SIM))
     assert v.problems == []
