@@ -157,7 +157,7 @@ class FlagStats:
 
 
 @dataclass(slots=True)
-class SourceStats:
+class SourceExportStats:
     """Per-source numbers in stats.json."""
 
     rows_read: int = 0
@@ -195,7 +195,7 @@ class ExportStats:
     tokens: int = 0  #: tokens of the written rows
     loss_tokens: int = 0  #: tokens with loss_mask 1 in the written rows
     dropped: dict[str, int] = field(default_factory=dict)
-    sources: dict[str, SourceStats] = field(default_factory=dict)
+    sources: dict[str, SourceExportStats] = field(default_factory=dict)
     token_source: dict[str, int] = field(default_factory=dict)  #: written rows per source kind
     token_check: dict[str, int] = field(default_factory=dict)  #: read rows per check result
     token_check_problems: int = 0  #: read rows whose check is not in TOKEN_CHECKS_OK
@@ -535,7 +535,7 @@ def _select(
     kinds = table.column("token_source").to_pylist()
     checks = table.column("token_check").to_pylist()
     dropped: Counter[str] = Counter()
-    per_source: dict[str, SourceStats] = defaultdict(SourceStats)
+    per_source: dict[str, SourceExportStats] = defaultdict(SourceExportStats)
     seen: set[tuple[str, int, int]] = set()
     keep: list[int] = []
     for i, sid in enumerate(sids):
@@ -608,7 +608,7 @@ def _select(
 
 
 def _count_flags(
-    stats: ExportStats, src: SourceStats, flags: list[str], tokens: int, loss_tokens: int
+    stats: ExportStats, src: SourceExportStats, flags: list[str], tokens: int, loss_tokens: int
 ) -> None:
     for f in flags:
         stats.flags.setdefault(f, FlagStats()).add(tokens, loss_tokens)

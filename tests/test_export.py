@@ -490,7 +490,7 @@ def test_train_uses_the_shards_only_and_a_re_export_keeps_the_holdout(
 ) -> None:
     from regen.store import RunDir
     from regen.train.config import ExportSpec
-    from regen.train.layout import default_holdout, export_is_stale, export_shards
+    from regen.train.data import default_holdout, export_is_stale, export_shards
 
     rd = RunDir.open(str(holdout_run))
     out = tmp_path / "export"

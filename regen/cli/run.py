@@ -201,8 +201,8 @@ def _then_train(args: argparse.Namespace, console) -> int:
     """Submit the training job (regen train's path) and return: it runs for hours on the GPUs;
     `regen status`-style following is `regen train ... ` or Ray's own `ray job logs`."""
     from regen.store import layout
+    from regen.train.data import open_local
     from regen.train.launch import launch_training
-    from regen.train.layout import open_local
 
     result = launch_training(open_local(args.out), args.then_train, address=args.train_address,
                              follow=False)  # fmt: skip

@@ -38,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from regen.train.data import open_local
     from regen.train.launch import launch_training
-    from regen.train.layout import open_local
 
     out = Console()
     result = launch_training(

@@ -37,7 +37,7 @@ from typing import Any
 
 from regen.engine.attempts import RetryFlagged, select
 from regen.engine.dispatch import Dispatcher
-from regen.engine.planning import Plan, plan_session, write_plan
+from regen.engine.planning import SessionPlan, plan_session, write_plan
 from regen.engine.pool import RayWorkerPool
 from regen.engine.schedule import LengthModel, WorkQueue, schedule_record
 from regen.engine.tracker import ProgressTracker
@@ -323,7 +323,7 @@ class _Session:
         self.stop.set()
 
     # -- the session --------------------------------------------------------------------------
-    def _read_state(self) -> tuple[DoneSet, Plan]:
+    def _read_state(self) -> tuple[DoneSet, SessionPlan]:
         """Fold journals, verify the parts, read failures, plan (in a thread, see run)."""
         rd, m = self.rd, self.m
         with ThreadPoolExecutor(1, thread_name_prefix="regen-index") as ex:

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class Plan:
+class SessionPlan:
     """This session's work."""
 
     todo: QueueItems  #: to regenerate (iterating yields PackedSamples); bodies in ``spill``
@@ -87,7 +87,7 @@ def plan_session(
     redo: dict[str, int] | None = None,
     rd: RunDir | None = None,
     opened: tuple[planindex.PlanIndex | None, str] | None = None,
-) -> Plan:
+) -> SessionPlan:
     """Split the samples into work (regenerate), native rows and already-done. ``redo``: done
     samples requested again, with their new attempt number. The bodies of the work wait in a
     temporary file or in the sources (closed with the plan's ``spill``).
@@ -112,7 +112,7 @@ def plan_session(
                 raise
             log.info("plan from %s: %d samples, %d to regenerate", layout.PLAN_INDEX,
                      index.record.samples, len(got.todo))  # fmt: skip
-            return Plan(got.todo, got.native, got.totals, got.skipped_failed, bodies, True)
+            return SessionPlan(got.todo, got.native, got.totals, got.skipped_failed, bodies, True)
         if index is not None:
             log.info("new attempts of done samples: reading the sources (%s stays as it is)",
                      layout.PLAN_INDEX)  # fmt: skip
@@ -166,7 +166,7 @@ def plan_session(
         raise
     if builder is not None:
         builder.write(limit=limit, complete=limit is None or read < limit)
-    return Plan(
+    return SessionPlan(
         QueueItems.of(todo),
         native,
         {k: (int(v[0]), bool(v[1])) for k, v in totals.items()},
@@ -178,7 +178,7 @@ def plan_session(
 
 
 def write_plan(
-    rd: RunDir, plan: Plan, session: str, manifest: Manifest, limit: int | None
+    rd: RunDir, plan: SessionPlan, session: str, manifest: Manifest, limit: int | None
 ) -> PlanRecord:
     """Record ``plan.json`` for this session (with what re-reading the plan needs)."""
     rec = plan.record(session)

@@ -1,13 +1,13 @@
 """Launch draft training as a Ray job: export, write and validate the run config, submit, follow.
 
-``launch_training(rd, train_yaml)`` (``rd`` from :func:`regen.train.layout.open_local`, opened
+``launch_training(rd, train_yaml)`` (``rd`` from :func:`regen.train.data.open_local`, opened
 once by the entry point and passed on) is the one path used by ``regen train``,
 ``pipelines/train_draft.py`` and ``regen run --then-train``. The Ray job's entrypoint is
 ``python -m regen.train.preflight --run-dir RUN_DIR``: on the cluster it re-checks everything
 and then executes the exact argv ``specforge train --config RUN_DIR/train/run.yaml`` (prefixed
 by a launcher wrapper only when one is configured: ``--launcher-cmd`` or
 ``$REGEN_TRAIN_LAUNCHER``, for tests and dry runs on machines without SpecForge's GPU stack).
-Files written are listed in :mod:`regen.train.layout`.
+Files written are listed in :mod:`regen.train.data`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from regen.errors import ConfigError, EndpointError
 from regen.store import RunDir
 from regen.store import layout as store_layout
 from regen.store.verify import refuse_damaged
-from regen.train import layout
+from regen.train import data
 from regen.train.checks import check_target_files, check_train_config, turn_open_ids
 from regen.train.config import TrainConfig, load_train_config
 from regen.train.specforge_config import (
@@ -113,8 +113,8 @@ def prepare_training(
     aux = check_train_config(cfg)
     check_target_files(cfg)
 
-    shards = layout.ensure_export(rd, cfg)
-    prompts = layout.prompts_file(rd, shards)
+    shards = data.ensure_export(rd, cfg)
+    prompts = data.prompts_file(rd, shards)
     scan = scan_prompts([prompts], turn_open_ids(cfg))
     check_loss_masks(scan)
     check_vocab(
@@ -124,12 +124,12 @@ def prepare_training(
         max_token_id=scan.max_token_id,
     )
 
-    rd.makedirs(layout.TRAIN_DIR)
-    rd.write_text_atomic(layout.TRAIN_YAML, cfg.to_yaml())
-    draft_path = Path(rd.path(layout.DRAFT_CONFIG))
-    rd.write_json_atomic(layout.DRAFT_CONFIG, draft_config(cfg, aux))
-    run_yaml = Path(rd.path(layout.RUN_YAML))
-    control = cfg.deployment.control_dir or rd.path(layout.CONTROL_DIR)
+    rd.makedirs(data.TRAIN_DIR)
+    rd.write_text_atomic(data.TRAIN_YAML, cfg.to_yaml())
+    draft_path = Path(rd.path(data.DRAFT_CONFIG))
+    rd.write_json_atomic(data.DRAFT_CONFIG, draft_config(cfg, aux))
+    run_yaml = Path(rd.path(data.RUN_YAML))
+    control = cfg.deployment.control_dir or rd.path(data.CONTROL_DIR)
     run = run_config(
         cfg,
         aux_ids_specforge=aux,

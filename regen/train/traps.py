@@ -70,10 +70,6 @@ def to_specforge_ids(ids: Sequence[int], numbering: str) -> list[int]:
     return [i - 1 for i in ids] if numbering == "sglang" else list(ids)
 
 
-def to_sglang_ids(ids: Sequence[int], numbering: str) -> list[int]:
-    return list(ids) if numbering == "sglang" else [i + 1 for i in ids]
-
-
 def check_aux_layer_ids(ids: Sequence[int], numbering: str, num_layers: int) -> list[int]:
     """Refuse ids that look like the other tool's numbering; return them in SpecForge numbering.
 

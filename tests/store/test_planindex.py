@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from _runs import copy_demo
 
-from regen.engine.planning import Plan, plan_session
+from regen.engine.planning import SessionPlan, plan_session
 from regen.engine.schedule import WorkQueue
 from regen.errors import SourceError
 from regen.manifest import Manifest, load_manifest, parse_manifest
@@ -38,7 +38,7 @@ def fail(sid: str, permanent: bool) -> FailureRecord:
                          message="m", attempts=1, permanent=permanent, at=1.0)  # fmt: skip
 
 
-def contents(plan: Plan) -> dict:
+def contents(plan: SessionPlan) -> dict:
     """Everything a session takes from its plan, bodies included."""
     with plan.spill:
         bodies = {p.id: unpacked(p.loaded(plan.spill)) for p in plan.todo}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from train_fixtures import kimi_row
 
-from regen.train import layout
+from regen.train import data
 from regen.train.launch import follow_job, launch_training, prepare_training, submit_training
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
@@ -27,7 +27,7 @@ def test_job_runs_preflight_on_cluster_then_the_exact_specforge_argv(
     address = ray_head.dashboard_url
     states: list[str] = []
     result = launch_training(
-        layout.open_local(run_dir),
+        data.open_local(run_dir),
         write_train_yaml(),
         address=address,
         gpus=8,
@@ -42,12 +42,12 @@ def test_job_runs_preflight_on_cluster_then_the_exact_specforge_argv(
     assert result.state == "SUCCEEDED", _logs(address, result.submission_id)
     assert states[-1] == "SUCCEEDED"
 
-    job = json.loads((run_dir / layout.JOB).read_text())
+    job = json.loads((run_dir / data.JOB).read_text())
     assert job["submission_id"] == result.submission_id
     assert job["state"] == "SUCCEEDED" and job["entrypoint_num_gpus"] == 8
     assert [h["state"] for h in job["history"]][-1] == "SUCCEEDED"
 
-    pre = json.loads((run_dir / layout.PREFLIGHT).read_text())
+    pre = json.loads((run_dir / data.PREFLIGHT).read_text())
     assert pre["ok"] and pre["rows"] == 6 and pre["prepared"] == 6
     assert pre["argv"] == expected and pre["exec_argv"] == ["echo", "LAUNCH", *expected]
     # Ray granted the 8 GPUs the job asked for
@@ -61,7 +61,7 @@ def test_cluster_preflight_refuses_data_changed_after_submit(
 ) -> None:
     address = ray_head.dashboard_url
     plan = prepare_training(
-        layout.open_local(run_dir),
+        data.open_local(run_dir),
         write_train_yaml(),
         gpus=8,
         launcher="echo LAUNCH",
@@ -73,10 +73,10 @@ def test_cluster_preflight_refuses_data_changed_after_submit(
         f.write(json.dumps(bad) + "\n")
     sid = submit_training(plan, address=address)
     state, _, _ = follow_job(
-        layout.open_local(run_dir), sid, address=address, poll_s=0.5, timeout_s=180
+        data.open_local(run_dir), sid, address=address, poll_s=0.5, timeout_s=180
     )
     assert state == "FAILED"
-    pre = json.loads((run_dir / layout.PREFLIGHT).read_text())
+    pre = json.loads((run_dir / data.PREFLIGHT).read_text())
     assert pre["ok"] is False and pre["trap"] == "empty-loss-mask"
-    assert json.loads((run_dir / layout.JOB).read_text())["state"] == "FAILED"
+    assert json.loads((run_dir / data.JOB).read_text())["state"] == "FAILED"
     assert "LAUNCH specforge" not in _logs(address, sid)

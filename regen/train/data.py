@@ -1,4 +1,4 @@
-"""The training records of a run directory, and how the export feeds them.
+"""The training data of a run directory: its export (made when needed) and the prompts file.
 
 The files (``RUN_DIR`` must be a local or shared-filesystem path: the cluster reads it) are
 named and typed in :mod:`regen.store.layout`: ``export/`` (shards + stats, written by
