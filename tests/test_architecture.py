@@ -4,7 +4,8 @@
   at the top, inside a function, under ``if TYPE_CHECKING``);
 - the store (regen/store) imports nothing from the layers above it: regen.engine, regen.cli,
   regen.status, monitor;
-- the layers of docs/architecture.md: a package imports only the packages that table allows.
+- the layers of docs/architecture.md ("which package may import which"): a package imports only
+  the foundation and the packages its row of that table lists.
 
 (The third check of the house, no run-directory file name spelled outside
 regen/store/layout.py, is tests/store/test_layout.py.)
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 ROOTS = ("regen", "monitor", "pipelines")
 #: packages the store may never import (it is below all of them)
 ABOVE_THE_STORE = ("regen.engine", "regen.cli", "regen.status", "monitor")
+ARCHITECTURE = REPO / "docs" / "architecture.md"
 
 
 def module_name(path: Path, repo: Path = REPO) -> str:
@@ -121,9 +124,46 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
                   for t in ts if above(t))  # fmt: skip
 
 
-def check(repo: Path = REPO) -> dict[str, list]:
+def package(module: str) -> str:
+    """``regen.store.layout`` -> ``regen.store``; ``monitor.live`` -> ``monitor``."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "regen" and len(parts) > 1 else parts[0]
+
+
+def allowed_imports(doc: str) -> tuple[set[str], dict[str, set[str]]]:
+    """The foundation and ``{package: packages it may import}`` from the "Layers" section of
+    docs/architecture.md (its sentence naming the foundation, and its table)."""
+    section = doc.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    para = section.split("The foundation", 1)[1].split("\n\n", 1)[0]
+    foundation = set(re.findall(r"`([\w.]+)`", para))
+    table: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`"):
+            table[cells[0].strip("`")] = set(re.findall(r"`([\w.]+)`", cells[1]))
+    return foundation, table
+
+
+def layer_violations(graph: dict[str, set[str]], doc: str) -> list[str]:
+    """``module -> imported`` for every import between packages that the table does not
+    allow (a package missing from the table may import only the foundation)."""
+    foundation, table = allowed_imports(doc)
+    out = []
+    for mod, targets in graph.items():
+        mine = package(mod)
+        ok = foundation | (set() if mine in foundation else table.get(mine, set()))
+        for t in sorted(targets):
+            theirs = package(t)
+            if theirs != mine and theirs not in ok:
+                out.append(f"{mod} -> {t}")
+    return sorted(out)
+
+
+def check(repo: Path = REPO, doc: str | None = None) -> dict[str, list]:
     graph = import_graph(repo)
-    return {"modules": [len(graph)], "circles": circles(graph), "upward": upward_imports(graph)}
+    text = ARCHITECTURE.read_text(encoding="utf-8") if doc is None else doc
+    return {"modules": [len(graph)], "circles": circles(graph), "upward": upward_imports(graph),
+            "layers": layer_violations(graph, text)}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +190,22 @@ def test_the_store_imports_nothing_above_it(found) -> None:
     assert found["upward"] == [], "the store imports upward:\n" + "\n".join(found["upward"])
 
 
+def test_packages_import_only_what_the_architecture_allows(found) -> None:
+    assert found["layers"] == [], (
+        "imports docs/architecture.md's layers do not allow (move the code, or change the "
+        "table on purpose):\n" + "\n".join(found["layers"])
+    )
+
+
+def test_every_package_has_a_row_in_the_layers_table() -> None:
+    foundation, table = allowed_imports(ARCHITECTURE.read_text(encoding="utf-8"))
+    packages = {"monitor", "pipelines", *(
+        f"regen.{p.stem if p.is_file() else p.name}" for p in (REPO / "regen").iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()
+    )}  # fmt: skip
+    assert packages - {"regen"} <= (foundation | set(table)), packages - foundation - set(table)
+
+
 def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     """A deliberate circle and a deliberate upward import are found (the checks can fail)."""
     for mod, text in {
@@ -165,6 +221,11 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     }.items():
         (tmp_path / mod).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / mod).write_text(text)
-    got = check(tmp_path)
+    doc = (
+        "## Layers\n\nThe foundation: `regen`.\n\n| package | may import |\n|---|---|\n"
+        "| `regen.engine` | `regen.store` |\n| `regen.store` | — |\n"
+    )
+    got = check(tmp_path, doc)
     assert got["circles"] == [["regen.store.layout", "regen.store.rundir"]]
     assert got["upward"] == ["regen.store.verify -> regen.engine.planning"]
+    assert got["layers"] == ["regen.store.verify -> regen.engine.planning"]

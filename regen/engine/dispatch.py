@@ -1,4 +1,6 @@
-"""The dispatch loop: keep every worker fed, record outcomes, replace dead workers. No files.
+"""The dispatch loop: keep every worker fed, record outcomes, replace dead workers.
+
+Owns no files (its recorder, the driver, stores what it reports).
 
 :class:`Dispatcher` runs against any :class:`~regen.engine.pool.WorkerPool` (Ray actors in a
 run, objects on an event loop in unit tests):

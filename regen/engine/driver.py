@@ -2,9 +2,10 @@
 
 Files (through :mod:`regen.store`; names in :mod:`regen.store.layout`): the lock (held for the
 session), run.json and manifest.yaml (:func:`regen.store.run.prepare_run`), plan.json
-and plan/ (:mod:`regen.engine.planning`, :mod:`regen.engine.planindex`), checks.json
+and plan/ (:mod:`regen.engine.planning`, :mod:`regen.store.planindex`), checks.json
 (:mod:`regen.engine.preflight`), journal/, parts/ and their records, quarantine/
-(:mod:`regen.store.journal`), failures/, schedule.json, progress.json
+(:mod:`regen.store.segments`, :mod:`regen.store.parts`, :mod:`regen.store.doneset`),
+failures/ (:mod:`regen.store.failures`), schedule.json, progress.json
 (:class:`regen.engine.tracker.ProgressTracker`, every ~2 s and once at the end).
 
 Flow: fail-fast checks (:mod:`regen.engine.preflight`: paths, tokenizer, one render per

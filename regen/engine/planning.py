@@ -3,8 +3,9 @@
 :func:`plan_session` takes the manifest's samples (filtered, deduplicated, limited) and splits
 them into work to regenerate, native rows to store as they are, and samples already done or
 failed permanently. :func:`write_plan` records the per-source totals as ``plan.json``
-(:class:`regen.store.layout.PlanRecord`), which the dashboard reads for its expected turns per
-sample.
+(:class:`regen.store.layout.PlanRecord`, written through the layout's file), which the
+dashboard reads for its expected turns per sample; ``plan/`` is the plan index's
+(:mod:`regen.store.planindex`).
 
 Where the samples come from: given the run directory, a valid plan index
 (:mod:`regen.store.planindex`) answers which samples exist and where their rows are; the

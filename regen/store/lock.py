@@ -1,5 +1,11 @@
 """The run directory's lock: one live session per directory, on local disks and object stores.
 
+Files (names and records in :mod:`regen.store.layout`)::
+
+    lock.json             LockRecord: the session holding the directory, its heartbeat
+    lock.json.takeover    held (exclusive create) by the one session taking a stale lock
+                          over, for that moment only (local and shared POSIX paths)
+
 The lock is ``lock.json`` (:class:`regen.store.layout.LockRecord`). Its holder rewrites
 ``heartbeat_at`` every :data:`HEARTBEAT_S` seconds from a daemon thread; a lock is stale by the
 one rule of :func:`why_gone` (heartbeat older than 30 s, or its pid gone on the same host), and

@@ -2,8 +2,8 @@
 
 A run directory is a local path (``runs/demo``) or any URI pyarrow.fs understands
 (``file:///abs/path``, ``s3://bucket/prefix?endpoint_override=host:port&scheme=http``, ...).
-``RunDir`` only knows relative paths below that root; what lives there is documented in
-:mod:`regen.store.layout`, the only module that names those files.
+``RunDir`` only knows relative paths below that root and owns no files of its own: what lives
+there is documented in :mod:`regen.store.layout`, the only module that names those files.
 
 Every write of a whole file goes through :meth:`RunDir.atomic_writer`: the bytes go to a
 temporary sibling (``.tmp-*``) that is then moved over the target, so a reader sees the old or
