@@ -498,6 +498,38 @@ def estimate_eta(
     )
 
 
+def run_state(
+    p: ProgressSnapshot | None,
+    holder: Holder | None,
+    growth: float | None,
+    now: float,
+    stall_limit: float,
+) -> tuple[str, str]:
+    """The run's state and why (the module docstring's definitions): from the progress file's
+    last state, the lock holder, the last time completion tokens grew and ``now``."""
+    alive = holder is not None and holder.alive
+    new_session = holder is not None and bool(holder.session) and p is not None and (
+        holder.session != p.session)  # fmt: skip
+    if p is None:
+        return ("starting" if alive else "empty"), f"no {layout.PROGRESS} yet"
+    if p.state != "running":
+        if alive and new_session:
+            assert holder is not None
+            return "starting", f"new session {holder.session} (last: {p.state})"
+        return p.state, ""
+    last = max(growth or p.started_at, p.started_at)
+    if not alive:
+        return "dead", holder.why_gone if holder else f"{layout.LOCK} is gone"
+    if new_session:
+        assert holder is not None
+        return "starting", f"new session {holder.session}"
+    if now - last > stall_limit:
+        return "stalled", f"no new tokens for {fmt_age(now - last)}"
+    if now - p.updated_at > stall_limit:
+        return "stalled", f"{layout.PROGRESS} not updated for {fmt_age(now - p.updated_at)}"
+    return "running", ""
+
+
 def compute(
     files: RunFiles,
     *,
@@ -513,35 +545,11 @@ def compute(
     p = files.progress
     run = files.run
     holder = read_holder(files.lock, now, hostname=hostname, pid_alive=pid_alive)
-    alive = holder is not None and holder.alive
     series = p.token_series if p else []
     growth = last_growth_at(series)
     local = p is not None and p.host == (socket.gethostname() if hostname is None else hostname)
     stall_limit = stall_after_s + (0.0 if local else CLOCK_SKEW_S)
-
-    # state
-    if p is None:
-        state = "starting" if alive else "empty"
-        reason = f"no {layout.PROGRESS} yet"
-    elif p.state == "running":
-        last = max(growth or p.started_at, p.started_at)
-        if not alive:
-            state = "dead"
-            reason = holder.why_gone if holder else f"{layout.LOCK} is gone"
-        elif holder is not None and holder.session and holder.session != p.session:
-            state, reason = "starting", f"new session {holder.session}"
-        elif now - last > stall_limit:
-            state = "stalled"
-            reason = f"no new tokens for {fmt_age(now - last)}"
-        elif now - p.updated_at > stall_limit:
-            state = "stalled"
-            reason = f"{layout.PROGRESS} not updated for {fmt_age(now - p.updated_at)}"
-        else:
-            state, reason = "running", ""
-    elif alive and holder is not None and holder.session and holder.session != p.session:
-        state, reason = "starting", f"new session {holder.session} (last: {p.state})"
-    else:
-        state, reason = p.state, ""
+    state, reason = run_state(p, holder, growth, now, stall_limit)
 
     check = files.parts
     srcs = [shown(name, sp, check.deficit.get(name) if check else None)

@@ -1,4 +1,12 @@
-"""Shared fixtures: a session-scoped local Ray head (loopback only), isolated from leftovers.
+"""Shared fixtures and the test tiers.
+
+**Tiers.** A test marked ``ray`` needs Ray, ``server`` a real ``transformers serve``; ``slow``
+(given here, by :data:`SLOW`) starts server processes (``regen simulate``, moto, SGLang's or
+SpecForge's code in a subprocess) or runs a timed workload. Every other test is marked
+``fast``: ``./scripts/test -m fast`` is the tier a developer runs often (no Ray, no server
+process; in-thread simulators and short ``python -c`` checks only).
+
+**Ray.** A session-scoped local Ray head (loopback only), isolated from leftovers.
 
 ``ray_head`` starts ``ray start --head --block`` in its own process group with its own
 --temp-dir, HOME and PATH (the venv's bin first: a job entrypoint's ``python`` is looked up on
@@ -32,6 +40,48 @@ VENV_BIN = Path(sys.executable).parent
 RAY_START_TIMEOUT_S = 120.0
 #: seconds the head gets to stop on SIGTERM before its process group is killed
 HEAD_STOP_TIMEOUT_S = 5.0
+
+
+#: tests (a module, or one test by node id below tests/) out of the fast tier: they start server
+#: processes or run timed workloads (measured with --durations: each module takes seconds)
+SLOW = (
+    "bench/test_bench_cli.py",
+    "bench/test_bench_e2e.py",
+    "bench/test_bench_runner.py",
+    "bench/test_bench_reweight.py::test_plan_reweight_writes_an_overlay_that_plan_loads",
+    "bench/test_bench_reweight.py::test_plan_reweight_refuses_a_bad_bench",
+    "contract/test_sglang_wheel.py",
+    "simulate/test_sim_capacity.py",
+    "simulate/test_sim_cli.py",
+    "simulate/test_sim_faults_server.py",
+    "simulate/test_sim_spec_server.py",
+    "store/test_run_lock.py::test_two_processes_racing_for_a_stale_lock_one_wins",
+    "store/test_s3_store.py",
+    "train/test_train_pipeline.py",
+    "train/test_train_serving.py",
+)
+#: markers that keep a test out of the fast tier
+NOT_FAST = ("ray", "server", "slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests of :data:`SLOW` ``slow`` and every test without a :data:`NOT_FAST`
+    marker ``fast`` (a SLOW entry that matches no test is an error: the list stays true)."""
+    here = Path(__file__).resolve().parent
+    matched: set[str] = set()
+    for item in items:
+        rel = Path(str(item.path)).resolve().relative_to(here).as_posix()
+        node = f"{rel}::{item.name.split('[', 1)[0]}"
+        for entry in SLOW:
+            if entry in (rel, node):
+                item.add_marker(pytest.mark.slow)
+                matched.add(entry)
+        if not any(item.get_closest_marker(m) for m in NOT_FAST):
+            item.add_marker(pytest.mark.fast)
+    ran_all = {Path(str(i.path)).resolve().relative_to(here).as_posix() for i in items}
+    stale = [e for e in SLOW if e not in matched and e.split("::", 1)[0] in ran_all]
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py SLOW names no test: {stale}")
 
 
 class RayHead(NamedTuple):

@@ -20,7 +20,7 @@ from regen.sources import read_samples
 from regen.store import RunDir, layout
 from regen.store.planindex import native_check
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "manifests" / "demo.yaml"
 REGEN = Path(sys.executable).with_name("regen")
 
