@@ -21,9 +21,11 @@ then SIGKILL); ``ray stop`` is not used because it would stop every Ray on this 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,7 +68,9 @@ NOT_FAST = ("ray", "server", "slow")
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the tests of :data:`SLOW` ``slow`` and every test without a :data:`NOT_FAST`
-    marker ``fast`` (a SLOW entry that matches no test is an error: the list stays true)."""
+    marker ``fast`` (a SLOW entry that matches no test is an error: the list stays true), then
+    put the modules with a ``ray`` or ``server`` test first (in collection order otherwise): the
+    longest run first, so two xdist workers (``--dist loadfile``) end together."""
     here = Path(__file__).resolve().parent
     matched: set[str] = set()
     for item in items:
@@ -78,6 +82,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 matched.add(entry)
         if not any(item.get_closest_marker(m) for m in NOT_FAST):
             item.add_marker(pytest.mark.fast)
+    heavy = {i.path for i in items if i.get_closest_marker("ray") or i.get_closest_marker("server")}
+    items.sort(key=lambda i: i.path not in heavy)  # stable: the order within each group stays
     ran_all = {Path(str(i.path)).resolve().relative_to(here).as_posix() for i in items}
     stale = [e for e in SLOW if e not in matched and e.split("::", 1)[0] in ran_all]
     if stale:
@@ -115,11 +121,11 @@ def ray_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def ray_head(
-    tmp_path_factory: pytest.TempPathFactory, ray_env: dict[str, str]
-) -> Iterator[RayHead]:
+def ray_head(ray_env: dict[str, str]) -> Iterator[RayHead]:
     """A real local Ray head: 2 CPUs, 8 logical GPUs, dashboard on 127.0.0.1."""
-    tmp = tmp_path_factory.mktemp("ray-head")
+    # a short temp dir of its own: Ray's socket paths below it must stay under 107 bytes (a
+    # pytest-xdist worker's basetemp is longer), removed with the head
+    tmp = Path(tempfile.mkdtemp(prefix="regen-ray-"))
     gcs_port, dash_port = free_port(), free_port()
     argv = [
         str(VENV_BIN / "ray"), "start", "--head", "--block",
@@ -164,3 +170,4 @@ def ray_head(
                 os.environ[k] = v
         stop_group(proc, HEAD_STOP_TIMEOUT_S)
         log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
