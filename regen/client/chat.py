@@ -34,13 +34,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from regen.client.errors import not_protocol
 from regen.client.retry import FailureHook, RetryPolicy
 from regen.client.stream import StreamAccumulator, usage_fields
 from regen.client.transport import ChatTransport
-from regen.errors import ConfigError, PermanentError, ServerError, StreamCutError
+from regen.errors import (
+    ConfigError,
+    InvalidTextError,
+    PermanentError,
+    ServerError,
+    StreamCutError,
+)
 from regen.manifest import Endpoint, Manifest, Sampling, public_url
 from regen.result import TurnResult
-from regen.sample import ToolCall
+from regen.sample import ToolCall, lone_surrogate
 
 log = logging.getLogger(__name__)
 
@@ -231,8 +238,11 @@ class ChatClient:
         start = self._clock()
         try:
             if self.streaming:
-                return await self._stream(body, start)
-            return await self._whole(body, start)
+                result = await self._stream(body, start)
+            else:
+                result = await self._whole(body, start)
+            _check_text(result, self.url)
+            return result
         except Exception as e:
             log.debug("sample %s: %s", sample_id, e)
             raise
@@ -265,7 +275,10 @@ class ChatClient:
         data = await self._transport.complete(body)
         end = self._clock()
         choices = data.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        if not isinstance(choices, list):  # JSON, but not a chat completion: the endpoint's
+            raise not_protocol(self.url, "JSON without choices", "application/json",
+                               json.dumps(data, default=str)[:1000])  # fmt: skip
+        if not choices or not isinstance(choices[0], dict):
             raise PermanentError(f"response from {self.url} has no choices", endpoint=self.url)
         choice = choices[0]
         msg = choice.get("message") if isinstance(choice.get("message"), dict) else {}
@@ -290,6 +303,21 @@ class ChatClient:
 
     async def aclose(self) -> None:
         await self._transport.aclose()
+
+
+def _check_text(result: TurnResult, url: str) -> None:
+    """An answer whose text is not valid Unicode (a lone surrogate) cannot become a row: the
+    sample fails with :class:`InvalidTextError` naming the field (regen.sample's rule)."""
+    fields = [("content", result.content), ("reasoning", result.reasoning or "")]
+    for i, c in enumerate(result.tool_calls):
+        fields += [(f"tool_calls[{i}].name", c.name), (f"tool_calls[{i}].arguments", c.arguments),
+                   (f"tool_calls[{i}].id", c.id)]  # fmt: skip
+    for name, text in fields:
+        if (bad := lone_surrogate(text)) is not None:
+            raise InvalidTextError(
+                f"answer from {url}: field {name!r}: invalid_unicode (lone surrogate {bad})",
+                endpoint=url,
+            )
 
 
 #: finish reasons of a turn the model really finished (or was cut by max_tokens)

@@ -44,7 +44,7 @@ from regen.engine.pool import RayWorkerPool
 from regen.engine.schedule import LengthModel, QueueItems, WorkQueue, schedule_record
 from regen.engine.tracker import ProgressTracker
 from regen.engine.worker import SampleOutcome
-from regen.errors import RegenError
+from regen.errors import RegenError, RunIncompleteError
 from regen.manifest import Endpoint, Manifest, public_url
 from regen.progress import ProgressSnapshot
 from regen.store import layout
@@ -210,6 +210,7 @@ class _Session:
         self.lock_lost: str = ""  #: set when another run took the lock over
         #: new attempts planned: sample id -> the counters of the answer each replaces
         self.replaces: dict[str, SourceCounts] = {}
+        self.refused: set[str] = set()  #: endpoints announced as refused (one line each)
 
     # -- recording (regen.engine.dispatch.Recorder) --------------------------------------
     def store(self, sample_id: str, source: str, rows: list[dict[str, Any]]) -> None:
@@ -303,10 +304,21 @@ class _Session:
         self._last_progress = now
         assert self.tracker is not None
         if snapshots is not None:
-            self.tracker.workers(snapshots())
+            snaps = snapshots()
+            self.tracker.workers(snaps)
+            self._announce_refused(snaps)
         self.tracker.write()
         if self.opts.on_progress is not None:
             self.opts.on_progress(self.tracker.snap)
+
+    def _announce_refused(self, snaps: list[dict[str, Any]]) -> None:
+        """One line per endpoint a worker took out for an endpoint-wide fault (regen.router)."""
+        for snap in snaps:
+            for url, ep in snap.get("endpoints", {}).items():
+                if ep.get("state") == "refused" and url not in self.refused:
+                    self.refused.add(url)
+                    log.warning("endpoint %s out of rotation for this session: %s",
+                                public_url(url), ep.get("refusal"))  # fmt: skip
 
     def on_lock_lost(self, message: str) -> None:
         self.lock_lost = message
@@ -439,6 +451,10 @@ class _Session:
             cpu = time.process_time()
             try:
                 state = d.run(queue, self)
+            except RunIncompleteError as e:  # no endpoint left, all workers died: on the
+                assert self.tracker is not None  # dashboard too; finish() keeps what is done
+                self.tracker.driver_error(e.kind, str(e)[:300])
+                raise
             finally:
                 self.summary.workers_respawned = d.respawned
                 used = self.summary.dispatch_cpu_s = time.process_time() - cpu

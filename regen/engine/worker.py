@@ -13,6 +13,11 @@ slots = requests in flight). The slots are the sum of the endpoints' in-flight l
 ``max_running_requests`` (the driver splits it over the workers; without one reported, the
 worker's ``concurrency`` split over the endpoints) and moved on the worker's own throughput,
 TTFT and overload (503/429) signals. Rows are built (tokenized) off the event loop.
+
+An endpoint-wide fault (:class:`regen.errors.EndpointFaultError`: 401, 403, 404, not the
+protocol) is never the sample's: the router takes that endpoint out and the request is sent
+again elsewhere at once (not counted as a try). With no endpoint left the sample's outcome is
+``unsent``: not failed, not recorded; the dispatch stops the session (regen.engine.dispatch).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from regen.engine.adaptive import AdaptiveLimit
 from regen.engine.attempts import attempt_seed
 from regen.engine.turns import DoneTurn, regenerate
 from regen.errors import (
+    EndpointFaultError,
+    NoEndpointLeftError,
     OverloadedError,
     RateLimitedError,
     RegenError,
@@ -53,7 +60,8 @@ class SampleOutcome:
     sample_id: str
     source: str
     rows: list[dict[str, Any]] = field(default_factory=list)
-    status: str = "done"  #: "done" | "permanent" | "transient"
+    #: "done" | "permanent" | "transient" | "unsent" (no endpoint left: not the sample's)
+    status: str = "done"
     kind: str = ""  #: error class (RegenError.kind) when not done
     http_status: int | None = None
     message: str = ""
@@ -267,7 +275,12 @@ class SampleWorker:
             if n < self.retry.max_attempts:
                 st.retried += 1
 
-        result, attempts = await self.retry.call(attempt, on_failure=on_failure)
+        while True:
+            try:
+                result, attempts = await self.retry.call(attempt, on_failure=on_failure)
+                break
+            except EndpointFaultError as e:  # the router took that endpoint out: go elsewhere
+                st.error(e.kind, str(e))  # (acquire raises NoEndpointLeftError at the end)
         result.attempts = attempts
         st.ok += 1
         return result
@@ -297,6 +310,8 @@ class SampleWorker:
             finally:
                 self.slots.release()
             out.rows = await asyncio.to_thread(self._rows, sample, turns)
+        except NoEndpointLeftError as e:  # not the sample's fault: left for the next run
+            out.status, out.kind, out.message = "unsent", e.kind, str(e)[:1000]
         except RequestError as e:
             self.stats.failed += 1
             if not isinstance(e, TransientError):

@@ -29,6 +29,8 @@ from regen.errors import (
     ConfigError,
     ConnectError,
     ContextLengthError,
+    EndpointFaultError,
+    NotProtocolError,
     OverloadedError,
     PermanentError,
     RateLimitedError,
@@ -237,9 +239,9 @@ def test_non_streaming_asks_for_and_reads_server_token_ids(choice_extra, top_ext
         (error_response(503), OverloadedError),
         (error_response(429), RateLimitedError),
         (error_response(400), PermanentError),
-        (error_response(401, {"error": "Unauthorized"}), PermanentError),
-        (error_response(403), PermanentError),
-        (error_response(404), PermanentError),
+        (error_response(401, {"error": "Unauthorized"}), EndpointFaultError),
+        (error_response(403), EndpointFaultError),
+        (error_response(404), EndpointFaultError),
         (error_response(422, {"detail": "Unexpected fields"}), PermanentError),
         (error_response(413), ContextLengthError),
         (
@@ -248,7 +250,7 @@ def test_non_streaming_asks_for_and_reads_server_token_ids(choice_extra, top_ext
             ),
             ContextLengthError,
         ),
-        (Reply(200, b"not json"), PermanentError),
+        (Reply(200, b"not json"), NotProtocolError),
     ],
 )
 def test_errors_map_by_type_and_status(step, expected):
@@ -327,7 +329,7 @@ def test_api_key_from_env_is_sent_and_never_in_errors(monkeypatch):
             finally:
                 await client.aclose()
 
-        with pytest.raises(PermanentError) as info:
+        with pytest.raises(EndpointFaultError) as info:
             asyncio.run(go())
     assert script.requests[0].headers["Authorization"] == f"Bearer {secret}"
     assert secret not in str(info.value) and secret not in repr(info.value)
