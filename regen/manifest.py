@@ -139,9 +139,10 @@ class Engine(Strict):
 
     #: Ray actors issuing requests
     workers: int = Field(default=2, ge=1)
-    #: requests in flight per actor when a server reports no max_running_requests; when it does,
-    #: each actor starts at its share of the server's slots (+1/8) and adapts (docs/performance.md)
-    concurrency: int = Field(default=64, ge=1)
+    #: a hard upper bound on the requests in flight per actor; unset (the default): automatic,
+    #: each actor starts at its share of the server's slots (+1/8) and adapts, or 64 when a
+    #: server reports no max_running_requests (docs/performance.md)
+    concurrency: int | None = Field(default=None, ge=1)
     #: attempts per request before the sample is left for the next run
     max_attempts: int = Field(default=8, ge=1)
     #: first backoff delay, seconds

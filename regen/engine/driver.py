@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from regen.engine.adaptive import DEFAULT_CONCURRENCY, describe_limit
 from regen.engine.attempts import RetryFlagged, select
 from regen.engine.batch import PackedOutcome
 from regen.engine.dispatch import Dispatcher
@@ -43,7 +44,7 @@ from regen.engine.planning import Plan, plan_session, write_plan
 from regen.engine.pool import RayWorkerPool
 from regen.engine.schedule import LengthModel, QueueItems, WorkQueue, schedule_record
 from regen.engine.tracker import ProgressTracker
-from regen.engine.worker import SampleOutcome
+from regen.engine.worker import SampleOutcome, worker_slots
 from regen.errors import RegenError, RunIncompleteError
 from regen.manifest import Endpoint, Manifest, public_url
 from regen.progress import ProgressSnapshot
@@ -374,7 +375,8 @@ class _Session:
         level = logging.getLevelName(logging.getLogger("regen").getEffectiveLevel())
         warm.pool = RayWorkerPool(self.session, m, warm.infos, conc, m.engine.workers,
                                   log_level=level, secrets=_secrets(m))  # fmt: skip
-        prefetch = self.opts.prefetch if self.opts.prefetch is not None else max(2, conc // 4)
+        prefetch = (self.opts.prefetch if self.opts.prefetch is not None
+                    else max(2, (conc or DEFAULT_CONCURRENCY) // 4))  # fmt: skip
         warm.dispatcher = Dispatcher(warm.pool, m.engine.workers, prefetch=prefetch,
                                      max_respawns=self.opts.max_respawns,
                                      stop=self.stop)  # fmt: skip
@@ -446,8 +448,11 @@ class _Session:
             assert warm.dispatcher is not None and warm.pool is not None
             d = warm.dispatcher
             limits = [w.slots for w in d.workers]
-            log.info("%d workers against %d endpoint(s); starting in-flight limits %s",
-                     len(limits), len(warm.infos), limits)  # fmt: skip
+            auto = worker_slots(warm.infos, None, warm.pool.shares(0))
+            reported = any(getattr(i, "max_running_requests", None) for i in warm.infos)
+            log.info("%d workers against %d endpoint(s); starting in-flight limits %s (%s)",
+                     len(limits), len(warm.infos), limits,
+                     describe_limit(self.m.engine.concurrency, auto, reported))  # fmt: skip
             cpu = time.process_time()
             try:
                 state = d.run(queue, self)

@@ -12,7 +12,8 @@ slots = requests in flight). The slots are the sum of the endpoints' in-flight l
 :class:`regen.engine.adaptive.AdaptiveLimit` started at this worker's share of the server's
 ``max_running_requests`` (the driver splits it over the workers; without one reported, the
 worker's ``concurrency`` split over the endpoints) and moved on the worker's own throughput,
-TTFT and overload (503/429) signals. Rows are built (tokenized) off the event loop.
+TTFT and overload (503/429) signals, never past ``concurrency`` when the user set it (a hard
+cap per worker: regen.engine.adaptive). Rows are built (tokenized) off the event loop.
 
 An endpoint-wide fault (:class:`regen.errors.EndpointFaultError`: 401, 403, 404, not the
 protocol) is never the sample's: the router takes that endpoint out and the request is sent
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from regen.engine.adaptive import AdaptiveLimit
+from regen.engine.adaptive import DEFAULT_CONCURRENCY, AdaptiveLimit, capped
 from regen.engine.attempts import attempt_seed
 from regen.engine.turns import DoneTurn, regenerate
 from regen.errors import (
@@ -153,18 +154,27 @@ class Slots:
 
 
 def starting_limits(
-    endpoints: list[Any], concurrency: int, shares: dict[str, int] | None = None
+    endpoints: list[Any], concurrency: int | None, shares: dict[str, int] | None = None
 ) -> dict[str, int]:
     """Per-endpoint starting in-flight limit (and floor) of one worker: the driver's share of
     the server's batch slots when given, else the server's max_running_requests, plus 1/8
     headroom (a finished request's slot is refilled from the server's short queue instead of
-    idling for a client round trip); else ``concurrency`` split over the endpoints."""
+    idling for a client round trip); else ``concurrency`` (None: the default) split over the
+    endpoints. A set ``concurrency`` caps each (regen.engine.adaptive: a limit is a limit)."""
     out: dict[str, int] = {}
-    fallback = max(1, concurrency // max(1, len(endpoints)))
+    fallback = max(1, (concurrency or DEFAULT_CONCURRENCY) // max(1, len(endpoints)))
     for info in endpoints:
         slots = slot_share(info, shares)
-        out[info.url] = slots + -(-slots // HEADROOM_DIVISOR) if slots else fallback
+        auto = slots + -(-slots // HEADROOM_DIVISOR) if slots else fallback
+        out[info.url] = capped(auto, concurrency)
     return out
+
+
+def worker_slots(
+    endpoints: list[Any], concurrency: int | None, shares: dict[str, int] | None = None
+) -> int:
+    """A worker's starting slots (requests in flight): its endpoints' limits, capped."""
+    return capped(sum(starting_limits(endpoints, concurrency, shares).values()), concurrency)
 
 
 def slot_share(info: Any, shares: dict[str, int] | None) -> int | None:
@@ -179,7 +189,7 @@ class SampleWorker:
         self,
         manifest: Manifest,
         endpoints: list[Any],
-        concurrency: int,
+        concurrency: int | None,
         *,
         row_builder: RowBuilder | None = None,
         retry: Any = None,
@@ -212,14 +222,15 @@ class SampleWorker:
         self._clock = clock
         starts = starting_limits(endpoints, concurrency, shares)
         slots = {info.url: slot_share(info, shares) for info in endpoints}
+        self.concurrency = concurrency  #: the user's cap per worker (None: automatic)
+        most = {url: capped(max(2 * n, n + 8), concurrency) for url, n in starts.items()}
         self.limits = {
-            url: AdaptiveLimit(start=n, maximum=max(2 * n, n + 8), slots=slots.get(url))
+            url: AdaptiveLimit(start=n, maximum=most[url], slots=slots.get(url))
             for url, n in starts.items()
         }
         for url, ctl in self.limits.items():
             self.router.set_limit(url, ctl.current)
-        self.slots = Slots(sum(c.current for c in self.limits.values()))
-        self.concurrency = concurrency
+        self.slots = Slots(self._capacity())
         self.stats = WorkerStats()
         self._rows = row_builder or default_row_builder(manifest)
         self._probe_stop = asyncio.Event()
@@ -292,7 +303,11 @@ class SampleWorker:
         new = ctl.update(self._clock())
         if new is not None:
             self.router.set_limit(url, new)
-            self.slots.resize(sum(c.current for c in self.limits.values()))
+            self.slots.resize(self._capacity())
+
+    def _capacity(self) -> int:
+        """The worker's slots: its endpoints' limits, never past the user's cap."""
+        return capped(sum(c.current for c in self.limits.values()), self.concurrency)
 
     async def process(self, sample: Sample) -> SampleOutcome:
         """All turns of one sample, then its rows; failures become an outcome, not an error."""

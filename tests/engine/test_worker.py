@@ -118,7 +118,7 @@ def test_503_overload_backs_the_limit_off_and_never_takes_the_endpoint_out(caplo
             "engine": {"max_attempts": 10, "endpoint_failure_threshold": 3},
             "sources": [{"name": "s", "adapter": "sharegpt", "path": "x.jsonl"}],
         })  # fmt: skip
-        w = SampleWorker(m, [Endpoint(url=sim.url)], 4, row_builder=stub_rows,
+        w = SampleWorker(m, [Endpoint(url=sim.url)], None, row_builder=stub_rows,
                          retry=RetryPolicy.from_engine(m.engine, sleep=no_sleep),
                          shares={sim.url: 8})  # fmt: skip
         start = w.limits[sim.url].current
