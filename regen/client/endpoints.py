@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.client.chat import auth_headers, resolve_api_key
+from regen.client.errors import url_hint
 from regen.errors import EndpointError
 from regen.manifest import Endpoint, public_url
 
@@ -107,7 +108,8 @@ async def served_models(
             f"key and regen sent {how}"
         )
     if resp.status_code != 200:
-        raise EndpointError(f"{shown}: GET /models answered HTTP {resp.status_code}")
+        hint = url_hint(shown) if resp.status_code in (404, 405) else ""
+        raise EndpointError(f"{shown}: GET /models answered HTTP {resp.status_code}{hint}")
     try:
         data = resp.json().get("data") or []
         return {str(d["id"]): d for d in data if isinstance(d, dict) and "id" in d}
