@@ -32,9 +32,14 @@ PROBE_BYTES = 4096
 SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
 
 
-def _not_sse(head: bytes) -> bool:
-    """Whether the first bytes of a body are not a server-sent event stream."""
-    first = next((line.strip() for line in head.splitlines() if line.strip()), b"")
+def _not_sse(head: bytes, *, whole: bool = False) -> bool:
+    """Whether the first bytes of a body are not a server-sent event stream, judged on its
+    first complete non-empty line (``whole``: ``head`` is the whole body, its last line too;
+    else a line not yet ended may be cut mid-field and decides nothing)."""
+    lines = head.split(b"\n")
+    if not whole:
+        lines = lines[:-1]
+    first = next((line.strip() for line in lines if line.strip()), b"")
     return bool(first) and not first.startswith(SSE_FIELDS)
 
 
@@ -110,8 +115,8 @@ class ChatTransport:
                             return
                 if buf:
                     feed(buf)
-                if not acc.chunks and _not_sse(head):
-                    raise not_protocol(self.endpoint, "HTTP 200 without one event", ctype, head)
+                if not acc.chunks and _not_sse(head, whole=len(head) < PROBE_BYTES):
+                    await self._not_stream(resp, ctype, head)
         except RegenError:
             raise
         except Exception as e:

@@ -175,3 +175,13 @@ def test_every_request_error_message_is_writable() -> None:
     e = RequestError("server said \ud800 here", status=400)
     assert "\ufffd" in str(e)
     str(e).encode("utf-8")
+
+
+def test_a_first_piece_cut_mid_line_decides_nothing() -> None:
+    from regen.client.transport import _not_sse
+
+    assert not _not_sse(b"da")  # "data: ..." cut after two bytes: wait for the line's end
+    assert not _not_sse(b"\n\ndata: {")
+    assert not _not_sse(b": keep-alive\n")
+    assert _not_sse(b"<html>\n")
+    assert _not_sse(b"<html>", whole=True) and not _not_sse(b"data: {}", whole=True)
