@@ -3,19 +3,19 @@ request through (streams too) until told to refuse chat completions, the way a g
 policy changed, whose key was rotated or which serves its own error page does; the model list,
 ``/server_info`` and the health routes keep passing through (so the start-up check passes).
 It also counts the chat requests it holds at once (``peak``), which is what a server sharing
-its slots with regen sees. Runs in a daemon thread on a free 127.0.0.1 port.
+its slots with regen sees. Served like regen.simulate.scripted's loopback server (a daemon
+thread, a free 127.0.0.1 port).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
+
+from regen.simulate.scripted import ScriptedServer
 
 #: headers passed through to the server (the key included: a gateway forwards it)
 FORWARDED = ("Authorization", "Content-Type", "Accept")
@@ -38,11 +38,13 @@ HTML_PAGE = Refusal(
 )
 
 
-class Gateway:
+class Gateway(ScriptedServer):
     """``refuse_after``: chat requests passed through before it refuses every later one (None:
-    none refused); ``refusal``: how it refuses. ``url`` is the ``/v1`` base URL."""
+    none refused); ``refusal``: how it refuses. ``url`` is the ``/v1`` base URL; ``running()``
+    serves it (regen.simulate.scripted's loopback server, with this handler)."""
 
     def __init__(self, upstream: str) -> None:
+        super().__init__()
         self.upstream = upstream.rstrip("/")
         self.refuse_after: int | None = None
         self.refusal = Refusal()
@@ -50,12 +52,6 @@ class Gateway:
         self.refused = 0  #: chat requests refused
         self.in_flight = 0
         self.peak = 0  #: most chat requests passed through at once
-        self.base = ""
-        self._http: aiohttp.ClientSession | None = None
-
-    @property
-    def url(self) -> str:
-        return f"{self.base}/v1"
 
     def heal(self) -> None:
         self.refuse_after = None
@@ -82,10 +78,12 @@ class Gateway:
     async def _forward(
         self, request: web.Request, body: bytes, done: list[bool]
     ) -> web.StreamResponse:
-        assert self._http is not None
         headers = {k: request.headers[k] for k in FORWARDED if k in request.headers}
         url = f"{self.upstream}{request.path_qs}"
-        async with self._http.request(request.method, url, data=body, headers=headers) as up:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http,
+            http.request(request.method, url, data=body, headers=headers) as up,
+        ):
             ctype = up.headers.get("Content-Type", "application/octet-stream")
             resp = web.StreamResponse(status=up.status, headers={"Content-Type": ctype})
             await resp.prepare(request)
@@ -97,39 +95,3 @@ class Gateway:
                     await resp.write(piece)
                 await resp.write_eof()
             return resp
-
-    @contextlib.contextmanager
-    def running(self, timeout_s: float = 10.0) -> Iterator[Gateway]:
-        loop = asyncio.new_event_loop()
-        started = threading.Event()
-        stop: dict[str, asyncio.Event] = {}
-
-        async def main() -> None:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120))
-            app = web.Application()
-            app.router.add_route("*", "/{tail:.*}", self._handle)
-            runner = web.AppRunner(app, access_log=None, handle_signals=False)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            host, port = runner.addresses[0][:2]
-            self.base = f"http://{host}:{port}"
-            stop["event"] = asyncio.Event()
-            started.set()
-            try:
-                await stop["event"].wait()
-            finally:
-                await runner.cleanup()
-                await self._http.close()
-
-        thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
-        thread.start()
-        try:
-            if not started.wait(timeout_s):
-                raise RuntimeError("the gateway did not start")
-            yield self
-        finally:
-            if "event" in stop:
-                loop.call_soon_threadsafe(stop["event"].set)
-            thread.join(timeout=timeout_s)
-            loop.close()

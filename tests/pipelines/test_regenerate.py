@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -34,6 +35,18 @@ def submit(client, entrypoint: str, deadline: float) -> str:
             time.sleep(1.0)
 
 
+def finish(client, job: str, deadline: float) -> tuple[Any, str]:
+    """The job's terminal status and its logs (stopped when the deadline passes first)."""
+    status = client.get_job_status(job)
+    while not status.is_terminal() and time.monotonic() < deadline:
+        time.sleep(1.0)
+        status = client.get_job_status(job)
+    logs = client.get_job_logs(job)
+    if not status.is_terminal():
+        client.stop_job(job)
+    return status, logs
+
+
 def test_ray_job_submit_finishes_the_demo(ray_head, tmp_path) -> None:
     from ray.job_submission import JobStatus, JobSubmissionClient
 
@@ -44,13 +57,7 @@ def test_ray_job_submit_finishes_the_demo(ray_head, tmp_path) -> None:
         job = submit(client, "python -m pipelines.regenerate manifests/demo.yaml "
                      f"--out {out} --endpoint {sim.url} --workers 2 --concurrency 4 --no-view",
                      deadline)  # fmt: skip
-        status = client.get_job_status(job)
-        while not status.is_terminal() and time.monotonic() < deadline:
-            time.sleep(1.0)
-            status = client.get_job_status(job)
-        logs = client.get_job_logs(job)
-        if not status.is_terminal():
-            client.stop_job(job)
+        status, logs = finish(client, job, deadline)
         assert status == JobStatus.SUCCEEDED, logs[-4000:]
         received = sim.stats()["received"]
 
@@ -89,13 +96,7 @@ def test_a_job_that_leaves_samples_for_the_next_run_reads_failed(ray_head, tmp_p
         job = submit(client, "python -m pipelines.regenerate manifests/demo.yaml "
                      f"--out {out} --endpoint {gw.url} --workers 1 --concurrency 2 --no-view",
                      deadline)  # fmt: skip
-        status = client.get_job_status(job)
-        while not status.is_terminal() and time.monotonic() < deadline:
-            time.sleep(1.0)
-            status = client.get_job_status(job)
-        logs = client.get_job_logs(job)
-        if not status.is_terminal():
-            client.stop_job(job)
+        status, logs = finish(client, job, deadline)
     assert status == JobStatus.FAILED, logs[-4000:]
     assert "exit code 75" in " ".join((client.get_job_info(job).message or "").split())
     assert "no endpoint left" in " ".join(logs.split())
