@@ -438,12 +438,16 @@ class SourceCounts(Record):
     flags: dict[str, int] = Field(default_factory=dict)
     #: new attempts stored (samples answered again by regen run --retry-flagged)
     retried: int = 0
+    #: samples whose conversation ended early, per reason (the rows' ``ended`` column,
+    #: regen.engine.turns: a regenerated tool call that does not match the original's)
+    ended: dict[str, int] = Field(default_factory=dict)
 
     def add(self, other: SourceCounts, sign: int = 1) -> None:
         """Add ``other`` (``sign=-1``: subtract it)."""
         for name in SCALAR_COUNTS:
             setattr(self, name, getattr(self, name) + sign * getattr(other, name))
         add_flag_counts(self.flags, other.flags, sign)
+        add_flag_counts(self.ended, other.ended, sign)
 
 
 def add_flag_counts(into: dict[str, int], other: dict[str, int], sign: int = 1) -> None:
