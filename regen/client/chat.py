@@ -108,6 +108,13 @@ def _tool_calls_of(msg: dict[str, Any]) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
+def token_path(profile: EngineProfile, sampling: Sampling) -> str:
+    """Where a client of ``profile`` with ``sampling`` takes its rows' ids from (run.json)."""
+    if not profile.gives_ids or sampling.token_ids == "local":
+        return "local"
+    return profile.token_path(sampling.token_ids == "stream" and profile.can_stream_ids())
+
+
 class ChatClient:
     """Chat completions against one endpoint. One instance per endpoint (per actor)."""
 
@@ -171,7 +178,7 @@ class ChatClient:
     @property
     def token_path(self) -> str:
         """How this client's rows get their ids (run.json's ``token_path``)."""
-        return self.profile.token_path(self.streaming) if self.server_ids else "local"
+        return token_path(self.profile, self.sampling)
 
     def request_body(
         self,

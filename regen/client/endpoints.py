@@ -30,7 +30,7 @@ from typing import Any
 from regen.client.chat import auth_headers, resolve_api_key
 from regen.client.profiles import identify
 from regen.errors import EndpointError
-from regen.manifest import Endpoint, public_url
+from regen.manifest import Endpoint, Sampling, public_url
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,25 @@ async def check_endpoint(
     info.deterministic = found.deterministic
     info.speculative = found.speculative
     return info
+
+
+def engine_records(
+    infos: list[EndpointInfo], sampling: Sampling, session: str
+) -> dict[str, dict[str, Any]]:
+    """What run.json's ``engines`` records for the usable endpoints: public URL -> engine,
+    version, token_path (where the rows' ids come from), session."""
+    from regen.client.chat import token_path
+    from regen.client.profiles import profile_named
+
+    return {
+        public_url(i.url): {
+            "engine": i.engine,
+            "version": i.version,
+            "token_path": token_path(profile_named(i.engine), sampling),
+            "session": session,
+        }
+        for i in infos
+    }
 
 
 def seed_warnings(infos: list[EndpointInfo], seed: int | None) -> list[str]:

@@ -23,6 +23,7 @@ the same inputs returns at once.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -75,12 +76,13 @@ def build_scripted_target(out_dir: str | Path, *, seed: int = 0) -> Path:
     vocab = len(tok)
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     chain = [tok.convert_tokens_to_ids("</think>")]
-    chain += tok.encode(TOOL_CALL_TEXT, add_special_tokens=False) + [im_end]
+    chain += [*tok.encode(TOOL_CALL_TEXT, add_special_tokens=False), im_end]
     if len(set(chain)) != len(chain) or len(chain) > 32:
         raise AssertionError(f"the scripted chain needs distinct tokens: {chain}")
     special = set(tok.all_special_ids) | {
-        tok.convert_tokens_to_ids(t) for t in tok.get_vocab() if t.startswith("<|") or t in (
-            "<think>", "</think>", "[BOS]", "[EOS]", "[PAD]")
+        tok.convert_tokens_to_ids(t)
+        for t in tok.get_vocab()
+        if t.startswith("<|") or t in ("<think>", "</think>", "[BOS]", "[EOS]", "[PAD]")
     }
     config = LlamaConfig(
         vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
@@ -109,7 +111,7 @@ def build_scripted_target(out_dir: str | Path, *, seed: int = 0) -> Path:
         head[ordinary, -1] = 3.0
         head[im_end, rand] = 0.3 * torch.randn(width, generator=gen)
         head[im_end, -1] = 3.35
-        for i, (cur, nxt) in enumerate(zip(chain, chain[1:], strict=False)):
+        for i, (cur, nxt) in enumerate(itertools.pairwise(chain)):
             emb[cur] = 0.0
             emb[cur, i] = 1.0
             head[nxt, i] = 5.0

@@ -90,7 +90,8 @@ class SGLangProfile(EngineProfile):
         """``/server_info`` (or the older ``/get_server_info``) answers a JSON object."""
         for path in ("/server_info", "/get_server_info"):
             data = await get_json(http, f"{root}{path}", headers)
-            if isinstance(data, dict):
+            # vLLM answers /server_info too, in its dev mode, with its whole config
+            if isinstance(data, dict) and "vllm_config" not in data:
                 return identity_of(data)
         return None
 

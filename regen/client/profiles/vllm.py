@@ -12,7 +12,9 @@ tests/engines/test_vllm_contract.py).
 - reasoning in ``reasoning`` (not ``reasoning_content``); a non-streamed message's ``content``
   is null when empty;
 - identity: ``GET /version`` (``{"version": ...}``) and Prometheus ``/metrics`` named
-  ``vllm:...``; there is no ``/server_info`` (only with ``VLLM_SERVER_DEV_MODE=1``);
+  ``vllm:...``; there is no ``/server_info`` unless the server runs with
+  ``VLLM_SERVER_DEV_MODE=1`` (then ``/server_info?config_format=json`` holds the whole
+  ``vllm_config``: the speculative method, draft path and ``max_num_seqs`` are read from it);
 - the same ``seed`` gives the same answer (no server flag needed).
 """
 
@@ -53,14 +55,36 @@ SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 ADMISSION_REJECTIONS = "vllm:admission_rejections_total"
 
 
-def spec_settings(samples: list[MetricSample]) -> dict[str, int]:
+def dev_config(data: Any) -> dict[str, Any] | None:
+    """The ``vllm_config`` of a dev-mode ``/server_info?config_format=json`` answer."""
+    if isinstance(data, dict) and isinstance(data.get("vllm_config"), dict):
+        return data["vllm_config"]
+    return None
+
+
+def dev_speculative(config: dict[str, Any]) -> dict[str, Any]:
+    """The speculative settings in a dev-mode ``vllm_config`` ({} : none)."""
+    spec = config.get("speculative_config")
+    if not isinstance(spec, dict):
+        return {}
+    keys = ("method", "model", "num_speculative_tokens")
+    return {k: spec[k] for k in keys if spec.get(k) is not None} | {"source": "server_info"}
+
+
+def dev_slots(config: dict[str, Any]) -> int | None:
+    """``scheduler_config.max_num_seqs`` of a dev-mode ``vllm_config``."""
+    n = (config.get("scheduler_config") or {}).get("max_num_seqs")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
+def spec_settings(samples: list[MetricSample]) -> dict[str, Any]:
     """What /metrics says of speculation: nothing on a plain server; on a speculative one the
     number of draft positions (``num_speculative_tokens``: the per-position counter has one
     series per position). vLLM exposes neither the method nor the draft path there."""
     positions = label_values(samples, SPEC_ACCEPTED_PER_POS, "position")
     if counter_total(samples, SPEC_DRAFTS) is None and not positions:
         return {}
-    return {"num_speculative_tokens": len(positions)}
+    return {"num_speculative_tokens": len(positions), "source": "metrics"}
 
 
 class VLLMProfile(EngineProfile):
@@ -90,12 +114,18 @@ class VLLMProfile(EngineProfile):
         samples = parse_metrics(text) if text else []
         if not has_prefix(samples, METRIC_PREFIX):
             return None
-        return Identity(
+        found = Identity(
             engine=self.name,
             version=data["version"],
             deterministic=True,  # each request's seed is honoured
             speculative=spec_settings(samples),
         )
+        config = dev_config(await get_json(http, f"{root}/server_info?config_format=json", headers))
+        if config is not None:
+            found.speculative = dev_speculative(config)
+            found.max_running_requests = dev_slots(config)
+            found.slots_source = "max_num_seqs" if found.max_running_requests else None
+        return found
 
 
 VLLM = VLLMProfile()
