@@ -15,6 +15,12 @@ optionally ``--max-num-queued-reqs N`` (overload answers 503 past N unfinished r
 "num_speculative_tokens": K}``). ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sizes the KV cache.
 The model's attention head dimension must be one the CPU kernels support (32, 64, 80, ...).
 
+A trap of the CPU build: a seeded request (``seed`` set, as regen sends ``sampling.seed``)
+whose prompt is prefilled in chunks kills the engine (``RuntimeError: CPU Generator does not
+use offset`` in ``gpu_model_runner.py`` ``_bookkeeping_sync``: it rewinds the request's
+generator, which CPU generators cannot do). ``--max-num-batched-tokens`` is therefore set to
+``max_num_seqs × max_model_len`` by default, so no prompt is ever split.
+
 Owns one file when ``log_path`` is given: the server's combined stdout/stderr.
 """
 
@@ -61,6 +67,7 @@ class VllmServer:
         max_model_len: int = 2048,
         max_num_seqs: int = 8,
         max_num_queued_reqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
         speculative_config: dict[str, Any] | None = None,
         kimi_parsers: bool = True,
         kv_cache_gib: int = 1,
@@ -77,6 +84,8 @@ class VllmServer:
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_num_queued_reqs = max_num_queued_reqs
+        #: the step's token budget (default: every sequence's whole context, see above)
+        self.max_num_batched_tokens = max_num_batched_tokens or max_num_seqs * max_model_len
         self.speculative_config = speculative_config
         self.kimi_parsers = kimi_parsers
         self.kv_cache_gib = kv_cache_gib
@@ -111,6 +120,7 @@ class VllmServer:
             "--host", self.host, "--port", str(self.port),
             "--dtype", "float32", "--enforce-eager",
             "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs),
+            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
         ]  # fmt: skip
         if self.kimi_parsers:
             argv += KIMI_PARSER_ARGS
