@@ -7,8 +7,9 @@ attention and MLP outputs are zero, so each next token depends on the current to
 
 - after ``</think>`` (the last prompt token when thinking is off) it writes, token by token,
   exactly :data:`TOOL_CALL_TEXT` and ``<|im_end|>``: one Kimi tool call, the same every time;
-- after any other token it writes seeded random ordinary text (and ``<|im_end|>`` about once
-  in 40 tokens), never a special token and never a token of that tool-call chain.
+- after any other token it writes seeded random ordinary text, and about once in 40 tokens
+  ``<|im_end|>`` or ``</think>`` (then the chain above), never another special token nor a
+  token of that chain.
 
 So a thinking-on request gets varied text (like the demo's random model) and a thinking-off
 request gets a tool call the engine's ``kimi_k2`` parser turns into ``lookup({"q": 7})``.
@@ -41,7 +42,7 @@ HIDDEN = 128
 LAYERS = 4
 HEADS = 4
 MARKER = "regen_test_model.json"
-BUILD_VERSION = 1
+BUILD_VERSION = 3
 
 
 def _key(*parts: object) -> str:
@@ -111,6 +112,9 @@ def build_scripted_target(out_dir: str | Path, *, seed: int = 0) -> Path:
         head[ordinary, -1] = 3.0
         head[im_end, rand] = 0.3 * torch.randn(width, generator=gen)
         head[im_end, -1] = 3.35
+        # after random text, </think> now and then: some thinking-on answers close their
+        # reasoning and then make the chain's tool call
+        head[chain[0], -1] = 5.2  # a constant logit near the top of the random ones
         for i, (cur, nxt) in enumerate(itertools.pairwise(chain)):
             emb[cur] = 0.0
             emb[cur, i] = 1.0
