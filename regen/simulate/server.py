@@ -366,6 +366,13 @@ class SimServer:
         if model not in (self.config.model_name, self.model_path):
             raise _Invalid(
                 self._error(404, f"The model `{model}` does not exist.", "NotFoundError")
+                if self.dialect.name == "sglang"
+                else self._error(
+                    404,
+                    f"The model `{model}` does not exist. Valid aliases: {self.config.model_name}.",
+                    "NotFoundError",
+                    "model",
+                )
             )
         n = body.get("n")
         if n not in (None, 1):

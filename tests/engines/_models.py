@@ -114,7 +114,7 @@ def build_scripted_target(out_dir: str | Path, *, seed: int = 0) -> Path:
         head[im_end, -1] = 3.35
         # after random text, </think> now and then: some thinking-on answers close their
         # reasoning and then make the chain's tool call
-        head[chain[0], -1] = 5.2  # a constant logit near the top of the random ones
+        head[chain[0], -1] = 5.5  # a constant logit near the top of the random ones
         for i, (cur, nxt) in enumerate(itertools.pairwise(chain)):
             emb[cur] = 0.0
             emb[cur, i] = 1.0

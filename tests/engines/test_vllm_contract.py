@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -191,3 +192,81 @@ def test_both_overload_shapes_are_overload(vllm_spec_server) -> None:
     with pytest.raises(OverloadedError):
         for line in text.splitlines():
             acc.feed_bytes(line.encode())
+
+
+# ---- the simulator's vLLM dialect, held against the same exchanges ----------------------------
+
+
+def shape(value: Any) -> Any:
+    """The keys of a JSON value, recursively (lists by their first element): its shape."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shape(value[0])] if value else []
+    return type(value).__name__ if value is not None else None
+
+
+def keys(value: Any) -> set[str]:
+    return set(value) if isinstance(value, dict) else set()
+
+
+@pytest.fixture(scope="module")
+def vllm_sim():
+    from regen.simulate.testing import running_simulator
+
+    tok = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "tokenizer"
+    with running_simulator(engine="vllm", tokenizer=str(tok), model_name="demo-target",
+                           context_length=2048, instant=True) as sim:  # fmt: skip
+        yield sim
+
+
+def test_the_simulator_speaks_vllm_as_the_server_does(vllm_server, vllm_sim) -> None:
+    sim = type("S", (), {"url": vllm_sim.url, "root": vllm_sim.base})()
+    with httpx2.Client(timeout=30) as http:
+        for root in (vllm_server.root, sim.root):
+            assert http.get(f"{root}/server_info").status_code == 404
+            assert keys(http.get(f"{root}/version").json()) == {"version"}
+            assert "vllm:" in http.get(f"{root}/metrics").text
+            assert http.get(f"{root}/v1/models").json()["data"][0]["owned_by"] == "vllm"
+    real_whole, sim_whole = (json.loads(raw(s, body(False))[1]) for s in (vllm_server, sim))
+    for got in (real_whole, sim_whole):
+        assert "prompt_token_ids" in got and "token_ids" in got["choices"][0]
+        msg = got["choices"][0]["message"]
+        assert "reasoning" in msg and "reasoning_content" not in msg
+        assert "response_token_ids" not in got["choices"][0] and "sglext" not in got
+    real_chunks, sim_chunks = (data_lines(raw(s, body(True))[1]) for s in (vllm_server, sim))
+    for chunks in (real_chunks, sim_chunks):
+        assert "prompt_token_ids" in chunks[0] and chunks[0]["choices"][0]["delta"]["role"]
+        later = [c for c in chunks[1:] if c["choices"]]
+        assert all(isinstance(c["choices"][0].get("token_ids"), list) for c in later)
+        assert {k for c in later for k in c["choices"][0]["delta"]} <= {"reasoning", "content",
+                                                                        "tool_calls"}  # fmt: skip
+        ids = [i for c in later for i in c["choices"][0]["token_ids"]]
+        assert len(ids) == chunks[-1]["usage"]["completion_tokens"]
+    # regen's client reads both the same way
+    for server in (vllm_server, sim):
+        res = run(_once(client(server, token_ids="stream"), MSGS))
+        assert res.prompt_token_ids and len(res.output_token_ids) == res.completion_tokens
+
+
+def test_the_simulators_vllm_errors_have_the_servers_shape(vllm_server, vllm_sim) -> None:
+    sim = type("S", (), {"url": vllm_sim.url, "root": vllm_sim.base})()
+    long = {"model": "demo-target", "messages": [{"role": "user", "content": "hello " * 2100}]}
+    bad = {**body(False), "model": "nope"}
+    for req, status in ((long, 400), (bad, 404)):
+        got = [raw(s, req) for s in (vllm_server, sim)]
+        assert [g[0] for g in got] == [status, status]
+        real, simulated = (json.loads(g[1]) for g in got)
+        assert shape(real) == shape(simulated)
+        assert real["error"]["param"] == simulated["error"]["param"]
+    from regen.simulate.testing import running_simulator
+
+    with running_simulator(engine="vllm", model_name="demo-target", instant=True,
+                           fault_sequence="503") as over:  # fmt: skip
+        o = type("S", (), {"url": over.url, "root": over.base})()
+        status, text = raw(o, {**body(False), "return_token_ids": False})
+        assert status == 503
+        assert json.loads(text)["error"]["message"].startswith("The engine is currently busy")
+        other = [{"role": "user", "content": "another question"}]
+        status, text = raw(o, {**body(True), "return_token_ids": False, "messages": other})
+        assert status == 200 and data_lines(text)[0]["error"]["code"] == 503
