@@ -83,8 +83,9 @@ class Sampling(Strict):
     #: keeps the time-to-first-token signal adaptive concurrency uses). "nonstream": the
     #: server's exact ids in one JSON answer (SGLang return_prompt_token_ids /
     #: return_token_ids; no TTFT). "local": rendered and tokenized here (token_check flags
-    #: what cannot be proven equal). A server that does not answer SGLang's /server_info gets
-    #: the local render whatever this says (docs/format.md).
+    #: what cannot be proven equal). vLLM gives its ids with return_token_ids both ways; a server
+    #: of no known engine (neither SGLang's /server_info nor vLLM's /version and metrics) gets
+    #: the local render whatever this says (docs/format.md, docs/engines.md).
     token_ids: Literal["stream", "nonstream", "local"] = "stream"
     #: sampling seed sent to the server (None: let the server choose). SGLang uses it only when
     #: the server runs with --enable-deterministic-inference; `regen run` warns otherwise

@@ -62,7 +62,7 @@ from regen.store.journal import (
 )
 from regen.store.layout import SourceCounts
 from regen.store.lock import RunLock
-from regen.store.run import new_session_id, prepare_run
+from regen.store.run import new_session_id, prepare_run, record_engines
 from regen.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -358,6 +358,7 @@ class _Session:
     def _warm_up(self) -> _Warm:
         """Endpoint check, Ray and the actors, while the plan is read (actors boot async)."""
         from regen.client import check_endpoints
+        from regen.client.endpoints import engine_records
 
         m = self.m
         warm = _Warm()
@@ -370,6 +371,7 @@ class _Session:
         except RegenError as e:
             warm.error = e  # raised only if there is work to do
             return warm
+        record_engines(self.rd, engine_records(warm.infos, m.sampling, self.session))
         warm.started_ray = connect_ray(self.opts.address, verbose=self.opts.verbose)
         conc = m.engine.concurrency
         level = logging.getLevelName(logging.getLogger("regen").getEffectiveLevel())

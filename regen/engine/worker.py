@@ -212,8 +212,14 @@ class SampleWorker:
         for info in endpoints:
             ep = by_url.get(info.url) or (info if isinstance(info, Endpoint) else None)
             ep = ep or Endpoint(url=info.url, weight=getattr(info, "weight", 1.0))
+            # an EndpointInfo names the engine the start check recognised; a bare Endpoint
+            # (unit tests) is taken for SGLang, the production engine
             self.clients[info.url] = ChatClient.from_manifest(
-                manifest, ep, retry=self.retry, server_ids=getattr(info, "server_info", True)
+                manifest,
+                ep,
+                retry=self.retry,
+                engine=getattr(info, "engine", None),
+                engine_version=getattr(info, "version", None),
             )
             headers[info.url] = auth_headers(resolve_api_key(ep, manifest.base_dir))
         self.router = EndpointRouter.from_engine(
@@ -319,12 +325,14 @@ class SampleWorker:
                     ctl.note_demand()
             seed = attempt_seed(self.manifest.sampling.seed, sample.attempt)
             try:
-                turns = await regenerate(
+                conv = await regenerate(
                     sample, lambda msgs, tools: self._complete(out, msgs, tools, seed)
                 )
             finally:
                 self.slots.release()
-            out.rows = await asyncio.to_thread(self._rows, sample, turns)
+            out.rows = await asyncio.to_thread(self._rows, sample, conv.turns)
+            if conv.ended is not None and out.rows:  # why the conversation stopped early
+                out.rows[-1]["ended"] = conv.ended
         except NoEndpointLeftError as e:  # not the sample's fault: left for the next run
             out.status, out.kind, out.message = "unsent", e.kind, str(e)[:1000]
         except RequestError as e:
