@@ -269,8 +269,9 @@ class SourceNumbers(SourceProgress):
     name: str = ""
 
     def to_dict(self) -> dict[str, Any]:
+        # ``ended`` always (a file leaves it out when empty; a JSON reader wants the key)
         return {"name": self.name, **self.model_dump(exclude={"name", "pending"}),
-                **{k: getattr(self, k) for k in DERIVED}}  # fmt: skip
+                "ended": dict(self.ended), **{k: getattr(self, k) for k in DERIVED}}  # fmt: skip
 
 
 #: the derived numbers of a source (and of the whole run) in `regen status --json`
@@ -368,6 +369,7 @@ class RunNumbers:
              if f.name not in ("overall", "sources")}  # fmt: skip
         d.update(self.overall.model_dump(exclude={"pending", "regenerate"}))
         d["flags"] = _by_count(d["flags"])
+        d["ended"] = _by_count(self.overall.ended)
         d["remaining"] = self.remaining
         d["sources"] = [s.to_dict() for s in self.sources]
         d["fraction"] = self.fraction
@@ -555,7 +557,7 @@ def compute(
     srcs = [shown(name, sp, check.deficit.get(name) if check else None)
             for name, sp in (p.sources if p else {}).items()]  # fmt: skip
     overall = SourceProgress.sum(srcs)
-    overall.flags = _by_count(overall.flags)
+    overall.flags, overall.ended = _by_count(overall.flags), _by_count(overall.ended)
     rates = [window_rate(series, w) for w in RATE_WINDOWS_S]
     edges = list(p.output_tokens_hist.edges) if p else []
     counts = list(p.output_tokens_hist.counts) if p else []
@@ -656,7 +658,7 @@ def deficit(
 def shown(name: str, sp: SourceProgress, gap: SourceCounts | None) -> SourceNumbers:
     """Source ``name`` as status shows it: its counters less what vanished (``gap``)."""
     counts = sp.less(*([gap] if gap is not None else []))
-    counts.flags = _by_count(counts.flags)
+    counts.flags, counts.ended = _by_count(counts.flags), _by_count(counts.ended)
     return SourceNumbers(**{**dict(sp), **dict(counts), "name": name, "pending": None})
 
 

@@ -10,9 +10,9 @@ counts as the difference from the answer it replaces (:func:`net_counts`: ``done
 ``retried`` 1, rows, tokens and flags new minus old), so adding the parts up in any order
 gives the totals of the latest answers.
 
-In a file, the first five counters are required; ``flagged``, ``flags`` and ``retried`` (added
-later) read as 0 when a file written before them lacks them. Values are strict: ``"40"`` or
-``true`` is not a count.
+In a file, the first five counters are required; ``flagged``, ``flags``, ``retried`` and
+``ended`` (added later) read as 0 (empty) when a file written before them lacks them. Values
+are strict: ``"40"`` or ``true`` is not a count.
 """
 
 from __future__ import annotations
@@ -72,16 +72,25 @@ class SourceCounts(CountsModel):
     flags: dict[str, int] = Field(default_factory=dict)
     #: new attempts stored (samples answered again by regen run --retry-flagged)
     retried: int = 0
+    #: samples whose conversation ended early, per reason (the rows' ``ended`` column,
+    #: regen.engine.turns: a regenerated tool call that does not match the original's);
+    #: written only when some sample ended, so a file without any reads as before it existed
+    ended: dict[str, int] = Field(default_factory=dict, exclude_if=lambda v: not v)
 
     def add(self, other: SourceCounts, sign: int = 1) -> None:
         """Add ``other``'s counters (``sign=-1``: subtract them)."""
         for name in SCALAR_COUNTS:
             setattr(self, name, getattr(self, name) + sign * getattr(other, name))
         add_flag_counts(self.flags, other.flags, sign)
+        add_flag_counts(self.ended, other.ended, sign)
 
     def counts(self) -> SourceCounts:
         """The counters alone (a copy; of a subclass, without what it adds)."""
-        return SourceCounts(**{n: getattr(self, n) for n in SCALAR_COUNTS}, flags=dict(self.flags))
+        return SourceCounts(
+            **{n: getattr(self, n) for n in SCALAR_COUNTS},
+            flags=dict(self.flags),
+            ended=dict(self.ended),
+        )
 
     def less(self, *others: SourceCounts) -> SourceCounts:
         """The counters less all of ``others``, each clamped at 0 (a flag left at 0 or below
@@ -89,15 +98,21 @@ class SourceCounts(CountsModel):
         out = SourceCounts(**{
             n: max(0, getattr(self, n) - sum(getattr(o, n) for o in others)) for n in SCALAR_COUNTS
         })  # fmt: skip
-        for flag, n in self.flags.items():
-            left = n - sum(o.flags.get(flag, 0) for o in others)
-            if left > 0:
-                out.flags[flag] = left
+        for mine, into, theirs in (
+            (self.flags, out.flags, [o.flags for o in others]),
+            (self.ended, out.ended, [o.ended for o in others]),
+        ):
+            for key, n in mine.items():
+                left = n - sum(t.get(key, 0) for t in theirs)
+                if left > 0:
+                    into[key] = left
         return out
 
     @property
     def is_zero(self) -> bool:
-        return not self.flags and not any(getattr(self, n) for n in SCALAR_COUNTS)
+        return (
+            not self.flags and not self.ended and not any(getattr(self, n) for n in SCALAR_COUNTS)
+        )
 
     @property
     def tokens_per_turn(self) -> float | None:
@@ -110,7 +125,7 @@ class SourceCounts(CountsModel):
         return self.completion_tokens / self.done if self.done and self.completion_tokens else None
 
 
-#: the integer counters of SourceCounts (``flags`` is the per-flag mapping)
+#: the integer counters of SourceCounts (``flags`` and ``ended`` are per-key mappings)
 SCALAR_COUNTS = tuple(n for n, f in SourceCounts.model_fields.items() if f.annotation is int)
 
 
@@ -135,6 +150,8 @@ def count_rows(rows: Iterable[dict[str, Any]]) -> SourceCounts:
         trunc = trunc or r.get("finish_reason") == "length"
         for flag in r.get("quality_flags") or ():
             c.flags[flag] = c.flags.get(flag, 0) + 1
+        if r.get("ended"):
+            c.ended[r["ended"]] = 1
     c.truncated = int(trunc)
     c.flagged = int(bool(c.flags))
     return c

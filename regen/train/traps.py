@@ -27,6 +27,11 @@ from regen.errors import TrapError
 
 EAGLE3 = "EAGLE3"
 
+#: an average acceptance length at or below this means the draft is not helping (a working
+#: EAGLE-3 draft for K2.5 reached ~2.1; the EAGLE-vs-EAGLE3 trap gave ~1.0); the same line
+#: for SGLang's and vLLM's servers (regen.train.serving, regen.train.vllm_serving)
+LOW_ACCEPT_LENGTH = 1.1
+
 TRAP_ALGORITHM = "eagle-vs-eagle3"
 TRAP_LAYER_NUMBERING = "aux-layer-numbering"
 TRAP_AUX_SHIFT = "aux-layer-shift"
