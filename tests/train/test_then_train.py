@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from train_fixtures import REPO, demo_config
+from train_fixtures import REPO, kimi_config
 
 from regen.simulate.testing import running_simulator
 
@@ -19,7 +19,7 @@ DEMO = REPO / "manifests" / "demo.yaml"
 @pytest.mark.ray
 def test_then_train_submits_the_gpu_job_after_the_run(tmp_path: Path, ray_head, ray_env) -> None:
     cfg = tmp_path / "train.yaml"
-    cfg.write_text(yaml.safe_dump(demo_config()))
+    cfg.write_text(yaml.safe_dump(kimi_config()))
     out = tmp_path / "run"
     env = {**ray_env, "REGEN_TRAIN_LAUNCHER": "echo LAUNCH", "REGEN_TRAIN_PYTHON": sys.executable}
     with running_simulator(model_name="demo-target", instant=True, mean_tokens=24) as sim:
