@@ -52,7 +52,7 @@ code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI
                                          regen.bench.prompts)
       train/            train.yaml, draft_config.json, run.yaml, prompts.jsonl,
                         vocab_mapping.pt + vocab_mapping.json (VocabMappingRecord),
-                        tokenizer.json (TokenizerRecord: the run's tokenizer facts),
+                        run_tokenizer.json (TokenizerRecord: the run's tokenizer facts),
                         specforge_plan.json (SpecForge's launch plan of run.yaml),
                         command.json (CommandRecord), job.json (JobRecord),
                         preflight.json (PreflightRecord), control/   regen.train
@@ -124,7 +124,7 @@ CONTROL_DIR = f"{TRAIN_DIR}/control"
 CONTROL_ATTEMPT_GLOB = "attempt-*"
 VOCAB_MAPPING = f"{TRAIN_DIR}/vocab_mapping.pt"
 VOCAB_MAPPING_RECORD = f"{TRAIN_DIR}/vocab_mapping.json"
-TOKENIZER_RECORD = f"{TRAIN_DIR}/tokenizer.json"
+TOKENIZER_RECORD = f"{TRAIN_DIR}/run_tokenizer.json"
 SPECFORGE_PLAN = f"{TRAIN_DIR}/specforge_plan.json"
 #: ``regen demo --train`` only: SpecForge's CPU run on captured hidden states
 CPU_TRAIN_DIR = f"{TRAIN_DIR}/cpu"
@@ -582,7 +582,7 @@ class VocabMappingRecord(Record):
 
 
 class TokenizerRecord(Record):
-    """``train/tokenizer.json``: the run's tokenizer as the training checks compare it
+    """``train/run_tokenizer.json``: the run's tokenizer as the training checks compare it
     (regen.train.target)."""
 
     #: where it was loaded from

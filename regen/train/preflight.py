@@ -6,7 +6,7 @@ This is the Ray job's entrypoint. Before a GPU is spent it:
    (``load_config``, ``resolve_run``, ``build_launch_plan``), here where the trainer starts, and
    records the plan (``train/specforge_plan.json``, ``where: cluster``);
 2. re-checks every trap of the train config, against the target's own ``config.json`` when the
-   checkpoint is readable here, and the run's tokenizer (``train/tokenizer.json``, recorded by
+   checkpoint is readable here, and the run's tokenizer (``train/run_tokenizer.json``, recorded by
    ``regen train``) against the target's own tokenizer (regen.train.target);
 3. scans the prompts file (loss masks, token ids), checks that the vocab mapping was built
    from exactly these rows and has the draft's shapes (regen.train.vocab), and runs the rows,

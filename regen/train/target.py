@@ -16,7 +16,7 @@ and both values (:class:`regen.errors.TrapError`, trap ``run-vs-target-tokenizer
    declaration, the generation prompt) rendered by each tokenizer's own template, with the
    template's defaults — only when the target's tokenizer is loadable here.
 
-The run's side is recorded in ``RUN_DIR/train/tokenizer.json`` (TokenizerRecord) by
+The run's side is recorded in ``RUN_DIR/train/run_tokenizer.json`` (TokenizerRecord) by
 ``regen train`` on the submitting machine, so the Ray job's preflight can hold it against the
 target's own files on the cluster, where the run's tokenizer may not be at hand.
 """

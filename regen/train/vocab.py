@@ -134,9 +134,9 @@ def write_vocab_mapping(
         coverage=round(covered / found.loss_tokens, 6) if found.loss_tokens else 0.0,
     )
     L.VOCAB_MAPPING_FILE.write(rd, record)
-    log.info("vocab mapping: %d of %d distinct loss-token ids kept, covering %.1f%% of %d "
-             "loss tokens", min(record.distinct_ids, draft_vocab_size), record.distinct_ids,
-             100 * record.coverage, record.loss_tokens)  # fmt: skip
+    log.info("vocab mapping: %d draft ids for %d distinct loss-token ids, covering %.1f%% of "
+             "%d loss tokens", draft_vocab_size, record.distinct_ids, 100 * record.coverage,
+             record.loss_tokens)  # fmt: skip
     return record
 
 
