@@ -114,3 +114,12 @@ def ray_head(
                 os.environ[k] = v
         stop_group(proc, HEAD_STOP_TIMEOUT_S)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def demo_target() -> Path:
+    """The demo target (regen.serving.demo_target), built once per checkout into
+    ``.cache/demo-model``: the build ``./scripts/demo`` serves (its key decides reuse)."""
+    from regen.serving import build_demo_target
+
+    return build_demo_target(REPO / ".cache" / "demo-model", REPO / "manifests" / "demo.yaml")
