@@ -82,8 +82,9 @@ def test_specforge_cli_plans_the_demo_runs_dry_run(run_copy: Path, demo_yaml, ca
 
 
 def test_train_exports_exactly_what_regen_export_keeps(
-    run_copy: Path, demo_yaml, tmp_path: Path, capsys
+    run_copy: Path, demo_yaml, tmp_path: Path, capsys, monkeypatch
 ) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # the per-source table unabridged
     manifest = yaml.safe_load((run_copy / L.MANIFEST).read_text())
     assert manifest["export"]["drop_flags"] and manifest["export"]["drop_truncated"]
     assert regen_main(["train", str(run_copy), "--config", str(demo_yaml()), "--dry-run"]) == 0
@@ -98,8 +99,9 @@ def test_train_exports_exactly_what_regen_export_keeps(
     for key in ("rows_read", "rows_written", "dropped", "drop_flags", "sources"):
         assert train_stats[key] == export_stats[key], key
     assert train_stats["rows_written"] > 40
-    for name in train_stats["sources"]:  # what it dropped, per source and reason, is printed
-        assert name in printed
+    for name, src in train_stats["sources"].items():  # what it dropped, per source and reason
+        dropped = ", ".join(f"{k} {v}" for k, v in sorted(src["dropped"].items())) or "-"
+        assert any(name in line and dropped in line for line in printed.splitlines()), name
     assert "exported now: there is no export yet" in printed
     # an export made with other row-deciding settings is redone, not trained on
     assert regen_main(["export", str(run_copy), "--out", str(run_copy / L.EXPORT_DIR),
