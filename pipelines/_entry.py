@@ -1,6 +1,6 @@
 """What every `ray job submit` entrypoint does: a `regen` command's own arguments and code path,
-under its own program name. Exit codes as the CLI: 0 done, 2 a regen error (one line on stderr),
-130 interrupted.
+under its own program name. Exit codes as the CLI (regen.cli.main): 0 done, 2 a regen error (one
+line on stderr), 75 samples left for the next run, 130 interrupted.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """`ray job submit --working-dir . -- python -m pipelines.regenerate MANIFEST --out RUN_DIR ...`.
 
 Thin entrypoint: the same arguments and the same code path as `regen run` (the driver joins the
-job's cluster through RAY_ADDRESS, which Ray sets for a submitted job). Exit codes: 0 done,
-2 a regen error (one line on stderr), 130 interrupted.
+job's cluster through RAY_ADDRESS, which Ray sets for a submitted job). Exit codes as `regen run`
+(regen.cli.main): 0 only when every sample is done or permanently failed, 75 when samples are
+left for the next run (the job then reads FAILED; submitting it again continues), 2 a regen
+error such as a bad manifest (one line on stderr), 130 interrupted.
 """
 
 from __future__ import annotations

@@ -20,12 +20,25 @@ type (and, for HTTP, by status code carried on the exception), never by message 
     │   │   │   └── RateLimitedError  429 (a gateway's way of saying the same)
     │   │   ├── ServerError         (other 5xx, 408)
     │   │   └── StreamCutError      stream ended before finish_reason
-    │   └── PermanentError          recorded, not retried: 400, 404, context too long
-    │       └── ContextLengthError
+    │   ├── EndpointFaultError      about the endpoint, never the sample: 401, 403, 404, 405, 407;
+    │   │   │                       the endpoint leaves rotation, the request goes elsewhere
+    │   │   └── NotProtocolError    an answer that is not the protocol (HTML, JSON without
+    │   │                           choices, HTTP 200 with another content type)
+    │   └── PermanentError          recorded, not retried: other 4xx, context too long
+    │       ├── ContextLengthError
+    │       └── InvalidTextError    an answer whose text is not valid Unicode
+    ├── RunIncompleteError          the session stopped with samples left for the next run
+    │   └── NoEndpointLeftError     every endpoint left rotation for an endpoint-wide fault
     └── TrapError                   a training/serving configuration that silently ruins a draft
+
+The text of every regen error is writable: a lone surrogate the server or a row put into a
+message is shown as U+FFFD (:func:`regen.sample.scrub`), so logging, ``failures/`` and
+``progress.json`` never fail on it.
 """
 
 from __future__ import annotations
+
+from regen.sample import scrub
 
 
 class RegenError(Exception):
@@ -33,6 +46,9 @@ class RegenError(Exception):
 
     #: short machine-readable class name used in counters and failure records
     kind: str = "error"
+
+    def __str__(self) -> str:
+        return scrub(super().__str__())
 
 
 class ConfigError(RegenError):
@@ -168,6 +184,47 @@ class ContextLengthError(PermanentError):
     """The prompt (plus max_tokens) does not fit the server's context."""
 
     kind = "context_length"
+
+
+class InvalidTextError(PermanentError):
+    """The answer holds text that is not valid Unicode (a lone surrogate): no row can be built
+    from it, so the sample fails like a row that cannot be built (regen.sample)."""
+
+    kind = "invalid_unicode"
+
+
+class EndpointFaultError(RequestError):
+    """The endpoint refuses every request, whatever the sample: HTTP 401/403 (the key, a
+    gateway), 404 (a model it does not serve, or a URL without ``/v1``), 405, 407. Never a
+    sample's failure: the endpoint leaves rotation for the session and the request is sent to
+    another one. ``fix``: what to change; ``excerpt``: the start of the server's body."""
+
+    kind = "endpoint_fault"
+
+    def __init__(self, message: str, *, fix: str = "", excerpt: str = "", **kw) -> None:
+        super().__init__(message, **kw)
+        self.fix = fix
+        self.excerpt = excerpt
+
+
+class NotProtocolError(EndpointFaultError):
+    """The answer is not the OpenAI protocol at all: an HTML page, JSON without ``choices``,
+    HTTP 200 with a content type that is neither an event stream nor JSON (a gateway's page)."""
+
+    kind = "not_protocol"
+
+
+class RunIncompleteError(RegenError):
+    """The session stopped with samples left for the next run (nothing done is lost; the same
+    command continues): every endpoint refused, or every worker died. Exit code 75."""
+
+    kind = "incomplete"
+
+
+class NoEndpointLeftError(RunIncompleteError):
+    """Every endpoint left rotation for an endpoint-wide fault (:class:`EndpointFaultError`)."""
+
+    kind = "no_endpoint_left"
 
 
 class TrapError(RegenError):

@@ -83,8 +83,9 @@ class Sampling(Strict):
     #: keeps the time-to-first-token signal adaptive concurrency uses). "nonstream": the
     #: server's exact ids in one JSON answer (SGLang return_prompt_token_ids /
     #: return_token_ids; no TTFT). "local": rendered and tokenized here (token_check flags
-    #: what cannot be proven equal). A server that does not answer SGLang's /server_info gets
-    #: the local render whatever this says (docs/format.md).
+    #: what cannot be proven equal). vLLM gives its ids with return_token_ids both ways; a server
+    #: of no known engine (neither SGLang's /server_info nor vLLM's /version and metrics) gets
+    #: the local render whatever this says (docs/format.md, docs/engines.md).
     token_ids: Literal["stream", "nonstream", "local"] = "stream"
     #: sampling seed sent to the server (None: let the server choose). SGLang uses it only when
     #: the server runs with --enable-deterministic-inference; `regen run` warns otherwise
@@ -139,9 +140,10 @@ class Engine(Strict):
 
     #: Ray actors issuing requests
     workers: int = Field(default=2, ge=1)
-    #: requests in flight per actor when a server reports no max_running_requests; when it does,
-    #: each actor starts at its share of the server's slots (+1/8) and adapts (docs/performance.md)
-    concurrency: int = Field(default=64, ge=1)
+    #: a hard upper bound on the requests in flight per actor; unset (the default): automatic,
+    #: each actor starts at its share of the server's slots (+1/8) and adapts, or 64 when a
+    #: server reports no max_running_requests (docs/performance.md)
+    concurrency: int | None = Field(default=None, ge=1)
     #: attempts per request before the sample is left for the next run
     max_attempts: int = Field(default=8, ge=1)
     #: first backoff delay, seconds
@@ -414,7 +416,7 @@ def parse_manifest(data: Any, *, base_dir: str | Path = ".", origin: str = "mani
     try:
         return Manifest.model_validate(data)
     except ValidationError as e:
-        raise config_error(e, origin, data) from None
+        raise config_error(e, origin, data, Manifest) from None
 
 
 def load_manifest(path: str | Path, overrides: list[str] | None = None) -> Manifest:
@@ -431,17 +433,24 @@ def load_manifest(path: str | Path, overrides: list[str] | None = None) -> Manif
 
 
 def config_error(
-    e: ValidationError, origin: str, data: dict[str, Any] | None = None
+    e: ValidationError,
+    origin: str,
+    data: dict[str, Any] | None = None,
+    model: type[BaseModel] | None = None,
 ) -> ConfigError:
-    """One ConfigError for a pydantic failure: ``origin: dotted.field: message`` (the first
-    error; ``data``, the raw mapping, names the source of a ``sources.N`` field)."""
-    err = e.errors()[0]
+    """One ConfigError for a pydantic failure: ``origin: dotted.field: message``. An unknown
+    key is reported first, whatever pydantic's order (a misspelt key also makes the real one
+    "missing": the cause goes first), with the closest valid name at its place (the fields of
+    ``model`` there, and the keys missing beside it). ``data``, the raw mapping, names the
+    source of a ``sources.N`` field."""
+    errors = e.errors()
+    err = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
     loc = [str(x) for x in err["loc"]]
     # pydantic puts the union/literal tag in the location; keep only real path parts
     path = ".".join(x for x in loc if not x.startswith(("function-", "literal[")))
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
-        msg = "unknown key (not allowed here)"
+        msg = "unknown key (not allowed here)" + _closest(err["loc"], errors, model)
     where = path or "(top level)"
     hint = _source_hint(loc, data)
     inp = err.get("input")
@@ -450,6 +459,49 @@ def config_error(
         shown = f" (got {json.dumps(inp, default=str)[:80]})"
     extra = f" [{len(e.errors()) - 1} more error(s)]" if len(e.errors()) > 1 else ""
     return ConfigError(f"{origin}: {where}{hint}: {msg}{shown}{extra}", field=path or None)
+
+
+def _closest(loc: tuple[Any, ...], errors: list[Any], model: type[BaseModel] | None) -> str:
+    """``; did you mean 'adapter'?`` for an unknown key at ``loc`` ("" when nothing is close)."""
+    import difflib
+
+    parent = tuple(loc[:-1])
+    valid = {str(x["loc"][-1]) for x in errors
+             if x["type"] == "missing" and tuple(x["loc"][:-1]) == parent}  # fmt: skip
+    valid |= set(_fields_at(model, parent))
+    near = difflib.get_close_matches(str(loc[-1]), sorted(valid), n=1, cutoff=0.6)
+    return f"; did you mean {near[0]!r}?" if near else ""
+
+
+def _fields_at(model: Any, loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the pydantic model found at ``loc`` under ``model`` (lists and
+    optionals followed), or [] when there is none."""
+    node: Any = model
+    for part in loc:
+        node = _model_of(node)
+        if node is None:
+            return []
+        if isinstance(part, int):
+            continue  # the list's item type was taken by _model_of
+        field = node.model_fields.get(str(part))
+        if field is None:
+            return []
+        node = field.annotation
+    node = _model_of(node)
+    return list(node.model_fields) if node is not None else []
+
+
+def _model_of(annotation: Any) -> Any:
+    """The pydantic model in ``annotation`` (itself, a list's items, an Optional's arm)."""
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def _source_hint(loc: list[str], data: dict[str, Any] | None) -> str:

@@ -83,6 +83,8 @@ class SourceProgress:
     flags: dict[str, int] = field(default_factory=dict)  #: rows per quality flag
     retried: int = 0  #: new attempts stored (regen run --retry-flagged)
     retrying: int = 0  #: new attempts this session still has to store
+    #: samples whose conversation ended early, per reason (regen.engine.turns)
+    ended: dict[str, int] = field(default_factory=dict)
 
     @property
     def remaining(self) -> int:
@@ -98,6 +100,12 @@ class SourceProgress:
         self.flagged += c.flagged
         self.retried += c.retried
         add_flag_counts(self.flags, c.flags)
+        add_flag_counts(self.ended, c.ended)
+
+
+def _pending_dict(p: Pending) -> dict[str, Any]:
+    """A pending record as progress.json holds it (``ended`` only when some sample ended)."""
+    return p.model_dump(exclude=None if p.ended else {"ended"})
 
 
 @dataclass(slots=True)
@@ -251,7 +259,8 @@ class ProgressSnapshot:
                     "flags": dict(s.flags),
                     "retried": s.retried,
                     "retrying": s.retrying,
-                    **({} if s.pending is None else {"pending": s.pending.model_dump()}),
+                    **({"ended": dict(s.ended)} if s.ended else {}),
+                    **({} if s.pending is None else {"pending": _pending_dict(s.pending)}),
                 }
                 for name, s in self.sources.items()
             },
@@ -308,12 +317,14 @@ class ProgressSnapshot:
                     **{k: pr.integer(k) for k in keys},
                     **{k: pr.integer(k, 0) for k in ("flagged", "retried")},
                     flags=pr.counts("flags"),
+                    ended=pr.counts("ended"),
                 )
             sources[str(name)] = SourceProgress(
                 flagged=sr.integer("flagged", 0),
                 flags=sr.counts("flags"),
                 retried=sr.integer("retried", 0),
                 retrying=sr.integer("retrying", 0),
+                ended=sr.counts("ended"),
                 pending=pending,
                 total=sr.integer("total"),
                 done=sr.integer("done"),

@@ -26,6 +26,8 @@ class TurnResult:
     latency_s: float = 0.0  #: request start to last byte
     ttft_s: float | None = None  #: request start to first token (streaming)
     attempts: int = 1  #: tries it took, including this one
+    engine: str | None = None  #: the engine profile that answered ("sglang", "vllm", "openai")
+    engine_version: str | None = None  #: the version the server reported (None: none)
 
     @property
     def truncated(self) -> bool:

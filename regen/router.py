@@ -21,6 +21,13 @@
   instead). After ``endpoint_failure_threshold`` overloads in a row with no success, the probe
   is asked once in the background: only when it fails too does the endpoint leave rotation.
   A permanent error is not a health failure either (the server answered).
+- **Refusal is about the endpoint**: an :class:`~regen.errors.EndpointFaultError` (401, 403,
+  404, 405, 407, an answer that is not the protocol) takes the endpoint out of rotation at once
+  and for the rest of the session ("refused": no probe brings it back, since a gateway that
+  refuses chat requests may well pass health checks; a rerun tries it again), with one warning
+  naming the endpoint, the status, the body's start and what to fix. When every endpoint is
+  refused, :meth:`EndpointRouter.acquire` raises :class:`~regen.errors.NoEndpointLeftError`
+  naming each; the sample is not failed (the caller leaves it for the next run).
 
 All asyncio, single event loop; the clock is injectable for tests. Owns no files on disk;
 ``snapshot()`` is a plain dict for the progress file.
@@ -36,13 +43,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from regen.errors import EndpointError, OverloadedError, PermanentError
+from regen.errors import (
+    EndpointError,
+    EndpointFaultError,
+    NoEndpointLeftError,
+    OverloadedError,
+    PermanentError,
+)
 
 log = logging.getLogger(__name__)
 
 UP = "up"
 DOWN = "down"
 HALF_OPEN = "half_open"
+REFUSED = "refused"  #: an endpoint-wide fault: out for the session
 
 #: async (url) -> True when the endpoint answers again
 ProbeFn = Callable[[str], Awaitable[bool]]
@@ -72,6 +86,7 @@ class _State:
     latency_sum_s: float = 0.0
     latency_ewma_s: float | None = None
     last_error: str | None = None
+    refusal: str | None = None  #: why it was refused, and what to fix (state REFUSED)
 
     def has_room(self) -> bool:
         return self.limit is None or self.in_flight < self.limit
@@ -197,6 +212,7 @@ class EndpointRouter:
                 "latency_ewma_s": None if s.latency_ewma_s is None else round(s.latency_ewma_s, 4),
                 "down_for_s": None if s.down_since is None else round(now - s.down_since, 3),
                 "last_error": s.last_error,
+                "refusal": s.refusal,
             }
         return out
 
@@ -232,12 +248,19 @@ class EndpointRouter:
         self._affinity[sample_id] = chosen.url
         return self._lease(chosen, sample_id, now)
 
+    def refused(self) -> dict[str, str]:
+        """The endpoints refused this session, each with why and what to fix."""
+        return {u: s.refusal or "" for u, s in self._eps.items() if s.state == REFUSED}
+
     async def acquire(self, sample_id: str) -> Lease:
-        """Wait until an endpoint has room for this sample (wakes on release or recovery)."""
+        """Wait until an endpoint has room for this sample (wakes on release or recovery);
+        raises :class:`NoEndpointLeftError` once every endpoint is refused."""
         while True:
             lease = self.try_acquire(sample_id)
             if lease is not None:
                 return lease
+            if all(s.state == REFUSED for s in self._eps.values()):
+                raise NoEndpointLeftError(no_endpoint_message(self.refused()))
             changed = self._changed
             wait = self._next_half_open_in()
             with contextlib.suppress(TimeoutError):
@@ -262,6 +285,10 @@ class EndpointRouter:
         if error is None or isinstance(error, PermanentError):
             s.ok += 1
             self._succeeded(s)
+        elif isinstance(error, EndpointFaultError):
+            s.failures += 1
+            s.last_error = f"{type(error).__name__}: {str(error)[:200]}"
+            self._refuse(s, error)
         elif isinstance(error, OverloadedError):
             s.throttled += 1
             s.consecutive_overloads += 1
@@ -389,9 +416,20 @@ class EndpointRouter:
         finally:
             s.checking = False
 
+    def _refuse(self, s: _State, error: EndpointFaultError) -> None:
+        if s.state == REFUSED:
+            return
+        s.state = REFUSED
+        s.down_since = self._clock()
+        s.next_probe_at = None
+        s.refusal = f"{error}; fix: {error.fix}" if error.fix else str(error)
+        log.warning("endpoint %s out of rotation for this session: %s", s.url, s.refusal)
+
     def _succeeded(self, s: _State) -> None:
         s.consecutive_failures = 0
         s.consecutive_overloads = 0
+        if s.state == REFUSED:  # a request sent before the refusal: it stays out
+            return
         if s.state != UP:
             log.info("endpoint %s back in rotation", s.url)
             s.state = UP
@@ -429,6 +467,14 @@ class EndpointRouter:
     def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
+
+
+def no_endpoint_message(refused: dict[str, str]) -> str:
+    """What :class:`NoEndpointLeftError` says: each endpoint, why, what to fix, and that a
+    rerun continues."""
+    lines = "; ".join(f"{url}: {why}" for url, why in refused.items())
+    return (f"no endpoint left: every endpoint refused requests ({lines}). Nothing is lost: "
+            "fix the endpoint and run the same command again to continue")  # fmt: skip
 
 
 #: seconds a probe waits: SGLang's /health_generate itself waits up to 20 s for the scheduler

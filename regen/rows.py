@@ -47,6 +47,17 @@ token_check        string/null         server rows: the local render compared wi
 im_end_added       bool                server rows: ``<|im_end|>`` was appended because the
                                        server stopped without returning it (see below)
 template_hash      string/null         KimiRenderer.template_hash (template + kwargs + vocab)
+engine             string/null         the engine that answered (``sglang``, ``vllm``,
+                                       ``openai``: no known engine, regen.client.profiles);
+                                       null for native rows
+engine_version     string/null         the version that engine reported (null: none)
+ended              string/null         on a sample's last row only: why its conversation
+                                       ended before its last assistant turn (``turns: all``,
+                                       regen.engine.turns: ``tool_call_name``,
+                                       ``tool_call_arguments``, ``tool_call_count``,
+                                       ``tool_calls_unexpected``, ``tool_calls_missing``);
+                                       null when every turn was regenerated or the reply was
+                                       cut (``truncated``)
 attempts           int32               requests it took
 latency_s          float64             request latency
 ttft_s             float64/null        time to first token (streaming)
@@ -63,6 +74,8 @@ q_*                                    and the measures behind them (regen.quali
 ``attempt`` and the quality columns are the :data:`ADDED_COLUMNS`: a part written before them
 lacks them and is still read (no flags, attempt 0); a row dict without them (a journal line of
 such a session, folded on resume) gets them from :func:`upgrade_row` (its turn checked then).
+Likewise the :data:`PROVENANCE_COLUMNS` (engine, engine_version, ended): a part written before
+them lacks them (read as null), and :func:`upgrade_row` gives a row dict without them nulls.
 The quality checks run where the row is built, in the actor (:func:`build_turn_row`, off the
 event loop); whether the reasoning was closed (``think_closed``) comes from the server's ids
 when the row has them (is ``</think>`` among the output ids), else from the local render
@@ -114,6 +127,14 @@ from regen.template.render import KimiRenderer, RenderedTurn, TurnText, messages
 ADDED_COLUMNS: pa.Schema = pa.schema(
     [pa.field("attempt", pa.int32(), nullable=False), *QUALITY_COLUMNS]
 )
+#: columns a part written before issue 22 lacks (nullable; see the module docstring)
+PROVENANCE_COLUMNS: pa.Schema = pa.schema(
+    [
+        pa.field("engine", pa.string()),
+        pa.field("engine_version", pa.string()),
+        pa.field("ended", pa.string()),
+    ]
+)
 SCHEMA: pa.Schema = pa.schema(
     [
         pa.field("sample_id", pa.string(), nullable=False),
@@ -146,6 +167,7 @@ SCHEMA: pa.Schema = pa.schema(
         pa.field("ttft_s", pa.float64()),
         pa.field("created_at", pa.string(), nullable=False),
         *ADDED_COLUMNS,
+        *PROVENANCE_COLUMNS,
     ]
 )
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
@@ -344,6 +366,9 @@ def build_turn_row(
         "token_check": token_check,
         "im_end_added": im_end_added,
         "template_hash": renderer.template_hash,
+        "engine": result.engine,
+        "engine_version": result.engine_version,
+        "ended": None,
         "attempts": result.attempts,
         "latency_s": float(result.latency_s),
         "ttft_s": result.ttft_s,
@@ -416,6 +441,9 @@ def native_row(sample: Sample) -> dict[str, Any]:
         "token_check": None,
         "im_end_added": False,
         "template_hash": None,
+        "engine": None,
+        "engine_version": None,
+        "ended": None,
         "attempts": 0,
         "latency_s": 0.0,
         "ttft_s": None,
@@ -428,10 +456,16 @@ def native_row(sample: Sample) -> dict[str, Any]:
 def upgrade_row(row: dict[str, Any]) -> dict[str, Any]:
     """A row dict from before :data:`ADDED_COLUMNS` with them filled in: attempt 0 and its
     turn checked now (:func:`regen.quality.check_row`; native rows not checked). Rows that have
-    them come back as they are."""
-    if all(name in row for name in ADDED_COLUMNS.names):
+    them come back as they are. A row without the :data:`PROVENANCE_COLUMNS` gets nulls."""
+    if all(name in row for name in ADDED_COLUMNS.names) and all(
+        name in row for name in PROVENANCE_COLUMNS.names
+    ):
         return row
     out = dict(row)
+    for name in PROVENANCE_COLUMNS.names:
+        out.setdefault(name, None)
+    if all(name in row for name in ADDED_COLUMNS.names):
+        return out
     out.setdefault("attempt", 0)
     if any(name not in row for name in QUALITY_COLUMNS.names):
         out.update(check_row(row).columns())

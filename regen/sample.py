@@ -3,6 +3,13 @@
 A :class:`Sample` is one conversation from one source with a stable id. Its id survives a
 reordering of the source: it is the upstream id when the source has one, else a hash of the
 normalized conversation. ``content_hash`` is source-independent and drives cross-source dedup.
+
+Text that is not valid Unicode: a JSON escape such as ``"\\ud800"`` decodes to a lone
+surrogate, a Python ``str`` that no UTF-8 encoder accepts (hashing, Parquet, the journal, a
+request body all encode). regen's one rule: such a string is never passed on. A source row
+holding one is skipped as ``invalid_unicode`` (regen.sources.reader, naming the field) and an
+answer holding one fails its sample (regen.client.chat); :func:`unencodable_field` finds them
+and :func:`scrub` makes diagnostic text (error messages, never data) safe to write.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -152,6 +160,25 @@ class Sample:
         sizes = [n for n in sizes if n > 0]
         return round(sum(sizes) / len(sizes)) if sizes else 0
 
+    def invalid_text(self) -> tuple[str, str] | None:
+        """(field, code point) of the first text of this sample that is not valid Unicode
+        (a lone surrogate: see the module docstring), or None. Fields are named as in a
+        request: ``messages[1].tool_calls[0].arguments``, ``tools[0].function.name``."""
+        for i, m in enumerate(self.messages):
+            for name in ("content", "reasoning", "name", "tool_call_id"):
+                value = getattr(m, name)
+                if value is not None and (bad := lone_surrogate(value)) is not None:
+                    return f"messages[{i}].{name}", bad
+            for j, c in enumerate(m.tool_calls):
+                for name in ("id", "name", "arguments"):
+                    if (bad := lone_surrogate(getattr(c, name))) is not None:
+                        return f"messages[{i}].tool_calls[{j}].{name}", bad
+        if self.tools and (hit := unencodable_field(self.tools, "tools")) is not None:
+            return hit
+        if (bad := lone_surrogate(self.id)) is not None:
+            return "id", bad
+        return unencodable_field(self.meta, "meta") if self.meta else None
+
     def turns_to_regenerate(self) -> int:
         """How many requests this sample needs (at least one for a prompt-only sample)."""
         if self.mode == "native":
@@ -203,7 +230,9 @@ def _norm(text: str) -> str:
 def stable_hash(payload: Any, n: int = 16) -> str:
     """Hex sha256 (first ``n`` chars) of a canonical JSON rendering of ``payload``."""
     raw = json.dumps(payload, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:n]
+    # surrogatepass: the same bytes as UTF-8 for valid text, and hashing never fails on a
+    # lone surrogate (such a row is rejected by its reader; this keeps the check honest)
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:n]
 
 
 def make_sample_id(source: str, upstream_id: Any | None, messages: list[Message]) -> str:
@@ -211,3 +240,43 @@ def make_sample_id(source: str, upstream_id: Any | None, messages: list[Message]
     if upstream_id is not None and str(upstream_id).strip():
         return f"{source}:{str(upstream_id).strip()}"
     return f"{source}:h{stable_hash([normalized_message(m) for m in messages])}"
+
+
+#: a UTF-16 surrogate code point: in a Python str only a lone one (a pair decodes to one char)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate of ``text`` as ``U+D800``, or None when it encodes as UTF-8."""
+    if text.isascii():
+        return None
+    m = _SURROGATE.search(text)
+    return None if m is None else f"U+{ord(m.group()):04X}"
+
+
+def unencodable_field(value: Any, path: str = "") -> tuple[str, str] | None:
+    """(dotted field, code point) of the first string (or key) under ``value`` that holds a
+    lone surrogate, or None. Paths read like the adapters' fields: ``conversations[2].value``."""
+    if isinstance(value, str):
+        bad = lone_surrogate(value)
+        return None if bad is None else (path or "(value)", bad)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            where = f"{path}.{k}" if path else str(k)
+            if isinstance(k, str) and (bad := lone_surrogate(k)) is not None:
+                return (f"{path or '(top level)'} key {k!r}", bad)
+            if isinstance(v, str | dict | list | tuple) and (hit := unencodable_field(v, where)):
+                return hit
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            if isinstance(v, str | dict | list | tuple) and (
+                hit := unencodable_field(v, f"{path}[{i}]")
+            ):
+                return hit
+    return None
+
+
+def scrub(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD: for diagnostics (error messages,
+    warnings) that must be writable, never for data."""
+    return text if lone_surrogate(text) is None else _SURROGATE.sub("\ufffd", text)

@@ -286,6 +286,8 @@ class SourceNumbers:
     flags: dict[str, int] = field(default_factory=dict)  #: rows per flag, most first
     retried: int = 0  #: new attempts stored (regen run --retry-flagged)
     retrying: int = 0  #: new attempts this session still has to store
+    #: samples whose conversation ended early, per reason, most first (regen.engine.turns)
+    ended: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -566,6 +568,7 @@ def compute(
                 flags=_by_count(c.flags),
                 retried=c.retried,
                 retrying=sp.retrying,
+                ended=_by_count(sp.ended),
                 rows=c.rows,
                 prompt_tokens=c.prompt_tokens,
                 completion_tokens=c.completion_tokens,

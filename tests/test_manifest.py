@@ -358,3 +358,40 @@ def test_bad_quality_settings_name_the_field(tmp_path: Path) -> None:
         load_manifest(path, ["quality.compression_max=2"])
     with pytest.raises(ConfigError, match="quality"):
         load_manifest(path, ["quality.typo=1"])
+
+
+def _rename(data: dict[str, Any], dotted: str, new: str) -> dict[str, Any]:
+    d = copy.deepcopy(data)
+    node: Any = d
+    *head, last = dotted.split(".")
+    for k in head:
+        node = node[int(k)] if isinstance(node, list) else node[k]
+    node[new] = node.pop(last)
+    return d
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expect"),
+    [
+        ("sources.0.adapter", "adaptor",
+         "sources.0.adaptor (source 'a'): unknown key (not allowed here); did you mean 'adapter'?"),
+        ("target.tokenizer", "tokeniser",
+         "target.tokeniser: unknown key (not allowed here); did you mean 'tokenizer'?"),
+        ("name", "nmae", "nmae: unknown key (not allowed here); did you mean 'name'?"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_key_is_reported_before_the_field_it_leaves_missing(
+    tmp_path: Path, old: str, new: str, expect: str
+) -> None:
+    path = write(tmp_path, _rename(BASE, old, new))
+    with pytest.raises(ConfigError) as e:
+        load_manifest(path)
+    assert f"{path}: {expect}" in str(e.value)
+    assert "Field required" not in str(e.value)
+
+
+def test_an_unknown_key_far_from_every_name_gets_no_guess(tmp_path: Path) -> None:
+    path = write(tmp_path, _set(BASE, "sampling.zzzzzz", 1))
+    with pytest.raises(ConfigError) as e:
+        load_manifest(path)
+    assert str(e.value).endswith("sampling.zzzzzz: unknown key (not allowed here)")

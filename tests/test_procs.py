@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -44,9 +45,8 @@ def wait_gone(pgid: int, timeout_s: float = 10.0) -> bool:
 
 def test_stop_group_kills_what_ignores_sigterm_including_grandchildren() -> None:
     proc = start(STUBBORN)
-    t0 = time.monotonic()
     stop_group(proc, timeout_s=0.5)
-    assert proc.returncode is not None and time.monotonic() - t0 < 5
+    assert proc.returncode == -signal.SIGKILL  # SIGTERM was ignored: it was escalated
     assert wait_gone(proc.pid)
 
 

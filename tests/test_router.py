@@ -7,9 +7,15 @@ import asyncio
 import pytest
 
 from regen.client import EndpointInfo, status_error
-from regen.errors import ConnectError, ContextLengthError, RateLimitedError, ServerError
+from regen.errors import (
+    ConnectError,
+    ContextLengthError,
+    NoEndpointLeftError,
+    RateLimitedError,
+    ServerError,
+)
 from regen.manifest import Endpoint, Engine
-from regen.router import DOWN, HALF_OPEN, UP, EndpointRouter, http_probe
+from regen.router import DOWN, HALF_OPEN, REFUSED, UP, EndpointRouter, http_probe
 from regen.simulate.scripted import Reply, ScriptedServer
 
 A, B, C = "http://a:1/v1", "http://b:1/v1", "http://c:1/v1"
@@ -289,3 +295,80 @@ def test_latency_stats_and_from_engine():
     snap = r.snapshot()[A]
     assert snap["latency_avg_s"] == 3.0
     assert snap["latency_ewma_s"] == pytest.approx(0.8 * 2.0 + 0.2 * 4.0)
+
+
+# ---- endpoint-wide faults: out at once, for the session ------------------------------------
+
+
+def refusal(url: str, status: int = 403) -> Exception:
+    return status_error(status, "blocked by policy", endpoint=url)
+
+
+def test_a_refusal_takes_the_endpoint_out_at_once_with_one_line(caplog):
+    r = router(A, B)
+    lease = r.try_acquire("s0")
+    with caplog.at_level("WARNING", logger="regen.router"):
+        r.release(lease, refusal(A))
+    assert r.state(A) == REFUSED and r.healthy_urls() == [B]
+    lines = [rec.getMessage() for rec in caplog.records]
+    assert len(lines) == 1
+    assert A in lines[0] and "HTTP 403" in lines[0] and "blocked by policy" in lines[0]
+    assert "fix:" in lines[0]
+    assert r.try_acquire("s0").url == B  # the sample is rebound elsewhere
+    assert r.snapshot()[A]["refusal"].startswith(f"HTTP 403 from {A}")
+
+
+def test_a_refused_endpoint_stays_out_whatever_succeeds_or_probes():
+    clock = Clock()
+    probed: list[str] = []
+
+    async def probe(url: str) -> bool:
+        probed.append(url)
+        return True  # a gateway that refuses chat may well pass health checks
+
+    r = router(A, clock=clock, probe=probe)
+    before, refused = r.try_acquire("old"), r.try_acquire("new")
+    r.release(refused, refusal(A, 401))
+    r.release(before)  # a request sent before the refusal finishes fine
+    clock.t += 3600
+    asyncio.run(r.probe_once())
+    assert r.state(A) == REFUSED and probed == [] and r.try_acquire("s") is None
+
+
+def test_no_endpoint_left_raises_naming_each_endpoint_and_the_fix():
+    r = router(A, B)
+
+    async def go():
+        for url, status in ((A, 403), (B, 404)):
+            lease = r.try_acquire(f"on-{url}")
+            assert lease.url == url
+            r.release(lease, refusal(url, status))
+        return await asyncio.wait_for(r.acquire("next"), timeout=5)
+
+    with pytest.raises(NoEndpointLeftError) as info:
+        asyncio.run(go())
+    text = str(info.value)
+    assert f"{A}: HTTP 403" in text and f"{B}: HTTP 404" in text
+    assert "run the same command again" in text and "fix:" in text
+
+
+def test_a_waiting_sample_is_told_when_the_last_endpoint_is_refused():
+    r = router(A)
+    r.set_limit(A, 1)
+
+    async def go():
+        held = r.try_acquire("busy")
+        waiter = asyncio.ensure_future(r.acquire("waiting"))
+        await asyncio.sleep(0)
+        r.release(held, refusal(A))
+        return await asyncio.wait_for(waiter, timeout=5)
+
+    with pytest.raises(NoEndpointLeftError):
+        asyncio.run(go())
+
+
+def test_a_permanent_error_is_not_a_refusal():
+    r = router(A)
+    lease = r.try_acquire("s")
+    r.release(lease, status_error(400, "bad request", endpoint=A))
+    assert r.state(A) == UP

@@ -148,12 +148,20 @@ def _sources_table(report: BenchReport) -> str:
 def _servers(report: BenchReport) -> str:
     items = []
     for f in report.servers.values():
+        # vLLM shows whether it speculates (its counters) but not the method, outside dev mode
+        shown = f.algorithm or (
+            "speculating (method not shown)"
+            if f.engine == "vllm" and f.num_draft_tokens
+            else "no speculation"
+        )
         flags = (
-            f"{html.escape(f.algorithm or 'no speculation')}"
+            f"{html.escape(shown)}"
             + (f", draft {html.escape(f.draft_path)}" if f.draft_path else "")
             + (
                 f", steps={f.num_steps} topk={f.eagle_topk} draft_tokens={f.num_draft_tokens}"
-                if f.algorithm
+                if f.algorithm and f.engine != "vllm"
+                else f", draft tokens {f.num_draft_tokens}"
+                if f.num_draft_tokens
                 else ""
             )
         )

@@ -18,7 +18,10 @@ fails loudly instead of misreading)::
 ``method`` says where an acceptance length came from: ``spec_tokens_details`` (per request,
 SGLang's ``sglext``; exact), ``server_info`` (the change of ``avg_spec_accept_length`` across
 a level or a per-source pass; exact only when the server's running total started with the
-bench) or ``none``. :func:`write_report` writes the file atomically; :func:`read_report`
+bench), ``metrics`` (vLLM: the change of its ``vllm:spec_decode_*`` counters across a level or
+a per-source pass, ``1 + Δaccepted / Δdrafts``; exact) or ``none``. ``ServerFlags.engine``
+names the engine (``sglang``, ``vllm``; absent in files written before it).
+:func:`write_report` writes the file atomically; :func:`read_report`
 refuses another schema version with a clear error. API keys never appear (only the name of
 the environment variable that held one).
 """
@@ -37,7 +40,7 @@ from regen.manifest import config_error
 SCHEMA_VERSION = 1
 BENCH_JSON = "bench.json"
 
-AcceptMethod = Literal["spec_tokens_details", "server_info", "none"]
+AcceptMethod = Literal["spec_tokens_details", "server_info", "metrics", "none"]
 Severity = Literal["good", "info", "warning", "problem"]
 
 
@@ -46,13 +49,17 @@ class _Strict(BaseModel):
 
 
 class ServerFlags(_Strict):
-    """What a server's /server_info said at the start, and what the flags check found."""
+    """What a server said of its speculation at the start (SGLang: /server_info; vLLM: its
+    /metrics counters and, in dev mode, its config), and what the flags check found."""
 
     #: "baseline" or "speculative"
     role: Literal["baseline", "speculative"]
+    #: the engine profile recognised ("sglang", "vllm", "openai"; None: not recorded)
+    engine: str | None = None
     #: the server's URL as given (never with user:password)
     url: str
-    #: speculative_algorithm (None: no speculation)
+    #: speculative_algorithm as the engine spells it (SGLang "EAGLE3", vLLM "eagle3"; None: no
+    #: speculation, or not shown: vLLM shows its method only in dev mode)
     algorithm: str | None = None
     #: speculative_draft_model_path
     draft_path: str | None = None
@@ -60,14 +67,15 @@ class ServerFlags(_Strict):
     num_steps: int | None = None
     #: speculative_eagle_topk
     eagle_topk: int | None = None
-    #: speculative_num_draft_tokens
+    #: speculative_num_draft_tokens (vLLM: num_speculative_tokens)
     num_draft_tokens: int | None = None
     #: the live batch limit (internal_states[0].effective_max_running_requests_per_dp, else the
     #: max_running_requests flag)
     max_running_requests: int | None = None
     #: SGLang version
     version: str | None = None
-    #: avg_spec_accept_length when the bench started (None: not reported yet)
+    #: avg_spec_accept_length when the bench started (vLLM: 1 + accepted / drafts since it
+    #: started; None: not reported yet)
     accept_length_at_start: float | None = None
     #: whether the server answered /server_info at all
     server_info: bool = True

@@ -11,7 +11,7 @@ client's CPU or a shared GPU)::
                is measured
     levels     for each concurrency, ascending: baseline, then speculative (regen.bench.load);
                without per-request details, the speculative server's avg_spec_accept_length
-               is read before and after its level
+               (vLLM: its vllm:spec_decode_* counters) is read before and after its level
     pass       only without per-request details: the speculative server again, one source at
                a time at the lowest concurrency, avg_spec_accept_length read around each, so
                each source gets its own acceptance
@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from regen.bench.load import (
     BenchRequest,
@@ -39,7 +40,7 @@ from regen.bench.load import (
 from regen.bench.prompts import BenchPrompt
 from regen.bench.report import ServerFlags
 from regen.bench.servers import Role, read_accept_length, server_flags
-from regen.bench.stats import AcceptWindow, decode_tokens
+from regen.bench.stats import AcceptWindow, CounterWindow, decode_tokens
 from regen.client import ChatClient, check_endpoint, resolve_api_key, server_root
 from regen.client.chat import NO_KEY
 from regen.client.endpoints import served_models
@@ -78,10 +79,23 @@ class BenchRun:
     levels: list[LevelRun]  #: both roles, in the order run
     details: bool  #: whether the speculative server returned spec_tokens_details
     fresh: bool  #: whether its running acceptance total started with the bench
-    windows: dict[int, AcceptWindow] = field(default_factory=dict)  #: per level (no details)
-    source_windows: dict[str, AcceptWindow] = field(default_factory=dict)  #: the pass
+    #: per level (no details); CounterWindow for vLLM (its counters), else AcceptWindow
+    windows: dict[int, AcceptWindow | CounterWindow] = field(default_factory=dict)
+    source_windows: dict[str, AcceptWindow | CounterWindow] = field(default_factory=dict)
+    counters: bool = False  #: acceptance from vLLM's /metrics counters
     passes: list[LevelRun] = field(default_factory=list)  #: the per-source pass's runs
     warmup: dict[Role, RequestRecord] = field(default_factory=dict)
+
+
+def _counters_or_none(url: str, api_key: str | None) -> Any:
+    """vLLM's speculative counters now (None: unreadable or not speculating)."""
+    from regen.errors import RegenError
+    from regen.train.vllm_serving import read_counters
+
+    try:
+        return read_counters(url, api_key=api_key)
+    except RegenError:
+        return None
 
 
 def check_options(opts: BenchOptions) -> list[int]:
@@ -162,8 +176,18 @@ async def run_bench(opts: BenchOptions, progress: ProgressHook | None = None) ->
     }
     spec_url = endpoints["speculative"].url
 
-    async def accept_now() -> float | None:
+    counters = flags["speculative"].engine == "vllm"
+
+    async def accept_now() -> Any:
+        """The running acceptance (SGLang) or the speculative counters (vLLM) now."""
+        if counters:
+            return await asyncio.to_thread(_counters_or_none, spec_url, info_key)
         return await asyncio.to_thread(read_accept_length, spec_url, api_key=info_key)
+
+    def window(before: Any, after: Any, tokens_before: int, tokens: int, fresh: bool) -> Any:
+        if counters:
+            return CounterWindow(before, after)
+        return AcceptWindow(before, after, tokens_before, tokens, fresh)
 
     try:
         run = BenchRun(
@@ -171,7 +195,8 @@ async def run_bench(opts: BenchOptions, progress: ProgressHook | None = None) ->
             flags=flags,
             levels=[],
             details=False,
-            fresh=flags["speculative"].accept_length_at_start is None,
+            fresh=counters or flags["speculative"].accept_length_at_start is None,
+            counters=counters,
         )
         for role in ROLES:
             rec = await send_one(transports[role], requests[0], role=role, concurrency=1)
@@ -186,8 +211,9 @@ async def run_bench(opts: BenchOptions, progress: ProgressHook | None = None) ->
         if not run.details:
             log.info(
                 "the speculative server returns no spec_tokens_details: acceptance comes "
-                "from /server_info avg_spec_accept_length"
-            )
+                "from %s", "its /metrics counters" if counters else
+                "/server_info avg_spec_accept_length",
+            )  # fmt: skip
         for c in levels:
             for role in ROLES:
                 before = None if run.details or role == "baseline" else await accept_now()
@@ -197,11 +223,12 @@ async def run_bench(opts: BenchOptions, progress: ProgressHook | None = None) ->
                 run.levels.append(lv)
                 if role == "speculative" and not run.details:
                     tokens = decode_tokens(lv.records)
-                    run.windows[c] = AcceptWindow(
+                    run.windows[c] = window(
                         before, await accept_now(), spec_tokens, tokens, run.fresh
                     )
                     spec_tokens += tokens
         if not run.details and any(w.after is not None for w in run.windows.values()):
+            # one source at a time: the server's counters then belong to that source alone
             by_source: dict[str, list[BenchRequest]] = {}
             for r in requests:
                 by_source.setdefault(r.source, []).append(r)
@@ -216,7 +243,7 @@ async def run_bench(opts: BenchOptions, progress: ProgressHook | None = None) ->
                 )
                 run.passes.append(lv)
                 tokens = decode_tokens(lv.records)
-                run.source_windows[source] = AcceptWindow(
+                run.source_windows[source] = window(
                     before, await accept_now(), spec_tokens, tokens, run.fresh
                 )
                 spec_tokens += tokens

@@ -2,10 +2,11 @@
 their running acceptance length.
 
 The speculative server must run exactly ``EAGLE3`` (and, with ``--draft``, that draft): the
-same :func:`regen.train.serving.check_server_info` that ``regen verify-server`` uses, but a
-trap found here is recorded as a finding instead of stopping the bench, since measuring a
-misconfigured server is what shows the damage. The baseline server must not speculate at all.
-Owns no files.
+same checks ``regen verify-server`` makes (:func:`regen.train.serving.check_server_info` for
+SGLang, :func:`regen.train.vllm_serving.verify_vllm_server` for vLLM, whose /metrics counters
+and draft config stand in for the /server_info it does not have), but a trap found here is
+recorded as a finding instead of stopping the bench, since measuring a misconfigured server
+is what shows the damage. The baseline server must not speculate at all. Owns no files.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from regen.bench.report import ServerFlags
-from regen.errors import EndpointError, TrapError
+from regen.errors import EndpointError, RegenError, TrapError
 from regen.manifest import public_url
+from regen.train import vllm_serving
 from regen.train.serving import accept_lengths, check_server_info, fetch_server_info
 
 Role = Literal["baseline", "speculative"]
@@ -46,8 +48,13 @@ def server_flags(
     draft: str | None = None,
     timeout: float = 10.0,
 ) -> ServerFlags:
-    """Read ``/server_info`` and check the flags for ``role``; a server without one is noted."""
+    """Read ``/server_info`` (vLLM: its counters) and check the flags for ``role``; a server
+    without either is noted."""
     shown = public_url(url)
+    found = vllm_serving.identify_server(url, api_key=api_key, timeout=timeout)
+    if found.engine == "vllm":
+        return vllm_flags(role, url, shown, api_key=api_key, draft=draft, timeout=timeout,
+                          version=found.version)  # fmt: skip
     try:
         info = fetch_server_info(url, timeout=timeout, api_key=api_key)
     except EndpointError as e:
@@ -56,6 +63,55 @@ def server_flags(
             flags.problem = f"cannot read its flags ({e}); the speculative settings are unchecked"
         return flags
     return flags_of(role, shown, info, draft=draft)
+
+
+def vllm_flags(
+    role: Role,
+    url: str,
+    shown: str,
+    *,
+    api_key: str | None,
+    draft: str | None,
+    timeout: float,
+    version: str | None,
+) -> ServerFlags:
+    """A vLLM server's flags: speculating or not (its counters), what dev mode shows, and for
+    the speculative role the checks of verify-server."""
+    flags = ServerFlags(role=role, url=shown, engine="vllm", version=version, server_info=False)
+    try:
+        counters = vllm_serving.read_counters(url, api_key=api_key, timeout=timeout)
+    except TrapError as e:  # no speculative counters
+        if role == "speculative":
+            flags.trap, flags.problem = e.trap, str(e)
+        return flags
+    except EndpointError as e:
+        if role == "speculative":
+            flags.problem = (
+                f"cannot read its /metrics ({e}); the speculative settings are unchecked"
+            )
+        return flags
+    dev = vllm_serving.read_dev_speculative(url, api_key=api_key, timeout=timeout)
+    flags.algorithm = dev.get("method")
+    flags.draft_path = dev.get("model")
+    flags.num_draft_tokens = _int(dev.get("num_speculative_tokens")) or (
+        len(counters.per_position) or None
+    )
+    flags.accept_length_at_start = counters.accept_length()
+    if role == "baseline":
+        flags.trap = "baseline-speculates"
+        flags.problem = (
+            f"the baseline server runs speculative decoding ({flags.algorithm or 'vLLM'}): the "
+            "speedup would compare two speculative servers; start the baseline without "
+            "--speculative-config"
+        )
+        return flags
+    try:
+        vllm_serving.verify_vllm_server(url, draft, timeout=timeout, api_key=api_key)
+    except TrapError as e:
+        flags.trap, flags.problem = e.trap, str(e)
+    except RegenError as e:  # an unreadable draft dir: noted, the bench still measures
+        flags.problem = str(e)
+    return flags
 
 
 def flags_of(role: Role, url: str, info: dict[str, Any], *, draft: str | None) -> ServerFlags:
@@ -67,6 +123,7 @@ def flags_of(role: Role, url: str, info: dict[str, Any], *, draft: str | None) -
     flags = ServerFlags(
         role=role,
         url=url,
+        engine="sglang",
         algorithm=str(algo) if algo is not None else None,
         draft_path=info.get("speculative_draft_model_path"),
         num_steps=_int(info.get("speculative_num_steps")),

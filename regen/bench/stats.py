@@ -28,6 +28,9 @@ Definitions (pure functions, no I/O):
   inexact. SGLang folds its counters in every 40 decode steps: a window can lag a little, and
   bench traffic not yet folded in when ``A_before`` is read (still unreported) is taken at
   the window's own average.
+- **acceptance from vLLM's /metrics** = 1 + Δ``vllm:spec_decode_num_accepted_tokens_total``
+  ÷ Δ``vllm:spec_decode_num_drafts_total`` across a window (:class:`CounterWindow`): counters,
+  not a running mean, so the window's own traffic is measured exactly whatever came before it.
 - **speedup** = speculative ÷ baseline output tok/s per level; the **crossover** is where it
   crosses 1, interpolated linearly in log(concurrency) between the last level above 1 and the
   first at or below it.
@@ -43,6 +46,7 @@ from dataclasses import dataclass
 
 from regen.bench.load import LevelRun, RequestRecord
 from regen.bench.report import AcceptMethod, Crossover, LevelResult, LevelStats
+from regen.train.vllm_serving import SpecCounters
 
 #: a window's acceptance below this is inconsistent counters, not a measurement (1.0 is the
 #: floor; SGLang's counter lag can pull an honest 1.0 a little below it)
@@ -111,6 +115,22 @@ class AcceptWindow:
         value = self.tokens / steps
         # below ~1 is impossible (every step keeps a token): counters that do not fit the traffic
         return value if value >= MIN_PLAUSIBLE_ACCEPT else None
+
+
+@dataclass(slots=True)
+class CounterWindow:
+    """vLLM's speculative counters around a window of bench traffic (``before`` / ``after``:
+    regen.train.vllm_serving.SpecCounters; None where they could not be read)."""
+
+    before: SpecCounters | None
+    after: SpecCounters | None
+    fresh: bool = True  #: counters are exact whatever ran before: always True
+
+    def accept_length(self) -> float | None:
+        if self.before is None or self.after is None:
+            return None
+        value = self.after.since(self.before)
+        return value if value is not None and value >= MIN_PLAUSIBLE_ACCEPT else None
 
 
 def steady_tokens(run: LevelRun) -> float | None:

@@ -22,14 +22,23 @@ from regen.bench.report import (
     SourceResult,
 )
 from regen.bench.runner import BenchRun
-from regen.bench.stats import AcceptWindow, crossover, details_accept, level_stats, speedup
+from regen.bench.stats import (
+    AcceptWindow,
+    CounterWindow,
+    crossover,
+    details_accept,
+    level_stats,
+    speedup,
+)
 from regen.bench.verdicts import source_kind, verdicts
 
 
-def _overall_window(run: BenchRun) -> AcceptWindow | None:
+def _overall_window(run: BenchRun) -> AcceptWindow | CounterWindow | None:
     ws = [run.windows[c] for c in sorted(run.windows)]
     if not ws:
         return None
+    if run.counters:  # vLLM's counters only move while its levels run
+        return CounterWindow(ws[0].before, ws[-1].after)  # type: ignore[arg-type]
     return AcceptWindow(
         before=ws[0].before,
         after=ws[-1].after,
@@ -52,7 +61,7 @@ def summarize(
     for lv in run.levels:
         by_level.setdefault(lv.concurrency, {})[lv.role] = lv
     spec_records = [r for lv in run.levels if lv.role == "speculative" for r in lv.records]
-    method = "spec_tokens_details" if run.details else "server_info"
+    method = "spec_tokens_details" if run.details else "metrics" if run.counters else "server_info"
 
     levels: list[LevelResult] = []
     for c in sorted(by_level):
@@ -135,7 +144,9 @@ def _sources(
                 requests=len(counted),
                 completion_tokens=sum(r.completion_tokens or 0 for r in counted),
                 accept_length=value,
-                method="server_info" if value is not None else "none",
+                method=("metrics" if run.counters else "server_info")
+                if value is not None
+                else "none",
                 exact=run.fresh,
             )
         )

@@ -95,9 +95,12 @@ def verdicts(report: BenchReport) -> list[Verdict]:
             f"acceptance {accept:.2f} ≤ {LOW_ACCEPT_LENGTH}: the draft is not being used. "
             "Is the algorithm EAGLE instead of EAGLE3?"
         )
-        if algo is not None and algo != "EAGLE3":
-            text += f" The server runs {algo}: restart it with --speculative-algorithm EAGLE3."
-        elif algo == "EAGLE3":
+        vllm = spec is not None and spec.engine == "vllm"
+        if algo is not None and algo.upper() != "EAGLE3":
+            fix = ('--speculative-config \'{"method": "eagle3", ...}\'' if vllm
+                   else "--speculative-algorithm EAGLE3")  # fmt: skip
+            text += f" The server runs {algo}: restart it with {fix}."
+        elif algo is not None:
             text += (
                 " The server does run EAGLE3: check the draft's aux layer ids "
                 "(regen verify-server, regen train --dry-run) and its training data."
@@ -223,6 +226,12 @@ def _acceptance_source(report: BenchReport) -> list[Verdict]:
                 " (approximate: its running total includes traffic from before the bench; "
                 "restart the server before benching for exact numbers)"
             )
+        return [_v("info", "acceptance-source", text)]
+    if acc.method == "metrics":
+        text = (
+            "acceptance comes from the vLLM server's own counters: 1 + accepted / drafts "
+            "(vllm:spec_decode_*) across each level and each source's pass"
+        )
         return [_v("info", "acceptance-source", text)]
     if acc.method == "none":
         text = (

@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from regen.cli.run import run_with_view
+    from regen.cli.main import EXIT_DONE
+    from regen.cli.run import exit_code, run_with_view
     from regen.engine import RunOptions
     from regen.engine.actor import quiet_http_logs
     from regen.errors import ConfigError
@@ -102,10 +103,12 @@ def run(args: argparse.Namespace) -> int:
             address=args.address,
         )
         summary = run_with_view(manifest, args.out, opts, view=not args.no_view)
-    if summary.state != "finished":
+    code = exit_code(summary)  # 0 only when every sample is done or permanently failed
+    if code != EXIT_DONE:
         console.print(f"[yellow]{summary.state}[/]: {summary.done}/{summary.total} samples "
-                      f"stored in {args.out}; run the same command again to resume")  # fmt: skip
-        return 130
+                      f"stored in {args.out} ({summary.failed_transient} left for the next "
+                      "run); run the same command again to resume")  # fmt: skip
+        return code
     stats = export_run(args.out, export_dir, **export_settings(args.out))
     console.print(
         f"[bold green]done[/]: {summary.done}/{summary.total} samples "

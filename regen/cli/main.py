@@ -1,4 +1,13 @@
-"""Entry point of the `regen` console script: finds the command modules and dispatches."""
+"""Entry point of the `regen` console script: finds the command modules and dispatches.
+
+Exit codes, the same for `regen` and every `ray job submit` entrypoint (pipelines/), listed in
+the README: :data:`EXIT_DONE` 0 (every sample done or permanently failed, and counted),
+:data:`EXIT_FAILED` 1 (`regen verify` found damage, a training job failed, a bug's traceback),
+:data:`EXIT_CONFIG` 2 (a regen error, such as a bad manifest or no usable endpoint at start:
+one line on stderr), :data:`EXIT_LEFT` 75 (samples are left for the next run: run the same
+command again; :class:`regen.errors.RunIncompleteError`, or transient failures left; sysexits'
+EX_TEMPFAIL), :data:`EXIT_INTERRUPTED` 130 (Ctrl-C, SIGTERM).
+"""
 
 from __future__ import annotations
 
@@ -16,9 +25,15 @@ from rich.markup import escape
 
 import regen
 import regen.cli
-from regen.errors import RegenError
+from regen.errors import RegenError, RunIncompleteError
 
 log = logging.getLogger("regen")
+
+EXIT_DONE = 0
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_LEFT = 75
+EXIT_INTERRUPTED = 130
 
 
 def _commands() -> list[ModuleType]:
@@ -74,16 +89,20 @@ def report_error(e: RegenError) -> None:
 
 def invoke(run: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
     """Run a command on parsed arguments (``--log-level`` among them) as every regen entrypoint
-    does: logging set up, a regen error one line on stderr and exit 2, Ctrl-C exit 130."""
+    does: logging set up, a regen error one line on stderr and exit 2 (75 when it left samples
+    for the next run), Ctrl-C exit 130 (the module docstring lists them)."""
     setup_logging(args.log_level)
     try:
-        return int(run(args) or 0)
+        return int(run(args) or EXIT_DONE)
+    except RunIncompleteError as e:
+        report_error(e)
+        return EXIT_LEFT
     except RegenError as e:
         report_error(e)
-        return 2
+        return EXIT_CONFIG
     except KeyboardInterrupt:
         Console(stderr=True).print("[yellow]interrupted[/]")
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from regen.cli._args import add_api_key_arguments, add_override_argument, api_key_fields
+from regen.cli.main import EXIT_DONE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_LEFT
 
 if TYPE_CHECKING:
     from regen.engine import JobSummary, RunOptions
@@ -179,19 +180,31 @@ def execute(args: argparse.Namespace, *, view: bool = True) -> int:
         f"run dir {summary.run_dir}",
         highlight=False,
     )
-    if summary.state == "interrupted":
+    code = exit_code(summary)
+    if code == EXIT_INTERRUPTED:
         console.print("run the same command again to resume", highlight=False)
-        return 130
-    if summary.failed_transient:
+    elif code == EXIT_LEFT:
         console.print(
-            "some samples ran out of retries: run the same command again", highlight=False
+            f"some samples ran out of retries: run the same command again (exit {EXIT_LEFT})",
+            highlight=False,
         )
+    if code != EXIT_DONE:
         if args.then_train:
             console.print("training not submitted: the run is not complete", highlight=False)
-        return 0
-    if args.then_train and summary.state == "finished":
+        return code
+    if args.then_train:
         return _then_train(args, console)
-    return 0
+    return EXIT_DONE
+
+
+def exit_code(summary: JobSummary) -> int:
+    """How a finished session exits (regen.cli.main lists the codes): 0 only when every sample
+    is done or permanently failed; 75 when some are left for the next run; 130 interrupted."""
+    if summary.state == "interrupted":
+        return EXIT_INTERRUPTED
+    if summary.state != "finished" or summary.failed_transient:
+        return EXIT_LEFT
+    return EXIT_DONE
 
 
 def _then_train(args: argparse.Namespace, console) -> int:
@@ -207,7 +220,7 @@ def _then_train(args: argparse.Namespace, console) -> int:
         highlight=False,
         soft_wrap=True,
     )
-    return 0 if result.state not in ("FAILED", "STOPPED") else 1
+    return EXIT_DONE if result.state not in ("FAILED", "STOPPED") else EXIT_FAILED
 
 
 def run(args: argparse.Namespace) -> int:

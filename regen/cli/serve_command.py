@@ -1,4 +1,7 @@
-"""`regen serve-command DRAFT_DIR`: print the SGLang command that serves the trained draft."""
+"""`regen serve-command DRAFT_DIR`: print the SGLang and the vLLM command that serve the trained
+draft (``--engine`` picks one). The vLLM command serves a copy of the draft whose aux-layer ids
+are in vLLM's numbering (regen.train.vllm_serving.write_vllm_draft), written by this command
+next to the draft (or to ``--vllm-draft-dir``)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 NAME = "serve-command"
-HELP = "print the SGLang command serving the target with the trained EAGLE-3 draft"
+HELP = "print the SGLang and vLLM commands serving the target with the trained EAGLE-3 draft"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +28,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--no-kimi-flags", action="store_true", help="leave out the Kimi flags")
+    parser.add_argument(
+        "--engine",
+        choices=("all", "sglang", "vllm"),
+        default="all",
+        help="which command to print (default both; vllm also writes the draft's vLLM copy)",
+    )
+    parser.add_argument(
+        "--vllm-draft-dir",
+        default=None,
+        metavar="DIR",
+        help="where the vLLM copy of the draft goes (default DRAFT_DIR-vllm)",
+    )
+    parser.add_argument(
+        "--vllm-port", type=int, default=8000, help="the vLLM server's port (default 8000)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,13 +71,36 @@ def run(args: argparse.Namespace) -> int:
         target_hidden=cfg.target.hidden_size if cfg else None,
         num_layers=cfg.target.num_layers if cfg else None,
     )
-    argv = serve_argv(
-        args.draft_dir,
-        target=target,
-        serving=serving,
-        host=args.host,
-        port=args.port,
-        kimi=not args.no_kimi_flags,
-    )
-    Console().print(escape(shlex.join(argv)), highlight=False, soft_wrap=True)
+    out = Console()
+    kimi = not args.no_kimi_flags
+    if args.engine in ("all", "sglang"):
+        argv = serve_argv(
+            args.draft_dir, target=target, serving=serving, host=args.host, port=args.port,
+            kimi=kimi,
+        )  # fmt: skip
+        if args.engine == "all":
+            out.print("# SGLang", highlight=False)
+        out.print(escape(shlex.join(argv)), highlight=False, soft_wrap=True)
+    if args.engine in ("all", "vllm"):
+        from regen.train import vllm_serving
+
+        try:
+            copy = vllm_serving.write_vllm_draft(args.draft_dir, args.vllm_draft_dir)
+        except ConfigError as e:
+            if args.engine == "vllm":
+                raise
+            # the SGLang command stands; a vLLM one without the copy would serve the trap
+            Console(stderr=True).print(
+                f"# vLLM: no command: {escape(str(e))}", highlight=False, soft_wrap=True
+            )
+            return 0
+        argv = vllm_serving.serve_argv(
+            str(copy), target=target, tp=serving.tp,
+            num_speculative_tokens=serving.num_steps or 3, host=args.host,
+            port=args.vllm_port, kimi=kimi,
+        )  # fmt: skip
+        if args.engine == "all":
+            out.print(f"# vLLM (the draft's copy in vLLM's aux-layer numbering: {copy})",
+                      highlight=False, soft_wrap=True)  # fmt: skip
+        out.print(escape(shlex.join(argv)), highlight=False, soft_wrap=True)
     return 0

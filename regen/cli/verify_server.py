@@ -1,4 +1,8 @@
-"""`regen verify-server URL --draft DRAFT_DIR`: fail unless the server runs EAGLE3 with it."""
+"""`regen verify-server URL --draft DRAFT_DIR`: fail unless the server runs EAGLE3 with it.
+
+SGLang: its ``/server_info`` (algorithm, draft path, tuning, running acceptance). vLLM: what it
+exposes (``/metrics`` counters, dev-mode config) and the draft's own config (its aux-layer
+numbering); what vLLM does not show is printed as unchecked (regen.train.vllm_serving)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from rich.markup import escape
 from regen.cli._args import add_api_key_arguments, api_key_fields
 
 NAME = "verify-server"
-HELP = "check a running SGLang server really serves EAGLE3 with the given draft"
+HELP = "check a running SGLang or vLLM server really serves EAGLE3 with the given draft"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,12 +31,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from regen.client import resolve_api_key, server_root
     from regen.manifest import Endpoint
-    from regen.train.serving import LOW_ACCEPT_LENGTH, verify_server
+    from regen.train.serving import LOW_ACCEPT_LENGTH, verify_any
+    from regen.train.vllm_serving import VllmCheck
 
     keys = api_key_fields(args)
     key = resolve_api_key(Endpoint(url=server_root(args.url), **keys)) if keys else None
-    check = verify_server(args.url, args.draft, timeout=args.timeout, api_key=key)
+    check = verify_any(args.url, args.draft, timeout=args.timeout, api_key=key)
     out = Console()
+    if isinstance(check, VllmCheck):
+        return _print_vllm(out, check, LOW_ACCEPT_LENGTH)
     out.print(
         f"[green]ok[/] {escape(check.url)}: {check.algorithm} with draft "
         f"{escape(check.draft_path)} (steps={check.num_steps}, topk={check.eagle_topk}, "
@@ -55,4 +62,41 @@ def run(args: argparse.Namespace) -> int:
             )
     else:
         out.print("avg_spec_accept_length: not reported yet", highlight=False, soft_wrap=True)
+    return 0
+
+
+def _print_vllm(out: Console, check: object, low: float) -> int:
+    from regen.train.vllm_serving import VllmCheck
+
+    assert isinstance(check, VllmCheck)
+    draft = check.draft
+    ids = f", aux layers {draft.vllm_ids} (trained on {draft.specforge_ids})" if draft else ""
+    out.print(
+        f"[green]ok[/] {escape(check.url)}: vLLM {escape(str(check.version))} speculating "
+        f"({escape(check.method or 'method not shown')}, "
+        f"{check.num_speculative_tokens} draft tokens){escape(ids)}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    c = check.counters
+    accept = check.avg_accept_length
+    per_pos = ", ".join(f"{p}: {n / c.drafts:.3f}" for p, n in c.per_position.items()) if (
+        c.drafts) else ""  # fmt: skip
+    out.print(
+        f"acceptance length: {accept:.3f} over {c.drafts:.0f} drafts"
+        + (f" (accepted per position {per_pos})" if per_pos else "")
+        if accept is not None
+        else "acceptance length: not reported yet (no draft verified)",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if accept is not None and accept <= low:
+        out.print(
+            f"[yellow]warning: acceptance length <= {low}: the draft is not helping (check the "
+            "method is eagle3, the aux layer numbering and the draft's data)[/]",
+            highlight=False,
+            soft_wrap=True,
+        )
+    for what in check.unchecked:
+        out.print(f"unchecked: {escape(what)}", highlight=False, soft_wrap=True)
     return 0

@@ -1,25 +1,27 @@
 """``ChatClient``: one OpenAI-compatible endpoint, one request → one :class:`TurnResult`.
 
 Every request goes through one transport (:class:`regen.client.transport.ChatTransport`,
-aiohttp). The request body (:meth:`ChatClient.request_body`) is what SGLang's
-``ChatCompletionRequest`` accepts (tests/contract checks it against SGLang's own model with
-unknown keys forbidden): model, messages, tools, temperature, top_p,
-``max_completion_tokens`` (SGLang marks ``max_tokens`` deprecated), seed, and the
-SGLang extras ``top_k`` and ``chat_template_kwargs``. Where the server's token ids come from is
-``sampling.token_ids``:
+aiohttp). The request body (:meth:`ChatClient.request_body`) holds the OpenAI fields SGLang's
+``ChatCompletionRequest`` and vLLM's accept (tests/contract checks it against SGLang's own
+model with unknown keys forbidden): model, messages, tools, temperature, top_p,
+``max_completion_tokens`` (SGLang marks ``max_tokens`` deprecated), seed, and the extras
+``top_k`` and ``chat_template_kwargs``. How the exact token ids are asked for and where they
+arrive is the endpoint's engine profile (:mod:`regen.client.profiles`, recognised by the
+endpoint check); ``sampling.token_ids`` chooses the path:
 
-- ``stream`` (default): streamed (``stream_options.include_usage``), with SGLang's
-  ``return_input_ids_in_sglext`` / ``return_output_ids_in_sglext``: the ids arrive in the
-  ``sglext`` chunk after the finish chunk (:mod:`regen.client.stream`), and the time to first
-  token stays measured;
-- ``nonstream``: one JSON answer with ``return_prompt_token_ids`` / ``return_token_ids``
-  (SGLang refuses those with streaming); the ids are on the choice (``prompt_token_ids``,
-  ``response_token_ids``); no TTFT;
+- ``stream`` (default): streamed (``stream_options.include_usage``), with the profile's id
+  fields (SGLang: ``return_{input,output}_ids_in_sglext``, the ids in the ``sglext`` chunk;
+  vLLM: ``return_token_ids``, the prompt ids in the first chunk and each chunk's ids);
+  the time to first token stays measured;
+- ``nonstream``: one JSON answer with the profile's id fields (SGLang:
+  ``return_prompt_token_ids`` / ``return_token_ids``, refused with streaming; vLLM:
+  ``return_token_ids``); no TTFT;
 - ``local``: streamed, no ids asked (the row is rendered locally).
 
-A client built with ``server_ids=False`` (the endpoint check found no SGLang ``/server_info``:
-e.g. ``transformers serve``, which refuses unknown fields with 422) never asks for ids and
-streams. Failures become regen errors (:mod:`regen.client.errors`); retries follow
+An endpoint of no known engine (:data:`regen.client.profiles.OPENAI`, e.g. ``transformers
+serve``, which refuses unknown fields with 422) is never asked for ids and streams. Every
+result names the engine and its version (:class:`regen.result.TurnResult`, then each row).
+Failures become regen errors (:mod:`regen.client.errors`); retries follow
 :class:`regen.client.retry.RetryPolicy`. The API key is read from the endpoint's
 ``api_key_env`` / ``api_key_file``, sent as a bearer token and never logged nor put in an error.
 """
@@ -34,13 +36,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from regen.client.errors import not_protocol
+from regen.client.profiles import EngineProfile, profile_named
 from regen.client.retry import FailureHook, RetryPolicy
 from regen.client.stream import StreamAccumulator, usage_fields
 from regen.client.transport import ChatTransport
-from regen.errors import ConfigError, PermanentError, ServerError, StreamCutError
+from regen.errors import (
+    ConfigError,
+    InvalidTextError,
+    PermanentError,
+    ServerError,
+    StreamCutError,
+)
 from regen.manifest import Endpoint, Manifest, Sampling, public_url
 from regen.result import TurnResult
-from regen.sample import ToolCall
+from regen.sample import ToolCall, lone_surrogate
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +95,6 @@ def auth_headers(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def _id_list(value: Any) -> list[int] | None:
-    if isinstance(value, list) and all(isinstance(x, int) for x in value):
-        return list(value)
-    return None
-
-
 def _reasoning_of(msg: dict[str, Any]) -> str | None:
     value = msg.get("reasoning_content")
     if value is None:
@@ -111,6 +115,13 @@ def _tool_calls_of(msg: dict[str, Any]) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
+def token_path(profile: EngineProfile, sampling: Sampling) -> str:
+    """Where a client of ``profile`` with ``sampling`` takes its rows' ids from (run.json)."""
+    if not profile.gives_ids or sampling.token_ids == "local":
+        return "local"
+    return profile.token_path(sampling.token_ids == "stream" and profile.can_stream_ids())
+
+
 class ChatClient:
     """Chat completions against one endpoint. One instance per endpoint (per actor)."""
 
@@ -123,9 +134,12 @@ class ChatClient:
         retry: RetryPolicy | None = None,
         timeout_s: float = 1800.0,
         base_dir: str | Path = ".",
-        server_ids: bool = True,
+        engine: EngineProfile | str | None = None,
+        engine_version: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``engine``: the endpoint's profile (or its name; None: SGLang), as the endpoint
+        check found it; ``engine_version`` what the server reported."""
         self.endpoint = endpoint
         #: the URL regen writes and logs: never the user:password of the configured URL
         self.url = public_url(endpoint.url)
@@ -133,8 +147,10 @@ class ChatClient:
         self.sampling = sampling
         self.retry = retry or RetryPolicy()
         self.timeout_s = timeout_s
-        #: ask for the server's ids (False: the server speaks no SGLang extension)
-        self.server_ids = server_ids and sampling.token_ids != "local"
+        self.profile = engine if isinstance(engine, EngineProfile) else profile_named(engine)
+        self.engine_version = engine_version
+        #: ask for the server's ids (False: the engine has none, or token_ids is local)
+        self.server_ids = self.profile.gives_ids and sampling.token_ids != "local"
         self._clock = clock
         key = resolve_api_key(endpoint, base_dir)
         self._transport = ChatTransport(endpoint.url, key, timeout_s, shown=self.url)
@@ -146,7 +162,8 @@ class ChatClient:
         endpoint: Endpoint,
         *,
         retry: RetryPolicy | None = None,
-        server_ids: bool = True,
+        engine: EngineProfile | str | None = None,
+        engine_version: str | None = None,
     ) -> ChatClient:
         return cls(
             endpoint,
@@ -155,12 +172,20 @@ class ChatClient:
             retry=retry or RetryPolicy.from_engine(manifest.engine),
             timeout_s=manifest.engine.request_timeout_s,
             base_dir=manifest.base_dir,
-            server_ids=server_ids,
+            engine=engine,
+            engine_version=engine_version,
         )
 
     @property
     def streaming(self) -> bool:
-        return not (self.server_ids and self.sampling.token_ids == "nonstream")
+        if not self.server_ids:
+            return True
+        return self.sampling.token_ids == "stream" and self.profile.can_stream_ids()
+
+    @property
+    def token_path(self) -> str:
+        """How this client's rows get their ids (run.json's ``token_path``)."""
+        return token_path(self.profile, self.sampling)
 
     def request_body(
         self,
@@ -192,12 +217,8 @@ class ChatClient:
         if self.streaming:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
-            if self.server_ids:
-                body["return_input_ids_in_sglext"] = True
-                body["return_output_ids_in_sglext"] = True
-        else:
-            body["return_prompt_token_ids"] = True
-            body["return_token_ids"] = True
+        if self.server_ids:
+            body.update(self.profile.ids_fields(self.streaming))
         return body
 
     async def complete(
@@ -231,8 +252,11 @@ class ChatClient:
         start = self._clock()
         try:
             if self.streaming:
-                return await self._stream(body, start)
-            return await self._whole(body, start)
+                result = await self._stream(body, start)
+            else:
+                result = await self._whole(body, start)
+            _check_text(result, self.url)
+            return result
         except Exception as e:
             log.debug("sample %s: %s", sample_id, e)
             raise
@@ -247,6 +271,7 @@ class ChatClient:
                 endpoint=self.url,
             )
         _check_finish(acc.finish_reason, self.url)
+        prompt_ids, output_ids = self.profile.stream_ids(acc) if self.server_ids else (None, None)
         return TurnResult(
             content="".join(acc.content),
             reasoning="".join(acc.reasoning) if acc.reasoning else None,
@@ -254,10 +279,12 @@ class ChatClient:
             finish_reason=acc.finish_reason,
             model=acc.model or self.model,
             endpoint=self.url,
-            prompt_token_ids=acc.prompt_ids,
-            output_token_ids=acc.output_ids,
+            prompt_token_ids=prompt_ids,
+            output_token_ids=output_ids,
             latency_s=end - start,
             ttft_s=None if acc.first_token_at is None else acc.first_token_at - start,
+            engine=self.profile.name,
+            engine_version=self.engine_version,
             **acc.usage_fields(),
         )
 
@@ -265,15 +292,14 @@ class ChatClient:
         data = await self._transport.complete(body)
         end = self._clock()
         choices = data.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        if not isinstance(choices, list):  # JSON, but not a chat completion: the endpoint's
+            raise not_protocol(self.url, "JSON without choices", "application/json",
+                               json.dumps(data, default=str)[:1000])  # fmt: skip
+        if not choices or not isinstance(choices[0], dict):
             raise PermanentError(f"response from {self.url} has no choices", endpoint=self.url)
         choice = choices[0]
         msg = choice.get("message") if isinstance(choice.get("message"), dict) else {}
-        # SGLang puts both on the choice; older servers put the prompt ids at the top level
-        prompt_ids = _id_list(choice.get("prompt_token_ids")) or _id_list(
-            data.get("prompt_token_ids")
-        )
-        output_ids = _id_list(choice.get("response_token_ids")) or _id_list(choice.get("token_ids"))
+        prompt_ids, output_ids = self.profile.whole_ids(data, choice)
         return TurnResult(
             content=msg.get("content") or "",
             reasoning=_reasoning_of(msg),
@@ -285,11 +311,28 @@ class ChatClient:
             output_token_ids=output_ids,
             latency_s=end - start,
             ttft_s=None,
+            engine=self.profile.name,
+            engine_version=self.engine_version,
             **usage_fields(data.get("usage")),
         )
 
     async def aclose(self) -> None:
         await self._transport.aclose()
+
+
+def _check_text(result: TurnResult, url: str) -> None:
+    """An answer whose text is not valid Unicode (a lone surrogate) cannot become a row: the
+    sample fails with :class:`InvalidTextError` naming the field (regen.sample's rule)."""
+    fields = [("content", result.content), ("reasoning", result.reasoning or "")]
+    for i, c in enumerate(result.tool_calls):
+        fields += [(f"tool_calls[{i}].name", c.name), (f"tool_calls[{i}].arguments", c.arguments),
+                   (f"tool_calls[{i}].id", c.id)]  # fmt: skip
+    for name, text in fields:
+        if (bad := lone_surrogate(text)) is not None:
+            raise InvalidTextError(
+                f"answer from {url}: field {name!r}: invalid_unicode (lone surrogate {bad})",
+                endpoint=url,
+            )
 
 
 #: finish reasons of a turn the model really finished (or was cut by max_tokens)

@@ -1,11 +1,15 @@
-"""Endpoint checks at start: is each server up, and does it serve the manifest's model?
+"""Endpoint checks at start: is each server up, does it serve the manifest's model, and which
+engine is it?
 
 For every endpoint: ``GET {url}/models`` (the url includes ``/v1``) must list the model; then
-SGLang's ``/server_info`` (or the older ``/get_server_info``) at the server root is read when
-present, for the batch slots, the speculative settings, deterministic inference and the
-version. Both carry the endpoint's API key (``Authorization: Bearer``; SGLang's ``--api-key``
-guards them). Endpoints that fail are dropped with a warning; when none is usable, one
-:class:`EndpointError` lists every endpoint and why.
+the engine is recognised (:func:`regen.client.profiles.identify`): SGLang's ``/server_info``
+(or the older ``/get_server_info``) at the server root gives the batch slots, the speculative
+settings, deterministic inference and the version; vLLM's ``/version`` and ``vllm:`` metrics
+give the version and whether it speculates (vLLM reports no batch slots: ``engine.concurrency``
+sizes the in-flight limits); any other server is an OpenAI-compatible one of no known engine.
+Every request carries the endpoint's API key (``Authorization: Bearer``; SGLang's and vLLM's
+``--api-key`` guard the API). Endpoints that fail are dropped with a warning; when none is
+usable, one :class:`EndpointError` lists every endpoint and why.
 
 Batch slots (what sizes the in-flight limits): SGLang's top-level ``max_running_requests`` is
 the ``--max-running-requests`` flag, None unless it was given; the live value is
@@ -24,19 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from regen.client.chat import auth_headers, resolve_api_key
+from regen.client.errors import url_hint
+from regen.client.profiles import identify
 from regen.errors import EndpointError
-from regen.manifest import Endpoint, public_url
+from regen.manifest import Endpoint, Sampling, public_url
 
 log = logging.getLogger(__name__)
-
-#: server_info keys kept as the endpoint's speculative settings
-SPECULATIVE_KEYS = (
-    "speculative_algorithm",
-    "speculative_draft_model_path",
-    "speculative_num_steps",
-    "speculative_eagle_topk",
-    "speculative_num_draft_tokens",
-)
 
 #: (timeout_s) -> an ``httpx2.AsyncClient``-like client (injectable for tests)
 HttpFactory = Callable[[float], Any]
@@ -59,6 +56,8 @@ class EndpointInfo:
     version: str | None = None
     speculative: dict[str, Any] = field(default_factory=dict)
     server_info: bool = False  #: whether /server_info answered
+    #: the engine profile recognised (regen.client.profiles): "sglang", "vllm", "openai"
+    engine: str = "openai"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -71,6 +70,7 @@ class EndpointInfo:
             "deterministic": self.deterministic,
             "version": self.version,
             "speculative": dict(self.speculative),
+            "engine": self.engine,
         }
 
 
@@ -107,7 +107,8 @@ async def served_models(
             f"key and regen sent {how}"
         )
     if resp.status_code != 200:
-        raise EndpointError(f"{shown}: GET /models answered HTTP {resp.status_code}")
+        hint = url_hint(shown) if resp.status_code in (404, 405) else ""
+        raise EndpointError(f"{shown}: GET /models answered HTTP {resp.status_code}{hint}")
     try:
         data = resp.json().get("data") or []
         return {str(d["id"]): d for d in data if isinstance(d, dict) and "id" in d}
@@ -134,48 +135,31 @@ async def check_endpoint(
     info = EndpointInfo(url=url, weight=endpoint.weight, models=tuple(entries))
     mml = entries[model].get("max_model_len")
     info.max_model_len = mml if isinstance(mml, int) else None
-    await _read_server_info(info, http, headers)
+    found = await identify(http, server_root(url), headers)
+    info.engine, info.version, info.server_info = found.engine, found.version, found.server_info
+    info.max_running_requests, info.slots_source = found.max_running_requests, found.slots_source
+    info.deterministic = found.deterministic
+    info.speculative = found.speculative
     return info
 
 
-async def _read_server_info(info: EndpointInfo, http: Any, headers: dict[str, str]) -> None:
-    root = server_root(info.url)
-    for path in ("/server_info", "/get_server_info"):
-        try:
-            resp = await http.get(f"{root}{path}", headers=headers)
-        except Exception:
-            return
-        if resp.status_code != 200:
-            continue
-        try:
-            data = resp.json()
-        except ValueError:
-            continue
-        if not isinstance(data, dict):
-            continue
-        info.server_info = True
-        info.max_running_requests, info.slots_source = batch_slots(data)
-        det = data.get("enable_deterministic_inference")
-        info.deterministic = det if isinstance(det, bool) else False
-        version = data.get("version")
-        info.version = str(version) if version is not None else None
-        info.speculative = {k: data[k] for k in SPECULATIVE_KEYS if data.get(k) is not None}
-        return
+def engine_records(
+    infos: list[EndpointInfo], sampling: Sampling, session: str
+) -> dict[str, dict[str, Any]]:
+    """What run.json's ``engines`` records for the usable endpoints: public URL -> engine,
+    version, token_path (where the rows' ids come from), session."""
+    from regen.client.chat import token_path
+    from regen.client.profiles import profile_named
 
-
-def batch_slots(server_info: dict[str, Any]) -> tuple[int | None, str | None]:
-    """The server's batch slots and which field gave them (see the module docstring)."""
-    flag = server_info.get("max_running_requests")
-    if isinstance(flag, int) and not isinstance(flag, bool) and flag > 0:
-        return flag, "max_running_requests"
-    per_dp = [
-        s.get("effective_max_running_requests_per_dp")
-        for s in server_info.get("internal_states") or ()
-        if isinstance(s, dict)
-    ]
-    if per_dp and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in per_dp):
-        return sum(per_dp), "internal_states"
-    return None, None
+    return {
+        public_url(i.url): {
+            "engine": i.engine,
+            "version": i.version,
+            "token_path": token_path(profile_named(i.engine), sampling),
+            "session": session,
+        }
+        for i in infos
+    }
 
 
 def seed_warnings(infos: list[EndpointInfo], seed: int | None) -> list[str]:
@@ -240,10 +224,11 @@ async def check_endpoints(
             slots = "no batch slots reported"
             sized = "engine.concurrency sizes the in-flight limits"
         log.info(
-            "endpoint %s ok (%s %s, version=%s%s)",
+            "endpoint %s ok (%s %s, %s %s%s)",
             public_url(info.url),
             slots,
             sized,
+            info.engine,
             info.version,
             f", speculative={info.speculative}" if info.speculative else "",
         )

@@ -11,11 +11,14 @@ The rules (message text is never read):
 - 429 → ``RateLimitedError`` (an ``OverloadedError``; gateways send it) with ``retry_after``
   from the Retry-After header (seconds or an HTTP date; ``retry-after-ms`` also read);
 - 408 and the other 5xx → ``ServerError`` (Retry-After kept when sent);
+- 401, 403, 404, 405, 407 → ``EndpointFaultError``: about the endpoint, never the sample (a
+  missing or wrong key, a gateway that refuses, a model the server does not serve, a URL
+  without ``/v1``); it carries what to fix and an excerpt of the body;
 - 413, or 400 whose structured error ``code``/``type`` is ``context_length_exceeded`` →
-  ``ContextLengthError``; every other 4xx (400, 401, 403, 404, 409, 422, ...) →
-  ``PermanentError``. SGLang reports an over-long prompt as a plain 400 ``BadRequestError``
-  whose only hint is the message text, so there it is a ``PermanentError``: it is recorded
-  with the server's message and not retried either way;
+  ``ContextLengthError``; every other 4xx (400, 409, 422, ...) → ``PermanentError``. SGLang
+  reports an over-long prompt as a plain 400 ``BadRequestError`` whose only hint is the message
+  text, so there it is a ``PermanentError``: it is recorded with the server's message and not
+  retried either way;
 - an error object sent inside a stream after HTTP 200 (SGLang: ``data: {"error": {...,
   "code": 503}}`` when a streamed request is aborted with a status) → classified by its integer
   ``code`` when that is an HTTP status, else ``ServerError`` (the server failed mid-generation).
@@ -33,6 +36,8 @@ from typing import Any
 from regen.errors import (
     ConnectError,
     ContextLengthError,
+    EndpointFaultError,
+    NotProtocolError,
     OverloadedError,
     PermanentError,
     RateLimitedError,
@@ -45,6 +50,50 @@ from regen.errors import (
 
 #: structured error codes/types that mean "the prompt does not fit the context"
 CONTEXT_LENGTH_CODES = frozenset({"context_length_exceeded", "context_window_exceeded"})
+
+#: statuses about the endpoint, never the sample, and what to fix for each
+ENDPOINT_FAULTS: dict[int, str] = {
+    401: "the server wants an API key and refused the one sent (or none): set the endpoint's "
+    "api_key_env / api_key_file (--api-key-env / --api-key-file)",
+    403: "the key or this client is not allowed (a gateway's rule, a revoked or rotated key): "
+    "check the key and the gateway",
+    404: "the server does not serve this model or path: check target.model against its "
+    "GET /v1/models and that the endpoint URL ends with /v1",
+    405: "the URL does not point at an OpenAI-compatible API (check that it ends with /v1)",
+    407: "a proxy wants authentication: configure the proxy or bypass it",
+}
+#: characters of a body shown with an endpoint fault
+EXCERPT_CHARS = 160
+
+
+def excerpt(text: str, n: int = EXCERPT_CHARS) -> str:
+    """The start of a body on one line (whitespace collapsed), at most ``n`` characters."""
+    one = " ".join(text.split())
+    return one if len(one) <= n else one[: n - 1] + "…"
+
+
+def url_hint(endpoint: str | None) -> str:
+    """A hint when an endpoint URL lacks the ``/v1`` of the OpenAI API ("" otherwise)."""
+    if endpoint and not endpoint.rstrip("/").endswith("/v1"):
+        return f" (the URL has no /v1: try {endpoint.rstrip('/')}/v1)"
+    return ""
+
+
+def not_protocol(
+    endpoint: str | None, what: str, content_type: str, body: bytes | str
+) -> NotProtocolError:
+    """The :class:`NotProtocolError` of an answer that is not the protocol: ``what`` came back
+    with ``content_type``; the message shows an excerpt of ``body``."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    shown = excerpt(text)
+    return NotProtocolError(
+        f"{endpoint} answered {what} (Content-Type {content_type or 'none'!r}), not the OpenAI "
+        f"chat protocol: {shown!r}",
+        fix="check the endpoint URL: something other than the model server (a gateway's or "
+        "proxy's page?) answers there" + url_hint(endpoint),
+        excerpt=shown,
+        endpoint=endpoint,
+    )
 
 
 def parse_retry_after(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
@@ -102,6 +151,15 @@ def status_error(
 ) -> RequestError:
     """The taxonomy class for an HTTP error status (see the module docstring for the rules)."""
     text = f"HTTP {status} from {endpoint}: {message}"
+    if status in ENDPOINT_FAULTS:
+        fix = ENDPOINT_FAULTS[status] + (url_hint(endpoint) if status in (404, 405) else "")
+        return EndpointFaultError(
+            f"HTTP {status} from {endpoint}: {excerpt(message)!r}",
+            fix=fix,
+            excerpt=excerpt(message),
+            status=status,
+            endpoint=endpoint,
+        )
     if status == 429:
         return RateLimitedError(
             text, retry_after=parse_retry_after(headers, now), status=status, endpoint=endpoint

@@ -33,6 +33,13 @@ finish chunk and before usage: ``input_ids`` (the prompt ids, asked with
 parsing) and ``spec_tokens_details`` (``return_spec_tokens_details``). Servers that frame the
 ids as ``event: sglext_ids`` (header ``x-sglext-ids-framed``) still send them as a ``data:``
 line, which is all that is read.
+
+vLLM's ids (``return_token_ids``) are recorded too: the ``prompt_token_ids`` of a chunk's top
+level (vLLM's first chunk) and the ``token_ids`` list of each chunk's choice, concatenated in
+stream order (a chunk whose delta is empty still carries its id). A chunk with ``token_ids``
+never takes the fast path (its bytes differ from chunk to chunk). Which of these a row takes
+is the engine profile's business (:mod:`regen.client.profiles`); the accumulator only records
+what the wire said.
 """
 
 from __future__ import annotations
@@ -92,6 +99,8 @@ class StreamAccumulator:
     prompt_ids: list[int] | None = None  #: sglext.input_ids
     output_ids: list[int] | None = None  #: sglext.output_ids[0]
     spec: dict[str, Any] | None = None  #: sglext.spec_tokens_details
+    top_prompt_ids: list[int] | None = None  #: a chunk's top-level prompt_token_ids (vLLM)
+    choice_ids: list[int] | None = None  #: the choices' token_ids, concatenated (vLLM)
     fast: bool = True  #: take text chunks of a known shape without a full parse
     fast_chunks: int = 0  #: chunks the fast path took
     _shapes: list[_TextShape] = field(default_factory=list)
@@ -207,6 +216,8 @@ class StreamAccumulator:
             and full.prompt_ids is None
             and full.output_ids is None
             and full.spec is None
+            and full.top_prompt_ids is None
+            and full.choice_ids is None
             and not full.done
         )
 
@@ -222,9 +233,17 @@ class StreamAccumulator:
         ext = data.get("sglext")
         if ext:
             self._sglext(ext)
+        top = data.get("prompt_token_ids")
+        if isinstance(top, list):
+            self.top_prompt_ids = top
         for choice in data.get("choices") or ():
             if choice.get("index", 0) not in (0, None):
                 continue
+            ids = choice.get("token_ids")
+            if isinstance(ids, list):
+                if self.choice_ids is None:
+                    self.choice_ids = []
+                self.choice_ids.extend(ids)
             delta = choice.get("delta") or {}
             got = False
             text = delta.get("content")

@@ -11,7 +11,10 @@ Errors map to the regen taxonomy (:mod:`regen.client.errors`): an HTTP status �
 ``status_error`` (503 → OverloadedError, 429 → RateLimitedError, ...); a connection that fails
 before any chunk → ConnectError, after → StreamCutError; a read that stalls longer than the
 timeout → RequestTimeoutError; an ``error`` object inside a stream → ``stream_error`` (raised by
-the accumulator).
+the accumulator). An answer that is not the protocol → ``NotProtocolError`` (an endpoint fault,
+named with its content type and an excerpt): HTTP 200 to a streamed request whose body is no
+server-sent event stream (an HTML page; the body decides, so a stream sent with another content
+type still reads), or a non-streamed answer that is not a JSON object.
 """
 
 from __future__ import annotations
@@ -19,9 +22,25 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from regen.client.errors import body_message, map_error, status_error, stream_error
+from regen.client.errors import body_message, map_error, not_protocol, status_error, stream_error
 from regen.client.stream import StreamAccumulator
-from regen.errors import PermanentError, RegenError
+from regen.errors import RegenError
+
+#: bytes of an answer that is not the protocol read to name it
+PROBE_BYTES = 4096
+#: how the lines of a server-sent event stream start (anything else: not one)
+SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
+
+
+def _not_sse(head: bytes, *, whole: bool = False) -> bool:
+    """Whether the first bytes of a body are not a server-sent event stream, judged on its
+    first complete non-empty line (``whole``: ``head`` is the whole body, its last line too;
+    else a line not yet ended may be cut mid-field and decides nothing)."""
+    lines = head.split(b"\n")
+    if not whole:
+        lines = lines[:-1]
+    first = next((line.strip() for line in lines if line.strip()), b"")
+    return bool(first) and not first.startswith(SSE_FIELDS)
 
 
 class ChatTransport:
@@ -77,9 +96,15 @@ class ChatTransport:
             async with session.post(self.url, data=self.encode(body), headers=headers) as resp:
                 if resp.status != 200:
                     await self._refuse(resp)
-                buf = b""
+                ctype = resp.headers.get("Content-Type", "")
+                sse = ctype.lower().startswith("text/event-stream")
+                buf = head = b""
                 feed = acc.feed_bytes
                 async for piece in resp.content.iter_any():
+                    if len(head) < PROBE_BYTES:
+                        head += piece[:PROBE_BYTES]
+                        if not sse and _not_sse(head):  # not an event stream (its body decides)
+                            await self._not_stream(resp, ctype, head)
                     buf += piece
                     if b"\n" not in piece:
                         continue
@@ -90,10 +115,25 @@ class ChatTransport:
                             return
                 if buf:
                     feed(buf)
+                if not acc.chunks and _not_sse(head, whole=len(head) < PROBE_BYTES):
+                    await self._not_stream(resp, ctype, head)
         except RegenError:
             raise
         except Exception as e:
             raise map_error(e, endpoint=self.endpoint, received=acc.chunks > 0) from None
+
+    async def _not_stream(self, resp: Any, ctype: str, head: bytes) -> None:
+        """HTTP 200 to a streamed request, but the body (``head``: its start) is no event
+        stream: an error object (some servers answer so) raises its error, anything else is
+        not the protocol."""
+        raw = head + await resp.content.read(PROBE_BYTES)
+        try:
+            parsed: Any = json.loads(raw)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and parsed.get("error") is not None:
+            raise stream_error(parsed["error"], endpoint=self.endpoint)
+        raise not_protocol(self.endpoint, "HTTP 200 to a streamed request", ctype, raw)
 
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         """Send one non-streaming request; return the decoded JSON answer."""
@@ -103,6 +143,7 @@ class ChatTransport:
                 if resp.status != 200:
                     await self._refuse(resp)
                 raw = await resp.read()
+                ctype = resp.headers.get("Content-Type", "")
         except RegenError:
             raise
         except Exception as e:
@@ -112,9 +153,7 @@ class ChatTransport:
         except ValueError:
             data = None
         if not isinstance(data, dict):
-            raise PermanentError(
-                f"{self.endpoint} answered 200 without a JSON object", endpoint=self.endpoint
-            )
+            raise not_protocol(self.endpoint, "HTTP 200 without a JSON object", ctype, raw)
         if data.get("error") is not None:  # an error object with HTTP 200
             raise stream_error(data["error"], endpoint=self.endpoint)
         return data

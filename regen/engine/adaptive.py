@@ -26,6 +26,14 @@ steps up by ``step``; otherwise the limit holds. Steps are
 server's slots, where a finished request's slot is refilled from the server's short queue
 instead of waiting a round trip for the client.
 
+The user's limit is a limit: ``engine.concurrency`` (``--concurrency``), when set, bounds the
+requests in flight of each worker (actor), over all its endpoints, from start to end: the
+server's slots may lower a worker's limit below it and never raise it past it
+(:func:`capped`; regen.engine.worker applies it to every endpoint's ``maximum`` and to the
+worker's slots). Unset (the default), the limits are automatic: the server's slots + 1/8, or
+:data:`DEFAULT_CONCURRENCY` split over the endpoints when a server reports none.
+:func:`describe_limit` is the start-up line's account of which limit won.
+
 The clock is the caller's (``now`` arguments), so tests drive it with synthetic signals.
 """
 
@@ -36,6 +44,29 @@ import statistics
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
+
+#: requests in flight per worker when engine.concurrency is unset and no server reports slots
+DEFAULT_CONCURRENCY = 64
+
+
+def capped(n: int, concurrency: int | None) -> int:
+    """``n`` bounded by the user's limit (None: no user limit)."""
+    return n if concurrency is None else max(1, min(n, concurrency))
+
+
+def describe_limit(concurrency: int | None, automatic: int, reported: bool) -> str:
+    """Which limit sets a worker's starting in-flight requests: ``automatic`` is what the
+    servers' slots (``reported``) or the default would give, ``concurrency`` the user's."""
+    auto = (
+        f"the servers' batch slots + 1/8 ({automatic})"
+        if reported
+        else f"the default {DEFAULT_CONCURRENCY} (no batch slots reported)"
+    )
+    if concurrency is None:
+        return f"automatic: {auto}; engine.concurrency / --concurrency caps it"
+    if concurrency < automatic:
+        return f"engine.concurrency / --concurrency {concurrency} (a hard cap, below {auto})"
+    return f"{auto}, under the cap engine.concurrency / --concurrency {concurrency}"
 
 
 @dataclass(slots=True, frozen=True)

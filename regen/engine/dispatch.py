@@ -12,6 +12,11 @@ run, objects on an event loop in unit tests):
   that says a rerun resumes);
 - a worker that cannot start (its constructor raised) with the same error as an earlier
   start is a configuration problem: the loop stops with that error, since no rerun can help;
+- a worker with no endpoint left (every one refused: 401, 403, 404, not the protocol) answers
+  its samples ``unsent`` (not recorded: not the samples' fault): the loop feeds no more,
+  records what the workers still finish (answers already streaming, rows being built) for up
+  to ``DRAIN_S``, then cancels the rest and raises :class:`~regen.errors.NoEndpointLeftError`
+  (a rerun continues);
 - ``stop`` set: cancel what is in flight and return ``"interrupted"``.
 """
 
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -26,13 +32,16 @@ from regen.engine.batch import PackedOutcome
 from regen.engine.pool import Worker, WorkerPool
 from regen.engine.schedule import WorkQueue
 from regen.engine.worker import SampleOutcome
-from regen.errors import ConfigError, RegenError
+from regen.errors import ConfigError, NoEndpointLeftError, RunIncompleteError
 from regen.store.journal import output_tokens
 
 log = logging.getLogger(__name__)
 
 #: seconds one wait for replies may block
 WAIT_S = 0.5
+#: seconds the loop keeps recording what workers finish once an endpoint-wide fault left no
+#: endpoint (answers already streaming); then what is in flight is cancelled
+DRAIN_S = 30.0
 #: samples a worker may hold in all, as a multiple of its slots + prefetch (the others are
 #: building rows: bounded, should that be slow)
 HELD_FACTOR = 4
@@ -62,8 +71,12 @@ class Dispatcher:
         prefetch: int,
         max_respawns: int | None = None,
         stop: threading.Event | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool = pool
+        self._clock = clock
+        self.unsent = ""  #: why no endpoint is left (set: no more samples are fed)
+        self._unsent_at = 0.0
         self.prefetch = prefetch
         self.stop = stop or threading.Event()
         self.respawns_left = max_respawns if max_respawns is not None else max(3, 2 * n_workers)
@@ -116,7 +129,7 @@ class Dispatcher:
             error,
         )
         if not self.live():
-            raise RegenError(
+            raise RunIncompleteError(
                 f"all workers died ({self.deaths} deaths, respawn budget spent; last: {error}); "
                 "rerun the command to resume"
             )
@@ -131,7 +144,11 @@ class Dispatcher:
             if self.stop.is_set():
                 self.pool.cancel(self.live())
                 return "interrupted"
-            self.feed(queue)
+            if self.unsent and (not any(w.held for w in self.live())
+                                or self._clock() - self._unsent_at > DRAIN_S):  # fmt: skip
+                self.pool.cancel(self.live())
+                raise NoEndpointLeftError(self.unsent)
+            self.feed(queue, new=not self.unsent)
             if not any(self.pool.pending(w) for w in self.live()):
                 break  # nothing queued, nothing held
             for fin in self.pool.wait(WAIT_S):
@@ -157,21 +174,24 @@ class Dispatcher:
                     if out.status == "done":
                         recorder.completed(out, s)
                         queue.observe(out.source, completion_tokens(out), s.original_chars())
+                    elif out.status == "unsent":  # no endpoint left: not the sample's fault
+                        if not self.unsent:
+                            self.unsent, self._unsent_at = out.message, self._clock()
                     else:
                         recorder.failed(out)
             recorder.tick(snapshots)
         return "finished"
 
-    def feed(self, queue: WorkQueue) -> None:
+    def feed(self, queue: WorkQueue, *, new: bool = True) -> None:
         """Every live worker without an exchange in flight: up to its slots + prefetch more
-        samples in their requests (at most ``HELD_FACTOR`` x that held in all), and its next
-        exchange (even with none new while it holds some)."""
+        samples in their requests (at most ``HELD_FACTOR`` x that held in all; none when not
+        ``new``), and its next exchange (even with none new while it holds some)."""
         for w in self.workers:
             if not w.alive or self.pool.pending(w):
                 continue
             batch = []
             limit = w.slots + self.prefetch
-            room = min(limit - w.load, HELD_FACTOR * limit - len(w.held))
+            room = min(limit - w.load, HELD_FACTOR * limit - len(w.held)) if new else 0
             while room > 0 and queue:
                 s = queue.pop()
                 assert s is not None

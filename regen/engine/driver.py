@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from regen.engine.adaptive import DEFAULT_CONCURRENCY, describe_limit
 from regen.engine.attempts import RetryFlagged, select
 from regen.engine.batch import PackedOutcome
 from regen.engine.dispatch import Dispatcher
@@ -43,8 +44,8 @@ from regen.engine.planning import Plan, plan_session, write_plan
 from regen.engine.pool import RayWorkerPool
 from regen.engine.schedule import LengthModel, QueueItems, WorkQueue, schedule_record
 from regen.engine.tracker import ProgressTracker
-from regen.engine.worker import SampleOutcome
-from regen.errors import RegenError
+from regen.engine.worker import SampleOutcome, worker_slots
+from regen.errors import RegenError, RunIncompleteError
 from regen.manifest import Endpoint, Manifest, public_url
 from regen.progress import ProgressSnapshot
 from regen.store import layout
@@ -61,7 +62,7 @@ from regen.store.journal import (
 )
 from regen.store.layout import SourceCounts
 from regen.store.lock import RunLock
-from regen.store.run import new_session_id, prepare_run
+from regen.store.run import new_session_id, prepare_run, record_engines
 from regen.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -210,6 +211,7 @@ class _Session:
         self.lock_lost: str = ""  #: set when another run took the lock over
         #: new attempts planned: sample id -> the counters of the answer each replaces
         self.replaces: dict[str, SourceCounts] = {}
+        self.refused: set[str] = set()  #: endpoints announced as refused (one line each)
 
     # -- recording (regen.engine.dispatch.Recorder) --------------------------------------
     def store(self, sample_id: str, source: str, rows: list[dict[str, Any]]) -> None:
@@ -303,10 +305,21 @@ class _Session:
         self._last_progress = now
         assert self.tracker is not None
         if snapshots is not None:
-            self.tracker.workers(snapshots())
+            snaps = snapshots()
+            self.tracker.workers(snaps)
+            self._announce_refused(snaps)
         self.tracker.write()
         if self.opts.on_progress is not None:
             self.opts.on_progress(self.tracker.snap)
+
+    def _announce_refused(self, snaps: list[dict[str, Any]]) -> None:
+        """One line per endpoint a worker took out for an endpoint-wide fault (regen.router)."""
+        for snap in snaps:
+            for url, ep in snap.get("endpoints", {}).items():
+                if ep.get("state") == "refused" and url not in self.refused:
+                    self.refused.add(url)
+                    log.warning("endpoint %s out of rotation for this session: %s",
+                                public_url(url), ep.get("refusal"))  # fmt: skip
 
     def on_lock_lost(self, message: str) -> None:
         self.lock_lost = message
@@ -345,6 +358,7 @@ class _Session:
     def _warm_up(self) -> _Warm:
         """Endpoint check, Ray and the actors, while the plan is read (actors boot async)."""
         from regen.client import check_endpoints
+        from regen.client.endpoints import engine_records
 
         m = self.m
         warm = _Warm()
@@ -357,12 +371,14 @@ class _Session:
         except RegenError as e:
             warm.error = e  # raised only if there is work to do
             return warm
+        record_engines(self.rd, engine_records(warm.infos, m.sampling, self.session))
         warm.started_ray = connect_ray(self.opts.address, verbose=self.opts.verbose)
         conc = m.engine.concurrency
         level = logging.getLevelName(logging.getLogger("regen").getEffectiveLevel())
         warm.pool = RayWorkerPool(self.session, m, warm.infos, conc, m.engine.workers,
                                   log_level=level, secrets=_secrets(m))  # fmt: skip
-        prefetch = self.opts.prefetch if self.opts.prefetch is not None else max(2, conc // 4)
+        prefetch = (self.opts.prefetch if self.opts.prefetch is not None
+                    else max(2, (conc or DEFAULT_CONCURRENCY) // 4))  # fmt: skip
         warm.dispatcher = Dispatcher(warm.pool, m.engine.workers, prefetch=prefetch,
                                      max_respawns=self.opts.max_respawns,
                                      stop=self.stop)  # fmt: skip
@@ -434,11 +450,18 @@ class _Session:
             assert warm.dispatcher is not None and warm.pool is not None
             d = warm.dispatcher
             limits = [w.slots for w in d.workers]
-            log.info("%d workers against %d endpoint(s); starting in-flight limits %s",
-                     len(limits), len(warm.infos), limits)  # fmt: skip
+            auto = worker_slots(warm.infos, None, warm.pool.shares(0))
+            reported = any(getattr(i, "max_running_requests", None) for i in warm.infos)
+            log.info("%d workers against %d endpoint(s); starting in-flight limits %s (%s)",
+                     len(limits), len(warm.infos), limits,
+                     describe_limit(self.m.engine.concurrency, auto, reported))  # fmt: skip
             cpu = time.process_time()
             try:
                 state = d.run(queue, self)
+            except RunIncompleteError as e:  # no endpoint left, all workers died: on the
+                assert self.tracker is not None  # dashboard too; finish() keeps what is done
+                self.tracker.driver_error(e.kind, str(e)[:300])
+                raise
             finally:
                 self.summary.workers_respawned = d.respawned
                 used = self.summary.dispatch_cpu_s = time.process_time() - cpu

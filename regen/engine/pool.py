@@ -148,7 +148,7 @@ class RayWorkerPool:
         session: str,
         manifest: Any,
         infos: list[Any],
-        concurrency: int,
+        concurrency: int | None,
         n_workers: int,
         *,
         log_level: str = "INFO",
@@ -178,7 +178,7 @@ class RayWorkerPool:
         }
 
     def start(self, index: int, generation: int) -> Worker:
-        from regen.engine.worker import starting_limits
+        from regen.engine.worker import worker_slots
 
         name = f"regen-{self.session}-w{index}-{generation}"
         shares = self.shares(index)
@@ -186,7 +186,7 @@ class RayWorkerPool:
             *self._args, shares
         )
         self.spawned.append(actor)
-        slots = sum(starting_limits(self.infos, self.concurrency, shares).values())
+        slots = worker_slots(self.infos, self.concurrency, shares)
         return Worker(index, actor, slots, name=name)
 
     def pending(self, worker: Worker) -> bool:

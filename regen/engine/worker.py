@@ -12,7 +12,13 @@ slots = requests in flight). The slots are the sum of the endpoints' in-flight l
 :class:`regen.engine.adaptive.AdaptiveLimit` started at this worker's share of the server's
 ``max_running_requests`` (the driver splits it over the workers; without one reported, the
 worker's ``concurrency`` split over the endpoints) and moved on the worker's own throughput,
-TTFT and overload (503/429) signals. Rows are built (tokenized) off the event loop.
+TTFT and overload (503/429) signals, never past ``concurrency`` when the user set it (a hard
+cap per worker: regen.engine.adaptive). Rows are built (tokenized) off the event loop.
+
+An endpoint-wide fault (:class:`regen.errors.EndpointFaultError`: 401, 403, 404, not the
+protocol) is never the sample's: the router takes that endpoint out and the request is sent
+again elsewhere at once (not counted as a try). With no endpoint left the sample's outcome is
+``unsent``: not failed, not recorded; the dispatch stops the session (regen.engine.dispatch).
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from regen.engine.adaptive import AdaptiveLimit
+from regen.engine.adaptive import DEFAULT_CONCURRENCY, AdaptiveLimit, capped
 from regen.engine.attempts import attempt_seed
 from regen.engine.turns import DoneTurn, regenerate
 from regen.errors import (
+    EndpointFaultError,
+    NoEndpointLeftError,
     OverloadedError,
     RateLimitedError,
     RegenError,
@@ -53,7 +61,8 @@ class SampleOutcome:
     sample_id: str
     source: str
     rows: list[dict[str, Any]] = field(default_factory=list)
-    status: str = "done"  #: "done" | "permanent" | "transient"
+    #: "done" | "permanent" | "transient" | "unsent" (no endpoint left: not the sample's)
+    status: str = "done"
     kind: str = ""  #: error class (RegenError.kind) when not done
     http_status: int | None = None
     message: str = ""
@@ -145,18 +154,27 @@ class Slots:
 
 
 def starting_limits(
-    endpoints: list[Any], concurrency: int, shares: dict[str, int] | None = None
+    endpoints: list[Any], concurrency: int | None, shares: dict[str, int] | None = None
 ) -> dict[str, int]:
     """Per-endpoint starting in-flight limit (and floor) of one worker: the driver's share of
     the server's batch slots when given, else the server's max_running_requests, plus 1/8
     headroom (a finished request's slot is refilled from the server's short queue instead of
-    idling for a client round trip); else ``concurrency`` split over the endpoints."""
+    idling for a client round trip); else ``concurrency`` (None: the default) split over the
+    endpoints. A set ``concurrency`` caps each (regen.engine.adaptive: a limit is a limit)."""
     out: dict[str, int] = {}
-    fallback = max(1, concurrency // max(1, len(endpoints)))
+    fallback = max(1, (concurrency or DEFAULT_CONCURRENCY) // max(1, len(endpoints)))
     for info in endpoints:
         slots = slot_share(info, shares)
-        out[info.url] = slots + -(-slots // HEADROOM_DIVISOR) if slots else fallback
+        auto = slots + -(-slots // HEADROOM_DIVISOR) if slots else fallback
+        out[info.url] = capped(auto, concurrency)
     return out
+
+
+def worker_slots(
+    endpoints: list[Any], concurrency: int | None, shares: dict[str, int] | None = None
+) -> int:
+    """A worker's starting slots (requests in flight): its endpoints' limits, capped."""
+    return capped(sum(starting_limits(endpoints, concurrency, shares).values()), concurrency)
 
 
 def slot_share(info: Any, shares: dict[str, int] | None) -> int | None:
@@ -171,7 +189,7 @@ class SampleWorker:
         self,
         manifest: Manifest,
         endpoints: list[Any],
-        concurrency: int,
+        concurrency: int | None,
         *,
         row_builder: RowBuilder | None = None,
         retry: Any = None,
@@ -194,8 +212,14 @@ class SampleWorker:
         for info in endpoints:
             ep = by_url.get(info.url) or (info if isinstance(info, Endpoint) else None)
             ep = ep or Endpoint(url=info.url, weight=getattr(info, "weight", 1.0))
+            # an EndpointInfo names the engine the start check recognised; a bare Endpoint
+            # (unit tests) is taken for SGLang, the production engine
             self.clients[info.url] = ChatClient.from_manifest(
-                manifest, ep, retry=self.retry, server_ids=getattr(info, "server_info", True)
+                manifest,
+                ep,
+                retry=self.retry,
+                engine=getattr(info, "engine", None),
+                engine_version=getattr(info, "version", None),
             )
             headers[info.url] = auth_headers(resolve_api_key(ep, manifest.base_dir))
         self.router = EndpointRouter.from_engine(
@@ -204,14 +228,15 @@ class SampleWorker:
         self._clock = clock
         starts = starting_limits(endpoints, concurrency, shares)
         slots = {info.url: slot_share(info, shares) for info in endpoints}
+        self.concurrency = concurrency  #: the user's cap per worker (None: automatic)
+        most = {url: capped(max(2 * n, n + 8), concurrency) for url, n in starts.items()}
         self.limits = {
-            url: AdaptiveLimit(start=n, maximum=max(2 * n, n + 8), slots=slots.get(url))
+            url: AdaptiveLimit(start=n, maximum=most[url], slots=slots.get(url))
             for url, n in starts.items()
         }
         for url, ctl in self.limits.items():
             self.router.set_limit(url, ctl.current)
-        self.slots = Slots(sum(c.current for c in self.limits.values()))
-        self.concurrency = concurrency
+        self.slots = Slots(self._capacity())
         self.stats = WorkerStats()
         self._rows = row_builder or default_row_builder(manifest)
         self._probe_stop = asyncio.Event()
@@ -267,7 +292,12 @@ class SampleWorker:
             if n < self.retry.max_attempts:
                 st.retried += 1
 
-        result, attempts = await self.retry.call(attempt, on_failure=on_failure)
+        while True:
+            try:
+                result, attempts = await self.retry.call(attempt, on_failure=on_failure)
+                break
+            except EndpointFaultError as e:  # the router took that endpoint out: go elsewhere
+                st.error(e.kind, str(e))  # (acquire raises NoEndpointLeftError at the end)
         result.attempts = attempts
         st.ok += 1
         return result
@@ -279,7 +309,11 @@ class SampleWorker:
         new = ctl.update(self._clock())
         if new is not None:
             self.router.set_limit(url, new)
-            self.slots.resize(sum(c.current for c in self.limits.values()))
+            self.slots.resize(self._capacity())
+
+    def _capacity(self) -> int:
+        """The worker's slots: its endpoints' limits, never past the user's cap."""
+        return capped(sum(c.current for c in self.limits.values()), self.concurrency)
 
     async def process(self, sample: Sample) -> SampleOutcome:
         """All turns of one sample, then its rows; failures become an outcome, not an error."""
@@ -291,12 +325,16 @@ class SampleWorker:
                     ctl.note_demand()
             seed = attempt_seed(self.manifest.sampling.seed, sample.attempt)
             try:
-                turns = await regenerate(
+                conv = await regenerate(
                     sample, lambda msgs, tools: self._complete(out, msgs, tools, seed)
                 )
             finally:
                 self.slots.release()
-            out.rows = await asyncio.to_thread(self._rows, sample, turns)
+            out.rows = await asyncio.to_thread(self._rows, sample, conv.turns)
+            if conv.ended is not None and out.rows:  # why the conversation stopped early
+                out.rows[-1]["ended"] = conv.ended
+        except NoEndpointLeftError as e:  # not the sample's fault: left for the next run
+            out.status, out.kind, out.message = "unsent", e.kind, str(e)[:1000]
         except RequestError as e:
             self.stats.failed += 1
             if not isinstance(e, TransientError):

@@ -95,6 +95,12 @@ class SimConfig(BaseModel):
         "SGLang honours a request's seed)",
         **_group("server"),
     )
+    engine: Literal["sglang", "vllm"] = Field(
+        "sglang",
+        description="which engine's wire to speak: SGLang 0.5.23 or vLLM 0.32 (ids, reasoning "
+        "field, identity endpoints, error and overload shapes: regen/simulate/dialect.py)",
+        **_group("server"),
+    )
     usage_shape: Literal["sglang", "finish"] = Field(
         "sglang",
         description="streaming usage: last chunk with choices [] (sglang) or on the "

@@ -1,9 +1,11 @@
-"""The simulated SGLang server: aiohttp handlers over the answer, capacity and fault models.
+"""The simulated server: aiohttp handlers over the answer, capacity and fault models.
 
 It speaks SGLang 0.5.23 as that version's own code does (docs/simulate.md has the table of
-what SGLang does and what the simulator does, field by field). Endpoints: ``/health``,
-``/health_generate``, ``/v1/models``, ``/model_info`` (+ ``/get_model_info``),
-``/server_info`` (+ ``/get_server_info``), ``/v1/chat/completions`` (streaming and not),
+what SGLang does and what the simulator does, field by field), or, with ``--engine vllm``,
+vLLM 0.32's wire (:mod:`regen.simulate.dialect`: ids, reasoning field, identity endpoints,
+error and overload shapes). Endpoints: ``/health``, ``/health_generate``, ``/v1/models``,
+SGLang's ``/model_info`` (+ ``/get_model_info``) and ``/server_info`` (+ ``/get_server_info``)
+or vLLM's ``/version`` and ``/metrics``, ``/v1/chat/completions`` (streaming and not),
 ``GET /stats`` (``?keys=1`` adds per-key and per-conversation request counts) and
 ``POST /stats/reset``. Owns no files except the optional request log (see :mod:`.stats`) and
 the ready file (one line: the base URL, written atomically once listening).
@@ -29,6 +31,7 @@ from aiohttp import web
 from regen.errors import RegenError
 from regen.simulate.answer import SimAnswer, answer, requested_max_tokens, thinking_enabled
 from regen.simulate.config import SIM_VERSION, SimConfig
+from regen.simulate.dialect import DIALECTS
 from regen.simulate.faults import Fault
 from regen.simulate.keys import conversation_key, request_key
 from regen.simulate.scheduler import Job, Scheduler
@@ -99,6 +102,16 @@ class SimServer:
         self.created = int(time.time())
         self.port = config.port  #: the bound port once listening
         self.model_json = _enc(config.model_name).encode()
+        self.dialect = DIALECTS[config.engine]
+        #: overloads refused (vLLM's vllm:admission_rejections_total)
+        self.rejections = 0
+
+    def _error(
+        self, status: int, message: str, err_type: str, param: str | None = None, **headers: str
+    ) -> web.Response:
+        """An error response in this dialect's body shape."""
+        body = self.dialect.error_body(status, message, err_type, param)
+        return web.Response(status=status, body=_dumps(body), content_type=_JSON, headers=headers)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -109,10 +122,14 @@ class SimServer:
         r.add_get("/health", self.health)
         r.add_get("/health_generate", self.health_generate)
         r.add_get("/v1/models", self.models)
-        for path in ("/model_info", "/get_model_info"):
-            r.add_get(path, self.model_info)
-        for path in ("/server_info", "/get_server_info"):
-            r.add_get(path, self.server_info)
+        if self.dialect.name == "sglang":
+            for path in ("/model_info", "/get_model_info"):
+                r.add_get(path, self.model_info)
+            for path in ("/server_info", "/get_server_info"):
+                r.add_get(path, self.server_info)
+        else:
+            r.add_get("/version", self.version)
+            r.add_get("/metrics", self.metrics)
         r.add_post("/v1/chat/completions", self.chat)
         r.add_get("/stats", self.stats_view)
         r.add_post("/stats/reset", self.stats_reset)
@@ -166,7 +183,7 @@ class SimServer:
             "id": self.config.model_name,
             "object": "model",
             "created": self.created,
-            "owned_by": "sglang",
+            "owned_by": self.dialect.owned_by,
             "root": self.model_path,
             "max_model_len": self.config.context_length,
         }
@@ -187,6 +204,37 @@ class SimServer:
                 "architectures": ["KimiK25ForConditionalGeneration"],
             }
         )
+
+    async def version(self, _request: web.Request) -> web.Response:
+        return web.json_response({"version": SIM_VERSION.replace("0.5.23", "0.32.0")})
+
+    async def metrics(self, _request: web.Request) -> web.Response:
+        """vLLM's Prometheus page: what regen reads of it (requests, tokens, admission
+        rejections, and on a speculative server the spec_decode counters)."""
+        labels = f'engine="0",model_name="{self.config.model_name}"'
+        rc = self.stats.counters
+        lines = [
+            f"vllm:num_requests_running{{{labels}}} {float(self.scheduler.n_running)}",
+            f"vllm:num_requests_waiting{{{labels}}} {float(self.scheduler.n_queued)}",
+            f"vllm:prompt_tokens_total{{{labels}}} {float(rc.prompt_tokens)}",
+            f"vllm:generation_tokens_total{{{labels}}} {float(rc.completion_tokens)}",
+            f'vllm:admission_rejections_total{{model_name="{self.config.model_name}",'
+            f'reason="max_num_queued_reqs"}} {float(self.rejections)}',
+        ]
+        if self.spec is not None:
+            c = self.spec.counters
+            drafts, kept = c.forward_ct, c.accept_tokens
+            k = self.spec.max_step_tokens - 1
+            lines += [
+                f"vllm:spec_decode_num_drafts_total{{{labels}}} {float(drafts)}",
+                f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {float(drafts * k)}",
+                f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {float(kept - drafts)}",
+            ]
+            lines += [
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{p}"}} 0.0'
+                for p in range(k)
+            ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     def server_args(self) -> dict[str, Any]:
         c = self.config
@@ -304,28 +352,31 @@ class SimServer:
     def _validate(self, body: Any) -> None:
         if not isinstance(body, dict):
             raise _Invalid(
-                error_response(400, "request body must be a JSON object", "BadRequestError")
+                self._error(400, "request body must be a JSON object", "BadRequestError")
             )
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise _Invalid(
-                error_response(400, "messages must be a non-empty list", "BadRequestError")
-            )
+            raise _Invalid(self._error(400, "messages must be a non-empty list", "BadRequestError"))
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise _Invalid(
-                    error_response(400, f"messages[{i}] needs a string role", "BadRequestError")
+                    self._error(400, f"messages[{i}] needs a string role", "BadRequestError")
                 )
         model = body.get("model")
         if model not in (self.config.model_name, self.model_path):
             raise _Invalid(
-                error_response(404, f"The model `{model}` does not exist.", "NotFoundError")
+                self._error(404, f"The model `{model}` does not exist.", "NotFoundError")
+                if self.dialect.name == "sglang"
+                else self._error(
+                    404,
+                    f"The model `{model}` does not exist. Valid aliases: {self.config.model_name}.",
+                    "NotFoundError",
+                    "model",
+                )
             )
         n = body.get("n")
         if n not in (None, 1):
-            raise _Invalid(
-                error_response(400, "the simulator supports n=1 only", "BadRequestError")
-            )
+            raise _Invalid(self._error(400, "the simulator supports n=1 only", "BadRequestError"))
 
     def _context_check(self, n_prompt: int, max_tokens: int | None) -> None:
         ctx = self.config.context_length
@@ -334,7 +385,15 @@ class SimServer:
                 f"The input ({n_prompt} tokens) is longer than the model's context length "
                 f"({ctx} tokens)."
             )
-            raise _Invalid(error_response(400, msg, "BadRequestError"))
+            if self.dialect.name == "vllm":  # vLLM's wording and its structured param
+                msg = (
+                    f"This model's maximum context length is {ctx} tokens. However, your "
+                    f"prompt contains at least {ctx + 1} input tokens, which exceeds this limit "
+                    "even without any output tokens. Please reduce the length of the input "
+                    f"prompt. (parameter=input_tokens, value={n_prompt})"
+                )
+                raise _Invalid(self._error(400, msg, "BadRequestError", "input_tokens"))
+            raise _Invalid(self._error(400, msg, "BadRequestError"))
         if max_tokens is not None and n_prompt + max_tokens > ctx:
             msg = (
                 f"Requested token count exceeds the model's maximum context length of {ctx} "
@@ -343,7 +402,7 @@ class SimServer:
                 "Please reduce the number of tokens in the input messages or the completion to "
                 "fit within the limit."
             )
-            raise _Invalid(error_response(400, msg, "BadRequestError"))
+            raise _Invalid(self._error(400, msg, "BadRequestError"))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         stats = self.stats
@@ -353,15 +412,17 @@ class SimServer:
                 body = json.loads(raw)
             except ValueError:
                 raise _Invalid(
-                    error_response(400, "request body is not valid JSON", "BadRequestError")
+                    self._error(400, "request body is not valid JSON", "BadRequestError")
                 ) from None
             self._validate(body)
             stream = bool(body.get("stream"))
             want_prompt_ids = bool(body.get("return_prompt_token_ids"))
             want_ids = bool(body.get("return_token_ids"))
-            if (want_ids or want_prompt_ids) and stream:
+            if self.dialect.name == "vllm":  # return_token_ids streams too; needs ids
+                want_prompt_ids, want_ids = self.dialect.asks_ids(body, stream)
+            elif (want_ids or want_prompt_ids) and stream:
                 raise _Invalid(
-                    error_response(
+                    self._error(
                         400,
                         "return_token_ids/return_prompt_token_ids are not supported with "
                         "streaming. Please set stream=false.",
@@ -370,7 +431,7 @@ class SimServer:
                 )
             if (want_ids or want_prompt_ids) and self.tokenizer is None:
                 raise _Invalid(
-                    error_response(
+                    self._error(
                         400,
                         "token ids need a tokenizer: start the simulator with --tokenizer DIR",
                         "BadRequestError",
@@ -394,18 +455,18 @@ class SimServer:
             return e.response
         except RegenError as e:
             stats.counters.errors["500"] += 1
-            return error_response(500, str(e), "InternalServerError")
+            return self._error(500, str(e), "InternalServerError")
         ans, ids, fault = result
         n_prompt = len(ids.prompt) if ids else ans.prompt_tokens
         if fault is Fault.FAIL:
             stats.counters.failed[fault.value] += 1
             stats.record(key=key, conversation=conv, attempt=attempt, status=500, fault=fault.value)
-            return error_response(500, "simulated internal server error", "InternalServerError")
+            return self._error(500, "simulated internal server error", "InternalServerError")
         if fault is Fault.RATE_LIMIT:
             stats.counters.failed[fault.value] += 1
             stats.record(key=key, conversation=conv, attempt=attempt, status=429, fault=fault.value)
             retry = f"{self.config.faults.retry_after:g}"
-            return error_response(
+            return self._error(
                 429,
                 "simulated rate limit: too many requests",
                 "RateLimitError",
@@ -414,9 +475,11 @@ class SimServer:
         if fault is Fault.OVERLOAD:  # SGLang: the queue is full, refused before any token
             stats.counters.failed[fault.value] += 1
             stats.record(key=key, conversation=conv, attempt=attempt, status=503, fault=fault.value)
+            self.rejections += 1
+            d = self.dialect
             if stream:
-                return await self._stream_error(request, body, QUEUE_FULL, n_prompt)
-            return error_response(503, QUEUE_FULL, "503")  # HTTPException: type str(status)
+                return await self._stream_error(request, body, d.queue_full, n_prompt)
+            return self._error(503, d.queue_full, d.queue_full_type)  # SGLang: str(status)
         job = Job(total=ans.completion_tokens)
         if self.spec is not None:
             job.spec = self.spec.request(body)
@@ -493,7 +556,7 @@ class SimServer:
             n_prompt = sim_prompt_tokens(messages, tools)
         max_tokens = requested_max_tokens(body)
         if max_tokens is not None and max_tokens < 0:
-            raise _Invalid(error_response(400, "max_tokens must be >= 0", "BadRequestError"))
+            raise _Invalid(self._error(400, "max_tokens must be >= 0", "BadRequestError"))
         self._context_check(n_prompt, max_tokens)
         fault = self.config.faults.decide(key, attempt)
         ans = answer(
@@ -542,13 +605,13 @@ class SimServer:
         if fault is Fault.RETRACT:  # SGLang: HTTPException(503) once the request is aborted
             await self._until(job, job.total // 2)
             job.cancelled = True
-            return error_response(503, RETRACTED, "503")
+            return self._error(503, RETRACTED, "503")
         if fault is Fault.ABORT:  # a graceful abort: HTTP 200, what was made, "abort"
             await self._until(job, job.total // 2)
             job.cancelled = True
             reasoning, content = _partial(ans, job.total // 2)
             message = {"role": "assistant", "content": content,
-                       "reasoning_content": reasoning or None}  # fmt: skip
+                       self.dialect.reasoning_key: reasoning or None}  # fmt: skip
             return web.Response(body=_dumps(self._whole(message, "abort", None, usage)),
                                 content_type=_JSON)  # fmt: skip
         await self._until(job, job.total)
@@ -558,21 +621,26 @@ class SimServer:
         # when there are none; reasoning_content is null when empty
         message: dict[str, Any] = {
             "role": "assistant",
-            "content": ans.content,
-            "reasoning_content": ans.reasoning or None,
+            "content": ans.content or (None if self.dialect.null_empty_content else ""),
+            self.dialect.reasoning_key: ans.reasoning or None,
         }
         if ans.tool_calls:
             message["tool_calls"] = [c.as_openai(i) for i, c in enumerate(ans.tool_calls)]
         if not body.get("separate_reasoning", True) and ans.reasoning:
             message["content"] = f"{ans.reasoning}</think>{ans.content}"
-            message["reasoning_content"] = None
+            message[self.dialect.reasoning_key] = None
         matched = IM_END_ID if ans.finish_reason == "stop" else None
         out = self._whole(message, ans.finish_reason, matched, usage)
         choice = out["choices"][0]
-        if ids is not None:  # SGLang puts both lists on the choice
-            if body.get("return_prompt_token_ids") or body.get("return_token_ids"):
+        want_prompt, want_output = self.dialect.asks_ids(body, False)
+        if ids is not None and self.dialect.name == "vllm":  # vLLM: prompt at the top level
+            if want_output:
+                out["prompt_token_ids"] = ids.prompt
+                choice["token_ids"] = ids.output
+        elif ids is not None:  # SGLang puts both lists on the choice
+            if want_prompt:
                 choice["prompt_token_ids"] = ids.prompt
-            if body.get("return_token_ids"):
+            if want_output:
                 choice["response_token_ids"] = ids.output
         ext = self._sglext(body, job, None, usage)  # non-streamed: ids stay on the choice
         if ext:
@@ -610,8 +678,10 @@ class SimServer:
     ) -> dict[str, Any]:
         """SGLang's extension object: the request's spec_tokens_details when asked (on a
         speculative server, once it had a verify step), and, for streams, the ids asked with
-        return_{input,output}_ids_in_sglext (``ids``)."""
+        return_{input,output}_ids_in_sglext (``ids``). vLLM has none."""
         ext: dict[str, Any] = {}
+        if self.dialect.name == "vllm":
+            return ext
         asked = body.get("return_spec_tokens_details") and self.config.spec_tokens_details
         if asked and self.spec is not None and job.spec is not None:
             details = self.spec.details(job.spec, usage["completion_tokens"])
@@ -631,7 +701,7 @@ class SimServer:
         event, usage (when asked), [DONE]."""
         resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
-        out = [_error_event(message)]
+        out = [self.dialect.stream_error(message)]
         if (body.get("stream_options") or {}).get("include_usage"):
             out.append(self._usage_event(_zero_usage(n_prompt)))
         out.append(b"data: [DONE]\n\n")
@@ -681,11 +751,32 @@ class SimServer:
         head = base + b',"choices":[{"index":0,"delta":'
         tail = b',"logprobs":null,"finish_reason":null}]}\n\n'
         separate = bool(body.get("separate_reasoning", True))
-        r_key = b'{"reasoning_content":' if separate else b'{"content":'
+        r_key = f'{{"{self.dialect.reasoning_key}":'.encode() if separate else b'{"content":'
         c_key = b'{"content":'
         pieces = ans.reasoning_pieces + ans.content_pieces
         nr = len(ans.reasoning_pieces)
         text_end = len(pieces)
+        # vLLM's return_token_ids: each chunk carries the ids of its tokens (the text chunks a
+        # proportional share of the answer's ids, the finish chunk the rest); the role chunk
+        # carries the prompt's at the top level
+        vllm_ids = (
+            ids if self.dialect.name == "vllm" and self.dialect.asks_ids(body, True)[1] else None
+        )
+        given = 0
+
+        def chunk_ids(upto: int) -> bytes:
+            nonlocal given
+            if vllm_ids is None:
+                return b""
+            end = len(vllm_ids.output) * upto // max(1, job.total)
+            part, given = vllm_ids.output[given:end], max(given, end)
+            return b',"token_ids":' + _dumps(part)
+
+        def text_tail(upto: int) -> bytes:
+            if vllm_ids is None:
+                return tail
+            return b',"logprobs":null,"finish_reason":null' + chunk_ids(upto) + b"}]}\n\n"
+
         # one chunk per step: K tokens, or what a speculative step can keep
         k = self.config.tokens_per_step if self.spec is None else self.spec.max_step_tokens
 
@@ -699,6 +790,10 @@ class SimServer:
                 raise _ClientGone(resp) from None
 
         parts = [head, b'{"role":"assistant","content":""}', tail]
+        if vllm_ids is not None:
+            parts = [head, b'{"role":"assistant","content":""}',
+                     b',"logprobs":null,"finish_reason":null}],"prompt_token_ids":',
+                     _dumps(vllm_ids.prompt), b"}\n\n"]  # fmt: skip
         sent = 0
         halfway = (Fault.DISCONNECT, Fault.STALL, Fault.RETRACT, Fault.ABORT)
         cut_at = job.total // 2 if fault in halfway else -1
@@ -715,11 +810,11 @@ class SimServer:
                         text = pieces[a] if m - a == 1 else "".join(pieces[a:m])
                         if not separate and m == nr:
                             text += "</think>"
-                        parts += (head, r_key, _text_json(text), b"}", tail)
+                        parts += (head, r_key, _text_json(text), b"}", text_tail(m))
                         a = m
                     if b > a:
                         text = pieces[a] if b - a == 1 else "".join(pieces[a:b])
-                        parts += (head, c_key, _text_json(text), b"}", tail)
+                        parts += (head, c_key, _text_json(text), b"}", text_tail(b))
                     a = b
                 if produced >= job.total and ans.tool_calls:
                     for i, call in enumerate(ans.tool_calls):
@@ -759,13 +854,17 @@ class SimServer:
                 break
             await job.progress()
 
-        finish = {
+        finish: dict[str, Any] = {
             "index": 0,
             "delta": {},
             "logprobs": None,
             "finish_reason": ans.finish_reason,
             "matched_stop": IM_END_ID if ans.finish_reason == "stop" else None,
         }
+        if vllm_ids is not None:  # the rest of the ids (the tool section, <|im_end|>)
+            del finish["matched_stop"]
+            finish["stop_reason"] = None
+            finish["token_ids"] = vllm_ids.output[given:]
         last = b',"choices":[' + _dumps(finish) + b"]"
         if self.config.usage_shape == "finish":
             last += b',"usage":' + _dumps(usage)
@@ -789,7 +888,7 @@ class SimServer:
         """How SGLang ends a stream it aborted half-way: a retraction (503) as an error event,
         a graceful abort as a finish chunk with ``abort``; then usage (when asked), [DONE]."""
         if fault is Fault.RETRACT:
-            out = [_error_event(RETRACTED)]
+            out = [self.dialect.stream_error(RETRACTED)]
         else:
             finish = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "abort",
                       "matched_stop": None}  # fmt: skip
@@ -809,14 +908,6 @@ def _partial(ans: SimAnswer, n: int) -> tuple[str, str]:
     """Reasoning and content of the first ``n`` tokens of an answer."""
     nr = len(ans.reasoning_pieces)
     return "".join(ans.reasoning_pieces[:n]), "".join(ans.content_pieces[: max(0, n - nr)])
-
-
-def _error_event(message: str, code: int = 503) -> bytes:
-    """SGLang's in-stream error after HTTP 200 (serving_base.create_streaming_error_response
-    with the abort's HTTPStatus: its name is the type)."""
-    err = {"object": "error", "message": message, "type": "SERVICE_UNAVAILABLE", "param": None,
-           "code": code}  # fmt: skip
-    return b"data: " + _dumps({"error": err}) + b"\n\n"
 
 
 def _zero_usage(n_prompt: int) -> dict[str, Any]:

@@ -2,7 +2,10 @@
 
 An adapter turns one raw row into a :class:`~regen.sample.Sample` or a
 :class:`~regen.sample.Rejection`. :func:`iter_source` runs a source's adapter over its raw rows
-and gives every sample its stable id, a function of the row alone (never of its position):
+and gives every sample its stable id, a function of the row alone (never of its position).
+A sample whose text is not valid Unicode (:meth:`regen.sample.Sample.invalid_text`: a lone
+surrogate, e.g. from a JSON string column such as xLAM's ``tools`` that the adapter decodes) is
+rejected as ``invalid_unicode``, like a raw row holding one (regen.sources.reader). Ids:
 
 - ``{source}:{upstream id}`` for adapters in :data:`UNIQUE_ID_ADAPTERS`, whose upstream id is
   a unique key of the dataset;
@@ -81,7 +84,7 @@ def adapt_row(source: Source, raw: RawRow) -> Sample | Rejection:
                 if upstream is not None
                 else f"{source.name}:h{sample.content_hash}"
             )
-            return sample
+            return _checked_text(sample, raw)
         parsed = PARSERS[source.adapter](raw.data)
         shapes.check_conversation(parsed.messages)
     except RowError as e:
@@ -89,7 +92,7 @@ def adapt_row(source: Source, raw: RawRow) -> Sample | Rejection:
     upstream = parsed.upstream_id
     if upstream is not None and (not parsed.id_unique or source.adapter not in UNIQUE_ID_ADAPTERS):
         upstream = f"{str(upstream).strip()}#{_messages_hash(parsed.messages)[:8]}"
-    return Sample(
+    sample = Sample(
         id=make_sample_id(source.name, upstream, parsed.messages),
         source=source.name,
         messages=parsed.messages,
@@ -100,6 +103,16 @@ def adapt_row(source: Source, raw: RawRow) -> Sample | Rejection:
         meta=parsed.meta,
         loc=raw.loc,
     )
+    return _checked_text(sample, raw)
+
+
+def _checked_text(sample: Sample, raw: RawRow) -> Sample | Rejection:
+    """``sample``, or its ``invalid_unicode`` rejection when some text of it cannot be encoded."""
+    hit = sample.invalid_text()
+    if hit is None:
+        return sample
+    where, code = hit
+    return Rejection(sample.source, raw.row, "invalid_unicode", f"lone surrogate {code}", where)
 
 
 def _messages_hash(messages: list[Message]) -> str:

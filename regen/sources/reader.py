@@ -8,9 +8,12 @@ is read line by line (a line longer than ``MAX_ROW_BYTES`` is rejected as ``too_
 being held whole), Parquet in record batches, hub datasets as a stream.
 
 A row that cannot be decoded (invalid UTF-8, malformed JSON, not an object) is a
-:class:`~regen.sample.Rejection`; a source that cannot be read at all (missing file, unknown file
-type, unreachable hub id) raises :class:`~regen.errors.SourceError` naming the source and the
-manifest field (``sources.N.path`` or ``sources.N.hub``).
+:class:`~regen.sample.Rejection`, and so is a row holding text that is not valid Unicode
+(``invalid_unicode``: a lone surrogate from a JSON escape such as ``"\\ud800"``, in any field,
+the field named; regen.sample says why such text is never passed on). A source that cannot be
+read at all (missing file, unknown file type, unreachable hub id) raises
+:class:`~regen.errors.SourceError` naming the source and the manifest field (``sources.N.path``
+or ``sources.N.hub``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +32,7 @@ from urllib.parse import urlsplit
 
 from regen.errors import SourceError
 from regen.manifest import Manifest, Source
-from regen.sample import Rejection
+from regen.sample import Rejection, unencodable_field
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,9 @@ PARQUET_BATCH_ROWS = 512
 HUB_CONNECT_TIMEOUT_S = float(os.environ.get("REGEN_HUB_CONNECT_TIMEOUT_S", "5"))
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+#: a JSON escape of a UTF-16 surrogate: only a line holding one can decode to a lone surrogate
+#: (strict UTF-8 decoding refuses encoded surrogates), so only such lines are walked
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
@@ -112,7 +119,19 @@ def _iter_jsonl(name: str, path: Path) -> Iterator[RawRow | Rejection]:
                     name, lineno, "malformed_json", f"expected an object, got {type(data).__name__}"
                 )
                 continue
+            if _SURROGATE_ESCAPE.search(text) and (bad := invalid_unicode(name, lineno, data)):
+                yield bad
+                continue
             yield RawRow(lineno, data, (start, len(line)))
+
+
+def invalid_unicode(name: str, row: int, data: dict[str, Any]) -> Rejection | None:
+    """The ``invalid_unicode`` rejection of a decoded row holding a lone surrogate, or None."""
+    hit = unencodable_field(data)
+    if hit is None:
+        return None
+    where, code = hit
+    return Rejection(name, row, "invalid_unicode", f"lone surrogate {code}", where)
 
 
 def _iter_parquet(name: str, field: str, path: Path) -> Iterator[RawRow]:
@@ -129,7 +148,7 @@ def _iter_parquet(name: str, field: str, path: Path) -> Iterator[RawRow]:
         raise SourceError(name, f"{field}: cannot read Parquet {path}: {_one_line(e)}") from None
 
 
-def _iter_hub(source: Source, field: str) -> Iterator[RawRow]:
+def _iter_hub(source: Source, field: str) -> Iterator[RawRow | Rejection]:
     hub = source.hub
     assert hub is not None
     where = f"{field}: hub dataset {hub.id!r}"
@@ -142,7 +161,8 @@ def _iter_hub(source: Source, field: str) -> Iterator[RawRow]:
             hub.id, hub.config, split=hub.split, revision=hub.revision, streaming=True
         )
         for row, data in enumerate(ds, start=1):
-            yield RawRow(row, dict(data))
+            bad = invalid_unicode(source.name, row, dict(data))  # JSON files on the hub
+            yield bad if bad is not None else RawRow(row, dict(data))
     except SourceError:
         raise
     except Exception as e:  # the hub stack raises many unrelated types; all mean "unreachable"

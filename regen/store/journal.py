@@ -153,6 +153,8 @@ def count_rows(rows: Iterable[dict[str, Any]]) -> SourceCounts:
         trunc = trunc or r.get("finish_reason") == "length"
         for flag in r.get("quality_flags") or ():
             c.flags[flag] = c.flags.get(flag, 0) + 1
+        if r.get("ended"):
+            c.ended[r["ended"]] = 1
     c.truncated = int(trunc)
     c.flagged = int(bool(c.flags))
     return c

@@ -6,9 +6,13 @@ code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI
 
     RUN_DIR/
       run.json          RunRecord        the run: name, fingerprint, model, created_at,
-                                         regen_version, endpoints, previous_fingerprints.
-                                         Written once by the driver (regen.store.run.prepare_run);
-                                         only ``--force`` rewrites it
+                                         regen_version, endpoints, previous_fingerprints,
+                                         engines (per endpoint: the engine, its version and
+                                         where the rows' ids come from). Written by the driver
+                                         at creation (regen.store.run.prepare_run); only
+                                         ``--force`` rewrites the rest; ``engines`` is updated
+                                         when a session meets an endpoint it did not record
+                                         (regen.store.run.record_engines)
       manifest.yaml     regen.manifest.Manifest   the resolved manifest of the latest session
                                          (no secrets); driver, every session
       lock.json         LockRecord       the session holding the directory; driver
@@ -255,6 +259,20 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class EngineRecord(Record):
+    """One endpoint's engine, as a session's endpoint check recognised it."""
+
+    #: the engine profile (regen.client.profiles): "sglang", "vllm", "openai"
+    engine: str
+    #: the version the server reported (None: none)
+    version: str | None = None
+    #: where the rows' ids come from: "sglext", "sglang_nonstream", "vllm_stream",
+    #: "vllm_nonstream" (the server's own ids) or "local" (rendered and tokenized here)
+    token_path: str
+    #: the session that recorded it last
+    session: str | None = None
+
+
 class RunRecord(Record):
     """``run.json``: which run this directory holds."""
 
@@ -272,6 +290,8 @@ class RunRecord(Record):
     endpoints: list[str] = Field(default_factory=list)
     #: fingerprints replaced by ``--force``, oldest first
     previous_fingerprints: list[str | None] = Field(default_factory=list)
+    #: endpoint URL (without user:password) -> its engine, as sessions found it
+    engines: dict[str, EngineRecord] = Field(default_factory=dict)
 
 
 class LockRecord(Record):
@@ -458,12 +478,16 @@ class SourceCounts(Record):
     flags: dict[str, int] = Field(default_factory=dict)
     #: new attempts stored (samples answered again by regen run --retry-flagged)
     retried: int = 0
+    #: samples whose conversation ended early, per reason (the rows' ``ended`` column,
+    #: regen.engine.turns: a regenerated tool call that does not match the original's)
+    ended: dict[str, int] = Field(default_factory=dict)
 
     def add(self, other: SourceCounts, sign: int = 1) -> None:
         """Add ``other`` (``sign=-1``: subtract it)."""
         for name in SCALAR_COUNTS:
             setattr(self, name, getattr(self, name) + sign * getattr(other, name))
         add_flag_counts(self.flags, other.flags, sign)
+        add_flag_counts(self.ended, other.ended, sign)
 
 
 def add_flag_counts(into: dict[str, int], other: dict[str, int], sign: int = 1) -> None:

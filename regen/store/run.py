@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from typing import Any
 
 import regen
 from regen.errors import FingerprintMismatchError
 from regen.manifest import Manifest, public_url
 from regen.store import layout
-from regen.store.layout import RunRecord
+from regen.store.layout import EngineRecord, RunRecord
 from regen.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,27 @@ def prepare_run(
         )
         layout.RUN_FILE.write(rd, info)
     layout.write_manifest(rd, public_manifest(manifest))
+    return info
+
+
+def record_engines(rd: RunDir, engines: dict[str, dict[str, Any]]) -> RunRecord | None:
+    """Merge what this session's endpoint check found (public URL -> EngineRecord fields) into
+    run.json's ``engines``; written only when something changed. None when run.json is
+    missing."""
+    info = layout.RUN_FILE.read(rd)
+    if info is None:
+        return None
+    merged = {**info.engines}
+    for url, fields in engines.items():
+        rec = EngineRecord.model_validate(fields)
+        old = merged.get(url)
+        if old is None or old.model_dump(exclude={"session"}) != rec.model_dump(
+            exclude={"session"}
+        ):
+            merged[url] = rec
+    if merged != info.engines:
+        info.engines = merged
+        layout.RUN_FILE.write(rd, info)
     return info
 
 

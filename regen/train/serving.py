@@ -1,5 +1,8 @@
 """Serving the trained draft: the SGLang command, and checking a running server really uses it.
 
+A vLLM server is checked by :mod:`regen.train.vllm_serving` (:func:`verify_any` picks by the
+engine the server is: SGLang's ``/server_info``, vLLM's ``/version`` and ``vllm:`` metrics).
+
 ``serve_argv`` builds the ``python -m sglang.launch_server`` argv for the Kimi target with the
 EAGLE-3 draft (``--speculative-algorithm EAGLE3`` and all three tuning flags). ``verify_server``
 reads ``/server_info`` (fallback ``/get_server_info``) and refuses, with a TrapError, a server
@@ -173,6 +176,23 @@ def verify_server(
         raise ConfigError("--draft is required", field="draft")
     info = fetch_server_info(url, timeout=timeout, api_key=api_key)
     return check_server_info(info, url, draft_dir)
+
+
+def verify_any(
+    url: str, draft_dir: str, *, timeout: float = 10.0, api_key: str | None = None
+) -> Any:
+    """:func:`verify_server` for SGLang, :func:`regen.train.vllm_serving.verify_vllm_server`
+    for vLLM (a ServerCheck or a VllmCheck), by the engine the server is."""
+    from regen.train import vllm_serving
+
+    if not draft_dir:
+        raise ConfigError("--draft is required", field="draft")
+    found = vllm_serving.identify_server(url, api_key=api_key, timeout=timeout)
+    if found.engine == "vllm":
+        return vllm_serving.verify_vllm_server(
+            url, draft_dir, timeout=timeout, api_key=api_key, version=found.version
+        )
+    return verify_server(url, draft_dir, timeout=timeout, api_key=api_key)
 
 
 def check_server_info(info: dict[str, Any], url: str, draft_dir: str | None) -> ServerCheck:

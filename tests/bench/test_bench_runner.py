@@ -61,20 +61,27 @@ def test_baseline_numbers_follow_the_capacity_model(
         b = lv.baseline
         assert (b.requests, b.ok) == (max(12, 2 * lv.concurrency),) * 2
         assert b.completion_tokens == b.requests * MAX_TOKENS  # every answer cut at max_tokens
+        # never above the capacity model (the server cannot beat its own steps); how far below
+        # depends on how busy the machine is, so that is judged by ratios below
         expect = model.tok_s(None, lv.concurrency, step_s=STEP_S, max_running=64)
-        assert 0.6 * expect <= b.output_tok_s <= 1.05 * expect, (lv.concurrency, b.output_tok_s)
+        assert 0 < b.output_tok_s <= 1.05 * expect, (lv.concurrency, b.output_tok_s)
         assert b.requests_per_s == pytest.approx(b.wall_tok_s / MAX_TOKENS)
         # the steady state (all in flight) is at least the whole level's average (drain included)
         assert b.full_s is not None and 0 < b.full_s <= b.wall_s
         assert b.output_tok_s >= 0.95 * b.wall_tok_s
-        # one step to the first token, 24 steps of 5 ms to the last
+        # one step to the first token, 24 steps of 5 ms to the last: never faster than that
         assert 0 < b.ttft_p50_s <= b.ttft_p95_s < b.latency_p50_s <= b.latency_p95_s
-        assert 0.06 <= b.latency_p50_s <= 0.4
-        assert b.decode_tok_s_p50 == pytest.approx(1 / STEP_S, rel=0.4)
+        assert b.latency_p50_s >= 0.5 * MAX_TOKENS * STEP_S
+        assert b.decode_tok_s_p50 <= 1.1 / STEP_S
+        # a request's own decode rate is what the level's tok/s is made of (same run, 2x margin)
+        assert b.decode_tok_s_p50 >= 0.5 * b.output_tok_s / lv.concurrency
     # tok/s are the server's own counts: the simulator counted exactly what the bench summed
     assert sim_base.stats()["completion_tokens"] == completion_tokens(run, "baseline")
     tok_s = [lv.baseline.output_tok_s for lv in rep.levels]
     assert tok_s == sorted(tok_s)  # more in flight, more throughput (below 64 slots)
+    # and by how much, measured in this run: 16 in flight give 16x one in the model; a busy
+    # machine costs some of that, but far from all of it
+    assert tok_s[-1] >= 3 * tok_s[0]
 
 
 def test_both_servers_get_the_same_requests(

@@ -29,6 +29,8 @@ from regen.errors import (
     ConfigError,
     ConnectError,
     ContextLengthError,
+    EndpointFaultError,
+    NotProtocolError,
     OverloadedError,
     PermanentError,
     RateLimitedError,
@@ -70,7 +72,7 @@ def test_streaming_request_carries_sampling_template_kwargs_and_asks_for_ids():
 
 
 def test_local_mode_and_servers_without_sglang_ask_for_no_ids():
-    for kw in ({"sampling": Sampling(token_ids="local")}, {"server_ids": False}):
+    for kw in ({"sampling": Sampling(token_ids="local")}, {"engine": "openai"}):
         script = ScriptedServer(stream_response(OK_CHUNKS))
         complete(script, **kw)
         (body,) = script.bodies()
@@ -204,22 +206,24 @@ def _whole(choice_extra: dict, top_extra: dict | None = None, finish: str | None
 
 
 @pytest.mark.parametrize(
-    ("choice_extra", "top_extra"),
+    ("engine", "choice_extra", "top_extra", "asked"),
     [
-        ({"prompt_token_ids": [1, 2, 3], "response_token_ids": [7, 8, 9, 10]}, None),  # SGLang
-        ({"token_ids": [7, 8, 9, 10]}, {"prompt_token_ids": [1, 2, 3]}),  # older shape
+        ("sglang", {"prompt_token_ids": [1, 2, 3], "response_token_ids": [7, 8, 9, 10]}, None,
+         {"return_prompt_token_ids": True, "return_token_ids": True}),
+        ("vllm", {"token_ids": [7, 8, 9, 10]}, {"prompt_token_ids": [1, 2, 3]},
+         {"return_token_ids": True}),
     ],
-)
-def test_non_streaming_asks_for_and_reads_server_token_ids(choice_extra, top_extra):
+)  # fmt: skip
+def test_non_streaming_asks_for_and_reads_server_token_ids(engine, choice_extra, top_extra, asked):
     script = ScriptedServer(json_reply(200, _whole(choice_extra, top_extra)))
-    r = complete(script, sampling=Sampling(token_ids="nonstream"))
+    r = complete(script, sampling=Sampling(token_ids="nonstream"), engine=engine)
     (sent,) = script.bodies()
     assert "stream" not in sent and "stream_options" not in sent
-    assert sent["return_prompt_token_ids"] is True and sent["return_token_ids"] is True
-    assert not any("sglext" in k for k in sent)
+    assert {k: v for k, v in sent.items() if k.startswith("return_")} == asked
     assert (r.content, r.reasoning, r.finish_reason) == ("ok", "hm", "stop")
     assert r.prompt_token_ids == [1, 2, 3]
     assert r.output_token_ids == [7, 8, 9, 10]
+    assert r.engine == engine
     assert (r.prompt_tokens, r.completion_tokens, r.ttft_s) == (3, 4, None)
 
 
@@ -237,9 +241,9 @@ def test_non_streaming_asks_for_and_reads_server_token_ids(choice_extra, top_ext
         (error_response(503), OverloadedError),
         (error_response(429), RateLimitedError),
         (error_response(400), PermanentError),
-        (error_response(401, {"error": "Unauthorized"}), PermanentError),
-        (error_response(403), PermanentError),
-        (error_response(404), PermanentError),
+        (error_response(401, {"error": "Unauthorized"}), EndpointFaultError),
+        (error_response(403), EndpointFaultError),
+        (error_response(404), EndpointFaultError),
         (error_response(422, {"detail": "Unexpected fields"}), PermanentError),
         (error_response(413), ContextLengthError),
         (
@@ -248,7 +252,7 @@ def test_non_streaming_asks_for_and_reads_server_token_ids(choice_extra, top_ext
             ),
             ContextLengthError,
         ),
-        (Reply(200, b"not json"), PermanentError),
+        (Reply(200, b"not json"), NotProtocolError),
     ],
 )
 def test_errors_map_by_type_and_status(step, expected):
@@ -327,7 +331,7 @@ def test_api_key_from_env_is_sent_and_never_in_errors(monkeypatch):
             finally:
                 await client.aclose()
 
-        with pytest.raises(PermanentError) as info:
+        with pytest.raises(EndpointFaultError) as info:
             asyncio.run(go())
     assert script.requests[0].headers["Authorization"] == f"Bearer {secret}"
     assert secret not in str(info.value) and secret not in repr(info.value)

@@ -100,3 +100,11 @@ def test_server_root():
     assert server_root("http://h:1/v1") == "http://h:1"
     assert server_root("http://h:1/v1/") == "http://h:1"
     assert server_root("http://h:1/api") == "http://h:1/api"
+
+
+def test_a_url_without_v1_gets_a_hint_not_a_bare_404():
+    with pytest.raises(EndpointError) as e:
+        check(["http://10.0.0.1:30000"])
+    assert "GET /models answered HTTP 404 (the URL has no /v1: try http://10.0.0.1:30000/v1)" in (
+        str(e.value)
+    )

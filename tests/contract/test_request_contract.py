@@ -69,11 +69,12 @@ def dropped_keys(model: Any, data: Any, path: str = "") -> list[str]:
 
 
 def bodies() -> list[tuple[str, dict[str, Any]]]:
-    """Every shape of body regen sends: ids streamed / whole / none, a server without SGLang
-    extensions, thinking on and off, tools or not, seed and top_k or not, history or not."""
+    """Every shape of body regen sends to SGLang: ids streamed / whole / none, a server of no
+    known engine (no extensions), thinking on and off, tools or not, seed and top_k or not,
+    history or not."""
     out = []
-    for mode, server_ids, thinking, tools, extras, history in itertools.product(
-        ("stream", "nonstream", "local"), (True, False), (True, False), (None, TOOLS),
+    for mode, engine, thinking, tools, extras, history in itertools.product(
+        ("stream", "nonstream", "local"), ("sglang", "openai"), (True, False), (None, TOOLS),
         (False, True), (False, True),
     ):  # fmt: skip
         sampling = Sampling(
@@ -85,9 +86,9 @@ def bodies() -> list[tuple[str, dict[str, Any]]]:
             chat_template_kwargs={"preserve_thinking": True} if extras else {},
         )
         client = ChatClient(Endpoint(url="http://h:1/v1"), model="moonshotai/Kimi-K2.5",
-                            sampling=sampling, server_ids=server_ids)  # fmt: skip
+                            sampling=sampling, engine=engine)  # fmt: skip
         msgs = [m.to_openai() for m in (HISTORY if history else HISTORY[-1:])]
-        name = f"{mode}-ids{server_ids}-think{thinking}-tools{bool(tools)}-x{extras}-h{history}"
+        name = f"{mode}-{engine}-think{thinking}-tools{bool(tools)}-x{extras}-h{history}"
         out.append((name, client.request_body(msgs, tools)))
     return out
 
@@ -109,10 +110,10 @@ def test_every_request_body_is_sglangs_with_no_key_dropped(protocol, name, body)
     assert req.tool_choice == ("auto" if body.get("tools") else "none")
     if body.get("stream"):
         assert req.stream_options.include_usage is True
-        ids = "-idsTrue" in name and not name.startswith("local")
+        ids = "-sglang-" in name and not name.startswith("local")
         assert req.return_input_ids_in_sglext is req.return_output_ids_in_sglext is ids
-    else:
-        assert req.return_prompt_token_ids and req.return_token_ids
+    else:  # a server of no known engine always streams
+        assert "-sglang-" in name and req.return_prompt_token_ids and req.return_token_ids
 
 
 def test_the_walker_names_what_sglang_would_drop(protocol) -> None:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from regen.engine.adaptive import AdaptiveLimit, AdaptiveSettings, split
+from regen.engine.adaptive import (
+    DEFAULT_CONCURRENCY,
+    AdaptiveLimit,
+    AdaptiveSettings,
+    describe_limit,
+    split,
+)
 from regen.engine.worker import Slots
 
 S = AdaptiveSettings(window_s=1.0, min_requests=4)
@@ -139,3 +145,87 @@ def test_slots_waiter_cancelled_after_its_future_was_dropped() -> None:
         return slots.used, slots.waiting
 
     assert asyncio.run(main()) == (0, 0)
+
+
+# ---- the user's limit is a limit ---------------------------------------------------------
+
+
+def info(url: str, slots: int | None):
+    from regen.client import EndpointInfo
+
+    return EndpointInfo(url=url, weight=1.0, models=("m",), max_running_requests=slots,
+                        slots_source="internal_states" if slots else None)  # fmt: skip
+
+
+def sample_worker(endpoints, concurrency, clock):
+    from regen.engine.worker import SampleWorker
+    from regen.manifest import parse_manifest
+
+    source = {"name": "s", "adapter": "sharegpt", "path": "x.jsonl"}
+    m = parse_manifest({"name": "t", "target": {"model": "m", "tokenizer": "tok"},
+                        "endpoints": [{"url": e.url} for e in endpoints],
+                        "sources": [source]})  # fmt: skip
+    return SampleWorker(m, endpoints, concurrency, row_builder=lambda s, t: [],
+                        probe=lambda url: None, clock=clock)  # fmt: skip
+
+
+def grow(w, clock, windows: int = 200) -> None:
+    """Windows of full demand, rising throughput and no queueing: every limit wants to grow."""
+    for n in range(windows):
+        for url, ctl in w.limits.items():
+            ctl.note_demand()
+            for _ in range(8):
+                ctl.record(clock.t, 100 * (n + 1), 0.01)
+            clock.t += 2.5
+            w._adapt(url)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_concurrency_caps_a_worker_below_the_servers_slots() -> None:
+    clock = FakeClock()
+    w = sample_worker([info("http://a/v1", 64)], 4, clock)
+    assert w.slots.capacity == 4 and w.limits["http://a/v1"].maximum == 4
+    grow(w, clock)
+    assert w.slots.capacity == 4 and w.router.limit("http://a/v1") <= 4
+
+
+def test_concurrency_is_one_bound_over_all_endpoints() -> None:
+    clock = FakeClock()
+    w = sample_worker([info("http://a/v1", 64), info("http://b/v1", None)], 6, clock)
+    assert w.slots.capacity == 6
+    grow(w, clock)
+    assert w.slots.capacity == 6
+    assert all(ctl.maximum <= 6 for ctl in w.limits.values())
+
+
+def test_without_a_user_limit_the_servers_slots_decide_and_may_grow() -> None:
+    clock = FakeClock()
+    w = sample_worker([info("http://a/v1", 64)], None, clock)
+    assert w.slots.capacity == 72  # 64 + 1/8
+    grow(w, clock)
+    assert 72 < w.slots.capacity <= w.limits["http://a/v1"].maximum
+
+
+def test_a_user_limit_above_the_slots_does_not_raise_the_start() -> None:
+    from regen.engine.worker import worker_slots
+
+    assert worker_slots([info("http://a/v1", 16)], 500) == 18  # 16 + 1/8, under the cap 500
+    assert worker_slots([info("http://a/v1", None)], None) == DEFAULT_CONCURRENCY
+    assert worker_slots([info("http://a/v1", None)], 3) == 3
+
+
+def test_the_start_up_line_says_which_limit_won() -> None:
+    assert describe_limit(4, 72, True) == (
+        "engine.concurrency / --concurrency 4 (a hard cap, below the servers' batch slots + 1/8 "
+        "(72))"
+    )
+    assert describe_limit(500, 18, True).startswith("the servers' batch slots + 1/8 (18), under")
+    assert describe_limit(None, 72, True).startswith("automatic: the servers' batch slots")
+    assert "the default 64 (no batch slots reported)" in describe_limit(None, 64, False)

@@ -17,7 +17,7 @@ from regen.engine.dispatch import Dispatcher
 from regen.engine.pool import LocalWorkerPool
 from regen.engine.schedule import WorkQueue
 from regen.engine.worker import SampleOutcome, SampleWorker
-from regen.errors import ConfigError, RegenError
+from regen.errors import ConfigError, NoEndpointLeftError, RegenError, RunIncompleteError
 from regen.manifest import Endpoint, parse_manifest
 from regen.sample import Message, Sample
 from regen.simulate.testing import simulator_in_thread
@@ -176,3 +176,74 @@ def test_real_sample_workers_against_a_simulator() -> None:
         assert state == "finished"
         assert sorted(rec.done) == sorted(s.id for s in samples(30))
         assert sim.stats()["received"] == 30
+
+
+class NoEndpoint(Scripted):
+    """A worker whose endpoints all refused: after ``ok`` samples, every sample is unsent."""
+
+    def __init__(self, ok: int) -> None:
+        super().__init__(delay_s=0.01)
+        self.ok = ok
+
+    async def process(self, sample: Any) -> SampleOutcome:
+        self.seen.append(sample.id)
+        await asyncio.sleep(self.delay_s)
+        if len(self.seen) <= self.ok:
+            return SampleOutcome(sample.id, sample.source, rows=[{"turn": 0}], slots=2)
+        why = "no endpoint left: http://gw/v1: HTTP 403"
+        return SampleOutcome(sample.id, sample.source, status="unsent", kind="no_endpoint_left",
+                             message=why, slots=2)  # fmt: skip
+
+
+def test_no_endpoint_left_stops_the_loop_and_fails_no_sample() -> None:
+    pool = LocalWorkerPool(lambda i, g: NoEndpoint(ok=3))
+    rec = Recorder()
+    try:
+        d = Dispatcher(pool, 1, prefetch=1)
+        with pytest.raises(NoEndpointLeftError) as info:
+            d.run(WorkQueue(samples(40)), rec)
+    finally:
+        pool.close()
+    assert "http://gw/v1: HTTP 403" in str(info.value)
+    assert len(rec.done) == 3 and rec.failures == [] and rec.lost == []
+    assert isinstance(info.value, RunIncompleteError)
+
+
+class SlowFirst(Scripted):
+    """The first sample is an answer still streaming when the endpoint refused (done after a
+    while); every other sample is unsent at once."""
+
+    def __init__(self) -> None:
+        super().__init__(delay_s=0.0, capacity=8)
+
+    async def process(self, sample: Any) -> SampleOutcome:
+        self.seen.append(sample.id)
+        if len(self.seen) == 1:
+            await asyncio.sleep(0.3)
+            return SampleOutcome(sample.id, sample.source, rows=[{"turn": 0}], slots=8)
+        await asyncio.sleep(0.01)
+        return SampleOutcome(sample.id, sample.source, status="unsent", kind="no_endpoint_left",
+                             message="no endpoint left", slots=8)  # fmt: skip
+
+
+def drain(clock) -> Recorder:
+    pool = LocalWorkerPool(lambda i, g: SlowFirst())
+    rec = Recorder()
+    try:
+        d = Dispatcher(pool, 1, prefetch=1, clock=clock)
+        with pytest.raises(NoEndpointLeftError):
+            d.run(WorkQueue(samples(20)), rec)
+    finally:
+        pool.close()
+    return rec
+
+
+def test_what_the_workers_still_finish_is_kept_before_the_stop() -> None:
+    rec = drain(lambda: 0.0)  # a clock that never moves: the drain waits for every answer
+    assert len(rec.done) == 1 and rec.failures == []
+
+
+def test_past_the_drain_time_what_is_in_flight_is_cancelled() -> None:
+    ticks = iter(range(0, 10**6, 1000))  # every look at the clock: 1000 s later
+    rec = drain(lambda: float(next(ticks)))
+    assert rec.done == [] and rec.failures == []

@@ -1,20 +1,25 @@
 """Configuration errors stop `regen run` at once, before any actor starts (issue 13).
 
 A missing tokenizer directory, a chat template that cannot render and a missing source file
-each stop the real CLI within 10 s of its start with one line naming the manifest field and
-the path, exit 2, no traceback, no run directory written, and no Ray actor created (counted on
-the test's Ray head through the state API). Without the driver's checks, actors failing in
-``__init__`` twice with the same error stop the run with that error (a configuration error,
-not "rerun the command"), and their tracebacks stay out of the terminal.
+each stop the real CLI before anything slow starts: one line naming the manifest field and
+the path, exit 2, no traceback, no run directory written, not one connection to the endpoint
+(whose check comes before Ray: a listener counts them) and no Ray actor created (counted on
+the test's Ray head through the state API). Decided by those events, not by a clock. Without
+the driver's checks, actors failing in ``__init__`` twice with the same error stop the run
+with that error (a configuration error, not "rerun the command"), and their tracebacks stay
+out of the terminal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import socket
 import subprocess
 import sys
-import time
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,8 +27,6 @@ from _runs import DEMO, REPO, regen_cmd
 
 pytestmark = pytest.mark.ray
 
-#: the acceptance bound: seconds from the start of `regen run` to its exit
-FAIL_WITHIN_S = 10.0
 TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"
 
 
@@ -32,6 +35,33 @@ def worker_actors(dashboard_url: str) -> int:
 
     return len(list_actors(address=dashboard_url, filters=[("class_name", "=", "WorkerActor")],
                            limit=10_000, raise_on_missing_output=False))  # fmt: skip
+
+
+@contextlib.contextmanager
+def counting_listener() -> Iterator[tuple[str, list[int]]]:
+    """A loopback TCP port that accepts and counts connections (and closes them)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(0.2)
+    count = [0]
+    done = threading.Event()
+
+    def accept() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                continue
+            count[0] += 1
+            conn.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{srv.getsockname()[1]}/v1", count
+    finally:
+        done.set()
+        thread.join(timeout=5)
+        srv.close()
 
 
 def broken_template(tmp: Path) -> Path:
@@ -55,21 +85,20 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_stops_within_10s_naming_field_and_path_before_any_actor(
+def test_stops_naming_field_and_path_before_any_request_or_actor(
     case, tmp_path, ray_head, ray_env
 ) -> None:
     overrides, field, path = CASES[case](tmp_path)
     out = tmp_path / "run"
     before = worker_actors(ray_head.dashboard_url)
-    t0 = time.monotonic()
-    p = subprocess.run(
-        regen_cmd("run", str(DEMO), "--out", str(out), "--endpoint", "http://127.0.0.1:9/v1",
-                  "--address", ray_head.address, "--no-view", *overrides),
-        env=ray_env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    took = time.monotonic() - t0
+    with counting_listener() as (endpoint, connections):
+        p = subprocess.run(
+            regen_cmd("run", str(DEMO), "--out", str(out), "--endpoint", endpoint,
+                      "--address", ray_head.address, "--no-view", *overrides),
+            env=ray_env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
     assert p.returncode == 2, p.stderr
-    assert took < FAIL_WITHIN_S, f"{case}: stopped after {took:.1f} s"
+    assert connections == [0]  # the endpoint check (which comes before Ray) never ran
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
     assert field in lines[0] and path in lines[0], lines[0]
@@ -84,6 +113,11 @@ from regen.cli.main import invoke
 from regen.engine import RunOptions, run_job
 from regen.manifest import load_manifest
 from regen.simulate.testing import simulator_in_thread
+
+# the in-thread simulator logs a client that went away before its headers (an actor killed
+# mid-request, likelier on a busy machine) with aiohttp's traceback: the server's noise, not
+# the run's output this test judges
+logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
 
 def go(args):
     m = load_manifest(sys.argv[1], ["engine.workers=1"])

@@ -118,7 +118,7 @@ def test_503_overload_backs_the_limit_off_and_never_takes_the_endpoint_out(caplo
             "engine": {"max_attempts": 10, "endpoint_failure_threshold": 3},
             "sources": [{"name": "s", "adapter": "sharegpt", "path": "x.jsonl"}],
         })  # fmt: skip
-        w = SampleWorker(m, [Endpoint(url=sim.url)], 4, row_builder=stub_rows,
+        w = SampleWorker(m, [Endpoint(url=sim.url)], None, row_builder=stub_rows,
                          retry=RetryPolicy.from_engine(m.engine, sleep=no_sleep),
                          shares={sim.url: 8})  # fmt: skip
         start = w.limits[sim.url].current
@@ -137,3 +137,62 @@ def test_503_overload_backs_the_limit_off_and_never_takes_the_endpoint_out(caplo
     assert (snap["state"], snap["failures"], snap["throttled"]) == ("up", 0, 8)
     assert "out of rotation" not in caplog.text
     assert w.limits[sim.url].current < start  # backed off (x0.7 per overload window)
+
+
+# ---- endpoint-wide faults: never the sample's ----------------------------------------------
+
+
+async def always_up(_url: str) -> bool:
+    return True
+
+
+def refusing_server(status: int = 403):
+    from regen.simulate.scripted import ScriptedServer, json_reply
+
+    body = {"object": "error", "message": "denied by the gateway", "code": status}
+    return ScriptedServer(json_reply(status, body))
+
+
+def test_a_refusing_endpoint_leaves_rotation_and_its_samples_go_elsewhere(two_sims) -> None:
+    good = two_sims[0]
+    with refusing_server(403).running() as bad:
+        m = manifest(bad.url, good.url)
+        w = SampleWorker(m, [Endpoint(url=bad.url), Endpoint(url=good.url)], 4,
+                         row_builder=stub_rows, probe=always_up,
+                         retry=RetryPolicy.from_engine(m.engine, sleep=no_sleep))  # fmt: skip
+
+        async def go():
+            try:
+                return await asyncio.gather(*(w.process(three_turns(f"s:{i}")) for i in range(6)))
+            finally:
+                await w.aclose()
+
+        outs = asyncio.run(go())
+        snap = w.router.snapshot()[bad.url]
+    assert [o.status for o in outs] == ["done"] * 6
+    assert {r["endpoint"] for o in outs for r in o.rows} == {good.url}
+    # one refusal is enough: every request in flight on it when it came may see its own
+    assert 1 <= len(bad.requests) <= 4 and snap["state"] == "refused"
+    assert all(r["attempts"] == 1 for o in outs for r in o.rows)  # a refusal is not a try
+    assert w.stats.failed == 0 and set(w.stats.errors) == {"endpoint_fault"}
+
+
+@pytest.mark.parametrize("status", [401, 403, 404])
+def test_with_no_endpoint_left_the_sample_is_unsent_not_failed(status: int) -> None:
+    with refusing_server(status).running() as bad:
+        m = manifest(bad.url)
+        w = SampleWorker(m, [Endpoint(url=bad.url)], 4, row_builder=stub_rows, probe=always_up,
+                         retry=RetryPolicy.from_engine(m.engine, sleep=no_sleep))  # fmt: skip
+
+        async def go():
+            try:
+                return await asyncio.gather(*(w.process(three_turns(f"s:{i}")) for i in range(3)))
+            finally:
+                await w.aclose()
+
+        outs = asyncio.run(go())
+    assert [o.status for o in outs] == ["unsent"] * 3
+    assert {o.kind for o in outs} == {"no_endpoint_left"}
+    assert f"{bad.url}: HTTP {status}" in outs[0].message
+    assert "denied by the gateway" in outs[0].message
+    assert w.stats.failed == 0 and len(bad.requests) <= 3

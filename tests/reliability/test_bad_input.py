@@ -55,6 +55,14 @@ BAD_ROWS: list[tuple[bytes, str]] = [
         b'{"id": "u", "conversations": [{"from": "human", "value": "caf\xe9"}]}',
         "row 7: invalid_utf8",
     ),
+    (  # a lone surrogate escape (scraped ShareGPT dumps hold them): no encoder takes it
+        b'{"id": "s", "conversations": [{"from": "human", "value": "bad \\ud800 text"}]}',
+        "row 8 field 'conversations[0].value': invalid_unicode (lone surrogate U+D800)",
+    ),
+    (
+        b'{"id": "\\udfff", "conversations": [{"from": "human", "value": "fine"}]}',
+        "row 9 field 'id': invalid_unicode (lone surrogate U+DFFF)",
+    ),
 ]
 HUGE_ID, LONG_ID = "sharegpt:huge", "sharegpt:long"
 
@@ -70,7 +78,7 @@ def human(i: int | str, text: str) -> bytes:
 
 
 def write_bad_source(path: Path) -> Path:
-    """Row 1 good, rows 2-7 bad, a 10 MB prompt, a prompt over the context, then good rows."""
+    """Row 1 good, rows 2-9 bad, a 10 MB prompt, a prompt over the context, then good rows."""
     lines = [human("g0", "Good question zero?")] + [line for line, _ in BAD_ROWS]
     lines.append(human("huge", "lorem ipsum " * (10 * 1024 * 1024 // 12)))  # ~10 MB
     lines.append(human("long", "word " * (CONTEXT * 2)))  # over the context, well under 10 MB
@@ -102,7 +110,7 @@ def test_every_bad_row_is_named_with_source_row_and_field(bad_run) -> None:
     err = " ".join(r.stderr.split())
     for _, words in BAD_ROWS:
         assert f"skipping source 'sharegpt' {words}" in err
-    assert "source sharegpt: 6 row(s) skipped as unusable" in err
+    assert f"source sharegpt: {len(BAD_ROWS)} row(s) skipped as unusable" in err
 
 
 def test_prompts_over_the_context_are_recorded_permanent_failures(bad_run) -> None:
@@ -123,6 +131,22 @@ def test_nothing_else_is_lost(bad_run) -> None:
     assert v.duplicates == 0 and v.answers_wrong == 0 and v.answers_checked == GOOD
     assert v.missing == 2  # exactly the two permanent failures
     assert sum(p.stat().st_size for p in (bad_run["out"] / "parts").glob("*")) < 1_000_000
+
+
+def test_plan_run_status_and_export_agree_on_the_skipped_rows(bad_run, tmp_path, capsys):
+    """One rule for unusable text everywhere: the rows `regen plan` skips are the rows the run
+    never planned, `regen status` counts the same total, export holds exactly what is done."""
+    assert regen_main(["plan", str(bad_run["manifest"]), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["sources"]["sharegpt"]
+    assert plan["rejected"]["invalid_unicode"] == 2
+    assert plan["rejected_total"] == len(BAD_ROWS) and plan["kept"] == GOOD + 2
+    assert regen_main(["status", str(bad_run["out"]), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["total"], status["done"], status["failed"]) == (GOOD + 2, GOOD, 2)
+    from regen.export import export_run
+
+    stats = export_run(str(bad_run["out"]), str(tmp_path / "export"))
+    assert stats.rows_written == GOOD  # one turn per good sample
 
 
 @pytest.mark.parametrize(

@@ -64,16 +64,16 @@ def prompt_len(tokenizer, messages, tools=None, **kw) -> int:
     return len(ids["input_ids"] if isinstance(ids, dict) else ids)
 
 
-def client(server, *, server_ids: bool = False, **sampling) -> ChatClient:
-    """A client for the server. SampleWorker asks for SGLang's ids only where the start check
-    found SGLang's /server_info, which transformers serve has not (checked below)."""
+def client(server, *, engine: str = "openai", **sampling) -> ChatClient:
+    """A client for the server. SampleWorker asks for ids only where the start check
+    recognised an engine that gives them, which transformers serve is not (checked below)."""
     return ChatClient(
         Endpoint(url=server.url),
         model=server.model_name,
         sampling=Sampling(**{"max_tokens": 8, **sampling}),
         retry=RetryPolicy(max_attempts=1),
         timeout_s=60,
-        server_ids=server_ids,
+        engine=engine,
     )
 
 
@@ -149,6 +149,7 @@ def test_models_endpoint_and_start_check(server, model_dir):
     (info,) = asyncio.run(check_endpoints([Endpoint(url=server.url)], server.model_name))
     assert info.models == (str(model_dir),)
     assert info.server_info is False and info.max_running_requests is None
+    assert info.engine == "openai"  # neither /server_info nor vLLM's /version + metrics
     with pytest.raises(EndpointError, match="it serves"):
         asyncio.run(check_endpoints([Endpoint(url=server.url)], "moonshotai/Kimi-K2.5"))
 
@@ -208,13 +209,13 @@ def test_concurrent_requests_through_the_router(server):
 def test_fields_outside_its_schema_are_permanent_errors(server):
     with pytest.raises(PermanentError) as info:
         # SGLang's id fields forced on a server that does not know them
-        asyncio.run(_complete(client(server, server_ids=True, token_ids="nonstream"), MSGS))
+        asyncio.run(_complete(client(server, engine="sglang", token_ids="nonstream"), MSGS))
     assert info.value.status == 422
     wrong = ChatClient(
         Endpoint(url=server.url),
         model="not-this-model",
         sampling=Sampling(max_tokens=2),
-        server_ids=False,
+        engine="openai",
     )
     with pytest.raises(PermanentError) as info:
         asyncio.run(_complete(wrong, MSGS))

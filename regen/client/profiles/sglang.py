@@ -1,0 +1,99 @@
+"""SGLang 0.5.23's profile (CONTRACTS §2, §2b: read in the wheel's ``serving_chat.py`` and
+``protocol.py``; tests/contract holds it against the wheel's own models).
+
+- ids, streamed: ``return_input_ids_in_sglext`` / ``return_output_ids_in_sglext``; they arrive
+  in the ``sglext`` chunk (``choices: []``) after the finish chunk: ``input_ids`` and
+  ``output_ids`` (one list per choice);
+- ids, not streamed: ``return_prompt_token_ids`` / ``return_token_ids`` (refused with HTTP 400
+  when combined with ``stream``); both on the choice: ``prompt_token_ids``,
+  ``response_token_ids``;
+- reasoning in ``reasoning_content``; identity and speculative settings in ``/server_info``;
+  a request's seed matters only under ``--enable-deterministic-inference``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from regen.client.profiles.base import EngineProfile, Identity, Ids, TokenPath, get_json, id_list
+
+if TYPE_CHECKING:
+    from regen.client.stream import StreamAccumulator
+
+
+#: server_info keys kept as the endpoint's speculative settings
+SPECULATIVE_KEYS = (
+    "speculative_algorithm",
+    "speculative_draft_model_path",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+)
+
+
+def batch_slots(server_info: dict[str, Any]) -> tuple[int | None, str | None]:
+    """The server's batch slots and which field gave them: the ``--max-running-requests``
+    flag (top-level ``max_running_requests``, None unless given) when set, else the sum of the
+    live ``internal_states[i].effective_max_running_requests_per_dp`` (one per DP rank)."""
+    flag = server_info.get("max_running_requests")
+    if isinstance(flag, int) and not isinstance(flag, bool) and flag > 0:
+        return flag, "max_running_requests"
+    per_dp = [
+        s.get("effective_max_running_requests_per_dp")
+        for s in server_info.get("internal_states") or ()
+        if isinstance(s, dict)
+    ]
+    if per_dp and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in per_dp):
+        return sum(per_dp), "internal_states"
+    return None, None
+
+
+def identity_of(data: dict[str, Any]) -> Identity:
+    """The identity in one ``/server_info`` answer."""
+    slots, source = batch_slots(data)
+    det = data.get("enable_deterministic_inference")
+    version = data.get("version")
+    return Identity(
+        engine="sglang",
+        version=str(version) if version is not None else None,
+        max_running_requests=slots,
+        slots_source=source,
+        deterministic=det if isinstance(det, bool) else False,
+        speculative={k: data[k] for k in SPECULATIVE_KEYS if data.get(k) is not None},
+        server_info=True,
+    )
+
+
+class SGLangProfile(EngineProfile):
+    name = "sglang"
+    gives_ids = True
+    reasoning_field = "reasoning_content"
+    seeds_requests = False
+
+    def ids_fields(self, streaming: bool) -> dict[str, Any]:
+        if streaming:
+            return {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True}
+        return {"return_prompt_token_ids": True, "return_token_ids": True}
+
+    def token_path(self, streaming: bool) -> TokenPath:
+        return "sglext" if streaming else "sglang_nonstream"
+
+    def stream_ids(self, acc: StreamAccumulator) -> Ids:
+        return id_list(acc.prompt_ids), id_list(acc.output_ids)
+
+    def whole_ids(self, data: dict[str, Any], choice: dict[str, Any]) -> Ids:
+        # SGLang puts both on the choice; older servers put the prompt ids at the top level
+        prompt = id_list(choice.get("prompt_token_ids")) or id_list(data.get("prompt_token_ids"))
+        return prompt, id_list(choice.get("response_token_ids"))
+
+    async def identify(self, http: Any, root: str, headers: dict[str, str]) -> Identity | None:
+        """``/server_info`` (or the older ``/get_server_info``) answers a JSON object."""
+        for path in ("/server_info", "/get_server_info"):
+            data = await get_json(http, f"{root}{path}", headers)
+            # vLLM answers /server_info too, in its dev mode, with its whole config
+            if isinstance(data, dict) and "vllm_config" not in data:
+                return identity_of(data)
+        return None
+
+
+SGLANG = SGLangProfile()
