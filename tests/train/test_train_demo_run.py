@@ -192,9 +192,15 @@ def test_specforge_cli_plans_the_production_config(
     consumer = plan["commands"][1]
     assert consumer["label"] == "consumer" and "--nproc_per_node" in consumer["argv"]
     assert consumer["argv"][consumer["argv"].index("--nproc_per_node") + 1] == "8"
-    assert plan["commands"][0]["env"]["DISAGG_SERVER_URLS"] == (
-        "http://capture-0:30000,http://capture-1:30000"
-    )
+    producer = plan["commands"][0]
+    assert producer["label"] == "producer" and producer["argv"][-2:] == ["--role", "producer"]
+    # the producer reads the capture servers from run.yaml, Mooncake's endpoints from its env
+    run = yaml.safe_load((run_dir / L.RUN_YAML).read_text())
+    assert run["deployment"]["disaggregated"]["server_urls"] == [
+        "http://capture-0:30000",
+        "http://capture-1:30000",
+    ]
+    assert producer["env"]["MOONCAKE_MASTER_SERVER_ADDR"] == "mooncake-master:50051"
     mapping = json.loads((run_dir / L.VOCAB_MAPPING_RECORD).read_text())
     assert (mapping["vocab_size"], mapping["draft_vocab_size"]) == (163840, 32000)
 
