@@ -219,6 +219,8 @@ def test_specforge_trains_the_draft_on_cpu_and_the_held_out_loss_falls(
     (s0, first), (s_end, last) = curve.held_out[0], curve.held_out[-1]
     assert (s0, s_end) == (0, CPU_STEPS)
     assert last < 0.95 * first, curve.held_out
+    # SpecForge's expected acceptance, at the same held-out evaluations
+    assert [s for s, _ in curve.held_out_acceptance] == [s for s, _ in curve.held_out]
     assert curve.checkpoint and any(Path(curve.checkpoint).iterdir())
     # regen's own draft config, run.yaml model section and vocab mapping were trained on
     regen_run = yaml.safe_load((run_copy / L.RUN_YAML).read_text())
