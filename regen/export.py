@@ -91,6 +91,7 @@ from regen.quality import DEFAULT_DROP_FLAGS, parse_flags
 from regen.rows import ADDED_COLUMNS
 from regen.sample import stable_hash
 from regen.store import layout
+from regen.store.run import read_manifest_data
 from regen.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,11 @@ Format = Literal["pretokenized", "conversations"]
 FORMATS: tuple[str, ...] = ("pretokenized", "conversations")
 #: token_check values that are not a problem (regen.rows); every other value is counted as one
 TOKEN_CHECKS_OK = frozenset({"match", "count_match"})
+#: drop reasons that lose no training data: another attempt or copy of the row is kept, or the
+#: bench keeps the sample; every other reason counts towards :func:`drop_share`
+KEPT_ELSEWHERE = frozenset({"superseded", "duplicate", "holdout"})
+#: the settings of an export that decide which rows it keeps (stats.json records each)
+ROW_SETTINGS = ("seed", "drop_truncated", "max_length", "holdout", "drop_flags")
 
 _KEY_COLUMNS = (
     "sample_id",
@@ -209,6 +215,21 @@ class ExportStats:
     def mask_coverage(self) -> float:
         return self.loss_tokens / self.tokens if self.tokens else 0.0
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ExportStats:
+        """The stats of an earlier export from its stats.json (computed keys dropped)."""
+        known = {f for f in cls.__dataclass_fields__}  # type: ignore[attr-defined]
+        args = {k: v for k, v in d.items() if k in known}
+        args["flags"] = {k: FlagStats(**v) for k, v in (d.get("flags") or {}).items()}
+        args["sources"] = {
+            name: SourceExportStats(
+                **{k: v for k, v in src.items() if k not in ("mask_coverage", "flags")},
+                flags={k: FlagStats(**v) for k, v in (src.get("flags") or {}).items()},
+            )
+            for name, src in (d.get("sources") or {}).items()
+        }
+        return cls(**args)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["mask_coverage"] = round(self.mask_coverage, 6)
@@ -216,6 +237,58 @@ class ExportStats:
             d["sources"][name]["mask_coverage"] = round(s.mask_coverage, 6)
         d["created_at"] = datetime.now(UTC).isoformat(timespec="seconds")
         return d
+
+
+def manifest_settings(rd: RunDir) -> dict[str, Any]:
+    """The ``export:`` section of the run directory's manifest (regen.manifest.Export, its
+    defaults where the section or the manifest is missing): the settings both ``regen export``
+    and ``regen train`` start from, before their own overrides."""
+    from regen.errors import RegenError
+    from regen.manifest import Export
+
+    try:
+        data = read_manifest_data(rd) or {}
+        return Export.model_validate(data.get("export") or {}).model_dump()
+    except (OSError, RegenError, ValidationError) as e:
+        log.warning("%s: the manifest's export section is not readable (%s); using the "
+                    "defaults", rd.uri, e)  # fmt: skip
+        return Export().model_dump()
+
+
+def export_settings(rd: RunDir, **overrides: Any) -> dict[str, Any]:
+    """:func:`manifest_settings`, then every override that is not None: the keyword
+    arguments of :func:`export_run` (seed, drop_truncated, max_length, shard_rows, holdout,
+    drop_flags)."""
+    settings = manifest_settings(rd)
+    settings.update({k: v for k, v in overrides.items() if v is not None})
+    return settings
+
+
+def drop_share(dropped: dict[str, int], rows_read: int) -> float:
+    """Share of the rows an export could train on that it dropped (reasons of
+    :data:`KEPT_ELSEWHERE` are neither)."""
+    elsewhere = sum(n for reason, n in dropped.items() if reason in KEPT_ELSEWHERE)
+    lost = sum(n for reason, n in dropped.items() if reason not in KEPT_ELSEWHERE)
+    candidates = rows_read - elsewhere
+    return lost / candidates if candidates > 0 else 0.0
+
+
+def check_drop_share(stats: ExportStats | layout.ExportRecord, max_share: float) -> None:
+    """ConfigError (one line: the share, the reasons, how to go on) when the export dropped
+    more than ``max_share`` of the rows it could train on."""
+    dropped = dict(stats.dropped)
+    share = drop_share(dropped, stats.rows_read)
+    if share <= max_share:
+        return
+    lost = {k: v for k, v in dropped.items() if k not in KEPT_ELSEWHERE}
+    reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(lost.items(), key=lambda kv: -kv[1]))
+    raise ConfigError(
+        f"the export of {stats.run_dir} drops {sum(lost.values()):,} of the rows it could "
+        f"train on ({share:.0%} > {max_share:.0%}: {reasons}); look at them with `regen export "
+        "--only-flagged --format conversations`, or accept it with --allow-drops "
+        "(export.max_drop_share)",
+        field="export.max_drop_share",
+    )
 
 
 def export_run(
@@ -230,11 +303,14 @@ def export_run(
     holdout: int = 0,
     drop_flags: Iterable[str] | str = DEFAULT_DROP_FLAGS,
     only_flagged: bool = False,
+    max_drop_share: float | None = None,
     check: bool = True,
 ) -> ExportStats:
     """Export every row of the run directory ``rd`` to ``out`` (see the module docstring).
     ``drop_flags``: quality flags whose rows are dropped (names, a comma string, ``default``,
-    ``all``, ``none``). ``check``: run the cheap damage check first (False: the caller did)."""
+    ``all``, ``none``). ``max_drop_share``: refuse (:func:`check_drop_share`) before writing
+    anything when the rules would drop a larger share of the rows. ``check``: run the cheap
+    damage check first (False: the caller did)."""
     flags = parse_flags(drop_flags, "drop_flags")
     if only_flagged and not flags:
         raise ConfigError("--only-flagged needs at least one flag to look for", field="drop_flags")
@@ -279,6 +355,8 @@ def export_run(
         drop_flags=frozenset(flags),
         only_flagged=only_flagged,
     )
+    if max_drop_share is not None and not only_flagged:
+        check_drop_share(stats, max_drop_share)
     sids, turns = table.column("sample_id").to_pylist(), table.column("turn").to_pylist()
     order.sort(key=lambda i: (sids[i], turns[i]))
     random.Random(seed).shuffle(order)

@@ -171,3 +171,12 @@ def ray_head(ray_env: dict[str, str]) -> Iterator[RayHead]:
         stop_group(proc, HEAD_STOP_TIMEOUT_S)
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def demo_target() -> Path:
+    """The demo target (regen.serving.demo_target), built once per checkout into
+    ``.cache/demo-model``: the build ``./scripts/demo`` serves (its key decides reuse)."""
+    from regen.serving import build_demo_target
+
+    return build_demo_target(REPO / ".cache" / "demo-model", REPO / "manifests" / "demo.yaml")

@@ -52,7 +52,11 @@ def _rows(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _export(run_dir: Path, out: Path) -> tuple[dict[str, Any], list[str]]:
-    assert regen_main(["export", str(run_dir), "--out", str(out), "--shard-rows", "0"]) == 0
+    """Every row (the demo manifest drops flagged and truncated rows like a real run; this
+    contract is about the rows themselves)."""
+    argv = ["export", str(run_dir), "--out", str(out), "--shard-rows", "0",
+            "--drop-flags", "none", "--keep-truncated"]  # fmt: skip
+    assert regen_main(argv) == 0
     stats = json.loads((out / "stats.json").read_text())
     return stats, (out / "shard-00000.jsonl").read_text().splitlines()
 

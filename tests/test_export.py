@@ -501,8 +501,8 @@ def test_train_uses_the_shards_only_and_a_re_export_keeps_the_holdout(
     assert not export_is_stale(rd, out)
     assert default_holdout(rd, out) == 3  # what the export being replaced held out
     # regen train's re-export: that holdout unless the train config says
-    assert ExportSpec().export_kwargs(4096, default_holdout(rd, out))["holdout"] == 3
-    assert ExportSpec(holdout=0).export_kwargs(4096, 3)["holdout"] == 0
+    assert ExportSpec().overrides(default_holdout(rd, out))["holdout"] == 3
+    assert ExportSpec(holdout=0).overrides(3)["holdout"] == 0
     (out / layout.EXPORT_STATS).write_text("{broken")
     assert default_holdout(rd, out) == 2
     bare = RunDir.open(str(tmp_path / "bare"), create=True)

@@ -1,21 +1,26 @@
-"""`regen demo`: the whole path offline on one machine, against a real local server.
+"""`regen demo [--train]`: the whole path offline on one machine, against a real local server.
 
-Builds (once, cached under ``.cache/``) the tiny Kimi-format model from the demo tokenizer,
-starts ``transformers serve`` on free loopback ports, runs ``manifests/demo.yaml`` through Ray
-with those endpoints (live progress), exports for SpecForge, stops the servers and prints where
-the Parquet parts and the export are. Ctrl-C leaves a resumable run directory: run the same
-command again to continue.
+Builds (once, cached under ``.cache/``) the demo target (regen.serving.demo_target: a tiny
+Llama model trained on the demo sources to answer in the Kimi format), starts ``transformers
+serve`` on free loopback ports, runs ``manifests/demo.yaml`` through Ray with those endpoints
+(live progress), exports for SpecForge with the manifest's export settings (rows kept, flagged
+and dropped are printed), stops the servers and prints where the Parquet parts and the export
+are. ``--train`` goes on: ``regen train``'s preparation with ``manifests/demo-train.yaml``,
+then SpecForge's own trainer on this CPU for a few steps (regen.train.cpu_demo), and prints the
+loss curve and the checkpoint. Ctrl-C leaves a resumable run directory: run the same command
+again to continue.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from regen.cli._args import add_override_argument
 
 NAME = "demo"
-HELP = "run the demo end to end: tiny model, transformers serve, regen run, export"
+HELP = "run the demo end to end: demo target, transformers serve, regen run, export [, train]"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--export", default=None, metavar="DIR", help="export directory (default: RUN_DIR-export)"
     )
-    p.add_argument("--cache", default=".cache", help="where the tiny model is built (%(default)s)")
+    p.add_argument("--cache", default=".cache", help="where the demo target is built (%(default)s)")
     p.add_argument(
         "--servers",
         type=int,
@@ -41,6 +46,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", metavar="ADDR", help="Ray cluster to join (default: local)")
     p.add_argument("--force", action="store_true", help="continue a run dir of another manifest")
     p.add_argument("--no-view", action="store_true", help="no live progress view")  # fmt: skip
+    p.add_argument(
+        "--train",
+        action="store_true",
+        help="then train an EAGLE-3 draft with SpecForge on this CPU (a few minutes)",
+    )
+    p.add_argument(
+        "--train-config", default="manifests/demo-train.yaml", help="(default: %(default)s)"
+    )
+    p.add_argument("--train-steps", type=int, default=30, metavar="N", help="(default: 30)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,19 +67,21 @@ def run(args: argparse.Namespace) -> int:
     from regen.engine import RunOptions
     from regen.engine.actor import quiet_http_logs
     from regen.errors import ConfigError
-    from regen.export import export_run
+    from regen.export import export_run, export_settings
     from regen.manifest import load_manifest
-    from regen.serving import TransformersServer, build_tiny_model
+    from regen.serving import TransformersServer, build_demo_target
     from regen.store import RunDir, layout
 
     console = Console()
     quiet_http_logs()
     if args.servers < 1:
         raise ConfigError("--servers must be >= 1", field="--servers")
-    base = load_manifest(args.manifest, args.override)
+    if args.train_steps < 1:
+        raise ConfigError("--train-steps must be >= 1", field="--train-steps")
+    load_manifest(args.manifest, args.override)  # a bad manifest stops here, before the build
     cache = Path(args.cache)
-    with console.status("building the tiny Kimi-format model (once)..."):
-        model_dir = build_tiny_model(cache / "demo-model", base.resolve(base.target.tokenizer))
+    with console.status("building the demo target (once: about a minute of CPU)..."):
+        model_dir = build_demo_target(cache / "demo-model", args.manifest)
     export_dir = args.export or f"{args.out.rstrip('/')}-export"
     with contextlib.ExitStack() as stack:
         servers = []
@@ -93,22 +109,63 @@ def run(args: argparse.Namespace) -> int:
                       f"stored in {args.out} ({summary.failed_transient} left for the next "
                       "run); run the same command again to resume")  # fmt: skip
         return code
-    e = manifest.export
-    stats = export_run(
-        RunDir.open(args.out, create=False),
-        export_dir,
-        seed=e.seed,
-        drop_truncated=e.drop_truncated,
-        max_length=e.max_length,
-        shard_rows=e.shard_rows,
-        drop_flags=e.drop_flags,
-    )
+    rd = RunDir.open(args.out, create=False)
+    stats = export_run(rd, export_dir, **export_settings(rd))
     console.print(
         f"[bold green]done[/]: {summary.done}/{summary.total} samples "
         f"({summary.failed_permanent} failed permanently, {summary.failed_transient} left for "
         f"the next run)\n"
+        f"  rows: {rows_line(stats)}\n"
         f"  Parquet parts: {Path(args.out) / layout.PARTS_DIR}\n"
         f"  SpecForge export: {export_dir} ({stats.rows_written} rows, {stats.tokens} tokens)",
         highlight=False,
     )
+    if args.train:
+        return _train(console, args, model_dir)
     return 0
+
+
+def rows_line(stats: Any) -> str:
+    """Rows kept, flagged and dropped (per reason) of an export (regen.export.ExportStats)."""
+    flagged = sum(f.rows for f in stats.flags.values())
+    flags = ", ".join(f"{k} {v.rows}" for k, v in sorted(stats.flags.items()))
+    dropped = sum(stats.dropped.values())
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(stats.dropped.items()))
+    return (
+        f"{stats.rows_read} read, {stats.rows_written} kept, {flagged} flagged"
+        + (f" ({flags})" if flags else "")
+        + f", {dropped} dropped"
+        + (f" ({reasons})" if reasons else "")
+    )
+
+
+def _train(console: Any, args: argparse.Namespace, model_dir: Path) -> int:
+    from regen.train.cpu_demo import train_on_cpu
+
+    with console.status(f"training an EAGLE-3 draft with SpecForge on CPU ({args.train_steps} "
+                        "steps)..."):  # fmt: skip
+        result = train_on_cpu(
+            args.out, args.train_config, steps=args.train_steps, target_path=str(model_dir)
+        )
+    curve = result.curve
+    console.print("SpecForge (CPU) draft training, loss per step:", highlight=False)
+    train = " ".join(f"{s}:{v:.3f}" for s, v in curve.train)
+    held = " ".join(f"{s}:{v:.3f}" for s, v in curve.held_out)
+    console.print(f"  training  {train}\n  held-out  {held}", highlight=False, soft_wrap=True)
+    if curve.held_out:
+        first, last = curve.held_out[0][1], curve.held_out[-1][1]
+        console.print(f"  held-out loss {first:.3f} -> {last:.3f} ({last / first:.2f}x)",
+                      highlight=False)  # fmt: skip
+    if curve.held_out_acceptance:
+        (s0, a0), (s1, a1) = curve.held_out_acceptance[0], curve.held_out_acceptance[-1]
+        console.print(
+            f"  expected acceptance of the first drafted token (SpecForge): "
+            f"{a0:.3f} at step {s0} -> {a1:.3f} at step {s1}",
+            highlight=False,
+        )
+    console.print(
+        f"  checkpoint: {curve.checkpoint or 'none written'}\n"
+        f"  run config: {result.run_yaml}   log: {result.log_path}",
+        highlight=False,
+    )
+    return 0 if curve.checkpoint else 1

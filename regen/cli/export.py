@@ -10,14 +10,11 @@ those, for inspection.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-
-if TYPE_CHECKING:
-    from regen.store import RunDir
 
 NAME = "export"
 HELP = "write SpecForge pre-tokenized (or raw-conversation) JSONL shards and their stats"
@@ -78,44 +75,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _manifest_defaults(rd: RunDir) -> dict[str, Any]:
-    from pydantic import ValidationError
-
-    from regen.errors import RegenError
-    from regen.manifest import Export
-    from regen.store.run import read_manifest_data
-
-    try:
-        data = read_manifest_data(rd) or {}
-        return Export.model_validate(data.get("export") or {}).model_dump()
-    except (OSError, RegenError, ValidationError):
-        return Export().model_dump()  # an unreadable manifest only loses the defaults
-
-
 def run(args: argparse.Namespace) -> int:
-    from regen.export import export_run
+    from regen.export import export_run, export_settings
     from regen.store import RunDir
 
     rd = RunDir.open(args.run_dir, create=False)
-    d = _manifest_defaults(rd)
-
-    def pick(flag: Any, key: str) -> Any:
-        return d[key] if flag is None else flag
-
-    stats = export_run(
+    settings = export_settings(
         rd,
-        args.out,
-        seed=pick(args.seed, "seed"),
-        drop_truncated=pick(args.drop_truncated, "drop_truncated"),
-        max_length=pick(args.max_length, "max_length"),
-        shard_rows=pick(args.shard_rows, "shard_rows"),
-        fmt=args.fmt,
-        drop_flags=pick(args.drop_flags, "drop_flags"),
-        only_flagged=args.only_flagged,
-        holdout=pick(args.holdout, "holdout"),
+        seed=args.seed,
+        drop_truncated=args.drop_truncated,
+        max_length=args.max_length,
+        shard_rows=args.shard_rows,
+        drop_flags=args.drop_flags,
+        holdout=args.holdout,
     )
+    stats = export_run(rd, args.out, fmt=args.fmt, only_flagged=args.only_flagged, **settings)
     console = Console()
-    table = Table(title=f"export {escape(args.run_dir)} → {escape(args.out)} ({stats.format})")
+    print_export(console, stats, f"export {args.run_dir} → {args.out} ({stats.format})")
+    return 0
+
+
+def print_export(console: Console, stats: Any, title: str) -> None:
+    """The per-source table (rows read, written, tokens, mask, dropped per reason) and the
+    summary lines of an export: ``stats`` is regen.export.ExportStats or its stats.json
+    (regen.store.layout.ExportRecord)."""
+    table = Table(title=escape(title))
     for col in ("source", "read", "written", "tokens", "loss tokens", "mask", "dropped"):
         table.add_column(col, justify="left" if col in ("source", "dropped") else "right")
     for name, s in stats.sources.items():
@@ -145,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if stats.holdout_file:
         console.print(
             f"{stats.holdout_samples:,} samples held out ({stats.holdout} per source at most): "
-            f"prompts in {escape(args.out)}/{stats.holdout_file} for `regen bench --run`",
+            f"prompts in {escape(stats.out)}/{stats.holdout_file} for `regen bench --run`",
             highlight=False,
         )
     mismatches = stats.token_check_problems
@@ -155,4 +139,3 @@ def run(args: argparse.Namespace) -> int:
             "with the server ids (server ids kept) or with the server's token count, or the "
             "response needed a guessed </think> (see docs/format.md)[/]"
         )
-    return 0

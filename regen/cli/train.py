@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
+
+if TYPE_CHECKING:
+    from regen.train.launch import TrainPlan
 
 NAME = "train"
 HELP = "export a finished run, write the SpecForge run config, and submit training to Ray"
@@ -33,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="ship this directory as the job's Ray working_dir (regen's code for the cluster)",
     )
+    parser.add_argument(
+        "--allow-drops",
+        action="store_true",
+        help="train even when the export drops more than export.max_drop_share of the rows",
+    )
     parser.add_argument("--detach", action="store_true", help="submit and return; do not follow")
     parser.add_argument("--poll", type=float, default=10.0, help="seconds between status polls")
 
@@ -51,33 +60,14 @@ def run(args: argparse.Namespace) -> int:
         launcher=args.launcher_cmd,
         python=args.python,
         working_dir=args.working_dir,
+        allow_drops=args.allow_drops,
         follow=not args.detach,
         poll_s=args.poll,
         on_state=lambda s: out.print(f"job state: [bold]{s}[/]"),
     )
     plan = result.plan
-    scan = plan.scan
-    out.print(
-        f"data: {scan.rows} rows, {scan.loss_tokens} trained tokens of {scan.tokens} "
-        f"({plan.prompts_path})",
-        highlight=False,
-        soft_wrap=True,
-    )
+    print_plan(out, plan)
     if args.dry_run:
-        out.rule(f"SpecForge run config {plan.run_yaml}")
-        out.print(
-            escape(plan.run_yaml.read_text(encoding="utf-8")), highlight=False, soft_wrap=True
-        )
-        out.rule("command")
-        out.print(
-            f"trainer argv:   {escape(shlex.join(plan.argv))}", highlight=False, soft_wrap=True
-        )
-        out.print(f"job entrypoint: {escape(plan.entrypoint)}", highlight=False, soft_wrap=True)
-        out.print(f"GPUs requested: {plan.gpus}", highlight=False, soft_wrap=True)
-        validated = (
-            "SpecForge schema + regen checks" if plan.specforge_validated else "regen checks"
-        )
-        out.print(f"validated by:   {validated}", highlight=False, soft_wrap=True)
         return 0
     out.print(
         f"submitted {result.submission_id} ({plan.gpus} GPUs)", highlight=False, soft_wrap=True
@@ -90,3 +80,51 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def print_plan(out: Console, plan: TrainPlan) -> None:
+    """What was exported, the vocab mapping, run.yaml and the exact command."""
+    from regen.cli.export import print_export
+
+    export = plan.export
+    if export.stats is not None:
+        how = f"exported now: {export.reason}" if export.reason else "up to date, reused"
+        print_export(out, export.stats, f"export {export.dir} ({how})")
+    scan = plan.scan
+    out.print(
+        f"data: {scan.rows} rows, {scan.loss_tokens} trained tokens of {scan.tokens} "
+        f"({plan.prompts_path})",
+        highlight=False,
+        soft_wrap=True,
+    )
+    v = plan.vocab
+    out.print(
+        f"vocab mapping: {v.draft_vocab_size:,} of {v.vocab_size:,} ids from {v.loss_tokens:,} "
+        f"loss tokens ({v.distinct_ids:,} distinct), covering {v.coverage:.1%} of them "
+        f"({v.path})",
+        highlight=False,
+        soft_wrap=True,
+    )
+    tok = plan.tokenizer
+    out.print(
+        f"run vs target: tokenizer of {tok.vocab_size:,} tokens ({tok.path}) matches"
+        if tok is not None
+        else "run vs target: the run's tokenizer is not at hand here (checked on the cluster "
+        "only if recorded)",
+        highlight=False,
+        soft_wrap=True,
+    )
+    out.rule(f"SpecForge run config {plan.run_yaml}")
+    out.print(escape(plan.run_yaml.read_text(encoding="utf-8")), highlight=False, soft_wrap=True)
+    out.rule("command")
+    out.print(f"trainer argv:   {escape(shlex.join(plan.argv))}", highlight=False, soft_wrap=True)
+    out.print(f"job entrypoint: {escape(plan.entrypoint)}", highlight=False, soft_wrap=True)
+    out.print(f"GPUs requested: {plan.gpus}", highlight=False, soft_wrap=True)
+    sf = plan.specforge_plan
+    validated = (
+        f"regen checks + SpecForge's planner ({sf.kind}, role {sf.role}: "
+        f"`specforge train --config {plan.run_yaml} --plan`)"
+        if sf is not None
+        else "regen checks (SpecForge is not importable here: planned on the cluster)"
+    )
+    out.print(f"validated by:   {escape(validated)}", highlight=False, soft_wrap=True)

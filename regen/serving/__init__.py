@@ -1,10 +1,10 @@
-"""A real local server for the demo and end-to-end tests: the tiny model and `transformers serve`.
+"""A real local server for the demo and end-to-end tests: the demo target and `transformers serve`.
 
-Files owned: the tiny model folder (see :mod:`regen.serving.tiny_model`) and, optionally, the
-server log (see :mod:`regen.serving.server`).
+Files owned: the demo target folder (see :mod:`regen.serving.demo_target`) and, optionally,
+the server log (see :mod:`regen.serving.server`).
 """
 
+from regen.serving.demo_target import build_demo_target
 from regen.serving.server import TransformersServer, free_port
-from regen.serving.tiny_model import build_tiny_model
 
-__all__ = ["TransformersServer", "build_tiny_model", "free_port"]
+__all__ = ["TransformersServer", "build_demo_target", "free_port"]

@@ -5,7 +5,7 @@ Starts ``transformers serve <model_dir> --host 127.0.0.1 --port P --device cpu
 subprocess in its own process group on a free loopback port, waits (bounded) until
 ``GET /health`` and ``GET /v1/models`` answer, and stops the whole group on exit.
 
-What this server does (transformers 5.x, checked against the tiny model):
+What this server does (transformers 5.x, checked against the demo target):
 - ``/v1/models`` lists exactly one id, the model argument as given on the command line (we
   pass the absolute path; :attr:`model_name`), and requests naming another model get HTTP 400;
 - the prompt is rendered by the tokenizer's own ``apply_chat_template`` with
@@ -14,7 +14,11 @@ What this server does (transformers 5.x, checked against the tiny model):
 - streaming usage comes on the chunk that carries ``finish_reason`` (``stream_options`` is
   ignored), and the stream ends without ``data: [DONE]``;
 - request fields outside its schema (``top_k``, ``return_token_ids`` ...) are rejected with
-  HTTP 422; ``reasoning_content`` is only split out for models with a reasoning parser.
+  HTTP 422; ``reasoning_content`` and tool calls are only split out when the tokenizer has a
+  ``response_template`` (the demo target's has one for the Kimi format,
+  regen.serving.demo_target); without one the special tokens are dropped from the text;
+- parsed tool calls get the ids ``{request id}_tool_call_{i}``, not Kimi's
+  ``functions.{name}:{i}``.
 
 Owns one file when ``log_path`` is given: the server's combined stdout/stderr.
 """

@@ -56,8 +56,14 @@ code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI
                                          prompts ``regen bench --run`` sends,
                                          regen.bench.prompts)
       train/            train.yaml, draft_config.json, run.yaml, prompts.jsonl,
+                        vocab_mapping.pt + vocab_mapping.json (VocabMappingRecord),
+                        run_tokenizer.json (TokenizerRecord: the run's tokenizer facts),
+                        specforge_plan.json (SpecForge's launch plan of run.yaml),
                         command.json (CommandRecord), job.json (JobRecord),
                         preflight.json (PreflightRecord), control/   regen.train
+      train/cpu/        ``regen demo --train`` only: run.yaml, features/, eval-features/
+                        (SpecForge offline hidden states), train.log, curve.json
+                        (CpuCurveRecord), checkpoints/   regen.train.cpu_demo
 
 Any export directory (``regen export --out DIR``) has the export's shard and stats names.
 
@@ -114,6 +120,20 @@ COMMAND = f"{TRAIN_DIR}/command.json"
 JOB = f"{TRAIN_DIR}/job.json"
 PREFLIGHT = f"{TRAIN_DIR}/preflight.json"
 CONTROL_DIR = f"{TRAIN_DIR}/control"
+#: one SpecForge control directory per launch attempt (its planner wants a fresh one)
+CONTROL_ATTEMPT_GLOB = "attempt-*"
+VOCAB_MAPPING = f"{TRAIN_DIR}/vocab_mapping.pt"
+VOCAB_MAPPING_RECORD = f"{TRAIN_DIR}/vocab_mapping.json"
+TOKENIZER_RECORD = f"{TRAIN_DIR}/run_tokenizer.json"
+SPECFORGE_PLAN = f"{TRAIN_DIR}/specforge_plan.json"
+#: ``regen demo --train`` only: SpecForge's CPU run on captured hidden states
+CPU_TRAIN_DIR = f"{TRAIN_DIR}/cpu"
+CPU_RUN_YAML = f"{CPU_TRAIN_DIR}/run.yaml"
+CPU_FEATURES = f"{CPU_TRAIN_DIR}/features"
+CPU_EVAL_FEATURES = f"{CPU_TRAIN_DIR}/eval-features"
+CPU_TRAIN_LOG = f"{CPU_TRAIN_DIR}/train.log"
+CPU_CURVE = f"{CPU_TRAIN_DIR}/curve.json"
+CPU_CHECKPOINTS = f"{CPU_TRAIN_DIR}/checkpoints"
 #: the stats file of an export directory (``regen export --out DIR`` and ``RUN_DIR/export``)
 EXPORT_STATS = "stats.json"
 #: the held-out prompts of an export directory (``regen export --holdout N``)
@@ -428,6 +448,9 @@ class ExportRecord(BaseModel):
     shards: list[dict[str, Any]] = Field(default_factory=list)
     #: samples per source held out of the shards (``holdout.jsonl``); 0 for none
     holdout: int = 0
+    rows_read: int = 0
+    #: rows dropped per reason (all sources)
+    dropped: dict[str, int] = Field(default_factory=dict)
 
 
 class CommandRecord(Record):
@@ -439,6 +462,65 @@ class CommandRecord(Record):
     gpus: int
     run_yaml: str
     prompts_path: str
+
+
+class VocabMappingRecord(Record):
+    """``train/vocab_mapping.json``: how ``train/vocab_mapping.pt`` was built
+    (regen.train.vocab)."""
+
+    path: str
+    sha256: str
+    #: the pre-tokenized rows counted (SpecForge's data.prompts_path)
+    prompts_path: str
+    rows: int
+    #: loss-masked tokens counted
+    loss_tokens: int
+    #: distinct token ids among them
+    distinct_ids: int
+    vocab_size: int
+    draft_vocab_size: int
+    #: share of the loss tokens whose id is in the draft vocabulary
+    coverage: float
+
+
+class TokenizerRecord(Record):
+    """``train/run_tokenizer.json``: the run's tokenizer as the training checks compare it
+    (regen.train.target)."""
+
+    #: where it was loaded from
+    path: str
+    vocab_size: int
+    #: Kimi special token -> id (None: the tokenizer lacks it)
+    special_ids: dict[str, int | None]
+    #: the chat template's token ids for the probe conversation (None: no template)
+    probe_ids: list[int] | None = None
+
+
+class SpecForgePlanRecord(Record):
+    """``train/specforge_plan.json``: SpecForge's own launch plan of ``train/run.yaml``."""
+
+    #: "submit" (regen train, before submitting) or "cluster" (the job's preflight)
+    where: str
+    at: float
+    #: SpecForge's plan kind and role ("supervisor", "both" for a disaggregated run)
+    kind: str
+    role: str
+    #: the plan as ``specforge train --plan`` prints it
+    plan: dict[str, Any]
+
+
+class CpuCurveRecord(Record):
+    """``train/cpu/curve.json``: the loss curve of ``regen demo --train`` (SpecForge on CPU)."""
+
+    steps: int
+    #: (step, training loss) per logged step
+    train: list[tuple[int, float]]
+    #: (step, held-out loss); step 0 is the untrained draft
+    held_out: list[tuple[int, float]]
+    #: (step, SpecForge's expected acceptance of the first drafted token on the held-out
+    #: rows, ``eval/acceptance_rate_0``) at the same steps
+    held_out_acceptance: list[tuple[int, float]] = Field(default_factory=list)
+    checkpoint: str | None
 
 
 class JobState(Record):
@@ -532,6 +614,15 @@ JOB_FILE = JsonFile(JOB, JobRecord)
 PREFLIGHT_FILE = JsonFile(PREFLIGHT, PreflightRecord)
 EXPORT_STATS_FILE = JsonFile(EXPORT_STATS, ExportRecord)
 PROGRESS_FILE = JsonFile(PROGRESS, ProgressSnapshot)
+VOCAB_MAPPING_FILE = JsonFile(VOCAB_MAPPING_RECORD, VocabMappingRecord)
+TOKENIZER_FILE = JsonFile(TOKENIZER_RECORD, TokenizerRecord)
+SPECFORGE_PLAN_FILE = JsonFile(SPECFORGE_PLAN, SpecForgePlanRecord)
+CPU_CURVE_FILE = JsonFile(CPU_CURVE, CpuCurveRecord)
+
+
+def control_attempt(n: int) -> str:
+    """``train/control/attempt-NNN``: SpecForge's control directory of launch attempt ``n``."""
+    return f"{CONTROL_DIR}/attempt-{n:03d}"
 
 
 def part_record_file(stem: str) -> JsonFile[PartRecord]:

@@ -83,7 +83,7 @@ def read_target_config(path: str) -> dict[str, Any] | None:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tiktoken.model")
 
 
-def _load_tokenizer(path: str, *, trust_remote_code: bool) -> Any | None:
+def load_tokenizer(path: str, *, trust_remote_code: bool) -> Any | None:
     """The target's own tokenizer, or None when it is not loadable here."""
     if not any((Path(path) / f).exists() for f in TOKENIZER_FILES):
         return None
@@ -98,7 +98,7 @@ def _load_tokenizer(path: str, *, trust_remote_code: bool) -> Any | None:
 
 def tokenizer_size(path: str, *, trust_remote_code: bool) -> int | None:
     """len() of the target's own tokenizer, or None when it is not loadable here."""
-    tok = _load_tokenizer(path, trust_remote_code=trust_remote_code)
+    tok = load_tokenizer(path, trust_remote_code=trust_remote_code)
     return None if tok is None else len(tok)
 
 
@@ -109,7 +109,7 @@ def turn_open_ids(cfg: TrainConfig) -> frozenset[int] | None:
     published ids when ``target.vocab_size`` is Kimi's (163840); else None (the scan then checks
     only the first token and all-trained masks).
     """
-    tok = _load_tokenizer(cfg.target.path, trust_remote_code=cfg.target.trust_remote_code)
+    tok = load_tokenizer(cfg.target.path, trust_remote_code=cfg.target.trust_remote_code)
     if tok is not None:
         unk = getattr(tok, "unk_token_id", None)
         ids = [tok.convert_tokens_to_ids(t) for t in traps.TURN_OPEN_TOKENS]

@@ -156,34 +156,40 @@ class DeploymentSpec(Strict):
 
 
 class ExportSpec(Strict):
-    """How the run is exported before training."""
+    """How the run is exported before training: the run manifest's ``export:`` section (what
+    ``regen export RUN_DIR`` uses), then every field set here. None: the manifest's value."""
 
     #: export directory (None: RUN_DIR/export)
     dir: str | None = None
     #: re-export even when the export directory holds an up-to-date export
     force: bool = False
     #: shuffle seed of the export
-    seed: int = 0
+    seed: int | None = None
     #: drop turns cut by max_tokens (finish_reason "length")
-    drop_truncated: bool = True
+    drop_truncated: bool | None = None
+    #: quality flags whose rows are dropped (names, a comma string, default, all, none)
+    drop_flags: list[str] | str | None = None
     #: rows per shard (0: one shard)
-    shard_rows: int = Field(default=10000, ge=0)
-    #: drop rows longer than this many tokens (None: training.max_length)
+    shard_rows: int | None = Field(default=None, ge=0)
+    #: drop rows longer than this many tokens (None: the manifest's, else training.max_length)
     max_length: int | None = Field(default=None, gt=0)
     #: samples per source held out for `regen bench` (None: as many as the export being
     #: replaced held out, so a re-export never trains on the bench's prompts; without one,
     #: the run manifest's export.holdout)
     holdout: int | None = Field(default=None, ge=0)
+    #: refuse to train when the export drops more than this share of the rows it could train
+    #: on (flagged, truncated, too long, no loss tokens); `regen train --allow-drops` overrides
+    max_drop_share: float = Field(default=0.5, ge=0.0, le=1.0)
 
-    def export_kwargs(self, training_max_length: int, holdout: int = 0) -> dict[str, Any]:
-        """Keyword arguments of regen.export.export_run (pre-tokenized format); ``holdout``
+    def overrides(self, holdout: int | None = None) -> dict[str, Any]:
+        """The fields this spec sets, as overrides of regen.export.export_settings; ``holdout``
         is the previous export's, used when this spec does not say."""
         return {
             "seed": self.seed,
             "drop_truncated": self.drop_truncated,
+            "drop_flags": self.drop_flags,
             "shard_rows": self.shard_rows,
-            "max_length": self.max_length or training_max_length,
-            "fmt": "pretokenized",
+            "max_length": self.max_length,
             "holdout": self.holdout if self.holdout is not None else holdout,
         }
 

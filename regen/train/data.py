@@ -2,12 +2,16 @@
 
 The files (``RUN_DIR`` must be a local or shared-filesystem path: the cluster reads it) are
 named and typed in :mod:`regen.store.layout`: ``export/`` (shards + stats, written by
-regen.export.export_run when missing, stale or forced: a Parquet part newer than the export's
-stats means stale; it holds out as many samples as the export it replaces, else the run
-manifest's ``export.holdout``, and ``holdout.jsonl`` is never a shard) and ``train/``
+regen.export.export_run with exactly ``regen export``'s settings, the run manifest's
+``export:`` section, then train.yaml's ``export:`` overrides; rewritten when missing, stale (a
+Parquet part newer than its stats), made with other row-deciding settings, or forced; it holds
+out as many samples as the export it replaces, else the run manifest's ``export.holdout``, and
+``holdout.jsonl`` is never a shard) and ``train/``
 (train.yaml, draft_config.json, run.yaml, prompts.jsonl when the export has several shards,
-command.json, job.json, preflight.json written ON THE CLUSTER by regen.train.preflight,
-control/ for SpecForge). The names below are the layout's, under the names the training
+vocab_mapping.pt + vocab_mapping.json (regen.train.vocab), tokenizer.json (regen.train.target),
+specforge_plan.json, command.json, job.json, preflight.json written ON THE CLUSTER by
+regen.train.preflight, control/attempt-NNN/ for SpecForge: a fresh one per launch once
+SpecForge has written into the last). The names below are the layout's, under the names the training
 modules use.
 """
 
@@ -15,9 +19,19 @@ from __future__ import annotations
 
 import logging
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from regen.errors import ConfigError, RunDirError
+from regen.export import (
+    ROW_SETTINGS,
+    ExportStats,
+    check_drop_share,
+    export_run,
+    export_settings,
+)
+from regen.quality import parse_flags
 from regen.store import RunDir
 from regen.store import layout as L
 from regen.store.run import read_manifest_data
@@ -34,6 +48,8 @@ COMMAND = L.COMMAND
 JOB = L.JOB
 PREFLIGHT = L.PREFLIGHT
 CONTROL_DIR = L.CONTROL_DIR
+VOCAB_MAPPING = L.VOCAB_MAPPING
+SPECFORGE_PLAN = L.SPECFORGE_PLAN
 EXPORT_DIR = L.EXPORT_DIR
 EXPORT_STATS = L.EXPORT_STATS
 
@@ -50,6 +66,16 @@ def open_local(run_dir: str | Path) -> RunDir:
     if not rd.exists(""):
         raise RunDirError(f"run directory {rd.uri} does not exist")
     return rd
+
+
+def control_dir(rd: RunDir) -> str:
+    """SpecForge's control directory for this launch: the last attempt's while SpecForge has
+    written nothing into it, else a new one (its planner refuses a used consumer database)."""
+    base = Path(rd.path(CONTROL_DIR))
+    attempts = sorted(base.glob(L.CONTROL_ATTEMPT_GLOB)) if base.is_dir() else []
+    if attempts and not any(attempts[-1].iterdir()):
+        return str(attempts[-1])
+    return rd.path(L.control_attempt(len(attempts) + 1))
 
 
 def export_dir(rd: RunDir, cfg: TrainConfig) -> Path:
@@ -96,29 +122,83 @@ def default_holdout(rd: RunDir, out: Path) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def ensure_export(rd: RunDir, cfg: TrainConfig) -> list[Path]:
-    """The export's shards; exports the run first when it has none, is stale, or is forced.
-    The caller has run the damage check on ``rd`` (regen.store.verify.refuse_damaged).
+@dataclass(slots=True)
+class TrainExport:
+    """The export a training run reads, and whether this launch wrote it."""
 
-    The export drops (never cuts) rows longer than ``export.max_length`` (default
-    ``training.max_length``).
+    dir: Path
+    shards: list[Path]
+    #: its stats (None: shards given without a stats.json, used as they are)
+    stats: ExportStats | None
+    #: why it was written now ("" when an up-to-date export was reused)
+    reason: str
+
+
+def export_options(rd: RunDir, cfg: TrainConfig, out: Path) -> dict[str, Any]:
+    """The settings of ``regen export RUN_DIR`` (the manifest's export section) with the
+    train config's overrides; rows longer than ``training.max_length`` are dropped when
+    neither sets a ``max_length``."""
+    settings = export_settings(rd, **cfg.export.overrides(default_holdout(rd, out)))
+    if settings.get("max_length") is None:
+        settings["max_length"] = cfg.training.max_length
+    return settings
+
+
+def _settings_differ(stats: ExportStats, settings: dict[str, Any]) -> str:
+    """'' when ``stats`` was exported with the row-deciding ``settings``, else the first
+    difference."""
+    want = {**settings, "drop_flags": list(parse_flags(settings["drop_flags"], "drop_flags"))}
+    for key in ROW_SETTINGS:
+        if getattr(stats, key) != want[key]:
+            return f"{key} was {getattr(stats, key)!r}, now {want[key]!r}"
+    if stats.format != "pretokenized" or stats.only_flagged:
+        return f"it is a {stats.format} export{' of flagged rows' if stats.only_flagged else ''}"
+    return ""
+
+
+def ensure_export(rd: RunDir, cfg: TrainConfig, *, allow_drops: bool = False) -> TrainExport:
+    """The export's shards, exported first when missing, stale, made with other settings, or
+    forced. Refuses (ConfigError) an export that drops more than ``export.max_drop_share`` of
+    the rows it could train on, unless ``allow_drops``: a new one before it writes anything.
+    The caller has run the damage check on ``rd`` (regen.store.verify.refuse_damaged).
     """
     out = export_dir(rd, cfg)
+    settings = export_options(rd, cfg, out)
+    max_share = None if allow_drops else cfg.export.max_drop_share
     shards = export_shards(out)
-    if shards and not cfg.export.force and not export_is_stale(rd, out):
+    stats = _read_stats(out)
+    reason = ""
+    if not shards:
+        reason = "there is no export yet"
+    elif cfg.export.force:
+        reason = "export.force is set"
+    elif export_is_stale(rd, out):
+        reason = "the run has parts newer than the export"
+    elif stats is not None:
+        differ = _settings_differ(stats, settings)
+        reason = f"the export's settings differ ({differ})" if differ else ""
+    if not reason:
         log.info("using the existing export %s (%d shards)", out, len(shards))
-        return shards
-    try:
-        from regen.export import export_run
-    except ImportError as e:
-        raise ConfigError(f"{out} holds no export and regen.export is unavailable: {e}") from None
-    options = cfg.export.export_kwargs(cfg.training.max_length, default_holdout(rd, out))
-    log.info("exporting %s to %s (%s)", rd.uri, out, options)
-    export_run(rd, str(out), check=False, **options)
+        if stats is not None and max_share is not None:
+            check_drop_share(stats, max_share)
+        return TrainExport(out, shards, stats, "")
+    log.info("exporting %s to %s: %s (%s)", rd.uri, out, reason, settings)
+    stats = export_run(rd, str(out), fmt="pretokenized", max_drop_share=max_share,
+                       check=False, **settings)  # fmt: skip
     shards = export_shards(out)
     if not shards:
         raise ConfigError(f"the export of {rd.uri} wrote no JSONL shards into {out}")
-    return shards
+    return TrainExport(out, shards, stats, reason)
+
+
+def _read_stats(out: Path) -> ExportStats | None:
+    """The stats of the export in ``out`` (None when it has no readable stats.json)."""
+    try:
+        record = L.EXPORT_STATS_FILE.read(RunDir.open(str(out), create=False))
+    except RunDirError as e:
+        log.warning("%s: %s", out, e)
+        return None
+    return None if record is None else ExportStats.from_dict(record.model_dump())
 
 
 def prompts_file(rd: RunDir, shards: list[Path]) -> Path:

@@ -32,12 +32,14 @@ from regen.train.config import TrainConfig, load_train_config
 from regen.train.specforge_config import (
     check_run_config_shape,
     draft_config,
+    plan_with_specforge,
     run_config,
     specforge_available,
-    validate_with_specforge,
     write_yaml,
 )
+from regen.train.target import check_run_against_target, run_tokenizer, target_tokenizer
 from regen.train.traps import PromptScan, check_loss_masks, check_vocab, scan_prompts
+from regen.train.vocab import write_vocab_mapping
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,12 @@ class TrainPlan:
     entrypoint: str
     gpus: int
     scan: PromptScan
-    specforge_validated: bool
+    export: data.TrainExport
+    vocab: store_layout.VocabMappingRecord
+    #: SpecForge's own launch plan of run.yaml (None: SpecForge is not importable here)
+    specforge_plan: store_layout.SpecForgePlanRecord | None
+    #: the run's tokenizer facts, checked against the target (None: not loadable here)
+    tokenizer: store_layout.TokenizerRecord | None
     #: Ray runtime_env of the job (e.g. {"working_dir": "."} to ship regen's code)
     runtime_env: dict[str, Any] | None = None
 
@@ -75,6 +82,10 @@ class TrainPlan:
     def run_dir(self) -> str:
         """The run directory's path (what the cluster reads)."""
         return self.rd.root
+
+    @property
+    def specforge_validated(self) -> bool:
+        return self.specforge_plan is not None
 
 
 @dataclass(slots=True)
@@ -106,15 +117,19 @@ def prepare_training(
     launcher: str | None = None,
     python: str | None = None,
     working_dir: str | None = None,
+    allow_drops: bool = False,
 ) -> TrainPlan:
-    """Check the config, export if needed, scan the data, write and validate run.yaml."""
+    """Check the config and the run against the target, export if needed, scan the data,
+    write the vocab mapping and run.yaml, and plan the run with SpecForge's own planner."""
     cfg = load_train_config(config_path)
     refuse_damaged(rd, "training")  # once: the export below does not check again
     aux = check_train_config(cfg)
     check_target_files(cfg)
+    tokenizer = run_tokenizer(rd)
+    check_run_against_target(tokenizer, target_tokenizer(cfg), cfg)
 
-    shards = data.ensure_export(rd, cfg)
-    prompts = data.prompts_file(rd, shards)
+    export = data.ensure_export(rd, cfg, allow_drops=allow_drops)
+    prompts = data.prompts_file(rd, export.shards)
     scan = scan_prompts([prompts], turn_open_ids(cfg))
     check_loss_masks(scan)
     check_vocab(
@@ -126,25 +141,33 @@ def prepare_training(
 
     rd.makedirs(data.TRAIN_DIR)
     rd.write_text_atomic(data.TRAIN_YAML, cfg.to_yaml())
+    if tokenizer is not None:
+        store_layout.TOKENIZER_FILE.write(rd, tokenizer)
+    elif store_layout.TOKENIZER_FILE.exists(rd):  # an earlier launch's: not this run's facts
+        rd.delete(store_layout.TOKENIZER_RECORD)
     draft_path = Path(rd.path(data.DRAFT_CONFIG))
     rd.write_json_atomic(data.DRAFT_CONFIG, draft_config(cfg, aux))
+    vocab = write_vocab_mapping(
+        rd, prompts, draft_vocab_size=cfg.draft.draft_vocab_size, vocab_size=cfg.draft.vocab_size
+    )
     run_yaml = Path(rd.path(data.RUN_YAML))
-    control = cfg.deployment.control_dir or rd.path(data.CONTROL_DIR)
     run = run_config(
         cfg,
         aux_ids_specforge=aux,
         draft_config_path=str(draft_path),
         prompts_path=str(prompts),
         run_id=cfg.run_id or Path(rd.root).name,
-        control_dir=control,
+        control_dir=cfg.deployment.control_dir or data.control_dir(rd),
+        vocab_mapping_path=vocab.path,
     )
     check_run_config_shape(run)
     write_yaml(run_yaml, run)
-    validated = specforge_available()
-    if validated:
-        validate_with_specforge(run_yaml)
+    plan: store_layout.SpecForgePlanRecord | None = None
+    if specforge_available():
+        plan = plan_with_specforge(run_yaml, where="submit")
+        store_layout.SPECFORGE_PLAN_FILE.write(rd, plan)
     else:
-        log.warning("SpecForge is not importable here; %s is validated on the cluster", run_yaml)
+        log.warning("SpecForge is not importable here; %s is planned on the cluster", run_yaml)
 
     argv = specforge_argv(run_yaml)
     exec_argv = [*_launcher(launcher), *argv]
@@ -173,7 +196,10 @@ def prepare_training(
         entrypoint=entrypoint,
         gpus=n_gpus,
         scan=scan,
-        specforge_validated=validated,
+        export=export,
+        vocab=vocab,
+        specforge_plan=plan,
+        tokenizer=tokenizer,
         runtime_env={"working_dir": working_dir} if working_dir else None,
     )
 
@@ -321,6 +347,7 @@ def launch_training(
     launcher: str | None = None,
     python: str | None = None,
     working_dir: str | None = None,
+    allow_drops: bool = False,
     follow: bool = True,
     poll_s: float = 5.0,
     timeout_s: float | None = None,
@@ -328,7 +355,13 @@ def launch_training(
 ) -> LaunchResult:
     """Prepare, then (unless dry_run) submit the training job and follow it."""
     plan = prepare_training(
-        rd, config_path, gpus=gpus, launcher=launcher, python=python, working_dir=working_dir
+        rd,
+        config_path,
+        gpus=gpus,
+        launcher=launcher,
+        python=python,
+        working_dir=working_dir,
+        allow_drops=allow_drops,
     )
     result = LaunchResult(plan=plan)
     if dry_run:

@@ -2,12 +2,16 @@
 
 This is the Ray job's entrypoint. Before a GPU is spent it:
 
-1. loads ``train/run.yaml`` with SpecForge's own schema (``specforge.config.load_config``);
+1. plans ``train/run.yaml`` with SpecForge's own planner, as ``specforge train --plan`` does
+   (``load_config``, ``resolve_run``, ``build_launch_plan``), here where the trainer starts, and
+   records the plan (``train/specforge_plan.json``, ``where: cluster``);
 2. re-checks every trap of the train config, against the target's own ``config.json`` when the
-   checkpoint is readable here;
-3. scans the prompts file (loss masks, token ids) and runs it, in bounded chunks, through
-   ``specforge.data.prompt_builder.prepare_prompt_tasks`` (the function SpecForge's producer
-   uses), refusing data SpecForge would drop;
+   checkpoint is readable here, and the run's tokenizer (``train/run_tokenizer.json``, recorded by
+   ``regen train``) against the target's own tokenizer (regen.train.target);
+3. scans the prompts file (loss masks, token ids), checks that the vocab mapping was built
+   from exactly these rows and has the draft's shapes (regen.train.vocab), and runs the rows,
+   in bounded chunks, through ``specforge.data.prompt_builder.prepare_prompt_tasks`` (the
+   function SpecForge's producer uses), refusing data SpecForge would drop;
 4. writes ``train/preflight.json`` and replaces itself with ``command.json``'s ``exec_argv``
    (``specforge train --config RUN_DIR/train/run.yaml``; an argv list, no shell).
 
@@ -30,9 +34,13 @@ from typing import Any
 
 from regen.errors import ConfigError, RegenError, TrapError
 from regen.store import RunDir
+from regen.store import layout as store_layout
 from regen.train import data, traps
 from regen.train.checks import check_target_files, check_train_config, turn_open_ids
 from regen.train.config import load_train_config
+from regen.train.specforge_config import plan_with_specforge
+from regen.train.target import check_run_against_target, target_tokenizer
+from regen.train.vocab import check_vocab_mapping
 
 log = logging.getLogger(__name__)
 
@@ -126,14 +134,14 @@ def preflight(run_dir: str) -> dict[str, Any]:
     except ImportError as e:
         raise ConfigError(f"SpecForge is not installed on this node: {e}") from None
     run_yaml = command["run_yaml"]
-    try:
-        run_cfg = load_config(run_yaml)
-    except Exception as e:  # pydantic.ValidationError / ValueError
-        raise ConfigError(f"SpecForge refuses {run_yaml}: {e}") from None
+    plan = plan_with_specforge(run_yaml, where="cluster")
+    store_layout.SPECFORGE_PLAN_FILE.write(rd, plan)
+    run_cfg = load_config(run_yaml)
 
     cfg = load_train_config(rd.path(data.TRAIN_YAML))
     check_train_config(cfg)
     check_target_files(cfg)
+    check_run_against_target(store_layout.TOKENIZER_FILE.read(rd), target_tokenizer(cfg), cfg)
 
     check_capture_servers(cfg.capture.server_urls)
 
@@ -146,6 +154,7 @@ def preflight(run_dir: str) -> dict[str, Any]:
         draft_vocab_size=cfg.draft.draft_vocab_size,
         max_token_id=scan.max_token_id,
     )
+    check_vocab_mapping(rd, rows=scan.rows, loss_tokens=scan.loss_tokens)
     prepared = count_prepared(prompts, max_length=run_cfg.data.max_length)
     if prepared == 0:
         raise TrapError(
@@ -166,6 +175,7 @@ def preflight(run_dir: str) -> dict[str, Any]:
         "prepared": prepared,
         "loss_tokens": scan.loss_tokens,
         "run_yaml": run_yaml,
+        "specforge_plan": {"kind": plan.kind, "role": plan.role},
         "argv": command["argv"],
         "exec_argv": command["exec_argv"],
     }

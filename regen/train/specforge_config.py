@@ -5,11 +5,19 @@ Files owned (under ``RUN_DIR/train/``)::
     draft_config.json   the EAGLE-3 draft (LlamaForCausalLMEagle3): hidden, 1 layer, vocab,
                         draft vocab, target hidden, eagle_config.eagle_aux_hidden_state_layer_ids
                         (SpecForge numbering)
-    run.yaml            SpecForge 0.2.0 run config: run_id, output_dir, model, data
-                        (prompts_path), training (strategy eagle3), deployment (disaggregated)
+    run.yaml            SpecForge 0.2.0 run config: run_id, output_dir, model (with
+                        vocab_mapping_path, regen.train.vocab), data (prompts_path), training
+                        (strategy eagle3), deployment (disaggregated)
+    specforge_plan.json SpecForge's own launch plan of run.yaml (SpecForgePlanRecord)
 
-The run config is validated by SpecForge's own ``specforge.config.load_config`` when SpecForge
-is importable, and always by :mod:`regen.train.checks`.
+The run config is checked by :mod:`regen.train.checks` and, where SpecForge is importable, by
+SpecForge itself the way ``specforge train --config run.yaml --plan`` does: ``load_config``
+(its strict schema), ``resolve_run`` (the algorithm's checks of the config: feature mode,
+draft, attention backend, aux layers, topology, vocab mapping) and ``build_launch_plan`` (the
+producer and consumer processes it would start). The planner reads run.yaml only, plus the
+environment (``RANK``/``WORLD_SIZE`` of an enclosing torchrun) and whether the consumer's
+metadata database (``control_dir/consumer.sqlite``) is already there; it opens neither the
+target checkpoint nor the draft config, the data or the vocab mapping.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from typing import Any
 import yaml
 
 from regen.errors import ConfigError
+from regen.store.layout import SpecForgePlanRecord
 from regen.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -68,6 +77,7 @@ def run_config(
     prompts_path: str,
     run_id: str,
     control_dir: str,
+    vocab_mapping_path: str,
 ) -> dict[str, Any]:
     """The SpecForge run config as a plain mapping (written as run.yaml)."""
     t, dep = cfg.training, cfg.deployment
@@ -111,6 +121,7 @@ def run_config(
             "aux_hidden_state_layer_ids": list(aux_ids_specforge),
             "embedding_key": cfg.target.embedding_key,
             "lm_head_key": cfg.target.lm_head_key,
+            "vocab_mapping_path": vocab_mapping_path,
             "trust_remote_code": cfg.target.trust_remote_code,
             "torch_dtype": cfg.target.torch_dtype,
         },
@@ -128,14 +139,27 @@ def specforge_available() -> bool:
     return True
 
 
-def validate_with_specforge(run_yaml: str | Path) -> None:
-    """Load run.yaml with SpecForge's own strict schema; ConfigError when it refuses it."""
+def plan_with_specforge(run_yaml: str | Path, *, where: str) -> SpecForgePlanRecord:
+    """SpecForge's own planning of run.yaml (what ``specforge train --config run.yaml --plan``
+    runs); ConfigError with SpecForge's reason when it refuses the run."""
+    import json
+    import time
+
+    from specforge.application import resolve_run
     from specforge.config import load_config
+    from specforge.launch_plan import build_launch_plan
 
     try:
-        load_config(str(run_yaml))
-    except Exception as e:  # pydantic.ValidationError or ValueError from its loaders
-        raise ConfigError(f"SpecForge refuses {run_yaml}: {e}") from None
+        resolved = resolve_run(load_config(str(run_yaml)))
+        plan = build_launch_plan(
+            resolved.config, algorithm=resolved.algorithm, config_path=str(run_yaml)
+        )
+    except Exception as e:  # pydantic.ValidationError and ValueError: SpecForge's refusals
+        reason = " ".join(str(e).split())
+        raise ConfigError(f"SpecForge's planner refuses {run_yaml}: {reason}") from None
+    return SpecForgePlanRecord(
+        where=where, at=time.time(), kind=plan.kind, role=plan.role, plan=json.loads(plan.render())
+    )
 
 
 def check_run_config_shape(run: dict[str, Any]) -> None:
@@ -149,6 +173,8 @@ def check_run_config_shape(run: dict[str, Any]) -> None:
         raise ConfigError("run config data must name exactly prompts_path (pre-tokenized rows)")
     if len(m["aux_hidden_state_layer_ids"]) != 3:
         raise ConfigError("run config model.aux_hidden_state_layer_ids must hold 3 layer ids")
+    if not m.get("vocab_mapping_path"):
+        raise ConfigError("run config model.vocab_mapping_path must name the draft's mapping")
 
 
 def write_yaml(path: Path, obj: dict[str, Any]) -> None:

@@ -43,6 +43,9 @@ TRAP_MASK_COVERS_PROMPT = "loss-mask-covers-prompt"
 TRAP_TARGET_SHAPE = "target-shape"
 TRAP_WRONG_DRAFT = "wrong-draft"
 TRAP_MALFORMED_DATA = "malformed-training-data"
+TRAP_VOCAB_MAPPING = "vocab-mapping"
+TRAP_TOKENIZER = "run-vs-target-tokenizer"
+TRAP_EXPORT_DROPS = "export-drops"
 
 #: tokens that open a Kimi turn; a trained (mask 1) one means the mask covers prompt framing
 TURN_OPEN_TOKENS = ("<|im_user|>", "<|im_assistant|>", "<|im_system|>")

@@ -1,6 +1,6 @@
-"""The tiny model and a real `transformers serve` of it, driven through ChatClient and the router.
+"""The demo target and a real `transformers serve` of it, driven through ChatClient and the router.
 
-One module-scoped server; every request is small (max_tokens <= 12) to keep the module quick.
+One module-scoped server; every request is small (max_tokens <= 96) to keep the module quick.
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ from regen.client import ChatClient, RetryPolicy, check_endpoints
 from regen.errors import ConfigError, EndpointError, PermanentError
 from regen.manifest import Endpoint, Sampling
 from regen.router import EndpointRouter
-from regen.serving import TransformersServer, build_tiny_model
-from regen.serving.tiny_model import MARKER
+from regen.serving import TransformersServer, build_demo_target
+from regen.serving.demo_target import CONTENT, MARKER, OLD_MARKERS, REASONING, DemoTargetSpec
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(240)]
 
-TOKENIZER = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "tokenizer"
+REPO = Path(__file__).resolve().parents[2]
+TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"
+DEMO = REPO / "manifests" / "demo.yaml"
 MSGS = [{"role": "user", "content": "Tell me about the tiny model."}]
 TOOLS = [
     {
@@ -37,8 +39,8 @@ TOOLS = [
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", TOKENIZER)
+def model_dir(demo_target) -> Path:
+    return demo_target
 
 
 @pytest.fixture(scope="module")
@@ -82,22 +84,63 @@ async def _complete(c: ChatClient, messages, tools=None):
         await c.aclose()
 
 
-def test_tiny_model_is_built_once_and_cached(model_dir, tmp_path):
+def test_demo_target_shape_sharding_and_cache(model_dir, tmp_path):
     config = json.loads((model_dir / "config.json").read_text())
-    assert config["hidden_size"] == 64 and config["num_hidden_layers"] == 2
-    assert config["vocab_size"] == 1024  # the tiny tokenizer's full size
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert config["num_hidden_layers"] >= 4  # three distinct capture layers exist
+    assert config["head_dim"] >= 32  # real engines' CPU attention kernels
+    assert config["hidden_size"] == config["num_attention_heads"] * config["head_dim"]
+    assert config["vocab_size"] == 1024 and config["tie_word_embeddings"] is False
+    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
+    assert {"lm_head.weight", "model.embed_tokens.weight"} <= set(index["weight_map"])
+    assert len(set(index["weight_map"].values())) > 1  # sharded, like a real checkpoint
     copied = (model_dir / "tokenizer.json").read_bytes()
     assert copied == (TOKENIZER / "tokenizer.json").read_bytes()
-    weights = model_dir / "model.safetensors"
-    before = (weights.stat().st_mtime_ns, (model_dir / MARKER).read_text())
-    assert build_tiny_model(model_dir, TOKENIZER) == model_dir
-    assert (weights.stat().st_mtime_ns, (model_dir / MARKER).read_text()) == before
+    marker = json.loads((model_dir / MARKER).read_text())
+    assert marker["final_loss"] < marker["first_loss"] / 10 and marker["tool_turns"] > 0
+    before = (model_dir / MARKER).stat().st_mtime_ns
+    assert build_demo_target(model_dir, DEMO) == model_dir  # cached: returns at once
+    assert (model_dir / MARKER).stat().st_mtime_ns == before
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "precious.txt").write_text("keep me")
-    with pytest.raises(ConfigError, match="not a tiny-model build"):
-        build_tiny_model(foreign, TOKENIZER)
+    with pytest.raises(ConfigError, match="not a demo-target build"):
+        build_demo_target(foreign, DEMO)
     assert (foreign / "precious.txt").read_text() == "keep me"
+
+
+def test_demo_target_build_is_deterministic_and_replaces_the_old_tiny_model(tmp_path):
+    spec = DemoTargetSpec(steps=3)  # the same code path, a few steps
+    old = tmp_path / "a"  # what `regen demo` of earlier versions left in .cache/demo-model
+    old.mkdir()
+    (old / OLD_MARKERS[0]).write_text("{}")
+    (old / "model.safetensors").write_bytes(b"random weights")
+    a = build_demo_target(old, DEMO, spec)
+    assert not (a / "model.safetensors").exists()
+    b = build_demo_target(tmp_path / "b", DEMO, spec)
+    shards = sorted(p.name for p in a.glob("*.safetensors"))
+    assert shards and shards == sorted(p.name for p in b.glob("*.safetensors"))
+    assert all((a / n).read_bytes() == (b / n).read_bytes() for n in shards)
+
+
+def test_the_demo_target_thinks_closes_and_ends_its_turn(server):
+    r = asyncio.run(_complete(client(server, max_tokens=64, thinking=True), MSGS))
+    assert r.finish_reason == "stop"  # ended with <|im_end|>, not cut by max_tokens
+    assert r.reasoning == REASONING and r.content == CONTENT  # </think> closed the reasoning
+
+
+def test_the_demo_target_calls_the_offered_tool_in_kimi_format(server):
+    """A demo prompt with its tools: transformers serve parses the Kimi tool-call section."""
+    from regen.manifest import load_manifest
+    from regen.sources.stream import read_samples
+
+    sample = next(s for s in read_samples(load_manifest(DEMO)) if s.id == "xlam:1")
+    msgs = [m.to_openai() for m in sample.messages if m.role != "assistant"]
+    r = asyncio.run(_complete(client(server, max_tokens=96, temperature=0.0), msgs, sample.tools))
+    assert r.finish_reason == "tool_calls" and r.content == ""
+    assert [(c.name, json.loads(c.arguments)) for c in r.tool_calls] == [
+        ("get_weather", {"city": "Lisbon"})
+    ]
 
 
 def test_models_endpoint_and_start_check(server, model_dir):
@@ -121,7 +164,6 @@ def test_streamed_usage_matches_the_servers_counts(server, tokenizer):
         assert 1 <= r.completion_tokens <= 12
     assert r.model == server.model_name and r.endpoint == server.url
     assert r.latency_s > 0 and (r.ttft_s is None or 0 < r.ttft_s <= r.latency_s)
-    assert r.reasoning is None  # no reasoning parser for this tokenizer
 
 
 def test_chat_template_kwargs_are_honoured(server, tokenizer):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from train_fixtures import REPO, demo_config
+from train_fixtures import REPO, demo_train_config
 
 from regen.simulate.testing import running_simulator
 
@@ -19,10 +19,16 @@ DEMO = REPO / "manifests" / "demo.yaml"
 @pytest.mark.ray
 def test_then_train_submits_the_gpu_job_after_the_run(tmp_path: Path, ray_head, ray_env) -> None:
     cfg = tmp_path / "train.yaml"
-    cfg.write_text(yaml.safe_dump(demo_config()))
+    # the demo target's shape (a stand-in path: only the run's tokenizer is compared here);
+    # the simulator's answers are flagged often: this test is about the submission
+    target = tmp_path / "demo-target"
+    cfg.write_text(yaml.safe_dump(demo_train_config(target, export={"max_drop_share": 1.0})))
     out = tmp_path / "run"
     env = {**ray_env, "REGEN_TRAIN_LAUNCHER": "echo LAUNCH", "REGEN_TRAIN_PYTHON": sys.executable}
-    with running_simulator(model_name="demo-target", instant=True, mean_tokens=24) as sim:
+    tokenizer = str(REPO / "manifests" / "demo" / "tokenizer")
+    with running_simulator(
+        model_name="demo-target", instant=True, mean_tokens=24, tokenizer=tokenizer
+    ) as sim:
         cmd = [sys.executable, "-m", "regen", "run", str(DEMO), "--out", str(out),
                "--endpoint", sim.url, "--address", ray_head.address, "--workers", "1",
                "--limit", "12", "--no-view", "--then-train", str(cfg),

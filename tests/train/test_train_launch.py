@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from train_fixtures import demo_config, good_rows, kimi_row, write_export
+from train_fixtures import good_rows, kimi_config, kimi_row, write_export
 
 from regen.cli.main import main as regen_main
 from regen.errors import TrapError
@@ -44,7 +44,7 @@ def test_cli_dry_run_prints_config_and_command(run_dir: Path, write_train_yaml, 
 
 
 def test_cli_trap_is_one_clean_line_and_exit_2(run_dir: Path, write_train_yaml, capsys):
-    cfg = write_train_yaml(demo_config(serving={"speculative_algorithm": "EAGLE"}))
+    cfg = write_train_yaml(kimi_config(serving={"speculative_algorithm": "EAGLE"}))
     rc = regen_main(["train", str(run_dir), "--config", str(cfg), "--dry-run"])
     err = capsys.readouterr().err
     assert rc == 2 and "[eagle-vs-eagle3]" in err
@@ -107,7 +107,7 @@ def test_run_without_export_is_exported_then_reexported_when_stale(
 ) -> None:
     rd = tmp_path / "fresh"
     _write_parts(rd, good_rows(4))
-    cfg = write_train_yaml(demo_config(export={"shard_rows": 0}))
+    cfg = write_train_yaml(kimi_config(export={"shard_rows": 0}))
     plan = prepare_training(data.open_local(rd), cfg)
     assert plan.prompts_path == rd / "export" / "shard-00000.jsonl"  # one shard: used directly
     assert plan.scan.rows == 4
@@ -132,7 +132,7 @@ def test_preflight_refuses_a_capture_server_running_eagle(
     with simulator_in_thread(
         instant=True, speculative_algorithm="EAGLE", speculative_draft_model_path="/d"
     ) as sim:
-        cfg = write_train_yaml(demo_config(capture={"server_urls": [sim.base]}))
+        cfg = write_train_yaml(kimi_config(capture={"server_urls": [sim.base]}))
         prepare_training(data.open_local(run_dir), cfg)
         with pytest.raises(TrapError) as ei:
             preflight(str(run_dir))

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from train_fixtures import REPO, demo_config
+from train_fixtures import REPO, kimi_config
 
 #: bound on one entrypoint run (imports, export scan, SpecForge config validation)
 RUN_TIMEOUT_S = 120
@@ -41,7 +41,7 @@ def test_dry_run_writes_the_config_and_logs_the_exact_trainer_argv(
 
 
 def test_a_trap_exits_2_with_one_error_line(run_dir: Path, write_train_yaml) -> None:
-    cfg = write_train_yaml(demo_config(serving={"speculative_algorithm": "EAGLE"}))
+    cfg = write_train_yaml(kimi_config(serving={"speculative_algorithm": "EAGLE"}))
     proc = _run(str(run_dir), "--config", str(cfg), "--dry-run")
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

@@ -52,6 +52,12 @@ def test_job_runs_preflight_on_cluster_then_the_exact_specforge_argv(
     assert pre["argv"] == expected and pre["exec_argv"] == ["echo", "LAUNCH", *expected]
     # Ray granted the 8 GPUs the job asked for
     assert len(pre["cuda_visible_devices"].split(",")) == 8
+    # SpecForge's own planner ran again in the job, where the trainer starts
+    plan = json.loads((run_dir / data.SPECFORGE_PLAN).read_text())
+    assert plan["where"] == "cluster" and pre["specforge_plan"] == {
+        "kind": "supervisor",
+        "role": "both",
+    }
 
     assert f"LAUNCH specforge train --config {run_yaml}" in _logs(address, result.submission_id)
 

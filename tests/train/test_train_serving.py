@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from train_fixtures import DEMO_TRAIN
+from train_fixtures import PRODUCTION_TRAIN
 
 from regen.cli.main import main as regen_main
 from regen.errors import TrapError
@@ -175,7 +175,7 @@ def test_serve_command_from_config_refuses_a_draft_with_sglang_numbered_ids(
             {"hidden_size": 7168, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}}
         )
     )
-    assert regen_main(["serve-command", str(draft), "--config", str(DEMO_TRAIN)]) == 2
+    assert regen_main(["serve-command", str(draft), "--config", str(PRODUCTION_TRAIN)]) == 2
     assert "[aux-layer-numbering]" in capsys.readouterr().err
 
 

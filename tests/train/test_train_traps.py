@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from train_fixtures import demo_config, good_rows, kimi_row
+from train_fixtures import good_rows, kimi_config, kimi_row
 
 from regen.errors import TrapError
 from regen.train import traps
@@ -25,27 +25,27 @@ def refuse(trap: str, fn, *args, **kw) -> TrapError:
 
 @pytest.mark.parametrize("algo", ["EAGLE", "eagle3", "EAGLE-3", "NEXTN", ""])
 def test_eagle_instead_of_eagle3_in_serving(algo: str) -> None:
-    cfg = parse_train_config(demo_config(serving={"speculative_algorithm": algo}))
+    cfg = parse_train_config(kimi_config(serving={"speculative_algorithm": algo}))
     e = refuse(traps.TRAP_ALGORITHM, check_train_config, cfg)
     assert "serving.speculative_algorithm" in str(e)
     assert "EAGLE3" in e.fix
 
 
 def test_eagle_instead_of_eagle3_in_capture() -> None:
-    cfg = parse_train_config(demo_config(capture={"speculative_algorithm": "EAGLE"}))
+    cfg = parse_train_config(kimi_config(capture={"speculative_algorithm": "EAGLE"}))
     e = refuse(traps.TRAP_ALGORITHM, check_train_config, cfg)
     assert "capture.speculative_algorithm" in str(e)
 
 
 def test_sglang_ids_declared_as_specforge_numbering() -> None:
-    cfg = parse_train_config(demo_config(draft={"aux_layer_ids": [2, 30, 58]}))
+    cfg = parse_train_config(kimi_config(draft={"aux_layer_ids": [2, 30, 58]}))
     e = refuse(traps.TRAP_LAYER_NUMBERING, check_train_config, cfg)
     assert "[1, 29, 57]" in e.fix
 
 
 def test_specforge_ids_declared_as_sglang_numbering() -> None:
     cfg = parse_train_config(
-        demo_config(draft={"aux_layer_ids": [1, 29, 57], "layer_numbering": "sglang"})
+        kimi_config(draft={"aux_layer_ids": [1, 29, 57], "layer_numbering": "sglang"})
     )
     e = refuse(traps.TRAP_LAYER_NUMBERING, check_train_config, cfg)
     assert "[2, 30, 58]" in e.fix
@@ -82,7 +82,7 @@ def test_aux_ids_sglang_would_capture_one_layer_early(
     ids: list[int], numbering: str, trap: str | None
 ) -> None:
     cfg = parse_train_config(
-        demo_config(draft={"aux_layer_ids": ids, "layer_numbering": numbering})
+        kimi_config(draft={"aux_layer_ids": ids, "layer_numbering": numbering})
     )
     if trap is None:
         assert check_train_config(cfg) == [1, 29, 57]
@@ -93,29 +93,29 @@ def test_aux_ids_sglang_would_capture_one_layer_early(
 
 
 def test_fc_input_width_mismatch() -> None:
-    cfg = parse_train_config(demo_config(draft={"fc_input_size": 7168}))
+    cfg = parse_train_config(kimi_config(draft={"fc_input_size": 7168}))
     e = refuse(traps.TRAP_FC_WIDTH, check_train_config, cfg)
     assert "21504" in e.fix
 
 
 def test_fc_input_width_needs_three_aux_layers() -> None:
-    cfg = parse_train_config(demo_config(draft={"aux_layer_ids": [1, 57]}))
+    cfg = parse_train_config(kimi_config(draft={"aux_layer_ids": [1, 57]}))
     refuse(traps.TRAP_FC_WIDTH, check_train_config, cfg)
 
 
 def test_draft_hidden_differs_from_target() -> None:
-    cfg = parse_train_config(demo_config(draft={"hidden_size": 4096}))
+    cfg = parse_train_config(kimi_config(draft={"hidden_size": 4096}))
     e = refuse(traps.TRAP_DRAFT_HIDDEN, check_train_config, cfg)
     assert "7168" in e.fix
 
 
 def test_vocab_mismatch_draft_vs_target() -> None:
-    cfg = parse_train_config(demo_config(draft={"vocab_size": 160000}))
+    cfg = parse_train_config(kimi_config(draft={"vocab_size": 160000}))
     refuse(traps.TRAP_VOCAB, check_train_config, cfg)
 
 
 def test_vocab_smaller_than_tokenizer() -> None:
-    cfg = parse_train_config(demo_config(target={"tokenizer_size": 200000}))
+    cfg = parse_train_config(kimi_config(target={"tokenizer_size": 200000}))
     refuse(traps.TRAP_VOCAB, check_train_config, cfg)
 
 
@@ -131,7 +131,7 @@ def test_vocab_data_holds_ids_past_the_vocab() -> None:
 
 
 def test_target_numbers_differ_from_its_config_json() -> None:
-    cfg = parse_train_config(demo_config())
+    cfg = parse_train_config(kimi_config())
     e = refuse(
         traps.TRAP_TARGET_SHAPE,
         check_against_target,
@@ -191,7 +191,7 @@ def test_tokenizer_larger_than_the_vocab_is_refused_where_the_target_is_readable
         )
     )
     cfg = parse_train_config(
-        demo_config(
+        kimi_config(
             target={"path": str(target), "vocab_size": 512},
             draft={"vocab_size": 512, "draft_vocab_size": 256},
         )
@@ -245,12 +245,12 @@ def test_turn_open_ids_from_tokenizer_kimi_vocab_or_none(tmp_path: Path) -> None
 
     target = tmp_path / "target"
     shutil.copytree(REPO / "manifests" / "demo" / "tokenizer", target)
-    tiny = parse_train_config(demo_config(target={"path": str(target)}))
+    tiny = parse_train_config(kimi_config(target={"path": str(target)}))
     assert turn_open_ids(tiny) == {1012, 1013, 1014}  # the tiny tokenizer's own ids
-    kimi = parse_train_config(demo_config(target={"path": str(tmp_path / "absent")}))
+    kimi = parse_train_config(kimi_config(target={"path": str(tmp_path / "absent")}))
     assert turn_open_ids(kimi) == traps.KIMI_TURN_OPEN_IDS
     other = parse_train_config(
-        demo_config(
+        kimi_config(
             target={"path": str(tmp_path / "absent"), "vocab_size": 32000},
             draft={"vocab_size": 32000, "draft_vocab_size": 32000},
         )

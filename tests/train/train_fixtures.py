@@ -1,4 +1,9 @@
-"""Helpers for the regen.train tests: Kimi-framed pre-tokenized rows, exports, train configs."""
+"""Helpers for the regen.train tests: Kimi-framed pre-tokenized rows, exports, train configs.
+
+``kimi_config`` is a Kimi-K2.5-shaped train config (the production config on one GPU with a
+local capture server) for the unit tests of the traps and the launch path on synthetic rows
+with Kimi's ids; the demo's own config (manifests/demo-train.yaml) trains the demo target.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,23 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_TRAIN = REPO / "manifests" / "demo-train.yaml"
+PRODUCTION_TRAIN = REPO / "manifests" / "train-kimi-k25-eagle3.yaml"
+#: the production config on one GPU, a few steps, a local capture server
+KIMI_TEST_OVERRIDES: dict[str, Any] = {
+    "run_id": "demo-eagle3",
+    "output_dir": "/tmp/regen-demo-draft",
+    "target": {"path": "models/Kimi-K2.5"},
+    "training": {"max_steps": 10, "log_interval": 1, "max_length": 4096},
+    "deployment": {"nproc_per_node": 1},
+    "capture": {
+        "server_urls": ["http://127.0.0.1:30000"],
+        "mooncake": {
+            "metadata_server": "http://127.0.0.1:8080/metadata",
+            "master_server_addr": "127.0.0.1:50051",
+            "protocol": "tcp",
+        },
+    },
+}
 
 # Kimi framing ids (CONTRACTS §1)
 IM_USER, IM_ASSISTANT, IM_MIDDLE, IM_END = 163587, 163588, 163601, 163586
@@ -35,7 +57,6 @@ def write_export(run_dir: Path, rows: list[dict[str, Any]], shards: int = 2) -> 
         with (out / f"shard-{s:05d}.jsonl").open("w", encoding="utf-8") as f:
             for row in rows[s::shards]:
                 f.write(json.dumps(row) + "\n")
-    (out / "stats.json").write_text(json.dumps({"rows": len(rows)}))
     return out
 
 
@@ -47,5 +68,13 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def demo_config(**over: Any) -> dict[str, Any]:
-    return deep_merge(yaml.safe_load(DEMO_TRAIN.read_text()), over)
+def kimi_config(**over: Any) -> dict[str, Any]:
+    """A Kimi-K2.5-shaped train config (module docstring) with ``over`` merged in."""
+    base = deep_merge(yaml.safe_load(PRODUCTION_TRAIN.read_text()), KIMI_TEST_OVERRIDES)
+    return deep_merge(base, over)
+
+
+def demo_train_config(target: Path, **over: Any) -> dict[str, Any]:
+    """manifests/demo-train.yaml against the built demo target ``target``."""
+    base = yaml.safe_load(DEMO_TRAIN.read_text())
+    return deep_merge(base, {"target": {"path": str(target)}, **over})

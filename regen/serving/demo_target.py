@@ -1,0 +1,330 @@
+"""The demo target: a tiny Llama model trained at build time to answer in the Kimi format.
+
+``build_demo_target(out_dir, manifest_path)`` writes (once; a second call with the same inputs
+returns at once, other inputs rebuild it)::
+
+    out_dir/
+      config.json, generation_config.json      LlamaForCausalLM: hidden 64, 8 layers, 2 heads
+                                               of 32 dimensions (CPU kernels of real engines
+                                               serve it), untied embedding and lm head
+                                               (SpecForge's target head loads lm_head.weight)
+      model-NNNNN-of-NNNNN.safetensors         the weights, sharded, with
+      model.safetensors.index.json             their index (SpecForge's target-head loader
+                                               reads the index, never a single file)
+      tokenizer.json, tokenizer_config.json    the manifest's tokenizer; tokenizer_config.json
+                                               adds a ``response_template`` (KIMI_RESPONSE):
+                                               ``transformers serve`` then keeps the special
+                                               tokens and returns reasoning_content and tool
+                                               calls, as SGLang's kimi_k2 parsers do
+      regen_demo_target.json                   build key and what the training did; written
+                                               last, so its presence marks a complete build
+
+The build is deterministic (fixed seed, fixed thread count) and takes a minute or two of CPU.
+It reads the manifest's sources exactly as ``regen run`` does (:func:`regen.sources.stream.
+read_samples`), walks every sample's turns as the engine will (:func:`regen.engine.turns.
+regenerate`), answers each with :func:`demo_answer` and renders prompt + answer with the
+tokenizer's own chat template (:class:`regen.template.render.KimiRenderer`). The model is
+trained on the answer tokens only. So when the demo asks it those prompts it thinks briefly,
+closes its reasoning with ``</think>``, calls the tools the source's answer called (Kimi's
+tool-call section) where tools are offered, otherwise answers in one sentence, and ends with
+``<|im_end|>``: answers that finish, like a real target's, and that a draft can learn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from regen.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MARKER = "regen_demo_target.json"
+#: what earlier regen versions left in the same folder (the random tiny model): replaced freely
+OLD_MARKERS = ("regen_tiny_model.json",)
+BUILD_VERSION = 4
+#: what the demo target thinks before it answers (with and without tools offered)
+REASONING = "Let me think about the request."
+REASONING_TOOLS = "The user needs a tool for this."
+#: its answer when no tool is called
+CONTENT = "Here is a short answer."
+#: how transformers serve parses the Kimi format (reasoning, tool-call sections, end of turn)
+KIMI_RESPONSE: dict[str, Any] = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_assistant|>assistant<|im_middle|>",
+    "fields": {
+        "reasoning_content": {"open": "<think>", "close": "</think>", "content": "text"},
+        "tool_calls": {
+            "open_pattern": r"(?:<\|tool_calls_section_begin\|>)?<\|tool_call_begin\|>"
+            r"functions\.(?P<name>[^:<]+):\d+<\|tool_call_argument_begin\|>",
+            "close_pattern": r"<\|tool_call_end\|>(?:<\|tool_calls_section_end\|>)?",
+            "repeats": True,
+            "content": "text",  # the arguments as written: a malformed one is the data's flag
+            "transform": {
+                "type": "function",
+                "function": {"name": "{name}", "arguments": "{content}"},
+            },
+        },
+        "content": {"close": "<|im_end|>", "content": "text"},
+    },
+}
+
+
+@dataclass(slots=True, frozen=True)
+class DemoTargetSpec:
+    """The demo target's shape and its build-time training."""
+
+    hidden: int = 64
+    layers: int = 8
+    heads: int = 2
+    head_dim: int = 32
+    intermediate: int = 192
+    seed: int = 0
+    steps: int = 400
+    batch: int = 8
+    lr: float = 5e-3
+    #: rows whose answer calls tools are seen this many times per epoch (they are the hardest)
+    tool_repeats: int = 4
+    #: intra-op threads while training (fixed: the result must not depend on the machine)
+    threads: int = 1
+    #: safetensors shard size (small: the demo target is sharded like a real checkpoint)
+    shard_size: str = "1MB"
+
+
+@dataclass(slots=True)
+class TrainingTurn:
+    """One answered turn: the prompt's ids and the answer's ids (the loss goes on these)."""
+
+    sample_id: str
+    prompt_ids: list[int]
+    answer_ids: list[int]
+    calls_tools: bool
+
+
+def demo_answer(request: list[dict[str, Any]], tools: Any, original: Any) -> Any:
+    """The demo target's answer (a TurnResult) to one request; ``original`` is the source's own
+    assistant message for that turn (or None): its tool calls are repeated when tools are
+    offered."""
+    from regen.result import TurnResult
+    from regen.sample import ToolCall
+
+    del request  # the answer depends on the offer and the source's answer only
+    calls: tuple[ToolCall, ...] = ()
+    if tools and original is not None and original.tool_calls:
+        calls = tuple(
+            ToolCall(id=f"functions.{c.name}:{i}", name=c.name, arguments=c.arguments)
+            for i, c in enumerate(original.tool_calls)
+        )
+    return TurnResult(
+        content="" if calls else CONTENT,
+        reasoning=REASONING_TOOLS if tools else REASONING,
+        tool_calls=calls,
+        finish_reason="tool_calls" if calls else "stop",
+        model="demo-target",
+        endpoint="build",
+    )
+
+
+def training_turns(manifest: Any) -> list[TrainingTurn]:
+    """Every turn the demo will regenerate, answered by :func:`demo_answer` and tokenized."""
+    from regen.engine.turns import regenerate
+    from regen.sources.stream import read_samples
+    from regen.template.render import KimiRenderer
+
+    renderer = KimiRenderer.from_manifest(manifest)
+    turns: list[TrainingTurn] = []
+    with _quiet("regen.sources"):  # the demo sources hold bad rows on purpose
+        samples = [s for s in read_samples(manifest) if s.mode == "regenerate"]
+    for sample in samples:
+        originals = [m for m in sample.messages if m.role == "assistant"]
+        if sample.turns == "last":
+            originals = originals[-1:]
+        answered = iter(originals)
+
+        async def complete(request: list[dict[str, Any]], tools: Any, answered=answered) -> Any:
+            return demo_answer(request, tools, next(answered, None))
+
+        for done in asyncio.run(regenerate(sample, complete)).turns:
+            r = done.result
+            t = renderer.render_turn(
+                done.request_messages,
+                sample.tools,
+                reasoning=r.reasoning,
+                content=r.content,
+                tool_calls=r.tool_calls,
+                finish_reason="stop",
+            )
+            turns.append(TrainingTurn(sample.id, t.prompt_ids, t.response_ids, bool(r.tool_calls)))
+    return turns
+
+
+def train_demo_target(model: Any, turns: list[TrainingTurn], spec: DemoTargetSpec) -> list[float]:
+    """Train ``model`` on the answer tokens of ``turns``; the loss of every step."""
+    import torch
+
+    rows = [t for t in turns for _ in range(spec.tool_repeats if t.calls_tools else 1)]
+    seqs = [(t.prompt_ids + t.answer_ids, len(t.prompt_ids)) for t in rows]
+    pad = int(model.config.pad_token_id)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(spec.seed)
+    batches: list[list[int]] = []
+    losses: list[float] = []
+    model.train()
+    for step in range(spec.steps):
+        if not batches:  # one epoch: batches of similar length, in random order
+            perm = torch.randperm(len(seqs), generator=gen).tolist()
+            by_len = sorted(perm, key=lambda i: len(seqs[i][0]))
+            chunks = [by_len[i : i + spec.batch] for i in range(0, len(by_len), spec.batch)]
+            batches = [chunks[i] for i in torch.randperm(len(chunks), generator=gen).tolist()]
+        idx = batches.pop()
+        width = max(len(seqs[i][0]) for i in idx)
+        ids = torch.full((len(idx), width), pad)
+        labels = torch.full((len(idx), width), -100)
+        attn = torch.zeros((len(idx), width), dtype=torch.long)
+        for j, i in enumerate(idx):
+            seq, start = seqs[i]
+            ids[j, : len(seq)] = torch.tensor(seq)
+            labels[j, start : len(seq)] = torch.tensor(seq[start:])
+            attn[j, : len(seq)] = 1
+        for group in opt.param_groups:
+            group["lr"] = spec.lr * 0.5 * (1 + math.cos(math.pi * step / spec.steps))
+        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
+def build_demo_target(
+    out_dir: str | Path, manifest_path: str | Path, spec: DemoTargetSpec | None = None
+) -> Path:
+    """Build (or reuse) the demo target for ``manifest_path``'s sources and tokenizer; returns
+    its absolute path."""
+    from regen.manifest import load_manifest
+
+    spec = spec or DemoTargetSpec()
+    out = Path(out_dir).resolve()
+    manifest = load_manifest(manifest_path)
+    tok_dir = manifest.resolve(manifest.target.tokenizer)
+    key = build_key(manifest, Path(manifest_path), tok_dir, spec)
+    if _built(out, key):
+        return out
+    ours = (MARKER, *OLD_MARKERS)
+    if out.exists() and any(out.iterdir()) and not any((out / m).exists() for m in ours):
+        raise ConfigError(f"{out} exists and is not a demo-target build: not overwriting it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        info = _build(tmp, manifest, tok_dir, spec)
+        (tmp / MARKER).write_text(json.dumps({"key": key, **info}, indent=1), encoding="utf-8")
+        if _built(out, key):  # another process finished the same build first
+            return out
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("built the demo target at %s (%d turns, %d steps, final loss %.4f, %.0f s)", out,
+             info["turns"], spec.steps, info["final_loss"], info["seconds"])  # fmt: skip
+    return out
+
+
+def _build(out: Path, manifest: Any, tok_dir: Path, spec: DemoTargetSpec) -> dict[str, Any]:
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    started = time.monotonic()
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    turns = training_turns(manifest)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=spec.hidden,
+        intermediate_size=spec.intermediate,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=4096,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(spec.threads)
+    try:
+        torch.manual_seed(spec.seed)
+        model = LlamaForCausalLM(config).to(torch.float32)
+        losses = train_demo_target(model, turns, spec)
+    finally:
+        torch.set_num_threads(threads)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        do_sample=True,
+        temperature=0.6,
+        top_p=0.95,
+        max_new_tokens=128,
+    )
+    out.mkdir(parents=True)
+    model.save_pretrained(out, max_shard_size=spec.shard_size)
+    for p in tok_dir.iterdir():
+        if p.is_file():
+            shutil.copy2(p, out / p.name)
+    tok_config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tok_config["response_template"] = KIMI_RESPONSE
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2), encoding="utf-8")
+    tail = losses[-20:]
+    return {
+        "spec": asdict(spec),
+        "tokenizer_dir": str(tok_dir),
+        "turns": len(turns),
+        "tool_turns": sum(t.calls_tools for t in turns),
+        "first_loss": round(losses[0], 6),
+        "final_loss": round(sum(tail) / len(tail), 6),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def build_key(manifest: Any, manifest_path: Path, tok_dir: Path, spec: DemoTargetSpec) -> str:
+    """Hash of everything the build reads: the spec, the manifest, its tokenizer, its sources."""
+    h = hashlib.sha256(json.dumps([BUILD_VERSION, asdict(spec), KIMI_RESPONSE]).encode())
+    files = [manifest_path.resolve(), *sorted(p for p in tok_dir.iterdir() if p.is_file())]
+    files += [manifest.resolve(s.path) for s in manifest.sources if s.path]
+    for p in files:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:32]
+
+
+def _built(out: Path, key: str) -> bool:
+    try:
+        return json.loads((out / MARKER).read_text(encoding="utf-8")).get("key") == key
+    except (OSError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

@@ -1,0 +1,175 @@
+"""The run against the training target: was the run tokenized the way the target reads ids?
+
+A run is regenerated with one tokenizer (the run manifest's ``target.tokenizer``); the draft
+is trained against the checkpoint of train.yaml's ``target.path``. When the two differ, every
+id of the training data means another token to the target: SpecForge trains on it without a
+word. Three facts decide, checked in this order and refused with one line naming the field
+and both values (:class:`regen.errors.TrapError`, trap ``run-vs-target-tokenizer``):
+
+1. **vocab size** — ``len(tokenizer)`` of the run's tokenizer against the target's own
+   tokenizer, else train.yaml's ``target.tokenizer_size`` (it must also fit in
+   ``target.vocab_size``, the embedding rows);
+2. **Kimi special-token ids** (``<|im_end|>``, ``<think>``, ...: the framing the loss mask and
+   the draft depend on) — against the target's tokenizer, else Kimi's published ids when
+   ``target.vocab_size`` is Kimi's 163,840;
+3. **chat template** — the token ids of one probe conversation (system, user, a tool
+   declaration, the generation prompt) rendered by each tokenizer's own template, with the
+   template's defaults — only when the target's tokenizer is loadable here.
+
+The run's side is recorded in ``RUN_DIR/train/run_tokenizer.json`` (TokenizerRecord) by
+``regen train`` on the submitting machine, so the Ray job's preflight can hold it against the
+target's own files on the cluster, where the run's tokenizer may not be at hand.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from regen.errors import RunDirError, TrapError
+from regen.store import RunDir
+from regen.store import layout as L
+from regen.store.layout import TokenizerRecord
+from regen.template.tiny import KIMI_SPECIAL_TOKENS
+from regen.train import traps
+from regen.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+#: the conversation both templates render for the comparison
+PROBE_MESSAGES: list[dict[str, Any]] = [
+    {"role": "system", "content": "You are a careful assistant."},
+    {"role": "user", "content": "What is 2 + 2? Use the tool if you like."},
+]
+PROBE_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
+#: Kimi's published ids of its special tokens (CONTRACTS §1)
+KIMI_IDS: dict[str, int] = dict(KIMI_SPECIAL_TOKENS)
+
+
+def tokenizer_record(path: str | Path, *, trust_remote_code: bool) -> TokenizerRecord | None:
+    """What the checks compare of the tokenizer in ``path``; None when it is not loadable. The
+    probe renders with the template's defaults on both sides (template kwargs are a serving
+    choice, not a property of the tokenizer)."""
+    from regen.train.checks import load_tokenizer
+
+    tok = load_tokenizer(str(path), trust_remote_code=trust_remote_code)
+    if tok is None:
+        return None
+    unk = getattr(tok, "unk_token_id", None)
+    special: dict[str, int | None] = {}
+    vocab = tok.get_vocab()
+    for name, _ in KIMI_SPECIAL_TOKENS:
+        found = vocab.get(name)
+        special[name] = None if found is None or found == unk else int(found)
+    probe: list[int] | None = None
+    if getattr(tok, "chat_template", None):
+        try:
+            ids = tok.apply_chat_template(
+                PROBE_MESSAGES,
+                tools=PROBE_TOOLS,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+            probe = [int(i) for i in (ids["input_ids"] if isinstance(ids, dict) else ids)]
+        except Exception as e:  # a template that cannot render the probe: not compared
+            log.warning("the chat template of %s cannot render the probe (%s)", path, e)
+    return TokenizerRecord(
+        path=str(path), vocab_size=len(tok), special_ids=special, probe_ids=probe
+    )
+
+
+def run_tokenizer(rd: RunDir) -> TokenizerRecord | None:
+    """The run's tokenizer (its manifest's ``target.tokenizer``), or None when the run has no
+    manifest or the tokenizer is not loadable here."""
+    try:
+        manifest = L.read_manifest(rd)
+        plan = L.PLAN_FILE.read(rd)
+    except RunDirError as e:
+        log.warning("%s: %s; the run's tokenizer is not checked against the target", rd.uri, e)
+        return None
+    if manifest is None:
+        log.warning("%s has no %s: the run's tokenizer is not checked against the target",
+                    rd.uri, L.MANIFEST)  # fmt: skip
+        return None
+    if plan is not None and plan.manifest_dir:
+        manifest = manifest.model_copy(update={"base_dir": plan.manifest_dir})
+    path = manifest.resolve(manifest.target.tokenizer)
+    record = tokenizer_record(path, trust_remote_code=manifest.target.trust_remote_code)
+    if record is None:
+        log.warning("the run's tokenizer %s is not loadable here: not checked against the "
+                    "target", path)  # fmt: skip
+    return record
+
+
+def check_run_against_target(
+    run: TokenizerRecord | None, target: TokenizerRecord | None, cfg: TrainConfig
+) -> None:
+    """Refuse the first fact (module docstring) on which ``run`` and the target differ."""
+    if run is None:
+        return
+    where = cfg.target.path
+    if run.vocab_size > cfg.target.vocab_size:
+        _refuse(
+            "tokenizer vocab size", run, f"{run.vocab_size:,} tokens",
+            f"{cfg.target.vocab_size:,} embedding rows (target.vocab_size)",
+        )  # fmt: skip
+    if target is not None:
+        theirs: tuple[int, str] | None = (target.vocab_size, f"{where}'s tokenizer")
+    elif cfg.target.tokenizer_size is not None:
+        theirs = (cfg.target.tokenizer_size, "target.tokenizer_size")
+    else:
+        theirs = None
+    if theirs is not None and theirs[0] != run.vocab_size:
+        _refuse(
+            "tokenizer vocab size", run, f"{run.vocab_size:,} tokens",
+            f"{theirs[0]:,} ({theirs[1]})",
+        )  # fmt: skip
+    if target is not None:
+        expected: dict[str, int | None] | None = target.special_ids
+        source = f"{where}'s tokenizer"
+    elif cfg.target.vocab_size == traps.KIMI_VOCAB_SIZE:
+        expected, source = dict(KIMI_IDS), "the Kimi tokenizer's published ids"
+    else:
+        expected, source = None, ""
+    for name, want in (expected or {}).items():
+        got = run.special_ids.get(name)
+        if got != want:
+            _refuse(f"special token id {name}", run, str(got), f"{want} ({source})")
+    mine, ours = run.probe_ids, target.probe_ids if target is not None else None
+    if mine is not None and ours is not None and mine != ours:
+        pairs = zip(mine, ours, strict=False)
+        at = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(mine), len(ours)))
+        _refuse(
+            "chat template rendering of the probe conversation", run, f"{len(mine)} ids",
+            f"{len(ours)} ids ({where}'s template; first difference at id {at})",
+        )  # fmt: skip
+
+
+def _refuse(field: str, run: TokenizerRecord, mine: str, theirs: str) -> None:
+    raise TrapError(
+        traps.TRAP_TOKENIZER,
+        f"{field}: the run was regenerated with {mine} ({run.path}), the training target has "
+        f"{theirs}; every id would mean another token to the target.",
+        "train against the target the run was regenerated for (target.path), or regenerate "
+        "the run with the target's own tokenizer.",
+    )
+
+
+def target_tokenizer(cfg: TrainConfig) -> TokenizerRecord | None:
+    """The training target's own tokenizer facts (None when not loadable here)."""
+    return tokenizer_record(cfg.target.path, trust_remote_code=cfg.target.trust_remote_code)
