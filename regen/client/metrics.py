@@ -65,6 +65,7 @@ class MetricFamily:
     name: str
     type: str  #: counter, gauge, histogram, summary, unknown, ...
     labels: frozenset[str]  #: label names of its samples (``le``/``quantile`` left out)
+    samples: int = 0  #: its sample lines (0: declared, no series yet)
 
 
 @dataclass(slots=True)
@@ -86,7 +87,9 @@ def parse_page(text: str) -> MetricsPage:
             for s in fam.samples:
                 samples.append(MetricSample(s.name, float(s.value), dict(s.labels)))
                 names.update(k for k in s.labels if k not in ("le", "quantile"))
-            families[fam.name] = MetricFamily(fam.name, fam.type, frozenset(names))
+            families[fam.name] = MetricFamily(
+                fam.name, fam.type, frozenset(names), len(fam.samples)
+            )
     except ValueError as e:  # the parser's only complaint: a line that is not the format
         raise MetricsPageError(f"not Prometheus text: {e}") from None
     return MetricsPage(samples, families)
