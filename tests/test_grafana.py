@@ -2,7 +2,8 @@
 the servers really export (regen's from regen.engine.metrics.METRICS under Ray's names; the
 servers' from the simulator's SGLang and vLLM pages, which tests/contract holds against the
 engines' own code), and whose PromQL Prometheus's own parser accepts (``promtool``, Debian's
-``prometheus`` package: skipped, saying so, where it is not installed; CI installs it)."""
+``prometheus`` package: skipped, saying so, where it is not installed; CI installs it); and
+grafana/regen-alerts.yml, alerting rules held to the same."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from regen.simulate.scheduler import Scheduler
 from regen.simulate.testing import EAGLE3_OPTIONS
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "grafana" / "regen.json"
+ALERTS = DASHBOARD.with_name("regen-alerts.yml")
 
 #: PromQL words that are not metric names
 KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or",
@@ -108,6 +110,18 @@ def test_every_metric_it_names_is_exported_by_regen_or_the_servers(dashboard: di
             "vllm:num_requests_waiting"} <= named  # fmt: skip
 
 
+def alert_exprs() -> list[str]:
+    rules = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))
+    return [r["expr"] for g in rules["groups"] for r in g["rules"]]
+
+
+def test_the_alerts_name_only_what_regen_exports() -> None:
+    regen = {m.exported for m in METRICS}
+    named = set().union(*(metric_names(e) for e in alert_exprs()))
+    assert named and named <= regen
+    assert "ray_regen_tokens_out_total" in named  # the 3 a.m. alert: tokens/s fell to zero
+
+
 def test_the_name_reader_reads_promql() -> None:
     e = ('histogram_quantile(0.9, sum by (instance, le) (rate(a:b_bucket{x="y,z"}[5m]))) '
          '/ on (job) group_left (c) max without (d) (e_total offset 5m) + time()')  # fmt: skip
@@ -127,3 +141,7 @@ def test_prometheus_parses_every_query(dashboard: dict, tmp_path: Path) -> None:
                          text=True, timeout=60)  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"SUCCESS: {len(exprs(dashboard))} rules found" in run.stdout + run.stderr
+    run = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"SUCCESS: {len(alert_exprs())} rules found" in run.stdout + run.stderr
