@@ -246,6 +246,13 @@ class SimConfig(BaseModel):
                 "--tokens-per-step is the plain server's; a speculative step keeps each "
                 "request's acceptance length (--spec-accept-length, --spec-accept-map)"
             )
+        if self.instant:
+            queued = [f for f, on in (("background_requests", self.background_requests > 0),
+                                      ("max_queued_requests", self.max_queued_requests is not None))
+                      if on]  # fmt: skip
+            if queued:
+                flags = ", ".join("--" + n.replace("_", "-") for n in queued)
+                raise ValueError(f"{flags} need the capacity model (not --instant: no queue)")
         if self.slots % self.dp_size:
             raise ValueError(f"{self.slots} batch slots do not split over dp_size {self.dp_size}")
         return self

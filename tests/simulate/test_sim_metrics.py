@@ -14,6 +14,8 @@ import pytest
 
 from regen.client.metrics import counter_total, parse_page, read_load
 from regen.client.profiles import SGLANG, VLLM
+from regen.errors import ConfigError
+from regen.simulate.config import SimConfig
 from regen.simulate.loadgen import make_body, run_load
 from regen.simulate.testing import simulator_in_thread
 
@@ -144,6 +146,13 @@ def test_a_queue_with_room_takes_the_request() -> None:
         wait_for(sim, lambda s: s["running"] == 2 and s["queued"] == 1)
         stats = asyncio.run(join_queue(sim))
     assert stats["queue_full"] == 0 and stats["received"] == 1
+
+
+@pytest.mark.parametrize("option", [{"background_requests": 2}, {"max_queued_requests": 0}])
+def test_a_queue_without_the_capacity_model_is_refused(option: dict) -> None:
+    with pytest.raises(ConfigError) as e:
+        SimConfig.from_flat({"instant": True, **option})
+    assert "need the capacity model" in str(e.value)
 
 
 def test_data_parallel_ranks_each_report_their_share() -> None:
