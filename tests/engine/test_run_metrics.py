@@ -159,7 +159,8 @@ PROBE = textwrap.dedent("""
 
 def test_rays_export_carries_them_under_the_pages_names(ray_env) -> None:
     port = free_port()
-    tmp = tempfile.mkdtemp(prefix="regen-metrics-ray-")  # short: Ray's socket paths have a length limit
+    # a short path: the socket paths under it have a length limit
+    tmp = tempfile.mkdtemp(prefix="regen-metrics-ray-")
     proc = subprocess.Popen([sys.executable, "-c", PROBE, str(port), tmp],
                             env=ray_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)  # fmt: skip
