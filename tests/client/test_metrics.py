@@ -162,7 +162,7 @@ def broken_server() -> Iterator[str]:
         for path in PAGES:
             app.router.add_get(path, page)
         app.router.add_get("/slow/metrics", slow)
-        runner = web.AppRunner(app, handler_cancellation=True)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
