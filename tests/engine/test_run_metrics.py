@@ -1,17 +1,23 @@
 """regen's own metrics: ``regen run --metrics-port`` serves them while a real run goes (against
-the simulator, on the test session's Ray head), they say what ``regen status --json`` says, and
-Ray's own export carries them under the same names (a real local Ray in a subprocess)."""
+the simulator, on the test session's Ray head), they say what ``regen status --json`` says, a
+real Prometheus (Debian's ``prometheus``) scrapes them during a run and PromQL answers what
+``regen status --json`` answers, and Ray's own export carries them under the same names (a
+real local Ray in a subprocess)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -20,7 +26,7 @@ from _runs import DEMO, regen_cmd, wait_until
 
 from regen.client.metrics import counter_total, parse_page
 from regen.engine.metrics import METRICS, RAY_PREFIX, RunMetrics
-from regen.procs import kill_group
+from regen.procs import kill_group, stop_group
 from regen.simulate.testing import running_simulator
 
 pytestmark = pytest.mark.ray
@@ -120,6 +126,97 @@ def test_a_run_serves_its_metrics_and_they_say_what_status_says(
     assert state[status["state"]] == 1 and sum(state.values()) == 1
     got = {f.name for f in parse_page(text).families.values()}
     assert {n.removesuffix("_total") for n in EXPORTED} - {"ray_regen_eta_seconds"} <= got
+
+
+PROMETHEUS_YML = """\
+global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+scrape_configs:
+  - job_name: regen
+    static_configs: [{{targets: ["127.0.0.1:{port}"]}}]
+"""
+
+
+def promql(port: int, query: str) -> list[dict]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=10) as r:
+        answer = json.loads(r.read())
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def test_a_real_prometheus_scrapes_a_run_and_promql_says_what_status_says(
+    tmp_path: Path, ray_head, ray_env
+) -> None:
+    """The server is frozen (SIGSTOP) mid-run, so the run's numbers hold still while
+    Prometheus scrapes them; then it goes on and the run finishes."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("Debian's prometheus is not installed (.ci/run installs it)")
+    mport, pport = free_port(), free_port()
+    (tmp_path / "prometheus.yml").write_text(PROMETHEUS_YML.format(port=mport))
+    prom_log = (tmp_path / "prometheus.log").open("wb")
+    prom = subprocess.Popen(
+        [binary, f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{pport}"],
+        stdout=prom_log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    out = tmp_path / "run"
+    try:
+        with running_simulator(**SIM) as sim:
+            cmd = regen_cmd("run", str(DEMO), "--out", str(out), "--endpoint", sim.url,
+                            "--address", ray_head.address, "--no-view",
+                            "--metrics-port", str(mport))  # fmt: skip
+            log = (tmp_path / "run.log").open("wb")
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ray_env,
+                                    start_new_session=True)  # fmt: skip
+            try:
+
+                def some_done() -> bool:
+                    text = page(mport)
+                    return bool(text and sum(per_source(text, "ray_regen_samples_done").values())
+                                >= 3) or proc.poll() is not None  # fmt: skip
+
+                assert wait_until(some_done, timeout_s=180)
+                assert proc.poll() is None, "the run ended before it could be frozen"
+                assert sim.process is not None
+                os.kill(sim.process.pid, signal.SIGSTOP)  # the run's numbers stop moving
+                try:
+                    frozen = _held_still(mport)
+                    status = status_json(out, ray_env)
+                    want = {s["name"]: float(s["done"]) for s in status["sources"]}
+                    assert per_source(frozen, "ray_regen_samples_done") == want
+
+                    def scraped() -> dict[str, float]:
+                        rows = promql(pport, "max by (source) (ray_regen_samples_done)")
+                        return {r["metric"]["source"]: float(r["value"][1]) for r in rows}
+
+                    assert wait_until(lambda: scraped() == want, timeout_s=60), (scraped(), want)
+                    assert status["state"] == "running" and sum(want.values()) >= 3
+                finally:
+                    os.kill(sim.process.pid, signal.SIGCONT)
+                assert proc.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                log.close()
+    finally:
+        stop_group(prom, 10)
+        prom_log.close()
+
+
+def _held_still(port: int, apart_s: float = 6.0, timeout_s: float = 60.0) -> str:
+    """The page once two readings ``apart_s`` apart (past a publication) show the same
+    numbers."""
+    deadline = time.monotonic() + timeout_s
+    before = page(port)
+    while time.monotonic() < deadline:
+        time.sleep(apart_s)
+        now = page(port)
+        keep = ("ray_regen_samples_done", "ray_regen_samples_left", "ray_regen_tokens_out_total")
+        if before and now and all(per_source(before, k) == per_source(now, k) for k in keep):
+            return now
+        before = now
+    raise AssertionError("the run's numbers did not hold still with the server frozen")
 
 
 def test_a_taken_metrics_port_is_a_configuration_error(tmp_path: Path) -> None:
