@@ -83,6 +83,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="Ray dashboard URL for the training job (default: $RAY_ADDRESS, else local)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="also serve regen's metrics for Prometheus on 127.0.0.1:PORT/metrics, under the "
+        "names Ray exports them with (ray_regen_*); without it they reach Prometheus through "
+        "Ray's metrics export only (docs/metrics.md)",
+    )
     p.add_argument("--no-view", action="store_true", help="no live progress view")  # fmt: skip
     p.add_argument(
         "--verbose",
@@ -173,7 +181,11 @@ def execute(args: argparse.Namespace, *, view: bool = True) -> int:
     manifest = with_endpoint_keys(load_manifest(args.manifest, args.override), args)
     opts = options_from_args(args)
     view = view and not getattr(args, "no_view", False)
-    summary = run_with_view(manifest, args.out, opts, view=view)
+    metrics = _start_metrics(args.out, getattr(args, "metrics_port", None))
+    try:
+        summary = run_with_view(manifest, args.out, opts, view=view)
+    finally:
+        metrics.stop()
     console.print(
         f"[bold]{summary.state}[/]: {summary.done:,}/{summary.total:,} samples done "
         f"({summary.completed_now:,} this session"
@@ -198,6 +210,21 @@ def execute(args: argparse.Namespace, *, view: bool = True) -> int:
     if args.then_train:
         return _then_train(args, console)
     return EXIT_DONE
+
+
+def _start_metrics(out: str, port: int | None):  # -> RunMetrics
+    """regen's metrics for the run in ``out`` (through Ray; on 127.0.0.1:``port`` too)."""
+    from regen.engine.metrics import start_run_metrics
+    from regen.errors import ConfigError
+
+    if port is not None and not 0 <= port <= 65535:
+        raise ConfigError(f"--metrics-port {port} is not a port", field="--metrics-port")
+    try:
+        return start_run_metrics(out, port)
+    except OSError as e:
+        raise ConfigError(
+            f"--metrics-port: cannot listen on 127.0.0.1:{port}: {e}", field="--metrics-port"
+        ) from None
 
 
 def exit_code(summary: JobSummary) -> int:
