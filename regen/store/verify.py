@@ -117,12 +117,12 @@ def refuse_damaged(rd: RunDir, what: str) -> None:
 
 
 def _schema_problem(st: PartState) -> str:
-    from regen.rows import ADDED_COLUMNS, PROVENANCE_COLUMNS, SCHEMA
+    from regen.rows import LATER_COLUMNS, SCHEMA
 
     if st.schema is None:
         return ""
     have = {f.name: f.type for f in st.schema}
-    for added in (ADDED_COLUMNS, PROVENANCE_COLUMNS):
+    for added in LATER_COLUMNS:
         if not any(name in have for name in added.names):
             have.update({f.name: f.type for f in added})  # written before them: fine
     missing = [f.name for f in SCHEMA if f.name not in have]
