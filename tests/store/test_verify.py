@@ -117,7 +117,9 @@ def test_a_part_without_record_is_read_and_given_one(tmp_path: Path) -> None:
     assert rec is not None and rec.samples == 4
 
 
-def test_ids_not_in_the_plan(tmp_path: Path) -> None:
+def test_ids_not_in_the_plan_are_stale_not_lost(tmp_path: Path) -> None:
+    """Stored samples the recorded plan does not hold are stale answers (noted, not counted,
+    kept in their parts); --repair recounts, and the next verify is clean."""
     from regen.engine.planning import plan_session, write_plan
     from regen.manifest import load_manifest
     from regen.store.run import prepare_run
@@ -126,10 +128,19 @@ def test_ids_not_in_the_plan(tmp_path: Path) -> None:
     m = load_manifest(demo)
     rd = run_dir(tmp_path, n=4)
     prepare_run(rd, m, [])
-    plan = plan_session(m, set(), {}, limit=10)
+    plan = plan_session(m, set(), {}, limit=10, rd=rd)
     write_plan(rd, plan, "S1", m, 10)
     plan.spill.close()
     rep = verify_run(rd)
-    bad = [p for p in rep.problems if p.kind == "not_in_plan"]
-    assert bad and "4 stored sample id(s)" in bad[0].message
+    assert any("4 stale answer(s) (4 of a sample no longer planned" in n for n in rep.notes)
+    assert [p.message for p in rep.problems if p.kind == "counts"] == [
+        "source 'a': 4 samples counted done, the parts and journal hold 0",
+        "source 'a': 0 stale answers counted, the parts and journal hold 4",
+    ]
+    fixed = verify_run(rd, repair=True)
+    assert fixed.problems == [p for p in fixed.problems if p.kind == "schema"]
+    snap = layout.PROGRESS_FILE.read(rd)
+    assert (snap.sources["a"].done, snap.sources["a"].stale.done) == (0, 4)
+    assert sum(sp.total for sp in snap.sources.values()) == 10
+    assert read_done(rd).ids == {f"a:{i}" for i in range(4)}  # kept
     assert json.loads(json.dumps(rep.to_dict()))["clean"] is False
