@@ -649,7 +649,9 @@ def deficit(
     for name, sp in progress.sources.items():
         if sp.pending is None:
             continue  # an older writer: nothing to compare with
-        gap = sp.less(stored.get(name) or SourceCounts(), sp.pending)
+        held = sp.counts()  # the parts hold the stale answers too (not counted as done)
+        held.add(sp.stale)
+        gap = held.less(stored.get(name) or SourceCounts(), sp.pending)
         if not gap.is_zero:
             out[name] = gap
     return out
