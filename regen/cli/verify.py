@@ -20,9 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--repair",
         action="store_true",
-        help="quarantine damaged parts; rebuild part records, the plan index and the progress "
-        "counters from what they describe; fold the journal; then check again (the next `regen run` "
-        "requests the lost samples again)",
+        help="quarantine damaged parts; rebuild part records, the plan index and the "
+        "progress counters from what they describe; fold the journal; then check again (the "
+        "next `regen run` requests the lost samples again)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
