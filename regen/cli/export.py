@@ -70,6 +70,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "prompts beside the shards for `regen bench --run` (manifest: 0)",
     )
     parser.add_argument(
+        "--setting",
+        default=None,
+        metavar="ID",
+        help="keep only the rows made with this settings id (and native rows): a run continued "
+        "with `regen run --force` mixes settings; `regen status` shows each id's samples",
+    )
+    parser.add_argument(
         "--format",
         dest="fmt",
         choices=("pretokenized", "conversations"),
@@ -113,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         drop_flags=pick(args.drop_flags, "drop_flags"),
         only_flagged=args.only_flagged,
         holdout=pick(args.holdout, "holdout"),
+        setting=args.setting,
     )
     console = Console()
     table = Table(title=f"export {escape(args.run_dir)} → {escape(args.out)} ({stats.format})")
@@ -142,6 +150,11 @@ def run(args: argparse.Namespace) -> int:
         f"server token check: {escape(checks)}",
         highlight=False,
     )
+    made = {k: v for k, v in stats.settings.items() if k not in ("native", "unknown")}
+    if len(made) > 1 or stats.setting is not None:
+        mix = ", ".join(f"{k} {v:,} rows" for k, v in sorted(stats.settings.items()))
+        kept = f" (--setting {stats.setting})" if stats.setting else ""
+        console.print(f"rows per setting{kept}: {escape(mix)}", highlight=False)
     if stats.holdout_file:
         console.print(
             f"{stats.holdout_samples:,} samples held out ({stats.holdout} per source at most): "
