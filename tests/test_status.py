@@ -468,8 +468,15 @@ def _stored_run(tmp_path: Path) -> Path:
         j.append(CompletedSample(sample.id, src, [native_row(sample)]))
         if i % 6 == 5:
             j.roll()
-    layout.PLAN_FILE.write(rd, PlanRecord(sources={"a": PlanEntry(total=8, regenerate=True),
-                                                   "b": PlanEntry(total=4, regenerate=True)}))
+    layout.PLAN_FILE.write(
+        rd,
+        PlanRecord(
+            sources={
+                "a": PlanEntry(total=8, regenerate=True),
+                "b": PlanEntry(total=4, regenerate=True),
+            }
+        ),
+    )
     s = make_snapshot(NOW)
     s.state = "finished"
     s.sources = {"a": SourceProgress(total=8, done=8, rows=8, prompt_tokens=24,
