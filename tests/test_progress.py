@@ -241,6 +241,21 @@ def test_a_file_from_before_the_quality_counters_reads_them_as_zero() -> None:
     assert sp.remaining == 58
 
 
+def test_ended_conversations_are_written_only_when_some_ended_and_read_back() -> None:
+    snap = parse(CONTRACT_EXAMPLE)
+    sp = snap.sources["sharegpt"]
+    assert sp.ended == {} and "ended" not in written(snap)["sources"]["sharegpt"]
+    sp.ended = {"tool_call_name": 2}
+    assert sp.pending is not None
+    sp.pending.ended = {"tool_call_args": 1}
+    d = written(snap)
+    assert d["sources"]["sharegpt"]["ended"] == {"tool_call_name": 2}
+    assert d["sources"]["sharegpt"]["pending"]["ended"] == {"tool_call_args": 1}
+    assert "ended" not in d["sources"]["kimi"]
+    again = parse(d)
+    assert again == snap and again.overall.ended == {"tool_call_name": 2}
+
+
 def test_mistyped_flag_counts_are_refused() -> None:
     bad = json.loads(json.dumps(CONTRACT_EXAMPLE))
     bad["sources"]["sharegpt"]["flags"]["repetition"] = "3"

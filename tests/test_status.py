@@ -549,6 +549,28 @@ def test_status_json_carries_the_numbers(tmp_path: Path, capsys) -> None:
     assert d["eta"]["low_s"] < d["eta"]["seconds"] < d["eta"]["high_s"]
 
 
+def test_ended_conversations_are_counted_per_source_and_overall_most_first() -> None:
+    sources = {
+        "a": SourceProgress(total=10, done=4, ended={"tool_call_args": 2, "tool_call_name": 1}),
+        "b": SourceProgress(total=5, done=5, ended={"tool_call_name": 3}),
+        "c": SourceProgress(total=3, done=1),
+    }
+    n = numbers(snap(sources=sources, state="running"), lock())
+    assert list(n.overall.ended.items()) == [("tool_call_name", 4), ("tool_call_args", 2)]
+    assert {s.name: list(s.ended.items()) for s in n.sources} == {
+        "a": [("tool_call_args", 2), ("tool_call_name", 1)],
+        "b": [("tool_call_name", 3)],
+        "c": [],
+    }
+    d = n.to_dict()
+    assert list(d["ended"].items()) == [("tool_call_name", 4), ("tool_call_args", 2)]
+    assert {x["name"]: x["ended"] for x in d["sources"]} == {  # the key even when empty
+        "a": {"tool_call_args": 2, "tool_call_name": 1},
+        "b": {"tool_call_name": 3},
+        "c": {},
+    }
+
+
 def test_status_text_summary_and_table(tmp_path: Path, capsys) -> None:
     from regen.cli.main import main
 

@@ -147,7 +147,7 @@ def test_plan_run_status_and_export_agree_on_the_skipped_rows(bad_run, tmp_path,
     assert (status["total"], status["done"], status["failed"]) == (GOOD + 2, GOOD, 2)
     from regen.export import export_run
 
-    stats = export_run(str(bad_run["out"]), str(tmp_path / "export"))
+    stats = export_run(RunDir.open(bad_run["out"], create=False), str(tmp_path / "export"))
     assert stats.rows_written == GOOD  # one turn per good sample
 
 
