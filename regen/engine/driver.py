@@ -400,20 +400,13 @@ class _Session:
             return stale, plan
         log.warning("%s: %s: not counted as done, never exported", self.rd.uri, stale.describe())
         changed = {sid: stale.answers[sid].attempt + 1 for sid in stale.ids("changed")}
-        if set(changed) - set(redo):
+        if changed:
             plan.spill.close()
-            redo = {**redo, **changed}
             plan = plan_session(self.m, done.ids, self.failed_ids, limit=self.opts.limit,
-                                retry_failed=self.opts.retry_failed, redo=redo,
-                                rd=self.rd)  # fmt: skip
+                                retry_failed=self.opts.retry_failed, redo={**redo, **changed},
+                                rd=self.rd, stale=frozenset(changed))  # fmt: skip
         for sid in plan.redo & set(changed):  # not done: what remains, not "retrying"
-            answer = stale.answers[sid]
-            left = plan.retries.get(answer.source, 0) - 1
-            if left > 0:
-                plan.retries[answer.source] = left
-            else:
-                plan.retries.pop(answer.source, None)
-            self.replaces[sid] = answer.counts
+            self.replaces[sid] = stale.answers[sid].counts
             self.superseding.add(sid)
         return stale, plan
 

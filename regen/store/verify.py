@@ -303,9 +303,13 @@ def _check_plan(rd: RunDir, rep: VerifyReport, done: DoneSet, found: Findings) -
         return StaleSet()
     stale = stale_answers(rd, done, planned)
     if len(stale):
+        again = (
+            "; the next `regen run` answers the rows changed in place again"
+            if stale.ids("changed")
+            else ""
+        )
         rep.notes.append(
-            f"{stale.describe()}: kept in their parts, not counted as done, never exported; "
-            "the next `regen run` answers a row changed in place again"
+            f"{stale.describe()}: kept in their parts, not counted as done, never exported{again}"
         )
     try:
         plan = layout.PLAN_FILE.read(rd)

@@ -66,9 +66,9 @@ def finished(tmp_path_factory, sim, ray_head, ray_env) -> Path:
     return base
 
 
-def _edit(path: Path, old: bytes, new: bytes) -> None:
+def _edit(path: Path, old: bytes, new: bytes, times: int = 1) -> None:
     data = path.read_bytes()
-    assert data.count(old) == 1
+    assert data.count(old) == times
     path.write_bytes(data.replace(old, new))
 
 
@@ -81,8 +81,12 @@ def test_an_edited_source_row_is_answered_again_and_its_stale_rows_never_counted
     before = {s.id: s for s in inputs(load_manifest(manifest))}
     _edit(base / "demo" / "xlam.jsonl", b"weather in Lisbon", b"weather in Porto")
     _edit(base / "demo" / "sharegpt.jsonl", b"first trip to Paris", b"first trip to Rome")
+    native_row = b'"native-0001","input_ids":[1014,749,1020,744,47'
+    # (the demo repeats that row, a planted duplicate: both copies edited alike)
+    _edit(base / "demo" / "kimi_native.jsonl", native_row + b"2,", native_row + b"3,", times=2)
     after = {s.id: s for s in inputs(load_manifest(manifest))}
-    assert "xlam:1" in after and after["xlam:1"].content_hash != before["xlam:1"].content_hash
+    for sid in ("xlam:1", "kimi_native:native-0001"):  # edited in place: same id, new content
+        assert sid in after and after[sid].content_hash != before[sid].content_hash
     gone = sorted(set(before) - set(after))  # the ShareGPT row's old id, and what it moved
     assert any(sid.startswith("sharegpt:sg_0001") for sid in gone)
 
@@ -97,8 +101,11 @@ def test_an_edited_source_row_is_answered_again_and_its_stale_rows_never_counted
     assert st["stale"]["done"] == len(gone)
 
     rows = stored_rows(out)
-    xlam = sorted((r["attempt"], r["content_hash"]) for r in rows if r["sample_id"] == "xlam:1")
-    assert xlam == [(0, before["xlam:1"].content_hash), (1, after["xlam:1"].content_hash)]
+    for sid in ("xlam:1", "kimi_native:native-0001"):
+        got = sorted((r["attempt"], r["content_hash"]) for r in rows if r["sample_id"] == sid)
+        assert got == [(0, before[sid].content_hash), (1, after[sid].content_hash)], sid
+    native = [r for r in rows if r["sample_id"] == "kimi_native:native-0001" and r["attempt"]]
+    assert native[0]["input_ids"] == after["kimi_native:native-0001"].input_ids
     assert check_answers(rows, load_manifest(manifest), SIM) > 0  # the new attempt's seed too
 
     exp = tmp_path / "export"
@@ -112,6 +119,14 @@ def test_an_edited_source_row_is_answered_again_and_its_stale_rows_never_counted
     stats = json.loads((exp / layout.EXPORT_STATS).read_text())
     assert stats["dropped"]["not_planned"] >= len(gone)
     assert stats["dropped"]["superseded"] >= 1  # xlam:1's stale attempt
+    tok = tmp_path / "pretokenized"
+    p = regen(ray_env, "export", str(out), "--out", str(tok), "--drop-flags", "none",
+              "--keep-truncated")  # fmt: skip
+    lines = [json.loads(x) for f in sorted(tok.glob("shard-*.jsonl"))
+             for x in f.read_text().splitlines()]  # fmt: skip
+    ids = [x["input_ids"] for x in lines]
+    assert after["kimi_native:native-0001"].input_ids in ids
+    assert before["kimi_native:native-0001"].input_ids not in ids
 
     v = regen(ray_env, "verify", str(out))
     assert v.returncode == 0, v.stdout
