@@ -396,6 +396,7 @@ class _Session:
             kept = [k for k, ok in zip(ids, held.to_pylist(), strict=True) if ok]
             self.failed_ids = {k: self.failed_ids[k] for k in kept}
         stale = stale_answers(self.rd, done, planned)
+        done.keys = []  # the answers' hashes are not needed past this point
         if not len(stale):
             return stale, plan
         log.warning("%s: %s: not counted as done, never exported", self.rd.uri, stale.describe())
