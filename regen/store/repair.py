@@ -167,8 +167,10 @@ def rewrite_progress(rd: RunDir, done: DoneSet, *, session: str) -> str:
     snap.sources = sources
     snap.in_flight = 0
     remaining = sum(sp.remaining for sp in sources.values())
-    if snap.state == "running" or how != "rewrote":
-        snap.state = "finished" if remaining == 0 else "interrupted"  # nobody runs it now
+    if remaining == 0:  # nobody runs it now (the lock was free): what is left decides
+        snap.state = "finished"
+    elif snap.state in ("running", "finished") or how != "rewrote":
+        snap.state = "interrupted"  # samples to request again: the next run does them
     snap.updated_at = time.time()
     layout.PROGRESS_FILE.write(rd, snap)
     done_n = sum(sp.done for sp in sources.values())
