@@ -28,6 +28,7 @@ STATE_STYLE = {
     "failed": ("✖", "bold red"),
     "starting": ("○", "bold blue"),
     "empty": ("○", "dim"),
+    "unknown": ("?", "bold red"),
 }
 BAR_WIDTH = 28
 SPARK = "▁▂▃▄▅▆▇█"

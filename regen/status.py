@@ -25,7 +25,10 @@ Definitions (all pure functions of those files and ``now``):
   ending at its last point (shorter when the session is younger; ``span_s`` says how long);
 - clocks: heartbeats, progress and token times are the driver's clock, ``now`` the reader's;
   when the driver ran on another host, ``CLOCK_SKEW_S`` is added to the stale and stall limits;
-- state: ``running``; ``stalled`` (holder alive but no new completion tokens for
+- state: ``unknown`` (the progress file is there but damaged: the numbers shown are what the
+  part records hold, with the plan's totals, and the reason says to run ``regen verify
+  --repair``, which rebuilds it; never read as an empty run); ``running``; ``stalled`` (holder
+  alive but no new completion tokens for
   ``stall_after_s``); ``dead`` (progress says running but the lock holder is gone: lock missing,
   or gone by the lock's one staleness rule, regen.store.lock.why_gone); ``finished`` /
   ``interrupted`` / ``failed`` (as the driver last wrote); ``starting`` / ``empty`` (no
@@ -55,6 +58,7 @@ from regen.store import RunDir, layout
 from regen.store.counts import SourceCounts
 from regen.store.layout import LockRecord, PartRecord, RunRecord
 from regen.store.lock import CLOCK_SKEW_S, fmt_age, pid_is_alive, read_lock, why_gone
+from regen.store.progress import VERSION as PROGRESS_VERSION
 from regen.store.progress import ProgressSnapshot, SourceProgress
 from regen.store.run import read_manifest_data
 
@@ -98,6 +102,11 @@ class RunFiles:
     lock: LockRecord | None
     run: RunRecord | None
     parts: PartsCheck | None = None  #: None when this tick did not list parts/
+    #: why the progress file could not be read and what to do ("" when it was, or is missing)
+    progress_error: str = ""
+    #: with ``progress_error``: per source, what the part records hold, with the plan's totals
+    #: (the numbers shown while the state is unknown); empty when that cannot be told either
+    fallback: dict[str, SourceProgress] = field(default_factory=dict)
 
 
 class RunView:
@@ -186,20 +195,55 @@ class RunView:
 
     def read(self) -> RunFiles:
         """Read the progress file, the lock and run.json (and list parts/ when due)."""
-        progress = layout.PROGRESS_FILE.read(self.rd)
+        error = ""
+        try:
+            progress = layout.PROGRESS_FILE.read(self.rd)
+        except RunDirError as e:  # damaged: unknown, never an empty run
+            progress, error = None, f"{e}: run `regen verify {self.uri} --repair`"
+            other = (self.rd.read_json(layout.PROGRESS) or {}).get("version", PROGRESS_VERSION)
+            if other != PROGRESS_VERSION:  # not damage: a newer (or older) writer's format
+                error = (f"{layout.PROGRESS} was written by another regen version (format "
+                         f"{other!r}; this one reads {PROGRESS_VERSION}): read it with that "
+                         "version")  # fmt: skip
         run = layout.RUN_FILE.read(self.rd)
         lock = read_lock(self.rd)
-        if progress is None and run is None and not self.rd.exists(layout.MANIFEST):
+        if progress is None and not error and run is None and not self.rd.exists(layout.MANIFEST):
             raise RunDirError(
                 f"{self.uri!r} is not a run directory (no {layout.RUN}, {layout.PROGRESS})"
             )
         now = time.monotonic()
-        if self._checked_at is None or now - self._checked_at >= self.reconcile_every_s:
+        due = self._checked_at is None or now - self._checked_at >= self.reconcile_every_s
+        if due or (error and self._last_check is None):
             check = self.check_parts()  # listed after the progress file was read: see deficit
             check.deficit = deficit(progress, check.stored)
             self._last_check = check
             self._checked_at = now
-        return RunFiles(progress=progress, lock=lock, run=run, parts=self._last_check)
+        files = RunFiles(progress=progress, lock=lock, run=run, parts=self._last_check,
+                         progress_error=error)  # fmt: skip
+        if error:
+            files.fallback = self._from_records()
+        return files
+
+    def _from_records(self) -> dict[str, SourceProgress]:
+        """Per source, what the part records of the last listing hold, with plan.json's totals
+        (what status shows while the progress file is damaged)."""
+        check = self._last_check
+        if check is None or check.stored is None:
+            return {}
+        try:
+            plan = layout.PLAN_FILE.read(self.rd)
+        except RunDirError:
+            plan = None
+        entries = plan.sources if plan is not None else {}
+        out: dict[str, SourceProgress] = {}
+        for name in [*entries, *(n for n in check.stored if n not in entries)]:
+            entry = entries.get(name)
+            sp = SourceProgress(total=entry.total if entry else 0,
+                                regenerate=entry.regenerate if entry else True,
+                                pending=None)  # fmt: skip
+            sp.add(check.stored.get(name) or SourceCounts())
+            out[name] = sp
+        return out
 
     def numbers(self, now: float | None = None, **kw: Any) -> RunNumbers:
         """Read and compute in one go."""
@@ -344,6 +388,9 @@ class RunNumbers:
     last_progress_at: float | None  #: last time completion tokens grew
     #: parts that are missing or damaged (their samples are not counted; see regen verify)
     damaged: list[str] = field(default_factory=list)
+    #: the settings ids of the done samples (a ``regen run --force`` mix) -> the fields in
+    #: which they differ (run.json ``settings``); empty with one setting or none known
+    settings_differ: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def remaining(self) -> int:
@@ -506,9 +553,13 @@ def run_state(
     growth: float | None,
     now: float,
     stall_limit: float,
+    progress_error: str = "",
 ) -> tuple[str, str]:
     """The run's state and why (the module docstring's definitions): from the progress file's
-    last state, the lock holder, the last time completion tokens grew and ``now``."""
+    last state (``progress_error``: why it could not be read, and what to do), the lock holder,
+    the last time completion tokens grew and ``now``."""
+    if progress_error:
+        return "unknown", progress_error
     alive = holder is not None and holder.alive
     new_session = holder is not None and bool(holder.session) and p is not None and (
         holder.session != p.session)  # fmt: skip
@@ -551,11 +602,12 @@ def compute(
     growth = last_growth_at(series)
     local = p is not None and p.host == (socket.gethostname() if hostname is None else hostname)
     stall_limit = stall_after_s + (0.0 if local else CLOCK_SKEW_S)
-    state, reason = run_state(p, holder, growth, now, stall_limit)
+    state, reason = run_state(p, holder, growth, now, stall_limit, files.progress_error)
 
     check = files.parts
+    per_source = p.sources if p else files.fallback
     srcs = [shown(name, sp, check.deficit.get(name) if check else None)
-            for name, sp in (p.sources if p else {}).items()]  # fmt: skip
+            for name, sp in per_source.items()]  # fmt: skip
     overall = SourceProgress.sum(srcs)
     overall.flags, overall.ended = _by_count(overall.flags), _by_count(overall.ended)
     rates = [window_rate(series, w) for w in RATE_WINDOWS_S]
@@ -623,7 +675,20 @@ def compute(
         holder=holder,
         last_progress_at=growth,
         damaged=list(check.damaged) if check else [],
+        settings_differ=settings_differ(overall.settings, run),
     )
+
+
+def settings_differ(samples: dict[str, int], run: RunRecord | None) -> dict[str, dict[str, Any]]:
+    """For the settings ids the samples carry, when there are several: each id's values of the
+    fields in which they differ (from run.json; an id it does not describe has none)."""
+    if len(samples) < 2:
+        return {}
+    known = run.settings if run is not None else {}
+    fields_of = {sid: known.get(sid, {}) for sid in samples}
+    names = sorted({k for f in fields_of.values() for k in f})
+    differ = [k for k in names if len({repr(f.get(k)) for f in fields_of.values()}) > 1]
+    return {sid: {k: f.get(k) for k in differ} for sid, f in fields_of.items()}
 
 
 def _by_count(flags: dict[str, int]) -> dict[str, int]:
@@ -649,7 +714,9 @@ def deficit(
     for name, sp in progress.sources.items():
         if sp.pending is None:
             continue  # an older writer: nothing to compare with
-        gap = sp.less(stored.get(name) or SourceCounts(), sp.pending)
+        held = sp.counts()  # the parts hold the stale answers too (not counted as done)
+        held.add(sp.stale)
+        gap = held.less(stored.get(name) or SourceCounts(), sp.pending)
         if not gap.is_zero:
             out[name] = gap
     return out

@@ -544,3 +544,63 @@ def test_cli_holdout_and_bench_finds_it(
     assert {s.source: s.prompts for s in rep.sources} == {"chat": 2, "tools": 1}
     assert {s.source: s.kind for s in rep.sources} == {"chat": "chat", "tools": "tool-calling"}
     assert len(keys) == 3  # three distinct requests (the warm-up repeats the first)
+
+
+def _planned(root: Path, samples: list[Sample]) -> None:
+    """Record ``samples`` as the latest plan (plan/, plan.json), as a session writes it."""
+    from regen.manifest import parse_manifest
+    from regen.store.planindex import IndexBuilder
+
+    rd = RunDir.open(root)
+    m = parse_manifest({"name": "x", "target": {"model": "m", "tokenizer": str(TOKENIZER)},
+                        "sources": [{"name": n, "adapter": "xlam", "hub": {"id": f"d/{n}"}}
+                                    for n in sorted({s.source for s in samples})]})  # fmt: skip
+    b = IndexBuilder(rd, m)  # hub sources: the planned samples themselves are kept in plan/
+    for s in samples:
+        b.add(s, repeat=False)
+    assert b.write(limit=None, complete=True)
+    layout.PLAN_FILE.write(rd, layout.PlanRecord(sources={}))
+
+
+def test_stale_answers_are_never_exported_and_a_setting_can_be_kept(tmp_path: Path) -> None:
+    """Against the recorded plan: a sample it no longer holds (its row edited into a new id)
+    and an answer to other content (a row edited in place, superseded by a new attempt once
+    answered) are left out; --setting keeps one settings id and the native rows."""
+    r = KimiRenderer.from_dir(TOKENIZER)
+    ask = [Message("user", "Weather in Lisbon?")]
+    edited = [Message("user", "Weather in Porto?")]
+    old = Sample(id="x:1", source="x", messages=ask)  # answered, then its row changed
+    new = Sample(id="x:1", source="x", messages=edited)
+    gone = Sample(id="x:h0ld", source="x", messages=[Message("user", "Gone since.")])
+    kept = Sample(id="x:2", source="x", messages=[Message("user", "Still here.")])
+    nat = _native_samples()[0]
+
+    def row(s: Sample, setting: str, attempt: int = 0) -> dict:
+        s.meta = {"regen.attempt": attempt}
+        return build_turn_row(s, 0, s.messages, _res("Think.", "Answer."), r, settings=setting)
+
+    root = tmp_path / "run"
+    (root / "parts").mkdir(parents=True)
+    first = [row(old, "aaaa0001"), row(gone, "aaaa0001"), row(kept, "aaaa0001"), native_row(nat)]
+    pq.write_table(rows_to_table(first), root / "parts" / "s1-00000.parquet")
+    layout.RUN_FILE.write(RunDir.open(root), layout.RunRecord(
+        name="x", fingerprint="f", model="m", created_at=0, regen_version="0",
+        settings={"aaaa0001": {"sampling.temperature": 0.6},
+                  "bbbb0002": {"sampling.temperature": 0.7}}))  # fmt: skip
+    _planned(root, [new, kept, nat])
+
+    stats = export_run(RunDir.open(root), str(tmp_path / "a"), shard_rows=0, drop_flags="none")
+    assert stats.rows_written == 2  # x:2 and the native row: x:1 is stale, x:h0ld not planned
+    assert stats.dropped == {"not_planned": 1, "stale": 1}
+    # once the edited row is answered (a new attempt, under another setting after --force)
+    pq.write_table(rows_to_table([row(new, "bbbb0002", attempt=1)]),
+                   root / "parts" / "s2-00000.parquet")  # fmt: skip
+    stats = export_run(RunDir.open(root), str(tmp_path / "b"), shard_rows=0, drop_flags="none")
+    assert stats.rows_written == 3 and stats.dropped == {"not_planned": 1, "superseded": 1}
+    assert stats.settings == {"aaaa0001": 1, "bbbb0002": 1, "native": 1}
+    one = export_run(RunDir.open(root), str(tmp_path / "c"), shard_rows=0, drop_flags="none",
+                     setting="aaaa0001")  # fmt: skip
+    assert one.settings == {"aaaa0001": 1, "native": 1}
+    assert one.dropped == {"not_planned": 1, "superseded": 1, "other_setting": 1}
+    with pytest.raises(ConfigError, match="aaaa0001, bbbb0002"):
+        export_run(RunDir.open(root), str(tmp_path / "d"), setting="cccc0003")

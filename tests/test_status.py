@@ -438,13 +438,84 @@ def test_pyarrow_uri_and_missing_directories(tmp_path: Path) -> None:
         read_numbers(tmp_path / "empty", NOW)
 
 
-def test_broken_progress_json_is_a_clear_error(tmp_path: Path) -> None:
+def test_progress_of_another_version_is_unknown_and_says_so(tmp_path: Path) -> None:
     write_run_dir(tmp_path, make_snapshot(NOW), now=NOW)
     d = json.loads((tmp_path / "progress.json").read_text())
     d["version"] = 99
     (tmp_path / "progress.json").write_text(json.dumps(d))
-    with pytest.raises(RunDirError, match="version 99"):
-        read_numbers(tmp_path, NOW)
+    n = read_numbers(tmp_path, NOW)
+    assert n.state == "unknown"
+    assert "another regen version (format 99" in n.state_reason
+    assert "--repair" not in n.state_reason  # not damage: nothing to repair
+
+
+def _stored_run(tmp_path: Path) -> Path:
+    """A finished run directory as the store writes it: two parts with records, plan.json,
+    progress.json (12 samples of sources a and b, all done)."""
+    from regen.rows import native_row
+    from regen.sample import Sample
+    from regen.store import RunDir, layout
+    from regen.store.completed import CompletedSample
+    from regen.store.layout import PlanEntry, PlanRecord
+    from regen.store.segments import Journal
+
+    rd = RunDir.open(tmp_path / "run")
+    j = Journal(rd, "S1")
+    for i in range(12):
+        src = "a" if i < 8 else "b"
+        sample = Sample(f"{src}:{i}", src, [], mode="native", input_ids=list(range(10)),
+                        loss_mask=[0] * 3 + [1] * 7)  # fmt: skip
+        j.append(CompletedSample(sample.id, src, [native_row(sample)]))
+        if i % 6 == 5:
+            j.roll()
+    layout.PLAN_FILE.write(
+        rd,
+        PlanRecord(
+            sources={
+                "a": PlanEntry(total=8, regenerate=True),
+                "b": PlanEntry(total=4, regenerate=True),
+            }
+        ),
+    )
+    s = make_snapshot(NOW)
+    s.state = "finished"
+    s.sources = {"a": SourceProgress(total=8, done=8, rows=8, prompt_tokens=24,
+                                     completion_tokens=56),
+                 "b": SourceProgress(total=4, done=4, rows=4, prompt_tokens=12,
+                                     completion_tokens=28)}  # fmt: skip
+    layout.PROGRESS_FILE.write(rd, s)
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize("garbage", [b"garbage{", b"", b'{"version": 1, "name": 3}'])
+def test_a_damaged_progress_file_reads_as_unknown_not_as_an_empty_run(
+    tmp_path: Path, garbage: bytes, capsys
+) -> None:
+    from monitor.render import render_text
+    from regen.cli.main import main
+
+    run = _stored_run(tmp_path)
+    (run / "progress.json").write_bytes(garbage)
+    n = read_numbers(run, NOW)
+    assert n.state == "unknown"
+    assert "progress.json is damaged" in n.state_reason
+    assert f"regen verify {run} --repair" in n.state_reason
+    # the numbers are the part records', with the plan's totals: not 0/0
+    assert (n.overall.done, n.overall.total, n.overall.rows) == (12, 12, 12)
+    assert {s.name: (s.done, s.total) for s in n.sources} == {"a": (8, 8), "b": (4, 4)}
+    frame = render_text(n, width=160)
+    assert "UNKNOWN" in frame and "--repair" in frame and "EMPTY" not in frame
+    assert main(["status", str(run), "--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    assert d["state"] == "unknown" and d["done"] == 12 and d["total"] == 12
+    assert main(["status", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "progress unknown" in out and "--repair" in out
+    assert main(["verify", str(run), "--repair", "--no-plan"]) == 0
+    capsys.readouterr()
+    fixed = read_numbers(run, NOW)
+    assert fixed.state == "finished" and (fixed.overall.done, fixed.overall.total) == (12, 12)
+    assert main(["status", str(run)]) == 0
 
 
 def test_configured_endpoints_without_reports_are_listed_unknown(tmp_path: Path) -> None:

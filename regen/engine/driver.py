@@ -14,7 +14,9 @@ source; before Ray or any actor; the last two only when checks.json does not hol
 quarantined, their samples planned again) → plan (from the plan index under plan/ when it is
 valid, else by reading the sources, which writes it; skip done ones and recorded permanent
 failures unless ``retry_failed``; with ``retry_flagged``, done samples whose latest answer is
-flagged are planned again as a new attempt, regen.engine.attempts) → native rows journaled
+flagged are planned again as a new attempt, regen.engine.attempts) → stale answers against
+that plan (regen.store.stale: not counted as done; a sample whose source row changed in place
+is planned again as a new attempt that supersedes them) → native rows journaled
 directly → endpoint check → Ray and N actors (started while the plan is read) → the dispatch
 loop (:mod:`regen.engine.dispatch`: batches exchanged with the actors) → every completed
 sample journaled at once; every ``part_size`` samples or ``part_interval_s`` the segment
@@ -35,6 +37,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from regen.engine.adaptive import DEFAULT_CONCURRENCY, describe_limit
 from regen.engine.attempts import RetryFlagged, select
@@ -60,6 +65,7 @@ from regen.store.progress import ProgressSnapshot, SourceProgress
 from regen.store.run import new_session_id, prepare_run, record_engines
 from regen.store.rundir import RunDir
 from regen.store.segments import Journal, recover
+from regen.store.stale import StaleSet, stale_answers
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +226,9 @@ class _Session:
         self.lock_lost: str = ""  #: set when another run took the lock over
         #: new attempts planned: sample id -> the counters of the answer each replaces
         self.replaces: dict[str, SourceCounts] = {}
+        #: the new attempts that answer a source row changed in place (regen.store.stale):
+        #: the answers they replace are stale, not counted as done
+        self.superseding: set[str] = set()
         self.refused: set[str] = set()  #: endpoints announced as refused (one line each)
 
     # -- recording (regen.engine.dispatch.Recorder) --------------------------------------
@@ -236,9 +245,12 @@ class _Session:
         self.journal.append(done)
         prev = self.failed_ids.pop(done.sample_id, None)
         assert self.tracker is not None
+        stale = done.sample_id in self.superseding
+        self.superseding.discard(done.sample_id)
         self.tracker.sample_counted(done.source, done.counts(), tokens,
                                     was_failed=prev is not None and prev.permanent,
-                                    retry=replaces is not None)  # fmt: skip
+                                    retry=replaces is not None and not stale,
+                                    supersedes=replaces if stale else None)  # fmt: skip
         self.summary.completed_now += 1
         self.summary.retried_now += replaces is not None
         if self.journal.due(self.m.engine.part_size, self.m.engine.part_interval_s):
@@ -288,7 +300,10 @@ class _Session:
         )
         self.failure_log.append(rec)
         assert self.tracker is not None
-        if self.replaces.pop(out.sample_id, None) is not None:
+        if out.sample_id in self.superseding:  # its stale answer is not done: a sample's failure
+            self.superseding.discard(out.sample_id)
+            self.replaces.pop(out.sample_id, None)
+        elif self.replaces.pop(out.sample_id, None) is not None:
             # a new attempt failed: the sample keeps its stored answer (the next run with
             # --retry-flagged requests it again)
             self.tracker.sample_failed(out, newly_permanent=False, retry=True)
@@ -337,8 +352,9 @@ class _Session:
         self.stop.set()
 
     # -- the session --------------------------------------------------------------------------
-    def _read_state(self) -> tuple[DoneSet, SessionPlan]:
-        """Fold journals, verify the parts, read failures, plan (in a thread, see run)."""
+    def _read_state(self) -> tuple[DoneSet, SessionPlan, StaleSet]:
+        """Fold journals, verify the parts, read failures, plan, find the stale answers (in a
+        thread, see run)."""
         rd, m = self.rd, self.m
         with ThreadPoolExecutor(1, thread_name_prefix="regen-index") as ex:
             index = ex.submit(open_index, rd, m, self.opts.limit)  # beside the done-set
@@ -356,9 +372,44 @@ class _Session:
         plan = plan_session(m, done.ids, self.failed_ids, limit=self.opts.limit,
                             retry_failed=self.opts.retry_failed, redo=redo, rd=rd,
                             opened=opened)  # fmt: skip
+        stale, plan = self._supersede_stale(done, plan, redo)
         for sid in set(self.replaces) - plan.redo:
             del self.replaces[sid]  # no longer in the plan (e.g. --limit)
-        return done, plan
+        return done, plan, stale
+
+    def _supersede_stale(
+        self, done: DoneSet, plan: SessionPlan, redo: dict[str, int]
+    ) -> tuple[StaleSet, SessionPlan]:
+        """The stored answers the plan just made no longer wants (regen.store.stale); a sample
+        whose source row changed in place is planned again, as a new attempt one above its
+        stale answer's (the plan is made again with it: its body is read from the sources)."""
+        from regen.store.planindex import recorded_plan
+
+        planned, why = recorded_plan(self.rd)
+        if planned is None:
+            if why:
+                log.warning("%s: stale answers not looked for: %s", self.rd.uri, why)
+            return StaleSet(), plan
+        if self.failed_ids:  # failures of samples the plan no longer holds are not counted
+            ids = list(self.failed_ids)
+            held = pc.is_in(pa.array(ids, pa.string()), value_set=planned.column("id"))
+            kept = [k for k, ok in zip(ids, held.to_pylist(), strict=True) if ok]
+            self.failed_ids = {k: self.failed_ids[k] for k in kept}
+        stale = stale_answers(self.rd, done, planned)
+        done.keys = []  # the answers' hashes are not needed past this point
+        if not len(stale):
+            return stale, plan
+        log.warning("%s: %s: not counted as done, never exported", self.rd.uri, stale.describe())
+        changed = {sid: stale.answers[sid].attempt + 1 for sid in stale.ids("changed")}
+        if changed:
+            plan.spill.close()
+            plan = plan_session(self.m, done.ids, self.failed_ids, limit=self.opts.limit,
+                                retry_failed=self.opts.retry_failed, redo={**redo, **changed},
+                                rd=self.rd, stale=frozenset(changed))  # fmt: skip
+        for sid in plan.redo & set(changed):  # not done: what remains, not "retrying"
+            self.replaces[sid] = stale.answers[sid].counts
+            self.superseding.add(sid)
+        return stale, plan
 
     def _likely_work(self) -> bool:
         """False when the last session finished (then nothing is started before the plan)."""
@@ -408,7 +459,7 @@ class _Session:
             try:
                 if self._likely_work() and not self.stop.is_set():
                     warm = self._warm_up()
-                done, plan = reading.result()
+                done, plan, stale = reading.result()
             except BaseException:
                 if warm is not None:
                     warm.close()
@@ -429,7 +480,7 @@ class _Session:
         for f in self.failed_ids.values():
             if f.permanent:
                 failed_per_source[f.source] = failed_per_source.get(f.source, 0) + 1
-        self.tracker.start_from(done, plan.totals, failed_per_source, plan.retries)
+        self.tracker.start_from(done, plan.totals, failed_per_source, plan.retries, stale)
         for msg in done.damaged:
             self.tracker.driver_error("damaged_part", msg)
         log.info("session %s: %d samples to regenerate (%d new attempts of flagged samples), "

@@ -88,10 +88,13 @@ def plan_session(
     redo: dict[str, int] | None = None,
     rd: RunDir | None = None,
     opened: tuple[planindex.PlanIndex | None, str] | None = None,
+    stale: frozenset[str] = frozenset(),
 ) -> SessionPlan:
     """Split the samples into work (regenerate), native rows and already-done. ``redo``: done
-    samples requested again, with their new attempt number. The bodies of the work wait in a
-    temporary file or in the sources (closed with the plan's ``spill``).
+    samples requested again, with their new attempt number; those of ``stale`` answer a
+    source row that changed (regen.store.stale: native ones are stored again too, and they are
+    not counted as ``retries``, which are the new attempts of flagged answers). The bodies of
+    the work wait in a temporary file or in the sources (closed with the plan's ``spill``).
 
     With ``rd``, the plan index in it is used when valid (and no ``redo``), else written when
     missing or stale (module docstring); ``opened``: what
@@ -150,7 +153,11 @@ def plan_session(
             if s.id in done:
                 if s.id in redo and s.mode == "regenerate":
                     todo.append(PackedSample.pack(as_attempt(s, redo[s.id]), spill))
-                    retries[s.source] = retries.get(s.source, 0) + 1
+                    if s.id not in stale:
+                        retries[s.source] = retries.get(s.source, 0) + 1
+                    queued.add(s.id)
+                elif s.id in stale and s.id in redo:  # a native row changed: stored again
+                    native.append(as_attempt(s, redo[s.id]))
                     queued.add(s.id)
                 continue
             if s.id in skip:

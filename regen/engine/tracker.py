@@ -29,6 +29,7 @@ from regen.store.progress import (
     SourceProgress,
 )
 from regen.store.rundir import RunDir
+from regen.store.stale import StaleSet, current_counts
 
 
 class ProgressTracker:
@@ -72,25 +73,41 @@ class ProgressTracker:
         totals: dict[str, tuple[int, bool]],
         failed: dict[str, int],
         retrying: dict[str, int] | None = None,
+        stale: StaleSet | None = None,
     ) -> None:
         """Counters of earlier sessions: totals {source: (samples, regenerate)}; ``retrying``:
-        the new attempts (regen run --retry-flagged) this session planned per source."""
+        the new attempts (regen run --retry-flagged) this session planned per source;
+        ``stale``: the stored answers the plan no longer wants (counted apart, not as done)."""
         for name, (total, regen_) in totals.items():
             sp = self.source(name)
             sp.total, sp.regenerate = total, regen_
             sp.failed = failed.get(name, 0)
             sp.retrying = (retrying or {}).get(name, 0)
-        for name, t in done.sources.items():
+        for name, t in current_counts(done, stale or StaleSet()).items():
             self.source(name).add(t)
+        for name, t in (stale.sources if stale is not None else {}).items():
+            self.source(name).stale = t
 
     def sample_counted(
-        self, source: str, c: SourceCounts, tokens: list[int], *, was_failed: bool, retry: bool
+        self,
+        source: str,
+        c: SourceCounts,
+        tokens: list[int],
+        *,
+        was_failed: bool,
+        retry: bool,
+        supersedes: SourceCounts | None = None,
     ) -> None:
         """One stored sample: its counters (:meth:`regen.store.completed.CompletedSample.counts`:
         a new attempt's, ``retry``, are the difference from the answer it replaces) and the
-        completion tokens of its regenerated rows (:func:`regen.store.counts.output_tokens`)."""
+        completion tokens of its regenerated rows (:func:`regen.store.counts.output_tokens`).
+        ``supersedes``: the stale answer a new attempt replaces (not counted as done: the
+        sample is done now, and that answer is no longer stale)."""
         sp = self.source(source)
         sp.add(c)
+        if supersedes is not None:
+            sp.add(supersedes)
+            sp.stale.add(supersedes, -1)
         self.session_tokens += sum(tokens)
         if retry:
             sp.retrying = max(0, sp.retrying - 1)

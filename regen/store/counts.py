@@ -10,9 +10,9 @@ counts as the difference from the answer it replaces (:func:`net_counts`: ``done
 ``retried`` 1, rows, tokens and flags new minus old), so adding the parts up in any order
 gives the totals of the latest answers.
 
-In a file, the first five counters are required; ``flagged``, ``flags``, ``retried`` and
-``ended`` (added later) read as 0 (empty) when a file written before them lacks them. Values
-are strict: ``"40"`` or ``true`` is not a count.
+In a file, the first five counters are required; ``flagged``, ``flags``, ``retried``,
+``ended`` and ``settings`` (added later) read as 0 (empty) when a file written before them
+lacks them. Values are strict: ``"40"`` or ``true`` is not a count.
 """
 
 from __future__ import annotations
@@ -76,20 +76,23 @@ class SourceCounts(CountsModel):
     #: regen.engine.turns: a regenerated tool call that does not match the original's);
     #: written only when some sample ended, so a file without any reads as before it existed
     ended: dict[str, int] = Field(default_factory=dict, exclude_if=lambda v: not v)
+    #: samples per settings id of their rows (the rows' ``settings`` column, regen.rows:
+    #: ``Manifest.settings_id()`` of the session that answered; native rows and rows written
+    #: before the column have none); written only when some sample has one
+    settings: dict[str, int] = Field(default_factory=dict, exclude_if=lambda v: not v)
 
     def add(self, other: SourceCounts, sign: int = 1) -> None:
         """Add ``other``'s counters (``sign=-1``: subtract them)."""
         for name in SCALAR_COUNTS:
             setattr(self, name, getattr(self, name) + sign * getattr(other, name))
-        add_flag_counts(self.flags, other.flags, sign)
-        add_flag_counts(self.ended, other.ended, sign)
+        for name in MAPPING_COUNTS:
+            add_flag_counts(getattr(self, name), getattr(other, name), sign)
 
     def counts(self) -> SourceCounts:
         """The counters alone (a copy; of a subclass, without what it adds)."""
         return SourceCounts(
             **{n: getattr(self, n) for n in SCALAR_COUNTS},
-            flags=dict(self.flags),
-            ended=dict(self.ended),
+            **{n: dict(getattr(self, n)) for n in MAPPING_COUNTS},
         )
 
     def less(self, *others: SourceCounts) -> SourceCounts:
@@ -98,10 +101,9 @@ class SourceCounts(CountsModel):
         out = SourceCounts(**{
             n: max(0, getattr(self, n) - sum(getattr(o, n) for o in others)) for n in SCALAR_COUNTS
         })  # fmt: skip
-        for mine, into, theirs in (
-            (self.flags, out.flags, [o.flags for o in others]),
-            (self.ended, out.ended, [o.ended for o in others]),
-        ):
+        for name in MAPPING_COUNTS:
+            mine, into = getattr(self, name), getattr(out, name)
+            theirs = [getattr(o, name) for o in others]
             for key, n in mine.items():
                 left = n - sum(t.get(key, 0) for t in theirs)
                 if left > 0:
@@ -110,9 +112,7 @@ class SourceCounts(CountsModel):
 
     @property
     def is_zero(self) -> bool:
-        return (
-            not self.flags and not self.ended and not any(getattr(self, n) for n in SCALAR_COUNTS)
-        )
+        return not any(getattr(self, n) for n in (*SCALAR_COUNTS, *MAPPING_COUNTS))
 
     @property
     def tokens_per_turn(self) -> float | None:
@@ -125,8 +125,11 @@ class SourceCounts(CountsModel):
         return self.completion_tokens / self.done if self.done and self.completion_tokens else None
 
 
-#: the integer counters of SourceCounts (``flags`` and ``ended`` are per-key mappings)
+#: the integer counters of SourceCounts
 SCALAR_COUNTS = tuple(n for n, f in SourceCounts.model_fields.items() if f.annotation is int)
+#: its per-key counters: rows per flag, samples per reason their conversation ended, samples
+#: per settings id
+MAPPING_COUNTS = ("flags", "ended", "settings")
 
 
 def add_flag_counts(into: dict[str, int], other: dict[str, int], sign: int = 1) -> None:
@@ -152,6 +155,8 @@ def count_rows(rows: Iterable[dict[str, Any]]) -> SourceCounts:
             c.flags[flag] = c.flags.get(flag, 0) + 1
         if r.get("ended"):
             c.ended[r["ended"]] = 1
+        if r.get("settings"):
+            c.settings[r["settings"]] = 1
     c.truncated = int(trunc)
     c.flagged = int(bool(c.flags))
     return c

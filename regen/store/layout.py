@@ -8,7 +8,9 @@ code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI
       run.json          RunRecord        the run: name, fingerprint, model, created_at,
                                          regen_version, endpoints, previous_fingerprints,
                                          engines (per endpoint: the engine, its version and
-                                         where the rows' ids come from). Written by the driver
+                                         where the rows' ids come from), settings (each
+                                         settings id of its rows and what it stands for).
+                                         Written by the driver
                                          at creation (regen.store.run.prepare_run); only
                                          ``--force`` rewrites the rest; ``engines`` is updated
                                          when a session meets an endpoint it did not record
@@ -248,6 +250,10 @@ class RunRecord(Record):
     previous_fingerprints: list[str | None] = Field(default_factory=list)
     #: endpoint URL (without user:password) -> its engine, as sessions found it
     engines: dict[str, EngineRecord] = Field(default_factory=dict)
+    #: every settings id its sessions answered with (the rows' ``settings`` column,
+    #: ``Manifest.settings_id()``) -> those settings as dotted fields (``sampling.temperature``:
+    #: 0.6, ...): what each id of a ``--force`` mix stands for
+    settings: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
 class LockRecord(Record):

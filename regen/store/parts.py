@@ -16,6 +16,14 @@ and :func:`inspect_part` are the full checks (ids only, or the counter columns),
 :func:`footer_problem` the cheap one (the listing and the footer), :func:`quarantine` moves a
 damaged part aside. A sample's rows in a part are one attempt (the ``attempt`` column; a new
 attempt of ``regen run --retry-flagged`` is a row set in a later part).
+
+A part also verifies by itself, without its record: every data page carries a CRC32 (written
+with ``write_page_checksum``, checked on every read), and its footer says how many rows and
+samples it holds (``regen.samples`` / ``regen.rows``). A part whose record is missing or does
+not parse is read whole (:func:`inspect_part`, ``whole=True``: every column, so every page's
+checksum) and checked against its footer; when that passes, the part is intact and the record
+is rebuilt from it (:func:`regen.store.doneset.fold_part`): a damaged record never costs a
+part. Parts written before page checksums are checked by their footer and a full read only.
 """
 
 from __future__ import annotations
@@ -64,8 +72,15 @@ def part_bytes(table: pa.Table, samples: int) -> bytes:
     meta[META_SAMPLES] = str(samples).encode()
     meta[META_ROWS] = str(table.num_rows).encode()
     sink = pa.BufferOutputStream()
-    pq.write_table(table.replace_schema_metadata(meta), sink, compression="zstd")
+    pq.write_table(table.replace_schema_metadata(meta), sink, compression="zstd",
+                   write_page_checksum=True)  # fmt: skip
     return sink.getvalue().to_pybytes()
+
+
+def open_part(data: bytes) -> pq.ParquetFile:
+    """A part's bytes as a Parquet file whose reads check every page's CRC32 (pages written
+    without one are read as they are)."""
+    return pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
 
 
 SourceCountsKey = tuple[str, SourceCounts]
@@ -151,6 +166,9 @@ _COUNT_COLUMNS = (
     "finish_reason",
     "attempt",
     "quality_flags",
+    "ended",
+    "content_hash",
+    "settings",
 )
 
 
@@ -166,12 +184,17 @@ class PartState:
     samples: dict[str, SourceCountsKey] = field(default_factory=dict)
     #: sample id -> its attempt in this part, for attempts above 0
     attempts: dict[str, int] = field(default_factory=dict)
-    record_problem: str = ""  #: the record itself does not parse
+    #: the record exists but does not parse (``record`` is then None: the part is checked by
+    #: itself, and its record rebuilt when it is intact)
+    record_problem: str = ""
     schema: pa.Schema | None = None  #: the part's Arrow schema, when it was read
     #: (sample_id, turn, attempt) when read
     keys: list[tuple[str, int, int]] = field(default_factory=list)
     sha256: str = ""  #: of the part's bytes, when read
     rows: int = 0  #: rows, when read
+    #: sample id -> content_hash of its rows here (its highest attempt), when read; None for
+    #: rows written before the column
+    hashes: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def part(self) -> str:
@@ -233,48 +256,79 @@ def _part_bytes(rd: RunDir, st: PartState) -> tuple[str, bytes, str]:
     return "", data, digest
 
 
-def part_ids(rd: RunDir, st: PartState) -> tuple[str, list[str]]:
-    """The full check of a part that has a record, reading only its ``sample_id`` column:
-    (problem, its distinct sample ids). Its counters are its record's (its bytes are the ones
-    the record was made from: same size and sha256)."""
+def part_ids(rd: RunDir, st: PartState) -> tuple[str, list[str], pa.Table | None]:
+    """The full check of a part that has a record, reading only its ``sample_id`` and
+    ``content_hash`` columns: (problem, its distinct sample ids, its (sample_id, content_hash)
+    pairs). Its counters are its record's (its bytes are the ones the record was made from:
+    same size and sha256)."""
     problem, data, _ = _part_bytes(rd, st)
     if problem:
-        return problem, []
+        return problem, [], None
     try:
-        pf = pq.ParquetFile(pa.BufferReader(data))
-        if "sample_id" not in pf.schema_arrow.names:
-            return "no sample_id column", []
-        ids = pf.read(columns=["sample_id"]).column("sample_id")
+        pf = open_part(data)
+        names = pf.schema_arrow.names
+        if "sample_id" not in names:
+            return "no sample_id column", [], None
+        table = pf.read(columns=[c for c in ("sample_id", "content_hash") if c in names])
     except (OSError, pa.ArrowException) as e:
-        return f"unreadable ({_one_line(e)})", []
+        return f"unreadable ({_one_line(e)})", [], None
+    ids = table.column("sample_id")
     assert st.record is not None
     if len(ids) != st.record.rows:
-        return f"{len(ids)} rows, its record says {st.record.rows}", []
+        return f"{len(ids)} rows, its record says {st.record.rows}", [], None
     unique: list[str] = pc.unique(ids).to_pylist()
     if len(unique) != st.record.samples:
-        return f"{len(unique)} samples, its record says {st.record.samples}", []
-    return "", unique
+        return f"{len(unique)} samples, its record says {st.record.samples}", [], None
+    return "", unique, answer_keys(table)
 
 
-def inspect_part(rd: RunDir, st: PartState, *, columns: tuple[str, ...] = _COUNT_COLUMNS) -> str:
+def answer_keys(table: pa.Table) -> pa.Table:
+    """``(sample_id, content_hash)`` of a part's rows (content_hash null for rows written
+    before the column)."""
+    if "content_hash" in table.column_names:
+        hashes = table.column("content_hash")
+    else:
+        hashes = pa.nulls(table.num_rows, pa.string())
+    return pa.table({"sample_id": table.column("sample_id"), "content_hash": hashes})
+
+
+def inspect_part(
+    rd: RunDir,
+    st: PartState,
+    *,
+    columns: tuple[str, ...] = _COUNT_COLUMNS,
+    whole: bool | None = None,
+) -> str:
     """The full check of a part: its bytes against the record's size and sha256, then the
     Parquet read of ``columns`` (filling ``st.samples`` with each sample's rows in this part,
     its highest attempt here). Returns the problem ("" if intact); a part without a record gets
-    one when it is folded into a done-set (:func:`fold_part`)."""
+    one when it is folded into a done-set (:func:`fold_part`).
+
+    ``whole`` (default: when the part has no record to compare with) reads every column, so
+    that every page's checksum is verified, and checks the rows against the part's own footer
+    (the module docstring): how a part proves itself intact without its record."""
     problem, data, digest = _part_bytes(rd, st)
     if problem:
         return problem
     rec = st.record
+    whole = rec is None if whole is None else whole
     try:
-        pf = pq.ParquetFile(pa.BufferReader(data))
+        pf = open_part(data)
         names = pf.schema_arrow.names
-        table = pf.read(columns=[c for c in columns if c in names])
+        full = pf.read() if whole else None
+        table = full if full is not None else pf.read(columns=[c for c in columns if c in names])
+        if full is not None:
+            table = table.select([c for c in columns if c in names])
     except (OSError, pa.ArrowException) as e:
         return f"unreadable ({_one_line(e)})"
     if "sample_id" not in table.column_names:
         return "no sample_id column"
     if rec is not None and table.num_rows != rec.rows:
         return f"{table.num_rows} rows, its record says {rec.rows}"
+    if full is not None:
+        problem = _self_check(pf, full)
+        if problem:
+            return problem
     st.schema = pf.schema_arrow
     st.sha256, st.rows = digest, table.num_rows
     rows = table.to_pylist()
@@ -291,6 +345,28 @@ def inspect_part(rd: RunDir, st: PartState, *, columns: tuple[str, ...] = _COUNT
             sample_rows = [r for r in sample_rows if int(r.get("attempt") or 0) == attempt]
             st.attempts[sid] = attempt
         st.samples[sid] = (src, count_rows(sample_rows))
+        st.hashes[sid] = sample_rows[0].get("content_hash")
+    return ""
+
+
+def _self_check(pf: pq.ParquetFile, table: pa.Table) -> str:
+    """A part read whole, against its own footer (row and sample counts) and the invariants of
+    every row (ids and mask of one length, ``num_tokens`` that length): "" when it holds."""
+    meta = pf.metadata.metadata or {}  # a part written before the counts has none to compare
+    want_rows, want_samples = meta.get(META_ROWS), meta.get(META_SAMPLES)
+    if want_rows is not None and table.num_rows != int(want_rows):
+        return f"{table.num_rows} rows, its footer says {int(want_rows)}"
+    samples = len(pc.unique(table.column("sample_id")))
+    if want_samples is not None and samples != int(want_samples):
+        return f"{samples} samples, its footer says {int(want_samples)}"
+    names = set(table.column_names)
+    if {"input_ids", "loss_mask", "num_tokens", "loss_tokens"} <= names:
+        ids_len = pc.list_value_length(table.column("input_ids"))
+        mask_len = pc.list_value_length(table.column("loss_mask"))
+        if not pc.all(pc.equal(ids_len, mask_len)).as_py():
+            return "a row's input_ids and loss_mask differ in length"
+        if not pc.all(pc.equal(ids_len, table.column("num_tokens"))).as_py():
+            return "a row's num_tokens is not the length of its input_ids"
     return ""
 
 
@@ -305,6 +381,19 @@ def quarantine(rd: RunDir, st: PartState) -> list[str]:
             rd.move(rel, dst)
             moved.append(dst)
     return moved
+
+
+def set_aside_record(rd: RunDir, st: PartState) -> str | None:
+    """Move a part's record that does not parse to quarantine/ (the part stays: it is checked
+    by itself and gets a new record); returns where it went."""
+    rel = layout.part_record_path(st.stem)
+    if not rd.exists(rel):
+        return None
+    dst = layout.quarantine_path(rel)
+    rd.makedirs(layout.QUARANTINE_DIR)
+    rd.delete(dst)
+    rd.move(rel, dst)
+    return dst
 
 
 def damage_message(st: PartState) -> str:

@@ -377,6 +377,8 @@ class IndexBuilder:
             self.discard()
             log.warning("the plan index was not written (%s): the next resume reads the "
                         "sources again", e)  # fmt: skip
+            if self.rd.exists(layout.PLAN_INDEX):  # an older plan's: no longer this one
+                invalidate(self.rd, "it holds an earlier plan")
             return False
         log.info("plan index written: %d samples (%s)", len(self.ids), layout.PLAN_INDEX)
         return True
@@ -466,6 +468,61 @@ def open_index(rd: RunDir, manifest: Manifest, limit: int | None) -> tuple[PlanI
     if not table.schema.equals(SCHEMA) or table.num_rows != rec.samples:
         return None, f"{layout.PLAN_SAMPLES} does not hold what the index says"
     return PlanIndex(rd, manifest, rec, table), ""
+
+
+def recorded_plan(rd: RunDir) -> tuple[pa.Table | None, str]:
+    """The samples the latest session planned, as it recorded them, whatever the sources hold
+    now: ``(id, source, content_hash)`` of plan/samples.parquet's entries (repeats dropped) cut
+    at plan.json's ``--limit``. ``(None, "")`` when there is no index (a run from before it, or
+    a session that could not write it), ``(None, why)`` when it is damaged: index.json does not
+    parse, or plan/samples.parquet is not the file it describes."""
+    try:
+        rec = layout.PLAN_INDEX_FILE.read(rd)
+        plan = layout.PLAN_FILE.read(rd)
+    except RunDirError as e:
+        return None, str(e)
+    if rec is None:
+        return None, ""
+    if rec.version != INDEX_VERSION:
+        return (
+            None,
+            f"{layout.PLAN_INDEX} has format {rec.version}, this regen reads {INDEX_VERSION}",
+        )
+    want = rec.files.get(layout.PLAN_SAMPLES)
+    data = rd.read_bytes(layout.PLAN_SAMPLES)
+    if want is None or data is None:
+        return None, f"{layout.PLAN_SAMPLES} is missing"
+    if len(data) != want.bytes or hashlib.sha256(data).hexdigest() != want.sha256:
+        return None, f"{layout.PLAN_SAMPLES} is not the file {layout.PLAN_INDEX} describes"
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+    except (OSError, pa.ArrowException) as e:
+        return None, f"{layout.PLAN_SAMPLES} is unreadable ({e})"
+    if not table.schema.equals(SCHEMA) or table.num_rows != rec.samples:
+        return None, f"{layout.PLAN_SAMPLES} does not hold what the index says"
+    limit = plan.limit if plan is not None else rec.limit
+    if limit is not None:
+        table = table.slice(0, limit)
+    table = table.filter(pc.invert(table.column("repeat")))
+    return table.select(["id", "source", "content_hash"]), ""
+
+
+def rebuild(rd: RunDir, manifest: Manifest, limit: int | None) -> bool:
+    """Write plan/ again from the sources (what a session does without a valid index): the
+    planned stream of ``manifest`` cut at ``limit``. False (with one warning) when it could not
+    be written; a source that cannot be read raises (SourceError, OSError)."""
+    builder = IndexBuilder(rd, manifest)
+    seen: set[str] = set()
+    read = 0
+    try:
+        for s in iter_planned(manifest, limit):
+            read += 1
+            builder.add(s, repeat=s.id in seen)
+            seen.add(s.id)
+    except BaseException:
+        builder.discard()
+        raise
+    return builder.write(limit=limit, complete=limit is None or read < limit)
 
 
 def invalidate(rd: RunDir, why: str) -> None:

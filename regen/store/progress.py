@@ -15,7 +15,8 @@ the driver (and once at the end of a session)::
                          "flagged", "retried", "retrying": int, "flags": {flag: int},
                          "pending": {"done", "rows", "truncated", "prompt_tokens",
                                      "completion_tokens", "flagged", "retried": int,
-                                     "flags": {flag: int}}}},
+                                     "flags": {flag: int}},
+                         "stale": {the same counters}?, "settings": {id: int}?}},
       "in_flight": int,
       "requests": {"sent", "ok", "retried", "failed": int},                 # this session
       "token_series": [[t, cumulative_completion_tokens], ...],             # this session
@@ -34,7 +35,10 @@ by ``regen run --retry-flagged`` counts its new rows, tokens and flags instead o
 planned and has not stored yet (part of what remains). ``pending`` is the part of them
 journaled but not yet in a Parquet part (the rest is in the parts, whose records say how much
 each holds: that is how a reader notices a part that vanished, see regen.status); a file
-without it (an older writer) reads it as None: unknown.
+without it (an older writer) reads it as None: unknown. ``stale`` counts the stored answers
+the latest plan no longer wants (regen.store.stale: their source row was edited or left the
+plan): they are in the parts but not in the counters above, and never exported; written only
+when there is one. ``settings`` counts done samples per settings id (regen.rows).
 ``requests`` and ``token_series`` cover the current session only. ``token_series`` holds one
 point per ~5 s, trimmed to the last ~20 min (at most 300 points):
 :meth:`ProgressSnapshot.add_token_point` does that. ``output_tokens_hist`` counts completion
@@ -109,6 +113,9 @@ class SourceProgress(SourceCounts):
     #: the part of the counters not yet in a part (None: unknown, an older writer)
     pending: SourceCounts | None = Field(default_factory=SourceCounts,
                                          exclude_if=lambda v: v is None)  # fmt: skip
+    #: stored answers the latest plan no longer wants (regen.store.stale): in the parts, not
+    #: in the counters above
+    stale: SourceCounts = Field(default_factory=SourceCounts, exclude_if=lambda v: v.is_zero)
 
     @model_validator(mode="before")
     @classmethod
@@ -132,6 +139,7 @@ class SourceProgress(SourceCounts):
             out.total += s.total
             out.failed += s.failed
             out.retrying += s.retrying
+            out.stale.add(s.stale)
         return out
 
 

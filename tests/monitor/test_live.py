@@ -49,9 +49,9 @@ def test_ticker_keeps_the_last_good_numbers_on_a_bad_read(tmp_path: Path) -> Non
     t = Ticker(tmp_path)
     first = t.tick(NOW)
     assert first is not None and t.error == ""
-    (tmp_path / "progress.json").write_text(json.dumps({"version": 7}))
+    (tmp_path / "run.json").write_text(json.dumps({"name": 7}))  # a failed read, kept apart
     assert t.tick(NOW) is first
-    assert "version 7" in t.error
+    assert "run.json is damaged" in t.error
     text = _render(t, 120)
     assert "showing the last good read" in text and "kimi-k25-eagle3-regen" in text
 
@@ -119,7 +119,7 @@ def test_plain_view_warns_when_a_readable_directory_breaks(tmp_path: Path, caplo
     t = Ticker(tmp_path)
     with caplog.at_level(logging.DEBUG, logger="monitor.live"):
         _log_tick(t)
-        (tmp_path / "progress.json").write_text(json.dumps({"version": 7}))
+        (tmp_path / "run.json").write_text(json.dumps({"name": 7}))
         _log_tick(t)
     levels = [r.levelno for r in caplog.records if r.name == "monitor.live" and r.levelno > 10]
     assert levels == [logging.INFO, logging.WARNING]

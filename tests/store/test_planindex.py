@@ -23,7 +23,6 @@ from regen.sources import locate
 from regen.store import RunDir, layout, planindex
 from regen.store.failures import FailureRecord
 from regen.store.run import write_manifest
-from regen.store.verify import planned_ids
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -285,7 +284,9 @@ def test_hub_samples_are_kept_in_the_index(tmp_path, monkeypatch) -> None:
     assert got == want
 
 
-def test_verify_takes_the_planned_ids_from_a_valid_index(demo, tmp_path, monkeypatch) -> None:
+def test_the_recorded_plan_is_read_from_the_index_alone(demo, tmp_path, monkeypatch) -> None:
+    """What the latest session planned (ids and content hashes), read from plan/ without the
+    sources, even once they changed (that is a new plan only when a session plans again)."""
     from regen.engine.planning import write_plan
 
     m = load_manifest(demo)
@@ -295,9 +296,19 @@ def test_verify_takes_the_planned_ids_from_a_valid_index(demo, tmp_path, monkeyp
     write_manifest(rd, m)
     plan.spill.close()
     want = {p.id for p in plan.todo} | {s.id for s in plan.native}
+    hashes = {s.id: s.content_hash for s in planindex.iter_planned(m, 30)}
 
     def no_reading(*a, **k):  # type: ignore[no-untyped-def]
         raise AssertionError("the sources were read")
 
     monkeypatch.setattr("regen.sources.read_samples", no_reading)
-    assert planned_ids(rd) == (want, "")
+    first = m.resolve(m.sources[0].path)
+    first.write_bytes(first.read_bytes().replace(b"Paris", b"Rome"))
+    table, why = planindex.recorded_plan(rd)
+    assert why == "" and table is not None
+    assert set(table.column("id").to_pylist()) == want
+    assert dict(zip(table.column("id").to_pylist(), table.column("content_hash").to_pylist(),
+                    strict=True)) == {k: hashes[k] for k in want}  # fmt: skip
+    rd.write_bytes_atomic(layout.PLAN_SAMPLES, b"PAR1 garbage")
+    table, why = planindex.recorded_plan(rd)
+    assert table is None and "not the file" in why

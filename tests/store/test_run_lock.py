@@ -42,12 +42,52 @@ def test_prepare_run_writes_once_and_refuses_other_fingerprint(tmp_path) -> None
     assert "name: t" in rd.read_text(layout.MANIFEST)
     again = prepare_run(rd, _manifest(), [])
     assert again.created_at == info.created_at
-    with pytest.raises(FingerprintMismatchError):
+    with pytest.raises(FingerprintMismatchError) as refused:
         prepare_run(rd, _manifest(temperature=0.0), [])
+    # each field that changed, with both values (not two hashes)
+    assert "sampling.temperature 0.6 -> 0.0 (run directory -> this manifest)" in str(refused.value)
+    assert info.fingerprint not in str(refused.value)
     forced = prepare_run(rd, _manifest(temperature=0.0), [], force=True)
     assert forced.fingerprint == _manifest(0.0).fingerprint()
     assert forced.previous_fingerprints == [info.fingerprint]
     assert layout.RUN_FILE.read(rd).fingerprint == forced.fingerprint
+    # what each settings id of the run's rows stands for
+    settings = layout.RUN_FILE.read(rd).settings
+    assert {k: v["sampling.temperature"] for k, v in settings.items()} == {
+        _manifest().settings_id(): 0.6,
+        _manifest(0.0).settings_id(): 0.0,
+    }
+
+
+def test_the_refusal_names_every_changed_field(tmp_path) -> None:
+    from regen.manifest import parse_manifest
+
+    def manifest(**kw):
+        data = {"name": "t", "target": {"model": "m", "tokenizer": "tok"},
+                "sampling": {"temperature": 0.6},
+                "sources": [{"name": "s", "adapter": "sharegpt", "path": "x.jsonl"}]}  # fmt: skip
+        for k, v in kw.items():
+            data[k] = v
+        return parse_manifest(data)
+
+    rd = RunDir.open(tmp_path / "r")
+    prepare_run(rd, manifest(), [])
+    other = manifest(
+        target={"model": "k2", "tokenizer": "tok"},
+        sampling={"temperature": 0.6, "max_tokens": 512},
+        sources=[{"name": "s", "adapter": "sharegpt", "path": "x.jsonl", "limit": 5},
+                 {"name": "new", "adapter": "xlam", "path": "y.jsonl"}],
+    )  # fmt: skip
+    with pytest.raises(FingerprintMismatchError) as refused:
+        prepare_run(rd, other, [])
+    msg = str(refused.value)
+    for part in ('target.model "m" -> "k2"', "sampling.max_tokens 4096 -> 512",
+                 "sources.s.limit null -> 5", "sources.new: added"):  # fmt: skip
+        assert part in msg, msg
+    assert "sources.new.adapter" not in msg  # a new source is one entry
+    rd.write_text_atomic(layout.MANIFEST, "not: [a manifest")  # nothing left to compare with
+    with pytest.raises(FingerprintMismatchError, match=r"fingerprint [0-9a-f]{32}, this manifest"):
+        prepare_run(rd, other, [])
 
 
 def test_public_url_strips_credentials() -> None:
