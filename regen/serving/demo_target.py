@@ -155,7 +155,7 @@ def training_turns(manifest: Any) -> list[TrainingTurn]:
         async def complete(request: list[dict[str, Any]], tools: Any, answered=answered) -> Any:
             return demo_answer(request, tools, next(answered, None))
 
-        for done in asyncio.run(regenerate(sample, complete)):
+        for done in asyncio.run(regenerate(sample, complete)).turns:
             r = done.result
             t = renderer.render_turn(
                 done.request_messages,
