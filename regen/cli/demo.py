@@ -155,6 +155,13 @@ def _train(console: Any, args: argparse.Namespace, model_dir: Path) -> int:
         first, last = curve.held_out[0][1], curve.held_out[-1][1]
         console.print(f"  held-out loss {first:.3f} -> {last:.3f} ({last / first:.2f}x)",
                       highlight=False)  # fmt: skip
+    if curve.held_out_acceptance:
+        (s0, a0), (s1, a1) = curve.held_out_acceptance[0], curve.held_out_acceptance[-1]
+        console.print(
+            f"  expected acceptance of the first drafted token (SpecForge): "
+            f"{a0:.3f} at step {s0} -> {a1:.3f} at step {s1}",
+            highlight=False,
+        )
     console.print(
         f"  checkpoint: {curve.checkpoint or 'none written'}\n"
         f"  run config: {result.run_yaml}   log: {result.log_path}",

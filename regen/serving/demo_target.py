@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 MARKER = "regen_demo_target.json"
 #: what earlier regen versions left in the same folder (the random tiny model): replaced freely
 OLD_MARKERS = ("regen_tiny_model.json",)
-BUILD_VERSION = 3
+BUILD_VERSION = 4
 #: what the demo target thinks before it answers (with and without tools offered)
 REASONING = "Let me think about the request."
 REASONING_TOOLS = "The user needs a tool for this."

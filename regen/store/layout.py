@@ -639,6 +639,9 @@ class CpuCurveRecord(Record):
     train: list[tuple[int, float]]
     #: (step, held-out loss); step 0 is the untrained draft
     held_out: list[tuple[int, float]]
+    #: (step, SpecForge's expected acceptance of the first drafted token on the held-out
+    #: rows, ``eval/acceptance_rate_0``) at the same steps
+    held_out_acceptance: list[tuple[int, float]] = Field(default_factory=list)
     checkpoint: str | None
 
 

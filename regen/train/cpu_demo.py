@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 
 #: every n-th exported row is held out of training and evaluated on
 HOLDOUT_EVERY = 8
-#: evaluate the held-out rows every this many steps (and at step 0)
+#: evaluate the held-out rows about every this many steps (and at step 0 and the last step)
 EVAL_INTERVAL = 5
 _STEP_LINE = re.compile(r"^step (\d+): (\{.*\})\s*$")
 
@@ -89,13 +89,19 @@ def cpu_run_config(run: dict[str, Any], rd: RunDir, *, steps: int) -> dict[str, 
         fsdp_sharding="NO_SHARD",
         attention_backend="sdpa",
         max_steps=steps,
-        eval_interval=EVAL_INTERVAL,
+        eval_interval=eval_interval(steps),
         save_interval=0,
     )
     trainer = out["deployment"]["trainer"]
     out["deployment"] = {"mode": "local_colocated", "trainer": trainer}
     out["output_dir"] = rd.path(L.CPU_CHECKPOINTS)
     return out
+
+
+def eval_interval(steps: int) -> int:
+    """The largest interval up to EVAL_INTERVAL that divides ``steps``: SpecForge evaluates
+    when the step is a multiple of it, so the last step is always evaluated."""
+    return next(d for d in range(min(EVAL_INTERVAL, steps), 0, -1) if steps % d == 0)
 
 
 def capture_features(run_yaml: Path, prompts: Path, rd: RunDir) -> tuple[int, int]:
@@ -194,6 +200,7 @@ def parse_curve(text: str, *, steps: int) -> L.CpuCurveRecord:
     """The training and held-out losses of SpecForge's "step N: {...}" log lines."""
     train: list[tuple[int, float]] = []
     held: list[tuple[int, float]] = []
+    accept: list[tuple[int, float]] = []
     for line in text.splitlines():
         m = _STEP_LINE.match(line)
         if not m:
@@ -202,9 +209,13 @@ def parse_curve(text: str, *, steps: int) -> L.CpuCurveRecord:
         metrics = json.loads(m.group(2).replace("'", '"'))
         if "eval/avg_loss" in metrics:
             held.append((step, round(float(metrics["eval/avg_loss"]), 6)))
+            if "eval/acceptance_rate_0" in metrics:
+                accept.append((step, round(float(metrics["eval/acceptance_rate_0"]), 6)))
         elif "loss" in metrics:
             train.append((step, round(float(metrics["loss"]), 6)))
-    return L.CpuCurveRecord(steps=steps, train=train, held_out=held, checkpoint=None)
+    return L.CpuCurveRecord(
+        steps=steps, train=train, held_out=held, held_out_acceptance=accept, checkpoint=None
+    )
 
 
 def _checkpoint(root: Path) -> str | None:

@@ -156,10 +156,7 @@ def test_the_target_tokenizer_is_held_against_the_run_field_by_field(
     by_name = {t["content"]: t for t in tok["added_tokens"]}
     end, pad = by_name["<|im_end|>"], by_name["[PAD]"]
     end["id"], pad["id"] = pad["id"], end["id"]
-    vocab = tok["model"]["vocab"]
-    for t in (end, pad):
-        if t["content"] in vocab:
-            vocab[t["content"]] = t["id"]
+    tok["added_tokens"].sort(key=lambda t: t["id"])  # tokenizers numbers them in list order
     (other / "tokenizer.json").write_text(json.dumps(tok))
     cfg = tmp_path / "t.yaml"
     cfg.write_text(yaml.safe_dump(demo_train_config(other)))
@@ -195,9 +192,15 @@ def test_specforge_cli_plans_the_production_config(
     consumer = plan["commands"][1]
     assert consumer["label"] == "consumer" and "--nproc_per_node" in consumer["argv"]
     assert consumer["argv"][consumer["argv"].index("--nproc_per_node") + 1] == "8"
-    assert plan["commands"][0]["env"]["DISAGG_SERVER_URLS"] == (
-        "http://capture-0:30000,http://capture-1:30000"
-    )
+    producer = plan["commands"][0]
+    assert producer["label"] == "producer" and producer["argv"][-2:] == ["--role", "producer"]
+    # the producer reads the capture servers from run.yaml, Mooncake's endpoints from its env
+    run = yaml.safe_load((run_dir / L.RUN_YAML).read_text())
+    assert run["deployment"]["disaggregated"]["server_urls"] == [
+        "http://capture-0:30000",
+        "http://capture-1:30000",
+    ]
+    assert producer["env"]["MOONCAKE_MASTER_SERVER_ADDR"] == "mooncake-master:50051"
     mapping = json.loads((run_dir / L.VOCAB_MAPPING_RECORD).read_text())
     assert (mapping["vocab_size"], mapping["draft_vocab_size"]) == (163840, 32000)
 
@@ -216,6 +219,8 @@ def test_specforge_trains_the_draft_on_cpu_and_the_held_out_loss_falls(
     (s0, first), (s_end, last) = curve.held_out[0], curve.held_out[-1]
     assert (s0, s_end) == (0, CPU_STEPS)
     assert last < 0.95 * first, curve.held_out
+    # SpecForge's expected acceptance, at the same held-out evaluations
+    assert [s for s, _ in curve.held_out_acceptance] == [s for s, _ in curve.held_out]
     assert curve.checkpoint and any(Path(curve.checkpoint).iterdir())
     # regen's own draft config, run.yaml model section and vocab mapping were trained on
     regen_run = yaml.safe_load((run_copy / L.RUN_YAML).read_text())
