@@ -116,6 +116,8 @@ class RoundRecord(_Strict):
     overlays: list[str] = Field(default_factory=list)
     #: per-source limits of those overlays (empty: the manifest's)
     limits: dict[str, int] = Field(default_factory=dict)
+    #: samples per source in the round's plan (after limits, filters and dedup)
+    samples: dict[str, int] = Field(default_factory=dict)
     #: the export: rows read, rows trained on, samples held out for the bench
     rows_read: int
     rows_kept: int

@@ -172,11 +172,13 @@ class Loop:
             self.regen(["plan", self.s.manifest, *_o(overrides), "--reweight",
                         bench.bench_json, "--write", str(reweight)])  # fmt: skip
         stats = L.EXPORT_STATS_FILE.read(RunDir.open(str(run_dir / L.EXPORT_DIR), create=False))
-        if stats is None:
-            raise ConfigError(f"{run_dir}: the training export left no stats")
+        plan = L.PLAN_FILE.read(RunDir.open(str(run_dir), create=False))
+        if stats is None or plan is None:
+            raise ConfigError(f"{run_dir}: the round left no plan or no export stats")
         return RoundRecord(
             round=n, run_dir=str(run_dir), overlays=overlays,
             limits=overlay_limits(overlay) if overlay else {},
+            samples={k: e.total for k, e in plan.sources.items()},
             rows_read=stats.rows_read, rows_kept=stats.rows_written,
             held_out=int(getattr(stats, "holdout_samples", 0) or 0),
             loss=trained.curve.held_out, expected_accept=trained.curve.held_out_acceptance,

@@ -37,15 +37,17 @@ def summary_table(rec: LoopRecord) -> Table:
 
     row("rows read / kept / held out",
         [f"{r.rows_read} / {r.rows_kept} / {r.held_out}" for r in rec.rounds] + blank)  # fmt: skip
-    row("limits", [", ".join(f"{k} {v}" for k, v in r.limits.items()) or "manifest's"
-                   for r in rec.rounds] + blank)  # fmt: skip
+    row("samples (regenerated + native)", [str(sum(r.samples.values())) for r in rec.rounds]
+        + blank)  # fmt: skip
     row("held-out loss (step 0 → last)",
         [f"{r.loss[0][1]:.3f} → {r.loss[-1][1]:.3f}" if r.loss else "—" for r in rec.rounds]
         + blank)  # fmt: skip
     row("acceptance length", [_f(b.accept_length) for _, b in cols])
     sources = sorted({s for _, b in cols for s in b.sources})
-    for s in sources:
-        row(f"  {s}", [_f(b.sources.get(s)) for _, b in cols])
+    for s in sources:  # acceptance, and the round's samples of the source
+        row(f"  {s} (samples)",
+            [f"{_f(r.bench.sources.get(s))} ({r.samples.get(s, 0)})" for r in rec.rounds]
+            + [_f(b.sources.get(s)) for _, b in cols[len(rec.rounds):]])  # fmt: skip
     levels = sorted({lv.concurrency for _, b in cols for lv in b.levels})
     for c in levels:
         row(f"speedup at concurrency {c}",
@@ -78,6 +80,13 @@ def findings(rec: LoopRecord) -> list[str]:
             mark = "[green]✓[/]" if a > untrained and a > LOW_ACCEPT_LENGTH else "[red]✗[/]"
             out.append(f"{mark} round {r.round}: the trained draft's acceptance {a:.2f} vs "
                        f"{untrained:.2f} never trained ({a - untrained:+.2f})")  # fmt: skip
+    for r in rec.rounds:
+        short = [
+            f"{k} {r.samples.get(k, 0)}" for k, v in r.limits.items() if v > r.samples.get(k, 0)
+        ]
+        if short:
+            out.append(f"! round {r.round}: the reweight asked for more of {', '.join(short)}, but "
+                       "their rows ran out: more data of that kind is what would help")  # fmt: skip
     if rec.untrained is not None and "draft-not-used" in rec.untrained.verdicts:
         out.append("[green]✓[/] the never-trained draft gets the bench's 'draft not used' verdict")
     out.append(
