@@ -50,7 +50,7 @@ def eagle_server(
         yield srv
 
 
-def test_an_eagle_server_gets_draft_not_used(vllm_server, eagle_server, tmp_path) -> None:
+def test_an_eagle_server_gets_draft_not_used(vllm_server, eagle_server, tmp_path, capsys) -> None:
     prompts = tmp_path / "holdout.jsonl"
     prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     out = tmp_path / "bench"
@@ -69,4 +69,8 @@ def test_an_eagle_server_gets_draft_not_used(vllm_server, eagle_server, tmp_path
     assert "Is the algorithm EAGLE instead of EAGLE3?" in by_code["draft-not-used"]
     assert '"method": "eagle3"' in by_code["draft-not-used"]  # the fix, in vLLM's spelling
     # verify-server refuses it outright
-    assert regen_main(["verify-server", eagle_server.url]) == 2
+    assert eagle_server.speculative_config is not None
+    draft = eagle_server.speculative_config["model"]
+    capsys.readouterr()
+    assert regen_main(["verify-server", eagle_server.url, "--draft", draft]) == 2
+    assert "[eagle-vs-eagle3]" in " ".join(capsys.readouterr().err.split())
