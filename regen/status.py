@@ -25,9 +25,10 @@ Definitions (all pure functions of those files and ``now``):
   ending at its last point (shorter when the session is younger; ``span_s`` says how long);
 - clocks: heartbeats, progress and token times are the driver's clock, ``now`` the reader's;
   when the driver ran on another host, ``CLOCK_SKEW_S`` is added to the stale and stall limits;
-- state: ``unknown`` (the progress file is there but damaged: the numbers shown are what the
-  part records hold, with the plan's totals, and the reason says to run ``regen verify
-  --repair``, which rebuilds it; never read as an empty run); ``running``; ``stalled`` (holder
+- state: ``unknown`` (the progress file is damaged, or missing beside stored parts while no
+  session holds the lock: the numbers shown are what the part records hold, with the plan's
+  totals, and the reason says to run ``regen verify --repair``, which rebuilds it; never read
+  as an empty run); ``running``; ``stalled`` (holder
   alive but no new completion tokens for
   ``stall_after_s``); ``dead`` (progress says running but the lock holder is gone: lock missing,
   or gone by the lock's one staleness rule, regen.store.lock.why_gone); ``finished`` /
@@ -218,7 +219,12 @@ class RunView:
             check.deficit = deficit(progress, check.stored)
             self._last_check = check
             self._checked_at = now
-        files = RunFiles(progress=progress, lock=lock, run=run, parts=self._last_check,
+        check = self._last_check
+        lost = progress is None and not error and check is not None and bool(check.stored)
+        if lost and (lock is None or why_gone(lock)):  # no session about to write it
+            error = (f"{layout.PROGRESS} is missing beside stored parts: run "
+                     f"`regen verify {self.uri} --repair`")  # fmt: skip
+        files = RunFiles(progress=progress, lock=lock, run=run, parts=check,
                          progress_error=error)  # fmt: skip
         if error:
             files.fallback = self._from_records()

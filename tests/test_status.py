@@ -477,6 +477,8 @@ def _stored_run(tmp_path: Path) -> Path:
             }
         ),
     )
+    layout.RUN_FILE.write(rd, layout.RunRecord(name="r", fingerprint="f", model="m",
+                                               created_at=NOW - 60, regen_version="0"))  # fmt: skip
     s = make_snapshot(NOW)
     s.state = "finished"
     s.sources = {"a": SourceProgress(total=8, done=8, rows=8, prompt_tokens=24,
@@ -516,6 +518,14 @@ def test_a_damaged_progress_file_reads_as_unknown_not_as_an_empty_run(
     fixed = read_numbers(run, NOW)
     assert fixed.state == "finished" and (fixed.overall.done, fixed.overall.total) == (12, 12)
     assert main(["status", str(run)]) == 0
+
+
+def test_a_deleted_progress_file_beside_stored_parts_is_unknown_too(tmp_path: Path) -> None:
+    run = _stored_run(tmp_path)
+    (run / "progress.json").unlink()
+    n = read_numbers(run, NOW)
+    assert n.state == "unknown" and "progress.json is missing" in n.state_reason
+    assert (n.overall.done, n.overall.total) == (12, 12)
 
 
 def test_configured_endpoints_without_reports_are_listed_unknown(tmp_path: Path) -> None:
