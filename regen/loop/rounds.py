@@ -121,6 +121,11 @@ class Loop:
     # ---- the pipeline ---------------------------------------------------------------------
 
     def run(self) -> LoopRecord:
+        """The whole loop; SIGTERM stops it as Ctrl-C does (every server it started stopped)."""
+        with _sigterm_interrupts():
+            return self._run()
+
+    def _run(self) -> LoopRecord:
         from regen.serving import build_demo_target
 
         t0 = time.monotonic()
@@ -319,6 +324,27 @@ class Loop:
 
     def note(self, text: str) -> None:
         self.console.print(f"  {text}", highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt here (main thread only), so the servers' ``finally``
+    blocks run; the previous handler comes back after."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _o(overrides: list[str]) -> list[str]:
