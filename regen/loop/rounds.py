@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -37,6 +37,9 @@ from regen.loop.serve import MAX_NUM_SEQS, speculative_server, target_server, vl
 from regen.serving.vllm import VllmServer
 from regen.store import RunDir
 from regen.store import layout as L
+
+if TYPE_CHECKING:
+    from regen.train.cpu_demo import CpuTrainResult
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +230,7 @@ class Loop:
                 "command again to resume the loop"
             )
 
-    def train(self, run_dir: Path) -> Any:
+    def train(self, run_dir: Path) -> CpuTrainResult:
         from regen.train.cpu_demo import train_on_cpu
 
         with self.console.status(f"training ({self.s.train_steps} steps on CPU)..."):
