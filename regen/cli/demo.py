@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     if args.loop:
         return _loop(console, args)
     args.out = args.out or "runs/demo"
-    args.train_steps = args.train_steps or 30
+    args.train_steps = 30 if args.train_steps is None else args.train_steps
     if args.servers < 1:
         raise ConfigError("--servers must be >= 1", field="--servers")
     if args.train_steps < 1:
@@ -221,7 +221,8 @@ def _loop(console: Any, args: argparse.Namespace) -> int:
     settings = LoopSettings(
         manifest=args.manifest, train_config=args.train_config,
         out=Path(args.out or "runs/demo-loop"), cache=Path(args.cache), rounds=args.rounds,
-        train_steps=args.train_steps or LOOP_STEPS, concurrency=levels,
+        train_steps=LOOP_STEPS if args.train_steps is None else args.train_steps,
+        concurrency=levels,
         overrides=list(args.override), workers=args.workers, run_concurrency=args.concurrency,
         address=args.address, view=not args.no_view, vllm_venv=args.vllm_venv,
     )  # fmt: skip

@@ -8,6 +8,9 @@ a user would type; a regen error stops the loop with that command's one-line mes
 other steps are regen's CPU training (:func:`regen.train.cpu_demo.train_on_cpu`), SpecForge's
 exporter (:mod:`regen.loop.drafts`), the servers (:mod:`regen.loop.serve`) and the greedy
 comparison (:mod:`regen.loop.greedy`).
+
+Run again, the same command picks up where the loop was: each round's ``regen run`` resumes
+(nothing is regenerated twice); the training, the drafts and the benches are done again.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -34,6 +37,9 @@ from regen.loop.serve import MAX_NUM_SEQS, speculative_server, target_server, vl
 from regen.serving.vllm import VllmServer
 from regen.store import RunDir
 from regen.store import layout as L
+
+if TYPE_CHECKING:
+    from regen.train.cpu_demo import CpuTrainResult
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +99,17 @@ class Loop:
     """One ``regen demo --loop``: :meth:`run` does it all."""
 
     def __init__(self, settings: LoopSettings, console: Any) -> None:
+        from regen.manifest import load_manifest
+
         settings.check()
         self.s = settings
         self.console = console
         self.out = settings.out
         self.python = vllm_python(settings.vllm_venv)
+        # a bad manifest stops here; the servers serve its model name
+        self.served = load_manifest(settings.manifest, settings.overrides).target.model
+        self.model_dir = (settings.cache / "demo-model").resolve()  # built by run()
+        self.train_yaml = self.out / record.TRAIN_YAML  # written by run()
         self.record = LoopRecord(
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             manifest=settings.manifest,
@@ -112,16 +124,18 @@ class Loop:
     # ---- the pipeline ---------------------------------------------------------------------
 
     def run(self) -> LoopRecord:
-        from regen.manifest import load_manifest
+        """The whole loop; SIGTERM stops it as Ctrl-C does (every server it started stopped)."""
+        with _sigterm_interrupts():
+            return self._run()
+
+    def _run(self) -> LoopRecord:
         from regen.serving import build_demo_target
 
         t0 = time.monotonic()
-        manifest = load_manifest(self.s.manifest, self.s.overrides)  # a bad one stops here
-        self.served = manifest.target.model
         self.out.mkdir(parents=True, exist_ok=True)
         with self.console.status("building the demo target (once: a few minutes of CPU)..."):
-            self.model_dir = build_demo_target(self.s.cache / "demo-model", self.s.manifest)
-        self.train_yaml = self.write_train_config()
+            self.model_dir = build_demo_target(self.model_dir, self.s.manifest)
+        self.write_train_config()
         self.step("vLLM serves the demo target")
         target = target_server(self.python, self.model_dir, served_name=self.served,
                                log_path=record.log_file(self.out, "vllm-target"))  # fmt: skip
@@ -132,7 +146,7 @@ class Loop:
             self.note(f"target at {target.url} (healthy after {target.start_s:.0f} s)")
             overlay: Path | None = None
             for n in range(1, self.s.rounds + 1):
-                rnd = self.round(n, target, overlay)
+                rnd = self.one_round(n, target, overlay)
                 self.record.rounds.append(rnd)
                 record.write_record(self.out, self.record)
                 if n == 1:
@@ -145,7 +159,7 @@ class Loop:
         record.write_record(self.out, self.record)
         return self.record
 
-    def round(self, n: int, target: VllmServer, overlay: Path | None) -> RoundRecord:
+    def one_round(self, n: int, target: VllmServer, overlay: Path | None) -> RoundRecord:
         name = f"round-{n}"
         run_dir = record.round_dir(self.out, n)
         overlays = [str(overlay)] if overlay is not None else []
@@ -216,7 +230,7 @@ class Loop:
                 "command again to resume the loop"
             )
 
-    def train(self, run_dir: Path) -> Any:
+    def train(self, run_dir: Path) -> CpuTrainResult:
         from regen.train.cpu_demo import train_on_cpu
 
         with self.console.status(f"training ({self.s.train_steps} steps on CPU)..."):
@@ -286,7 +300,7 @@ class Loop:
 
     # ---- helpers --------------------------------------------------------------------------
 
-    def write_train_config(self) -> Path:
+    def write_train_config(self) -> None:
         """--train-config with :data:`LOOP_TRAINING` and the target built here."""
         from regen.manifest import read_yaml_file
 
@@ -295,9 +309,7 @@ class Loop:
             raise ConfigError(f"{self.s.train_config}: not a train config (no training section)")
         raw["training"].update(LOOP_TRAINING)
         raw.setdefault("target", {})["path"] = str(self.model_dir)
-        path = self.out / record.TRAIN_YAML
-        path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
-        return path
+        self.train_yaml.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
 
     def regen(self, argv: list[str]) -> int:
         """Run ``regen ARGV`` here, as typed (printed first); a regen error propagates."""
@@ -315,6 +327,27 @@ class Loop:
 
     def note(self, text: str) -> None:
         self.console.print(f"  {text}", highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt here (main thread only), so the servers' ``finally``
+    blocks run; the previous handler comes back after."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _o(overrides: list[str]) -> list[str]:

@@ -11,6 +11,7 @@ speedup is asserted (on CPU the draft's forward costs about what the target's do
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,11 +24,12 @@ from regen.bench.report import read_report
 from regen.loop import record
 from regen.loop.record import LoopRecord
 
-pytestmark = [pytest.mark.vllm, pytest.mark.ray]
-
-REPO = Path(__file__).resolve().parents[2]
 #: bound on the whole loop (two vLLM starts per round, two CPU trainings)
 LOOP_TIMEOUT_S = 3600
+
+pytestmark = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.timeout(LOOP_TIMEOUT_S + 300)]
+
+REPO = Path(__file__).resolve().parents[2]
 LEVELS = [1, 2]
 STEPS = 60
 #: "a clear margin": the trained draft accepts this much more per step than the untrained one
@@ -44,14 +46,20 @@ def loop(
            "--out", str(out), "--cache", str(demo_target.parent), "--address", ray_head.address,
            "--workers", "1", "--concurrency", "8", "--no-view", "--train-steps", str(STEPS),
            "--bench-concurrency", ",".join(map(str, LEVELS))]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=LOOP_TIMEOUT_S, check=False)  # fmt: skip
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=LOOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the loop stops the servers it started
+        stdout, stderr = proc.communicate(timeout=120)
+        pytest.fail(f"the loop ran past {LOOP_TIMEOUT_S} s: {(stdout + stderr)[-4000:]}")
+    assert proc.returncode == 0, (stdout + stderr)[-6000:]
     rec = record.read_record(out)
     print(f"\nloop: {rec.wall_s:.0f} s; " + "; ".join(
         f"{head} accept {b.accept_length:.3f} speedups "
         f"{[lv.speedup for lv in b.levels]}" for head, b in _columns(rec)))  # fmt: skip
-    return {"out": out, "rec": rec, "stdout": proc.stdout}
+    return {"out": out, "rec": rec, "stdout": stdout}
 
 
 def _columns(rec: LoopRecord) -> list[tuple[str, Any]]:
