@@ -68,6 +68,9 @@ NOT_FAST = ("ray", "server", "vllm", "slow")
 #: fixtures that start a Ray head or a vLLM server: a test using one (directly or through
 #: another fixture) gets the marker, so no such test lands in the fast tier by a missing mark
 FIXTURE_MARKERS = {"ray_head": "ray", "vllm_python": "vllm"}
+#: the longest modules (minutes: the whole loop with vLLM and SpecForge), started before all
+#: others so the other xdist worker runs the rest beside them
+LONGEST = ("loop/test_demo_loop.py",)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -94,7 +97,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     heavy = {
         i.path for i in items if any(i.get_closest_marker(m) for m in ("ray", "server", "vllm"))
     }
-    items.sort(key=lambda i: i.path not in heavy)  # stable: the order within each group stays
+
+    def rank(item: pytest.Item) -> tuple[bool, bool]:
+        rel = Path(str(item.path)).resolve().relative_to(here).as_posix()
+        return rel not in LONGEST, item.path not in heavy
+
+    items.sort(key=rank)  # stable: the order within each group stays
     ran_all = {Path(str(i.path)).resolve().relative_to(here).as_posix() for i in items}
     stale = [e for e in SLOW if e not in matched and e.split("::", 1)[0] in ran_all]
     if stale:
