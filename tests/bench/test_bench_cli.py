@@ -99,6 +99,7 @@ def test_bench_cli_with_a_run_dir_and_an_api_key(tmp_path: Path) -> None:
         (["--prompts", "{prompts}", "--run", "{tmp}"], "not allowed with"),
         (["--prompts", "{tmp}/missing.jsonl"], "cannot read prompts file"),
         (["--prompts", "{prompts}", "--per-source", "0"], "--per-source must be >= 1"),
+        (["--prompts", "{prompts}", "--temperature", "-1"], "--temperature: temperature"),
     ],
 )
 def test_bench_cli_errors_are_one_line(

@@ -167,3 +167,39 @@ def build_eagle3_draft(
     model.save_pretrained(out, state_dict=state)
     (out / MARKER).write_text(json.dumps({"key": key}), encoding="utf-8")
     return out
+
+
+def build_eagle1_draft(out_dir: str | Path, target_dir: str | Path, *, seed: int = 0) -> Path:
+    """An untrained EAGLE (EAGLE-1, not EAGLE-3) draft for the target in ``target_dir``, in the
+    layout vLLM's ``eagle`` method loads (``model_executor/models/llama_eagle.py``): a plain
+    ``LlamaForCausalLM`` config of one decoder layer without its input norm, ``fc`` over
+    [embedding, last hidden state] (2H → H), the target's embedding and head shared."""
+    out = Path(out_dir).resolve()
+    target = json.loads((Path(target_dir) / "config.json").read_text(encoding="utf-8"))
+    hidden = int(target["hidden_size"])
+    key = _key("eagle1", seed, hidden, target["vocab_size"])
+    if _fresh(out, key):
+        return out
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    heads = int(target["num_attention_heads"])
+    cfg = LlamaConfig(
+        architectures=["LlamaForCausalLM"], hidden_size=hidden,
+        intermediate_size=int(target["intermediate_size"]), num_hidden_layers=1,
+        num_attention_heads=heads, num_key_value_heads=int(target["num_key_value_heads"]),
+        head_dim=int(target.get("head_dim") or hidden // heads),
+        vocab_size=int(target["vocab_size"]), max_position_embeddings=4096,
+        rms_norm_eps=1e-6, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    layer = LlamaDecoderLayer(cfg, layer_idx=0)
+    state = {f"layers.0.{k}": v.contiguous() for k, v in layer.state_dict().items()
+             if not k.startswith("input_layernorm")}  # fmt: skip
+    state["fc.weight"] = torch.randn(hidden, 2 * hidden) * 0.02
+    save_file(state, str(out / "model.safetensors"))
+    cfg.save_pretrained(out)
+    (out / MARKER).write_text(json.dumps({"key": key}), encoding="utf-8")
+    return out

@@ -30,6 +30,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _models import build_eagle3_draft, build_scripted_target
+from _vllm_env import vllm_python_or_skip
 
 from regen.serving.vllm import VllmServer
 
@@ -44,21 +45,10 @@ SPEC_QUEUED = 3
 NUM_SPEC_TOKENS = 3
 
 
-def vllm_venv() -> Path:
-    return Path(os.environ.get("REGEN_VLLM_VENV") or REPO / ".venv-vllm")
-
-
 @pytest.fixture(scope="session")
 def vllm_python() -> Path:
     """The vLLM environment's Python (skips, naming why, when the install is not there)."""
-    venv = vllm_venv()
-    failed = venv / ".install-failed"
-    if failed.exists():
-        pytest.skip(f"vLLM install failed: {failed.read_text().strip()} (scripts/vllm-env)")
-    py = venv / "bin" / "python"
-    if not (venv / ".regen-vllm-stamp").exists() or not py.exists():
-        pytest.skip(f"no vLLM environment at {venv}: run scripts/vllm-env (scripts/test does)")
-    return py
+    return vllm_python_or_skip()
 
 
 @pytest.fixture(scope="session")
