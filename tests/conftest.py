@@ -1,10 +1,11 @@
 """Shared fixtures and the test tiers.
 
-**Tiers.** A test marked ``ray`` needs Ray, ``server`` a real ``transformers serve``; ``slow``
-(given here, by :data:`SLOW`) starts server processes (``regen simulate``, moto, SGLang's or
-SpecForge's code in a subprocess) or runs a timed workload. Every other test is marked
-``fast``: ``./scripts/test -m fast`` is the tier a developer runs often (no Ray, no server
-process; in-thread simulators and short ``python -c`` checks only).
+**Tiers.** A test marked ``ray`` needs Ray, ``server`` a real ``transformers serve``, ``vllm``
+a real vLLM server (tests/engines); ``slow`` (given here, by :data:`SLOW`) starts server
+processes (``regen simulate``, moto, SGLang's or SpecForge's code in a subprocess) or runs a
+timed workload. Every other test is marked ``fast``: ``./scripts/test -m fast`` is the tier a
+developer runs often (no Ray, no server process; in-thread simulators and short ``python -c``
+checks only).
 
 **Ray.** A session-scoped local Ray head (loopback only), isolated from leftovers.
 
@@ -63,14 +64,19 @@ SLOW = (
     "train/test_train_serving.py",
 )
 #: markers that keep a test out of the fast tier
-NOT_FAST = ("ray", "server", "slow")
+NOT_FAST = ("ray", "server", "vllm", "slow")
+#: fixtures that start a Ray head or a vLLM server: a test using one (directly or through
+#: another fixture) gets the marker, so no such test lands in the fast tier by a missing mark
+FIXTURE_MARKERS = {"ray_head": "ray", "vllm_python": "vllm"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests of :data:`SLOW` ``slow`` and every test without a :data:`NOT_FAST`
-    marker ``fast`` (a SLOW entry that matches no test is an error: the list stays true), then
-    put the modules with a ``ray`` or ``server`` test first (in collection order otherwise): the
-    longest run first, so two xdist workers (``--dist loadfile``) end together."""
+    """Mark the tests of :data:`SLOW` ``slow``, those using a fixture of
+    :data:`FIXTURE_MARKERS` with its marker, and every test without a :data:`NOT_FAST` marker
+    ``fast`` (a SLOW entry that matches no test is an error: the list stays true), then put
+    the modules with a ``ray``, ``server`` or ``vllm`` test first (in collection order
+    otherwise): the longest run first, so two xdist workers (``--dist loadfile``) end
+    together."""
     here = Path(__file__).resolve().parent
     matched: set[str] = set()
     for item in items:
@@ -80,9 +86,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if entry in (rel, node):
                 item.add_marker(pytest.mark.slow)
                 matched.add(entry)
+        for fixture, marker in FIXTURE_MARKERS.items():
+            if fixture in getattr(item, "fixturenames", ()) and not item.get_closest_marker(marker):
+                item.add_marker(getattr(pytest.mark, marker))
         if not any(item.get_closest_marker(m) for m in NOT_FAST):
             item.add_marker(pytest.mark.fast)
-    heavy = {i.path for i in items if i.get_closest_marker("ray") or i.get_closest_marker("server")}
+    heavy = {
+        i.path for i in items if any(i.get_closest_marker(m) for m in ("ray", "server", "vllm"))
+    }
     items.sort(key=lambda i: i.path not in heavy)  # stable: the order within each group stays
     ran_all = {Path(str(i.path)).resolve().relative_to(here).as_posix() for i in items}
     stale = [e for e in SLOW if e not in matched and e.split("::", 1)[0] in ran_all]
