@@ -413,17 +413,9 @@ class PlanIndex:
 def open_index(rd: RunDir, manifest: Manifest, limit: int | None) -> tuple[PlanIndex | None, str]:
     """The plan index when it is valid for ``manifest`` and ``limit`` (module docstring), else
     (None, why not)."""
-    try:
-        rec = layout.PLAN_INDEX_FILE.read(rd)
-    except RunDirError as e:
-        return None, str(e)
+    rec, why = _read_record(rd)
     if rec is None:
-        return None, ""
-    if rec.version != INDEX_VERSION:
-        return (
-            None,
-            f"{layout.PLAN_INDEX} has format {rec.version}, this regen writes {INDEX_VERSION}",
-        )
+        return None, why
     keys = index_keys(manifest)
     if rec.key != _key(keys):
         changed = sorted(k for k in keys.keys() | rec.keys.keys() if keys.get(k) != rec.keys.get(k))
@@ -458,36 +450,26 @@ def open_index(rd: RunDir, manifest: Manifest, limit: int | None) -> tuple[PlanI
         size = rd.size(name) if rd.exists(name) else None
         if size != f.bytes:
             return None, f"{name} is {size} bytes, the index says {f.bytes}"
-    data = rd.read_bytes(layout.PLAN_SAMPLES) or b""
-    if hashlib.sha256(data).hexdigest() != rec.files[layout.PLAN_SAMPLES].sha256:
-        return None, f"{layout.PLAN_SAMPLES}: checksum mismatch"
-    try:
-        table = pq.read_table(pa.BufferReader(data))
-    except (OSError, pa.ArrowException) as e:
-        return None, f"{layout.PLAN_SAMPLES} is unreadable ({e})"
-    if not table.schema.equals(SCHEMA) or table.num_rows != rec.samples:
-        return None, f"{layout.PLAN_SAMPLES} does not hold what the index says"
+    table, why = _read_samples(rd, rec)
+    if table is None:
+        return None, why
     return PlanIndex(rd, manifest, rec, table), ""
 
 
-def recorded_plan(rd: RunDir) -> tuple[pa.Table | None, str]:
-    """The samples the latest session planned, as it recorded them, whatever the sources hold
-    now: ``(id, source, content_hash)`` of plan/samples.parquet's entries (repeats dropped) cut
-    at plan.json's ``--limit``. ``(None, "")`` when there is no index (a run from before it, or
-    a session that could not write it), ``(None, why)`` when it is damaged: index.json does not
-    parse, or plan/samples.parquet is not the file it describes."""
+def _read_record(rd: RunDir) -> tuple[PlanIndexRecord | None, str]:
+    """plan/index.json of this format, or (None, why not: "" when there is none)."""
     try:
         rec = layout.PLAN_INDEX_FILE.read(rd)
-        plan = layout.PLAN_FILE.read(rd)
     except RunDirError as e:
         return None, str(e)
-    if rec is None:
-        return None, ""
-    if rec.version != INDEX_VERSION:
-        return (
-            None,
-            f"{layout.PLAN_INDEX} has format {rec.version}, this regen reads {INDEX_VERSION}",
-        )
+    if rec is not None and rec.version != INDEX_VERSION:
+        return None, f"{layout.PLAN_INDEX} has format {rec.version}, this regen {INDEX_VERSION}"
+    return rec, ""
+
+
+def _read_samples(rd: RunDir, rec: PlanIndexRecord) -> tuple[pa.Table | None, str]:
+    """plan/samples.parquet when it is the file ``rec`` describes (size, sha256, schema, rows),
+    else (None, why not)."""
     want = rec.files.get(layout.PLAN_SAMPLES)
     data = rd.read_bytes(layout.PLAN_SAMPLES)
     if want is None or data is None:
@@ -500,6 +482,25 @@ def recorded_plan(rd: RunDir) -> tuple[pa.Table | None, str]:
         return None, f"{layout.PLAN_SAMPLES} is unreadable ({e})"
     if not table.schema.equals(SCHEMA) or table.num_rows != rec.samples:
         return None, f"{layout.PLAN_SAMPLES} does not hold what the index says"
+    return table, ""
+
+
+def recorded_plan(rd: RunDir) -> tuple[pa.Table | None, str]:
+    """The samples the latest session planned, as it recorded them, whatever the sources hold
+    now: ``(id, source, content_hash)`` of plan/samples.parquet's entries (repeats dropped) cut
+    at plan.json's ``--limit``. ``(None, "")`` when there is no index (a run from before it, or
+    a session that could not write it), ``(None, why)`` when it is damaged: index.json does not
+    parse, or plan/samples.parquet is not the file it describes."""
+    rec, why = _read_record(rd)
+    if rec is None:
+        return None, why
+    try:
+        plan = layout.PLAN_FILE.read(rd)
+    except RunDirError as e:
+        return None, str(e)
+    table, why = _read_samples(rd, rec)
+    if table is None:
+        return None, why
     limit = plan.limit if plan is not None else rec.limit
     if limit is not None:
         table = table.slice(0, limit)

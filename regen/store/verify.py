@@ -39,11 +39,14 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from regen.errors import RunDirError
 from regen.store import layout
 from regen.store.counts import SourceCounts
 from regen.store.doneset import DoneSet, fold_part, replaced_samples
 from regen.store.parts import PartState, footer_problem, inspect_part, list_parts
+from regen.store.planindex import recorded_plan
 from regen.store.repair import Findings
 from regen.store.run import read_manifest
 from regen.store.rundir import RunDir
@@ -234,9 +237,10 @@ def _check(rd: RunDir, *, check_plan: bool) -> tuple[VerifyReport, Findings]:
 
     journal: dict[str, SourceCounts] = {}
     found.journal = _check_journals(rd, rep, journal)
-    stale = StaleSet()
+    planned, why = recorded_plan(rd)  # the counters leave its stale answers out, plan check or not
+    stale = stale_answers(rd, done, planned)
     if check_plan:
-        stale = _check_plan(rd, rep, done, found)
+        _check_plan(rd, rep, planned, why, stale, found)
     _check_counts(rd, rep, current_counts(done, stale), stale, journal, bool(states))
     found.checks = _check_checks(rd, rep)
     return rep, found
@@ -277,17 +281,24 @@ def _check_journals(rd: RunDir, rep: VerifyReport, pending: dict[str, SourceCoun
     return fold
 
 
-def _check_plan(rd: RunDir, rep: VerifyReport, done: DoneSet, found: Findings) -> StaleSet:
-    """The recorded plan (plan/): intact, and which stored answers it no longer wants."""
-    from regen.store.planindex import open_index, recorded_plan
+def _check_plan(
+    rd: RunDir,
+    rep: VerifyReport,
+    planned: pa.Table | None,
+    why: str,
+    stale: StaleSet,
+    found: Findings,
+) -> None:
+    """The recorded plan (plan/, ``planned``; ``why`` not, when None): intact, the stored
+    answers it no longer wants (``stale``), and whether the sources changed since."""
+    from regen.store.planindex import open_index
 
-    planned, why = recorded_plan(rd)
     if planned is None:
         try:
             planned_before = layout.PLAN_FILE.read(rd) is not None
         except RunDirError as e:
             rep.notes.append(f"sample ids not checked against the plan: {e}")
-            return StaleSet()
+            return
         if why or planned_before:
             found.plan_index = why or "missing"
             rep.problems.append(
@@ -300,8 +311,7 @@ def _check_plan(rd: RunDir, rep: VerifyReport, done: DoneSet, found: Findings) -
             )
         else:
             rep.notes.append("sample ids not checked against the plan: no plan recorded yet")
-        return StaleSet()
-    stale = stale_answers(rd, done, planned)
+        return
     if len(stale):
         again = (
             "; the next `regen run` answers the rows changed in place again"
@@ -315,7 +325,7 @@ def _check_plan(rd: RunDir, rep: VerifyReport, done: DoneSet, found: Findings) -
         plan = layout.PLAN_FILE.read(rd)
         manifest = read_manifest(rd)
     except RunDirError:
-        return stale
+        return
     if plan is not None and manifest is not None:
         if plan.manifest_dir:
             manifest = manifest.model_copy(update={"base_dir": plan.manifest_dir})
@@ -325,7 +335,6 @@ def _check_plan(rd: RunDir, rep: VerifyReport, done: DoneSet, found: Findings) -
                 f"the sources changed since the latest session planned ({changed}): the next "
                 "`regen run` plans again (answers of edited rows are then stale)"
             )
-    return stale
 
 
 def _check_counts(
