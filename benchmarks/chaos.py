@@ -292,7 +292,8 @@ class Runs:
 def stored_count(out: Path) -> int:
     """Samples stored in the run directory (parts + complete journal lines); 0 when absent."""
     from regen.store import RunDir
-    from regen.store.journal import read_done, read_journal_lines
+    from regen.store.doneset import read_done
+    from regen.store.segments import read_journal_lines
 
     if not out.exists():
         return 0
@@ -415,7 +416,7 @@ def verify(manifest_path: Path, out: Path, answer_cfg: Any) -> Verdict:
     from regen.simulate import answer
     from regen.sources import read_samples
     from regen.store import RunDir
-    from regen.store.journal import read_failures
+    from regen.store.failures import read_failures
 
     m = load_manifest(manifest_path)
     inputs = {s.id: s for s in read_samples(m)}

@@ -74,9 +74,10 @@ def child(args: argparse.Namespace) -> int:
     m = m.model_copy(update={"sampling": m.sampling.model_copy(update={"token_ids": args.mode})})
     if args.contender in ("regen", "base"):
         from regen.engine import RunOptions, run_job
+        from regen.store import RunDir
 
         opts = RunOptions(endpoints=[args.url], workers=args.workers, handle_signals=False)
-        summary = run_job(m, args.out, opts)
+        summary = run_job(m, RunDir.open(args.out, create=False), opts)
         print(json.dumps({"state": summary.state, "done": summary.done}), flush=True)
         return 0 if summary.state == "finished" else 1
     from regen.sources import read_samples

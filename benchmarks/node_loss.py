@@ -9,8 +9,8 @@ on the remaining node and finishes in the same session, with the chaos run's gua
 sample ids == input ids, no duplicate ``(sample_id, turn)``, every answer byte-equal to the
 simulator's, nothing failed.
 
-    .venv/bin/python benchmarks/node_loss.py                  # full size: 2,000 samples
-    .venv/bin/python benchmarks/node_loss.py --samples 200 --keep runs/node-loss
+    .venv/bin/python -m benchmarks.node_loss                  # full size: 2,000 samples
+    .venv/bin/python -m benchmarks.node_loss --samples 200 --keep runs/node-loss
 
 The full size starts its own loopback head (stopped by process group, never ``ray stop``);
 tests/reliability/test_node_loss.py runs the CI size against the test session's head. Files,
@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import chaos
-
+from benchmarks import chaos
 from regen.procs import kill_group
 
 #: the worker node's custom resource (marks it in the node list)

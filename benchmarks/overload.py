@@ -11,8 +11,8 @@ the simulator's, no failure on record. While it runs, ``progress.json`` is read 
 the endpoint must never be shown out of rotation. Reported: the server's utilization end to
 end and while a backlog exists (benchmarks/_workload.py's measure), faults served, wall time.
 
-    .venv/bin/python benchmarks/overload.py                 # 503, 429, none; 400 samples each
-    .venv/bin/python benchmarks/overload.py --fault 503 --samples 150
+    .venv/bin/python -m benchmarks.overload                 # 503, 429, none; 400 samples each
+    .venv/bin/python -m benchmarks.overload --fault 503 --samples 150
 
 A local Ray starts in this process (or ``--address`` joins one). tests/reliability runs the
 CI size of the 503 run. Files under a temporary work directory (``--keep DIR`` keeps them):
@@ -30,10 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import chaos
-from _workload import Fleet, Measured
+from benchmarks import chaos
+from benchmarks._workload import Fleet, Measured
 
 #: the simulated server: 16 slots, 200 steps/s, short answers
 SIM: dict[str, Any] = {
@@ -75,6 +73,7 @@ def overload_run(work: Path, fault: str, *, samples: int, address: str | None = 
     from regen.manifest import load_manifest
     from regen.simulate.config import SimConfig
     from regen.simulate.testing import running_simulator
+    from regen.store import RunDir
 
     work.mkdir(parents=True, exist_ok=True)
     src = chaos.write_sharegpt(work / "source.jsonl", samples, seed)
@@ -92,7 +91,7 @@ def overload_run(work: Path, fault: str, *, samples: int, address: str | None = 
         t0 = time.monotonic()
         try:
             opts = RunOptions(endpoints=[sim.url], address=address, handle_signals=False)
-            summary = run_job(load_manifest(manifest), str(out), opts)
+            summary = run_job(load_manifest(manifest), RunDir.open(out, create=False), opts)
         finally:
             stop.set()
             watcher.join(timeout=5)

@@ -62,8 +62,8 @@ from regen.rows import SCHEMA
 from regen.simulate.testing import running_simulator
 from regen.sources import read_samples
 from regen.store import RunDir, layout
-from regen.store.journal import make_record, part_bytes
-from regen.store.layout import SourceCounts
+from regen.store.counts import SourceCounts
+from regen.store.parts import make_record, part_bytes
 
 log = logging.getLogger("benchmarks.resume_memory")
 
@@ -166,8 +166,11 @@ def first_request_after(m, run: Path, url: str, sim, address: str | None) -> flo
 
     w = threading.Thread(target=watch, daemon=True)
     w.start()
-    run_job(m, str(run), RunOptions(endpoints=[url], address=address, stop=stop,
-                                    handle_signals=False))  # fmt: skip
+    run_job(
+        m,
+        RunDir.open(run, create=False),
+        RunOptions(endpoints=[url], address=address, stop=stop, handle_signals=False),
+    )
     stop.set()
     w.join(timeout=5)
     sim.reset_stats()
@@ -297,8 +300,11 @@ def memory(args: argparse.Namespace) -> None:
 
         w = threading.Thread(target=watch, daemon=True)
         w.start()
-        summary = run_job(m, str(work / "run"), RunOptions(endpoints=[sim.url], stop=stop,
-                                                           handle_signals=False))  # fmt: skip
+        summary = run_job(
+            m,
+            RunDir.open(work / "run", create=False),
+            RunOptions(endpoints=[sim.url], stop=stop, handle_signals=False),
+        )
         stop.set()
         w.join(timeout=5)
     driver = vm_hwm_mb(os.getpid())
@@ -434,7 +440,7 @@ def driver_cpu(
         w.start()
         opts = RunOptions(endpoints=[server.url], workers=workers, address=address,
                           handle_signals=False)  # fmt: skip
-        summary = run_job(m, str(run), opts)
+        summary = run_job(m, RunDir.open(run, create=False), opts)
         total, wall = proc_cpu_s() - c0, time.monotonic() - t0
         stop.set()
         w.join(timeout=5)

@@ -50,6 +50,7 @@ from regen.manifest import Endpoint, Manifest, load_manifest
 from regen.sample import Sample
 from regen.simulate import AnswerConfig
 from regen.sources import read_samples
+from regen.store import RunDir
 
 SLOTS = 64
 
@@ -91,7 +92,7 @@ def contender(name: str, m: Manifest, urls: list[str], samples: list[Sample], wo
         out = work / f"run-{time.monotonic_ns()}"
         opts = RunOptions(endpoints=urls, workers=workers, handle_signals=False)
         t0 = time.monotonic()
-        summary = run_job(m, str(out), opts)
+        summary = run_job(m, RunDir.open(out, create=False), opts)
         assert summary.state == "finished" and summary.done == len(samples), summary
         print(f"regen session: {time.monotonic() - t0:.1f} s from run_job to its return "
               f"(start-up included)", flush=True)  # fmt: skip

@@ -24,11 +24,12 @@ def log_line(n: RunNumbers) -> str:
     state = n.state + (f" ({n.state_reason})" if n.state_reason else "")
     down = sum(1 for e in n.endpoints if e.healthy is False)
     eps = f"{len(n.endpoints) - down}/{len(n.endpoints)} up"
+    o = n.overall
     return (
-        f"{n.name} {state} | {fmt_int(n.done)}/{fmt_int(n.total)} ({100 * n.fraction:.1f}%) "
-        f"failed {fmt_int(n.failed)} trunc {fmt_int(n.truncated)} flagged {fmt_int(n.flagged)}"
-        + (f" ({top_flags(n.flags)})" if n.flags else "")
-        + (f" new attempts {fmt_int(n.retried)}+{fmt_int(n.retrying)}" if n.retrying else "")
+        f"{n.name} {state} | {fmt_int(o.done)}/{fmt_int(o.total)} ({100 * n.fraction:.1f}%) "
+        f"failed {fmt_int(o.failed)} trunc {fmt_int(o.truncated)} flagged {fmt_int(o.flagged)}"
+        + (f" ({top_flags(o.flags)})" if o.flags else "")
+        + (f" new attempts {fmt_int(o.retried)}+{fmt_int(o.retrying)}" if o.retrying else "")
         + " | "
         f"tok/s 1m/5m/15m {rates} | in flight {fmt_int(n.in_flight)} | endpoints {eps} | "
         f"ETA {eta} | errors {fmt_int(errors)}{top}"

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from regen.status import RunNumbers
+from regen.store.progress import SourceProgress
 
 STATE_STYLE = {
     "running": ("●", "bold green"),
@@ -27,6 +28,7 @@ STATE_STYLE = {
     "failed": ("✖", "bold red"),
     "starting": ("○", "bold blue"),
     "empty": ("○", "dim"),
+    "unknown": ("?", "bold red"),
 }
 BAR_WIDTH = 28
 SPARK = "▁▂▃▄▅▆▇█"
@@ -151,46 +153,35 @@ def sources_table(n: RunNumbers, width: int = 120) -> Table:
         t.add_column("tok/turn", justify="right")
         t.add_column("compl. tok", justify="right")
     for s in n.sources:
-        pct = 100.0 * (s.done + s.failed) / s.total if s.total else 0.0
         name = Text(s.name) if s.regenerate else Text(f"{s.name} (native)", style="dim")
-        cells: list[RenderableType] = [
-            name,
-            progress_bar(s.total, s.done, s.truncated, s.failed, bar_w),
-            fmt_int(s.done),
-            fmt_int(s.total),
-            f"{pct:5.1f}",
-            Text(fmt_int(s.failed), style="red" if s.failed else "dim"),
-            Text(fmt_int(s.truncated), style="yellow" if s.truncated else "dim"),
-            Text(fmt_int(s.flagged), style="magenta" if s.flagged else "dim"),
-        ]
-        if wide:
-            cells.append(
-                Text(top_flags(s.flags, top_k) or "—", style="magenta" if s.flags else "dim")
-            )
-            cells.append(fmt_int(s.tokens_per_turn) if s.tokens_per_turn else "—")
-            cells.append(fmt_tokens(s.completion_tokens))
-        t.add_row(*cells)
+        t.add_row(*_counts_row(name, s, bar_w, wide, top_k))
     t.add_section()
-    total: list[RenderableType] = [
-        Text("TOTAL", style="bold"),
-        progress_bar(n.total, n.done, n.truncated, n.failed, bar_w),
-        Text(fmt_int(n.done), style="bold"),
-        Text(fmt_int(n.total), style="bold"),
-        Text(f"{100.0 * n.fraction:5.1f}", style="bold"),
-        Text(fmt_int(n.failed), style="bold red" if n.failed else "dim"),
-        Text(fmt_int(n.truncated), style="bold yellow" if n.truncated else "dim"),
-        Text(fmt_int(n.flagged), style="bold magenta" if n.flagged else "dim"),
+    t.add_row(*_counts_row(Text("TOTAL", style="bold"), n.overall, bar_w, wide, top_k, bold=True))
+    return t
+
+
+def _counts_row(name: Text, s: SourceProgress, bar_w: int, wide: bool, top_k: int, *,
+                bold: bool = False) -> list[RenderableType]:  # fmt: skip
+    """The cells of one row of the sources table (a source, or the TOTAL in bold)."""
+    b = "bold " if bold else ""
+    pct = 100.0 * (s.done + s.failed) / s.total if s.total else 0.0
+    cells: list[RenderableType] = [
+        name,
+        progress_bar(s.total, s.done, s.truncated, s.failed, bar_w),
+        Text(fmt_int(s.done), style=b.strip()),
+        Text(fmt_int(s.total), style=b.strip()),
+        Text(f"{pct:5.1f}", style=b.strip()),
+        Text(fmt_int(s.failed), style=b + "red" if s.failed else "dim"),
+        Text(fmt_int(s.truncated), style=b + "yellow" if s.truncated else "dim"),
+        Text(fmt_int(s.flagged), style=b + "magenta" if s.flagged else "dim"),
     ]
     if wide:
-        total.append(
-            Text(top_flags(n.flags, top_k) or "—", style="bold magenta" if n.flags else "dim")
+        cells.append(
+            Text(top_flags(s.flags, top_k) or "—", style=b + "magenta" if s.flags else "dim")
         )
-        total.append(
-            fmt_int(n.completion_tokens / n.rows) if n.rows and n.completion_tokens else "—"
-        )
-        total.append(Text(fmt_tokens(n.completion_tokens), style="bold"))
-    t.add_row(*total)
-    return t
+        cells.append(fmt_int(s.tokens_per_turn) if s.tokens_per_turn else "—")
+        cells.append(Text(fmt_tokens(s.completion_tokens), style=b.strip()))
+    return cells
 
 
 def throughput_panel(n: RunNumbers) -> Panel:
@@ -211,8 +202,9 @@ def throughput_panel(n: RunNumbers) -> Panel:
     rq = n.requests
     g.add_row("requests", Text(f"{fmt_int(rq['sent'])} sent · {fmt_int(rq['ok'])} ok"))
     g.add_row("", Text(f"{fmt_int(rq['retried'])} retried · {fmt_int(rq['failed'])} failed"))
-    if n.retried or n.retrying:
-        g.add_row("new attempts", Text(f"{fmt_int(n.retried)} stored · {fmt_int(n.retrying)} to go",
+    o = n.overall
+    if o.retried or o.retrying:
+        g.add_row("new attempts", Text(f"{fmt_int(o.retried)} stored · {fmt_int(o.retrying)} to go",
                                        style="magenta"))  # fmt: skip
     g.add_row("", "")
     if n.state == "finished" and n.remaining == 0:

@@ -17,7 +17,7 @@ from typing import Literal
 
 import yaml
 
-from regen.progress import (
+from regen.store.progress import (
     SERIES_STEP_S,
     SERIES_WINDOW_S,
     EndpointProgress,
@@ -116,9 +116,25 @@ def make_snapshot(
             "server_error", "503 Service Unavailable from http://10.0.0.7:30000/v1", now - 95
         )
     snap.endpoints = [
-        EndpointProgress(ENDPOINTS[0], 64 if live else 0, True, 41.8, 12_911, 3),
-        EndpointProgress(ENDPOINTS[1], 63 if live else 0, True, 44.2, 12_640, 11),
-        EndpointProgress(ENDPOINTS[2], 0, False, None, 5_639, 188),
+        EndpointProgress(
+            url=ENDPOINTS[0],
+            in_flight=64 if live else 0,
+            healthy=True,
+            latency_p50_s=41.8,
+            ok=12_911,
+            errors=3,
+        ),
+        EndpointProgress(
+            url=ENDPOINTS[1],
+            in_flight=63 if live else 0,
+            healthy=True,
+            latency_p50_s=44.2,
+            ok=12_640,
+            errors=11,
+        ),
+        EndpointProgress(
+            url=ENDPOINTS[2], in_flight=0, healthy=False, latency_p50_s=None, ok=5_639, errors=188
+        ),
     ]
     return snap
 
@@ -189,7 +205,7 @@ def write_run_dir(
     else:
         rd.delete(layout.LOCK)
     if snapshot is not None:
-        layout.write_progress(rd, snapshot)
+        layout.PROGRESS_FILE.write(rd, snapshot)
 
 
 def _flags(rows: int, per_turn: int) -> dict[str, int]:
@@ -206,7 +222,8 @@ def write_parts(uri: str | os.PathLike[str], rows: int, *, rows_per_part: int = 
     import pyarrow as pa
 
     from regen.store import RunDir, layout
-    from regen.store.journal import count_rows, make_record, part_bytes
+    from regen.store.counts import count_rows
+    from regen.store.parts import make_record, part_bytes
 
     rd = RunDir.open(uri)
     ids = pa.array([[163587, 1, 2, 3, 163601, 4, 5, 163586]] * rows_per_part, pa.list_(pa.int32()))

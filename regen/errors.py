@@ -12,6 +12,8 @@ type (and, for HTTP, by status code carried on the exception), never by message 
     │   ├── LockHeldError           another live run holds the directory
     │   └── FingerprintMismatchError  the directory was made by a different manifest
     ├── EndpointError               no usable endpoint at start (names each and why)
+    ├── MetricsPageError            a server's /metrics page is not Prometheus text (advice
+    │                               only: a scrape that meets it is reported, never fatal)
     ├── RequestError                one request to an endpoint failed
     │   ├── TransientError          retried: connection, timeout, 408/429/5xx, stream cut
     │   │   ├── ConnectError
@@ -111,6 +113,13 @@ class EndpointError(RegenError):
     """No endpoint is usable at start."""
 
     kind = "endpoint"
+
+
+class MetricsPageError(RegenError):
+    """A server's ``/metrics`` page is not Prometheus text (the parser's reason in the
+    message). Caught where pages are read: a server's metrics never stop a run."""
+
+    kind = "metrics_page"
 
 
 class RequestError(RegenError):

@@ -1,7 +1,8 @@
 """Export a run directory's rows for SpecForge.
 
 First the cheap check of the run directory (:func:`regen.store.verify.refuse_damaged`: each
-part's footer against its record); a damaged directory is refused with one line pointing to
+part's footer against its record; skipped with ``check=False`` by a caller that ran it on the
+same handle, ``regen train``); a damaged directory is refused with one line pointing to
 ``regen verify --repair``. Then reads every Parquet part of the run directory (schema
 ``regen.rows.SCHEMA``; names in :mod:`regen.store.layout`) through its pyarrow filesystem, and
 writes to ``OUT`` (local path or pyarrow URI; file names from the layout too)::
@@ -17,8 +18,14 @@ writes to ``OUT`` (local path or pyarrow URI; file names from the layout too)::
                                    an export without a holdout
 
 Rules, in this order: only each sample's latest answer counts (rows of an earlier attempt,
-kept in the run directory when ``regen run --retry-flagged`` answered the sample again, are
-dropped as ``superseded``); rows are deduplicated by (sample_id, turn, attempt) (first in
+kept in the run directory when ``regen run --retry-flagged`` or a changed source row answered
+the sample again, are dropped as ``superseded``); only the samples of the latest plan count,
+each with the content it planned (regen.store.stale: the rows of a sample the plan no longer
+holds are dropped as ``not_planned``, those whose ``content_hash`` is not the planned one as
+``stale``: both answer a source row that was edited or left the plan); with ``setting`` ID,
+only the rows that settings id made (the ``settings`` column; ``regen run --force`` can mix
+settings) and native rows (no setting makes them) count, the others are dropped as
+``other_setting``; rows are deduplicated by (sample_id, turn, attempt) (first in
 part-name order wins); every row of a held-out sample is dropped (below); rows carrying a
 quality flag of ``drop_flags`` are dropped as ``flagged`` (default
 :data:`regen.quality.DEFAULT_DROP_FLAGS`; stats.json counts rows, tokens and loss tokens per
@@ -87,9 +94,10 @@ from pydantic import ValidationError
 
 from regen.errors import ConfigError, RunDirError
 from regen.quality import DEFAULT_DROP_FLAGS, parse_flags
-from regen.rows import ADDED_COLUMNS
+from regen.rows import ADDED_COLUMNS, ANSWER_COLUMNS
 from regen.sample import stable_hash
 from regen.store import layout
+from regen.store.run import read_manifest_data
 from regen.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -115,6 +123,8 @@ _KEY_COLUMNS = (
     "token_check",
     "attempt",
     "quality_flags",
+    "content_hash",
+    "settings",
 )
 _DATA_COLUMNS: dict[str, tuple[str, ...]] = {
     "pretokenized": ("input_ids", "loss_mask"),
@@ -161,7 +171,7 @@ class FlagStats:
 
 
 @dataclass(slots=True)
-class SourceStats:
+class SourceExportStats:
     """Per-source numbers in stats.json."""
 
     rows_read: int = 0
@@ -199,10 +209,15 @@ class ExportStats:
     tokens: int = 0  #: tokens of the written rows
     loss_tokens: int = 0  #: tokens with loss_mask 1 in the written rows
     dropped: dict[str, int] = field(default_factory=dict)
-    sources: dict[str, SourceStats] = field(default_factory=dict)
+    sources: dict[str, SourceExportStats] = field(default_factory=dict)
     token_source: dict[str, int] = field(default_factory=dict)  #: written rows per source kind
     token_check: dict[str, int] = field(default_factory=dict)  #: read rows per check result
     token_check_problems: int = 0  #: read rows whose check is not in TOKEN_CHECKS_OK
+    #: the settings id kept (``setting``; None: every setting)
+    setting: str | None = None
+    #: written rows per settings id of the row ("native" for native rows, "unknown" for rows
+    #: written before the column): the mix a ``regen run --force`` left
+    settings: dict[str, int] = field(default_factory=dict)
     shards: list[dict[str, Any]] = field(default_factory=list)  #: {file, rows, tokens}
     holdout_samples: int = 0  #: samples held out, all sources
     holdout_file: str | None = None  #: holdout.jsonl when written
@@ -220,7 +235,7 @@ class ExportStats:
         args = {k: v for k, v in d.items() if k in known}
         args["flags"] = {k: FlagStats(**v) for k, v in (d.get("flags") or {}).items()}
         args["sources"] = {
-            name: SourceStats(
+            name: SourceExportStats(
                 **{k: v for k, v in src.items() if k not in ("mask_coverage", "flags")},
                 flags={k: FlagStats(**v) for k, v in (src.get("flags") or {}).items()},
             )
@@ -237,7 +252,7 @@ class ExportStats:
         return d
 
 
-def manifest_settings(run_dir: str) -> dict[str, Any]:
+def manifest_settings(rd: RunDir) -> dict[str, Any]:
     """The ``export:`` section of the run directory's manifest (regen.manifest.Export, its
     defaults where the section or the manifest is missing): the settings both ``regen export``
     and ``regen train`` start from, before their own overrides."""
@@ -245,19 +260,19 @@ def manifest_settings(run_dir: str) -> dict[str, Any]:
     from regen.manifest import Export
 
     try:
-        data = layout.read_manifest_data(RunDir.open(run_dir, create=False)) or {}
+        data = read_manifest_data(rd) or {}
         return Export.model_validate(data.get("export") or {}).model_dump()
     except (OSError, RegenError, ValidationError) as e:
         log.warning("%s: the manifest's export section is not readable (%s); using the "
-                    "defaults", run_dir, e)  # fmt: skip
+                    "defaults", rd.uri, e)  # fmt: skip
         return Export().model_dump()
 
 
-def export_settings(run_dir: str, **overrides: Any) -> dict[str, Any]:
+def export_settings(rd: RunDir, **overrides: Any) -> dict[str, Any]:
     """:func:`manifest_settings`, then every override that is not None: the keyword
     arguments of :func:`export_run` (seed, drop_truncated, max_length, shard_rows, holdout,
     drop_flags)."""
-    settings = manifest_settings(run_dir)
+    settings = manifest_settings(rd)
     settings.update({k: v for k, v in overrides.items() if v is not None})
     return settings
 
@@ -290,7 +305,7 @@ def check_drop_share(stats: ExportStats | layout.ExportRecord, max_share: float)
 
 
 def export_run(
-    run_dir: str,
+    rd: RunDir,
     out: str,
     *,
     seed: int = 0,
@@ -302,11 +317,15 @@ def export_run(
     drop_flags: Iterable[str] | str = DEFAULT_DROP_FLAGS,
     only_flagged: bool = False,
     max_drop_share: float | None = None,
+    check: bool = True,
+    setting: str | None = None,
 ) -> ExportStats:
-    """Export every row of ``run_dir`` to ``out`` (see the module docstring). ``drop_flags``:
-    quality flags whose rows are dropped (names, a comma string, ``default``, ``all``,
-    ``none``). ``max_drop_share``: refuse (:func:`check_drop_share`) before writing anything
-    when the rules would drop a larger share of the rows."""
+    """Export every row of the run directory ``rd`` to ``out`` (see the module docstring).
+    ``drop_flags``: quality flags whose rows are dropped (names, a comma string, ``default``,
+    ``all``, ``none``). ``max_drop_share``: refuse (:func:`check_drop_share`) before writing
+    anything when the rules would drop a larger share of the rows. ``check``: run the cheap
+    damage check first (False: the caller did). ``setting``: keep only the rows of this
+    settings id (``run.json`` lists the run's)."""
     flags = parse_flags(drop_flags, "drop_flags")
     if only_flagged and not flags:
         raise ConfigError("--only-flagged needs at least one flag to look for", field="drop_flags")
@@ -318,12 +337,15 @@ def export_run(
         raise ConfigError("shard_rows must be >= 0 (0: one shard)", field="shard_rows")
     if max_length is not None and max_length <= 0:
         raise ConfigError("max_length must be > 0", field="max_length")
-    rd = RunDir.open(run_dir, create=False)
     if not rd.exists(""):
         raise RunDirError(f"run directory {rd.uri!r} does not exist")
-    from regen.store.verify import refuse_damaged
+    if check:
+        from regen.store.verify import refuse_damaged
 
-    refuse_damaged(rd, "export")
+        refuse_damaged(rd, "export")
+    planned = _recorded_plan(rd)
+    if setting is not None:
+        _check_setting(rd, setting)
     stats = ExportStats(
         run_dir=rd.uri,
         out=str(out),
@@ -335,11 +357,13 @@ def export_run(
         holdout=holdout,
         drop_flags=list(flags),
         only_flagged=only_flagged,
+        setting=setting,
     )
     parts, table = _read_keys(rd, fmt, stats)
     latest = _latest_attempts(table)
+    why_not = _not_current(table, planned, setting)
     # --only-flagged lists what the export drops: nothing is held out of that listing
-    held = {} if only_flagged else _holdout(table, holdout, seed, latest)
+    held = {} if only_flagged else _holdout(table, holdout, seed, latest, why_not)
     order = _select(
         table,
         fmt,
@@ -350,6 +374,7 @@ def export_run(
         latest=latest,
         drop_flags=frozenset(flags),
         only_flagged=only_flagged,
+        why_not=why_not,
     )
     if max_drop_share is not None and not only_flagged:
         check_drop_share(stats, max_drop_share)
@@ -382,13 +407,78 @@ def export_run(
         out,
         len(stats.shards),
     )
+    made = [k for k in stats.settings if k not in ("native", "unknown")]
+    if len(made) > 1:
+        log.warning("the written rows mix %d settings (regen run --force): %s; keep one with "
+                    "--setting ID", len(made), ", ".join(f"{k} {stats.settings[k]:,} rows"
+                                                         for k in made))  # fmt: skip
     return stats
+
+
+def _recorded_plan(rd: RunDir) -> pa.Table | None:
+    """The latest plan (regen.store.planindex.recorded_plan); None with a warning when the run
+    directory has none (stale answers cannot be told apart then); a damaged one is refused."""
+    from regen.store.planindex import recorded_plan
+
+    planned, why = recorded_plan(rd)
+    if why:
+        raise RunDirError(
+            f"{rd.uri} is damaged, export refused: {why}; run `regen verify {rd.uri} --repair` "
+            "(it rebuilds the plan index from the sources)"
+        )
+    if planned is None:
+        log.warning("%s has no plan index (%s): answers of source rows edited since cannot be "
+                    "told apart; `regen verify --repair` writes it", rd.uri,
+                    layout.PLAN_INDEX)  # fmt: skip
+    return planned
+
+
+def _check_setting(rd: RunDir, setting: str) -> None:
+    """``setting`` is a settings id of the run (run.json ``settings``), else ConfigError."""
+    run = layout.RUN_FILE.read(rd)
+    known = sorted(run.settings) if run is not None else []
+    if setting not in known:
+        have = ", ".join(known) or "none recorded"
+        raise ConfigError(
+            f"--setting {setting!r} is not a settings id of {rd.uri} (it has: {have}; "
+            "`regen status` shows each one's rows)",
+            field="setting",
+        )
+
+
+def _not_current(table: pa.Table, planned: pa.Table | None, setting: str | None) -> list[str]:
+    """Per row, why it does not count ("" when it does): ``not_planned`` and ``stale`` against
+    the recorded plan, ``other_setting`` against ``setting`` (module docstring)."""
+    n = table.num_rows
+    out = [""] * n
+    if planned is not None and n:
+        import pyarrow.compute as pc
+
+        ids = table.column("sample_id")
+        idx = pc.index_in(ids, value_set=planned.column("id"))
+        want = planned.column("content_hash").take(pc.fill_null(idx, 0)) if len(planned) else None
+        have = table.column("content_hash").to_pylist()
+        pos = idx.to_pylist()
+        wanted = want.to_pylist() if want is not None else []
+        for i in range(n):
+            if pos[i] is None:
+                out[i] = "not_planned"
+            elif have[i] is not None and have[i] != wanted[i]:
+                out[i] = "stale"
+    if setting is not None:
+        made = table.column("settings").to_pylist()
+        kinds = table.column("token_source").to_pylist()
+        for i in range(n):
+            if not out[i] and made[i] != setting and kinds[i] != "native":
+                out[i] = "other_setting"
+    return out
 
 
 def _read_keys(rd: RunDir, fmt: str, stats: ExportStats) -> tuple[list[_Part], pa.Table]:
     """The parts (name order) and the key columns of all their rows, concatenated."""
     names = [n for n in rd.list(layout.PARTS_DIR) if layout.part_stem(n) is not None]
-    needed = set(_KEY_COLUMNS + _DATA_COLUMNS[fmt]) - set(ADDED_COLUMNS.names)
+    needed = set(_KEY_COLUMNS + _DATA_COLUMNS[fmt]) - {*ADDED_COLUMNS.names,
+                                                       *ANSWER_COLUMNS.names}  # fmt: skip
     parts: list[_Part] = []
     tables = []
     start = 0
@@ -488,10 +578,11 @@ def _latest_attempts(table: pa.Table) -> dict[str, int]:
 
 
 def _holdout(
-    table: pa.Table, n: int, seed: int, latest: dict[str, int]
+    table: pa.Table, n: int, seed: int, latest: dict[str, int], why_not: list[str] | None = None
 ) -> dict[str, dict[str, int]]:
     """Per source, the held-out samples and the row of each one's first regenerated turn of its
-    latest answer (module docstring), in holdout order."""
+    latest answer (module docstring), in holdout order; rows that do not count (``why_not``:
+    stale, not planned, another setting) are never held out."""
     if n <= 0:
         return {}
     attempts = table.column("attempt").to_pylist()
@@ -502,6 +593,8 @@ def _holdout(
     first: dict[str, dict[str, int]] = defaultdict(dict)  # source → sample → row
     for i, sid in enumerate(sids):
         if kinds[i] == "native" or (attempts[i] or 0) < latest.get(sid, 0):
+            continue
+        if why_not is not None and why_not[i]:
             continue
         rows = first[sources[i]]
         j = rows.get(sid)
@@ -579,6 +672,9 @@ def with_added_columns(table: pa.Table) -> pa.Table:
     if "quality_flags" not in table.column_names:
         empty = pa.array([[]] * table.num_rows, pa.list_(pa.string()))
         table = table.append_column("quality_flags", empty)
+    for name in ANSWER_COLUMNS.names:  # unknown: null
+        if name not in table.column_names:
+            table = table.append_column(name, pa.nulls(table.num_rows, pa.string()))
     return table
 
 
@@ -593,10 +689,12 @@ def _select(
     latest: dict[str, int] | None = None,
     drop_flags: frozenset[str] = frozenset(),
     only_flagged: bool = False,
+    why_not: list[str] | None = None,
 ) -> list[int]:
     """Indices of the rows to write (the rows of ``held`` samples left out); fills the
     read/drop/keep numbers of ``stats``. ``latest``: each sample's latest attempt
-    (:func:`_latest_attempts`)."""
+    (:func:`_latest_attempts`); ``why_not``: per row, why it does not count
+    (:func:`_not_current`; "" when it does)."""
     sids = table.column("sample_id").to_pylist()
     attempts = table.column("attempt").to_pylist()
     row_flags = table.column("quality_flags").to_pylist()
@@ -609,7 +707,7 @@ def _select(
     kinds = table.column("token_source").to_pylist()
     checks = table.column("token_check").to_pylist()
     dropped: Counter[str] = Counter()
-    per_source: dict[str, SourceStats] = defaultdict(SourceStats)
+    per_source: dict[str, SourceExportStats] = defaultdict(SourceExportStats)
     seen: set[tuple[str, int, int]] = set()
     keep: list[int] = []
     for i, sid in enumerate(sids):
@@ -624,6 +722,8 @@ def _select(
         reason = None
         if key[2] < latest.get(sid, 0):
             reason = "superseded"
+        elif why_not is not None and why_not[i]:
+            reason = why_not[i]
         elif key in seen:
             reason = "duplicate"
         elif only_flagged:
@@ -666,12 +766,15 @@ def _select(
                 d = per_source[sources[i]].dropped
                 d["earlier_turn"] = d.get("earlier_turn", 0) + 1
         keep = [i for i in keep if i in chosen]
+    made = table.column("settings").to_pylist()
     for i in keep:
         src = per_source[sources[i]]
         src.rows += 1
         src.tokens += ntok[i]
         src.loss_tokens += nloss[i]
         stats.token_source[kinds[i]] = stats.token_source.get(kinds[i], 0) + 1
+        which = made[i] or ("native" if kinds[i] == "native" else "unknown")
+        stats.settings[which] = stats.settings.get(which, 0) + 1
     stats.rows_read = len(sids)
     stats.rows_written = len(keep)
     stats.tokens = sum(ntok[i] for i in keep)
@@ -682,7 +785,7 @@ def _select(
 
 
 def _count_flags(
-    stats: ExportStats, src: SourceStats, flags: list[str], tokens: int, loss_tokens: int
+    stats: ExportStats, src: SourceExportStats, flags: list[str], tokens: int, loss_tokens: int
 ) -> None:
     for f in flags:
         stats.flags.setdefault(f, FlagStats()).add(tokens, loss_tokens)

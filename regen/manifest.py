@@ -43,6 +43,8 @@ AdapterName = Literal[
     "magicoder",
     "kimi_native",
 ]
+#: hex characters of :meth:`Manifest.settings_id`
+SETTINGS_ID_CHARS = 8
 
 
 class Strict(BaseModel):
@@ -307,18 +309,66 @@ class Manifest(Strict):
         """What must not change under a resumed run: sources, dedup, model, sampling, template.
         ``dedup`` counts while ``dedup.near`` is on (it decides which samples a run holds); with
         it off the fingerprint is the one a manifest had before near-duplicate detection."""
+        return stable_hash(self.fingerprint_payload(), n=32)
+
+    def fingerprint_payload(self) -> dict[str, Any]:
+        """What :meth:`fingerprint` hashes (:func:`flat_fields` names each value)."""
         payload: dict[str, Any] = {
-            "target": self.target.model_dump(mode="json"),
-            "sampling": self.sampling.model_dump(mode="json"),
+            **self.settings_payload(),
             "sources": [s.model_dump(mode="json") for s in self.sources],
         }
         if self.dedup.near:
             payload["dedup"] = self.dedup.model_dump(mode="json")
-        return stable_hash(payload, n=32)
+        return payload
+
+    def settings_payload(self) -> dict[str, Any]:
+        """The settings that make an answer: the target (model, tokenizer, template) and the
+        sampling. Not the sources: they decide which samples a run holds, not how each is
+        answered."""
+        return {
+            "target": self.target.model_dump(mode="json"),
+            "sampling": self.sampling.model_dump(mode="json"),
+        }
+
+    def settings_id(self) -> str:
+        """A short id of :meth:`settings_payload`: what every regenerated row records in its
+        ``settings`` column (regen.rows), so that rows made under other settings (``regen run
+        --force``) can be told apart and filtered (``regen export --setting ID``)."""
+        return stable_hash(self.settings_payload(), n=SETTINGS_ID_CHARS)
 
     def to_yaml(self) -> str:
         data = self.model_dump(mode="json", exclude={"base_dir"})
         return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
+def flat_fields(payload: dict[str, Any]) -> dict[str, Any]:
+    """A fingerprint or settings payload as ``{dotted field: value}``: ``sampling.temperature``,
+    ``target.model``, ``sources.sharegpt.limit`` (sources by name), ``dedup.threshold``."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            out[prefix] = value
+
+    for key, value in payload.items():
+        if key == "sources" and isinstance(value, list):
+            for i, s in enumerate(value):
+                name = s.get("name", i) if isinstance(s, dict) else i
+                walk(f"sources.{name}", s)
+        else:
+            walk(key, value)
+    return out
+
+
+def changed_fields(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(field, old value, new value)`` of every field two payloads disagree on (a field one
+    lacks reads as None), in the order of the new payload's fields, then the old one's."""
+    a, b = flat_fields(old), flat_fields(new)
+    names = [*b, *(k for k in a if k not in b)]
+    return [(k, a.get(k), b.get(k)) for k in names if a.get(k) != b.get(k)]
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

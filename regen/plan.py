@@ -67,7 +67,7 @@ class SourcePlan:
 
 
 @dataclass(slots=True)
-class Plan:
+class PlanReport:
     """The whole job: per-source lines, totals and the time band."""
 
     name: str
@@ -205,7 +205,7 @@ def native_check_for(tokenizer: Any) -> NativeCheck:
     return lambda sample: validate_native(sample, vocab)
 
 
-def build_plan(manifest: Manifest, tok_per_s: float = DEFAULT_TOK_PER_S) -> Plan:
+def build_plan(manifest: Manifest, tok_per_s: float = DEFAULT_TOK_PER_S) -> PlanReport:
     """Read every source and put the numbers together. Raises SourceError on the first
     source that cannot be read, ConfigError when the tokenizer directory does not load."""
     if tok_per_s <= 0:
@@ -213,7 +213,7 @@ def build_plan(manifest: Manifest, tok_per_s: float = DEFAULT_TOK_PER_S) -> Plan
     tokenizer = load_tokenizer(manifest)
     counter = tokenizer_counter(tokenizer) if tokenizer is not None else chars_counter
     native_check = native_check_for(tokenizer) if tokenizer is not None else None
-    plan = Plan(
+    plan = PlanReport(
         name=manifest.name,
         tok_per_s=tok_per_s,
         token_estimate="tokenizer" if tokenizer is not None else f"chars/{CHARS_PER_TOKEN}",

@@ -69,13 +69,26 @@ attempt            int32, required     0: the sample's first answer; n: its n-th
 quality_flags      list<string>, req.  regen.quality's flags of this turn (``[]``: clean);
 q_*                                    and the measures behind them (regen.quality.COLUMNS,
                                        docs/quality.md); native rows are not checked
+content_hash       string/null         ``Sample.content_hash`` of the source content the row
+                                       answers (its conversation and tools; native: its ids
+                                       and mask): a resume that reads another hash for the
+                                       same sample knows the row is stale (the source row was
+                                       edited) and answers it again as a new attempt. Null: a
+                                       part written before the column (unknown, not stale)
+settings           string/null         ``Manifest.settings_id()``: a short id of the target
+                                       and sampling settings that made the row (``regen run
+                                       --force`` can mix settings in one run; ``run.json``
+                                       keeps what each id stands for, ``regen export
+                                       --setting ID`` keeps one). Null for native rows (no
+                                       setting makes them) and parts written before the column
 =================  ==================  ========================================================
 
 ``attempt`` and the quality columns are the :data:`ADDED_COLUMNS`: a part written before them
 lacks them and is still read (no flags, attempt 0); a row dict without them (a journal line of
 such a session, folded on resume) gets them from :func:`upgrade_row` (its turn checked then).
-Likewise the :data:`PROVENANCE_COLUMNS` (engine, engine_version, ended): a part written before
-them lacks them (read as null), and :func:`upgrade_row` gives a row dict without them nulls.
+Likewise the :data:`PROVENANCE_COLUMNS` (engine, engine_version, ended) and the
+:data:`ANSWER_COLUMNS` (content_hash, settings): a part written before them lacks them (read
+as null), and :func:`upgrade_row` gives a row dict without them nulls.
 The quality checks run where the row is built, in the actor (:func:`build_turn_row`, off the
 event loop); whether the reasoning was closed (``think_closed``) comes from the server's ids
 when the row has them (is ``</think>`` among the output ids), else from the local render
@@ -135,6 +148,15 @@ PROVENANCE_COLUMNS: pa.Schema = pa.schema(
         pa.field("ended", pa.string()),
     ]
 )
+#: columns a part written before issue 21 lacks (nullable; see the module docstring)
+ANSWER_COLUMNS: pa.Schema = pa.schema(
+    [
+        pa.field("content_hash", pa.string()),
+        pa.field("settings", pa.string()),
+    ]
+)
+#: the column groups added after the first schema: a part may lack each group as a whole
+LATER_COLUMNS: tuple[pa.Schema, ...] = (ADDED_COLUMNS, PROVENANCE_COLUMNS, ANSWER_COLUMNS)
 SCHEMA: pa.Schema = pa.schema(
     [
         pa.field("sample_id", pa.string(), nullable=False),
@@ -168,6 +190,7 @@ SCHEMA: pa.Schema = pa.schema(
         pa.field("created_at", pa.string(), nullable=False),
         *ADDED_COLUMNS,
         *PROVENANCE_COLUMNS,
+        *ANSWER_COLUMNS,
     ]
 )
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
@@ -199,13 +222,15 @@ def build_rows(
     turns: Sequence[TurnInput],
     renderer: KimiRenderer,
     quality: QualityConfig = DEFAULT_CONFIG,
+    settings: str | None = None,
 ) -> list[dict[str, Any]]:
     """The rows of a sample's regenerated turns, in order; the same rows as
     :func:`build_turn_row` on each turn, with the tokenizer work of all turns batched
-    (:func:`prepare_turns`). The first turn that cannot become a row raises."""
+    (:func:`prepare_turns`). The first turn that cannot become a row raises. ``settings``:
+    the manifest's ``settings_id()``, recorded in every row."""
     prepared = prepare_turns(sample, turns, renderer)
     return [
-        build_turn_row(sample, turn, msgs, res, renderer, quality, p)
+        build_turn_row(sample, turn, msgs, res, renderer, quality, p, settings=settings)
         for (turn, msgs, res), p in zip(turns, prepared, strict=True)
     ]
 
@@ -271,10 +296,12 @@ def build_turn_row(
     renderer: KimiRenderer,
     quality: QualityConfig = DEFAULT_CONFIG,
     prepared: PreparedTurn | None = None,
+    *,
+    settings: str | None = None,
 ) -> dict[str, Any]:
     """The training row of one regenerated assistant turn (see the module docstring), its
     quality checked with ``quality``'s thresholds; ``prepared``: its tokenizer work done
-    already (:func:`build_rows`)."""
+    already (:func:`build_rows`); ``settings``: the manifest's ``settings_id()``."""
     tools = sample.tools or None
     if prepared is None:
         prepared = prepare_turns(sample, [(turn, request_messages, result)], renderer)[0]
@@ -375,6 +402,8 @@ def build_turn_row(
         "created_at": _now(),
         "attempt": sample.attempt,
         **checked.columns(),
+        "content_hash": sample.content_hash,
+        "settings": settings,
     }
 
 
@@ -450,19 +479,21 @@ def native_row(sample: Sample) -> dict[str, Any]:
         "created_at": _now(),
         "attempt": sample.attempt,
         **NOT_CHECKED.columns(),
+        "content_hash": sample.content_hash,
+        "settings": None,
     }
 
 
 def upgrade_row(row: dict[str, Any]) -> dict[str, Any]:
     """A row dict from before :data:`ADDED_COLUMNS` with them filled in: attempt 0 and its
     turn checked now (:func:`regen.quality.check_row`; native rows not checked). Rows that have
-    them come back as they are. A row without the :data:`PROVENANCE_COLUMNS` gets nulls."""
-    if all(name in row for name in ADDED_COLUMNS.names) and all(
-        name in row for name in PROVENANCE_COLUMNS.names
-    ):
+    them come back as they are. A row without the :data:`PROVENANCE_COLUMNS` or the
+    :data:`ANSWER_COLUMNS` gets nulls (unknown)."""
+    nullable = (*PROVENANCE_COLUMNS.names, *ANSWER_COLUMNS.names)
+    if all(name in row for name in ADDED_COLUMNS.names) and all(name in row for name in nullable):
         return row
     out = dict(row)
-    for name in PROVENANCE_COLUMNS.names:
+    for name in nullable:
         out.setdefault(name, None)
     if all(name in row for name in ADDED_COLUMNS.names):
         return out

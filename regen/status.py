@@ -1,7 +1,7 @@
 """The numbers of a run from its run directory: shared by `regen status` and the dashboard.
 
 Reads, per refresh tick, three small files of the run directory and nothing else (files
-named in :mod:`regen.store.layout`): the progress snapshot (regen.progress.ProgressSnapshot),
+named in :mod:`regen.store.layout`): the progress snapshot (regen.store.progress),
 the lock (LockRecord) and run.json (RunRecord). Once (retried while absent) it reads the
 manifest, for the per-source ``output_tokens`` planning assumption (used for sources that have
 no finished sample yet), together with the plan (PlanRecord) for the expected regenerated
@@ -25,9 +25,13 @@ Definitions (all pure functions of those files and ``now``):
   ending at its last point (shorter when the session is younger; ``span_s`` says how long);
 - clocks: heartbeats, progress and token times are the driver's clock, ``now`` the reader's;
   when the driver ran on another host, ``CLOCK_SKEW_S`` is added to the stale and stall limits;
-- state: ``running``; ``stalled`` (holder alive but no new completion tokens for
+- state: ``unknown`` (the progress file is damaged, or missing beside stored parts while no
+  session holds the lock: the numbers shown are what the part records hold, with the plan's
+  totals, and the reason says to run ``regen verify --repair``, which rebuilds it; never read
+  as an empty run); ``running``; ``stalled`` (holder
+  alive but no new completion tokens for
   ``stall_after_s``); ``dead`` (progress says running but the lock holder is gone: lock missing,
-  or gone by the lock's one staleness rule, LockRecord.why_gone); ``finished`` /
+  or gone by the lock's one staleness rule, regen.store.lock.why_gone); ``finished`` /
   ``interrupted`` / ``failed`` (as the driver last wrote); ``starting`` / ``empty`` (no
   progress file yet, holder alive / not);
 - ETA: remaining samples per source (total - done - failed) x observed completion tokens per
@@ -47,23 +51,17 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
 from regen.errors import RunDirError
-from regen.progress import ProgressSnapshot
 from regen.store import RunDir, layout
-from regen.store.layout import (
-    CLOCK_SKEW_S,
-    LockRecord,
-    PartRecord,
-    RunRecord,
-    SourceCounts,
-    add_flag_counts,
-)
-from regen.store.layout import fmt_age as _age
-from regen.store.layout import pid_is_alive as _pid_alive
-from regen.store.lock import read_lock
+from regen.store.counts import SourceCounts
+from regen.store.layout import LockRecord, PartRecord, RunRecord
+from regen.store.lock import CLOCK_SKEW_S, fmt_age, pid_is_alive, read_lock, why_gone
+from regen.store.progress import VERSION as PROGRESS_VERSION
+from regen.store.progress import ProgressSnapshot, SourceProgress
+from regen.store.run import read_manifest_data
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +103,11 @@ class RunFiles:
     lock: LockRecord | None
     run: RunRecord | None
     parts: PartsCheck | None = None  #: None when this tick did not list parts/
+    #: why the progress file could not be read and what to do ("" when it was, or is missing)
+    progress_error: str = ""
+    #: with ``progress_error``: per source, what the part records hold, with the plan's totals
+    #: (the numbers shown while the state is unknown); empty when that cannot be told either
+    fallback: dict[str, SourceProgress] = field(default_factory=dict)
 
 
 class RunView:
@@ -133,7 +136,7 @@ class RunView:
         """
         if self._assumptions is None:
             try:
-                data = layout.read_manifest_data(self.rd)
+                data = read_manifest_data(self.rd)
             except RunDirError as e:
                 log.warning("%s", e)
                 data = {}
@@ -193,20 +196,60 @@ class RunView:
 
     def read(self) -> RunFiles:
         """Read the progress file, the lock and run.json (and list parts/ when due)."""
-        progress = layout.read_progress(self.rd)
+        error = ""
+        try:
+            progress = layout.PROGRESS_FILE.read(self.rd)
+        except RunDirError as e:  # damaged: unknown, never an empty run
+            progress, error = None, f"{e}: run `regen verify {self.uri} --repair`"
+            other = (self.rd.read_json(layout.PROGRESS) or {}).get("version", PROGRESS_VERSION)
+            if other != PROGRESS_VERSION:  # not damage: a newer (or older) writer's format
+                error = (f"{layout.PROGRESS} was written by another regen version (format "
+                         f"{other!r}; this one reads {PROGRESS_VERSION}): read it with that "
+                         "version")  # fmt: skip
         run = layout.RUN_FILE.read(self.rd)
         lock = read_lock(self.rd)
-        if progress is None and run is None and not self.rd.exists(layout.MANIFEST):
+        if progress is None and not error and run is None and not self.rd.exists(layout.MANIFEST):
             raise RunDirError(
                 f"{self.uri!r} is not a run directory (no {layout.RUN}, {layout.PROGRESS})"
             )
         now = time.monotonic()
-        if self._checked_at is None or now - self._checked_at >= self.reconcile_every_s:
+        due = self._checked_at is None or now - self._checked_at >= self.reconcile_every_s
+        if due or (error and self._last_check is None):
             check = self.check_parts()  # listed after the progress file was read: see deficit
             check.deficit = deficit(progress, check.stored)
             self._last_check = check
             self._checked_at = now
-        return RunFiles(progress=progress, lock=lock, run=run, parts=self._last_check)
+        check = self._last_check
+        lost = progress is None and not error and check is not None and bool(check.stored)
+        if lost and (lock is None or why_gone(lock)):  # no session about to write it
+            error = (f"{layout.PROGRESS} is missing beside stored parts: run "
+                     f"`regen verify {self.uri} --repair`")  # fmt: skip
+        files = RunFiles(progress=progress, lock=lock, run=run, parts=check,
+                         progress_error=error)  # fmt: skip
+        if error:
+            files.fallback = self._from_records()
+        return files
+
+    def _from_records(self) -> dict[str, SourceProgress]:
+        """Per source, what the part records of the last listing hold, with plan.json's totals
+        (what status shows while the progress file is damaged)."""
+        check = self._last_check
+        if check is None or check.stored is None:
+            return {}
+        try:
+            plan = layout.PLAN_FILE.read(self.rd)
+        except RunDirError:
+            plan = None
+        entries = plan.sources if plan is not None else {}
+        out: dict[str, SourceProgress] = {}
+        for name in [*entries, *(n for n in check.stored if n not in entries)]:
+            entry = entries.get(name)
+            sp = SourceProgress(total=entry.total if entry else 0,
+                                regenerate=entry.regenerate if entry else True,
+                                pending=None)  # fmt: skip
+            sp.add(check.stored.get(name) or SourceCounts())
+            out[name] = sp
+        return out
 
     def numbers(self, now: float | None = None, **kw: Any) -> RunNumbers:
         """Read and compute in one go."""
@@ -268,26 +311,21 @@ class Eta:
     assumed_sources: list[str]  #: sources estimated from the manifest (no data yet)
 
 
-@dataclass(slots=True)
-class SourceNumbers:
-    name: str
-    total: int
-    done: int
-    failed: int
-    truncated: int
-    remaining: int
-    rows: int
-    prompt_tokens: int
-    completion_tokens: int
-    regenerate: bool
-    tokens_per_turn: float | None  #: observed mean completion tokens per regenerated turn
-    tokens_per_sample: float | None  #: observed mean completion tokens per done sample
-    flagged: int = 0  #: done samples whose answer has a row with a quality flag
-    flags: dict[str, int] = field(default_factory=dict)  #: rows per flag, most first
-    retried: int = 0  #: new attempts stored (regen run --retry-flagged)
-    retrying: int = 0  #: new attempts this session still has to store
-    #: samples whose conversation ended early, per reason, most first (regen.engine.turns)
-    ended: dict[str, int] = field(default_factory=dict)
+class SourceNumbers(SourceProgress):
+    """One source as `regen status` shows it: its progress counters less what vanished (a
+    view of :class:`regen.store.progress.SourceProgress`; ``flags`` most first), with the
+    derived ``remaining``, ``tokens_per_turn`` and ``tokens_per_sample``."""
+
+    name: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        # ``ended`` always (a file leaves it out when empty; a JSON reader wants the key)
+        return {"name": self.name, **self.model_dump(exclude={"name", "pending"}),
+                "ended": dict(self.ended), **{k: getattr(self, k) for k in DERIVED}}  # fmt: skip
+
+
+#: the derived numbers of a source (and of the whole run) in `regen status --json`
+DERIVED = ("remaining", "tokens_per_turn", "tokens_per_sample")
 
 
 @dataclass(slots=True)
@@ -340,14 +378,8 @@ class RunNumbers:
     elapsed_s: float  #: since the run was created (to now while alive, else to the last update)
     session_elapsed_s: float
     endpoints_configured: list[str]
-    total: int
-    done: int
-    failed: int
-    truncated: int
-    remaining: int
-    rows: int
-    prompt_tokens: int
-    completion_tokens: int
+    #: every source's counters and totals together (the dashboard's TOTAL row)
+    overall: SourceProgress
     session_tokens: int  #: completion tokens of this session (last token_series point)
     in_flight: int
     requests: dict[str, int]
@@ -362,14 +394,20 @@ class RunNumbers:
     last_progress_at: float | None  #: last time completion tokens grew
     #: parts that are missing or damaged (their samples are not counted; see regen verify)
     damaged: list[str] = field(default_factory=list)
-    flagged: int = 0  #: done samples whose answer has a row with a quality flag
-    flags: dict[str, int] = field(default_factory=dict)  #: rows per flag, most first
-    retried: int = 0  #: new attempts stored (regen run --retry-flagged)
-    retrying: int = 0  #: new attempts this session still has to store
+    #: the settings ids of the done samples (a ``regen run --force`` mix) -> the fields in
+    #: which they differ (run.json ``settings``); empty with one setting or none known
+    settings_differ: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def remaining(self) -> int:
+        """Samples still to store: each source's remaining, added up (a source with more
+        done than planned does not make up for another's)."""
+        return sum(s.remaining for s in self.sources)
 
     @property
     def fraction(self) -> float:
-        return (self.done + self.failed) / self.total if self.total else 0.0
+        o = self.overall
+        return (o.done + o.failed) / o.total if o.total else 0.0
 
     def rate(self, window_s: float) -> float | None:
         for r in self.rates:
@@ -378,7 +416,15 @@ class RunNumbers:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """`regen status --json`: the run's counters at the top level, each source's in
+        ``sources``."""
+        d = {f.name: _plain(getattr(self, f.name)) for f in fields(self)
+             if f.name not in ("overall", "sources")}  # fmt: skip
+        d.update(self.overall.model_dump(exclude={"pending", "regenerate"}))
+        d["flags"] = _by_count(d["flags"])
+        d["ended"] = _by_count(self.overall.ended)
+        d["remaining"] = self.remaining
+        d["sources"] = [s.to_dict() for s in self.sources]
         d["fraction"] = self.fraction
         return d
 
@@ -388,12 +434,12 @@ def read_holder(
     now: float,
     *,
     hostname: str | None = None,
-    pid_alive: Callable[[int], bool] = _pid_alive,
+    pid_alive: Callable[[int], bool] = pid_is_alive,
 ) -> Holder | None:
-    """The lock holder and whether it is alive (the lock's one rule: LockRecord.why_gone)."""
+    """The lock holder and whether it is alive (the lock's one rule: regen.store.lock.why_gone)."""
     if lock is None:
         return None
-    why = lock.why_gone(now, hostname=hostname, pid_alive=pid_alive)
+    why = why_gone(lock, now, hostname=hostname, pid_alive=pid_alive)
     return Holder(
         owner=lock.owner,
         host=lock.host,
@@ -507,6 +553,42 @@ def estimate_eta(
     )
 
 
+def run_state(
+    p: ProgressSnapshot | None,
+    holder: Holder | None,
+    growth: float | None,
+    now: float,
+    stall_limit: float,
+    progress_error: str = "",
+) -> tuple[str, str]:
+    """The run's state and why (the module docstring's definitions): from the progress file's
+    last state (``progress_error``: why it could not be read, and what to do), the lock holder,
+    the last time completion tokens grew and ``now``."""
+    if progress_error:
+        return "unknown", progress_error
+    alive = holder is not None and holder.alive
+    new_session = holder is not None and bool(holder.session) and p is not None and (
+        holder.session != p.session)  # fmt: skip
+    if p is None:
+        return ("starting" if alive else "empty"), f"no {layout.PROGRESS} yet"
+    if p.state != "running":
+        if alive and new_session:
+            assert holder is not None
+            return "starting", f"new session {holder.session} (last: {p.state})"
+        return p.state, ""
+    last = max(growth or p.started_at, p.started_at)
+    if not alive:
+        return "dead", holder.why_gone if holder else f"{layout.LOCK} is gone"
+    if new_session:
+        assert holder is not None
+        return "starting", f"new session {holder.session}"
+    if now - last > stall_limit:
+        return "stalled", f"no new tokens for {fmt_age(now - last)}"
+    if now - p.updated_at > stall_limit:
+        return "stalled", f"{layout.PROGRESS} not updated for {fmt_age(now - p.updated_at)}"
+    return "running", ""
+
+
 def compute(
     files: RunFiles,
     *,
@@ -516,71 +598,24 @@ def compute(
     uri: str = "",
     stall_after_s: float = STALL_AFTER_S,
     hostname: str | None = None,
-    pid_alive: Callable[[int], bool] = _pid_alive,
+    pid_alive: Callable[[int], bool] = pid_is_alive,
 ) -> RunNumbers:
     """All numbers of a run from what one refresh read; ``now`` is injected (epoch seconds)."""
     p = files.progress
     run = files.run
     holder = read_holder(files.lock, now, hostname=hostname, pid_alive=pid_alive)
-    alive = holder is not None and holder.alive
     series = p.token_series if p else []
     growth = last_growth_at(series)
     local = p is not None and p.host == (socket.gethostname() if hostname is None else hostname)
     stall_limit = stall_after_s + (0.0 if local else CLOCK_SKEW_S)
+    state, reason = run_state(p, holder, growth, now, stall_limit, files.progress_error)
 
-    # state
-    if p is None:
-        state = "starting" if alive else "empty"
-        reason = f"no {layout.PROGRESS} yet"
-    elif p.state == "running":
-        last = max(growth or p.started_at, p.started_at)
-        if not alive:
-            state = "dead"
-            reason = holder.why_gone if holder else f"{layout.LOCK} is gone"
-        elif holder is not None and holder.session and holder.session != p.session:
-            state, reason = "starting", f"new session {holder.session}"
-        elif now - last > stall_limit:
-            state = "stalled"
-            reason = f"no new tokens for {_age(now - last)}"
-        elif now - p.updated_at > stall_limit:
-            state = "stalled"
-            reason = f"{layout.PROGRESS} not updated for {_age(now - p.updated_at)}"
-        else:
-            state, reason = "running", ""
-    elif alive and holder is not None and holder.session and holder.session != p.session:
-        state, reason = "starting", f"new session {holder.session} (last: {p.state})"
-    else:
-        state, reason = p.state, ""
-
-    srcs: list[SourceNumbers] = []
     check = files.parts
-    for name, sp in (p.sources if p else {}).items():
-        c = _shown(sp, check.deficit.get(name) if check else None)
-        srcs.append(
-            SourceNumbers(
-                name=name,
-                total=sp.total,
-                done=c.done,
-                failed=sp.failed,
-                truncated=c.truncated,
-                remaining=max(0, sp.total - c.done - sp.failed) + sp.retrying,
-                flagged=c.flagged,
-                flags=_by_count(c.flags),
-                retried=c.retried,
-                retrying=sp.retrying,
-                ended=_by_count(sp.ended),
-                rows=c.rows,
-                prompt_tokens=c.prompt_tokens,
-                completion_tokens=c.completion_tokens,
-                regenerate=sp.regenerate,
-                tokens_per_turn=c.completion_tokens / c.rows
-                if c.rows and c.completion_tokens
-                else None,
-                tokens_per_sample=c.completion_tokens / c.done
-                if c.done and c.completion_tokens
-                else None,
-            )
-        )
+    per_source = p.sources if p else files.fallback
+    srcs = [shown(name, sp, check.deficit.get(name) if check else None)
+            for name, sp in per_source.items()]  # fmt: skip
+    overall = SourceProgress.sum(srcs)
+    overall.flags, overall.ended = _by_count(overall.flags), _by_count(overall.ended)
     rates = [window_rate(series, w) for w in RATE_WINDOWS_S]
     edges = list(p.output_tokens_hist.edges) if p else []
     counts = list(p.output_tokens_hist.counts) if p else []
@@ -622,14 +657,7 @@ def compute(
         elapsed_s=max(0.0, end - run_start) if run_start else 0.0,
         session_elapsed_s=max(0.0, end - p.started_at) if p else 0.0,
         endpoints_configured=configured,
-        total=sum(s.total for s in srcs),
-        done=sum(s.done for s in srcs),
-        failed=sum(s.failed for s in srcs),
-        truncated=sum(s.truncated for s in srcs),
-        remaining=sum(s.remaining for s in srcs),
-        rows=sum(s.rows for s in srcs),
-        prompt_tokens=sum(s.prompt_tokens for s in srcs),
-        completion_tokens=sum(s.completion_tokens for s in srcs),
+        overall=overall,
         session_tokens=series[-1][1] if series else 0,
         in_flight=p.in_flight if p and live else 0,
         requests={
@@ -653,18 +681,20 @@ def compute(
         holder=holder,
         last_progress_at=growth,
         damaged=list(check.damaged) if check else [],
-        flagged=sum(s.flagged for s in srcs),
-        flags=_by_count(_sum_flags(s.flags for s in srcs)),
-        retried=sum(s.retried for s in srcs),
-        retrying=sum(s.retrying for s in srcs),
+        settings_differ=settings_differ(overall.settings, run),
     )
 
 
-def _sum_flags(many: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for flags in many:
-        add_flag_counts(out, flags)
-    return out
+def settings_differ(samples: dict[str, int], run: RunRecord | None) -> dict[str, dict[str, Any]]:
+    """For the settings ids the samples carry, when there are several: each id's values of the
+    fields in which they differ (from run.json; an id it does not describe has none)."""
+    if len(samples) < 2:
+        return {}
+    known = run.settings if run is not None else {}
+    fields_of = {sid: known.get(sid, {}) for sid in samples}
+    names = sorted({k for f in fields_of.values() for k in f})
+    differ = [k for k in names if len({repr(f.get(k)) for f in fields_of.values()}) > 1]
+    return {sid: {k: f.get(k) for k in differ} for sid, f in fields_of.items()}
 
 
 def _by_count(flags: dict[str, int]) -> dict[str, int]:
@@ -672,7 +702,9 @@ def _by_count(flags: dict[str, int]) -> dict[str, int]:
     return dict(sorted(((k, v) for k, v in flags.items() if v > 0), key=lambda kv: (-kv[1], kv[0])))
 
 
-_FIELDS = ("done", "rows", "truncated", "prompt_tokens", "completion_tokens", "flagged", "retried")
+def _plain(v: Any) -> Any:
+    return asdict(v) if is_dataclass(v) and not isinstance(v, type) else (
+        [_plain(x) for x in v] if isinstance(v, list) else v)  # fmt: skip
 
 
 def deficit(
@@ -688,25 +720,19 @@ def deficit(
     for name, sp in progress.sources.items():
         if sp.pending is None:
             continue  # an older writer: nothing to compare with
-        have = stored.get(name) or SourceCounts()
-        gap = SourceCounts(**{
-            f: max(0, getattr(sp, f) - getattr(have, f) - getattr(sp.pending, f))
-            for f in _FIELDS
-        })  # fmt: skip
-        for flag, n in sp.flags.items():
-            left = n - have.flags.get(flag, 0) - sp.pending.flags.get(flag, 0)
-            if left > 0:
-                gap.flags[flag] = left
-        if gap.flags or any(getattr(gap, f) for f in _FIELDS):
+        held = sp.counts()  # the parts hold the stale answers too (not counted as done)
+        held.add(sp.stale)
+        gap = held.less(stored.get(name) or SourceCounts(), sp.pending)
+        if not gap.is_zero:
             out[name] = gap
     return out
 
 
-def _shown(sp: Any, gap: SourceCounts | None) -> SourceCounts:
-    """A source's counters less what vanished (``gap``)."""
-    flags = {k: v - (gap.flags.get(k, 0) if gap else 0) for k, v in sp.flags.items()}
-    return SourceCounts(**{f: max(0, getattr(sp, f) - (getattr(gap, f) if gap else 0))
-                           for f in _FIELDS}, flags=flags)  # fmt: skip
+def shown(name: str, sp: SourceProgress, gap: SourceCounts | None) -> SourceNumbers:
+    """Source ``name`` as status shows it: its counters less what vanished (``gap``)."""
+    counts = sp.less(*([gap] if gap is not None else []))
+    counts.flags, counts.ended = _by_count(counts.flags), _by_count(counts.ended)
+    return SourceNumbers(**{**dict(sp), **dict(counts), "name": name, "pending": None})
 
 
 def read_numbers(uri: str | os.PathLike[str], now: float | None = None, **kw: Any) -> RunNumbers:

@@ -3,7 +3,7 @@ request through (streams too) until told to refuse chat completions, the way a g
 policy changed, whose key was rotated or which serves its own error page does; the model list,
 ``/server_info`` and the health routes keep passing through (so the start-up check passes).
 It also counts the chat requests it holds at once (``peak``), which is what a server sharing
-its slots with regen sees. Served like regen.simulate.scripted's loopback server (a daemon
+its slots with regen sees. Served like tests/_scripted.py's loopback server (a daemon
 thread, a free 127.0.0.1 port).
 """
 
@@ -13,9 +13,8 @@ import contextlib
 from dataclasses import dataclass
 
 import aiohttp
+from _scripted import ScriptedServer
 from aiohttp import web
-
-from regen.simulate.scripted import ScriptedServer
 
 #: headers passed through to the server (the key included: a gateway forwards it)
 FORWARDED = ("Authorization", "Content-Type", "Accept")
@@ -41,7 +40,7 @@ HTML_PAGE = Refusal(
 class Gateway(ScriptedServer):
     """``refuse_after``: chat requests passed through before it refuses every later one (None:
     none refused); ``refusal``: how it refuses. ``url`` is the ``/v1`` base URL; ``running()``
-    serves it (regen.simulate.scripted's loopback server, with this handler)."""
+    serves it (tests/_scripted.py's loopback server, with this handler)."""
 
     def __init__(self, upstream: str) -> None:
         super().__init__()

@@ -1,4 +1,13 @@
-"""Shared fixtures: a session-scoped local Ray head (loopback only), isolated from leftovers.
+"""Shared fixtures and the test tiers.
+
+**Tiers.** A test marked ``ray`` needs Ray, ``server`` a real ``transformers serve``, ``vllm``
+a real vLLM server (tests/engines); ``slow`` (given here, by :data:`SLOW`) starts server
+processes (``regen simulate``, moto, SGLang's or SpecForge's code in a subprocess) or runs a
+timed workload. Every other test is marked ``fast``: ``./scripts/test -m fast`` is the tier a
+developer runs often (no Ray, no server process; in-thread simulators and short ``python -c``
+checks only).
+
+**Ray.** A session-scoped local Ray head (loopback only), isolated from leftovers.
 
 ``ray_head`` starts ``ray start --head --block`` in its own process group with its own
 --temp-dir, HOME and PATH (the venv's bin first: a job entrypoint's ``python`` is looked up on
@@ -13,9 +22,11 @@ then SIGKILL); ``ray stop`` is not used because it would stop every Ray on this 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +43,70 @@ VENV_BIN = Path(sys.executable).parent
 RAY_START_TIMEOUT_S = 120.0
 #: seconds the head gets to stop on SIGTERM before its process group is killed
 HEAD_STOP_TIMEOUT_S = 5.0
+
+
+#: tests (a module, or one test by node id below tests/) out of the fast tier: they start server
+#: processes or run timed workloads (measured with --durations: each module takes seconds)
+SLOW = (
+    "bench/test_bench_cli.py",
+    "bench/test_bench_e2e.py",
+    "bench/test_bench_runner.py",
+    "bench/test_bench_reweight.py::test_plan_reweight_writes_an_overlay_that_plan_loads",
+    "bench/test_bench_reweight.py::test_plan_reweight_refuses_a_bad_bench",
+    "contract/test_sglang_wheel.py",
+    "simulate/test_sim_capacity.py",
+    "simulate/test_sim_cli.py",
+    "simulate/test_sim_faults_server.py",
+    "simulate/test_sim_spec_server.py",
+    "store/test_run_lock.py::test_two_processes_racing_for_a_stale_lock_one_wins",
+    "store/test_s3_store.py",
+    "train/test_train_pipeline.py",
+    "train/test_train_serving.py",
+)
+#: markers that keep a test out of the fast tier
+NOT_FAST = ("ray", "server", "vllm", "slow")
+#: fixtures that start a Ray head or a vLLM server: a test using one (directly or through
+#: another fixture) gets the marker, so no such test lands in the fast tier by a missing mark
+FIXTURE_MARKERS = {"ray_head": "ray", "vllm_python": "vllm"}
+#: the longest modules (minutes: the whole loop with vLLM and SpecForge), started before all
+#: others so the other xdist worker runs the rest beside them
+LONGEST = ("loop/test_demo_loop.py",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests of :data:`SLOW` ``slow``, those using a fixture of
+    :data:`FIXTURE_MARKERS` with its marker, and every test without a :data:`NOT_FAST` marker
+    ``fast`` (a SLOW entry that matches no test is an error: the list stays true), then put
+    the modules with a ``ray``, ``server`` or ``vllm`` test first (in collection order
+    otherwise): the longest run first, so two xdist workers (``--dist loadfile``) end
+    together."""
+    here = Path(__file__).resolve().parent
+    matched: set[str] = set()
+    for item in items:
+        rel = Path(str(item.path)).resolve().relative_to(here).as_posix()
+        node = f"{rel}::{item.name.split('[', 1)[0]}"
+        for entry in SLOW:
+            if entry in (rel, node):
+                item.add_marker(pytest.mark.slow)
+                matched.add(entry)
+        for fixture, marker in FIXTURE_MARKERS.items():
+            if fixture in getattr(item, "fixturenames", ()) and not item.get_closest_marker(marker):
+                item.add_marker(getattr(pytest.mark, marker))
+        if not any(item.get_closest_marker(m) for m in NOT_FAST):
+            item.add_marker(pytest.mark.fast)
+    heavy = {
+        i.path for i in items if any(i.get_closest_marker(m) for m in ("ray", "server", "vllm"))
+    }
+
+    def rank(item: pytest.Item) -> tuple[bool, bool]:
+        rel = Path(str(item.path)).resolve().relative_to(here).as_posix()
+        return rel not in LONGEST, item.path not in heavy
+
+    items.sort(key=rank)  # stable: the order within each group stays
+    ran_all = {Path(str(i.path)).resolve().relative_to(here).as_posix() for i in items}
+    stale = [e for e in SLOW if e not in matched and e.split("::", 1)[0] in ran_all]
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py SLOW names no test: {stale}")
 
 
 class RayHead(NamedTuple):
@@ -65,11 +140,11 @@ def ray_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def ray_head(
-    tmp_path_factory: pytest.TempPathFactory, ray_env: dict[str, str]
-) -> Iterator[RayHead]:
+def ray_head(ray_env: dict[str, str]) -> Iterator[RayHead]:
     """A real local Ray head: 2 CPUs, 8 logical GPUs, dashboard on 127.0.0.1."""
-    tmp = tmp_path_factory.mktemp("ray-head")
+    # a short temp dir of its own: Ray's socket paths below it must stay under 107 bytes (a
+    # pytest-xdist worker's basetemp is longer), removed with the head
+    tmp = Path(tempfile.mkdtemp(prefix="regen-ray-"))
     gcs_port, dash_port = free_port(), free_port()
     argv = [
         str(VENV_BIN / "ray"), "start", "--head", "--block",
@@ -114,6 +189,7 @@ def ray_head(
                 os.environ[k] = v
         stop_group(proc, HEAD_STOP_TIMEOUT_S)
         log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

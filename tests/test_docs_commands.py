@@ -131,3 +131,31 @@ def test_the_readme_says_what_the_local_ray_listens_on(tmp_path: Path, ray_env) 
         assert "listen on all" in " ".join(section.split())
         assert "cannot be bound to 127.0.0.1" in " ".join(section.split())
         assert "all on 127.0.0.1" not in " ".join(README.split())
+
+
+def runbook_commands() -> list[str]:
+    """The ``regen ...`` command lines of docs/runbook.md's code blocks (continuations joined,
+    comments cut, ``[...]`` optional parts kept as given; a line eliding with ``...`` is left
+    out)."""
+    text = (REPO / "docs" / "runbook.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    lines = " ".join(blocks).replace("\\\n", " ").splitlines()
+    out = []
+    for line in lines:
+        line = line.split(" #", 1)[0].strip()
+        if line.startswith("regen ") and "..." not in line:
+            out.append(re.sub(r"\[([^\]]*)\]", r"\1", line))
+    return out
+
+
+def test_the_runbook_shows_every_production_step() -> None:
+    steps = {shlex.split(line)[1] for line in runbook_commands()}
+    assert {"plan", "run", "train", "serve-command", "verify-server", "bench"} <= steps
+
+
+@pytest.mark.parametrize("line", runbook_commands())
+def test_the_runbooks_commands_parse(line: str) -> None:
+    try:
+        build_parser().parse_args(shlex.split(line)[1:])
+    except SystemExit:
+        pytest.fail(f"docs/runbook.md: `{line}` is not a command regen takes")

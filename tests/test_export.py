@@ -16,7 +16,7 @@ from regen.quality import DEFAULT_DROP_FLAGS
 from regen.result import TurnResult
 from regen.rows import build_turn_row, native_row, rows_to_table
 from regen.sample import Message, Sample, ToolCall
-from regen.store import layout
+from regen.store import RunDir, layout
 from regen.template.render import KimiRenderer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -112,7 +112,7 @@ def _lines(out: Path, prefix: str = "shard-") -> list[str]:
 
 
 def test_pretokenized_export_numbers(run_dir: Path, tmp_path: Path) -> None:
-    stats = export_run(str(run_dir), str(tmp_path / "out"), shard_rows=0)
+    stats = export_run(RunDir.open(run_dir, create=False), str(tmp_path / "out"), shard_rows=0)
     assert stats.parts == 2
     assert stats.rows_read == 5 + 4 + 1 + 1
     # the cut row is all reasoning: flagged reasoning_unclosed (checked before truncation)
@@ -140,7 +140,7 @@ def test_pretokenized_export_numbers(run_dir: Path, tmp_path: Path) -> None:
 
 
 def test_native_rows_come_out_byte_identical(run_dir: Path, tmp_path: Path) -> None:
-    export_run(str(run_dir), str(tmp_path / "out"))
+    export_run(RunDir.open(run_dir, create=False), str(tmp_path / "out"))
     out = set(_lines(tmp_path / "out"))
     natives = _native_samples()
     assert len(natives) == 4
@@ -161,40 +161,52 @@ def test_native_rows_come_out_byte_identical(run_dir: Path, tmp_path: Path) -> N
 def test_shuffle_is_deterministic_and_independent_of_part_order(
     run_dir: Path, tmp_path: Path
 ) -> None:
-    export_run(str(run_dir), str(tmp_path / "a"), seed=3, shard_rows=0)
-    export_run(str(run_dir), str(tmp_path / "b"), seed=3, shard_rows=0)
-    export_run(str(run_dir), str(tmp_path / "c"), seed=4, shard_rows=0)
+    export_run(RunDir.open(run_dir, create=False), str(tmp_path / "a"), seed=3, shard_rows=0)
+    export_run(RunDir.open(run_dir, create=False), str(tmp_path / "b"), seed=3, shard_rows=0)
+    export_run(RunDir.open(run_dir, create=False), str(tmp_path / "c"), seed=4, shard_rows=0)
     renamed = tmp_path / "renamed"
     shutil.copytree(run_dir, renamed)
     parts = renamed / "parts"
     (parts / "s1-00000.parquet").rename(parts / "z-late.parquet")
-    export_run(str(renamed), str(tmp_path / "d"), seed=3, shard_rows=0)
+    export_run(RunDir.open(renamed, create=False), str(tmp_path / "d"), seed=3, shard_rows=0)
     a, b, c, d = (_lines(tmp_path / x) for x in "abcd")
     assert a == b == d
     assert a != c and sorted(a) == sorted(c)
 
 
 def test_shards_are_slices_of_one_order(run_dir: Path, tmp_path: Path) -> None:
-    one = export_run(str(run_dir), str(tmp_path / "one"), shard_rows=0)
-    three = export_run(str(run_dir), str(tmp_path / "three"), shard_rows=3)
+    one = export_run(RunDir.open(run_dir, create=False), str(tmp_path / "one"), shard_rows=0)
+    three = export_run(RunDir.open(run_dir, create=False), str(tmp_path / "three"), shard_rows=3)
     assert [s["rows"] for s in three.shards] == [3, 3, 2]
     assert _lines(tmp_path / "three") == _lines(tmp_path / "one")
     assert one.rows_written == three.rows_written
     # a re-export with fewer shards removes the stale ones
-    export_run(str(run_dir), str(tmp_path / "three"), shard_rows=0)
+    export_run(RunDir.open(run_dir, create=False), str(tmp_path / "three"), shard_rows=0)
     assert sorted(p.name for p in (tmp_path / "three").glob("*.jsonl")) == ["shard-00000.jsonl"]
 
 
 def test_keep_truncated_and_max_length(run_dir: Path, tmp_path: Path) -> None:
-    flagged = export_run(str(run_dir), str(tmp_path / "k"), drop_truncated=False)
+    flagged = export_run(
+        RunDir.open(run_dir, create=False), str(tmp_path / "k"), drop_truncated=False
+    )
     assert flagged.rows_written == 8 and flagged.dropped["flagged"] == 1  # cut in its reasoning
-    kept = export_run(str(run_dir), str(tmp_path / "k"), drop_truncated=False, drop_flags="none")
+    kept = export_run(
+        RunDir.open(run_dir, create=False),
+        str(tmp_path / "k"),
+        drop_truncated=False,
+        drop_flags="none",
+    )
     assert kept.rows_written == 9 and "truncated" not in kept.dropped
     all_lens = sorted(len(json.loads(x)["input_ids"]) for x in _lines(tmp_path / "k"))
     limit = all_lens[-2]  # drops exactly the longest row
     assert all_lens[-1] > limit
-    short = export_run(str(run_dir), str(tmp_path / "s"), drop_truncated=False, max_length=limit,
-                       drop_flags=())  # fmt: skip
+    short = export_run(
+        RunDir.open(run_dir, create=False),
+        str(tmp_path / "s"),
+        drop_truncated=False,
+        max_length=limit,
+        drop_flags=(),
+    )
     assert short.dropped["too_long"] == 1 and short.rows_written == 8
     assert all(len(json.loads(x)["input_ids"]) <= limit for x in _lines(tmp_path / "s"))
 
@@ -202,7 +214,7 @@ def test_keep_truncated_and_max_length(run_dir: Path, tmp_path: Path) -> None:
 def test_specforge_accepts_every_row_with_masks_unchanged(run_dir: Path, tmp_path: Path) -> None:
     from regen.train.preflight import prompt_tasks
 
-    stats = export_run(str(run_dir), str(tmp_path / "out"), shard_rows=0)
+    stats = export_run(RunDir.open(run_dir, create=False), str(tmp_path / "out"), shard_rows=0)
     path = tmp_path / "out" / "shard-00000.jsonl"
     tasks = prompt_tasks(path, max_length=1_000_000)
     lines = [json.loads(x) for x in path.read_text().splitlines()]
@@ -212,7 +224,9 @@ def test_specforge_accepts_every_row_with_masks_unchanged(run_dir: Path, tmp_pat
 
 
 def test_conversations_variant(run_dir: Path, tmp_path: Path) -> None:
-    stats = export_run(str(run_dir), str(tmp_path / "c"), fmt="conversations", shard_rows=0)
+    stats = export_run(
+        RunDir.open(run_dir, create=False), str(tmp_path / "c"), fmt="conversations", shard_rows=0
+    )
     recs = {r["id"]: r for r in map(json.loads, _lines(tmp_path / "c", "conversations-"))}
     assert sorted(recs) == ["chat:1", "chat:3", "tools:1"]
     assert stats.dropped["not_convertible"] == 4 and stats.dropped["earlier_turn"] == 1
@@ -233,9 +247,9 @@ def test_conversations_variant(run_dir: Path, tmp_path: Path) -> None:
 
 def test_bad_arguments(run_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
-        export_run(str(run_dir), str(tmp_path / "o"), fmt="csv")  # type: ignore[arg-type]
+        export_run(RunDir.open(run_dir, create=False), str(tmp_path / "o"), fmt="csv")  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
-        export_run(str(run_dir), str(tmp_path / "o"), shard_rows=-1)
+        export_run(RunDir.open(run_dir, create=False), str(tmp_path / "o"), shard_rows=-1)
 
 
 def test_cli_uses_manifest_defaults_and_reports_errors(run_dir: Path, tmp_path: Path) -> None:
@@ -271,7 +285,7 @@ def test_stats_count_every_token_check(tmp_path: Path, capsys: pytest.CaptureFix
     ]
     (tmp_path / "run" / "parts").mkdir(parents=True)
     pq.write_table(rows_to_table(rows), tmp_path / "run" / "parts" / "p.parquet")
-    stats = export_run(str(tmp_path / "run"), str(tmp_path / "out"))
+    stats = export_run(RunDir.open(tmp_path / "run", create=False), str(tmp_path / "out"))
     # a local row with no server count cannot be checked at all: counted, never silent
     expected = {"count_match": 1, "count_mismatch": 1, "think_inserted": 1, "count_unknown": 1}
     assert stats.token_check == expected and stats.token_check_problems == 3
@@ -289,7 +303,13 @@ def test_heavy_columns_are_streamed_per_row_group(
 
     expected = {}
     for fmt in ("pretokenized", "conversations"):
-        export_run(str(run_dir), str(tmp_path / f"ref-{fmt}"), seed=2, shard_rows=0, fmt=fmt)
+        export_run(
+            RunDir.open(run_dir, create=False),
+            str(tmp_path / f"ref-{fmt}"),
+            seed=2,
+            shard_rows=0,
+            fmt=fmt,
+        )
         expected[fmt] = tmp_path / f"ref-{fmt}" / f"{layout.SHARD_PREFIX[fmt]}00000.jsonl"
 
     small = tmp_path / "small"
@@ -320,7 +340,7 @@ def test_heavy_columns_are_streamed_per_row_group(
         full_reads.clear()
         group_reads.clear()
         out = tmp_path / f"stream-{fmt}"
-        export_run(str(small), str(out), seed=2, shard_rows=0, fmt=fmt)
+        export_run(RunDir.open(small, create=False), str(out), seed=2, shard_rows=0, fmt=fmt)
         got = out / f"{layout.SHARD_PREFIX[fmt]}00000.jsonl"
         assert got.read_bytes() == expected[fmt].read_bytes()
         assert full_reads and all(
@@ -386,7 +406,9 @@ def test_holdout_keeps_n_samples_per_source_out_of_the_shards(
     from regen.export import holdout_rank
 
     out = tmp_path / "out"
-    stats = export_run(str(holdout_run), str(out), seed=7, holdout=2, fmt="conversations")
+    stats = export_run(
+        RunDir.open(holdout_run, create=False), str(out), seed=7, holdout=2, fmt="conversations"
+    )
     # per source the 2 samples of smallest rank; tools has 3 samples: only 1 (half stays)
     chat_ids = [f"chat:{i}" for i in range(10)]
     want_chat = sorted(chat_ids, key=lambda s: (holdout_rank(7, s), s))[:2]
@@ -428,7 +450,7 @@ def test_holdout_is_deterministic_by_seed_whatever_the_part_order(
     from regen.bench.prompts import read_prompts
 
     def held(run: Path, seed: int, name: str) -> list[str]:
-        export_run(str(run), str(tmp_path / name), seed=seed, holdout=3)
+        export_run(RunDir.open(run, create=False), str(tmp_path / name), seed=seed, holdout=3)
         return [p.sample_id for p in read_prompts(tmp_path / name / layout.HOLDOUT)]
 
     first = held(holdout_run, 7, "a")
@@ -449,16 +471,18 @@ def test_holdout_in_pretokenized_shards_and_removed_by_an_export_without(
     holdout_run: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    full = export_run(str(holdout_run), str(out), seed=7)
-    held = export_run(str(holdout_run), str(out), seed=7, holdout=2)
+    full = export_run(RunDir.open(holdout_run, create=False), str(out), seed=7)
+    held = export_run(RunDir.open(holdout_run, create=False), str(out), seed=7, holdout=2)
     assert held.rows_written == full.rows_written - held.dropped["holdout"]
     assert len(_lines(out)) == held.rows_written
     assert (out / layout.HOLDOUT).is_file()
-    again = export_run(str(holdout_run), str(out), seed=7)  # no holdout: those samples train now
+    again = export_run(
+        RunDir.open(holdout_run, create=False), str(out), seed=7
+    )  # no holdout: those samples train now
     assert not (out / layout.HOLDOUT).exists() and again.holdout_file is None
     assert "holdout" not in again.dropped
     with pytest.raises(ConfigError, match="holdout must be >= 0"):
-        export_run(str(holdout_run), str(out), holdout=-1)
+        export_run(RunDir.open(holdout_run, create=False), str(out), holdout=-1)
 
 
 def test_train_uses_the_shards_only_and_a_re_export_keeps_the_holdout(
@@ -466,12 +490,12 @@ def test_train_uses_the_shards_only_and_a_re_export_keeps_the_holdout(
 ) -> None:
     from regen.store import RunDir
     from regen.train.config import ExportSpec
-    from regen.train.layout import default_holdout, export_is_stale, export_shards
+    from regen.train.data import default_holdout, export_is_stale, export_shards
 
     rd = RunDir.open(str(holdout_run))
     out = tmp_path / "export"
     assert default_holdout(rd, out) == 2  # no export yet: the manifest's export.holdout
-    export_run(str(holdout_run), str(out), seed=7, holdout=3)
+    export_run(RunDir.open(holdout_run, create=False), str(out), seed=7, holdout=3)
     assert layout.HOLDOUT not in {p.name for p in export_shards(out)}
     assert export_shards(out) and all(p.name.startswith("shard-") for p in export_shards(out))
     assert not export_is_stale(rd, out)
@@ -520,3 +544,63 @@ def test_cli_holdout_and_bench_finds_it(
     assert {s.source: s.prompts for s in rep.sources} == {"chat": 2, "tools": 1}
     assert {s.source: s.kind for s in rep.sources} == {"chat": "chat", "tools": "tool-calling"}
     assert len(keys) == 3  # three distinct requests (the warm-up repeats the first)
+
+
+def _planned(root: Path, samples: list[Sample]) -> None:
+    """Record ``samples`` as the latest plan (plan/, plan.json), as a session writes it."""
+    from regen.manifest import parse_manifest
+    from regen.store.planindex import IndexBuilder
+
+    rd = RunDir.open(root)
+    m = parse_manifest({"name": "x", "target": {"model": "m", "tokenizer": str(TOKENIZER)},
+                        "sources": [{"name": n, "adapter": "xlam", "hub": {"id": f"d/{n}"}}
+                                    for n in sorted({s.source for s in samples})]})  # fmt: skip
+    b = IndexBuilder(rd, m)  # hub sources: the planned samples themselves are kept in plan/
+    for s in samples:
+        b.add(s, repeat=False)
+    assert b.write(limit=None, complete=True)
+    layout.PLAN_FILE.write(rd, layout.PlanRecord(sources={}))
+
+
+def test_stale_answers_are_never_exported_and_a_setting_can_be_kept(tmp_path: Path) -> None:
+    """Against the recorded plan: a sample it no longer holds (its row edited into a new id)
+    and an answer to other content (a row edited in place, superseded by a new attempt once
+    answered) are left out; --setting keeps one settings id and the native rows."""
+    r = KimiRenderer.from_dir(TOKENIZER)
+    ask = [Message("user", "Weather in Lisbon?")]
+    edited = [Message("user", "Weather in Porto?")]
+    old = Sample(id="x:1", source="x", messages=ask)  # answered, then its row changed
+    new = Sample(id="x:1", source="x", messages=edited)
+    gone = Sample(id="x:h0ld", source="x", messages=[Message("user", "Gone since.")])
+    kept = Sample(id="x:2", source="x", messages=[Message("user", "Still here.")])
+    nat = _native_samples()[0]
+
+    def row(s: Sample, setting: str, attempt: int = 0) -> dict:
+        s.meta = {"regen.attempt": attempt}
+        return build_turn_row(s, 0, s.messages, _res("Think.", "Answer."), r, settings=setting)
+
+    root = tmp_path / "run"
+    (root / "parts").mkdir(parents=True)
+    first = [row(old, "aaaa0001"), row(gone, "aaaa0001"), row(kept, "aaaa0001"), native_row(nat)]
+    pq.write_table(rows_to_table(first), root / "parts" / "s1-00000.parquet")
+    layout.RUN_FILE.write(RunDir.open(root), layout.RunRecord(
+        name="x", fingerprint="f", model="m", created_at=0, regen_version="0",
+        settings={"aaaa0001": {"sampling.temperature": 0.6},
+                  "bbbb0002": {"sampling.temperature": 0.7}}))  # fmt: skip
+    _planned(root, [new, kept, nat])
+
+    stats = export_run(RunDir.open(root), str(tmp_path / "a"), shard_rows=0, drop_flags="none")
+    assert stats.rows_written == 2  # x:2 and the native row: x:1 is stale, x:h0ld not planned
+    assert stats.dropped == {"not_planned": 1, "stale": 1}
+    # once the edited row is answered (a new attempt, under another setting after --force)
+    pq.write_table(rows_to_table([row(new, "bbbb0002", attempt=1)]),
+                   root / "parts" / "s2-00000.parquet")  # fmt: skip
+    stats = export_run(RunDir.open(root), str(tmp_path / "b"), shard_rows=0, drop_flags="none")
+    assert stats.rows_written == 3 and stats.dropped == {"not_planned": 1, "superseded": 1}
+    assert stats.settings == {"aaaa0001": 1, "bbbb0002": 1, "native": 1}
+    one = export_run(RunDir.open(root), str(tmp_path / "c"), shard_rows=0, drop_flags="none",
+                     setting="aaaa0001")  # fmt: skip
+    assert one.settings == {"aaaa0001": 1, "native": 1}
+    assert one.dropped == {"not_planned": 1, "superseded": 1, "other_setting": 1}
+    with pytest.raises(ConfigError, match="aaaa0001, bbbb0002"):
+        export_run(RunDir.open(root), str(tmp_path / "d"), setting="cccc0003")

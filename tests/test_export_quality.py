@@ -15,6 +15,7 @@ from regen.export import export_run
 from regen.result import TurnResult
 from regen.rows import ADDED_COLUMNS, build_turn_row, rows_to_table
 from regen.sample import ATTEMPT_META, Message, Sample
+from regen.store import RunDir
 from regen.template.render import KimiRenderer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +57,9 @@ def lines(out: Path, prefix: str) -> list[dict]:
 
 
 def test_the_latest_attempt_wins_and_the_default_keeps_refusals(run_dir, tmp_path) -> None:
-    stats = export_run(str(run_dir), str(tmp_path / "o"), fmt="conversations", shard_rows=0)
+    stats = export_run(
+        RunDir.open(run_dir, create=False), str(tmp_path / "o"), fmt="conversations", shard_rows=0
+    )
     recs = {r["id"]: r for r in lines(tmp_path / "o", "conversations-")}
     assert sorted(recs) == ["old:1", "q:1", "q:2", "q:3"]
     assert recs["q:1"]["conversations"][-1]["content"] == "It skips recomputing the shared prefix."
@@ -65,7 +68,9 @@ def test_the_latest_attempt_wins_and_the_default_keeps_refusals(run_dir, tmp_pat
 
 
 def test_drop_flags_count_rows_and_tokens_per_source_and_flag(run_dir, tmp_path) -> None:
-    stats = export_run(str(run_dir), str(tmp_path / "o"), drop_flags="all", shard_rows=0)
+    stats = export_run(
+        RunDir.open(run_dir, create=False), str(tmp_path / "o"), drop_flags="all", shard_rows=0
+    )
     assert stats.rows_written == 3 and stats.dropped == {"flagged": 1, "superseded": 1}
     refusal = pq.read_table(run_dir / "parts" / "s1-00000.parquet").to_pylist()[2]
     assert refusal["quality_flags"] == ["refusal"]
@@ -80,7 +85,7 @@ def test_drop_flags_count_rows_and_tokens_per_source_and_flag(run_dir, tmp_path)
 
 
 def test_only_flagged_lists_the_dropped_rows_with_their_flags(run_dir, tmp_path) -> None:
-    stats = export_run(str(run_dir), str(tmp_path / "f"), fmt="conversations",
+    stats = export_run(RunDir.open(run_dir, create=False), str(tmp_path / "f"), fmt="conversations",
                        drop_flags="refusal,empty_content", only_flagged=True)  # fmt: skip
     recs = lines(tmp_path / "f", "conversations-")
     assert [(r["id"], r["turn"], r["attempt"], r["quality_flags"]) for r in recs] == [
@@ -94,9 +99,14 @@ def test_only_flagged_lists_the_dropped_rows_with_their_flags(run_dir, tmp_path)
 
 def test_bad_flag_arguments(run_dir, tmp_path) -> None:
     with pytest.raises(ConfigError, match="unknown flag 'loop'"):
-        export_run(str(run_dir), str(tmp_path / "x"), drop_flags="loop")
+        export_run(RunDir.open(run_dir, create=False), str(tmp_path / "x"), drop_flags="loop")
     with pytest.raises(ConfigError, match="only-flagged"):
-        export_run(str(run_dir), str(tmp_path / "x"), drop_flags="none", only_flagged=True)
+        export_run(
+            RunDir.open(run_dir, create=False),
+            str(tmp_path / "x"),
+            drop_flags="none",
+            only_flagged=True,
+        )
 
 
 def test_cli_flags(run_dir, tmp_path, capsys) -> None:
@@ -124,14 +134,22 @@ def test_verify_accepts_a_part_from_before_the_columns(run_dir) -> None:
 def test_holdout_counts_each_sample_once_and_the_inspection_holds_nothing_out(
     run_dir, tmp_path
 ) -> None:
-    stats = export_run(str(run_dir), str(tmp_path / "h"), holdout=1, drop_flags="none")
+    stats = export_run(
+        RunDir.open(run_dir, create=False), str(tmp_path / "h"), holdout=1, drop_flags="none"
+    )
     held = [json.loads(x) for x in (tmp_path / "h" / "holdout.jsonl").read_text().splitlines()]
     assert stats.sources["q"].holdout_samples == 1 and len(held) == 1  # "old" keeps its one
     # the held-out sample's latest answer is out, a superseded row counted apart
     assert stats.dropped["superseded"] == 1
     assert stats.dropped["holdout"] == 1
     assert stats.rows_written == 5 - 1 - 1
-    listed = export_run(str(run_dir), str(tmp_path / "f"), holdout=1, drop_flags="all",
-                        only_flagged=True, fmt="conversations")  # fmt: skip
+    listed = export_run(
+        RunDir.open(run_dir, create=False),
+        str(tmp_path / "f"),
+        holdout=1,
+        drop_flags="all",
+        only_flagged=True,
+        fmt="conversations",
+    )
     assert listed.holdout_samples == 0 and not (tmp_path / "f" / "holdout.jsonl").exists()
     assert listed.rows_written == 1  # the refusal, held out or not

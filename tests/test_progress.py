@@ -1,4 +1,5 @@
-"""ProgressSnapshot: the exact progress.json shape, round trips, helpers, and clear rejections."""
+"""ProgressSnapshot: the exact progress.json shape, round trips, helpers, and clear rejections
+(read and written through regen.store.layout.PROGRESS_FILE like every other record)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import json
 import pytest
 
 from regen.errors import RunDirError
-from regen.progress import (
+from regen.store import RunDir, layout
+from regen.store.counts import SourceCounts
+from regen.store.progress import (
     SERIES_MAX_POINTS,
     SERIES_WINDOW_S,
     EndpointProgress,
@@ -95,18 +98,33 @@ CONTRACT_EXAMPLE = {
 }
 
 
-def test_contract_example_round_trips_exactly() -> None:
-    snap = ProgressSnapshot.from_dict(json.loads(json.dumps(CONTRACT_EXAMPLE)))
-    assert snap.to_dict() == CONTRACT_EXAMPLE
-    assert json.loads(json.dumps(snap.to_dict())) == CONTRACT_EXAMPLE
+def parse(d: object) -> ProgressSnapshot:
+    """The record of a progress.json holding ``d``."""
+    return layout.PROGRESS_FILE.parse(json.dumps(d).encode())
+
+
+def written(snap: ProgressSnapshot) -> object:
+    """What progress.json holds once ``snap`` is written."""
+    return json.loads(layout.dump_json(snap))
+
+
+def test_contract_example_round_trips_exactly(tmp_path) -> None:
+    snap = parse(CONTRACT_EXAMPLE)
+    assert written(snap) == CONTRACT_EXAMPLE
+    rd = RunDir.open(tmp_path / "run")
+    layout.PROGRESS_FILE.write(rd, snap)
+    assert json.loads(rd.read_bytes(layout.PROGRESS) or b"") == CONTRACT_EXAMPLE
+    assert layout.PROGRESS_FILE.read(rd) == snap
 
 
 def test_parsed_values_and_totals() -> None:
-    snap = ProgressSnapshot.from_dict(CONTRACT_EXAMPLE)
+    snap = parse(CONTRACT_EXAMPLE)
     assert snap.sources["sharegpt"].remaining == 58 + 1  # one new attempt still to store
     assert snap.sources["kimi"].regenerate is False
-    assert (snap.total, snap.done, snap.failed, snap.truncated) == (110, 50, 2, 3)
-    assert snap.completion_tokens == 55000
+    assert snap.sources["kimi"].pending is None  # written before it: unknown, not zero
+    o = snap.overall
+    assert (o.total, o.done, o.failed, o.truncated) == (110, 50, 2, 3)
+    assert o.completion_tokens == 55000 and o.remaining == 59
     assert snap.endpoints[1] == EndpointProgress(
         url="http://10.0.0.6:30000/v1",
         in_flight=8,
@@ -122,11 +140,12 @@ def test_parsed_values_and_totals() -> None:
 def test_fresh_snapshot_serializes_to_the_full_shape() -> None:
     snap = ProgressSnapshot(name="n", model="m", session="s", host="h", pid=1)
     snap.sources["a"] = SourceProgress(total=5)
-    d = snap.to_dict()
+    d = written(snap)
     assert set(d) == set(CONTRACT_EXAMPLE)
     assert set(d["sources"]["a"]) == set(CONTRACT_EXAMPLE["sources"]["sharegpt"])
     assert len(d["output_tokens_hist"]["edges"]) == len(d["output_tokens_hist"]["counts"])
-    assert ProgressSnapshot.from_dict(d) == snap
+    assert parse(d) == snap
+    assert snap.sources["a"].pending == SourceCounts()  # a writer knows: nothing pending
 
 
 def test_histogram_bins_by_lower_bounds_last_open() -> None:
@@ -171,29 +190,41 @@ def test_record_error_counts_and_keeps_last_message() -> None:
 @pytest.mark.parametrize(
     ("mutate", "needle"),
     [
-        (lambda d: d.update(version=2), "version 2"),
-        (lambda d: d.update(state="sleeping"), "state"),
-        (lambda d: d.pop("name"), "'name'"),
-        (lambda d: d["sources"]["sharegpt"].update(done="40"), "sources.sharegpt"),
-        (lambda d: d["sources"]["sharegpt"].update(regenerate=1), "regenerate"),
-        (lambda d: d.update(pid=True), "'pid'"),
+        (lambda d: d.update(version=2), "version 2 not supported"),
+        (lambda d: d.update(state="sleeping"), "state: "),
+        (lambda d: d.pop("name"), "missing field 'name'"),
+        (lambda d: d["sources"]["sharegpt"].update(done="40"), "sources.sharegpt.done: "),
+        (lambda d: d["sources"]["sharegpt"].update(regenerate=1), "sharegpt.regenerate: "),
+        (lambda d: d.update(pid=True), "pid: "),
         (lambda d: d.update(token_series=[[1.0]]), "token_series.0"),
-        (lambda d: d["output_tokens_hist"].update(counts=[1]), "output_tokens_hist"),
-        (lambda d: d["endpoints"][0].pop("url"), "endpoints.0"),
-        (lambda d: d["sources"]["sharegpt"]["pending"].pop("rows"), "sharegpt.pending"),
+        (lambda d: d["output_tokens_hist"].update(counts=[1]), "output_tokens_hist: "),
+        (lambda d: d["endpoints"][0].pop("url"), "endpoints.0: Value error, missing field 'url'"),
+        (lambda d: d["sources"]["sharegpt"]["pending"].pop("rows"), "sharegpt.pending: "),
     ],
 )
 def test_bad_shapes_are_rejected_naming_the_field(mutate, needle: str) -> None:
     d = json.loads(json.dumps(CONTRACT_EXAMPLE))
     mutate(d)
-    with pytest.raises(RunDirError, match=r"^progress\.json: ") as ei:
-        ProgressSnapshot.from_dict(d, where="progress.json")
+    with pytest.raises(RunDirError, match=r"^progress\.json is damaged: ") as ei:
+        parse(d)
     assert needle in str(ei.value)
 
 
-def test_not_an_object_is_rejected() -> None:
+def test_not_an_object_is_rejected(tmp_path) -> None:
     with pytest.raises(RunDirError):
-        ProgressSnapshot.from_dict([1, 2])
+        parse([1, 2])
+    rd = RunDir.open(tmp_path / "run")
+    rd.write_bytes_atomic(layout.PROGRESS, b'{"version": 1, "na')  # torn by storage
+    with pytest.raises(RunDirError, match=r"progress\.json is damaged"):
+        layout.PROGRESS_FILE.read(rd)
+
+
+def test_keys_of_a_newer_writer_are_ignored() -> None:
+    d = json.loads(json.dumps(CONTRACT_EXAMPLE))
+    d["metrics"] = {"gpu": 1}
+    d["sources"]["sharegpt"]["cache_hits"] = 3
+    d["requests"]["hedged"] = 1
+    assert written(parse(d)) == CONTRACT_EXAMPLE
 
 
 def test_a_file_from_before_the_quality_counters_reads_them_as_zero() -> None:
@@ -203,15 +234,30 @@ def test_a_file_from_before_the_quality_counters_reads_them_as_zero() -> None:
             del src[key]
         for key in ("flagged", "flags", "retried"):
             src.get("pending", {}).pop(key, None)
-    snap = ProgressSnapshot.from_dict(old)
+    snap = parse(old)
     sp = snap.sources["sharegpt"]
     assert (sp.flagged, sp.flags, sp.retried, sp.retrying) == (0, {}, 0, 0)
     assert sp.pending is not None and (sp.pending.flagged, sp.pending.flags) == (0, {})
     assert sp.remaining == 58
 
 
+def test_ended_conversations_are_written_only_when_some_ended_and_read_back() -> None:
+    snap = parse(CONTRACT_EXAMPLE)
+    sp = snap.sources["sharegpt"]
+    assert sp.ended == {} and "ended" not in written(snap)["sources"]["sharegpt"]
+    sp.ended = {"tool_call_name": 2}
+    assert sp.pending is not None
+    sp.pending.ended = {"tool_call_args": 1}
+    d = written(snap)
+    assert d["sources"]["sharegpt"]["ended"] == {"tool_call_name": 2}
+    assert d["sources"]["sharegpt"]["pending"]["ended"] == {"tool_call_args": 1}
+    assert "ended" not in d["sources"]["kimi"]
+    again = parse(d)
+    assert again == snap and again.overall.ended == {"tool_call_name": 2}
+
+
 def test_mistyped_flag_counts_are_refused() -> None:
     bad = json.loads(json.dumps(CONTRACT_EXAMPLE))
     bad["sources"]["sharegpt"]["flags"]["repetition"] = "3"
     with pytest.raises(RunDirError, match=r"sources\.sharegpt\.flags"):
-        ProgressSnapshot.from_dict(bad, where="progress.json")
+        parse(bad)

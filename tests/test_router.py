@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from _scripted import Reply, ScriptedServer
 
 from regen.client import EndpointInfo, status_error
 from regen.errors import (
@@ -16,7 +17,6 @@ from regen.errors import (
 )
 from regen.manifest import Endpoint, Engine
 from regen.router import DOWN, HALF_OPEN, REFUSED, UP, EndpointRouter, http_probe
-from regen.simulate.scripted import Reply, ScriptedServer
 
 A, B, C = "http://a:1/v1", "http://b:1/v1", "http://c:1/v1"
 

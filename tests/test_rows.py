@@ -432,3 +432,32 @@ def test_server_ids_are_compared_as_text(renderer: KimiRenderer) -> None:
     assert row["token_check"] == "match"
     assert row["input_ids"] == res.prompt_token_ids + res.output_token_ids + [renderer.im_end_id]
     assert row["text"] == renderer.decode(row["input_ids"])
+
+
+def test_every_row_records_the_content_it_answers_and_the_settings_that_made_it(
+    renderer: KimiRenderer,
+) -> None:
+    from regen.manifest import parse_manifest
+    from regen.rows import ANSWER_COLUMNS, SCHEMA, upgrade_row
+
+    base = {"name": "t", "target": {"model": "m", "tokenizer": "tok"},
+            "sources": [{"name": "s", "adapter": "sharegpt", "path": "x.jsonl"}]}  # fmt: skip
+    m6 = parse_manifest({**base, "sampling": {"temperature": 0.6}})
+    m7 = parse_manifest({**base, "sampling": {"temperature": 0.7}})
+    assert m6.settings_id() != m7.settings_id() and len(m6.settings_id()) == 8
+    assert m6.settings_id() == parse_manifest({**base, "sampling": {"temperature": 0.6},
+                                               "engine": {"workers": 9}}).settings_id()  # fmt: skip
+    sample = Sample(id="o:1", source="o", messages=[Message("user", "hello there")])
+    row = build_turn_row(sample, 0, sample.messages, _result("", "hi"), renderer,
+                         settings=m6.settings_id())  # fmt: skip
+    assert (row["content_hash"], row["settings"]) == (sample.content_hash, m6.settings_id())
+    native = native_row(Sample(id="n:1", source="n", messages=[], mode="native",
+                               input_ids=[1, 2, 3], loss_mask=[0, 1, 1]))  # fmt: skip
+    assert native["settings"] is None and native["content_hash"]
+    table = rows_to_table([row, native])
+    assert table.schema.equals(SCHEMA)
+    old = {k: v for k, v in row.items() if k not in ANSWER_COLUMNS.names}
+    assert {k: upgrade_row(old)[k] for k in ANSWER_COLUMNS.names} == {
+        "content_hash": None,  # unknown, not stale
+        "settings": None,
+    }

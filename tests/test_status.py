@@ -13,7 +13,6 @@ import pytest
 
 from monitor.synthetic import make_snapshot, write_run_dir
 from regen.errors import RunDirError
-from regen.progress import EndpointProgress, ProgressSnapshot, SourceProgress
 from regen.status import (
     STALL_AFTER_S,
     Rate,
@@ -25,7 +24,10 @@ from regen.status import (
     read_numbers,
     window_rate,
 )
-from regen.store.layout import CLOCK_SKEW_S, LOCK_STALE_S, LockRecord
+from regen.store.counts import SourceCounts
+from regen.store.layout import LockRecord
+from regen.store.lock import CLOCK_SKEW_S, LOCK_STALE_S
+from regen.store.progress import EndpointProgress, ProgressSnapshot, SourceProgress
 
 NOW = 1_800_000_000.0
 HOST = "node-a"
@@ -223,7 +225,7 @@ def test_young_session_without_tokens_yet_is_running() -> None:
 
 
 def test_dead_when_heartbeat_is_stale() -> None:
-    eps = [EndpointProgress("http://127.0.0.1:1/v1", in_flight=5)]
+    eps = [EndpointProgress(url="http://127.0.0.1:1/v1", in_flight=5)]
     p = snap(sources=two_sources(), token_series=growing(), endpoints=eps, in_flight=5)
     assert numbers(p, lock()).endpoints[0].in_flight == 5
     n = numbers(p, lock(beat_age=LOCK_STALE_S + 1))
@@ -288,14 +290,15 @@ def test_numbers_from_a_synthetic_run_directory(tmp_path: Path) -> None:
     assert view.assumptions["sharegpt"] == (100, 200)
     n = view.numbers(NOW, hostname=HOST, pid_alive=lambda pid: True)
     assert n.state == "running"
-    assert (n.total, n.done, n.failed, n.truncated) == (s.total, s.done, s.failed, s.truncated)
-    assert n.completion_tokens == s.completion_tokens
+    o, so = n.overall, s.overall
+    assert (o.total, o.done, o.failed, o.truncated) == (so.total, so.done, so.failed, so.truncated)
+    assert o.completion_tokens == so.completion_tokens
     assert [x.name for x in n.sources] == list(s.sources)
     assert n.rate(300.0) == pytest.approx(2300.0, rel=0.05)
     assert n.errors[0].kind == "server_error" and n.errors[0].count == 183
     assert n.in_flight == 127
     d = json.loads(json.dumps(n.to_dict()))
-    assert d["done"] == s.done and d["state"] == "running" and d["eta"]["seconds"] > 0
+    assert d["done"] == s.overall.done and d["state"] == "running" and d["eta"]["seconds"] > 0
 
 
 def test_a_tick_reads_only_the_three_small_files(tmp_path: Path, monkeypatch) -> None:
@@ -325,9 +328,9 @@ def _run_with_parts(root: Path, parts: int = 3, per_part: int = 4):
     """A finished run directory with real parts and records, and its progress snapshot."""
     import pyarrow as pa
 
-    from regen.progress import Pending
     from regen.store import RunDir
-    from regen.store.journal import CompletedSample, Journal
+    from regen.store.completed import CompletedSample
+    from regen.store.segments import Journal
 
     rd = RunDir.open(root)
     j = Journal(rd, "S1", pa.Table.from_pylist)
@@ -340,52 +343,54 @@ def _run_with_parts(root: Path, parts: int = 3, per_part: int = 4):
     n = parts * per_part
     s = snap(state="finished", sources={"a": SourceProgress(
         total=n + 5, done=n, rows=n, prompt_tokens=2 * n, completion_tokens=10 * n,
-        pending=Pending())})  # fmt: skip
+        pending=SourceCounts())})  # fmt: skip
     write_run_dir(root, s, now=NOW, lock="none")
     return rd, n
 
 
 def test_a_vanished_or_cut_part_is_not_counted(tmp_path: Path) -> None:
     from regen.store import layout
-    from regen.store.journal import list_parts
+    from regen.store.parts import list_parts
 
     rd, n = _run_with_parts(tmp_path)
-    assert RunView(tmp_path).numbers(NOW).done == n
+    assert RunView(tmp_path).numbers(NOW).overall.done == n
     first, second = (st.part for st in list_parts(rd)[:2])
     (tmp_path / first).unlink()
     data = (tmp_path / second).read_bytes()
     (tmp_path / second).write_bytes(data[:100])
     got = RunView(tmp_path).numbers(NOW)
-    assert got.done == n - 8 and got.completion_tokens == 10 * (n - 8)
-    assert got.remaining == got.total - got.done
+    assert got.overall.done == n - 8 and got.overall.completion_tokens == 10 * (n - 8)
+    assert got.remaining == got.overall.total - got.overall.done
     assert [d.split(":")[0] for d in got.damaged] == [first, second]
     # journaled samples not yet in a part still count
-    s = layout.read_progress(rd)
+    s = layout.PROGRESS_FILE.read(rd)
     s.sources["a"].done += 3
     s.sources["a"].pending.done = 3
-    layout.write_progress(rd, s)
-    assert RunView(tmp_path).numbers(NOW).done == n - 8 + 3
+    layout.PROGRESS_FILE.write(rd, s)
+    assert RunView(tmp_path).numbers(NOW).overall.done == n - 8 + 3
 
 
 def test_counters_that_grew_since_the_last_listing_are_shown(tmp_path: Path) -> None:
     import pyarrow as pa
 
     from regen.store import layout
-    from regen.store.journal import CompletedSample, Journal, list_parts
+    from regen.store.completed import CompletedSample
+    from regen.store.parts import list_parts
+    from regen.store.segments import Journal
 
     rd, n = _run_with_parts(tmp_path)
     (tmp_path / list_parts(rd)[0].part).unlink()  # 4 samples gone
     view = RunView(tmp_path, reconcile_every_s=3600.0)  # lists on the first tick only
-    assert view.numbers(NOW).done == n - 4
+    assert view.numbers(NOW).overall.done == n - 4
     j = Journal(rd, "S2", pa.Table.from_pylist)  # the run goes on: a new part of 2 samples
     for i in range(2):
         j.append(CompletedSample(f"a:new{i}", "a", [{"sample_id": f"a:new{i}", "source": "a",
                                                      "turn": 0}]))  # fmt: skip
     j.roll()
-    s = layout.read_progress(rd)
+    s = layout.PROGRESS_FILE.read(rd)
     s.sources["a"].done += 2
-    layout.write_progress(rd, s)
-    assert view.numbers(NOW).done == n - 4 + 2  # not re-listed: the vanished part still out
+    layout.PROGRESS_FILE.write(rd, s)
+    assert view.numbers(NOW).overall.done == n - 4 + 2  # not re-listed: the vanished part still out
 
 
 def test_a_reconcile_never_opens_a_parquet_file(tmp_path: Path, monkeypatch) -> None:
@@ -425,7 +430,7 @@ def test_manifest_written_after_the_monitor_opened_is_picked_up(tmp_path: Path) 
 def test_pyarrow_uri_and_missing_directories(tmp_path: Path) -> None:
     write_run_dir(tmp_path / "run", make_snapshot(NOW, state="finished"), now=NOW, lock="none")
     n = read_numbers(f"file://{tmp_path / 'run'}", NOW)
-    assert n.state == "finished" and n.total == 88_088
+    assert n.state == "finished" and n.overall.total == 88_088
     with pytest.raises(RunDirError, match="does not exist"):
         RunView(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
@@ -433,13 +438,94 @@ def test_pyarrow_uri_and_missing_directories(tmp_path: Path) -> None:
         read_numbers(tmp_path / "empty", NOW)
 
 
-def test_broken_progress_json_is_a_clear_error(tmp_path: Path) -> None:
+def test_progress_of_another_version_is_unknown_and_says_so(tmp_path: Path) -> None:
     write_run_dir(tmp_path, make_snapshot(NOW), now=NOW)
     d = json.loads((tmp_path / "progress.json").read_text())
     d["version"] = 99
     (tmp_path / "progress.json").write_text(json.dumps(d))
-    with pytest.raises(RunDirError, match="version 99"):
-        read_numbers(tmp_path, NOW)
+    n = read_numbers(tmp_path, NOW)
+    assert n.state == "unknown"
+    assert "another regen version (format 99" in n.state_reason
+    assert "--repair" not in n.state_reason  # not damage: nothing to repair
+
+
+def _stored_run(tmp_path: Path) -> Path:
+    """A finished run directory as the store writes it: two parts with records, plan.json,
+    progress.json (12 samples of sources a and b, all done)."""
+    from regen.rows import native_row
+    from regen.sample import Sample
+    from regen.store import RunDir, layout
+    from regen.store.completed import CompletedSample
+    from regen.store.layout import PlanEntry, PlanRecord
+    from regen.store.segments import Journal
+
+    rd = RunDir.open(tmp_path / "run")
+    j = Journal(rd, "S1")
+    for i in range(12):
+        src = "a" if i < 8 else "b"
+        sample = Sample(f"{src}:{i}", src, [], mode="native", input_ids=list(range(10)),
+                        loss_mask=[0] * 3 + [1] * 7)  # fmt: skip
+        j.append(CompletedSample(sample.id, src, [native_row(sample)]))
+        if i % 6 == 5:
+            j.roll()
+    layout.PLAN_FILE.write(
+        rd,
+        PlanRecord(
+            sources={
+                "a": PlanEntry(total=8, regenerate=True),
+                "b": PlanEntry(total=4, regenerate=True),
+            }
+        ),
+    )
+    layout.RUN_FILE.write(rd, layout.RunRecord(name="r", fingerprint="f", model="m",
+                                               created_at=NOW - 60, regen_version="0"))  # fmt: skip
+    s = make_snapshot(NOW)
+    s.state = "finished"
+    s.sources = {"a": SourceProgress(total=8, done=8, rows=8, prompt_tokens=24,
+                                     completion_tokens=56),
+                 "b": SourceProgress(total=4, done=4, rows=4, prompt_tokens=12,
+                                     completion_tokens=28)}  # fmt: skip
+    layout.PROGRESS_FILE.write(rd, s)
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize("garbage", [b"garbage{", b"", b'{"version": 1, "name": 3}'])
+def test_a_damaged_progress_file_reads_as_unknown_not_as_an_empty_run(
+    tmp_path: Path, garbage: bytes, capsys
+) -> None:
+    from monitor.render import render_text
+    from regen.cli.main import main
+
+    run = _stored_run(tmp_path)
+    (run / "progress.json").write_bytes(garbage)
+    n = read_numbers(run, NOW)
+    assert n.state == "unknown"
+    assert "progress.json is damaged" in n.state_reason
+    assert f"regen verify {run} --repair" in n.state_reason
+    # the numbers are the part records', with the plan's totals: not 0/0
+    assert (n.overall.done, n.overall.total, n.overall.rows) == (12, 12, 12)
+    assert {s.name: (s.done, s.total) for s in n.sources} == {"a": (8, 8), "b": (4, 4)}
+    frame = render_text(n, width=160)
+    assert "UNKNOWN" in frame and "--repair" in frame and "EMPTY" not in frame
+    assert main(["status", str(run), "--json"]) == 1
+    d = json.loads(capsys.readouterr().out)
+    assert d["state"] == "unknown" and d["done"] == 12 and d["total"] == 12
+    assert main(["status", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "progress unknown" in out and "--repair" in out
+    assert main(["verify", str(run), "--repair", "--no-plan"]) == 0
+    capsys.readouterr()
+    fixed = read_numbers(run, NOW)
+    assert fixed.state == "finished" and (fixed.overall.done, fixed.overall.total) == (12, 12)
+    assert main(["status", str(run)]) == 0
+
+
+def test_a_deleted_progress_file_beside_stored_parts_is_unknown_too(tmp_path: Path) -> None:
+    run = _stored_run(tmp_path)
+    (run / "progress.json").unlink()
+    n = read_numbers(run, NOW)
+    assert n.state == "unknown" and "progress.json is missing" in n.state_reason
+    assert (n.overall.done, n.overall.total) == (12, 12)
 
 
 def test_configured_endpoints_without_reports_are_listed_unknown(tmp_path: Path) -> None:
@@ -463,13 +549,36 @@ def test_status_json_carries_the_numbers(tmp_path: Path, capsys) -> None:
     assert main(["status", str(tmp_path), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["state"] == "running"
+    o = s.overall
     assert (d["total"], d["done"], d["failed"], d["truncated"]) == (
-        s.total, s.done, s.failed, s.truncated
+        o.total, o.done, o.failed, o.truncated
     )  # fmt: skip
-    assert d["completion_tokens"] == s.completion_tokens
+    assert d["completion_tokens"] == o.completion_tokens
     assert {x["name"]: x["done"] for x in d["sources"]} == {k: v.done for k, v in s.sources.items()}
     assert [r["window_s"] for r in d["rates"]] == [60.0, 300.0, 900.0]
     assert d["eta"]["low_s"] < d["eta"]["seconds"] < d["eta"]["high_s"]
+
+
+def test_ended_conversations_are_counted_per_source_and_overall_most_first() -> None:
+    sources = {
+        "a": SourceProgress(total=10, done=4, ended={"tool_call_args": 2, "tool_call_name": 1}),
+        "b": SourceProgress(total=5, done=5, ended={"tool_call_name": 3}),
+        "c": SourceProgress(total=3, done=1),
+    }
+    n = numbers(snap(sources=sources, state="running"), lock())
+    assert list(n.overall.ended.items()) == [("tool_call_name", 4), ("tool_call_args", 2)]
+    assert {s.name: list(s.ended.items()) for s in n.sources} == {
+        "a": [("tool_call_args", 2), ("tool_call_name", 1)],
+        "b": [("tool_call_name", 3)],
+        "c": [],
+    }
+    d = n.to_dict()
+    assert list(d["ended"].items()) == [("tool_call_name", 4), ("tool_call_args", 2)]
+    assert {x["name"]: x["ended"] for x in d["sources"]} == {  # the key even when empty
+        "a": {"tool_call_args": 2, "tool_call_name": 1},
+        "b": {"tool_call_name": 3},
+        "c": {},
+    }
 
 
 def test_status_text_summary_and_table(tmp_path: Path, capsys) -> None:
@@ -561,9 +670,11 @@ def test_status_text_and_json_carry_the_flagged_counts(tmp_path: Path, capsys) -
 def test_the_flagged_samples_of_a_vanished_part_are_not_counted(tmp_path: Path) -> None:
     import pyarrow as pa
 
-    from regen.progress import Pending
     from regen.store import RunDir
-    from regen.store.journal import CompletedSample, Journal, list_parts, read_done
+    from regen.store.completed import CompletedSample
+    from regen.store.doneset import read_done
+    from regen.store.parts import list_parts
+    from regen.store.segments import Journal
 
     rd = RunDir.open(tmp_path)
     j = Journal(rd, "S1", pa.Table.from_pylist)
@@ -573,11 +684,11 @@ def test_the_flagged_samples_of_a_vanished_part_are_not_counted(tmp_path: Path) 
                  "turn": 0, "completion_tokens": 5, "quality_flags": flags}]))  # fmt: skip
         if i % 4 == 3:
             j.roll()
-    sp = SourceProgress(total=8, pending=Pending())
-    sp.add_counts(read_done(rd).sources["a"])
+    sp = SourceProgress(total=8, pending=SourceCounts())
+    sp.add(read_done(rd).sources["a"])
     write_run_dir(tmp_path, snap(state="finished", sources={"a": sp}), now=NOW, lock="none")
     got = RunView(tmp_path).numbers(NOW)
-    assert (got.flagged, got.flags) == (4, {"repetition": 4})
+    assert (got.overall.flagged, got.overall.flags) == (4, {"repetition": 4})
     (tmp_path / list_parts(rd)[0].part).unlink()
     got = RunView(tmp_path).numbers(NOW)
-    assert (got.done, got.flagged, got.flags) == (4, 2, {"repetition": 2})
+    assert (got.overall.done, got.overall.flagged, got.overall.flags) == (4, 2, {"repetition": 2})

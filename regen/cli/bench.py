@@ -109,14 +109,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _run_manifest(run_dir: str) -> Manifest | None:
     """The run's resolved manifest.yaml, or None when it has none (a damaged one is an error)."""
-    from regen.store import layout
+    from regen.store.run import read_manifest
     from regen.store.rundir import RunDir
 
     try:
         rd = RunDir.open(run_dir, create=False)
     except OSError:
         return None
-    return layout.read_manifest(rd)
+    return read_manifest(rd)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from regen.export import export_run, export_settings
     from regen.manifest import load_manifest
     from regen.serving import TransformersServer, build_demo_target
-    from regen.store import layout
+    from regen.store import RunDir, layout
 
     console = Console()
     quiet_http_logs()
@@ -141,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
                       f"stored in {args.out} ({summary.failed_transient} left for the next "
                       "run); run the same command again to resume")  # fmt: skip
         return code
-    stats = export_run(args.out, export_dir, **export_settings(args.out))
+    rd = RunDir.open(args.out, create=False)
+    stats = export_run(rd, export_dir, **export_settings(rd))
     console.print(
         f"[bold green]done[/]: {summary.done}/{summary.total} samples "
         f"({summary.failed_permanent} failed permanently, {summary.failed_transient} left for "

@@ -67,6 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "prompts beside the shards for `regen bench --run` (manifest: 0)",
     )
     parser.add_argument(
+        "--setting",
+        default=None,
+        metavar="ID",
+        help="keep only the rows made with this settings id (and native rows): a run continued "
+        "with `regen run --force` mixes settings; `regen status` shows each id's samples",
+    )
+    parser.add_argument(
         "--format",
         dest="fmt",
         choices=("pretokenized", "conversations"),
@@ -77,9 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from regen.export import export_run, export_settings
+    from regen.store import RunDir
 
+    rd = RunDir.open(args.run_dir, create=False)
     settings = export_settings(
-        args.run_dir,
+        rd,
         seed=args.seed,
         drop_truncated=args.drop_truncated,
         max_length=args.max_length,
@@ -88,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         holdout=args.holdout,
     )
     stats = export_run(
-        args.run_dir, args.out, fmt=args.fmt, only_flagged=args.only_flagged, **settings
+        rd, args.out, fmt=args.fmt, only_flagged=args.only_flagged, setting=args.setting, **settings
     )
     console = Console()
     print_export(console, stats, f"export {args.run_dir} → {args.out} ({stats.format})")
@@ -126,6 +135,11 @@ def print_export(console: Console, stats: Any, title: str) -> None:
         f"server token check: {escape(checks)}",
         highlight=False,
     )
+    made = {k: v for k, v in stats.settings.items() if k not in ("native", "unknown")}
+    if len(made) > 1 or stats.setting is not None:
+        mix = ", ".join(f"{k} {v:,} rows" for k, v in sorted(stats.settings.items()))
+        kept = f" (--setting {stats.setting})" if stats.setting else ""
+        console.print(f"rows per setting{kept}: {escape(mix)}", highlight=False)
     if stats.holdout_file:
         console.print(
             f"{stats.holdout_samples:,} samples held out ({stats.holdout} per source at most): "

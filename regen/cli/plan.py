@@ -13,7 +13,7 @@ from rich.table import Table
 from regen.cli._args import add_override_argument
 
 if TYPE_CHECKING:
-    from regen.plan import Plan
+    from regen.plan import PlanReport
 
 NAME = "plan"
 HELP = (
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reweight(args: argparse.Namespace, plan: Plan, console: Console) -> int:
+def _reweight(args: argparse.Namespace, plan: PlanReport, console: Console) -> int:
     """``--reweight``: the proposal as a table (or JSON) and the overlay file."""
     import json
     from pathlib import Path
@@ -163,7 +163,7 @@ def duration(hours: float) -> str:
     return f"{hours:.1f} h"
 
 
-def render_table(plan: Plan) -> Table:
+def render_table(plan: PlanReport) -> Table:
     """The per-source table with a totals footer."""
     t = Table(title=f"plan: {plan.name}", show_footer=True)
     tot = plan.to_dict()["total"]
@@ -200,7 +200,7 @@ def render_table(plan: Plan) -> Table:
     return t
 
 
-def render_near(plan: Plan) -> tuple[Table | None, str]:
+def render_near(plan: PlanReport) -> tuple[Table | None, str]:
     """Near-duplicates dropped per pair of sources (a row per source a prompt was dropped
     from, a column per source of the earlier prompt it repeats; only sources with drops) and
     a line with the settings."""

@@ -83,6 +83,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="Ray dashboard URL for the training job (default: $RAY_ADDRESS, else local)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="also serve regen's metrics for Prometheus on 127.0.0.1:PORT/metrics, under the "
+        "names Ray exports them with (ray_regen_*); without it they reach Prometheus through "
+        "Ray's metrics export only (docs/metrics.md)",
+    )
     p.add_argument("--no-view", action="store_true", help="no live progress view")  # fmt: skip
     p.add_argument(
         "--verbose",
@@ -140,9 +148,12 @@ def with_endpoint_keys(manifest: Manifest, args: argparse.Namespace) -> Manifest
 
 
 def run_with_view(manifest: Manifest, out: str, opts: RunOptions, *, view: bool) -> JobSummary:
-    """``run_job`` with the live dashboard in a thread of this process when ``view`` (shared
-    with ``regen demo``); returns the job summary."""
+    """``run_job`` on the run directory ``out`` (opened here, once) with the live dashboard in a
+    thread of this process when ``view`` (shared with ``regen demo``); returns the job summary."""
     from regen.engine import run_job
+    from regen.store import RunDir
+
+    rd = RunDir.open(out, create=False)
 
     stop_view = threading.Event()
     thread = None
@@ -151,7 +162,7 @@ def run_with_view(manifest: Manifest, out: str, opts: RunOptions, *, view: bool)
 
         thread = run_in_thread(out, stop_view, log_every_s=30.0)
     try:
-        return run_job(manifest, out, opts)
+        return run_job(manifest, rd, opts)
     finally:
         stop_view.set()
         if thread is not None:
@@ -170,7 +181,11 @@ def execute(args: argparse.Namespace, *, view: bool = True) -> int:
     manifest = with_endpoint_keys(load_manifest(args.manifest, args.override), args)
     opts = options_from_args(args)
     view = view and not getattr(args, "no_view", False)
-    summary = run_with_view(manifest, args.out, opts, view=view)
+    metrics = _start_metrics(args.out, getattr(args, "metrics_port", None))
+    try:
+        summary = run_with_view(manifest, args.out, opts, view=view)
+    finally:
+        metrics.stop()
     console.print(
         f"[bold]{summary.state}[/]: {summary.done:,}/{summary.total:,} samples done "
         f"({summary.completed_now:,} this session"
@@ -197,6 +212,21 @@ def execute(args: argparse.Namespace, *, view: bool = True) -> int:
     return EXIT_DONE
 
 
+def _start_metrics(out: str, port: int | None):  # -> RunMetrics
+    """regen's metrics for the run in ``out`` (through Ray; on 127.0.0.1:``port`` too)."""
+    from regen.engine.metrics import start_run_metrics
+    from regen.errors import ConfigError
+
+    if port is not None and not 0 <= port <= 65535:
+        raise ConfigError(f"--metrics-port {port} is not a port", field="--metrics-port")
+    try:
+        return start_run_metrics(out, port)
+    except OSError as e:
+        raise ConfigError(
+            f"--metrics-port: cannot listen on 127.0.0.1:{port}: {e}", field="--metrics-port"
+        ) from None
+
+
 def exit_code(summary: JobSummary) -> int:
     """How a finished session exits (regen.cli.main lists the codes): 0 only when every sample
     is done or permanently failed; 75 when some are left for the next run; 130 interrupted."""
@@ -211,9 +241,11 @@ def _then_train(args: argparse.Namespace, console) -> int:
     """Submit the training job (regen train's path) and return: it runs for hours on the GPUs;
     `regen status`-style following is `regen train ... ` or Ray's own `ray job logs`."""
     from regen.store import layout
+    from regen.train.data import open_local
     from regen.train.launch import launch_training
 
-    result = launch_training(args.out, args.then_train, address=args.train_address, follow=False)
+    result = launch_training(open_local(args.out), args.then_train, address=args.train_address,
+                             follow=False)  # fmt: skip
     console.print(
         f"training job {result.submission_id} submitted ({result.state}); its record: "
         f"{args.out.rstrip('/')}/{layout.JOB}",

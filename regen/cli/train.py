@@ -47,11 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from regen.train.data import open_local
     from regen.train.launch import launch_training
 
     out = Console()
     result = launch_training(
-        args.run_dir,
+        open_local(args.run_dir),
         args.config,
         address=args.address,
         gpus=args.gpus,

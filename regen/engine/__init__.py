@@ -8,7 +8,7 @@
 - :mod:`regen.engine.planning`: the session's plan and its record.
 - :mod:`regen.engine.pool`: ``WorkerPool`` (Ray actors, or SampleWorkers in this process).
 - :mod:`regen.engine.dispatch`: the dispatch loop (feed, requeue, respawn) over a pool.
-- :mod:`regen.engine.driver`: ``run_job(manifest, run_dir, RunOptions)``: one session.
+- :mod:`regen.engine.driver`: ``run_job(manifest, RunDir, RunOptions)``: one session.
 
 Files are owned by :mod:`regen.store` (names in :mod:`regen.store.layout`); the engine only
 calls it.

@@ -2,7 +2,7 @@
 
 An async actor: ``exchange`` starts a batch of samples on its event loop and returns the
 outcomes finished since its last reply, packed for storing, with its counters now and then
-(:mod:`regen.engine.batch`), so the driver pays one Ray call per batch instead of one per
+(:mod:`regen.engine.wire`), so the driver pays one Ray call per batch instead of one per
 sample and per progress tick.
 
 The actor answers before its tokenizer is loaded: the row builder (chat template, tokenizer)
@@ -19,7 +19,7 @@ import os
 import threading
 from typing import Any
 
-from regen.engine.batch import Mailbox
+from regen.engine.wire import Mailbox
 from regen.engine.worker import RowBuilder, SampleWorker, default_row_builder
 from regen.manifest import Manifest
 from regen.sample import Sample
@@ -97,7 +97,7 @@ class WorkerActor:
     async def exchange(
         self, samples: list[Any], wait_s: float, low_water: int = -1, hold: bool = False
     ) -> Any:
-        """:meth:`Mailbox.exchange`, as :meth:`regen.engine.batch.Reply.wire` data. ``hold``:
+        """:meth:`Mailbox.exchange`, as :meth:`regen.engine.wire.Reply.wire` data. ``hold``:
         start the samples only once the row builder is loaded
         (:attr:`regen.engine.pool.RayWorkerPool.hold_for_rows`)."""
         if hold and samples:

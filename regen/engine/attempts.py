@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from regen.sample import ATTEMPT_META, Sample
-from regen.store.journal import DoneSet
+from regen.store.doneset import DoneSet
 
 
 @dataclass(slots=True, frozen=True)
@@ -42,7 +42,7 @@ def attempt_seed(seed: int | None, attempt: int) -> int | None:
 
 def select(done: DoneSet, retry: RetryFlagged) -> dict[str, int]:
     """``{sample_id: its new attempt number}`` of the samples to request again (``done``
-    read with its answers: :func:`regen.store.journal.read_done`)."""
+    read with its answers: :func:`regen.store.doneset.read_done`)."""
     if not done.answers:
         raise ValueError("the done-set was read without its answers (read_done(answers=True))")
     want = frozenset(retry.flags)

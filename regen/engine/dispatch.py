@@ -1,11 +1,13 @@
-"""The dispatch loop: keep every worker fed, record outcomes, replace dead workers. No files.
+"""The dispatch loop: keep every worker fed, record outcomes, replace dead workers.
+
+Owns no files (its recorder, the driver, stores what it reports).
 
 :class:`Dispatcher` runs against any :class:`~regen.engine.pool.WorkerPool` (Ray actors in a
 run, objects on an event loop in unit tests):
 
 - feed: every live worker without an exchange in flight gets the next samples (longest
   expected first) up to its slots + ``prefetch``, in one exchange call that also brings back
-  its finished outcomes (:mod:`regen.engine.batch`);
+  its finished outcomes (:mod:`regen.engine.wire`);
 - wait up to 0.5 s for replies; each outcome goes to the :class:`Recorder`;
 - a lost worker: every sample it held goes back to the queue and a replacement starts in its
   slot while the respawn budget lasts (past it the others carry on; none left is an error
@@ -28,12 +30,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from regen.engine.batch import PackedOutcome
 from regen.engine.pool import Worker, WorkerPool
 from regen.engine.schedule import WorkQueue
+from regen.engine.wire import PackedOutcome
 from regen.engine.worker import SampleOutcome
 from regen.errors import ConfigError, NoEndpointLeftError, RunIncompleteError
-from regen.store.journal import output_tokens
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ HELD_FACTOR = 4
 class Recorder(Protocol):
     """Where the loop's results go (the driver's session)."""
 
-    def completed(self, outcome: SampleOutcome, sample: Any) -> None: ...
+    def completed(self, outcome: PackedOutcome, sample: Any) -> None: ...
 
     def failed(self, outcome: SampleOutcome) -> None: ...
 
@@ -171,9 +172,9 @@ class Dispatcher:
                     s = w.held.pop(out.sample_id, None)
                     if s is None:  # not this worker's any more
                         continue
-                    if out.status == "done":
+                    if isinstance(out, PackedOutcome):  # every done outcome is packed
                         recorder.completed(out, s)
-                        queue.observe(out.source, completion_tokens(out), s.original_chars())
+                        queue.observe(out.source, out.tokens, s.original_chars())
                     elif out.status == "unsent":  # no endpoint left: not the sample's fault
                         if not self.unsent:
                             self.unsent, self._unsent_at = out.message, self._clock()
@@ -205,10 +206,3 @@ class Dispatcher:
                 low_water = self.prefetch // 2 if queue else -1
                 self.pool.exchange(w, batch, low_water)
                 self.calls += 1
-
-
-def completion_tokens(out: SampleOutcome) -> list[int]:
-    """Completion tokens of each row of a done outcome (packed or not)."""
-    if isinstance(out, PackedOutcome) and out.packed:
-        return out.tokens
-    return output_tokens(out.rows)

@@ -2,9 +2,10 @@
 
 Files (through :mod:`regen.store`; names in :mod:`regen.store.layout`): the lock (held for the
 session), run.json and manifest.yaml (:func:`regen.store.run.prepare_run`), plan.json
-and plan/ (:mod:`regen.engine.planning`, :mod:`regen.engine.planindex`), checks.json
+and plan/ (:mod:`regen.engine.planning`, :mod:`regen.store.planindex`), checks.json
 (:mod:`regen.engine.preflight`), journal/, parts/ and their records, quarantine/
-(:mod:`regen.store.journal`), failures/, schedule.json, progress.json
+(:mod:`regen.store.segments`, :mod:`regen.store.parts`, :mod:`regen.store.doneset`),
+failures/ (:mod:`regen.store.failures`), schedule.json, progress.json
 (:class:`regen.engine.tracker.ProgressTracker`, every ~2 s and once at the end).
 
 Flow: fail-fast checks (:mod:`regen.engine.preflight`: paths, tokenizer, one render per
@@ -13,7 +14,9 @@ source; before Ray or any actor; the last two only when checks.json does not hol
 quarantined, their samples planned again) → plan (from the plan index under plan/ when it is
 valid, else by reading the sources, which writes it; skip done ones and recorded permanent
 failures unless ``retry_failed``; with ``retry_flagged``, done samples whose latest answer is
-flagged are planned again as a new attempt, regen.engine.attempts) → native rows journaled
+flagged are planned again as a new attempt, regen.engine.attempts) → stale answers against
+that plan (regen.store.stale: not counted as done; a sample whose source row changed in place
+is planned again as a new attempt that supersedes them) → native rows journaled
 directly → endpoint check → Ray and N actors (started while the plan is read) → the dispatch
 loop (:mod:`regen.engine.dispatch`: batches exchanged with the actors) → every completed
 sample journaled at once; every ``part_size`` samples or ``part_interval_s`` the segment
@@ -35,35 +38,34 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from regen.engine.adaptive import DEFAULT_CONCURRENCY, describe_limit
 from regen.engine.attempts import RetryFlagged, select
-from regen.engine.batch import PackedOutcome
 from regen.engine.dispatch import Dispatcher
-from regen.engine.planindex import open_index
-from regen.engine.planning import Plan, plan_session, write_plan
+from regen.engine.planning import SessionPlan, plan_session, write_plan
 from regen.engine.pool import RayWorkerPool
-from regen.engine.schedule import LengthModel, QueueItems, WorkQueue, schedule_record
+from regen.engine.schedule import LengthModel, WorkQueue, schedule_record
 from regen.engine.tracker import ProgressTracker
+from regen.engine.wire import PackedOutcome
 from regen.engine.worker import SampleOutcome, worker_slots
 from regen.errors import RegenError, RunIncompleteError
 from regen.manifest import Endpoint, Manifest, public_url
-from regen.progress import ProgressSnapshot
+from regen.packed import QueueItems
+from regen.sample import Sample
 from regen.store import layout
-from regen.store.journal import (
-    CompletedSample,
-    DoneSet,
-    FailureLog,
-    FailureRecord,
-    Journal,
-    output_tokens,
-    read_done,
-    read_failures,
-    recover,
-)
-from regen.store.layout import SourceCounts
+from regen.store.completed import CompletedSample
+from regen.store.counts import SourceCounts, output_tokens
+from regen.store.doneset import DoneSet, read_done
+from regen.store.failures import FailureLog, FailureRecord, read_failures
 from regen.store.lock import RunLock
+from regen.store.planindex import open_index
+from regen.store.progress import ProgressSnapshot, SourceProgress
 from regen.store.run import new_session_id, prepare_run, record_engines
 from regen.store.rundir import RunDir
+from regen.store.segments import Journal, recover
+from regen.store.stale import StaleSet, stale_answers
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +108,7 @@ class JobSummary:
     run_dir: str
     session: str
     state: str  #: "finished" | "interrupted" | "failed"
-    total: int = 0  #: samples planned (all sessions)
-    done: int = 0  #: samples stored (all sessions)
     completed_now: int = 0  #: samples completed in this session
-    failed_permanent: int = 0  #: permanent failures on record (not done)
     #: samples of this session that ran out of retries (and new attempts that failed)
     failed_transient: int = 0
     retried_now: int = 0  #: new attempts of flagged samples stored this session
@@ -117,9 +116,25 @@ class JobSummary:
     requests_sent: int = 0
     workers_died: int = 0  #: actors lost this session (their samples were requeued)
     workers_respawned: int = 0  #: replacement actors started
-    per_source: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: every source's counters and totals (all sessions) as the session ended
+    sources: dict[str, SourceProgress] = field(default_factory=dict)
     #: CPU-s of the driver process (all its threads) while the dispatch loop ran
     dispatch_cpu_s: float = 0.0
+
+    @property
+    def total(self) -> int:
+        """Samples planned (all sessions)."""
+        return SourceProgress.sum(self.sources.values()).total
+
+    @property
+    def done(self) -> int:
+        """Samples stored (all sessions)."""
+        return SourceProgress.sum(self.sources.values()).done
+
+    @property
+    def failed_permanent(self) -> int:
+        """Permanent failures on record (not done)."""
+        return SourceProgress.sum(self.sources.values()).failed
 
 
 def _apply_options(manifest: Manifest, opts: RunOptions) -> Manifest:
@@ -211,11 +226,18 @@ class _Session:
         self.lock_lost: str = ""  #: set when another run took the lock over
         #: new attempts planned: sample id -> the counters of the answer each replaces
         self.replaces: dict[str, SourceCounts] = {}
+        #: the new attempts that answer a source row changed in place (regen.store.stale):
+        #: the answers they replace are stale, not counted as done
+        self.superseding: set[str] = set()
         self.refused: set[str] = set()  #: endpoints announced as refused (one line each)
 
     # -- recording (regen.engine.dispatch.Recorder) --------------------------------------
-    def store(self, sample_id: str, source: str, rows: list[dict[str, Any]]) -> None:
-        self.keep(CompletedSample(sample_id, source, rows), output_tokens(rows))
+    def store_native(self, sample: Sample) -> None:
+        """A native sample's row, stored as it is (it never goes to a server)."""
+        from regen.rows import native_row
+
+        rows = [native_row(sample)]
+        self.keep(CompletedSample(sample.id, sample.source, rows), output_tokens(rows))
 
     def keep(self, done: CompletedSample, tokens: list[int]) -> None:
         """Journal one completed sample (flushed), count it, write a part when one is due."""
@@ -223,21 +245,22 @@ class _Session:
         self.journal.append(done)
         prev = self.failed_ids.pop(done.sample_id, None)
         assert self.tracker is not None
+        stale = done.sample_id in self.superseding
+        self.superseding.discard(done.sample_id)
         self.tracker.sample_counted(done.source, done.counts(), tokens,
                                     was_failed=prev is not None and prev.permanent,
-                                    retry=replaces is not None)  # fmt: skip
+                                    retry=replaces is not None and not stale,
+                                    supersedes=replaces if stale else None)  # fmt: skip
         self.summary.completed_now += 1
         self.summary.retried_now += replaces is not None
         if self.journal.due(self.m.engine.part_size, self.m.engine.part_interval_s):
             self.roll()
 
-    def completed(self, out: SampleOutcome, sample: Any) -> None:
-        if isinstance(out, PackedOutcome) and out.packed:  # encoded by the worker
-            done = CompletedSample(out.sample_id, out.source, [], line=out.line,
-                                   table=out.table, own=out.counts)  # fmt: skip
-            self.keep(done, out.tokens)
-        else:
-            self.store(out.sample_id, out.source, out.rows)
+    def completed(self, out: PackedOutcome, sample: Any) -> None:
+        """A sample the workers answered, as they packed it (regen.engine.wire)."""
+        done = CompletedSample(out.sample_id, out.source, [], line=out.line, table=out.table,
+                               own=out.counts)  # fmt: skip
+        self.keep(done, out.tokens)
 
     def worker_lost(self, error: str) -> None:
         self.summary.workers_died += 1
@@ -277,7 +300,10 @@ class _Session:
         )
         self.failure_log.append(rec)
         assert self.tracker is not None
-        if self.replaces.pop(out.sample_id, None) is not None:
+        if out.sample_id in self.superseding:  # its stale answer is not done: a sample's failure
+            self.superseding.discard(out.sample_id)
+            self.replaces.pop(out.sample_id, None)
+        elif self.replaces.pop(out.sample_id, None) is not None:
             # a new attempt failed: the sample keeps its stored answer (the next run with
             # --retry-flagged requests it again)
             self.tracker.sample_failed(out, newly_permanent=False, retry=True)
@@ -326,8 +352,9 @@ class _Session:
         self.stop.set()
 
     # -- the session --------------------------------------------------------------------------
-    def _read_state(self) -> tuple[DoneSet, Plan]:
-        """Fold journals, verify the parts, read failures, plan (in a thread, see run)."""
+    def _read_state(self) -> tuple[DoneSet, SessionPlan, StaleSet]:
+        """Fold journals, verify the parts, read failures, plan, find the stale answers (in a
+        thread, see run)."""
         rd, m = self.rd, self.m
         with ThreadPoolExecutor(1, thread_name_prefix="regen-index") as ex:
             index = ex.submit(open_index, rd, m, self.opts.limit)  # beside the done-set
@@ -345,15 +372,54 @@ class _Session:
         plan = plan_session(m, done.ids, self.failed_ids, limit=self.opts.limit,
                             retry_failed=self.opts.retry_failed, redo=redo, rd=rd,
                             opened=opened)  # fmt: skip
+        stale, plan = self._supersede_stale(done, plan, redo)
         for sid in set(self.replaces) - plan.redo:
             del self.replaces[sid]  # no longer in the plan (e.g. --limit)
-        return done, plan
+        return done, plan, stale
+
+    def _supersede_stale(
+        self, done: DoneSet, plan: SessionPlan, redo: dict[str, int]
+    ) -> tuple[StaleSet, SessionPlan]:
+        """The stored answers the plan just made no longer wants (regen.store.stale); a sample
+        whose source row changed in place is planned again, as a new attempt one above its
+        stale answer's (the plan is made again with it: its body is read from the sources)."""
+        from regen.store.planindex import recorded_plan
+
+        planned, why = recorded_plan(self.rd)
+        if planned is None:
+            if why:
+                log.warning("%s: stale answers not looked for: %s", self.rd.uri, why)
+            return StaleSet(), plan
+        if self.failed_ids:  # failures of samples the plan no longer holds are not counted
+            ids = list(self.failed_ids)
+            held = pc.is_in(pa.array(ids, pa.string()), value_set=planned.column("id"))
+            kept = [k for k, ok in zip(ids, held.to_pylist(), strict=True) if ok]
+            self.failed_ids = {k: self.failed_ids[k] for k in kept}
+        stale = stale_answers(self.rd, done, planned)
+        done.keys = []  # the answers' hashes are not needed past this point
+        if not len(stale):
+            return stale, plan
+        log.warning("%s: %s: not counted as done, never exported", self.rd.uri, stale.describe())
+        changed = {sid: stale.answers[sid].attempt + 1 for sid in stale.ids("changed")}
+        if changed:
+            plan.spill.close()
+            plan = plan_session(self.m, done.ids, self.failed_ids, limit=self.opts.limit,
+                                retry_failed=self.opts.retry_failed, redo={**redo, **changed},
+                                rd=self.rd, stale=frozenset(changed))  # fmt: skip
+        for sid in plan.redo & set(changed):  # not done: what remains, not "retrying"
+            self.replaces[sid] = stale.answers[sid].counts
+            self.superseding.add(sid)
+        return stale, plan
 
     def _likely_work(self) -> bool:
         """False when the last session finished (then nothing is started before the plan)."""
         if self.opts.retry_failed or self.opts.retry_flagged:
             return True
-        return layout.last_state(self.rd) != "finished"
+        try:
+            last = layout.PROGRESS_FILE.read(self.rd)
+        except RegenError:  # unreadable: the plan tells
+            return True
+        return last is None or last.state != "finished"
 
     def _warm_up(self) -> _Warm:
         """Endpoint check, Ray and the actors, while the plan is read (actors boot async)."""
@@ -393,7 +459,7 @@ class _Session:
             try:
                 if self._likely_work() and not self.stop.is_set():
                     warm = self._warm_up()
-                done, plan = reading.result()
+                done, plan, stale = reading.result()
             except BaseException:
                 if warm is not None:
                     warm.close()
@@ -414,7 +480,7 @@ class _Session:
         for f in self.failed_ids.values():
             if f.permanent:
                 failed_per_source[f.source] = failed_per_source.get(f.source, 0) + 1
-        self.tracker.start_from(done, plan.totals, failed_per_source, plan.retries)
+        self.tracker.start_from(done, plan.totals, failed_per_source, plan.retries, stale)
         for msg in done.damaged:
             self.tracker.driver_error("damaged_part", msg)
         log.info("session %s: %d samples to regenerate (%d new attempts of flagged samples), "
@@ -422,11 +488,8 @@ class _Session:
                  sum(plan.retries.values()), len(plan.native), plan.skipped_failed)  # fmt: skip
         self.progress(force=True)
         state = "finished"
-        if plan.native:
-            from regen.rows import native_row
-
-            for s in plan.native:
-                self.store(s.id, s.source, [native_row(s)])
+        for s in plan.native:
+            self.store_native(s)
         with plan.spill:
             if plan.todo and not self.stop.is_set():
                 regen_sources = {s.name for s in m.sources if s.mode == "regenerate"}
@@ -488,22 +551,17 @@ class _Session:
             self.failure_log.close()
             if self.tracker is not None:
                 snap = self.tracker.snap
-                self.summary.total = snap.total
-                self.summary.done = snap.done
-                self.summary.failed_permanent = snap.failed
                 self.summary.requests_sent = snap.requests.sent
-                self.summary.per_source = {
-                    k: {"total": v.total, "done": v.done, "failed": v.failed,
-                        "truncated": v.truncated, "completion_tokens": v.completion_tokens}
-                    for k, v in snap.sources.items()
-                }  # fmt: skip
+                self.summary.sources = snap.model_copy(deep=True).sources
                 self.tracker.write(state)
                 if self.opts.on_progress is not None:
                     self.opts.on_progress(snap)
 
 
-def run_job(manifest: Manifest, run_dir: str, options: RunOptions | None = None) -> JobSummary:
-    """Run (or resume) the job of ``manifest`` into ``run_dir``; returns how the session ended.
+def run_job(manifest: Manifest, rd: RunDir, options: RunOptions | None = None) -> JobSummary:
+    """Run (or resume) the job of ``manifest`` into the run directory ``rd`` (opened by the
+    caller, ``RunDir.open(path, create=False)``: it is created here); returns how the session
+    ended.
 
     Configuration problems (paths, tokenizer, template) are found before the run directory is
     touched and before Ray or any actor starts (:func:`regen.engine.preflight.preflight`;
@@ -512,12 +570,12 @@ def run_job(manifest: Manifest, run_dir: str, options: RunOptions | None = None)
     opts = options or RunOptions()
     manifest = _apply_options(manifest, opts)
     checked: str | None = None
-    passed = _passed_checks(run_dir)
+    passed = _passed_checks(rd)
     if opts.preflight:
         from regen.engine.preflight import preflight
 
         checked = preflight(manifest, passed=passed)
-    rd = RunDir.open(run_dir)
+    rd.create()
     session = new_session_id()
     sess = _Session(manifest, rd, opts, session)
     lock = RunLock(rd, session, on_lost=sess.on_lock_lost)
@@ -542,11 +600,10 @@ def run_job(manifest: Manifest, run_dir: str, options: RunOptions | None = None)
     return sess.summary
 
 
-def _passed_checks(run_dir: str) -> str | None:
+def _passed_checks(rd: RunDir) -> str | None:
     """The key of the checks an earlier session passed (checks.json), read without creating
     or locking anything; None when there is none."""
     try:
-        rd = RunDir.open(run_dir, create=False)
         rec = layout.CHECKS_FILE.read(rd)
     except (RegenError, OSError):
         return None

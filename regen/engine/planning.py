@@ -3,16 +3,17 @@
 :func:`plan_session` takes the manifest's samples (filtered, deduplicated, limited) and splits
 them into work to regenerate, native rows to store as they are, and samples already done or
 failed permanently. :func:`write_plan` records the per-source totals as ``plan.json``
-(:class:`regen.store.layout.PlanRecord`), which the dashboard reads for its expected turns per
-sample.
+(:class:`regen.store.layout.PlanRecord`, written through the layout's file), which the
+dashboard reads for its expected turns per sample; ``plan/`` is the plan index's
+(:mod:`regen.store.planindex`).
 
 Where the samples come from: given the run directory, a valid plan index
-(:mod:`regen.engine.planindex`) answers which samples exist and where their rows are; the
-done-set and the failures then select the work (:func:`regen.engine.planindex.select`), and
+(:mod:`regen.store.planindex`) answers which samples exist and where their rows are; the
+done-set and the failures then select the work (:func:`regen.store.planindex.select`), and
 only unfinished rows are read (JSONL ones when dispatched). Without a valid index the sources
-are read (:func:`iter_planned`: adapters, filters, dedup, near-duplicates, limits), the work's
-bodies are spilled (:class:`~regen.engine.schedule.PackedSample`), and the index is written
-for the next session, with one line saying why it was (re)built.
+are read (:func:`regen.store.planindex.iter_planned`: adapters, filters, dedup,
+near-duplicates, limits), the work's bodies are spilled (:class:`regen.packed.PackedSample`),
+and the index is written for the next session, with one line saying why it was (re)built.
 
 New attempts (``regen run --retry-flagged``): ``redo`` maps done samples to the attempt number
 to request (:func:`regen.engine.attempts.select`); :func:`plan_session` queues them like any
@@ -23,27 +24,24 @@ sources (an explicit, occasional command; the index stays as it is).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from regen.engine import planindex
-from regen.engine.planindex import IndexBodies, IndexBuilder
-from regen.engine.schedule import PackedSample, QueueItems, Spill
 from regen.manifest import Manifest
+from regen.packed import PackedSample, QueueItems, Spill
 from regen.sample import Sample
-from regen.store import layout
-from regen.store.journal import FailureRecord
+from regen.store import layout, planindex
+from regen.store.failures import FailureRecord
 from regen.store.layout import PlanEntry, PlanRecord
+from regen.store.planindex import IndexBodies, IndexBuilder
 from regen.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class Plan:
+class SessionPlan:
     """This session's work."""
 
     todo: QueueItems  #: to regenerate (iterating yields PackedSamples); bodies in ``spill``
@@ -80,28 +78,6 @@ class Plan:
         )
 
 
-def native_check(manifest: Manifest) -> Callable[[Sample], str | None] | None:
-    """The check of native rows against the target tokenizer's vocabulary (None: no native
-    source)."""
-    if not any(s.mode == "native" for s in manifest.sources):
-        return None
-    from regen.native import VocabInfo, validate_native
-
-    vocab = VocabInfo.from_dir(
-        manifest.resolve(manifest.target.tokenizer),
-        trust_remote_code=manifest.target.trust_remote_code,
-    )
-    return lambda s: validate_native(s, vocab)
-
-
-def iter_planned(manifest: Manifest, limit: int | None) -> Iterator[Sample]:
-    """Every sample of the manifest in plan order (what a session without a valid index reads)."""
-    from regen.sources import read_samples
-
-    samples: Iterator[Sample] = read_samples(manifest, None, native_check(manifest))
-    return itertools.islice(samples, limit) if limit is not None else samples
-
-
 def plan_session(
     manifest: Manifest,
     done: set[str],
@@ -112,14 +88,17 @@ def plan_session(
     redo: dict[str, int] | None = None,
     rd: RunDir | None = None,
     opened: tuple[planindex.PlanIndex | None, str] | None = None,
-) -> Plan:
+    stale: frozenset[str] = frozenset(),
+) -> SessionPlan:
     """Split the samples into work (regenerate), native rows and already-done. ``redo``: done
-    samples requested again, with their new attempt number. The bodies of the work wait in a
-    temporary file or in the sources (closed with the plan's ``spill``).
+    samples requested again, with their new attempt number; those of ``stale`` answer a
+    source row that changed (regen.store.stale: native ones are stored again too, and they are
+    not counted as ``retries``, which are the new attempts of flagged answers). The bodies of
+    the work wait in a temporary file or in the sources (closed with the plan's ``spill``).
 
     With ``rd``, the plan index in it is used when valid (and no ``redo``), else written when
     missing or stale (module docstring); ``opened``: what
-    :func:`regen.engine.planindex.open_index` returned for it, when the caller opened it
+    :func:`regen.store.planindex.open_index` returned for it, when the caller opened it
     already (while it read the done-set)."""
     from regen.engine.attempts import as_attempt
 
@@ -137,7 +116,7 @@ def plan_session(
                 raise
             log.info("plan from %s: %d samples, %d to regenerate", layout.PLAN_INDEX,
                      index.record.samples, len(got.todo))  # fmt: skip
-            return Plan(got.todo, got.native, got.totals, got.skipped_failed, bodies, True)
+            return SessionPlan(got.todo, got.native, got.totals, got.skipped_failed, bodies, True)
         if index is not None:
             log.info("new attempts of done samples: reading the sources (%s stays as it is)",
                      layout.PLAN_INDEX)  # fmt: skip
@@ -161,7 +140,7 @@ def plan_session(
     retries: dict[str, int] = {}
     queued: set[str] = set()
     try:
-        for s in iter_planned(manifest, limit):
+        for s in planindex.iter_planned(manifest, limit):
             read += 1
             repeat = s.id in seen
             if builder is not None:
@@ -174,7 +153,11 @@ def plan_session(
             if s.id in done:
                 if s.id in redo and s.mode == "regenerate":
                     todo.append(PackedSample.pack(as_attempt(s, redo[s.id]), spill))
-                    retries[s.source] = retries.get(s.source, 0) + 1
+                    if s.id not in stale:
+                        retries[s.source] = retries.get(s.source, 0) + 1
+                    queued.add(s.id)
+                elif s.id in stale and s.id in redo:  # a native row changed: stored again
+                    native.append(as_attempt(s, redo[s.id]))
                     queued.add(s.id)
                 continue
             if s.id in skip:
@@ -191,7 +174,7 @@ def plan_session(
         raise
     if builder is not None:
         builder.write(limit=limit, complete=limit is None or read < limit)
-    return Plan(
+    return SessionPlan(
         QueueItems.of(todo),
         native,
         {k: (int(v[0]), bool(v[1])) for k, v in totals.items()},
@@ -203,7 +186,7 @@ def plan_session(
 
 
 def write_plan(
-    rd: RunDir, plan: Plan, session: str, manifest: Manifest, limit: int | None
+    rd: RunDir, plan: SessionPlan, session: str, manifest: Manifest, limit: int | None
 ) -> PlanRecord:
     """Record ``plan.json`` for this session (with what re-reading the plan needs)."""
     rec = plan.record(session)

@@ -2,13 +2,11 @@
 
 :class:`WorkerPool` is what :mod:`regen.engine.dispatch` needs from workers: start one in a
 slot, exchange a batch of samples for the outcomes finished since (one call in flight per
-worker: :mod:`regen.engine.batch`), wait for replies, read counters, close. Two
-implementations:
-
-- :class:`RayWorkerPool`: one Ray actor (:mod:`regen.engine.actor`) per worker, spread over
-  the cluster; a dead actor (or node) shows up as a lost worker.
-- :class:`LocalWorkerPool`: :class:`~regen.engine.worker.SampleWorker` objects on one event
-  loop in a thread of this process (unit tests of dispatch, requeue and respawn; no Ray).
+worker: :mod:`regen.engine.wire`), wait for replies, read counters, close.
+:class:`RayWorkerPool` is the implementation: one Ray actor (:mod:`regen.engine.actor`) per
+worker, spread over the cluster; a dead actor (or node) shows up as a lost worker. (The
+dispatch loop's tests give it a pool of worker objects on an event loop instead:
+tests/engine/_local_pool.py.)
 
 A worker whose start fails is reported as lost with ``init_failed`` and a one-line ``error``
 (``Type: message`` of the exception its constructor raised).
@@ -16,16 +14,12 @@ A worker whose start fails is reported as lost with ``init_failed`` and a one-li
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
 import logging
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from regen.engine.batch import LINGER_S, Mailbox, Reply, unpack_reply
+from regen.engine.wire import Reply, unpack_reply
 from regen.engine.worker import SampleOutcome
 
 log = logging.getLogger(__name__)
@@ -80,7 +74,7 @@ class WorkerPool(Protocol):
 
     def exchange(self, worker: Worker, samples: list[Any], low_water: int) -> None:
         """Hand ``samples`` to ``worker`` and ask for its outcomes (one call; the reply comes
-        through :meth:`wait`). ``low_water``: see :meth:`regen.engine.batch.Mailbox.collect`."""
+        through :meth:`wait`). ``low_water``: see :meth:`regen.engine.wire.Mailbox.collect`."""
 
     def wait(self, timeout_s: float) -> list[Finished]:
         """Replies that came within ``timeout_s`` (at least one unless the time ran out or
@@ -100,8 +94,8 @@ class WorkerPool(Protocol):
         """Stop every worker."""
 
 
-class _Replies:
-    """What both pools keep per worker: the exchange in flight, the latest counters."""
+class Replies:
+    """What a pool keeps per worker: the exchange in flight, the latest counters."""
 
     def __init__(self) -> None:
         self.inflight: dict[Worker, Any] = {}
@@ -164,7 +158,7 @@ class RayWorkerPool:
         self._args = (manifest, infos, concurrency, log_level, secrets or {})
         self.spawned: list[Any] = []
         self.hold_for_rows = False
-        self._r = _Replies()
+        self._r = Replies()
         self._sent: list[Any] = []  #: cancel refs not yet seen finished
 
     def shares(self, index: int) -> dict[str, int]:
@@ -276,125 +270,5 @@ class RayWorkerPool:
             with contextlib.suppress(Exception):
                 ray.kill(a)
         self.spawned = []
-        self._r = _Replies()
+        self._r = Replies()
         self._sent = []
-
-
-class LocalWorkerPool:
-    """Workers as objects on one event loop in a thread of this process (no Ray).
-
-    ``factory(index, generation)`` builds a worker (a :class:`SampleWorker`, or anything with
-    ``async process(sample)``, ``snapshot()`` and ``async aclose()``); an exception it raises is
-    a failed start. :meth:`kill` makes a worker die as an actor does: what it holds is lost.
-    ``to_table``: convert rows in the worker as actors do (default: outcomes as they are).
-    """
-
-    def __init__(
-        self,
-        factory: Callable[[int, int], Any],
-        *,
-        to_table: Callable[[list[dict[str, Any]]], Any] | None = None,
-        linger_s: float = LINGER_S,
-    ) -> None:
-        self.factory = factory
-        self.to_table = to_table
-        self.linger_s = linger_s
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, name="regen-local-pool", daemon=True
-        )
-        self._thread.start()
-        self._boxes: dict[Worker, Mailbox] = {}
-        self._gone: dict[Worker, tuple[str, bool]] = {}  #: (error, init_failed)
-        self._r = _Replies()
-
-    def start(self, index: int, generation: int) -> Worker:
-        w = Worker(index, None, 0, name=f"local-w{index}-{generation}")
-        try:
-            w.handle = self.factory(index, generation)
-            slots = getattr(w.handle, "slots", None)
-            w.slots = slots.capacity if slots is not None else 1
-            self._boxes[w] = Mailbox(w.handle, to_table=self.to_table, linger_s=self.linger_s)
-        except Exception as e:  # a failed start: its first exchange reports it
-            self._gone[w] = (f"{type(e).__name__}: {e}", True)
-        return w
-
-    def pending(self, worker: Worker) -> bool:
-        return worker in self._r.inflight
-
-    def exchange(self, worker: Worker, samples: list[Any], low_water: int) -> None:
-        fut: concurrent.futures.Future[Reply] = concurrent.futures.Future()
-        box = self._boxes.get(worker)
-        if worker in self._gone or box is None:
-            fut.cancel()  # reported as lost by wait
-            fut.set_running_or_notify_cancel()
-        else:
-            coro = box.exchange(list(samples), EXCHANGE_WAIT_S, low_water)
-            fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        self._r.inflight[worker] = fut
-
-    def kill(self, worker: Worker) -> None:
-        """Make ``worker`` die: every sample it holds is lost."""
-        self._gone.setdefault(worker, ("killed", False))
-        box = self._boxes.get(worker)
-        if box is not None:
-            self.loop.call_soon_threadsafe(box.cancel_all)
-        fut = self._r.inflight.get(worker)
-        if fut is not None:
-            fut.cancel()
-
-    def wait(self, timeout_s: float) -> list[Finished]:
-        futs = {f: w for w, f in self._r.inflight.items()}
-        if not futs:
-            return []
-        done, _ = concurrent.futures.wait(
-            futs, timeout=timeout_s, return_when=concurrent.futures.FIRST_COMPLETED
-        )
-        out = []
-        for fut in done:
-            w = futs[fut]
-            self._r.inflight.pop(w, None)
-            gone = self._gone.get(w)
-            if gone is not None or fut.cancelled():
-                error, init = gone if gone is not None else ("killed", False)
-                out.append(Finished(w, lost=True, init_failed=init, error=error))
-                continue
-            e = fut.exception()
-            if e is not None:  # exchange itself never raises; a bug kills the worker
-                out.append(Finished(w, lost=True, error=f"{type(e).__name__}: {e}"))
-            else:
-                out.append(self._r.finished(w, fut.result()))
-        return out
-
-    def snapshots(self, workers: list[Worker], *, fresh: bool = False) -> list[dict[str, Any]]:
-        if not fresh:
-            return self._r.latest(workers)
-        return [
-            w.handle.snapshot()
-            for w in workers
-            if w.alive and w.handle is not None and w not in self._gone
-        ]
-
-    def cancel(self, workers: list[Worker]) -> None:
-        for w in workers:
-            box = self._boxes.get(w)
-            if box is not None:
-                self.loop.call_soon_threadsafe(box.cancel_all)
-
-    def stop(self, worker: Worker) -> None:
-        self.kill(worker)
-        self._r.forget(worker)
-
-    def close(self) -> None:
-        async def close_all() -> None:
-            for w, box in self._boxes.items():
-                box.cancel_all()
-                if hasattr(w.handle, "aclose"):
-                    with contextlib.suppress(Exception):
-                        await w.handle.aclose()
-
-        if self.loop.is_running():
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(close_all(), self.loop).result(timeout=5)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=5)

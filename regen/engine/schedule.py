@@ -34,11 +34,12 @@ arrays), so the costs are computed for all of them at once and sorted in C (1.4M
 back from a dead worker are pushed on a small heap beside the sorted columns, with their cost.
 
 Memory: a queued sample is a row of the columns, plus, when the plan read it from the sources,
-a :class:`PackedSample` (what ordering needs, readable) whose body, a pickle, lives in a
-:class:`Spill` file (an unlinked temporary file of the driver) until it is dispatched, so a
-1.4M-sample plan holds ~0.3 KB per sample in memory. A plan from the plan index
-(:mod:`regen.engine.planindex`) holds only the columns; bodies are read from the sources when
-popped (:class:`Bodies`).
+a :class:`regen.packed.PackedSample` (what ordering needs, readable) whose body, a pickle, lives
+in a :class:`regen.packed.Spill` file (an unlinked temporary file of the driver) until it is
+dispatched, so a 1.4M-sample plan holds ~0.3 KB per queued sample in memory (0.28 KB measured
+by ``python -m benchmarks.queue_memory``). A plan from the plan
+index (:mod:`regen.store.planindex`) holds only the columns; bodies are read from the sources
+when popped (:class:`regen.packed.Bodies`).
 """
 
 from __future__ import annotations
@@ -47,16 +48,14 @@ import dataclasses
 import heapq
 import logging
 import math
-import os
-import pickle
-import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from regen.packed import Bodies, PackedSample, QueueItem, QueueItems
 from regen.sample import Sample
 from regen.store.layout import ScheduleRecord
 
@@ -90,7 +89,7 @@ REBUILD_DUTY = 20.0
 
 
 @dataclass(slots=True)
-class SourceStats:
+class SourceLengths:
     """What completed samples of one source taught: turns and tokens, and the sums of the
     regression of log tokens per turn (y) on log original chars (x) over samples with an
     original answer."""
@@ -118,8 +117,8 @@ class SourceStats:
 class LengthModel:
     """Per-source expected output tokens per turn, learned from completed samples."""
 
-    def __init__(self, stats: dict[str, SourceStats] | None = None) -> None:
-        self.sources: dict[str, SourceStats] = dict(stats or {})
+    def __init__(self, stats: dict[str, SourceLengths] | None = None) -> None:
+        self.sources: dict[str, SourceLengths] = dict(stats or {})
         #: (count, Σ log original chars) of the queued samples per source (see WorkQueue)
         self.queued: dict[str, tuple[int, float]] = {}
         self._cache: dict[str, tuple[float, float, float | None]] = {}
@@ -130,7 +129,7 @@ class LengthModel:
     ) -> None:
         """One completed sample: the completion tokens of each regenerated turn, and the mean
         characters of its original answers (0: none)."""
-        st = self.sources.setdefault(source, SourceStats())
+        st = self.sources.setdefault(source, SourceLengths())
         turns, tokens = 0, 0.0
         for ct in completion_tokens:
             turns += 1
@@ -183,7 +182,7 @@ class LengthModel:
         if got is not None:
             return got
         prior = self.global_mean()
-        st = self.sources.get(source) or SourceStats()
+        st = self.sources.get(source) or SourceLengths()
         mean = (st.tokens + PRIOR_TURNS * prior) / (st.turns + PRIOR_TURNS)
         qn, qx = self.queued.get(source, (0, 0.0))
         n, sx = st.n + qn, st.sx + qx
@@ -243,16 +242,16 @@ class LengthModel:
         state: ScheduleRecord | dict[str, Any] | None = None,
     ) -> LengthModel:
         """Learned state of earlier sessions: per-source turns and tokens from a
-        :class:`regen.store.journal.DoneSet` (only sources that regenerate: native rows say
+        :class:`regen.store.doneset.DoneSet` (only sources that regenerate: native rows say
         nothing about the server), the regression sums from the saved schedule record."""
         keep = set(regenerate)
         if isinstance(state, ScheduleRecord):
             state = state.model_dump()
         saved = _saved_sources(state)
-        out: dict[str, SourceStats] = {}
+        out: dict[str, SourceLengths] = {}
         for name in keep:
             t = done.sources.get(name)
-            st = saved.get(name) or SourceStats()
+            st = saved.get(name) or SourceLengths()
             if t is not None and t.rows > 0:
                 st.turns, st.tokens = int(t.rows), float(t.completion_tokens)
             else:
@@ -262,18 +261,18 @@ class LengthModel:
         return cls(out)
 
 
-def _saved_sources(state: dict[str, Any] | None) -> dict[str, SourceStats]:
+def _saved_sources(state: dict[str, Any] | None) -> dict[str, SourceLengths]:
     if not state:
         return {}
     try:
         if state.get("version") != SCHEDULE_VERSION:
             raise ValueError(f"version {state.get('version')!r}")
-        fields = {f.name for f in dataclasses.fields(SourceStats)}
+        fields = {f.name for f in dataclasses.fields(SourceLengths)}
         out = {}
         for name, d in dict(state["sources"]).items():
             if set(d) != fields:
                 raise ValueError(f"source {name!r}: fields {sorted(d)}")
-            st = SourceStats(int(d["turns"]), float(d["tokens"]), int(d["n"]),
+            st = SourceLengths(int(d["turns"]), float(d["tokens"]), int(d["n"]),
                              *(float(d[k]) for k in ("sx", "sy", "sxx", "sxy")))  # fmt: skip
             if not all(math.isfinite(v) for v in (st.sx, st.sy, st.sxx, st.sxy)):
                 raise ValueError(f"source {name!r}: not finite")
@@ -290,174 +289,8 @@ def schedule_record(model: LengthModel) -> ScheduleRecord:
     return ScheduleRecord.model_validate(model.state())
 
 
-PICKLE_PROTOCOL = 5
-
-
-class Bodies(Protocol):
-    """Where queued samples' bodies wait: ``get(at, size)`` returns the pickle of the body a
-    :class:`PackedSample` points at (a :class:`Spill`, or the plan index's sources)."""
-
-    def get(self, at: int, size: int) -> bytes: ...
-
-
-class Spill:
-    """Append-only blobs in an unlinked temporary file (``$TMPDIR``): the bodies of the queued
-    samples, read back one at a time when dispatched. Closed with the session."""
-
-    def __init__(self, directory: str | None = None) -> None:
-        self._file = tempfile.TemporaryFile(prefix="regen-queue-", dir=directory)  # noqa: SIM115 (closed by close())
-        self._fd = self._file.fileno()
-        self.size = 0
-
-    def put(self, blob: bytes) -> int:
-        at = self.size
-        self._file.write(blob)
-        self.size += len(blob)
-        return at
-
-    def get(self, at: int, size: int) -> bytes:
-        self._file.flush()
-        return os.pread(self._fd, size, at)
-
-    def close(self) -> None:
-        self._file.close()
-
-    def __enter__(self) -> Spill:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-@dataclass(slots=True, frozen=True)
-class PackedSample:
-    """A sample waiting in the queue: what ordering needs stays readable (id, source, turns,
-    prompt size, original answer size); the rest is a pickle, in memory
-    (``blob``) or in a body store (:class:`Bodies`: ``at`` ≥ 0, ``size`` bytes) until
-    :meth:`loaded`. Duck-types the parts of :class:`Sample` the cost uses."""
-
-    id: str
-    source: str
-    turns: int
-    chars: int
-    original: int
-    blob: bytes = b""
-    at: int = -1
-    size: int = 0
-
-    @classmethod
-    def pack(cls, sample: Sample, spill: Spill | None = None) -> PackedSample:
-        blob = pickle.dumps(sample, protocol=PICKLE_PROTOCOL)
-        head = (sample.id, sample.source, sample.turns_to_regenerate(), sample.prompt_chars(),
-                sample.original_chars())  # fmt: skip
-        if spill is None:
-            return cls(*head, blob=blob)
-        return cls(*head, at=spill.put(blob), size=len(blob))
-
-    def loaded(self, spill: Bodies | None) -> PackedSample:
-        """The same sample with its body in memory (what is sent to a worker)."""
-        if self.at < 0:
-            return self
-        if spill is None:
-            raise ValueError(f"{self.id}: body is in a spill file and none was given")
-        return dataclasses.replace(self, blob=spill.get(self.at, self.size), at=-1, size=0)
-
-    def unpack(self) -> Sample:
-        if self.at >= 0:
-            raise ValueError(f"{self.id}: body is still in the spill file")
-        sample: Sample = pickle.loads(self.blob)
-        return sample
-
-    def turns_to_regenerate(self) -> int:
-        return self.turns
-
-    def prompt_chars(self) -> int:
-        return self.chars
-
-    def original_chars(self) -> int:
-        return self.original
-
-
-def unpacked(sample: Sample | PackedSample) -> Sample:
-    return sample.unpack() if isinstance(sample, PackedSample) else sample
-
-
 def prompt_tokens(sample: Sample | PackedSample) -> float:
     return sample.prompt_chars() / CHARS_PER_TOKEN
-
-
-QueueItem = Sample | PackedSample
-
-
-class QueueItems:
-    """Samples as columns: what the order needs (source code, turns, prompt chars, original
-    chars; numpy arrays) and ``item(i)``, the i-th sample as an object. Built from objects
-    (:meth:`of`) or from the plan index's columns (:meth:`columns`); iterating yields the
-    objects."""
-
-    __slots__ = ("_make", "_objects", "chars", "names", "original", "source", "turns")
-
-    def __init__(
-        self,
-        names: list[str],
-        source: np.ndarray,
-        turns: np.ndarray,
-        chars: np.ndarray,
-        original: np.ndarray,
-        objects: Sequence[QueueItem] | None = None,
-        make: Callable[[int], QueueItem] | None = None,
-    ) -> None:
-        self.names = names  #: source names; ``source`` holds indexes into it
-        self.source = source.astype(np.int32, copy=False)
-        self.turns = turns.astype(np.int64, copy=False)
-        self.chars = chars.astype(np.int64, copy=False)
-        self.original = original.astype(np.int64, copy=False)
-        self._objects = objects
-        self._make = make
-
-    @classmethod
-    def of(cls, samples: Iterable[QueueItem]) -> QueueItems:
-        objects = list(samples)
-        codes: dict[str, int] = {}
-        src = np.fromiter((codes.setdefault(s.source, len(codes)) for s in objects),
-                          dtype=np.int32, count=len(objects))  # fmt: skip
-        turns = np.fromiter((s.turns_to_regenerate() for s in objects), np.int64, len(objects))
-        chars = np.fromiter((s.prompt_chars() for s in objects), np.int64, len(objects))
-        orig = np.fromiter((s.original_chars() for s in objects), np.int64, len(objects))
-        return cls(list(codes), src, turns, chars, orig, objects=objects)
-
-    @classmethod
-    def columns(
-        cls,
-        names: list[str],
-        source: np.ndarray,
-        turns: np.ndarray,
-        chars: np.ndarray,
-        original: np.ndarray,
-        make: Callable[[int], QueueItem],
-    ) -> QueueItems:
-        """Items whose objects are made on demand by ``make(i)``."""
-        return cls(names, source, turns, chars, original, make=make)
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def item(self, i: int) -> QueueItem:
-        if self._objects is not None:
-            return self._objects[i]
-        assert self._make is not None
-        return self._make(i)
-
-    def __iter__(self) -> Iterator[QueueItem]:
-        for i in range(len(self)):
-            yield self.item(i)
-
-    def per_source(self) -> dict[str, tuple[int, int]]:
-        """{source: (samples, turns to regenerate)}."""
-        k = len(self.names)
-        n = np.bincount(self.source, minlength=k)
-        t = np.bincount(self.source, weights=self.turns, minlength=k)
-        return {name: (int(n[c]), int(t[c])) for c, name in enumerate(self.names) if n[c]}
 
 
 class WorkQueue:

@@ -1,4 +1,4 @@
-"""The driver's counters, published as the run directory's progress file (regen.progress).
+"""The driver's counters, published as the run directory's progress file (regen.store.progress).
 
 Source counters start from the verified parts of earlier sessions (the done-set) and the
 failures on record, then grow as samples complete; what is journaled but not yet in a part is
@@ -17,18 +17,19 @@ from typing import Any
 
 from regen.engine.worker import SampleOutcome
 from regen.manifest import public_url
-from regen.progress import (
+from regen.store import layout
+from regen.store.counts import SourceCounts
+from regen.store.doneset import DoneSet
+from regen.store.layout import PartRecord
+from regen.store.progress import (
     EndpointProgress,
     ErrorInfo,
-    Pending,
     ProgressSnapshot,
     RequestCounts,
     SourceProgress,
 )
-from regen.store import layout
-from regen.store.journal import DoneSet, count_rows, net_counts, output_tokens
-from regen.store.layout import PartRecord, SourceCounts
 from regen.store.rundir import RunDir
+from regen.store.stale import StaleSet, current_counts
 
 
 class ProgressTracker:
@@ -72,39 +73,41 @@ class ProgressTracker:
         totals: dict[str, tuple[int, bool]],
         failed: dict[str, int],
         retrying: dict[str, int] | None = None,
+        stale: StaleSet | None = None,
     ) -> None:
         """Counters of earlier sessions: totals {source: (samples, regenerate)}; ``retrying``:
-        the new attempts (regen run --retry-flagged) this session planned per source."""
+        the new attempts (regen run --retry-flagged) this session planned per source;
+        ``stale``: the stored answers the plan no longer wants (counted apart, not as done)."""
         for name, (total, regen_) in totals.items():
             sp = self.source(name)
             sp.total, sp.regenerate = total, regen_
             sp.failed = failed.get(name, 0)
             sp.retrying = (retrying or {}).get(name, 0)
-        for name, t in done.sources.items():
-            self.source(name).add_counts(t)
-
-    def sample_done(
-        self,
-        source: str,
-        rows: list[dict[str, Any]],
-        *,
-        was_failed: bool,
-        replaces: SourceCounts | None = None,
-    ) -> None:
-        """One stored sample, from its rows; ``replaces``: the counters of the answer a new
-        attempt replaces."""
-        c = net_counts(count_rows(rows), replaces)
-        self.sample_counted(source, c, output_tokens(rows), was_failed=was_failed,
-                            retry=replaces is not None)  # fmt: skip
+        for name, t in current_counts(done, stale or StaleSet()).items():
+            self.source(name).add(t)
+        for name, t in (stale.sources if stale is not None else {}).items():
+            self.source(name).stale = t
 
     def sample_counted(
-        self, source: str, c: SourceCounts, tokens: list[int], *, was_failed: bool, retry: bool
+        self,
+        source: str,
+        c: SourceCounts,
+        tokens: list[int],
+        *,
+        was_failed: bool,
+        retry: bool,
+        supersedes: SourceCounts | None = None,
     ) -> None:
-        """One stored sample: its counters (:meth:`regen.store.journal.CompletedSample.counts`:
+        """One stored sample: its counters (:meth:`regen.store.completed.CompletedSample.counts`:
         a new attempt's, ``retry``, are the difference from the answer it replaces) and the
-        completion tokens of its regenerated rows (:func:`regen.store.journal.output_tokens`)."""
+        completion tokens of its regenerated rows (:func:`regen.store.counts.output_tokens`).
+        ``supersedes``: the stale answer a new attempt replaces (not counted as done: the
+        sample is done now, and that answer is no longer stale)."""
         sp = self.source(source)
-        sp.add_counts(c)
+        sp.add(c)
+        if supersedes is not None:
+            sp.add(supersedes)
+            sp.stale.add(supersedes, -1)
         self.session_tokens += sum(tokens)
         if retry:
             sp.retrying = max(0, sp.retrying - 1)
@@ -113,13 +116,13 @@ class ProgressTracker:
         for t in tokens:
             self.snap.output_tokens_hist.add(t)
         if sp.pending is None:
-            sp.pending = Pending()
+            sp.pending = SourceCounts()
         sp.pending.add(c)
 
     def part_written(self, record: PartRecord | None) -> None:
         """The journaled samples are in a part now: nothing is pending any more."""
         for sp in self.snap.sources.values():
-            sp.pending = Pending()
+            sp.pending = SourceCounts()
 
     def sample_failed(
         self, out: SampleOutcome, *, newly_permanent: bool, retry: bool = False
@@ -177,13 +180,11 @@ class ProgressTracker:
             self.snap.state = state  # type: ignore[assignment]
         self.snap.updated_at = now
         self.snap.add_token_point(now, self.session_tokens, force=state is not None)
-        merged = {
-            k: ErrorInfo(v.count, v.last_message, v.last_at) for k, v in self._worker_errors.items()
-        }
+        merged = {k: v.model_copy() for k, v in self._worker_errors.items()}
         for k, v in self._driver_errors.items():
             e = merged.setdefault(k, ErrorInfo())
             e.count += v.count
             if v.last_at >= e.last_at:
                 e.last_message, e.last_at = v.last_message, v.last_at
         self.snap.errors = merged
-        layout.write_progress(self.rd, self.snap)
+        layout.PROGRESS_FILE.write(self.rd, self.snap)

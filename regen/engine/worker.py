@@ -44,9 +44,9 @@ from regen.errors import (
     TransientError,
 )
 from regen.manifest import Endpoint, Manifest
-from regen.progress import ErrorInfo
 from regen.result import TurnResult
 from regen.sample import Sample
+from regen.store.progress import ErrorInfo
 
 log = logging.getLogger(__name__)
 
@@ -90,16 +90,18 @@ class WorkerStats:
 def default_row_builder(manifest: Manifest) -> RowBuilder:
     """Rows through regen.rows.build_rows with the manifest's Kimi renderer (one batch of
     tokenizer work per sample); every turn's quality is checked there (the manifest's
-    ``quality`` thresholds, docs/quality.md)."""
+    ``quality`` thresholds, docs/quality.md), and every row records the manifest's settings
+    id (``Manifest.settings_id``)."""
     from regen.rows import build_rows
     from regen.template.render import KimiRenderer
 
     renderer = KimiRenderer.from_manifest(manifest)
     quality = manifest.quality
+    settings = manifest.settings_id()
 
     def build(sample: Sample, turns: list[DoneTurn]) -> list[dict[str, Any]]:
         turn_inputs = [(t.turn, t.request_messages, t.result) for t in turns]
-        return build_rows(sample, turn_inputs, renderer, quality)
+        return build_rows(sample, turn_inputs, renderer, quality, settings)
 
     return build
 

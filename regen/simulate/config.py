@@ -95,6 +95,12 @@ class SimConfig(BaseModel):
         "SGLang honours a request's seed)",
         **_group("server"),
     )
+    enable_metrics: bool = Field(
+        False,
+        description="SGLang's --enable-metrics: serve Prometheus text at /metrics (without it "
+        "SGLang's /metrics is a 404; a vLLM server always serves it)",
+        **_group("server"),
+    )
     engine: Literal["sglang", "vllm"] = Field(
         "sglang",
         description="which engine's wire to speak: SGLang 0.5.23 or vLLM 0.32 (ids, reasoning "
@@ -128,6 +134,23 @@ class SimConfig(BaseModel):
         "of the slots as effective_max_running_requests_per_dp",
         **_group("capacity model"),
     )
+    max_queued_requests: int | None = Field(
+        None,
+        ge=0,
+        description="SGLang's --max-queued-requests: a request finding this many waiting is "
+        "refused with 503 'The request queue is full.' (streamed: HTTP 200, then the error "
+        "event); under --engine vllm, vLLM's --max-num-queued-reqs: a cap on running plus "
+        "waiting (None: no limit)",
+        **_group("capacity model"),
+    )
+    max_total_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="SGLang's --max-total-tokens: the KV pool in tokens; a running request "
+        "holds its prompt and its output so far (/metrics token_usage, kv_cache_usage_perc; "
+        "default 8192 per batch slot)",
+        **_group("capacity model"),
+    )
     step_ms: float = Field(
         3.2, gt=0, description="one decode step (ms)", **_group("capacity model")
     )
@@ -136,6 +159,20 @@ class SimConfig(BaseModel):
     )
     instant: bool = Field(
         False, description="answer at once (no capacity model)", **_group("capacity model")
+    )
+    background_requests: int = Field(
+        0,
+        ge=0,
+        description="a second client of this server: requests it keeps in the server at all "
+        "times, each sent again as soon as it ends (they take batch slots and queue places "
+        "and show in /metrics and /stats, as another client of a shared server does)",
+        **_group("shared server"),
+    )
+    background_max_tokens: int = Field(
+        512, ge=1, description="output tokens of each background request", **_group("shared server")
+    )
+    background_prompt_tokens: int = Field(
+        256, ge=0, description="prompt tokens of each background request", **_group("shared server")
     )
     answer: AnswerConfig = AnswerConfig()
     faults: FaultConfig = FaultConfig()
@@ -209,6 +246,13 @@ class SimConfig(BaseModel):
                 "--tokens-per-step is the plain server's; a speculative step keeps each "
                 "request's acceptance length (--spec-accept-length, --spec-accept-map)"
             )
+        if self.instant:
+            queued = [f for f, on in (("background_requests", self.background_requests > 0),
+                                      ("max_queued_requests", self.max_queued_requests is not None))
+                      if on]  # fmt: skip
+            if queued:
+                flags = ", ".join("--" + n.replace("_", "-") for n in queued)
+                raise ValueError(f"{flags} need the capacity model (not --instant: no queue)")
         if self.slots % self.dp_size:
             raise ValueError(f"{self.slots} batch slots do not split over dp_size {self.dp_size}")
         return self
@@ -244,6 +288,11 @@ class SimConfig(BaseModel):
     def slots(self) -> int:
         """The batch slots the capacity model runs (R)."""
         return self.max_running_requests or self.memory_slots
+
+    @property
+    def kv_tokens(self) -> int:
+        """The KV pool in tokens (``max_total_tokens``, default 8192 per batch slot)."""
+        return self.max_total_tokens or 8192 * self.slots
 
     @property
     def step_s(self) -> float:

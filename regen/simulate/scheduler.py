@@ -39,10 +39,12 @@ class Job:
 
     total: int
     produced: int = 0
+    prompt: int = 0  #: prompt tokens (what it holds of the KV pool besides its output)
     cancelled: bool = False
     waiter: asyncio.Future[None] | None = None
     admitted_at: float | None = None
     finished_at: float | None = None
+    first_at: float | None = None  #: when its first token was made (loop time)
     spec: SpecRequest | None = None  #: its verify steps on a speculative server
 
     @property
@@ -92,6 +94,8 @@ class Scheduler:
         self.queue: collections.deque[Job] = collections.deque()
         self.running: list[Job] = []
         self.counters = SchedulerCounters()
+        #: tokens generated since start (never reset: what /metrics counts)
+        self.tokens_total = 0
         self._wakeup: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -171,6 +175,9 @@ class Scheduler:
                 before = job.produced
                 job.produced = min(job.total, before + grant)
                 c.tokens += job.produced - before
+                self.tokens_total += job.produced - before
+                if before == 0:
+                    job.first_at = now
                 if job.produced >= job.total:
                     job.finished_at = now
                 else:
@@ -201,6 +208,9 @@ class Scheduler:
                     verified += 1
                 job.produced = before + n
                 c.tokens += n
+                self.tokens_total += n
+                if before == 0:
+                    job.first_at = now
             if verified:
                 spec.record_step(kept, verified)
         still = []

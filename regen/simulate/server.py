@@ -5,7 +5,8 @@ what SGLang does and what the simulator does, field by field), or, with ``--engi
 vLLM 0.32's wire (:mod:`regen.simulate.dialect`: ids, reasoning field, identity endpoints,
 error and overload shapes). Endpoints: ``/health``, ``/health_generate``, ``/v1/models``,
 SGLang's ``/model_info`` (+ ``/get_model_info``) and ``/server_info`` (+ ``/get_server_info``)
-or vLLM's ``/version`` and ``/metrics``, ``/v1/chat/completions`` (streaming and not),
+or vLLM's ``/version``, ``/metrics`` (vLLM's, or SGLang's with ``--enable-metrics``:
+:mod:`regen.simulate.metrics`), ``/v1/chat/completions`` (streaming and not),
 ``GET /stats`` (``?keys=1`` adds per-key and per-conversation request counts) and
 ``POST /stats/reset``. Owns no files except the optional request log (see :mod:`.stats`) and
 the ready file (one line: the base URL, written atomically once listening).
@@ -30,10 +31,13 @@ from aiohttp import web
 
 from regen.errors import RegenError
 from regen.simulate.answer import SimAnswer, answer, requested_max_tokens, thinking_enabled
+from regen.simulate.background import BackgroundClient
 from regen.simulate.config import SIM_VERSION, SimConfig
 from regen.simulate.dialect import DIALECTS
 from regen.simulate.faults import Fault
 from regen.simulate.keys import conversation_key, request_key
+from regen.simulate.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from regen.simulate.metrics import SimMetrics
 from regen.simulate.scheduler import Job, Scheduler
 from regen.simulate.stats import RequestStats
 from regen.simulate.tokenized import AnswerTokenizer, TokenIds
@@ -103,8 +107,20 @@ class SimServer:
         self.port = config.port  #: the bound port once listening
         self.model_json = _enc(config.model_name).encode()
         self.dialect = DIALECTS[config.engine]
-        #: overloads refused (vLLM's vllm:admission_rejections_total)
-        self.rejections = 0
+        #: the /metrics page (SGLang's or vLLM's names), over the live scheduler
+        self.metrics = SimMetrics(config, self.scheduler, self.spec)
+        #: the other client of a shared server (None: this server has only HTTP clients)
+        self.background = (
+            BackgroundClient(
+                self.scheduler,
+                self.metrics,
+                requests=config.background_requests,
+                max_tokens=config.background_max_tokens,
+                prompt_tokens=config.background_prompt_tokens,
+            )
+            if config.background_requests and not config.instant
+            else None
+        )
 
     def _error(
         self, status: int, message: str, err_type: str, param: str | None = None, **headers: str
@@ -129,7 +145,8 @@ class SimServer:
                 r.add_get(path, self.server_info)
         else:
             r.add_get("/version", self.version)
-            r.add_get("/metrics", self.metrics)
+        if self.dialect.name == "vllm" or self.config.enable_metrics:
+            r.add_get("/metrics", self.metrics_page)
         r.add_post("/v1/chat/completions", self.chat)
         r.add_get("/stats", self.stats_view)
         r.add_post("/stats/reset", self.stats_reset)
@@ -142,8 +159,12 @@ class SimServer:
             self.tokenizer = await asyncio.to_thread(AnswerTokenizer, self.config.tokenizer)
         if not self.config.instant:
             self.scheduler.start()
+        if self.background is not None:
+            self.background.start()
 
     async def _cleanup(self, _app: web.Application) -> None:
+        if self.background is not None:
+            await self.background.stop()
         await self.scheduler.stop()
         self.stats.close()
 
@@ -208,33 +229,11 @@ class SimServer:
     async def version(self, _request: web.Request) -> web.Response:
         return web.json_response({"version": SIM_VERSION.replace("0.5.23", "0.32.0")})
 
-    async def metrics(self, _request: web.Request) -> web.Response:
-        """vLLM's Prometheus page: what regen reads of it (requests, tokens, admission
-        rejections, and on a speculative server the spec_decode counters)."""
-        labels = f'engine="0",model_name="{self.config.model_name}"'
-        rc = self.stats.counters
-        lines = [
-            f"vllm:num_requests_running{{{labels}}} {float(self.scheduler.n_running)}",
-            f"vllm:num_requests_waiting{{{labels}}} {float(self.scheduler.n_queued)}",
-            f"vllm:prompt_tokens_total{{{labels}}} {float(rc.prompt_tokens)}",
-            f"vllm:generation_tokens_total{{{labels}}} {float(rc.completion_tokens)}",
-            f'vllm:admission_rejections_total{{model_name="{self.config.model_name}",'
-            f'reason="max_num_queued_reqs"}} {float(self.rejections)}',
-        ]
-        if self.spec is not None:
-            c = self.spec.counters
-            drafts, kept = c.forward_ct, c.accept_tokens
-            k = self.spec.max_step_tokens - 1
-            lines += [
-                f"vllm:spec_decode_num_drafts_total{{{labels}}} {float(drafts)}",
-                f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {float(drafts * k)}",
-                f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {float(kept - drafts)}",
-            ]
-            lines += [
-                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{p}"}} 0.0'
-                for p in range(k)
-            ]
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+    async def metrics_page(self, _request: web.Request) -> web.Response:
+        """The engine's Prometheus page (:mod:`regen.simulate.metrics`)."""
+        return web.Response(
+            body=self.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE}
+        )
 
     def server_args(self) -> dict[str, Any]:
         c = self.config
@@ -246,7 +245,9 @@ class SimServer:
             "port": self.port,
             "context_length": c.context_length,
             "max_running_requests": c.max_running_requests,
-            "max_queued_requests": None,
+            "max_queued_requests": c.max_queued_requests,
+            "max_total_tokens": c.max_total_tokens,
+            "enable_metrics": c.enable_metrics,
             "dp_size": c.dp_size,
             "tp_size": 8,
             "enable_deterministic_inference": c.enable_deterministic_inference,
@@ -272,7 +273,7 @@ class SimServer:
             state: dict[str, Any] = {
                 **args,
                 "effective_max_running_requests_per_dp": c.slots // c.dp_size,
-                "last_gen_throughput": 0.0,
+                "last_gen_throughput": self.metrics.throughput() / c.dp_size,
                 "memory_usage": {},
                 "num_running_reqs": self.scheduler.n_running,
                 "num_queue_reqs": self.scheduler.n_queued,
@@ -332,7 +333,12 @@ class SimServer:
             "window_s": window,
             "utilization": sc.tokens / (cap * window) if window > 0 else 0.0,
             "uptime_s": now - self.stats.started,
+            "queue_full": rc.queue_full,
         }
+        bg = self.background
+        if bg is not None:
+            out["background"] = {"requests": bg.requests, "completed": bg.counters.completed,
+                                 "tokens": bg.counters.tokens}  # fmt: skip
         if with_keys:
             out["keys"] = dict(self.stats.attempts)
             out["conversations"] = dict(self.stats.conversations)
@@ -404,8 +410,21 @@ class SimServer:
             )
             raise _Invalid(self._error(400, msg, "BadRequestError"))
 
+    def _queue_full(self) -> bool:
+        """Whether a request arriving now is refused for a full queue: SGLang counts the
+        waiting queue (``len(waiting_queue) + 1 > max_queued_requests``), vLLM every
+        unfinished request (running and waiting, ``--max-num-queued-reqs``)."""
+        limit = self.config.max_queued_requests
+        if limit is None or self.config.instant:
+            return False
+        held = self.scheduler.n_queued
+        if self.dialect.name == "vllm":
+            held += self.scheduler.n_running
+        return held + 1 > limit
+
     async def chat(self, request: web.Request) -> web.StreamResponse:
         stats = self.stats
+        received_at = time.monotonic()
         try:
             raw = await request.read()
             try:
@@ -472,22 +491,30 @@ class SimServer:
                 "RateLimitError",
                 **{"Retry-After": retry},
             )
-        if fault is Fault.OVERLOAD:  # SGLang: the queue is full, refused before any token
-            stats.counters.failed[fault.value] += 1
-            stats.record(key=key, conversation=conv, attempt=attempt, status=503, fault=fault.value)
-            self.rejections += 1
+        full = fault is None and self._queue_full()
+        if fault is Fault.OVERLOAD or full:  # the queue is full, refused before any token
+            if full:
+                stats.counters.queue_full += 1
+            else:
+                stats.counters.failed[Fault.OVERLOAD.value] += 1
+            stats.record(key=key, conversation=conv, attempt=attempt, status=503,
+                         fault="queue_full" if full else Fault.OVERLOAD.value)  # fmt: skip
+            self.metrics.refused()
             d = self.dialect
             if stream:
                 return await self._stream_error(request, body, d.queue_full, n_prompt)
             return self._error(503, d.queue_full, d.queue_full_type)  # SGLang: str(status)
-        job = Job(total=ans.completion_tokens)
+        job = Job(total=ans.completion_tokens, prompt=n_prompt)
+        self.metrics.admitted(n_prompt)
         if self.spec is not None:
             job.spec = self.spec.request(body)
             if self.config.instant:  # no step loop: its verify steps all at once
                 self.spec.run_alone(job.spec, job.total)
         if self.config.instant:
             job.produced = job.total
+            job.first_at = received_at
             self.scheduler.counters.tokens += job.total
+            self.scheduler.tokens_total += job.total
         else:
             self.scheduler.submit(job)
         usage = self._usage(ans, ids, n_prompt)
@@ -511,9 +538,19 @@ class SimServer:
                 completion_tokens=usage["completion_tokens"],
                 finish_reason=ans.finish_reason,
             )
+            self.metrics.finished(
+                stream=stream,
+                prompt_tokens=usage["prompt_tokens"],
+                completion_tokens=usage["completion_tokens"],
+                finish_reason=ans.finish_reason,
+                received_at=received_at,
+                first_token_at=job.first_at,
+                finished_at=time.monotonic(),
+            )
 
         if fault in (Fault.DISCONNECT, Fault.RETRACT, Fault.ABORT):  # counted up front
             stats.counters.failed[fault.value] += 1
+            self.metrics.aborted()
             status = 503 if fault is Fault.RETRACT and not stream else 200
             stats.record(
                 key=key, conversation=conv, attempt=attempt, status=status, fault=fault.value
@@ -526,6 +563,7 @@ class SimServer:
         except (_ClientGone, asyncio.CancelledError) as e:
             job.cancelled = True
             stats.counters.client_gone += 1
+            self.metrics.aborted()
             stats.record(
                 key=key,
                 conversation=conv,

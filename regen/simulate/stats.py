@@ -4,13 +4,15 @@ The request log (``--request-log FILE``) is JSONL, one line per request the serv
 handling, in the order they finished::
 
     {"t": 12.345, "key": "<request_key>", "conversation": "<conversation_key>", "attempt": 0,
-     "status": 200, "fault": null | "fail" | "rate_limit" | "disconnect" | "stall",
+     "status": 200, "fault": null | "fail" | "rate_limit" | "overload" | "queue_full" | ...,
      "stream": true, "prompt_tokens": 42, "completion_tokens": 300, "finish_reason": "stop"}
 
-``t`` is seconds since the server started; ``attempt`` counts earlier requests with the same key.
-Lines of requests that did not complete (a fault, a 400 after parsing, a client that hung up:
-``"client_gone": true``) carry only t, key, conversation, attempt, status and fault. Bodies that
-are not valid requests at all are counted in ``errors`` but not logged.
+``fault`` is the fault drawn (regen.simulate.faults), or ``queue_full`` for a request refused
+by ``--max-queued-requests``. ``t`` is seconds since the server started; ``attempt`` counts
+earlier requests with the same key. Lines of requests that did not complete (a fault, a 400
+after parsing, a client that hung up: ``"client_gone": true``) carry only t, key,
+conversation, attempt, status and fault. Bodies that are not valid requests at all are counted
+in ``errors`` but not logged.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class RequestCounters:
     stalled: int = 0  #: answers that paused (and then completed)
     errors: collections.Counter[str] = field(default_factory=collections.Counter)  #: 400/404
     client_gone: int = 0  #: clients that hung up before the end
+    queue_full: int = 0  #: refused with 503 by --max-queued-requests (not a fault draw)
     prompt_tokens: int = 0
     completion_tokens: int = 0  #: of completed answers
     first_request_at: float | None = None

@@ -67,6 +67,11 @@ class RunningSimulator:
             data = r.read()
         return json.loads(data) if data else None
 
+    def metrics_text(self, timeout: float = 10.0) -> str:
+        """The server's ``/metrics`` page (SGLang's with ``enable_metrics``, or vLLM's)."""
+        with urllib.request.urlopen(self.base + "/metrics", timeout=timeout) as r:
+            return r.read().decode("utf-8")
+
     def stats(self, keys: bool = False) -> dict[str, Any]:
         """The server's /stats (with per-key and per-conversation counts when ``keys``)."""
         return self.get("/stats?keys=1" if keys else "/stats")

@@ -8,13 +8,16 @@ code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI
       run.json          RunRecord        the run: name, fingerprint, model, created_at,
                                          regen_version, endpoints, previous_fingerprints,
                                          engines (per endpoint: the engine, its version and
-                                         where the rows' ids come from). Written by the driver
+                                         where the rows' ids come from), settings (each
+                                         settings id of its rows and what it stands for).
+                                         Written by the driver
                                          at creation (regen.store.run.prepare_run); only
                                          ``--force`` rewrites the rest; ``engines`` is updated
                                          when a session meets an endpoint it did not record
                                          (regen.store.run.record_engines)
       manifest.yaml     regen.manifest.Manifest   the resolved manifest of the latest session
-                                         (no secrets); driver, every session
+                                         (no secrets); driver, every session; read and written
+                                         by regen.store.run (YAML, not a record)
       lock.json         LockRecord       the session holding the directory; driver
                                          (regen.store.lock), heartbeat every 5 s
       plan.json         PlanRecord       per-source totals of the current session; driver
@@ -24,18 +27,18 @@ code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI
                                          sizes and sha256 of the files below; written last
       plan/samples.parquet               one row per planned sample in plan order: id, source,
                                          cost-model inputs, where its row lives
-                                         (regen.engine.planindex.SCHEMA)
+                                         (regen.store.planindex.SCHEMA)
       plan/rows.parquet                  hub sources only: the planned samples themselves
-                                         (JSON); driver (regen.engine.planindex), when it reads
+                                         (JSON); driver (regen.store.planindex), when it reads
                                          the sources (first session, or the index is stale)
       checks.json       ChecksRecord     the key of the configuration checks an earlier session
                                          passed (tokenizer files, template, sources, versions);
                                          driver (regen.engine.preflight), when it changes
-      progress.json     regen.progress.ProgressSnapshot   the dashboard's counters; driver
-                                         (regen.engine.tracker), every ~2 s and at the end
+      progress.json     ProgressSnapshot the dashboard's counters (regen.store.progress);
+                                         driver (regen.engine.tracker), every ~2 s and at the end
       schedule.json     ScheduleRecord   what the dispatch order learned; driver, with each part
       journal/SESSION-SEQ.jsonl          JournalLine per line, one per completed sample, flushed;
-                                         driver (regen.store.journal.Journal); local
+                                         driver (regen.store.segments.Journal); local
                                          filesystems only (object stores cannot append)
       parts/SESSION-SEQ.parquet          the rows of one segment (regen.rows.SCHEMA), written as
                                          parts/.tmp-* and renamed; key-value metadata
@@ -46,7 +49,7 @@ code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI
                                          reading it, then gets one). The leading "_" makes
                                          Parquet dataset readers (pyarrow, pandas, Spark) skip
                                          it: parts/ still reads as one dataset
-      failures/SESSION.jsonl             FailureRecord per line; driver
+      failures/SESSION.jsonl             FailureRecord per line; driver (regen.store.failures)
       quarantine/NAME                    damaged parts (and their records) moved aside by the
                                          driver on resume or by ``regen verify --repair``
       export/                            ``regen train``'s export: shard-NNNNN.jsonl +
@@ -77,21 +80,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from regen.errors import RunDirError
-
-if TYPE_CHECKING:
-    from regen.manifest import Manifest
-    from regen.progress import ProgressSnapshot
-    from regen.store.rundir import RunDir
+from regen.store.counts import SourceCounts
+from regen.store.progress import ProgressSnapshot
+from regen.store.rundir import TMP_PREFIX, RunDir
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +142,7 @@ EXPORT_STATS = "stats.json"
 HOLDOUT = "holdout.jsonl"
 #: shard name prefix per export format
 SHARD_PREFIX: dict[str, str] = {"pretokenized": "shard-", "conversations": "conversations-"}
-#: temporary names start with this (never read, removed when left over)
-TMP_PREFIX = ".tmp-"
+#: temporary names start with TMP_PREFIX (regen.store.rundir: never read, removed when left over)
 PART_SUFFIX = ".parquet"
 RECORD_PREFIX = "_"
 RECORD_SUFFIX = ".json"
@@ -160,11 +157,6 @@ def part_path(stem: str) -> str:
 def part_record_path(stem: str) -> str:
     """``parts/_STEM.json``: the part's :class:`PartRecord`."""
     return f"{PARTS_DIR}/{RECORD_PREFIX}{stem}{RECORD_SUFFIX}"
-
-
-def part_temp_path(stem: str) -> str:
-    """Where a part is written before its rename."""
-    return f"{PARTS_DIR}/{TMP_PREFIX}{stem}{PART_SUFFIX}"
 
 
 def part_stem(name: str) -> str | None:
@@ -216,40 +208,6 @@ def is_shard(fmt: str, name: str) -> bool:
     return name.startswith(SHARD_PREFIX[fmt]) and name.endswith(SEGMENT_SUFFIX)
 
 
-# ---- the lock's one staleness rule ----------------------------------------------------------
-
-#: a lock whose heartbeat is older than this is stale (its holder is gone)
-LOCK_STALE_S = 30.0
-#: seconds between heartbeats of a live run
-HEARTBEAT_S = 5.0
-#: extra allowance when the lock was written on another host than the reader's: heartbeat
-#: times are the writer's clock, ``now`` the reader's (clock skew between hosts)
-CLOCK_SKEW_S = 15.0
-
-
-def fmt_age(seconds: float) -> str:
-    """A short age: ``42 s``, ``12 min``, ``3 h 05 min``."""
-    s = int(max(0, seconds))
-    if s < 120:
-        return f"{s} s"
-    if s < 7200:
-        return f"{s // 60} min"
-    return f"{s // 3600} h {s % 3600 // 60} min"
-
-
-def pid_is_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host (one we may not signal counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except (OverflowError, ValueError):  # not a pid at all (a corrupt lock file)
-        return False
-    return True
-
-
 # ---- records -------------------------------------------------------------------------------
 
 
@@ -292,6 +250,10 @@ class RunRecord(Record):
     previous_fingerprints: list[str | None] = Field(default_factory=list)
     #: endpoint URL (without user:password) -> its engine, as sessions found it
     engines: dict[str, EngineRecord] = Field(default_factory=dict)
+    #: every settings id its sessions answered with (the rows' ``settings`` column,
+    #: ``Manifest.settings_id()``) -> those settings as dotted fields (``sampling.temperature``:
+    #: 0.6, ...): what each id of a ``--force`` mix stands for
+    settings: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
 class LockRecord(Record):
@@ -313,28 +275,6 @@ class LockRecord(Record):
     def age(self, now: float | None = None) -> float:
         """Seconds since the last heartbeat."""
         return (time.time() if now is None else now) - self.heartbeat_at
-
-    def why_gone(
-        self,
-        now: float | None = None,
-        *,
-        hostname: str | None = None,
-        pid_alive: Callable[[int], bool] | None = None,
-    ) -> str:
-        """Why the holder is gone ("" while it may still run): the one staleness rule.
-
-        Gone when the heartbeat is older than :data:`LOCK_STALE_S` (plus :data:`CLOCK_SKEW_S`
-        when the lock was written on another host), or when it was written on this host and
-        its pid no longer exists.
-        """
-        here = socket.gethostname() if hostname is None else hostname
-        alive = pid_is_alive if pid_alive is None else pid_alive
-        age = self.age(now)
-        if age > LOCK_STALE_S + (0.0 if self.host == here else CLOCK_SKEW_S):
-            return f"heartbeat {fmt_age(age)} old"
-        if self.host == here and not alive(self.pid):
-            return f"pid {self.pid} is gone on {self.host}"
-        return ""
 
 
 class PlanEntry(Record):
@@ -405,7 +345,7 @@ class IndexedFile(Record):
 class PlanIndexRecord(Record):
     """``plan/index.json``: which samples the plan holds and how to know it still does."""
 
-    #: regen.engine.planindex.INDEX_VERSION of the writer
+    #: regen.store.planindex.INDEX_VERSION of the writer
     version: int
     #: hash of everything that decides which samples are planned (sources, dedup, the native
     #: check's tokenizer, regen's version); one component per entry of ``keys``
@@ -438,7 +378,7 @@ class ChecksRecord(Record):
 
 
 class ScheduleSource(Record):
-    """One source of ``schedule.json`` (see regen.engine.schedule.SourceStats)."""
+    """One source of ``schedule.json`` (see regen.engine.schedule.SourceLengths)."""
 
     turns: int
     tokens: float
@@ -454,62 +394,6 @@ class ScheduleRecord(Record):
 
     version: int = 1
     sources: dict[str, ScheduleSource] = Field(default_factory=dict)
-
-
-class SourceCounts(Record):
-    """Counters of one source over some stored samples (a part, or a pending journal).
-
-    They describe each sample's latest answer: a new attempt (``regen run --retry-flagged``)
-    counts as the difference from the answer it replaces (``done`` 0, ``retried`` 1, rows,
-    tokens and flags new minus old), so adding up the parts in any order gives the totals of
-    the latest answers. Fields a record written before them lacks read as 0."""
-
-    #: samples
-    done: int = 0
-    #: training rows (one per regenerated turn)
-    rows: int = 0
-    #: samples with a ``finish_reason == "length"`` turn
-    truncated: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    #: samples with a row carrying a quality flag (regen.quality)
-    flagged: int = 0
-    #: rows per quality flag
-    flags: dict[str, int] = Field(default_factory=dict)
-    #: new attempts stored (samples answered again by regen run --retry-flagged)
-    retried: int = 0
-    #: samples whose conversation ended early, per reason (the rows' ``ended`` column,
-    #: regen.engine.turns: a regenerated tool call that does not match the original's)
-    ended: dict[str, int] = Field(default_factory=dict)
-
-    def add(self, other: SourceCounts, sign: int = 1) -> None:
-        """Add ``other`` (``sign=-1``: subtract it)."""
-        for name in SCALAR_COUNTS:
-            setattr(self, name, getattr(self, name) + sign * getattr(other, name))
-        add_flag_counts(self.flags, other.flags, sign)
-        add_flag_counts(self.ended, other.ended, sign)
-
-
-def add_flag_counts(into: dict[str, int], other: dict[str, int], sign: int = 1) -> None:
-    """Add per-flag counts (``sign=-1``: subtract); a flag whose count reaches 0 is removed."""
-    for flag, n in other.items():
-        left = into.get(flag, 0) + sign * n
-        if left:
-            into[flag] = left
-        else:
-            into.pop(flag, None)
-
-
-#: the integer counters of SourceCounts (``flags`` is the per-flag mapping)
-SCALAR_COUNTS = (
-    "done",
-    "rows",
-    "truncated",
-    "prompt_tokens",
-    "completion_tokens",
-    "flagged",
-    "retried",
-)
 
 
 class PartRecord(Record):
@@ -541,8 +425,8 @@ class JournalLine(Record):
     replaces: SourceCounts | None = None
 
 
-class FailureLine(Record):
-    """One line of ``failures/SESSION.jsonl`` (regen.store.journal.FailureRecord)."""
+class FailureRecord(Record):
+    """One line of ``failures/SESSION.jsonl``: why a sample could not be completed."""
 
     sample_id: str
     source: str
@@ -735,6 +619,7 @@ COMMAND_FILE = JsonFile(COMMAND, CommandRecord)
 JOB_FILE = JsonFile(JOB, JobRecord)
 PREFLIGHT_FILE = JsonFile(PREFLIGHT, PreflightRecord)
 EXPORT_STATS_FILE = JsonFile(EXPORT_STATS, ExportRecord)
+PROGRESS_FILE = JsonFile(PROGRESS, ProgressSnapshot)
 VOCAB_MAPPING_FILE = JsonFile(VOCAB_MAPPING_RECORD, VocabMappingRecord)
 TOKENIZER_FILE = JsonFile(TOKENIZER_RECORD, TokenizerRecord)
 SPECFORGE_PLAN_FILE = JsonFile(SPECFORGE_PLAN, SpecForgePlanRecord)
@@ -749,59 +634,3 @@ def control_attempt(n: int) -> str:
 def part_record_file(stem: str) -> JsonFile[PartRecord]:
     """The record file of part ``stem``."""
     return JsonFile(part_record_path(stem), PartRecord)
-
-
-def read_progress(rd: RunDir) -> ProgressSnapshot | None:
-    """``progress.json`` (regen.progress.ProgressSnapshot); None when missing or torn."""
-    from regen.progress import ProgressSnapshot
-
-    raw = rd.read_json(PROGRESS)
-    return None if raw is None else ProgressSnapshot.from_dict(raw, where=PROGRESS)
-
-
-def write_progress(rd: RunDir, snap: ProgressSnapshot) -> None:
-    rd.write_bytes_atomic(PROGRESS, dump_json(snap.to_dict()))
-
-
-def last_state(rd: RunDir) -> str | None:
-    """The ``state`` progress.json last recorded (None when missing or unreadable)."""
-    try:
-        snap = read_progress(rd)
-    except RunDirError:
-        return None
-    return None if snap is None else snap.state
-
-
-def read_manifest(rd: RunDir) -> Manifest | None:
-    """``manifest.yaml`` as a Manifest; None when missing; RunDirError when it does not parse."""
-    from regen.errors import ConfigError
-    from regen.manifest import parse_manifest
-
-    text = rd.read_text(MANIFEST)
-    if text is None:
-        return None
-    import yaml
-
-    try:
-        return parse_manifest(yaml.safe_load(text), origin=f"{rd.uri}/{MANIFEST}")
-    except (yaml.YAMLError, ConfigError) as e:
-        raise RunDirError(f"{MANIFEST} is damaged: {e}") from None
-
-
-def read_manifest_data(rd: RunDir) -> dict[str, Any] | None:
-    """``manifest.yaml`` as plain data, not validated (for a reader that needs one section
-    and must not fail on the rest); None when missing; RunDirError when it is not YAML."""
-    import yaml
-
-    text = rd.read_text(MANIFEST)
-    if text is None:
-        return None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise RunDirError(f"{MANIFEST} is damaged: {e}") from None
-    return data if isinstance(data, dict) else None
-
-
-def write_manifest(rd: RunDir, manifest: Manifest) -> None:
-    rd.write_text_atomic(MANIFEST, manifest.to_yaml())

@@ -1,9 +1,15 @@
 """The run directory's lock: one live session per directory, on local disks and object stores.
 
+Files (names and records in :mod:`regen.store.layout`)::
+
+    lock.json             LockRecord: the session holding the directory, its heartbeat
+    lock.json.takeover    held (exclusive create) by the one session taking a stale lock
+                          over, for that moment only (local and shared POSIX paths)
+
 The lock is ``lock.json`` (:class:`regen.store.layout.LockRecord`). Its holder rewrites
-``heartbeat_at`` every :data:`~regen.store.layout.HEARTBEAT_S` seconds from a daemon thread; a
-lock is stale by the one rule of :meth:`LockRecord.why_gone` (heartbeat older than 30 s, or its
-pid gone on the same host), and a stale lock is taken over with a warning.
+``heartbeat_at`` every :data:`HEARTBEAT_S` seconds from a daemon thread; a lock is stale by the
+one rule of :func:`why_gone` (heartbeat older than 30 s, or its pid gone on the same host), and
+a stale lock is taken over with a warning.
 
 Every change of the lock is a compare-and-swap on the version the changer read, so two
 sessions can never both believe they hold it:
@@ -47,10 +53,66 @@ from urllib.parse import parse_qs, urlsplit
 
 from regen.errors import LockHeldError, RunDirError
 from regen.store import layout
-from regen.store.layout import HEARTBEAT_S, LOCK_STALE_S, LockRecord
+from regen.store.layout import LockRecord
 from regen.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
+
+# ---- the lock's one staleness rule ----------------------------------------------------------
+
+#: a lock whose heartbeat is older than this is stale (its holder is gone)
+LOCK_STALE_S = 30.0
+#: seconds between heartbeats of a live run
+HEARTBEAT_S = 5.0
+#: extra allowance when the lock was written on another host than the reader's: heartbeat
+#: times are the writer's clock, ``now`` the reader's (clock skew between hosts)
+CLOCK_SKEW_S = 15.0
+
+
+def why_gone(
+    lock: LockRecord,
+    now: float | None = None,
+    *,
+    hostname: str | None = None,
+    pid_alive: Callable[[int], bool] | None = None,
+) -> str:
+    """Why the holder of ``lock`` is gone ("" while it may still run): the one staleness rule.
+
+    Gone when the heartbeat is older than :data:`LOCK_STALE_S` (plus :data:`CLOCK_SKEW_S`
+    when the lock was written on another host), or when it was written on this host and its
+    pid no longer exists.
+    """
+    here = socket.gethostname() if hostname is None else hostname
+    alive = pid_is_alive if pid_alive is None else pid_alive
+    age = lock.age(now)
+    if age > LOCK_STALE_S + (0.0 if lock.host == here else CLOCK_SKEW_S):
+        return f"heartbeat {fmt_age(age)} old"
+    if lock.host == here and not alive(lock.pid):
+        return f"pid {lock.pid} is gone on {lock.host}"
+    return ""
+
+
+def fmt_age(seconds: float) -> str:
+    """A short age: ``42 s``, ``12 min``, ``3 h 05 min``."""
+    s = int(max(0, seconds))
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def pid_is_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (OverflowError, ValueError):  # not a pid at all (a corrupt lock file)
+        return False
+    return True
 
 
 class LockStore(Protocol):
@@ -341,7 +403,7 @@ class RunLock:
             else:
                 holder = _parse(cur[0])
                 if holder is not None and holder.session != self.session:
-                    why = holder.why_gone()
+                    why = why_gone(holder)
                     if not why:
                         raise LockHeldError(
                             f"{self.rd.uri} is locked by a live run (host {holder.host}, pid "

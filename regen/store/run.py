@@ -3,20 +3,24 @@
 Files written here (names and records in :mod:`regen.store.layout`): ``run.json``
 (:class:`~regen.store.layout.RunRecord`) at creation, rewritten only by ``--force``;
 ``manifest.yaml``, the resolved manifest of the latest session (no secrets: keys come from
-env vars/files, endpoint URLs are written without user:password). The lock is
-:mod:`regen.store.lock`.
+env vars/files, endpoint URLs are written without user:password), read back by
+:func:`read_manifest` (validated) or :func:`read_manifest_data` (plain YAML data, for a reader
+that needs one section). The lock is :mod:`regen.store.lock`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
 from typing import Any
 
+import yaml
+
 import regen
-from regen.errors import FingerprintMismatchError
-from regen.manifest import Manifest, public_url
+from regen.errors import ConfigError, FingerprintMismatchError, RunDirError
+from regen.manifest import Manifest, changed_fields, flat_fields, parse_manifest, public_url
 from regen.store import layout
 from regen.store.layout import EngineRecord, RunRecord
 from regen.store.rundir import RunDir
@@ -35,22 +39,26 @@ def prepare_run(
     """Create run.json or check the existing one's fingerprint; write manifest.yaml.
 
     Raises FingerprintMismatchError when the directory belongs to a different manifest, model,
-    sampling or template, unless ``force`` (then run.json records the new fingerprint).
+    sampling or template, naming each field that changed with both values, unless ``force``
+    (then run.json records the new fingerprint, and its ``settings`` the new settings id: every
+    row says which settings made it). run.json's ``settings`` always holds this session's.
     """
     fp = manifest.fingerprint()
     info = layout.RUN_FILE.read(rd)
+    dirty = info is None
     if info is not None and info.fingerprint != fp:
+        changes = fingerprint_changes(rd, info, manifest)
         if not force:
             raise FingerprintMismatchError(
-                f"{rd.uri} was made by a different manifest/model/sampling/template "
-                f"(fingerprint {info.fingerprint}, this manifest {fp}); "
-                "use a new --out directory, or --force to continue it anyway"
+                f"{rd.uri} was made by a different manifest/model/sampling/template: {changes}; "
+                "use a new --out directory, or --force to continue it anyway (each row records "
+                "its settings id: `regen status` shows the mix, `regen export --setting ID` "
+                "keeps one)"
             )
-        log.warning("%s: fingerprint changed (%s -> %s); continuing (--force)", rd.uri,
-                    info.fingerprint, fp)  # fmt: skip
+        log.warning("%s: fingerprint changed (%s); continuing (--force)", rd.uri, changes)
         info.previous_fingerprints.append(info.fingerprint)
         info.fingerprint = fp
-        layout.RUN_FILE.write(rd, info)
+        dirty = True
     elif info is None:
         info = RunRecord(
             name=manifest.name,
@@ -60,9 +68,51 @@ def prepare_run(
             regen_version=regen.__version__,
             endpoints=[public_url(u) for u in endpoints],
         )
+    sid = manifest.settings_id()
+    if sid not in info.settings:  # a run.json from before the record, or a new setting
+        info.settings[sid] = flat_fields(manifest.settings_payload())
+        dirty = True
+    if dirty:
         layout.RUN_FILE.write(rd, info)
-    layout.write_manifest(rd, public_manifest(manifest))
+    write_manifest(rd, public_manifest(manifest))
     return info
+
+
+def fingerprint_changes(rd: RunDir, info: RunRecord, manifest: Manifest) -> str:
+    """What differs between the manifest the run directory was bound to (its manifest.yaml,
+    when that still has run.json's fingerprint) and ``manifest``: ``sampling.temperature 0.6
+    -> 0.7; ...``; the two fingerprints when the recorded manifest cannot tell."""
+    hashes = f"fingerprint {info.fingerprint}, this manifest {manifest.fingerprint()}"
+    try:
+        before = read_manifest(rd)
+    except RunDirError as e:
+        return f"{hashes} ({e})"
+    if before is None or before.fingerprint() != info.fingerprint:
+        return f"{hashes} (its {layout.MANIFEST} does not say more)"
+    return describe_changes(changed_fields(before.fingerprint_payload(),
+                                           manifest.fingerprint_payload()))  # fmt: skip
+
+
+def describe_changes(changes: list[tuple[str, Any, Any]]) -> str:
+    """``field old -> new`` per change (run directory's value, then this manifest's); a source
+    only one side has is one entry (``sources.x: added``)."""
+    out: list[str] = []
+    whole: set[str] = set()
+    for name, old, new in changes:
+        if name.startswith("sources.") and name.endswith(".name") and (old is None or new is None):
+            src = name[: -len(".name")]
+            whole.add(src)
+            out.append(f"{src}: {'added' if old is None else 'removed'}")
+    for name, old, new in changes:
+        if not any(name.startswith(f"{w}.") for w in whole):
+            out.append(f"{name} {_show(old)} -> {_show(new)}")
+    return "; ".join(out) + " (run directory -> this manifest)"
+
+
+def _show(value: Any) -> str:
+    return (
+        json.dumps(value, ensure_ascii=False) if not isinstance(value, int | float) else str(value)
+    )
 
 
 def record_engines(rd: RunDir, engines: dict[str, dict[str, Any]]) -> RunRecord | None:
@@ -93,3 +143,32 @@ def public_manifest(manifest: Manifest) -> Manifest:
     """
     eps = [e.model_copy(update={"url": public_url(e.url)}) for e in manifest.endpoints]
     return manifest.model_copy(update={"endpoints": eps})
+
+
+def write_manifest(rd: RunDir, manifest: Manifest) -> None:
+    """Replace ``manifest.yaml`` atomically (give it a :func:`public_manifest`)."""
+    rd.write_text_atomic(layout.MANIFEST, manifest.to_yaml())
+
+
+def read_manifest(rd: RunDir) -> Manifest | None:
+    """``manifest.yaml`` as a Manifest; None when missing; RunDirError when it does not parse."""
+    text = rd.read_text(layout.MANIFEST)
+    if text is None:
+        return None
+    try:
+        return parse_manifest(yaml.safe_load(text), origin=f"{rd.uri}/{layout.MANIFEST}")
+    except (yaml.YAMLError, ConfigError) as e:
+        raise RunDirError(f"{layout.MANIFEST} is damaged: {e}") from None
+
+
+def read_manifest_data(rd: RunDir) -> dict[str, Any] | None:
+    """``manifest.yaml`` as plain data, not validated (for a reader that needs one section
+    and must not fail on the rest); None when missing; RunDirError when it is not YAML."""
+    text = rd.read_text(layout.MANIFEST)
+    if text is None:
+        return None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise RunDirError(f"{layout.MANIFEST} is damaged: {e}") from None
+    return data if isinstance(data, dict) else None

@@ -2,8 +2,8 @@
 
 A run directory is a local path (``runs/demo``) or any URI pyarrow.fs understands
 (``file:///abs/path``, ``s3://bucket/prefix?endpoint_override=host:port&scheme=http``, ...).
-``RunDir`` only knows relative paths below that root; what lives there is documented in
-:mod:`regen.store.layout`, the only module that names those files.
+``RunDir`` only knows relative paths below that root and owns no files of its own: what lives
+there is documented in :mod:`regen.store.layout`, the only module that names those files.
 
 Every write of a whole file goes through :meth:`RunDir.atomic_writer`: the bytes go to a
 temporary sibling (``.tmp-*``) that is then moved over the target, so a reader sees the old or
@@ -24,9 +24,12 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from regen.errors import RunDirError
-from regen.store.layout import TMP_PREFIX
 
 log = logging.getLogger(__name__)
+
+#: temporary names (:meth:`RunDir.atomic_writer`'s) start with this: never read, removed when
+#: left over by a crash
+TMP_PREFIX = ".tmp-"
 
 #: pyarrow filesystems that are object stores
 OBJECT_STORES = frozenset({"S3FileSystem", "GcsFileSystem", "AzureFileSystem"})
@@ -73,11 +76,15 @@ class RunDir:
             fs, root = pafs.LocalFileSystem(), str(Path(text).expanduser().absolute())
         rd = cls(fs, root, public_uri(text))
         if create:
-            try:
-                fs.create_dir(rd.root, recursive=True)
-            except OSError as e:
-                raise RunDirError(f"cannot create run directory {text!r}: {e}") from None
+            rd.create()
         return rd
+
+    def create(self) -> None:
+        """Create the directory (and its parents) if it does not exist."""
+        try:
+            self.fs.create_dir(self.root, recursive=True)
+        except OSError as e:
+            raise RunDirError(f"cannot create run directory {self.uri!r}: {e}") from None
 
     # -- paths ----------------------------------------------------------------------------
     def path(self, rel: str) -> str:

@@ -1,25 +1,32 @@
 """Checking a run directory (``regen verify``), and the cheap check before export and train.
 
 Owns no files of its own; with ``repair`` it changes the ones named in
-:mod:`regen.store.layout` (under the run's lock, so never beside a live run).
+:mod:`regen.store.layout` through :mod:`regen.store.repair` (under the run's lock, so never
+beside a live run), then checks again: a repair converges, and never discards intact data.
 
-:func:`verify_run` checks, and names every problem it finds:
+:func:`verify_run` checks, and names every problem it finds (its kind in brackets):
 
-- every part: its bytes against its record (size, sha256), readable, row count as recorded,
-  schema as documented (``regen.rows.SCHEMA``; a part written before ``regen.rows.ADDED_COLUMNS``
-  lacks those, which is noted, not a problem); a part without a record is read and noted;
-- no ``(sample_id, turn, attempt)`` stored twice across parts (a sample answered again by
-  ``regen run --retry-flagged`` has its turns once per attempt);
-- every stored sample id in the plan (the samples the latest session planned: from the plan
-  index when it is valid, else re-read from the manifest and the plan record; skipped with a
-  note when the sources cannot be read here);
-- the progress counters per source equal what the parts (plus unfolded journal lines) hold;
-- every journal segment parseable (a cut last line is an in-flight sample: named, not lost).
+- every part: its bytes against its record (size, sha256), readable, row count as recorded
+  (``part_damaged``, ``part_missing``); a part without a record, or with one that does not
+  parse (``record_damaged``), is read whole and checked by itself (its footer's counts, every
+  page's checksum: regen.store.parts): such a part is intact, only its record is rebuilt;
+  schema as documented (``schema``; ``regen.rows.SCHEMA``; a part written before a later
+  column group, ``regen.rows.LATER_COLUMNS``, lacks it, which is fine);
+- no ``(sample_id, turn, attempt)`` stored twice across parts (``duplicate``; a sample
+  answered again by ``regen run --retry-flagged`` has its turns once per attempt);
+- the plan index (``plan_index``): the plan the latest session recorded
+  (:func:`regen.store.planindex.recorded_plan`) is intact, or missing where a session planned;
+  stored answers it no longer wants are noted (:mod:`regen.store.stale`: not counted, never
+  exported, not a problem), and so are sources that changed since it was recorded;
+- progress.json (``progress``, ``counts``): it parses, and per source its samples done, flagged
+  and stale equal what the parts (plus unfolded journal lines) hold, stale answers apart;
+- every journal segment parseable (``journal_cut``, ``journal_unreadable``: a cut last line is
+  an in-flight sample: named, not lost);
+- checks.json parses (``checks``).
 
-``repair`` (refused while a live run holds the lock): damaged parts and their records go to
-``quarantine/`` (their samples are requested again by the next run), missing records are
-written, journal segments are folded into parts (cut lines dropped), and the progress
-counters are rewritten from what is stored.
+``repair`` fixes each (regen.store.repair): damaged parts quarantined (their samples are
+requested again by the next run), records, the plan index and progress.json rebuilt from what
+they describe, the journal folded, a damaged checks.json moved aside.
 
 :func:`cheap_problems` is the footer-only check (one listing, each part's footer) that
 ``regen export`` and ``regen train`` run first.
@@ -32,21 +39,16 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from regen.errors import RegenError, RunDirError
+from regen.errors import RunDirError
 from regen.store import layout
-from regen.store.journal import (
-    DoneSet,
-    PartState,
-    fold_part,
-    footer_problem,
-    inspect_part,
-    list_parts,
-    quarantine,
-    recover,
-    scan_journal,
-)
-from regen.store.layout import SourceCounts
+from regen.store.counts import SourceCounts
+from regen.store.doneset import DoneSet, fold_part, replaced_samples
+from regen.store.parts import PartState, footer_problem, inspect_part, list_parts
+from regen.store.repair import Findings
+from regen.store.run import read_manifest
 from regen.store.rundir import RunDir
+from regen.store.segments import scan_journal
+from regen.store.stale import StaleSet, current_counts, stale_answers
 
 log = logging.getLogger(__name__)
 
@@ -60,19 +62,18 @@ VERIFY_COLUMNS = (
     "finish_reason",
     "attempt",
     "quality_flags",
+    "ended",
+    "content_hash",
+    "settings",
 )
-
-
-#: problem kinds that a fold of the journal repairs
-JOURNAL_KINDS = frozenset({"journal_cut", "journal_unreadable"})
 
 
 @dataclass(slots=True)
 class Problem:
     """One thing wrong with a run directory."""
 
-    kind: str  #: part_damaged, part_missing, record_damaged, schema, duplicate, not_in_plan,
-    #: counts, journal_cut, journal_unreadable
+    kind: str  #: part_damaged, part_missing, record_damaged, schema, duplicate, plan_index,
+    #: progress, counts, journal_cut, journal_unreadable, checks (module docstring)
     path: str  #: the file it is about (relative to the run directory)
     message: str
 
@@ -88,9 +89,14 @@ class VerifyReport:
     parts: int = 0  #: intact parts
     samples: int = 0  #: distinct samples in intact parts
     rows: int = 0
+    #: what is wrong (after ``repair``: what is still wrong)
     problems: list[Problem] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  #: checks skipped, records written, ...
+    notes: list[str] = field(default_factory=list)  #: checks skipped, stale answers, ...
     repaired: list[str] = field(default_factory=list)
+    #: with ``repair``: the problems found before it
+    found: list[Problem] = field(default_factory=list)
+    #: intact parts without a record (a repair writes one)
+    missing_records: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -124,12 +130,12 @@ def refuse_damaged(rd: RunDir, what: str) -> None:
 
 
 def _schema_problem(st: PartState) -> str:
-    from regen.rows import ADDED_COLUMNS, PROVENANCE_COLUMNS, SCHEMA
+    from regen.rows import LATER_COLUMNS, SCHEMA
 
     if st.schema is None:
         return ""
     have = {f.name: f.type for f in st.schema}
-    for added in (ADDED_COLUMNS, PROVENANCE_COLUMNS):
+    for added in LATER_COLUMNS:
         if not any(name in have for name in added.names):
             have.update({f.name: f.type for f in added})  # written before them: fine
     missing = [f.name for f in SCHEMA if f.name not in have]
@@ -149,72 +155,68 @@ def _schema_problem(st: PartState) -> str:
     return "; ".join(bits)
 
 
-def planned_ids(rd: RunDir) -> tuple[set[str] | None, str]:
-    """The sample ids of the latest plan, or (None, why not)."""
-    from regen.engine.planindex import open_index
-    from regen.engine.planning import iter_planned
-
-    try:
-        plan = layout.PLAN_FILE.read(rd)
-        manifest = layout.read_manifest(rd)
-    except RunDirError as e:
-        return None, str(e)
-    if plan is None or manifest is None:
-        return None, "no plan or manifest recorded yet"
-    if plan.manifest_dir:
-        manifest = manifest.model_copy(update={"base_dir": plan.manifest_dir})
-    index, _ = open_index(rd, manifest, plan.limit)
-    if index is not None:  # the plan index, when it still describes the sources
-        return index.planned_ids(plan.limit), ""
-    try:
-        return {s.id for s in iter_planned(manifest, plan.limit)}, ""
-    except (RegenError, OSError) as e:
-        return None, f"the sources cannot be read here ({e})"
-
-
 def verify_run(rd: RunDir, *, repair: bool = False, check_plan: bool = True) -> VerifyReport:
-    """Check every file of the run directory (see the module docstring)."""
+    """Check every file of the run directory (see the module docstring); with ``repair``, fix
+    what can be fixed (:mod:`regen.store.repair`) and check again: ``problems`` are then what
+    is left (empty when the repair converged)."""
+    rep, found = _check(rd, check_plan=check_plan)
+    if repair and (rep.problems or found.bad_parts or rep.missing_records):
+        from regen.store.repair import repair as fix
+
+        rep.repaired = fix(rd, found)
+        after, _ = _check(rd, check_plan=check_plan)
+        rep.found = rep.problems
+        rep.problems, rep.notes = after.problems, after.notes
+        rep.parts, rep.samples, rep.rows = after.parts, after.samples, after.rows
+    return rep
+
+
+def _check(rd: RunDir, *, check_plan: bool) -> tuple[VerifyReport, Findings]:
+    """The checks, writing nothing: the report, and what a repair would fix."""
+    from regen.rows import ADDED_COLUMNS
+
     rep = VerifyReport(run_dir=rd.uri)
+    found = Findings()
     states = list_parts(rd)
-    done = DoneSet()
+    for st in states:
+        st.problem = inspect_part(rd, st, columns=VERIFY_COLUMNS)
+    done = DoneSet(replaceable=replaced_samples(st for st in states if not st.problem))
     keys: Counter[tuple[str, int, int]] = Counter()
     key_part: dict[tuple[str, int, int], str] = {}
-    bad: list[PartState] = []
     old_schema = 0
     for st in states:
-        had_record = st.record is not None
-        st.problem = st.record_problem or inspect_part(rd, st, columns=VERIFY_COLUMNS)
         if st.problem:
-            kind = (
-                "part_missing"
-                if st.problem == "missing"
-                else "record_damaged"
-                if st.record_problem
-                else "part_damaged"
-            )
+            kind = "part_missing" if st.problem == "missing" else "part_damaged"
             n = f"{st.record.samples} samples" if st.record is not None else "its samples"
             rep.problems.append(Problem(kind, st.part, f"{st.problem} ({n} to request again)"))
-            bad.append(st)
+            found.bad_parts.append(st)
             continue
+        if st.record_problem:
+            rep.problems.append(
+                Problem(
+                    "record_damaged",
+                    layout.part_record_path(st.stem),
+                    f"{st.record_problem}; its part reads cleanly by itself (footer counts, "
+                    "page checksums): --repair rebuilds the record from it",
+                )
+            )
+        elif st.record is None:
+            rep.missing_records.append(st.part)
+            rep.notes.append(
+                f"{st.part} has no record (written before records existed, or cut off right "
+                "after its rename); its bytes read cleanly: --repair writes one"
+            )
         schema = _schema_problem(st)
         if schema:
             rep.problems.append(Problem("schema", st.part, schema))
-        old_schema += st.schema is not None and "attempt" not in st.schema.names
-        fold_part(done, st, rd if repair else None)
-        if not had_record:
-            rep.notes.append(
-                f"{st.part} has no record (written before records existed, or "
-                "cut off right after its rename); its bytes read cleanly"
-            )
-            if repair:
-                rep.repaired.append(f"wrote {layout.part_record_path(st.stem)}")
+        old_schema += st.schema is not None and ADDED_COLUMNS.names[0] not in st.schema.names
+        fold_part(done, st)
         rep.parts += 1
         for key in st.keys:
             keys[key] += 1
             key_part.setdefault(key, st.part)
-    per_source = done.sources
     rep.samples = len(done)
-    rep.rows = sum(c.rows for c in per_source.values())
+    rep.rows = sum(c.rows for c in done.sources.values())
     if old_schema:
         rep.notes.append(
             f"{old_schema} part(s) written before the attempt and quality columns: read as "
@@ -231,23 +233,21 @@ def verify_run(rd: RunDir, *, repair: bool = False, check_plan: bool = True) -> 
             )
 
     journal: dict[str, SourceCounts] = {}
-    journal_ids = _check_journals(rd, rep, done.ids, journal)
+    found.journal = _check_journals(rd, rep, journal)
+    stale = StaleSet()
     if check_plan:
-        _check_plan(rd, rep, done.ids | journal_ids)
-    _check_counts(rd, rep, per_source, journal)
-
-    if repair and rep.problems:
-        _repair(rd, rep, bad)
-    return rep
+        stale = _check_plan(rd, rep, done, found)
+    _check_counts(rd, rep, current_counts(done, stale), stale, journal, bool(states))
+    found.checks = _check_checks(rd, rep)
+    return rep, found
 
 
-def _check_journals(
-    rd: RunDir, rep: VerifyReport, stored: set[str], pending: dict[str, SourceCounts]
-) -> set[str]:
-    """Journal segments: cut or unreadable lines; returns the ids of complete lines not yet
-    in a part (what a resume folds in) and adds their counters to ``pending``."""
+def _check_journals(rd: RunDir, rep: VerifyReport, pending: dict[str, SourceCounts]) -> bool:
+    """Journal segments: cut or unreadable lines; adds the counters of complete lines not yet
+    in a part (what a resume folds in) to ``pending``. True when a fold would change
+    something (a line to drop, or one to fold)."""
     parts = set(rd.list(layout.PARTS_DIR))
-    out: set[str] = set()
+    fold = False
     for name in rd.list(layout.JOURNAL_DIR):
         stem = layout.segment_stem(name)
         if stem is None:
@@ -270,58 +270,110 @@ def _check_journals(
                     f"line {n} is unreadable; its sample is requested again",
                 )
             )
+        fold = fold or bool(seg.cut_tail or seg.bad_lines or seg.samples)
         if f"{stem}{layout.PART_SUFFIX}" not in parts:
-            out |= {s.sample_id for s in seg.samples if s.sample_id not in stored}
             for s in seg.samples:
                 pending.setdefault(s.source, SourceCounts()).add(s.counts())
-    return out
+    return fold
 
 
-def _check_plan(rd: RunDir, rep: VerifyReport, ids: set[str]) -> None:
-    planned, why = planned_ids(rd)
+def _check_plan(rd: RunDir, rep: VerifyReport, done: DoneSet, found: Findings) -> StaleSet:
+    """The recorded plan (plan/): intact, and which stored answers it no longer wants."""
+    from regen.store.planindex import open_index, recorded_plan
+
+    planned, why = recorded_plan(rd)
     if planned is None:
-        rep.notes.append(f"sample ids not checked against the plan: {why}")
-        return
-    extra = sorted(ids - planned)
-    if extra:
-        shown = ", ".join(extra[:5]) + (f" (+{len(extra) - 5} more)" if len(extra) > 5 else "")
-        rep.problems.append(
-            Problem(
-                "not_in_plan",
-                layout.PARTS_DIR,
-                f"{len(extra)} stored sample id(s) are not in the plan: {shown}",
+        try:
+            planned_before = layout.PLAN_FILE.read(rd) is not None
+        except RunDirError as e:
+            rep.notes.append(f"sample ids not checked against the plan: {e}")
+            return StaleSet()
+        if why or planned_before:
+            found.plan_index = why or "missing"
+            rep.problems.append(
+                Problem(
+                    "plan_index",
+                    layout.PLAN_INDEX,
+                    f"{why or 'missing'}: the stored answers cannot be checked against the plan "
+                    "(nor told stale by export); --repair rebuilds it from the sources",
+                )
             )
+        else:
+            rep.notes.append("sample ids not checked against the plan: no plan recorded yet")
+        return StaleSet()
+    stale = stale_answers(rd, done, planned)
+    if len(stale):
+        again = (
+            "; the next `regen run` answers the rows changed in place again"
+            if stale.ids("changed")
+            else ""
         )
+        rep.notes.append(
+            f"{stale.describe()}: kept in their parts, not counted as done, never exported{again}"
+        )
+    try:
+        plan = layout.PLAN_FILE.read(rd)
+        manifest = read_manifest(rd)
+    except RunDirError:
+        return stale
+    if plan is not None and manifest is not None:
+        if plan.manifest_dir:
+            manifest = manifest.model_copy(update={"base_dir": plan.manifest_dir})
+        index, changed = open_index(rd, manifest, plan.limit)
+        if index is None and changed:
+            rep.notes.append(
+                f"the sources changed since the latest session planned ({changed}): the next "
+                "`regen run` plans again (answers of edited rows are then stale)"
+            )
+    return stale
 
 
 def _check_counts(
     rd: RunDir,
     rep: VerifyReport,
     per_source: dict[str, SourceCounts],
+    stale: StaleSet,
     journal: dict[str, SourceCounts],
+    stored: bool,
 ) -> None:
-    from regen.store.lock import read_lock
+    """progress.json against what is stored: per source, samples done, flagged and stale."""
+    from regen.store.lock import read_lock, why_gone
 
     try:
-        snap = layout.read_progress(rd)
+        snap = layout.PROGRESS_FILE.read(rd)
     except RunDirError as e:
-        rep.problems.append(Problem("counts", layout.PROGRESS, str(e)))
+        rep.problems.append(
+            Problem("progress", layout.PROGRESS, f"{e}; --repair rebuilds it from the parts")
+        )
         return
     if snap is None:
+        if stored:
+            rep.problems.append(
+                Problem(
+                    "progress",
+                    layout.PROGRESS,
+                    "missing beside stored parts (status and the dashboard read the run as "
+                    "empty); --repair rebuilds it from the parts",
+                )
+            )
         return
     lock = read_lock(rd)
-    if lock is not None and not lock.why_gone():
+    if lock is not None and not why_gone(lock):
         rep.notes.append(
             f"a live run holds the directory (session {lock.session}): counts not compared"
         )
         return
-    for name, sp in snap.sources.items():
+    stale_by_source = stale.sources
+    for name in sorted(set(snap.sources) | set(per_source)):
+        sp = snap.sources.get(name)
         have = SourceCounts()
-        have.add(per_source.get(name, SourceCounts()))
-        have.add(journal.get(name, SourceCounts()))
+        for held in (per_source, journal):
+            have.add(held.get(name) or SourceCounts())
+        gone = stale_by_source.get(name) or SourceCounts()
         for what, counted, held in (
-            ("samples counted done", sp.done, have.done),
-            ("flagged samples counted", sp.flagged, have.flagged),
+            ("samples counted done", sp.done if sp else 0, have.done),
+            ("flagged samples counted", sp.flagged if sp else 0, have.flagged),
+            ("stale answers counted", sp.stale.done if sp else 0, gone.done),
         ):
             if counted != held:
                 rep.problems.append(
@@ -333,41 +385,21 @@ def _check_counts(
                 )
 
 
-def _repair(rd: RunDir, rep: VerifyReport, bad: list[PartState]) -> None:
-    from regen.store.journal import read_done
-    from regen.store.lock import RunLock
-    from regen.store.run import new_session_id
-
-    with RunLock(rd, new_session_id(), owner="regen verify --repair"):
-        for st in bad:
-            moved = ", ".join(quarantine(rd, st)) or "nothing (it is gone)"
-            rep.repaired.append(f"{st.part}: {st.problem}; moved to {moved}")
-        kept = recover(rd)
-        if kept or any(p.kind in JOURNAL_KINDS for p in rep.problems):
-            rep.repaired.append(
-                f"folded the journal into parts ({kept} samples kept, cut and "
-                "unreadable lines dropped)"
+def _check_checks(rd: RunDir, rep: VerifyReport) -> bool:
+    """checks.json parses (or is absent); True when it does not."""
+    data = rd.read_bytes(layout.CHECKS)
+    if data is None:
+        return False
+    try:
+        layout.CHECKS_FILE.parse(data)
+    except RunDirError as e:
+        rep.problems.append(
+            Problem(
+                "checks",
+                layout.CHECKS,
+                f"{e}; a shortcut only: --repair moves it aside and the next run repeats the "
+                "configuration checks",
             )
-        done = read_done(rd, repair=True)
-        _rewrite_counters(rd, done)
-        rep.repaired.append(
-            f"rewrote the progress counters from the parts ({len(done)} samples done)"
         )
-
-
-def _rewrite_counters(rd: RunDir, done: Any) -> None:
-    from regen.progress import Pending, SourceProgress
-
-    snap = layout.read_progress(rd)
-    if snap is None:
-        return
-    for name, sp in snap.sources.items():
-        t = done.sources.get(name)
-        base = SourceProgress(total=sp.total, failed=sp.failed, regenerate=sp.regenerate)
-        if t is not None:
-            base.add_counts(t)
-        base.pending = Pending()
-        snap.sources[name] = base
-    if snap.state == "running":
-        snap.state = "interrupted"  # nobody runs it: the lock was free
-    layout.write_progress(rd, snap)
+        return True
+    return False

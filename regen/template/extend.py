@@ -90,7 +90,7 @@ class Boundaries:
 
 
 @dataclass(slots=True, frozen=True)
-class Plan:
+class IdsRecipe:
     """How one prompt's ids are made: ``piece`` encoded, after ``keep`` ids of the one before
     (``keep`` None: the whole text is the piece; -1: all of the earlier ids; n >= 0: the
     earlier ids through the n-th boundary id). ``kind``: ``first`` (no prompt before),
@@ -111,23 +111,23 @@ class PromptIds:
         self.verify = verify
         self.stats: Counter[str] = Counter()
 
-    def plan(self, text: str, before: str | None) -> Plan:
+    def plan(self, text: str, before: str | None) -> IdsRecipe:
         """How to make the ids of ``text`` given the prompt ``before`` it (None: none)."""
         if before is None:
-            return Plan(text, None, "first")
+            return IdsRecipe(text, None, "first")
         if not self.enabled:
-            return Plan(text)
+            return IdsRecipe(text)
         b = self.boundaries
         if text.startswith(before) and b.ends_with_one(before):
-            return Plan(text[len(before) :], -1, "extended")
+            return IdsRecipe(text[len(before) :], -1, "extended")
         common = _common_prefix(before, text)
         end, count = b.last_cut(before, common)
         if count == 0:
-            return Plan(text)
-        return Plan(text[end:], count, "common_prefix")
+            return IdsRecipe(text)
+        return IdsRecipe(text[end:], count, "common_prefix")
 
     def assemble(
-        self, plan: Plan, before_ids: Sequence[int] | None, piece_ids: list[int]
+        self, plan: IdsRecipe, before_ids: Sequence[int] | None, piece_ids: list[int]
     ) -> list[int] | None:
         """The prompt's ids; None when the earlier ids do not hold the boundary the plan needs
         (encode it whole then)."""

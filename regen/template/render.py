@@ -161,7 +161,7 @@ def think_state(prompt_text: str) -> ThinkState:
     return "none"
 
 
-def split_reasoning(
+def split_response(
     state: ThinkState, reasoning: str | None, content: str
 ) -> tuple[str | None, str, RenderFlag | None]:
     """Reasoning, content and a flag for a response after a prompt in ``state``.
@@ -325,7 +325,7 @@ class KimiRenderer:
         """Prompt (template) + reassembled response, as text (see :meth:`render_turn`)."""
         prompt = self.render_prompt(messages, tools)
         state = think_state(prompt)
-        reasoning, content, flag = split_reasoning(state, reasoning, content)
+        reasoning, content, flag = split_response(state, reasoning, content)
         if flag is not None:
             log.debug("rendered turn flagged %s (after a %r prompt)", flag, state)
         response = response_text(state, reasoning, content, tool_calls, finish_reason)

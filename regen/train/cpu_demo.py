@@ -151,18 +151,19 @@ def train_on_cpu(
     import tempfile
 
     from regen.manifest import read_yaml_file
+    from regen.train.data import open_local
     from regen.train.launch import prepare_training
 
     raw = read_yaml_file(Path(config_path), "train config")
     if not isinstance(raw, dict) or not isinstance(raw.get("target"), dict):
         raise ConfigError(f"{config_path}: not a train config (no target section)")
     raw["target"]["path"] = target_path
-    raw["output_dir"] = str(Path(run_dir).resolve() / L.CPU_CHECKPOINTS)
+    rd = open_local(run_dir)  # the one opening, passed on
+    raw["output_dir"] = str(Path(rd.root).resolve() / L.CPU_CHECKPOINTS)
     with tempfile.TemporaryDirectory(prefix="regen-demo-train-") as tmp:
         cfg_path = Path(tmp) / "train.yaml"
         cfg_path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
-        plan = prepare_training(run_dir, cfg_path)
-    rd = RunDir.open(str(run_dir), create=False)
+        plan = prepare_training(rd, cfg_path)
     for sub in (L.CPU_FEATURES, L.CPU_EVAL_FEATURES, L.CPU_CHECKPOINTS):
         shutil.rmtree(rd.path(sub), ignore_errors=True)
     run = yaml.safe_load(plan.run_yaml.read_text(encoding="utf-8"))

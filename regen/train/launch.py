@@ -1,12 +1,13 @@
 """Launch draft training as a Ray job: export, write and validate the run config, submit, follow.
 
-``launch_training(run_dir, train_yaml)`` is the one path used by ``regen train``,
+``launch_training(rd, train_yaml)`` (``rd`` from :func:`regen.train.data.open_local`, opened
+once by the entry point and passed on) is the one path used by ``regen train``,
 ``pipelines/train_draft.py`` and ``regen run --then-train``. The Ray job's entrypoint is
 ``python -m regen.train.preflight --run-dir RUN_DIR``: on the cluster it re-checks everything
 and then executes the exact argv ``specforge train --config RUN_DIR/train/run.yaml`` (prefixed
 by a launcher wrapper only when one is configured: ``--launcher-cmd`` or
 ``$REGEN_TRAIN_LAUNCHER``, for tests and dry runs on machines without SpecForge's GPU stack).
-Files written are listed in :mod:`regen.train.layout`.
+Files written are listed in :mod:`regen.train.data`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from regen.errors import ConfigError, EndpointError
 from regen.store import RunDir
 from regen.store import layout as store_layout
 from regen.store.verify import refuse_damaged
-from regen.train import layout
+from regen.train import data
 from regen.train.checks import check_target_files, check_train_config, turn_open_ids
 from regen.train.config import TrainConfig, load_train_config
 from regen.train.specforge_config import (
@@ -58,7 +59,7 @@ FOLLOW_FAILURES = 10
 class TrainPlan:
     """Everything prepared for one submission."""
 
-    run_dir: str
+    rd: RunDir  #: the run directory (a local or shared path)
     config: TrainConfig
     run_yaml: Path
     draft_config: Path
@@ -68,7 +69,7 @@ class TrainPlan:
     entrypoint: str
     gpus: int
     scan: PromptScan
-    export: layout.TrainExport
+    export: data.TrainExport
     vocab: store_layout.VocabMappingRecord
     #: SpecForge's own launch plan of run.yaml (None: SpecForge is not importable here)
     specforge_plan: store_layout.SpecForgePlanRecord | None
@@ -76,6 +77,11 @@ class TrainPlan:
     tokenizer: store_layout.TokenizerRecord | None
     #: Ray runtime_env of the job (e.g. {"working_dir": "."} to ship regen's code)
     runtime_env: dict[str, Any] | None = None
+
+    @property
+    def run_dir(self) -> str:
+        """The run directory's path (what the cluster reads)."""
+        return self.rd.root
 
     @property
     def specforge_validated(self) -> bool:
@@ -104,7 +110,7 @@ def _launcher(launcher: str | None) -> list[str]:
 
 
 def prepare_training(
-    run_dir: str | Path,
+    rd: RunDir,
     config_path: str | Path,
     *,
     gpus: int | None = None,
@@ -116,15 +122,14 @@ def prepare_training(
     """Check the config and the run against the target, export if needed, scan the data,
     write the vocab mapping and run.yaml, and plan the run with SpecForge's own planner."""
     cfg = load_train_config(config_path)
-    rd = layout.open_local(run_dir)
-    refuse_damaged(rd, "training")
+    refuse_damaged(rd, "training")  # once: the export below does not check again
     aux = check_train_config(cfg)
     check_target_files(cfg)
     tokenizer = run_tokenizer(rd)
     check_run_against_target(tokenizer, target_tokenizer(cfg), cfg)
 
-    export = layout.ensure_export(rd, cfg, allow_drops=allow_drops)
-    prompts = layout.prompts_file(rd, export.shards)
+    export = data.ensure_export(rd, cfg, allow_drops=allow_drops)
+    prompts = data.prompts_file(rd, export.shards)
     scan = scan_prompts([prompts], turn_open_ids(cfg))
     check_loss_masks(scan)
     check_vocab(
@@ -134,25 +139,25 @@ def prepare_training(
         max_token_id=scan.max_token_id,
     )
 
-    rd.makedirs(layout.TRAIN_DIR)
-    rd.write_text_atomic(layout.TRAIN_YAML, cfg.to_yaml())
+    rd.makedirs(data.TRAIN_DIR)
+    rd.write_text_atomic(data.TRAIN_YAML, cfg.to_yaml())
     if tokenizer is not None:
         store_layout.TOKENIZER_FILE.write(rd, tokenizer)
     elif store_layout.TOKENIZER_FILE.exists(rd):  # an earlier launch's: not this run's facts
         rd.delete(store_layout.TOKENIZER_RECORD)
-    draft_path = Path(rd.path(layout.DRAFT_CONFIG))
-    rd.write_json_atomic(layout.DRAFT_CONFIG, draft_config(cfg, aux))
+    draft_path = Path(rd.path(data.DRAFT_CONFIG))
+    rd.write_json_atomic(data.DRAFT_CONFIG, draft_config(cfg, aux))
     vocab = write_vocab_mapping(
         rd, prompts, draft_vocab_size=cfg.draft.draft_vocab_size, vocab_size=cfg.draft.vocab_size
     )
-    run_yaml = Path(rd.path(layout.RUN_YAML))
+    run_yaml = Path(rd.path(data.RUN_YAML))
     run = run_config(
         cfg,
         aux_ids_specforge=aux,
         draft_config_path=str(draft_path),
         prompts_path=str(prompts),
         run_id=cfg.run_id or Path(rd.root).name,
-        control_dir=cfg.deployment.control_dir or layout.control_dir(rd),
+        control_dir=cfg.deployment.control_dir or data.control_dir(rd),
         vocab_mapping_path=vocab.path,
     )
     check_run_config_shape(run)
@@ -181,7 +186,7 @@ def prepare_training(
         ),
     )
     return TrainPlan(
-        run_dir=rd.root,
+        rd=rd,
         config=cfg,
         run_yaml=run_yaml,
         draft_config=draft_path,
@@ -246,7 +251,7 @@ def submit_training(
     still starting answers 500); one that did land is recognised by looking the id up.
     """
     client = _client(address)
-    rd = RunDir.open(plan.run_dir, create=False)
+    rd = plan.rd
     submission_id = f"regen-train-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     delay = 0.5
     for attempt in range(1, attempts + 1):
@@ -285,7 +290,7 @@ def submit_training(
 
 
 def follow_job(
-    run_dir: str | Path,
+    rd: RunDir,
     submission_id: str,
     *,
     address: str | None = None,
@@ -296,7 +301,6 @@ def follow_job(
 ) -> tuple[str, str | None, list[str]]:
     """Poll the job until it ends (or timeout_s); every state change lands in job.json."""
     client = _client(address)
-    rd = RunDir.open(run_dir, create=False)
     seen: list[str] = []
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     job = store_layout.JOB_FILE.read(rd)
@@ -334,7 +338,7 @@ def follow_job(
 
 
 def launch_training(
-    run_dir: str | Path,
+    rd: RunDir,
     config_path: str | Path,
     *,
     address: str | None = None,
@@ -351,7 +355,7 @@ def launch_training(
 ) -> LaunchResult:
     """Prepare, then (unless dry_run) submit the training job and follow it."""
     plan = prepare_training(
-        run_dir,
+        rd,
         config_path,
         gpus=gpus,
         launcher=launcher,
@@ -366,7 +370,7 @@ def launch_training(
     result.state = "PENDING"
     if follow:
         result.state, result.message, result.states = follow_job(
-            plan.run_dir,
+            plan.rd,
             result.submission_id,
             address=address,
             poll_s=poll_s,

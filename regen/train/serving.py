@@ -28,12 +28,9 @@ from regen.client.endpoints import server_root
 from regen.errors import ConfigError, EndpointError, TrapError
 from regen.train import traps
 from regen.train.config import ServingSpec
+from regen.train.traps import LOW_ACCEPT_LENGTH
 
 log = logging.getLogger(__name__)
-
-#: an average acceptance length at or below this means the draft is not helping (a working
-#: EAGLE-3 draft for K2.5 reached ~2.1; the EAGLE-vs-EAGLE3 trap gave ~1.0)
-LOW_ACCEPT_LENGTH = 1.1
 
 #: the Kimi-K2.5 server flags (CONTRACTS §2)
 KIMI_FLAGS = (

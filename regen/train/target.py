@@ -31,6 +31,7 @@ from regen.errors import RunDirError, TrapError
 from regen.store import RunDir
 from regen.store import layout as L
 from regen.store.layout import TokenizerRecord
+from regen.store.run import read_manifest
 from regen.template.tiny import KIMI_SPECIAL_TOKENS
 from regen.train import traps
 from regen.train.config import TrainConfig
@@ -97,7 +98,7 @@ def run_tokenizer(rd: RunDir) -> TokenizerRecord | None:
     """The run's tokenizer (its manifest's ``target.tokenizer``), or None when the run has no
     manifest or the tokenizer is not loadable here."""
     try:
-        manifest = L.read_manifest(rd)
+        manifest = read_manifest(rd)
         plan = L.PLAN_FILE.read(rd)
     except RunDirError as e:
         log.warning("%s: %s; the run's tokenizer is not checked against the target", rd.uri, e)

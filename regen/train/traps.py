@@ -27,6 +27,11 @@ from regen.errors import TrapError
 
 EAGLE3 = "EAGLE3"
 
+#: an average acceptance length at or below this means the draft is not helping (a working
+#: EAGLE-3 draft for K2.5 reached ~2.1; the EAGLE-vs-EAGLE3 trap gave ~1.0); the same line
+#: for SGLang's and vLLM's servers (regen.train.serving, regen.train.vllm_serving)
+LOW_ACCEPT_LENGTH = 1.1
+
 TRAP_ALGORITHM = "eagle-vs-eagle3"
 TRAP_LAYER_NUMBERING = "aux-layer-numbering"
 TRAP_AUX_SHIFT = "aux-layer-shift"
@@ -71,10 +76,6 @@ def canonical_aux_ids(num_layers: int) -> list[int]:
 
 def to_specforge_ids(ids: Sequence[int], numbering: str) -> list[int]:
     return [i - 1 for i in ids] if numbering == "sglang" else list(ids)
-
-
-def to_sglang_ids(ids: Sequence[int], numbering: str) -> list[int]:
-    return list(ids) if numbering == "sglang" else [i + 1 for i in ids]
 
 
 def check_aux_layer_ids(ids: Sequence[int], numbering: str, num_layers: int) -> list[int]:

@@ -57,7 +57,7 @@ from regen.client.profiles.vllm import (
 )
 from regen.errors import ConfigError, EndpointError, TrapError
 from regen.train import traps
-from regen.train.serving import LOW_ACCEPT_LENGTH
+from regen.train.traps import LOW_ACCEPT_LENGTH
 
 log = logging.getLogger(__name__)
 

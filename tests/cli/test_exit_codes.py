@@ -14,10 +14,15 @@ from regen.cli.main import EXIT_CONFIG, EXIT_DONE, EXIT_INTERRUPTED, EXIT_LEFT, 
 from regen.cli.run import exit_code
 from regen.engine import JobSummary
 from regen.errors import ConfigError, NoEndpointLeftError, RunIncompleteError
+from regen.store.progress import SourceProgress
 
 
-def summary(state: str = "finished", **kw) -> JobSummary:
-    return JobSummary(run_dir="r", session="s", state=state, **kw)
+def summary(
+    state: str = "finished", *, total: int, done: int, failed_permanent: int = 0, **kw
+) -> JobSummary:
+    """A session's summary over one source with these totals (the summary's own counters)."""
+    src = SourceProgress(total=total, done=done, failed=failed_permanent)
+    return JobSummary(run_dir="r", session="s", state=state, sources={"s": src}, **kw)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Fakes for client tests: a scripted local HTTP server (regen.simulate.scripted) that plays
+"""Fakes for client tests: a scripted local HTTP server (tests/_scripted.py) that plays
 SSE / JSON / failures to the client's real aiohttp transport."""
 
 from __future__ import annotations
@@ -9,9 +9,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from regen.client import ChatClient, RetryPolicy
-from regen.manifest import Endpoint, Sampling
-from regen.simulate.scripted import (
+from _scripted import (
     Cut,
     Drop,
     Reply,
@@ -20,6 +18,9 @@ from regen.simulate.scripted import (
     json_reply,
     sse_reply,
 )
+
+from regen.client import ChatClient, RetryPolicy
+from regen.manifest import Endpoint, Sampling
 
 MODEL = "tiny-kimi"
 

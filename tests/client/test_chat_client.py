@@ -23,6 +23,7 @@ from _chat_fakes import (
     make_client,
     stream_response,
 )
+from _scripted import Reply, json_reply
 
 from regen.client import resolve_api_key
 from regen.errors import (
@@ -39,7 +40,6 @@ from regen.errors import (
     StreamCutError,
 )
 from regen.manifest import Endpoint, Sampling
-from regen.simulate.scripted import Reply, json_reply
 
 # ---- what is sent -----------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from _chat_fakes import (
     make_client,
     stream_response,
 )
+from _scripted import Reply
 
 from regen.errors import (
     EndpointFaultError,
@@ -27,7 +28,6 @@ from regen.errors import (
     RequestError,
 )
 from regen.manifest import Sampling
-from regen.simulate.scripted import Reply
 
 HTML = b"<!DOCTYPE html>\n<html><head><title>Access denied</title></head>\n<body>Gateway says no"
 

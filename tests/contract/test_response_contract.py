@@ -15,12 +15,12 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from _scripted import Reply, ScriptedServer
 from _sse import assert_same
 
 from regen.client import ChatClient, RetryPolicy
 from regen.errors import OverloadedError, PermanentError, ServerError
 from regen.manifest import Endpoint, Sampling
-from regen.simulate.scripted import Reply, ScriptedServer
 
 MODEL = "moonshotai/Kimi-K2.5"
 CID = "chatcmpl-contract"

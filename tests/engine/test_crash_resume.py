@@ -24,7 +24,6 @@ from _runs import check_answers, check_ids_once, stored_rows, wait_until
 
 from regen.cli.main import main as regen_main
 from regen.engine import RunOptions, run_job
-from regen.engine.planning import native_check as _native_check
 from regen.errors import FingerprintMismatchError, LockHeldError
 from regen.manifest import load_manifest
 from regen.procs import kill_group
@@ -32,8 +31,10 @@ from regen.simulate import conversation_key
 from regen.simulate.testing import running_simulator
 from regen.sources import read_samples
 from regen.store import RunDir
-from regen.store.journal import read_done, read_journal_lines
+from regen.store.doneset import read_done
 from regen.store.layout import LOCK as LOCK_FILE
+from regen.store.planindex import native_check as _native_check
+from regen.store.segments import read_journal_lines
 
 pytestmark = pytest.mark.ray
 
@@ -162,7 +163,7 @@ def test_only_samples_not_stored_at_the_crash_were_requested_again(crashed) -> N
 
 def test_resume_of_a_finished_run_requests_nothing(crashed, sim, ray_head) -> None:
     before = sim.stats()["received"]
-    summary = run_job(crashed["manifest"], str(crashed["out"]),
+    summary = run_job(crashed["manifest"], RunDir.open(crashed["out"], create=False),
                       RunOptions(endpoints=[sim.url], address=ray_head.address))  # fmt: skip
     assert summary.state == "finished"
     assert summary.completed_now == 0
@@ -178,12 +179,14 @@ def test_fingerprint_mismatch_refused_unless_forced(crashed, sim, tmp_path, caps
     shutil.copytree(crashed["out"], out)
     other = load_manifest(DEMO, [*OVERRIDES, "sampling.temperature=0.1"])
     with pytest.raises(FingerprintMismatchError):
-        run_job(other, str(out), RunOptions(endpoints=[sim.url]))
+        run_job(other, RunDir.open(out, create=False), RunOptions(endpoints=[sim.url]))
     rc = regen_main(["run", str(DEMO), "--out", str(out), "--endpoint", sim.url, "--no-view",
                      "-o", "sampling.temperature=0.1"])  # fmt: skip
     assert rc == 2
     assert "different manifest" in " ".join(capsys.readouterr().err.split())
-    summary = run_job(other, str(out), RunOptions(endpoints=[sim.url], force=True))
+    summary = run_job(
+        other, RunDir.open(out, create=False), RunOptions(endpoints=[sim.url], force=True)
+    )
     assert summary.state == "finished" and summary.completed_now == 0
     assert RunDir.open(out).read_json("run.json")["fingerprint"] == other.fingerprint()
 
@@ -198,7 +201,9 @@ def test_live_lock_refused(crashed, sim, tmp_path, capsys) -> None:
          "session": "other", "started_at": now, "heartbeat_at": now},
     )  # fmt: skip
     with pytest.raises(LockHeldError):
-        run_job(crashed["manifest"], str(out), RunOptions(endpoints=[sim.url]))
+        run_job(
+            crashed["manifest"], RunDir.open(out, create=False), RunOptions(endpoints=[sim.url])
+        )
     rc = regen_main(["run", str(DEMO), "--out", str(out), "--endpoint", sim.url, "--no-view"])
     assert rc == 2
     assert "locked by a live run" in " ".join(capsys.readouterr().err.split())

@@ -27,7 +27,8 @@ from regen.cli.main import main as regen_main
 from regen.manifest import load_manifest
 from regen.simulate.testing import running_simulator
 from regen.store import RunDir, layout
-from regen.store.journal import CompletedSample, list_parts
+from regen.store.completed import CompletedSample
+from regen.store.parts import list_parts
 
 pytestmark = pytest.mark.ray
 

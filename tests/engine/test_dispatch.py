@@ -1,6 +1,7 @@
-"""The dispatch loop without Ray: LocalWorkerPool over real SampleWorkers (against an in-thread
-simulator) and over scripted workers: every sample once, a dead worker's samples requeued and
-a replacement started, the respawn budget, a start that fails twice with the same error, stop.
+"""The dispatch loop without Ray: tests/engine/_local_pool.py's LocalWorkerPool over real
+SampleWorkers (against an in-thread simulator) and over scripted workers: every sample once, a
+dead worker's samples requeued and a replacement started, the respawn budget, a start that
+fails twice with the same error, stop.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from _local_pool import LocalWorkerPool
 
 from regen.client import RetryPolicy
 from regen.engine.dispatch import Dispatcher
-from regen.engine.pool import LocalWorkerPool
 from regen.engine.schedule import WorkQueue
 from regen.engine.worker import SampleOutcome, SampleWorker
 from regen.errors import ConfigError, NoEndpointLeftError, RegenError, RunIncompleteError

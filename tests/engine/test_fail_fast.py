@@ -113,6 +113,7 @@ from regen.cli.main import invoke
 from regen.engine import RunOptions, run_job
 from regen.manifest import load_manifest
 from regen.simulate.testing import simulator_in_thread
+from regen.store import RunDir
 
 # the in-thread simulator logs a client that went away before its headers (an actor killed
 # mid-request, likelier on a busy machine) with aiohttp's traceback: the server's noise, not
@@ -125,8 +126,9 @@ def go(args):
     m = m.model_copy(update={"sources": m.sources[:1],
                              "target": m.target.model_copy(update={"tokenizer": sys.argv[3]})})
     with simulator_in_thread(model_name="demo-target", instant=True) as sim:
-        run_job(m, sys.argv[2], RunOptions(endpoints=[sim.url], address=sys.argv[4],
-                                           preflight=False, handle_signals=False))
+        rd = RunDir.open(sys.argv[2], create=False)
+        run_job(m, rd, RunOptions(endpoints=[sim.url], address=sys.argv[4], preflight=False,
+                                  handle_signals=False))
 
 class A: log_level = "WARNING"
 sys.exit(invoke(go, A))

@@ -13,7 +13,8 @@ from regen.engine import RunOptions, run_job
 from regen.manifest import load_manifest
 from regen.simulate.testing import simulator_in_thread
 from regen.store import RunDir
-from regen.store.journal import read_done, read_failures
+from regen.store.doneset import read_done
+from regen.store.failures import read_failures
 from regen.store.layout import LOCK as LOCK_FILE
 
 pytestmark = pytest.mark.ray
@@ -34,7 +35,7 @@ def test_permanent_failures_skipped_until_retry_failed(
         # the endpoint's key comes from the environment and must never be written anywhere
         m = load_manifest(DEMO, [f"endpoints=[{{url: '{sim.url}', api_key_env: REGEN_TEST_KEY}}]"])
         opts = RunOptions(address=ray_head.address, handle_signals=False)
-        first = run_job(m, out, opts)
+        first = run_job(m, RunDir.open(out, create=False), opts)
         rd = RunDir.open(out)
         fails = read_failures(rd)
         permanent = {k for k, f in fails.items() if f.permanent}
@@ -47,12 +48,17 @@ def test_permanent_failures_skipped_until_retry_failed(
         assert sum(s["failed"] for s in progress["sources"].values()) == len(permanent)
 
         received = sim.stats()["received"]
-        again = run_job(m, out, opts)  # nothing to do: done ones and permanent ones skipped
+        again = run_job(
+            m, RunDir.open(out, create=False), opts
+        )  # nothing to do: done ones and permanent ones skipped
         assert again.completed_now == 0 and again.failed_permanent == len(permanent)
         assert sim.stats()["received"] == received
 
-        retry = run_job(m, out, RunOptions(address=ray_head.address, retry_failed=True,
-                                           handle_signals=False))  # fmt: skip
+        retry = run_job(
+            m,
+            RunDir.open(out, create=False),
+            RunOptions(address=ray_head.address, retry_failed=True, handle_signals=False),
+        )
         assert sim.stats()["received"] >= received + len(permanent)
         assert retry.failed_permanent == len(permanent) and retry.completed_now == 0
     for f in Path(out).rglob("*"):
@@ -83,7 +89,7 @@ def test_stop_writes_a_part_releases_the_lock_and_resumes(ray_head, tmp_path) ->
         t.start()
         opts = RunOptions(endpoints=[sim.url], address=ray_head.address, stop=stop,
                           handle_signals=False)  # fmt: skip
-        summary = run_job(m, str(out), opts)
+        summary = run_job(m, RunDir.open(out, create=False), opts)
         t.join(timeout=5)
         assert summary.state == "interrupted"
         assert 0 < summary.completed_now < summary.total
@@ -92,8 +98,11 @@ def test_stop_writes_a_part_releases_the_lock_and_resumes(ray_head, tmp_path) ->
         assert len(read_done(rd)) == summary.done == summary.completed_now
         assert rd.read_json("progress.json")["state"] == "interrupted"
 
-        rest = run_job(m, str(out), RunOptions(endpoints=[sim.url], address=ray_head.address,
-                                               handle_signals=False))  # fmt: skip
+        rest = run_job(
+            m,
+            RunDir.open(out, create=False),
+            RunOptions(endpoints=[sim.url], address=ray_head.address, handle_signals=False),
+        )
         assert rest.state == "finished" and rest.done == rest.total
         assert rest.completed_now == rest.total - summary.done
         learned = rd.read_json("schedule.json")["sources"]  # the order's estimate, saved

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from regen.engine.planning import native_check as _native_check
 from regen.engine.planning import plan_session
 from regen.manifest import load_manifest
 from regen.sources import read_samples
-from regen.store.journal import FailureRecord
+from regen.store.failures import FailureRecord
+from regen.store.planindex import native_check as _native_check
 
 DEMO = Path(__file__).resolve().parents[2] / "manifests" / "demo.yaml"
 

@@ -14,6 +14,7 @@ from regen.engine import preflight as pf
 from regen.engine.driver import _passed_checks
 from regen.errors import ConfigError
 from regen.manifest import load_manifest
+from regen.store import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,5 +84,5 @@ def test_what_the_checks_depend_on_changes_the_key(demo, change) -> None:
 
 
 def test_the_record_is_read_without_creating_the_run_directory(tmp_path) -> None:
-    assert _passed_checks(str(tmp_path / "nothing")) is None
+    assert _passed_checks(RunDir.open(tmp_path / "nothing", create=False)) is None
     assert not (tmp_path / "nothing").exists()

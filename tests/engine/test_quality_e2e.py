@@ -26,7 +26,6 @@ import pytest
 import yaml
 from _runs import check_answers, check_ids_once, regen_cmd, request_body, stored_rows, wait_until
 
-from regen.engine.planning import native_check
 from regen.export import export_run
 from regen.manifest import load_manifest
 from regen.procs import kill_group
@@ -36,7 +35,9 @@ from regen.simulate.testing import running_simulator
 from regen.sources import read_samples
 from regen.status import read_numbers
 from regen.store import RunDir, layout
-from regen.store.journal import read_done, read_journal_lines
+from regen.store.doneset import read_done
+from regen.store.planindex import native_check
+from regen.store.segments import read_journal_lines
 from regen.store.verify import verify_run
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
@@ -183,7 +184,9 @@ def e2e(tmp_path_factory, ray_head, ray_env) -> dict[str, Any]:
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
         rows_first = stored_rows(out)
         status_first = read_numbers(out)
-        export_first = export_run(str(out), str(tmp / "export1"), shard_rows=0)
+        export_first = export_run(
+            RunDir.open(out, create=False), str(tmp / "export1"), shard_rows=0
+        )
         parts_first = part_digests(out)
 
         # two requests in flight: the retry lasts long enough to be killed mid-way
@@ -290,9 +293,9 @@ def test_status_shows_the_flagged_counts_of_the_parts(e2e) -> None:
     for sid in {r["sample_id"] for r in e2e["rows_first"] if r["quality_flags"]}:
         flagged[sid.split(":", 1)[0]] += 1
     n = e2e["status_first"]
-    assert n.flagged == sum(flagged.values()) > 0
+    assert n.overall.flagged == sum(flagged.values()) > 0
     assert {s.name: s.flagged for s in n.sources if s.flagged} == dict(flagged)
-    assert n.flags == dict(sorted(by_flag.items(), key=lambda kv: (-kv[1], kv[0])))
+    assert n.overall.flags == dict(sorted(by_flag.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def test_export_drops_the_flagged_rows_and_counts_them(e2e) -> None:
@@ -335,7 +338,12 @@ def test_the_crash_in_the_retry_lost_nothing(e2e) -> None:
 
 
 def test_the_export_holds_the_new_attempts(e2e, tmp_path) -> None:
-    stats = export_run(str(e2e["out"]), str(tmp_path / "o"), shard_rows=0, fmt="conversations")
+    stats = export_run(
+        RunDir.open(e2e["out"], create=False),
+        str(tmp_path / "o"),
+        shard_rows=0,
+        fmt="conversations",
+    )
     rows = e2e["rows"]
     latest = {}
     for r in rows:
@@ -359,12 +367,12 @@ def test_the_export_holds_the_new_attempts(e2e, tmp_path) -> None:
         f"degenerate again"
     )
     n = read_numbers(e2e["out"])
-    assert n.retried == len({r["sample_id"] for r in old}) and n.retrying == 0
-    assert n.flagged == len(
+    assert n.overall.retried == len({r["sample_id"] for r in old}) and n.overall.retrying == 0
+    assert n.overall.flagged == len(
         {
             sid
             for sid, a in latest.items()
             if any(r["quality_flags"] for r in rows if r["sample_id"] == sid and r["attempt"] == a)
         }
     )
-    assert layout.read_progress(RunDir.open(e2e["out"])).state == "finished"
+    assert layout.PROGRESS_FILE.read(RunDir.open(e2e["out"])).state == "finished"

@@ -28,7 +28,7 @@ from regen.manifest import load_manifest
 from regen.procs import kill_group
 from regen.simulate.testing import running_simulator
 from regen.store import RunDir, layout
-from regen.store.journal import read_done
+from regen.store.doneset import read_done
 
 pytestmark = pytest.mark.ray
 
@@ -112,10 +112,10 @@ def run(s3, ray_head, ray_env, tmp_path_factory) -> dict[str, Any]:
                 due = last + PART_INTERVAL_S - KILL_BEFORE_DUE_S
                 if time.time() >= due:
                     break
-                snap = layout.read_progress(rd)
+                snap = layout.PROGRESS_FILE.read(rd)
                 time.sleep(0.05)
             assert proc.poll() is None, "the run ended before it could be killed"
-            snap = layout.read_progress(rd)  # the last counters it published
+            snap = layout.PROGRESS_FILE.read(rd)  # the last counters it published
             kill_group(proc, 30)
             killed_at = time.time()
         finally:
@@ -125,7 +125,7 @@ def run(s3, ray_head, ray_env, tmp_path_factory) -> dict[str, Any]:
         got["window_s"] = killed_at - max(seen.values())
         times = sorted(seen.values())
         got["pace_s"] = max(b - a for a, b in itertools.pairwise(times))
-        got["published_done"] = snap.done if snap else 0
+        got["published_done"] = snap.overall.done if snap else 0
         got["stored_at_kill"] = len(done)
         got["lost"] = max(0, got["published_done"] - len(done))
         got["parts_at_kill"] = done.parts

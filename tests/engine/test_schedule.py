@@ -15,14 +15,14 @@ from regen.engine.schedule import (
     REBUILD_DUTY,
     REPRIORITISE_EVERY_S,
     LengthModel,
-    PackedSample,
-    Spill,
     WorkQueue,
-    unpacked,
 )
+from regen.packed import PackedSample, Spill, unpacked
 from regen.sample import Message, Sample, ToolCall
 from regen.store import RunDir
-from regen.store.journal import CompletedSample, Journal, read_done
+from regen.store.completed import CompletedSample
+from regen.store.doneset import read_done
+from regen.store.segments import Journal
 
 
 class Clock:

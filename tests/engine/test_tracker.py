@@ -1,17 +1,26 @@
-"""progress.json as the driver writes it: the shape regen.progress reads, cumulative counters."""
+"""progress.json as the driver writes it: the shape regen.store.progress reads, cumulative
+counters."""
 
 from __future__ import annotations
 
 from regen.engine.tracker import ProgressTracker
 from regen.engine.worker import SampleOutcome
-from regen.progress import ProgressSnapshot
-from regen.store import RunDir
-from regen.store.journal import DoneSet
+from regen.store import RunDir, layout
+from regen.store.completed import CompletedSample
+from regen.store.counts import output_tokens
+from regen.store.doneset import DoneSet
 
 
 def row(sid: str, ct: int, finish: str = "stop", source: str = "native_or_not") -> dict:
     return {"sample_id": sid, "prompt_tokens": 10, "completion_tokens": ct,
             "finish_reason": finish, "token_source": source}  # fmt: skip
+
+
+def stored(t: ProgressTracker, source: str, rows: list[dict], *, was_failed: bool) -> None:
+    """What the driver does with a stored sample (regen.engine.driver._Session.keep)."""
+    done = CompletedSample(rows[0]["sample_id"], source, rows)
+    t.sample_counted(source, done.counts(), output_tokens(rows), was_failed=was_failed,
+                     retry=False)  # fmt: skip
 
 
 def test_counters_and_shape(tmp_path) -> None:
@@ -21,9 +30,9 @@ def test_counters_and_shape(tmp_path) -> None:
     done = DoneSet()
     done.add("a", "a:0", [row("a:0", 7, source="local")])
     t.start_from(done, {"a": (3, True), "nat": (1, False)}, {"a": 1})
-    t.sample_done("a", [row("a:1", 100, "length", "local"), row("a:1", 5, source="local")],
-                  was_failed=True)  # fmt: skip
-    t.sample_done("nat", [row("nat:0", 50, source="native")], was_failed=False)
+    stored(t, "a", [row("a:1", 100, "length", "local"), row("a:1", 5, source="local")],
+           was_failed=True)  # fmt: skip
+    stored(t, "nat", [row("nat:0", 50, source="native")], was_failed=False)
     t.sample_failed(SampleOutcome("a:2", "a", status="permanent"), newly_permanent=True)
     t.workers([
         {"in_flight": 2, "sent": 5, "ok": 3, "retried": 1, "failed": 1,
@@ -38,7 +47,7 @@ def test_counters_and_shape(tmp_path) -> None:
     ])  # fmt: skip
     t.driver_error("worker_died", "gone")
     t.write("finished")
-    snap = ProgressSnapshot.from_dict(rd.read_json("progress.json"))
+    snap = layout.PROGRESS_FILE.read(rd)
     a, nat = snap.sources["a"], snap.sources["nat"]
     assert (a.total, a.done, a.failed, a.truncated, a.rows) == (3, 2, 1, 1, 3)
     assert a.completion_tokens == 112 and nat.completion_tokens == 50 and not nat.regenerate

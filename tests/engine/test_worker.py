@@ -147,7 +147,7 @@ async def always_up(_url: str) -> bool:
 
 
 def refusing_server(status: int = 403):
-    from regen.simulate.scripted import ScriptedServer, json_reply
+    from _scripted import ScriptedServer, json_reply
 
     body = {"object": "error", "message": "denied by the gateway", "code": status}
     return ScriptedServer(json_reply(status, body))

@@ -16,7 +16,7 @@ from regen.errors import RegenError
 from regen.manifest import load_manifest
 from regen.simulate.testing import simulator_in_thread
 from regen.store import RunDir
-from regen.store.journal import read_done
+from regen.store.doneset import read_done
 from regen.store.layout import LOCK as LOCK_FILE
 
 pytestmark = pytest.mark.ray
@@ -70,8 +70,11 @@ def run_with_kill(m, out: Path, url: str, address: str, **opts):
     t = threading.Thread(target=killer, args=(rd, "-w0-0", done, killed), daemon=True)
     t.start()
     try:
-        return run_job(m, str(out), RunOptions(endpoints=[url], address=address,
-                                               handle_signals=False, **opts)), killed  # fmt: skip
+        return run_job(
+            m,
+            RunDir.open(out, create=False),
+            RunOptions(endpoints=[url], address=address, handle_signals=False, **opts),
+        ), killed
     finally:
         done.set()
         t.join(timeout=5)
@@ -105,7 +108,10 @@ def test_no_survivor_and_no_budget_is_one_clear_error(ray_head, tmp_path) -> Non
         rd = RunDir.open(out)
         assert not rd.exists(LOCK_FILE)
         before = len(read_done(rd))
-        rest = run_job(m, str(out), RunOptions(endpoints=[sim.url], address=ray_head.address,
-                                               handle_signals=False))  # fmt: skip
+        rest = run_job(
+            m,
+            RunDir.open(out, create=False),
+            RunOptions(endpoints=[sim.url], address=ray_head.address, handle_signals=False),
+        )
     assert rest.state == "finished" and rest.done == rest.total - rest.failed_permanent
     assert rest.completed_now == rest.done - before

@@ -29,7 +29,8 @@ from regen.engine import RunOptions, run_job
 from regen.manifest import load_manifest, public_url
 from regen.procs import kill_group
 from regen.store import RunDir, layout
-from regen.store.journal import read_done, read_journal_lines
+from regen.store.doneset import read_done
+from regen.store.segments import read_journal_lines
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from _runs import DEMO, check_ids_once, inputs, stored_rows, wait_until
@@ -70,7 +71,7 @@ def exact_rows(rows: list[dict[str, Any]], proxy: RecordingProxy) -> Counter[str
 def demo_vllm(tmp_path_factory, vllm_server, ray_head) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("demo-vllm") / "run"
     with RecordingProxy(vllm_server.root) as proxy:
-        summary = run_job(load_manifest(DEMO), str(out),
+        summary = run_job(load_manifest(DEMO), RunDir.open(out, create=False),
                           RunOptions(endpoints=[proxy.url], address=ray_head.address))  # fmt: skip
         rows = stored_rows(out)
         return {"out": out, "proxy": proxy, "summary": summary, "rows": rows}
@@ -109,8 +110,8 @@ def test_overload_is_counted_as_overload_never_as_a_failure(
               "engine.backoff_max_s=1.0"]  # fmt: skip
     manifest = load_manifest(DEMO, engine)
     out = tmp_path / "run"
-    summary = run_job(manifest, str(out), RunOptions(endpoints=[vllm_spec_server.url], limit=24,
-                                                     address=ray_head.address))  # fmt: skip
+    opts = RunOptions(endpoints=[vllm_spec_server.url], limit=24, address=ray_head.address)
+    summary = run_job(manifest, RunDir.open(out, create=False), opts)
     refused = rejections() - before
     progress = RunDir.open(out).read_json("progress.json")
     overloaded = progress["errors"].get("overloaded", {}).get("count", 0)
@@ -140,7 +141,7 @@ def test_a_prompt_over_the_context_is_one_permanent_failure(tmp_path, vllm_serve
     )
     out = tmp_path / "run"
     opts = RunOptions(endpoints=[vllm_server.url], address=ray_head.address)
-    summary = run_job(load_manifest(tmp_path / "m.yaml"), str(out), opts)
+    summary = run_job(load_manifest(tmp_path / "m.yaml"), RunDir.open(out, create=False), opts)
     assert (summary.state, summary.done, summary.failed_permanent) == ("finished", 4, 1)
     rd = RunDir.open(out)
     failures = [json.loads(line) for n in rd.list("failures")

@@ -67,7 +67,7 @@ def write_source(tmp: Path) -> Path:
 def test_tool_turns_continue_only_on_matching_calls(tmp_path, vllm_server, ray_head) -> None:
     out = tmp_path / "run"
     opts = RunOptions(endpoints=[vllm_server.url], address=ray_head.address)
-    summary = run_job(load_manifest(write_source(tmp_path)), str(out), opts)
+    summary = run_job(load_manifest(write_source(tmp_path)), RunDir.open(out, create=False), opts)
     assert summary.state == "finished" and summary.done == 3
     parts = sorted((out / "parts").glob("*.parquet"))
     rows = [r for p in parts for r in pq.read_table(p).to_pylist()]

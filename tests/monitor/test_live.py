@@ -49,9 +49,9 @@ def test_ticker_keeps_the_last_good_numbers_on_a_bad_read(tmp_path: Path) -> Non
     t = Ticker(tmp_path)
     first = t.tick(NOW)
     assert first is not None and t.error == ""
-    (tmp_path / "progress.json").write_text(json.dumps({"version": 7}))
+    (tmp_path / "run.json").write_text(json.dumps({"name": 7}))  # a failed read, kept apart
     assert t.tick(NOW) is first
-    assert "version 7" in t.error
+    assert "run.json is damaged" in t.error
     text = _render(t, 120)
     assert "showing the last good read" in text and "kimi-k25-eagle3-regen" in text
 
@@ -96,7 +96,7 @@ def test_watch_without_a_terminal_logs_plain_lines(tmp_path: Path, caplog) -> No
     stop.set()  # one line at once, then the final one
     with caplog.at_level(logging.INFO, logger="monitor.live"):
         last = watch(tmp_path, console=console, stop_event=stop, log_every_s=60)
-    assert last is not None and last.done == 44_831
+    assert last is not None and last.overall.done == 44_831
     lines = [r.getMessage() for r in caplog.records if r.name == "monitor.live"]
     assert len(lines) == 2 and all("44,831/88,088" in ln for ln in lines)
     assert console.file.getvalue() == ""  # type: ignore[attr-defined]
@@ -119,7 +119,7 @@ def test_plain_view_warns_when_a_readable_directory_breaks(tmp_path: Path, caplo
     t = Ticker(tmp_path)
     with caplog.at_level(logging.DEBUG, logger="monitor.live"):
         _log_tick(t)
-        (tmp_path / "progress.json").write_text(json.dumps({"version": 7}))
+        (tmp_path / "run.json").write_text(json.dumps({"name": 7}))
         _log_tick(t)
     levels = [r.levelno for r in caplog.records if r.name == "monitor.live" and r.levelno > 10]
     assert levels == [logging.INFO, logging.WARNING]

@@ -129,7 +129,7 @@ def test_flagged_counts_and_top_reasons_per_source(live_dir: Path) -> None:
     from monitor.render import top_flags
 
     n = read_numbers(live_dir)
-    assert n.flagged == sum(s.flagged for s in n.sources) > 0
+    assert n.overall.flagged == sum(s.flagged for s in n.sources) > 0
     for width, k in ((160, 2), (120, 1)):
         text = render_text(n, width=width)
         header = next(ln for ln in text.splitlines() if " source " in ln)
@@ -149,7 +149,7 @@ def test_new_attempts_are_shown_while_a_retry_runs(tmp_path: Path) -> None:
     s.sources["sharegpt"].retried, s.sources["sharegpt"].retrying = 30, 12
     write_run_dir(tmp_path, s, now=time.time())
     n = read_numbers(tmp_path)
-    assert (n.retried, n.retrying) == (30, 12)
+    assert (n.overall.retried, n.overall.retrying) == (30, 12)
     assert n.remaining == 12  # what the retry still has to do
     text = render_text(n, width=130)
     assert "new attempts" in text and "30 stored · 12 to go" in text

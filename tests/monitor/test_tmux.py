@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 
+from regen.simulate import testing
+
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 TMUX = shutil.which("tmux")
 if TMUX is None:
     pytest.skip("tmux is not installed (apt-get install -y tmux)", allow_module_level=True)
-testing = pytest.importorskip("regen.simulate.testing", reason="needs the simulator")
-pytest.importorskip("regen.engine", reason="needs the engine (regen run)")
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "manifests" / "demo.yaml"

@@ -12,7 +12,7 @@ import pytest
 from regen.manifest import load_manifest
 from regen.simulate.testing import running_simulator
 from regen.store import RunDir
-from regen.store.journal import read_done
+from regen.store.doneset import read_done
 
 pytestmark = pytest.mark.ray
 

@@ -24,15 +24,17 @@ from _quota_fs import QuotaDisk
 from _reliability import chaos
 
 from regen.cli.main import main as regen_main
-from regen.engine import RunOptions, driver, run_job
+from regen.engine import RunOptions, run_job
 from regen.errors import RunDirError
 from regen.manifest import load_manifest
 from regen.procs import kill_group
 from regen.simulate.testing import running_simulator, simulator_in_thread
 from regen.store import RunDir
-from regen.store import journal as jn
-from regen.store.journal import read_done, read_failures, read_journal_lines
+from regen.store import parts as jn
+from regen.store.doneset import read_done
+from regen.store.failures import read_failures
 from regen.store.layout import LOCK as LOCK_FILE
+from regen.store.segments import read_journal_lines
 
 pytestmark = pytest.mark.ray
 
@@ -145,7 +147,7 @@ def test_plan_run_status_and_export_agree_on_the_skipped_rows(bad_run, tmp_path,
     assert (status["total"], status["done"], status["failed"]) == (GOOD + 2, GOOD, 2)
     from regen.export import export_run
 
-    stats = export_run(str(bad_run["out"]), str(tmp_path / "export"))
+    stats = export_run(RunDir.open(bad_run["out"], create=False), str(tmp_path / "export"))
     assert stats.rows_written == GOOD  # one turn per good sample
 
 
@@ -228,7 +230,7 @@ def test_second_run_on_a_live_run_directory_is_refused(tmp_path, ray_head, ray_e
     assert len(read_done(RunDir.open(out)).ids) == 24  # the first run lost nothing
 
 
-def test_disk_full_mid_run_then_resume_once_space_is_back(tmp_path, monkeypatch, ray_head):
+def test_disk_full_mid_run_then_resume_once_space_is_back(tmp_path, ray_head) -> None:
     """A real size limit (a quota filesystem under the run directory): whichever write hits it
     (journal line, part, progress.json), the session stops with one RunDirError, leaves no
     half-written part, and a rerun with space back stores every sample once."""
@@ -238,17 +240,10 @@ def test_disk_full_mid_run_then_resume_once_space_is_back(tmp_path, monkeypatch,
     m = load_manifest(path)
     out = tmp_path / "run"
     disk = QuotaDisk(tmp_path / "disk", DISK_BYTES)
-
-    class OnTheDisk:  # what the driver opens its run directory with
-        @staticmethod
-        def open(uri: str, *, create: bool = True) -> RunDir:
-            return disk.rundir(Path(uri))
-
-    monkeypatch.setattr(driver, "RunDir", OnTheDisk)
     with simulator_in_thread(**SIM) as s:
         opts = RunOptions(endpoints=[s.url], address=ray_head.address, handle_signals=False)
         with pytest.raises(RunDirError, match="No space left on device"):
-            run_job(m, str(out), opts)
+            run_job(m, disk.rundir(out), opts)  # the run directory on the small disk
         assert disk.full_errors >= 1
         rd = RunDir.open(out)
         assert [n for n in rd.list("parts", include_temp=True) if n.startswith(".tmp-")] == []
@@ -260,7 +255,7 @@ def test_disk_full_mid_run_then_resume_once_space_is_back(tmp_path, monkeypatch,
         assert 0 < len(stored) < DISK_SAMPLES  # it filled up mid-run
 
         disk.capacity = 10**10  # space is back
-        summary = run_job(m, str(out), opts)
+        summary = run_job(m, disk.rundir(out), opts)
     assert summary.state == "finished" and summary.done == DISK_SAMPLES
     v = chaos.verify(path, out, chaos.answer_config(SIM))
     assert v.problems == []
@@ -289,7 +284,7 @@ def test_disk_full_while_writing_a_part_then_resume(tmp_path, monkeypatch, ray_h
         opts = RunOptions(endpoints=[s.url], address=ray_head.address, handle_signals=False)
         monkeypatch.setattr(jn.pq, "write_table", full_after_one)
         with pytest.raises(RunDirError, match="No space left on device") as e:
-            run_job(m, str(out), opts)
+            run_job(m, RunDir.open(out, create=False), opts)
         assert "rerun the same command to resume" in str(e.value)
         rd = RunDir.open(out)
         names = [n for n in rd.list("parts", include_temp=True) if not n.startswith("_")]
@@ -300,7 +295,7 @@ def test_disk_full_while_writing_a_part_then_resume(tmp_path, monkeypatch, ray_h
         assert not rd.exists(LOCK_FILE)
 
         monkeypatch.undo()  # space is back
-        summary = run_job(m, str(out), opts)
+        summary = run_job(m, RunDir.open(out, create=False), opts)
     assert summary.state == "finished" and summary.done == 40
     v = chaos.verify(path, out, chaos.answer_config(SIM))
     assert v.problems == []

@@ -19,7 +19,8 @@ from regen.cli.main import EXIT_DONE, EXIT_LEFT, main
 from regen.client.endpoints import server_root
 from regen.simulate.testing import running_simulator
 from regen.store import RunDir
-from regen.store.journal import read_done, read_failures
+from regen.store.doneset import read_done
+from regen.store.failures import read_failures
 
 pytestmark = pytest.mark.ray
 

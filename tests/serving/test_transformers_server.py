@@ -20,7 +20,9 @@ from regen.router import EndpointRouter
 from regen.serving import TransformersServer, build_demo_target
 from regen.serving.demo_target import CONTENT, MARKER, OLD_MARKERS, REASONING, DemoTargetSpec
 
-pytestmark = [pytest.mark.server, pytest.mark.timeout(240)]
+# the module's first test of a fresh checkout builds the demo target (demo_target: about two
+# CPU minutes, several more with both cores busy); every request after it is small
+pytestmark = [pytest.mark.server, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"

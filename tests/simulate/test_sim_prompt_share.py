@@ -8,8 +8,6 @@ import hashlib
 import json
 import math
 import statistics
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,8 +16,6 @@ from _sim_common import TOOLS
 from regen.errors import ConfigError
 from regen.simulate import AnswerConfig, answer
 from regen.simulate.answer import prompt_z, request_prompt_z
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 #: requests and what the simulator answered them before prompt_share existed:
 #: (completion tokens, reasoning tokens, finish reason, digest of the whole answer)
@@ -241,11 +237,8 @@ def test_cli_flag_reaches_the_answer_config():
 
 @pytest.fixture(scope="module")
 def workload():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import _workload
-    finally:
-        sys.path.remove(str(BENCH))
+    from benchmarks import _workload
+
     return _workload
 
 

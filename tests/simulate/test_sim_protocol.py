@@ -293,4 +293,8 @@ def test_stats_count_keys_and_conversations(sim):
     assert st["keys"][request_key(turn2)] == 1
     assert st["conversations"][conversation_key(b)] == 3
     assert st["completed"] >= 3 and st["tokens_generated"] >= st["completion_tokens"] > 0
-    assert st["errors"].get("404", 0) >= 0 and "keys" not in sim.stats()
+    assert "keys" not in sim.stats()
+    # refusals are counted per status: one request for a model it does not serve is one 404
+    before = st["errors"].get("404", 0)
+    assert raw_post(sim.url, json.dumps({**b, "model": "not-served"}).encode())[0] == 404
+    assert sim.stats()["errors"].get("404", 0) == before + 1

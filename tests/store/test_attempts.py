@@ -12,17 +12,13 @@ import pytest
 
 from regen.engine.attempts import RetryFlagged, attempt_seed, select
 from regen.engine.tracker import ProgressTracker
-from regen.progress import Pending, ProgressSnapshot, SourceProgress
 from regen.store import RunDir, layout
-from regen.store.journal import (
-    CompletedSample,
-    Journal,
-    count_rows,
-    list_parts,
-    read_done,
-    recover,
-)
-from regen.store.layout import SourceCounts
+from regen.store.completed import CompletedSample
+from regen.store.counts import SourceCounts, count_rows, output_tokens
+from regen.store.doneset import read_done
+from regen.store.parts import list_parts
+from regen.store.progress import ProgressSnapshot, SourceProgress
+from regen.store.segments import Journal, recover
 from regen.store.verify import verify_run
 
 
@@ -121,10 +117,10 @@ def test_verify_knows_attempts_and_still_names_a_real_duplicate(rd: RunDir) -> N
     retry_session(rd)
     done = read_done(rd, answers=True)
     snap = ProgressSnapshot(name="r", model="m", session="S2", host="h", pid=1, state="finished")
-    sp = SourceProgress(total=3, pending=Pending())
-    sp.add_counts(done.sources["a"])
+    sp = SourceProgress(total=3, pending=SourceCounts())
+    sp.add(done.sources["a"])
     snap.sources["a"] = sp
-    layout.write_progress(rd, snap)
+    layout.PROGRESS_FILE.write(rd, snap)
     rep = verify_run(rd, check_plan=False)
     assert [p.kind for p in rep.problems if p.kind != "schema"] == []
     assert (rep.samples, rep.rows) == (3, 3)
@@ -139,15 +135,15 @@ def test_verify_knows_attempts_and_still_names_a_real_duplicate(rd: RunDir) -> N
 def test_flagged_counts_that_disagree_are_named(rd: RunDir) -> None:
     done = read_done(rd, answers=True)
     snap = ProgressSnapshot(name="r", model="m", session="S1", host="h", pid=1, state="finished")
-    sp = SourceProgress(total=3, pending=Pending())
-    sp.add_counts(done.sources["a"])
+    sp = SourceProgress(total=3, pending=SourceCounts())
+    sp.add(done.sources["a"])
     sp.flagged += 1
     snap.sources["a"] = sp
-    layout.write_progress(rd, snap)
+    layout.PROGRESS_FILE.write(rd, snap)
     got = [p.message for p in verify_run(rd, check_plan=False).problems if p.kind == "counts"]
     assert got == ["source 'a': 3 flagged samples counted, the parts and journal hold 2"]
     verify_run(rd, repair=True, check_plan=False)
-    assert layout.read_progress(rd).sources["a"].flagged == 2
+    assert layout.PROGRESS_FILE.read(rd).sources["a"].flagged == 2
 
 
 def test_a_part_from_before_the_columns_is_attempt_zero_without_flags(tmp_path: Path) -> None:
@@ -171,7 +167,8 @@ def test_the_tracker_counts_a_new_attempt_as_a_difference(tmp_path: Path) -> Non
     sp = t.snap.sources["a"]
     assert (sp.remaining, sp.retrying) == (2, 2)
     old = done.flagged["a:0"].to_counts()
-    t.sample_done("a", rows("a:0", 1, [[]], tokens=20), was_failed=False, replaces=old)
+    new = CompletedSample("a:0", "a", rows("a:0", 1, [[]], tokens=20), replaces=old)
+    t.sample_counted("a", new.counts(), output_tokens(new.rows), was_failed=False, retry=True)
     assert (sp.done, sp.rows, sp.flagged, sp.flags, sp.retried, sp.retrying) == (
         3, 3, 1, {"refusal": 1}, 1, 1)  # fmt: skip
     assert sp.pending is not None and sp.pending.retried == 1 and sp.pending.done == 0

@@ -11,16 +11,11 @@ import pyarrow.parquet as pq
 
 from regen.engine.attempts import RetryFlagged, select
 from regen.store import RunDir, layout
-from regen.store.journal import (
-    CompletedSample,
-    Journal,
-    inspect_part,
-    list_parts,
-    make_record,
-    part_bytes,
-    read_done,
-)
-from regen.store.layout import SourceCounts
+from regen.store.completed import CompletedSample
+from regen.store.counts import SourceCounts
+from regen.store.doneset import read_done
+from regen.store.parts import inspect_part, list_parts, make_record, part_bytes
+from regen.store.segments import Journal
 
 
 def to_table(rows: list[dict]) -> pa.Table:
@@ -143,3 +138,58 @@ def test_a_run_with_new_attempts_is_read_whole(tmp_path: Path) -> None:
     assert done.answers and done.attempts == {"a:0": 1} and set(done.flagged) == {"a:4", "a:8"}
     a = done.sources["a"]
     assert (a.done, a.flagged, a.retried) == (12, 2, 1)
+
+
+def _native_run(tmp_path: Path, n: int = 12, per_part: int = 4) -> RunDir:
+    """Parts of real rows (regen.rows.SCHEMA: native rows) with their records."""
+    from regen.rows import native_row
+    from regen.sample import Sample
+
+    rd = RunDir.open(tmp_path / "run")
+    j = Journal(rd, "S")
+    for i in range(n):
+        s = Sample(f"k:{i}", "k", [], mode="native", input_ids=list(range(5 + i)),
+                   loss_mask=[0, 0] + [1] * (3 + i))  # fmt: skip
+        j.append(CompletedSample(s.id, "k", [native_row(s)]))
+        if (i + 1) % per_part == 0:
+            j.roll()
+    return rd
+
+
+def test_a_damaged_record_never_costs_its_intact_part(tmp_path: Path) -> None:
+    """Garbage in a part's record: the part proves itself intact (footer counts, page CRCs),
+    stays, and gets its record back; the damaged record goes to quarantine/."""
+    rd = _native_run(tmp_path)
+    want = read_done(rd)
+    st = list_parts(rd)[1]
+    rec = layout.part_record_path(st.stem)
+    before = layout.part_record_file(st.stem).read(rd)
+    rd.write_bytes_atomic(rec, b'{"stem": "x", "rows": 4, "sam')
+    seen = read_done(rd)  # a status view, a verify: nothing written
+    assert seen.ids == want.ids and seen.sources == want.sources and not seen.damaged
+    done = read_done(rd, repair=True)  # a resume
+    assert done.ids == want.ids and not done.damaged and done.records_rebuilt == [rec]
+    assert rd.exists(st.part) and rd.list(layout.QUARANTINE_DIR) == [
+        layout.quarantine_path(rec).split("/")[-1]
+    ]
+    got = layout.part_record_file(st.stem).read(rd)
+    assert got is not None and before is not None
+    assert got.model_dump(exclude={"written_at"}) == before.model_dump(exclude={"written_at"})
+
+
+def test_without_a_record_a_part_with_changed_pages_is_damage(tmp_path: Path) -> None:
+    """The part's own checks are real: same-size garbage in a data page is found by its CRC
+    when there is no record to compare the bytes with."""
+    rd = _native_run(tmp_path)
+    st = list_parts(rd)[0]
+    rd.delete(layout.part_record_path(st.stem))
+    path = Path(rd.path(st.part))
+    data = bytearray(path.read_bytes())
+    pf = pq.ParquetFile(path)
+    col = pf.metadata.row_group(0).column(pf.schema_arrow.names.index("input_ids"))
+    at = col.data_page_offset + (col.total_compressed_size // 2)
+    data[at : at + 8] = b"\xde\xad\xbe\xef" * 2
+    path.write_bytes(bytes(data))
+    done = read_done(rd, repair=True)
+    assert len(done.damaged) == 1 and st.part in done.damaged[0]
+    assert not rd.exists(st.part) and done.ids == {f"k:{i}" for i in range(4, 12)}

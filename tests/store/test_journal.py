@@ -11,16 +11,10 @@ import pytest
 
 from regen.errors import RunDirError
 from regen.store import RunDir
-from regen.store.journal import (
-    CompletedSample,
-    FailureLog,
-    FailureRecord,
-    Journal,
-    read_done,
-    read_failures,
-    read_journal_lines,
-    recover,
-)
+from regen.store.completed import CompletedSample
+from regen.store.doneset import read_done
+from regen.store.failures import FailureLog, FailureRecord, read_failures
+from regen.store.segments import Journal, read_journal_lines, recover
 
 
 def fail(sid, kind, status, message, attempts, permanent, at) -> FailureRecord:

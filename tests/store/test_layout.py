@@ -14,7 +14,7 @@ import pytest
 
 from regen.errors import RunDirError
 from regen.store import RunDir, layout
-from regen.store.layout import LockRecord, PartRecord, PlanEntry, PlanRecord, RunRecord
+from regen.store.layout import PartRecord, PlanEntry, PlanRecord, RunRecord
 
 REPO = Path(__file__).resolve().parents[2]
 #: library code: where no run-directory file name may be spelled outside store/layout.py
@@ -154,22 +154,6 @@ def test_a_damaged_record_is_an_error_naming_the_file(tmp_path: Path) -> None:
         layout.PLAN_FILE.read(rd)
     rd.write_bytes_atomic(layout.SCHEDULE, b"{torn")  # an estimate: ignored, not an error
     assert layout.SCHEDULE_FILE.read(rd) is None
-
-
-def test_the_one_lock_staleness_rule() -> None:
-    now = 1_000_000.0
-    rec = LockRecord(host="a", pid=1, session="s", started_at=now - 100, heartbeat_at=now - 20)
-    alive = {"pid_alive": lambda pid: True}
-    assert rec.why_gone(now, hostname="a", **alive) == ""
-    assert "pid 1 is gone" in rec.why_gone(now, hostname="a", pid_alive=lambda pid: False)
-    old = rec.model_copy(update={"heartbeat_at": now - layout.LOCK_STALE_S - 1})
-    assert "heartbeat" in old.why_gone(now, hostname="a", **alive)
-    # from another host the clock-skew allowance applies, and the pid is not ours to check
-    assert old.why_gone(now, hostname="b", pid_alive=lambda pid: False) == ""
-    older = rec.model_copy(
-        update={"heartbeat_at": now - layout.LOCK_STALE_S - layout.CLOCK_SKEW_S - 1}
-    )
-    assert "heartbeat" in older.why_gone(now, hostname="b", **alive)
 
 
 def test_the_atomic_writer_leaves_nothing_on_error(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ import pytest
 from regen.errors import FingerprintMismatchError, LockHeldError
 from regen.manifest import parse_manifest
 from regen.store import RunDir, layout
-from regen.store.layout import LOCK_STALE_S, LockRecord
-from regen.store.lock import RunLock, read_lock
+from regen.store.layout import LockRecord
+from regen.store.lock import CLOCK_SKEW_S, LOCK_STALE_S, RunLock, read_lock, why_gone
 from regen.store.run import prepare_run, public_url
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,12 +42,52 @@ def test_prepare_run_writes_once_and_refuses_other_fingerprint(tmp_path) -> None
     assert "name: t" in rd.read_text(layout.MANIFEST)
     again = prepare_run(rd, _manifest(), [])
     assert again.created_at == info.created_at
-    with pytest.raises(FingerprintMismatchError):
+    with pytest.raises(FingerprintMismatchError) as refused:
         prepare_run(rd, _manifest(temperature=0.0), [])
+    # each field that changed, with both values (not two hashes)
+    assert "sampling.temperature 0.6 -> 0.0 (run directory -> this manifest)" in str(refused.value)
+    assert info.fingerprint not in str(refused.value)
     forced = prepare_run(rd, _manifest(temperature=0.0), [], force=True)
     assert forced.fingerprint == _manifest(0.0).fingerprint()
     assert forced.previous_fingerprints == [info.fingerprint]
     assert layout.RUN_FILE.read(rd).fingerprint == forced.fingerprint
+    # what each settings id of the run's rows stands for
+    settings = layout.RUN_FILE.read(rd).settings
+    assert {k: v["sampling.temperature"] for k, v in settings.items()} == {
+        _manifest().settings_id(): 0.6,
+        _manifest(0.0).settings_id(): 0.0,
+    }
+
+
+def test_the_refusal_names_every_changed_field(tmp_path) -> None:
+    from regen.manifest import parse_manifest
+
+    def manifest(**kw):
+        data = {"name": "t", "target": {"model": "m", "tokenizer": "tok"},
+                "sampling": {"temperature": 0.6},
+                "sources": [{"name": "s", "adapter": "sharegpt", "path": "x.jsonl"}]}  # fmt: skip
+        for k, v in kw.items():
+            data[k] = v
+        return parse_manifest(data)
+
+    rd = RunDir.open(tmp_path / "r")
+    prepare_run(rd, manifest(), [])
+    other = manifest(
+        target={"model": "k2", "tokenizer": "tok"},
+        sampling={"temperature": 0.6, "max_tokens": 512},
+        sources=[{"name": "s", "adapter": "sharegpt", "path": "x.jsonl", "limit": 5},
+                 {"name": "new", "adapter": "xlam", "path": "y.jsonl"}],
+    )  # fmt: skip
+    with pytest.raises(FingerprintMismatchError) as refused:
+        prepare_run(rd, other, [])
+    msg = str(refused.value)
+    for part in ('target.model "m" -> "k2"', "sampling.max_tokens 4096 -> 512",
+                 "sources.s.limit null -> 5", "sources.new: added"):  # fmt: skip
+        assert part in msg, msg
+    assert "sources.new.adapter" not in msg  # a new source is one entry
+    rd.write_text_atomic(layout.MANIFEST, "not: [a manifest")  # nothing left to compare with
+    with pytest.raises(FingerprintMismatchError, match=r"fingerprint [0-9a-f]{32}, this manifest"):
+        prepare_run(rd, other, [])
 
 
 def test_public_url_strips_credentials() -> None:
@@ -82,7 +122,7 @@ def test_stale_heartbeat_is_taken_over(tmp_path, caplog) -> None:
     _write_lock(rd, heartbeat_at=time.time() - LOCK_STALE_S - 5)
     with pytest.raises(LockHeldError):
         RunLock(rd, "new").acquire()
-    _write_lock(rd, heartbeat_at=time.time() - LOCK_STALE_S - layout.CLOCK_SKEW_S - 1)
+    _write_lock(rd, heartbeat_at=time.time() - LOCK_STALE_S - CLOCK_SKEW_S - 1)
     with RunLock(rd, "new"):
         assert read_lock(rd).session == "new"
     assert "stale lock" in caplog.text
@@ -166,3 +206,17 @@ def test_two_processes_racing_for_a_stale_lock_one_wins(tmp_path) -> None:
                  for i in range(4)]  # fmt: skip
         results = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
         assert results == ["lost", "lost", "lost", "won"]
+
+
+def test_the_one_lock_staleness_rule() -> None:
+    now = 1_000_000.0
+    rec = LockRecord(host="a", pid=1, session="s", started_at=now - 100, heartbeat_at=now - 20)
+    alive = {"pid_alive": lambda pid: True}
+    assert why_gone(rec, now, hostname="a", **alive) == ""
+    assert "pid 1 is gone" in why_gone(rec, now, hostname="a", pid_alive=lambda pid: False)
+    old = rec.model_copy(update={"heartbeat_at": now - LOCK_STALE_S - 1})
+    assert "heartbeat" in why_gone(old, now, hostname="a", **alive)
+    # from another host the clock-skew allowance applies, and the pid is not ours to check
+    assert why_gone(old, now, hostname="b", pid_alive=lambda pid: False) == ""
+    older = rec.model_copy(update={"heartbeat_at": now - LOCK_STALE_S - CLOCK_SKEW_S - 1})
+    assert "heartbeat" in why_gone(older, now, hostname="b", **alive)

@@ -14,9 +14,12 @@ from _s3 import moto_s3
 
 from regen.errors import LockHeldError
 from regen.store import RunDir, layout
-from regen.store.journal import CompletedSample, Journal, list_parts, read_done
-from regen.store.layout import LOCK_STALE_S, LockRecord
-from regen.store.lock import RunLock, S3LockStore, lock_store, read_lock
+from regen.store.completed import CompletedSample
+from regen.store.doneset import read_done
+from regen.store.layout import LockRecord
+from regen.store.lock import LOCK_STALE_S, RunLock, S3LockStore, lock_store, read_lock
+from regen.store.parts import list_parts
+from regen.store.segments import Journal
 from regen.store.verify import cheap_problems, verify_run
 
 
@@ -50,8 +53,12 @@ def test_parts_records_and_no_journal_on_s3(s3) -> None:
     done = read_done(rd)
     assert done.ids == {"src:0", "src:1", "src:2"} and done.damaged == []
     rep = verify_run(rd, check_plan=False)
-    # these test rows are not regen.rows.SCHEMA: the only problem verify finds, and it says so
-    assert [(p.kind, p.path) for p in rep.problems] == [("schema", "parts/S1-00000.parquet")]
+    # these test rows are not regen.rows.SCHEMA, and no driver wrote a progress file: the only
+    # problems verify finds, and it says so
+    assert [(p.kind, p.path) for p in rep.problems] == [
+        ("schema", "parts/S1-00000.parquet"),
+        ("progress", "progress.json"),
+    ]
     assert rep.samples == 3 and rep.parts == 1
 
 

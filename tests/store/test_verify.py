@@ -10,10 +10,14 @@ import pyarrow as pa
 import pytest
 
 from regen.errors import LockHeldError, RunDirError
-from regen.progress import Pending, ProgressSnapshot, SourceProgress
 from regen.store import RunDir, layout
-from regen.store.journal import CompletedSample, Journal, list_parts, read_done
+from regen.store.completed import CompletedSample
+from regen.store.counts import SourceCounts
+from regen.store.doneset import read_done
 from regen.store.lock import RunLock
+from regen.store.parts import list_parts
+from regen.store.progress import ProgressSnapshot, SourceProgress
+from regen.store.segments import Journal
 from regen.store.verify import cheap_problems, refuse_damaged, verify_run
 
 
@@ -32,8 +36,9 @@ def run_dir(tmp_path: Path, n: int = 8, per_part: int = 4) -> RunDir:
             j.roll()
     snap = ProgressSnapshot(name="r", model="m", session="S1", host="h", pid=1, state="finished")
     snap.sources["a"] = SourceProgress(total=n, done=n, rows=n, prompt_tokens=2 * n,
-                                       completion_tokens=10 * n, pending=Pending())  # fmt: skip
-    layout.write_progress(rd, snap)
+                                       completion_tokens=10 * n,
+                                       pending=SourceCounts())  # fmt: skip
+    layout.PROGRESS_FILE.write(rd, snap)
     return rd
 
 
@@ -79,7 +84,7 @@ def test_repair_quarantines_and_recounts(tmp_path: Path) -> None:
     assert rep.repaired
     assert layout.quarantine_path(p0).split("/")[-1] in rd.list(layout.QUARANTINE_DIR)
     assert read_done(rd).ids == {f"a:{i}" for i in range(4, 8)}
-    assert layout.read_progress(rd).sources["a"].done == 4
+    assert layout.PROGRESS_FILE.read(rd).sources["a"].done == 4
     assert kinds(rd) == []
 
 
@@ -112,7 +117,9 @@ def test_a_part_without_record_is_read_and_given_one(tmp_path: Path) -> None:
     assert rec is not None and rec.samples == 4
 
 
-def test_ids_not_in_the_plan(tmp_path: Path) -> None:
+def test_ids_not_in_the_plan_are_stale_not_lost(tmp_path: Path) -> None:
+    """Stored samples the recorded plan does not hold are stale answers (noted, not counted,
+    kept in their parts); --repair recounts, and the next verify is clean."""
     from regen.engine.planning import plan_session, write_plan
     from regen.manifest import load_manifest
     from regen.store.run import prepare_run
@@ -121,10 +128,110 @@ def test_ids_not_in_the_plan(tmp_path: Path) -> None:
     m = load_manifest(demo)
     rd = run_dir(tmp_path, n=4)
     prepare_run(rd, m, [])
-    plan = plan_session(m, set(), {}, limit=10)
+    plan = plan_session(m, set(), {}, limit=10, rd=rd)
     write_plan(rd, plan, "S1", m, 10)
     plan.spill.close()
     rep = verify_run(rd)
-    bad = [p for p in rep.problems if p.kind == "not_in_plan"]
-    assert bad and "4 stored sample id(s)" in bad[0].message
+    assert any("4 stale answer(s) (4 of a sample no longer planned" in n for n in rep.notes)
+    assert [p.message for p in rep.problems if p.kind == "counts"] == [
+        "source 'a': 4 samples counted done, the parts and journal hold 0",
+        "source 'a': 0 stale answers counted, the parts and journal hold 4",
+    ]
+    fixed = verify_run(rd, repair=True)
+    assert fixed.problems == [p for p in fixed.problems if p.kind == "schema"]
+    snap = layout.PROGRESS_FILE.read(rd)
+    assert (snap.sources["a"].done, snap.sources["a"].stale.done) == (0, 4)
+    assert sum(sp.total for sp in snap.sources.values()) == 10
+    assert read_done(rd).ids == {f"a:{i}" for i in range(4)}  # kept
     assert json.loads(json.dumps(rep.to_dict()))["clean"] is False
+
+
+def _native_run(tmp_path: Path, n: int = 8) -> RunDir:
+    """Parts of real rows (native rows: regen.rows.SCHEMA) and the progress file counting
+    them: a directory verify finds clean (plan checks aside)."""
+    from regen.rows import native_row
+    from regen.sample import Sample
+
+    rd = RunDir.open(tmp_path / "run")
+    j = Journal(rd, "S1")
+    for i in range(n):
+        s = Sample(f"k:{i}", "k", [], mode="native", input_ids=list(range(6)),
+                   loss_mask=[0, 0, 1, 1, 1, 1])  # fmt: skip
+        j.append(CompletedSample(s.id, "k", [native_row(s)]))
+        if (i + 1) % 4 == 0:
+            j.roll()
+    snap = ProgressSnapshot(name="r", model="m", session="S1", host="h", pid=1, state="finished")
+    snap.sources["k"] = SourceProgress(total=n, done=n, rows=n, prompt_tokens=2 * n,
+                                       completion_tokens=4 * n, regenerate=False,
+                                       pending=SourceCounts())  # fmt: skip
+    layout.PROGRESS_FILE.write(rd, snap)
+    assert verify_run(rd, check_plan=False).clean
+    return rd
+
+
+@pytest.mark.parametrize("garbage", [b"garbage{", b"", b'{"version": 1}', b"\x00\xff" * 40])
+def test_repair_rebuilds_a_damaged_progress_file_from_the_parts(tmp_path, garbage) -> None:
+    rd = _native_run(tmp_path)
+    rd.write_bytes_atomic(layout.PROGRESS, garbage)
+    rep = verify_run(rd, check_plan=False)
+    assert [p.kind for p in rep.problems] == ["progress"]
+    fixed = verify_run(rd, repair=True, check_plan=False)
+    assert fixed.problems == [] and [p.kind for p in fixed.found] == ["progress"]
+    snap = layout.PROGRESS_FILE.read(rd)
+    assert snap is not None and snap.state == "finished"
+    k = snap.sources["k"]
+    assert (k.done, k.rows, k.prompt_tokens, k.completion_tokens) == (8, 8, 16, 32)
+    assert layout.quarantine_path(layout.PROGRESS).split("/")[-1] in rd.list(layout.QUARANTINE_DIR)
+    assert verify_run(rd, check_plan=False).clean
+
+
+def test_repair_rebuilds_a_damaged_part_record_and_keeps_the_part(tmp_path: Path) -> None:
+    rd = _native_run(tmp_path)
+    st = list_parts(rd)[0]
+    rd.write_bytes_atomic(layout.part_record_path(st.stem), b"\x00garbage")
+    rep = verify_run(rd, check_plan=False)
+    assert [(p.kind, p.path) for p in rep.problems] == [
+        ("record_damaged", layout.part_record_path(st.stem))
+    ]
+    fixed = verify_run(rd, repair=True, check_plan=False)
+    assert fixed.problems == [] and rd.exists(st.part)
+    assert f"rebuilt {layout.part_record_path(st.stem)} from its part" in fixed.repaired
+    assert read_done(rd).ids == {f"k:{i}" for i in range(8)}
+
+
+def test_repair_sets_a_damaged_checks_file_aside(tmp_path: Path) -> None:
+    rd = _native_run(tmp_path)
+    rd.write_bytes_atomic(layout.CHECKS, b'{"key": 3')
+    assert [p.kind for p in verify_run(rd, check_plan=False).problems] == ["checks"]
+    fixed = verify_run(rd, repair=True, check_plan=False)
+    assert fixed.problems == [] and not rd.exists(layout.CHECKS)
+    assert layout.CHECKS_FILE.read(rd) is None  # the next run checks again and writes it
+
+
+@pytest.mark.parametrize("damage", ["garbage", "deleted", "samples"])
+def test_repair_rebuilds_the_plan_index_from_the_sources(tmp_path: Path, damage: str) -> None:
+    from regen.engine.planning import plan_session, write_plan
+    from regen.manifest import load_manifest
+    from regen.store.planindex import recorded_plan
+    from regen.store.run import prepare_run
+
+    demo = Path(__file__).resolve().parents[2] / "manifests" / "demo.yaml"
+    m = load_manifest(demo)
+    rd = RunDir.open(tmp_path / "run")
+    prepare_run(rd, m, [])
+    plan = plan_session(m, set(), {}, limit=20, rd=rd)
+    write_plan(rd, plan, "S1", m, 20)
+    plan.spill.close()
+    want, _ = recorded_plan(rd)
+    assert want is not None and verify_run(rd).clean
+    if damage == "garbage":
+        rd.write_bytes_atomic(layout.PLAN_INDEX, b'{"version": 1, "key"')
+    elif damage == "deleted":
+        rd.delete(layout.PLAN_INDEX)
+    else:
+        rd.write_bytes_atomic(layout.PLAN_SAMPLES, b"PAR1 not a plan")
+    assert [p.kind for p in verify_run(rd).problems] == ["plan_index"]
+    fixed = verify_run(rd, repair=True)
+    assert fixed.problems == [], fixed.repaired
+    got, why = recorded_plan(rd)
+    assert why == "" and got is not None and got.equals(want)

@@ -5,13 +5,13 @@ golden conversations, on the benchmark workload and on chains the Kimi template 
 from __future__ import annotations
 
 import random
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from transformers import AutoTokenizer
 
+from benchmarks._workload import make_rows
 from regen.sample import Message, ToolCall
 from regen.template.codec import PROBES, TokenCodec
 from regen.template.extend import Boundaries
@@ -19,9 +19,6 @@ from regen.template.render import BOUNDARY_TOKENS, KimiRenderer
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from _workload import make_rows  # noqa: E402
 
 TEXTS = [
     *PROBES,

@@ -11,7 +11,7 @@ from regen.sample import Message, ToolCall
 from regen.template.render import (
     KimiRenderer,
     response_text,
-    split_reasoning,
+    split_response,
     think_state,
     tool_calls_section,
 )
@@ -194,5 +194,5 @@ def test_parserless_output_without_think_close_is_flagged(renderer: KimiRenderer
         ("none", "R", "<think>C", ("R", "<think>C", "content_has_think")),
     ],
 )
-def test_split_reasoning(state: str, reasoning: str | None, content: str, expected: tuple) -> None:
-    assert split_reasoning(state, reasoning, content) == expected  # type: ignore[arg-type]
+def test_split_response(state: str, reasoning: str | None, content: str, expected: tuple) -> None:
+    assert split_response(state, reasoning, content) == expected  # type: ignore[arg-type]

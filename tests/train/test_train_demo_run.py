@@ -61,6 +61,28 @@ def _lines(export: Path) -> list[str]:
     ]
 
 
+def test_the_demo_targets_answers_finish_like_a_real_targets(demo_run: Path) -> None:
+    """Of the regenerated answers of a real demo run: at least 80 % end with <|im_end|> (not
+    max_tokens), close their reasoning (content or a tool call after </think>, as the server's
+    parser split them) and, where tools were offered, call one in Kimi's section format that the
+    server parsed; most of those calls fit the declared tools (the rest is flagged)."""
+    rows = [r for p in sorted((demo_run / L.PARTS_DIR).glob("*.parquet"))
+            for r in pq.read_table(p).to_pylist() if r["token_source"] != "native"]  # fmt: skip
+    assert len(rows) > 60
+
+    def calls(r: dict) -> list:
+        return json.loads(r["tool_calls"]) if r["tool_calls"] else []
+
+    finished = [r for r in rows if r["finish_reason"] != "length" and not r["truncated"]]
+    closed = [r for r in rows if (r["content"] or "").strip() or calls(r)]
+    offered = [r for r in rows if r["tools"] and json.loads(r["tools"])]
+    called = [r for r in offered if calls(r)]
+    fit = [r for r in called if "bad_tool_call" not in r["quality_flags"]]
+    shares = (len(finished) / len(rows), len(closed) / len(rows), len(called) / len(offered))
+    assert min(shares) >= 0.8, shares
+    assert len(fit) >= 0.5 * len(called), (len(fit), len(called))
+
+
 def test_specforge_cli_plans_the_demo_runs_dry_run(run_copy: Path, demo_yaml, capsys) -> None:
     assert regen_main(["train", str(run_copy), "--config", str(demo_yaml()), "--dry-run"]) == 0
     out = capsys.readouterr().out

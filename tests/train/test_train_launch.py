@@ -11,13 +11,15 @@ from train_fixtures import good_rows, kimi_config, kimi_row, write_export
 
 from regen.cli.main import main as regen_main
 from regen.errors import TrapError
-from regen.train import layout
+from regen.train import data
 from regen.train.launch import launch_training, prepare_training
 from regen.train.preflight import count_prepared, preflight
 
 
 def test_dry_run_writes_validated_config_and_exact_command(run_dir: Path, write_train_yaml):
-    result = launch_training(run_dir, write_train_yaml(), dry_run=True, launcher="echo")
+    result = launch_training(
+        data.open_local(run_dir), write_train_yaml(), dry_run=True, launcher="echo"
+    )
     plan = result.plan
     run_yaml = run_dir / "train" / "run.yaml"
     assert result.submission_id is None and not (run_dir / "train" / "job.json").exists()
@@ -55,12 +57,14 @@ def test_bad_export_is_refused_before_submitting(tmp_path: Path, write_train_yam
     covers["loss_mask"] = [1] * len(covers["input_ids"])
     write_export(rd, [*good_rows(3), covers], shards=1)
     with pytest.raises(TrapError) as ei:
-        prepare_training(rd, write_train_yaml())
+        prepare_training(data.open_local(rd), write_train_yaml())
     assert ei.value.trap == "loss-mask-covers-prompt"
 
 
 def test_preflight_runs_specforge_prompt_builder(run_dir: Path, write_train_yaml):
-    prepare_training(run_dir, write_train_yaml(), launcher="echo", python=sys.executable)
+    prepare_training(
+        data.open_local(run_dir), write_train_yaml(), launcher="echo", python=sys.executable
+    )
     record = preflight(str(run_dir))
     assert record["ok"] and record["rows"] == 6 and record["prepared"] == 6
     assert record["exec_argv"][0] == "echo"
@@ -71,9 +75,9 @@ def test_preflight_runs_specforge_prompt_builder(run_dir: Path, write_train_yaml
 
 
 def test_preflight_refuses_a_config_changed_after_launch(run_dir: Path, write_train_yaml):
-    prepare_training(run_dir, write_train_yaml())
-    (run_dir / layout.TRAIN_YAML).write_text(
-        (run_dir / layout.TRAIN_YAML).read_text().replace("EAGLE3", "EAGLE")
+    prepare_training(data.open_local(run_dir), write_train_yaml())
+    (run_dir / data.TRAIN_YAML).write_text(
+        (run_dir / data.TRAIN_YAML).read_text().replace("EAGLE3", "EAGLE")
     )
     with pytest.raises(TrapError) as ei:
         preflight(str(run_dir))
@@ -104,7 +108,7 @@ def test_run_without_export_is_exported_then_reexported_when_stale(
     rd = tmp_path / "fresh"
     _write_parts(rd, good_rows(4))
     cfg = write_train_yaml(kimi_config(export={"shard_rows": 0}))
-    plan = prepare_training(rd, cfg)
+    plan = prepare_training(data.open_local(rd), cfg)
     assert plan.prompts_path == rd / "export" / "shard-00000.jsonl"  # one shard: used directly
     assert plan.scan.rows == 4
     rows = [json.loads(line) for line in plan.prompts_path.read_text().splitlines()]
@@ -117,7 +121,7 @@ def test_run_without_export_is_exported_then_reexported_when_stale(
     past = time.time() - 60
     os.utime(stats, (past, past))
     _write_parts(rd, good_rows(6)[4:], first_id=4)
-    assert prepare_training(rd, cfg).scan.rows == 6
+    assert prepare_training(data.open_local(rd), cfg).scan.rows == 6
 
 
 def test_preflight_refuses_a_capture_server_running_eagle(
@@ -129,7 +133,7 @@ def test_preflight_refuses_a_capture_server_running_eagle(
         instant=True, speculative_algorithm="EAGLE", speculative_draft_model_path="/d"
     ) as sim:
         cfg = write_train_yaml(kimi_config(capture={"server_urls": [sim.base]}))
-        prepare_training(run_dir, cfg)
+        prepare_training(data.open_local(run_dir), cfg)
         with pytest.raises(TrapError) as ei:
             preflight(str(run_dir))
     assert ei.value.trap == "eagle-vs-eagle3" and sim.base in str(ei.value)
@@ -166,11 +170,11 @@ def test_submission_retries_a_refusal_without_sleeping(
     fake = _FlakyJobClient(refusals, lands)
     monkeypatch.setattr(launch, "_client", lambda address: fake)
     slept: list[float] = []
-    plan = prepare_training(run_dir, write_train_yaml(), gpus=8)
+    plan = prepare_training(data.open_local(run_dir), write_train_yaml(), gpus=8)
     sid = launch.submit_training(plan, sleep=slept.append)
     assert fake.calls == calls and sid in fake.jobs
     assert slept == [0.5, 1.0][: calls - 1]
-    job = json.loads((run_dir / layout.JOB).read_text())
+    job = json.loads((run_dir / data.JOB).read_text())
     assert job["submission_id"] == sid and job["entrypoint_num_gpus"] == 8
     assert job["state"] == "PENDING"
 
@@ -181,10 +185,10 @@ def test_submission_gives_up_with_a_config_error(monkeypatch, run_dir: Path, wri
 
     fake = _FlakyJobClient(refusals=99)
     monkeypatch.setattr(launch, "_client", lambda address: fake)
-    plan = prepare_training(run_dir, write_train_yaml())
+    plan = prepare_training(data.open_local(run_dir), write_train_yaml())
     with pytest.raises(ConfigError, match="after 3 attempts"):
         launch.submit_training(plan, attempts=3, sleep=lambda s: None)
-    assert fake.calls == 3 and not (run_dir / layout.JOB).exists()
+    assert fake.calls == 3 and not (run_dir / data.JOB).exists()
 
 
 class _StatusClient:
@@ -214,11 +218,13 @@ def test_follow_records_each_state_change_once_and_survives_a_glitch(monkeypatch
     script = ["PENDING", "RUNNING", ConnectionError("reset"), "RUNNING", "SUCCEEDED"]
     monkeypatch.setattr(launch, "_client", lambda address: _StatusClient(script))
     (run_dir / "train").mkdir()
-    (run_dir / layout.JOB).write_text(json.dumps({"state": "PENDING", "history": []}))
+    (run_dir / data.JOB).write_text(json.dumps({"state": "PENDING", "history": []}))
     slept: list[float] = []
-    state, message, seen = launch.follow_job(run_dir, "sid", poll_s=7, sleep=slept.append)
+    state, message, seen = launch.follow_job(
+        data.open_local(run_dir), "sid", poll_s=7, sleep=slept.append
+    )
     assert (state, seen) == ("SUCCEEDED", ["PENDING", "RUNNING", "SUCCEEDED"])
     assert message == "Job finished successfully." and slept == [7, 7, 7, 7]
-    job = json.loads((run_dir / layout.JOB).read_text())
+    job = json.loads((run_dir / data.JOB).read_text())
     assert [h["state"] for h in job["history"]] == ["RUNNING", "SUCCEEDED"]
     assert job["state"] == "SUCCEEDED"

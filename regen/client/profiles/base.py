@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from regen.client.metrics import MetricNames
+
 if TYPE_CHECKING:
     from regen.client.stream import StreamAccumulator
 
@@ -77,6 +79,8 @@ class EngineProfile:
     #: whether a request's ``seed`` is honoured without a server flag (SGLang needs
     #: --enable-deterministic-inference; vLLM seeds each request)
     seeds_requests: bool = False
+    #: where its ``/metrics`` page says how loaded the server is (None: no page regen reads)
+    metrics: MetricNames | None = None
 
     def ids_fields(self, streaming: bool) -> dict[str, Any]:
         """The request fields that ask for the exact ids (``{}``: the engine has none)."""

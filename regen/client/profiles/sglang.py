@@ -8,13 +8,18 @@
   when combined with ``stream``); both on the choice: ``prompt_token_ids``,
   ``response_token_ids``;
 - reasoning in ``reasoning_content``; identity and speculative settings in ``/server_info``;
-  a request's seed matters only under ``--enable-deterministic-inference``.
+  a request's seed matters only under ``--enable-deterministic-inference``;
+- with ``--enable-metrics``, Prometheus text at ``/metrics`` (``observability/
+  metrics_collector.py``: the scheduler's gauges, the tokenizer manager's counters;
+  tests/contract/test_metrics_contract.py holds :data:`METRICS` against the wheel); without
+  it ``/metrics`` is a 404.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from regen.client.metrics import MetricNames
 from regen.client.profiles.base import EngineProfile, Identity, Ids, TokenPath, get_json, id_list
 
 if TYPE_CHECKING:
@@ -28,6 +33,23 @@ SPECULATIVE_KEYS = (
     "speculative_num_steps",
     "speculative_eagle_topk",
     "speculative_num_draft_tokens",
+)
+
+#: the series of SGLang's page that say how loaded it is (SchedulerMetricsCollector's gauges:
+#: labels model_name, engine_type, tp_rank, pp_rank, moe_ep_rank, dp_rank with DP attention;
+#: TokenizerMetricsCollector's counters: model_name, engine_type, and is_streaming on the
+#: token counters). ``token_usage`` is the KV pool's used share; ``gen_throughput`` the
+#: decode tok/s of the last log interval; ``spec_accept_length`` tokens per verify step.
+METRICS = MetricNames(
+    prefix="sglang:",
+    running="sglang:num_running_reqs",
+    queued="sglang:num_queue_reqs",
+    kv_usage="sglang:token_usage",
+    generation_tokens="sglang:generation_tokens_total",
+    prompt_tokens="sglang:prompt_tokens_total",
+    gen_throughput="sglang:gen_throughput",
+    aborted="sglang:num_aborted_requests_total",
+    spec_accept_length="sglang:spec_accept_length",
 )
 
 
@@ -69,6 +91,7 @@ class SGLangProfile(EngineProfile):
     gives_ids = True
     reasoning_field = "reasoning_content"
     seeds_requests = False
+    metrics = METRICS
 
     def ids_fields(self, streaming: bool) -> dict[str, Any]:
         if streaming:

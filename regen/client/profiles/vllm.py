@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from regen.client.metrics import (
+    MetricNames,
     MetricSample,
     counter_total,
     has_prefix,
@@ -53,6 +54,23 @@ SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 #: requests refused by admission control (--max-num-queued-reqs), label ``reason``
 ADMISSION_REJECTIONS = "vllm:admission_rejections_total"
+#: the series of vLLM's page that say how loaded it is (v1/metrics/loggers.py, labels
+#: model_name and engine, one series per engine core): the scheduler's gauges, the token
+#: counters, requests finished per reason (``abort`` among them), admission refusals. vLLM
+#: has no throughput gauge: it is the generation counter's rate between two readings.
+METRICS = MetricNames(
+    prefix=METRIC_PREFIX,
+    running="vllm:num_requests_running",
+    queued="vllm:num_requests_waiting",
+    kv_usage="vllm:kv_cache_usage_perc",
+    generation_tokens="vllm:generation_tokens_total",
+    prompt_tokens="vllm:prompt_tokens_total",
+    aborted="vllm:request_success_total",
+    aborted_labels={"finished_reason": "abort"},
+    refused=ADMISSION_REJECTIONS,
+    spec_drafts=SPEC_DRAFTS,
+    spec_accepted=SPEC_ACCEPTED,
+)
 
 
 def dev_config(data: Any) -> dict[str, Any] | None:
@@ -92,6 +110,7 @@ class VLLMProfile(EngineProfile):
     gives_ids = True
     reasoning_field = "reasoning"
     seeds_requests = True
+    metrics = METRICS
 
     def ids_fields(self, streaming: bool) -> dict[str, Any]:
         return {"return_token_ids": True}

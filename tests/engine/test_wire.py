@@ -11,12 +11,15 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from regen.engine.batch import Mailbox, PackedOutcome, Reply, pack, unpack_reply
+from regen.engine.wire import Mailbox, PackedOutcome, Reply, pack, unpack_reply
 from regen.engine.worker import SampleOutcome
 from regen.rows import SCHEMA, rows_to_table
 from regen.sample import Message, Sample
 from regen.store import RunDir, layout
-from regen.store.journal import CompletedSample, Journal, count_rows, part_bytes, samples_table
+from regen.store.completed import CompletedSample
+from regen.store.counts import count_rows
+from regen.store.parts import part_bytes, samples_table
+from regen.store.segments import Journal
 
 
 def rows_of(sid: str, turns: int, rng: random.Random) -> list[dict[str, Any]]:
@@ -63,7 +66,7 @@ def test_packed_outcomes_store_the_same_lines_and_byte_identical_parts() -> None
         reply = Reply.from_wire(pack(chunk, rows_to_table).wire())
         for o in unpack_reply(reply):
             if isinstance(o, PackedOutcome):
-                assert o.packed and o.rows == [] and o.table is not None
+                assert o.rows == [] and o.table is not None
                 src = next(x for x in outs if x.sample_id == o.sample_id)
                 assert o.line == CompletedSample(src.sample_id, src.source, src.rows).to_line()
                 assert o.counts == count_rows(src.rows)
@@ -122,10 +125,19 @@ def test_a_new_attempt_packed_stores_the_same_line_and_record(tmp_path) -> None:
     assert rec.read(a).sources == rec.read(b).sources
 
 
-def test_rows_that_do_not_convert_are_sent_as_they_are() -> None:
-    outs = [SampleOutcome("s:1", "s", [{"turn": 0, "completion_tokens": 3}])]
-    reply = pack(outs, rows_to_table)
-    assert reply.rows == b"" and reply.outcomes[0] is outs[0]  # the driver converts (and fails)
+def test_a_sample_whose_rows_do_not_convert_is_a_permanent_failure_of_its_own() -> None:
+    outs = outcomes(3, seed=5)
+    outs.insert(1, SampleOutcome("s:bad", "s", [{"turn": 0, "completion_tokens": 3}], slots=9))
+    back = unpack_reply(Reply.from_wire(pack(outs, rows_to_table).wire()))
+    bad = next(o for o in back if o.sample_id == "s:bad")
+    assert not isinstance(bad, PackedOutcome)
+    assert (bad.status, bad.kind, bad.rows) == ("permanent", "row", [])
+    assert "do not convert to the Parquet schema" in bad.message
+    good = [o for o in back if isinstance(o, PackedOutcome)]
+    assert [o.sample_id for o in good] == [o.sample_id for o in outs if o.sample_id != "s:bad"]
+    for o in good:  # the others are stored as if the bad one had not been in the reply
+        src = next(x for x in outs if x.sample_id == o.sample_id)
+        assert o.table is not None and o.table.equals(rows_to_table(src.rows))
 
 
 class Scripted:
@@ -160,7 +172,7 @@ LONG = 60.0
 def test_a_reply_lingers_while_the_worker_has_work_waiting() -> None:
     async def go() -> None:
         w = Scripted(2)
-        box = Mailbox(w, to_table=None, linger_s=0.3)
+        box = Mailbox(w, to_table=pa.Table.from_pylist, linger_s=0.3)
         w.slots.waiting = 5  # plenty queued: no hurry
         t0 = asyncio.get_running_loop().time()
         task = asyncio.ensure_future(box.exchange([sample(i) for i in range(3)], LONG, 1))
@@ -199,14 +211,14 @@ def test_a_reply_lingers_while_the_worker_has_work_waiting() -> None:
 def test_a_worker_that_cannot_go_on_says_so_in_every_reply() -> None:
     async def go() -> None:
         w = Scripted(2)
-        box = Mailbox(w, to_table=None, linger_s=0.0)
+        box = Mailbox(w, to_table=pa.Table.from_pylist, linger_s=0.0)
         task = asyncio.ensure_future(box.exchange([sample("boom"), sample(1)], 2.0))
         await asyncio.sleep(0.01)
         w.gates["s:boom"].set()
         reply = await task
         assert reply.error == "RuntimeError: a bug" and not reply.init_failed
         problem = ["TemplateError: no tokenizer"]
-        box2 = Mailbox(Scripted(1), to_table=None, problem=lambda: problem[0])
+        box2 = Mailbox(Scripted(1), to_table=pa.Table.from_pylist, problem=lambda: problem[0])
         reply = await box2.exchange([sample(2)], 2.0)
         assert reply.error == problem[0] and reply.init_failed
         box.cancel_all()
@@ -224,5 +236,5 @@ def test_the_wire_format_round_trips(n: int) -> None:
     reply.slots, reply.snapshot = 7, {"sent": 3}
     back = Reply.from_wire(reply.wire())
     assert (back.rows, back.slots, back.snapshot) == (reply.rows, 7, {"sent": 3})
-    assert back.outcomes[0] == reply.outcomes[-1]  # the unpacked ones come first
+    assert back.outcomes[0] == reply.outcomes[-1]  # the failed ones come first
     assert back.outcomes[1:] == reply.outcomes[:-1]

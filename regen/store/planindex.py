@@ -37,6 +37,10 @@ are read as before and the index is written again, with one line saying why:
 - ``plan/samples.parquet`` has the recorded size and sha256, and ``plan/rows.parquet`` the
   recorded size.
 
+The planned stream is :func:`iter_planned` (the manifest's samples through adapters, filters,
+dedup, near-duplicates and limits, in order): what the index holds when it is valid, and what
+a session (or ``regen verify``) reads without one.
+
 A torn or damaged index is therefore rebuilt, never trusted: it can neither drop nor invent a
 sample. A row that no longer matches its content hash when read (the file changed during the
 run) stops the session with one error and deletes ``plan/index.json``; the rerun rebuilds it.
@@ -46,11 +50,13 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import logging
 import pickle
 import time
 from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,9 +66,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from regen import __version__
-from regen.engine.schedule import PICKLE_PROTOCOL, PackedSample, QueueItems, Spill
 from regen.errors import RegenError, RunDirError, SourceError
 from regen.manifest import Manifest, Source
+from regen.packed import PICKLE_PROTOCOL, PackedSample, QueueItems, Spill
 from regen.sample import Message, Rejection, Sample, stable_hash
 from regen.sources.locate import (
     FileSignature,
@@ -156,6 +162,31 @@ def _indexed_source(manifest: Manifest, source: Source) -> IndexedSource:
 
 def _sig(s: IndexedSource) -> FileSignature:
     return FileSignature(s.size, s.mtime_ns, s.head_tail)
+
+
+# ---- the planned stream --------------------------------------------------------------------
+
+
+def native_check(manifest: Manifest) -> Callable[[Sample], str | None] | None:
+    """The check of native rows against the target tokenizer's vocabulary (None: no native
+    source)."""
+    if not any(s.mode == "native" for s in manifest.sources):
+        return None
+    from regen.native import VocabInfo, validate_native
+
+    vocab = VocabInfo.from_dir(
+        manifest.resolve(manifest.target.tokenizer),
+        trust_remote_code=manifest.target.trust_remote_code,
+    )
+    return lambda s: validate_native(s, vocab)
+
+
+def iter_planned(manifest: Manifest, limit: int | None) -> Iterator[Sample]:
+    """Every sample of the manifest in plan order (what a session without a valid index reads)."""
+    from regen.sources import read_samples
+
+    samples: Iterator[Sample] = read_samples(manifest, None, native_check(manifest))
+    return itertools.islice(samples, limit) if limit is not None else samples
 
 
 # ---- samples as JSON (hub rows) --------------------------------------------------------------
@@ -346,6 +377,8 @@ class IndexBuilder:
             self.discard()
             log.warning("the plan index was not written (%s): the next resume reads the "
                         "sources again", e)  # fmt: skip
+            if self.rd.exists(layout.PLAN_INDEX):  # an older plan's: no longer this one
+                invalidate(self.rd, "it holds an earlier plan")
             return False
         log.info("plan index written: %d samples (%s)", len(self.ids), layout.PLAN_INDEX)
         return True
@@ -437,6 +470,61 @@ def open_index(rd: RunDir, manifest: Manifest, limit: int | None) -> tuple[PlanI
     return PlanIndex(rd, manifest, rec, table), ""
 
 
+def recorded_plan(rd: RunDir) -> tuple[pa.Table | None, str]:
+    """The samples the latest session planned, as it recorded them, whatever the sources hold
+    now: ``(id, source, content_hash)`` of plan/samples.parquet's entries (repeats dropped) cut
+    at plan.json's ``--limit``. ``(None, "")`` when there is no index (a run from before it, or
+    a session that could not write it), ``(None, why)`` when it is damaged: index.json does not
+    parse, or plan/samples.parquet is not the file it describes."""
+    try:
+        rec = layout.PLAN_INDEX_FILE.read(rd)
+        plan = layout.PLAN_FILE.read(rd)
+    except RunDirError as e:
+        return None, str(e)
+    if rec is None:
+        return None, ""
+    if rec.version != INDEX_VERSION:
+        return (
+            None,
+            f"{layout.PLAN_INDEX} has format {rec.version}, this regen reads {INDEX_VERSION}",
+        )
+    want = rec.files.get(layout.PLAN_SAMPLES)
+    data = rd.read_bytes(layout.PLAN_SAMPLES)
+    if want is None or data is None:
+        return None, f"{layout.PLAN_SAMPLES} is missing"
+    if len(data) != want.bytes or hashlib.sha256(data).hexdigest() != want.sha256:
+        return None, f"{layout.PLAN_SAMPLES} is not the file {layout.PLAN_INDEX} describes"
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+    except (OSError, pa.ArrowException) as e:
+        return None, f"{layout.PLAN_SAMPLES} is unreadable ({e})"
+    if not table.schema.equals(SCHEMA) or table.num_rows != rec.samples:
+        return None, f"{layout.PLAN_SAMPLES} does not hold what the index says"
+    limit = plan.limit if plan is not None else rec.limit
+    if limit is not None:
+        table = table.slice(0, limit)
+    table = table.filter(pc.invert(table.column("repeat")))
+    return table.select(["id", "source", "content_hash"]), ""
+
+
+def rebuild(rd: RunDir, manifest: Manifest, limit: int | None) -> bool:
+    """Write plan/ again from the sources (what a session does without a valid index): the
+    planned stream of ``manifest`` cut at ``limit``. False (with one warning) when it could not
+    be written; a source that cannot be read raises (SourceError, OSError)."""
+    builder = IndexBuilder(rd, manifest)
+    seen: set[str] = set()
+    read = 0
+    try:
+        for s in iter_planned(manifest, limit):
+            read += 1
+            builder.add(s, repeat=s.id in seen)
+            seen.add(s.id)
+    except BaseException:
+        builder.discard()
+        raise
+    return builder.write(limit=limit, complete=limit is None or read < limit)
+
+
 def invalidate(rd: RunDir, why: str) -> None:
     """Delete plan/index.json: the next session reads the sources and writes it again."""
     try:
@@ -463,7 +551,7 @@ class _Entry:
 
 
 class IndexBodies:
-    """The bodies of an index-backed plan (:class:`regen.engine.schedule.Bodies`): ``get(i)``
+    """The bodies of an index-backed plan (:class:`regen.packed.Bodies`): ``get(i)``
     is the pickle of the sample at row ``i`` of plan/samples.parquet. JSONL rows are read when
     asked; Parquet and hub rows must have been read first (:meth:`preload`)."""
 

@@ -1,4 +1,4 @@
-"""Samples and outcomes in batches between the driver and a worker. Owns no files.
+"""The wire protocol with the actors: samples and outcomes in batches. Owns no files.
 
 One call, ``exchange(samples)``, hands a worker new samples and returns every outcome
 finished since its last reply, so a call's fixed cost (a Ray actor call costs the driver
@@ -17,14 +17,15 @@ still being built (the tokenizer still loading, say) take no slot, and the drive
 ``active``, so the servers never wait for row building. So a reply comes when the worker
 needs more work, not per sample, and no server slot waits for it.
 
-A finished sample comes back ready to store (:func:`pack`, in the worker, off its event loop):
-its journal line (the bytes of :meth:`regen.store.journal.CompletedSample.to_line`), its rows
-as part of one Arrow table per reply (``regen.rows.SCHEMA``, sent as Arrow IPC bytes: ~7x
-cheaper to read than a pickled table), the counters of its rows and their completion tokens.
-The driver neither encodes JSON nor converts rows. Rows that do not convert are sent as they
-are (the driver's old path converts them, and fails as it did).
+Every finished sample comes back ready to store (:func:`pack`, in the worker, off its event
+loop): its journal line (the bytes of :meth:`regen.store.completed.CompletedSample.to_line`),
+its rows as part of one Arrow table per reply (``regen.rows.SCHEMA``, sent as Arrow IPC bytes:
+~7x cheaper to read than a pickled table), the counters of its rows and their completion
+tokens: a :class:`PackedOutcome`, the one form the driver stores. The driver neither encodes
+JSON nor converts rows. A sample whose rows do not convert to the schema cannot become a
+training row: it comes back as a permanent failure (kind ``row``), recorded like any other.
 
-:class:`Mailbox` is the worker's side (inside a Ray actor, or on the local pool's event loop).
+:class:`Mailbox` is the worker's side (inside a Ray actor).
 A worker that cannot go on (its row builder could not start, or ``process`` raised: a bug)
 says so in every later reply (``error``); the driver then takes back everything it held.
 """
@@ -42,11 +43,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from regen.engine.schedule import unpacked
 from regen.engine.worker import SampleOutcome
 from regen.errors import RegenError
-from regen.store.journal import CompletedSample, count_rows, output_tokens
-from regen.store.layout import SourceCounts
+from regen.packed import unpacked
+from regen.store.completed import CompletedSample
+from regen.store.counts import SourceCounts, count_rows, output_tokens
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +63,8 @@ POLL_S = 0.05
 
 @dataclass(slots=True)
 class PackedOutcome(SampleOutcome):
-    """A finished sample as the driver stores it: ``rows`` stay empty when ``packed``."""
+    """A finished sample as the driver stores it (``rows`` stay empty: they are ``table``)."""
 
-    packed: bool = False
     line: bytes = b""  #: its journal line
     first: int = 0  #: its rows in the reply's table: [first, first + nrows)
     nrows: int = 0
@@ -90,7 +90,7 @@ class Reply:
     def wire(self) -> tuple[Any, ...]:
         packed, other = [], []
         for o in self.outcomes:
-            if isinstance(o, PackedOutcome) and o.packed:
+            if isinstance(o, PackedOutcome):
                 d = {f.name: getattr(o, f.name) for f in OUTCOME_FIELDS if f.name != "rows"}
                 counts = o.counts.model_dump() if o.counts is not None else None
                 d.update(line=o.line, first=o.first, nrows=o.nrows, tokens=o.tokens, counts=counts)
@@ -107,36 +107,59 @@ class Reply:
         for d in packed:
             counts = d.pop("counts")
             sc = SourceCounts(**counts) if counts else None
-            outcomes.append(PackedOutcome(**d, packed=True, counts=sc))
+            outcomes.append(PackedOutcome(**d, counts=sc))
         return cls(outcomes, rows, slots, error, init_failed, snapshot, active)
 
 
 def pack(outcomes: list[SampleOutcome], to_table: Callable[[list[dict[str, Any]]], Any]) -> Reply:
-    """The reply of ``outcomes``: done ones packed (journal line, rows in one table)."""
-    done = [o for o in outcomes if o.status == "done" and o.rows]
+    """The reply of ``outcomes``: every done one packed (journal line, rows in one table); one
+    whose rows do not convert is a permanent failure of its sample (module docstring)."""
+    done = [o for o in outcomes if o.status == "done"]
     table = None
     if done:
         try:
             table = to_table([r for o in done for r in o.rows])
-        except (RegenError, pa.ArrowException, TypeError, ValueError) as e:
-            log.warning("rows sent unconverted (%s)", e)  # the driver converts (and fails)
-            return Reply(list(outcomes))
+        except CONVERT_ERRORS as e:
+            log.warning("rows of a reply do not convert (%s): converting sample by sample", e)
+            outcomes, table = _one_by_one(outcomes, to_table)
     out: list[SampleOutcome] = []
     first = 0
     for o in outcomes:
-        if o.status != "done" or not o.rows:
+        if o.status != "done":
             out.append(o)
             continue
         rows = o.rows
         same = {f.name: getattr(o, f.name) for f in OUTCOME_FIELDS}
         same["rows"] = []
-        p = PackedOutcome(**same, packed=True,
-                          line=CompletedSample(o.sample_id, o.source, rows).to_line(),
-                          first=first, nrows=len(rows), counts=count_rows(rows),
-                          tokens=output_tokens(rows))  # fmt: skip
+        line = CompletedSample(o.sample_id, o.source, rows).to_line()
+        out.append(PackedOutcome(**same, line=line, first=first, nrows=len(rows),
+                                 counts=count_rows(rows), tokens=output_tokens(rows)))  # fmt: skip
         first += len(rows)
-        out.append(p)
-    return Reply(out, ipc_bytes(table) if table is not None else b"")
+    return Reply(out, ipc_bytes(table) if table is not None and first else b"")
+
+
+#: what converting rows may raise (rows that do not fit regen.rows.SCHEMA)
+CONVERT_ERRORS = (RegenError, pa.ArrowException, TypeError, ValueError)
+
+
+def _one_by_one(
+    outcomes: list[SampleOutcome], to_table: Callable[[list[dict[str, Any]]], Any]
+) -> tuple[list[SampleOutcome], Any]:
+    """The outcomes with each done sample's rows converted alone: one whose rows do not
+    convert becomes a permanent failure (kind ``row``); and the table of the others' rows."""
+    out: list[SampleOutcome] = []
+    tables = []
+    for o in outcomes:
+        if o.status == "done":
+            try:
+                tables.append(to_table(o.rows))
+            except CONVERT_ERRORS as e:
+                why = f"its rows do not convert to the Parquet schema: {type(e).__name__}: {e}"
+                log.warning("sample %s: %s", o.sample_id, why)
+                o = dataclasses.replace(o, rows=[], status="permanent", kind="row",
+                                        message=why[:500])  # fmt: skip
+        out.append(o)
+    return out, pa.concat_tables(tables) if tables else None
 
 
 def ipc_bytes(table: pa.Table) -> bytes:
@@ -152,11 +175,10 @@ OUTCOME_FIELDS = dataclasses.fields(SampleOutcome)
 
 def unpack_reply(reply: Reply) -> list[SampleOutcome]:
     """The reply's outcomes, each packed one with its slice of the reply's table."""
-    if reply.rows:
-        table = pa.ipc.open_stream(reply.rows).read_all()
-        for o in reply.outcomes:
-            if isinstance(o, PackedOutcome) and o.packed:
-                o.table = table.slice(o.first, o.nrows)
+    table = pa.ipc.open_stream(reply.rows).read_all() if reply.rows else None
+    for o in reply.outcomes:
+        if isinstance(o, PackedOutcome) and table is not None:
+            o.table = table.slice(o.first, o.nrows)
     return reply.outcomes
 
 
@@ -176,7 +198,7 @@ class Mailbox:
         self,
         worker: Any,
         *,
-        to_table: Callable[[list[dict[str, Any]]], Any] | None = default_to_table,
+        to_table: Callable[[list[dict[str, Any]]], Any] = default_to_table,
         problem: Callable[[], str] | None = None,
         linger_s: float = LINGER_S,
     ) -> None:
@@ -268,7 +290,7 @@ class Mailbox:
         problem = self.problem()
         if self.error or problem:
             return Reply(outs, error=self.error or problem, init_failed=bool(problem))
-        if outs and self.to_table is not None:
+        if outs:
             reply = await asyncio.to_thread(pack, outs, self.to_table)
         else:
             reply = Reply(outs)
@@ -281,7 +303,3 @@ class Mailbox:
         """Cancel every sample in progress."""
         for t in list(self._tasks):
             t.cancel()
-
-    @property
-    def in_progress(self) -> int:
-        return self._running

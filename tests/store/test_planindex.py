@@ -14,15 +14,15 @@ import pyarrow.parquet as pq
 import pytest
 from _runs import copy_demo
 
-from regen.engine import planindex
-from regen.engine.planning import Plan, plan_session
-from regen.engine.schedule import WorkQueue, unpacked
+from regen.engine.planning import SessionPlan, plan_session
+from regen.engine.schedule import WorkQueue
 from regen.errors import SourceError
 from regen.manifest import Manifest, load_manifest, parse_manifest
+from regen.packed import unpacked
 from regen.sources import locate
-from regen.store import RunDir, layout
-from regen.store.journal import FailureRecord
-from regen.store.verify import planned_ids
+from regen.store import RunDir, layout, planindex
+from regen.store.failures import FailureRecord
+from regen.store.run import write_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,7 +37,7 @@ def fail(sid: str, permanent: bool) -> FailureRecord:
                          message="m", attempts=1, permanent=permanent, at=1.0)  # fmt: skip
 
 
-def contents(plan: Plan) -> dict:
+def contents(plan: SessionPlan) -> dict:
     """Everything a session takes from its plan, bodies included."""
     with plan.spill:
         bodies = {p.id: unpacked(p.loaded(plan.spill)) for p in plan.todo}
@@ -284,19 +284,31 @@ def test_hub_samples_are_kept_in_the_index(tmp_path, monkeypatch) -> None:
     assert got == want
 
 
-def test_verify_takes_the_planned_ids_from_a_valid_index(demo, tmp_path, monkeypatch) -> None:
+def test_the_recorded_plan_is_read_from_the_index_alone(demo, tmp_path, monkeypatch) -> None:
+    """What the latest session planned (ids and content hashes), read from plan/ without the
+    sources, even once they changed (that is a new plan only when a session plans again)."""
     from regen.engine.planning import write_plan
 
     m = load_manifest(demo)
     rd = RunDir.open(tmp_path / "run")
     plan = plan_session(m, set(), {}, rd=rd, limit=30)
     write_plan(rd, plan, "S", m, 30)
-    layout.write_manifest(rd, m)
+    write_manifest(rd, m)
     plan.spill.close()
     want = {p.id for p in plan.todo} | {s.id for s in plan.native}
+    hashes = {s.id: s.content_hash for s in planindex.iter_planned(m, 30)}
 
     def no_reading(*a, **k):  # type: ignore[no-untyped-def]
         raise AssertionError("the sources were read")
 
     monkeypatch.setattr("regen.sources.read_samples", no_reading)
-    assert planned_ids(rd) == (want, "")
+    first = m.resolve(m.sources[0].path)
+    first.write_bytes(first.read_bytes().replace(b"Paris", b"Rome"))
+    table, why = planindex.recorded_plan(rd)
+    assert why == "" and table is not None
+    assert set(table.column("id").to_pylist()) == want
+    assert dict(zip(table.column("id").to_pylist(), table.column("content_hash").to_pylist(),
+                    strict=True)) == {k: hashes[k] for k in want}  # fmt: skip
+    rd.write_bytes_atomic(layout.PLAN_SAMPLES, b"PAR1 garbage")
+    table, why = planindex.recorded_plan(rd)
+    assert table is None and "not the file" in why

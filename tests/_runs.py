@@ -14,13 +14,13 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from regen.engine.attempts import attempt_seed
-from regen.engine.planning import native_check
 from regen.manifest import Manifest
 from regen.simulate import answer
 from regen.sources import read_samples
 from regen.store import RunDir, layout
+from regen.store.planindex import native_check
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "manifests" / "demo.yaml"
 REGEN = Path(sys.executable).with_name("regen")
 

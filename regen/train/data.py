@@ -1,4 +1,4 @@
-"""The training records of a run directory, and how the export feeds them.
+"""The training data of a run directory: its export (made when needed) and the prompts file.
 
 The files (``RUN_DIR`` must be a local or shared-filesystem path: the cluster reads it) are
 named and typed in :mod:`regen.store.layout`: ``export/`` (shards + stats, written by
@@ -34,6 +34,7 @@ from regen.export import (
 from regen.quality import parse_flags
 from regen.store import RunDir
 from regen.store import layout as L
+from regen.store.run import read_manifest_data
 from regen.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ EXPORT_STATS = L.EXPORT_STATS
 
 
 def open_local(run_dir: str | Path) -> RunDir:
-    """Open a run directory the training cluster can read by path."""
+    """Open a run directory the training cluster can read by path (the entry points' one
+    opening: the RunDir is passed on from here)."""
     rd = RunDir.open(run_dir, create=False)
     if not rd.is_local:
         raise RunDirError(
@@ -112,7 +114,7 @@ def default_holdout(rd: RunDir, out: Path) -> int:
     if record is not None:
         return record.holdout
     try:
-        data = L.read_manifest_data(rd) or {}
+        data = read_manifest_data(rd) or {}
     except RunDirError:
         return 0
     export = data.get("export")
@@ -136,7 +138,7 @@ def export_options(rd: RunDir, cfg: TrainConfig, out: Path) -> dict[str, Any]:
     """The settings of ``regen export RUN_DIR`` (the manifest's export section) with the
     train config's overrides; rows longer than ``training.max_length`` are dropped when
     neither sets a ``max_length``."""
-    settings = export_settings(rd.root, **cfg.export.overrides(default_holdout(rd, out)))
+    settings = export_settings(rd, **cfg.export.overrides(default_holdout(rd, out)))
     if settings.get("max_length") is None:
         settings["max_length"] = cfg.training.max_length
     return settings
@@ -158,6 +160,7 @@ def ensure_export(rd: RunDir, cfg: TrainConfig, *, allow_drops: bool = False) ->
     """The export's shards, exported first when missing, stale, made with other settings, or
     forced. Refuses (ConfigError) an export that drops more than ``export.max_drop_share`` of
     the rows it could train on, unless ``allow_drops``: a new one before it writes anything.
+    The caller has run the damage check on ``rd`` (regen.store.verify.refuse_damaged).
     """
     out = export_dir(rd, cfg)
     settings = export_options(rd, cfg, out)
@@ -180,8 +183,8 @@ def ensure_export(rd: RunDir, cfg: TrainConfig, *, allow_drops: bool = False) ->
             check_drop_share(stats, max_share)
         return TrainExport(out, shards, stats, "")
     log.info("exporting %s to %s: %s (%s)", rd.uri, out, reason, settings)
-    stats = export_run(rd.root, str(out), fmt="pretokenized", max_drop_share=max_share,
-                       **settings)  # fmt: skip
+    stats = export_run(rd, str(out), fmt="pretokenized", max_drop_share=max_share,
+                       check=False, **settings)  # fmt: skip
     shards = export_shards(out)
     if not shards:
         raise ConfigError(f"the export of {rd.uri} wrote no JSONL shards into {out}")

@@ -1,0 +1,179 @@
+"""The per-source counters: one type, and its arithmetic. Owns no files.
+
+:class:`SourceCounts` is what every file of the run directory that counts samples holds per
+source: a part's record (regen.store.layout.PartRecord), a journal line's ``replaces``, the
+progress file (regen.store.progress.SourceProgress adds the plan's totals to it), and what
+``regen status`` shows (regen.status). :func:`count_rows` makes it from one sample's rows.
+
+They describe each sample's latest answer: a new attempt (``regen run --retry-flagged``)
+counts as the difference from the answer it replaces (:func:`net_counts`: ``done`` 0,
+``retried`` 1, rows, tokens and flags new minus old), so adding the parts up in any order
+gives the totals of the latest answers.
+
+In a file, the first five counters are required; ``flagged``, ``flags``, ``retried``,
+``ended`` and ``settings`` (added later) read as 0 (empty) when a file written before them
+lacks them. Values are strict: ``"40"`` or ``true`` is not a count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+
+
+class CountsModel(BaseModel):
+    """A record of counters: unknown keys refused, values strict, ``REQUIRED`` keys required
+    when read from a file (Python code may leave them at their defaults)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    #: keys a file must hold (its older fields have defaults, the newer ones read as 0)
+    REQUIRED: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _required_in_files(cls, data: Any, info: ValidationInfo) -> Any:
+        if info.mode == "json" and isinstance(data, dict):
+            cls.check_file(data)
+            missing = [k for k in cls.REQUIRED if k not in data]
+            if missing:
+                raise ValueError(f"missing field {missing[0]!r}")
+        return data
+
+    @classmethod
+    def check_file(cls, data: dict[str, Any]) -> None:
+        """What a file's data must pass before anything else (raise ValueError)."""
+
+
+class SourceCounts(CountsModel):
+    """Counters of one source over some stored samples (a part, a journal, a whole run)."""
+
+    REQUIRED: ClassVar[tuple[str, ...]] = (
+        "done",
+        "rows",
+        "truncated",
+        "prompt_tokens",
+        "completion_tokens",
+    )
+
+    #: samples
+    done: int = 0
+    #: training rows (one per regenerated turn)
+    rows: int = 0
+    #: samples with a ``finish_reason == "length"`` turn
+    truncated: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    #: samples with a row carrying a quality flag (regen.quality)
+    flagged: int = 0
+    #: rows per quality flag
+    flags: dict[str, int] = Field(default_factory=dict)
+    #: new attempts stored (samples answered again by regen run --retry-flagged)
+    retried: int = 0
+    #: samples whose conversation ended early, per reason (the rows' ``ended`` column,
+    #: regen.engine.turns: a regenerated tool call that does not match the original's);
+    #: written only when some sample ended, so a file without any reads as before it existed
+    ended: dict[str, int] = Field(default_factory=dict, exclude_if=lambda v: not v)
+    #: samples per settings id of their rows (the rows' ``settings`` column, regen.rows:
+    #: ``Manifest.settings_id()`` of the session that answered; native rows and rows written
+    #: before the column have none); written only when some sample has one
+    settings: dict[str, int] = Field(default_factory=dict, exclude_if=lambda v: not v)
+
+    def add(self, other: SourceCounts, sign: int = 1) -> None:
+        """Add ``other``'s counters (``sign=-1``: subtract them)."""
+        for name in SCALAR_COUNTS:
+            setattr(self, name, getattr(self, name) + sign * getattr(other, name))
+        for name in MAPPING_COUNTS:
+            add_flag_counts(getattr(self, name), getattr(other, name), sign)
+
+    def counts(self) -> SourceCounts:
+        """The counters alone (a copy; of a subclass, without what it adds)."""
+        return SourceCounts(
+            **{n: getattr(self, n) for n in SCALAR_COUNTS},
+            **{n: dict(getattr(self, n)) for n in MAPPING_COUNTS},
+        )
+
+    def less(self, *others: SourceCounts) -> SourceCounts:
+        """The counters less all of ``others``, each clamped at 0 (a flag left at 0 or below
+        is dropped): what ``self`` holds beyond them."""
+        out = SourceCounts(**{
+            n: max(0, getattr(self, n) - sum(getattr(o, n) for o in others)) for n in SCALAR_COUNTS
+        })  # fmt: skip
+        for name in MAPPING_COUNTS:
+            mine, into = getattr(self, name), getattr(out, name)
+            theirs = [getattr(o, name) for o in others]
+            for key, n in mine.items():
+                left = n - sum(t.get(key, 0) for t in theirs)
+                if left > 0:
+                    into[key] = left
+        return out
+
+    @property
+    def is_zero(self) -> bool:
+        return not any(getattr(self, n) for n in (*SCALAR_COUNTS, *MAPPING_COUNTS))
+
+    @property
+    def tokens_per_turn(self) -> float | None:
+        """Mean completion tokens per regenerated turn (None before any)."""
+        return self.completion_tokens / self.rows if self.rows and self.completion_tokens else None
+
+    @property
+    def tokens_per_sample(self) -> float | None:
+        """Mean completion tokens per done sample (None before any)."""
+        return self.completion_tokens / self.done if self.done and self.completion_tokens else None
+
+
+#: the integer counters of SourceCounts
+SCALAR_COUNTS = tuple(n for n, f in SourceCounts.model_fields.items() if f.annotation is int)
+#: its per-key counters: rows per flag, samples per reason their conversation ended, samples
+#: per settings id
+MAPPING_COUNTS = ("flags", "ended", "settings")
+
+
+def add_flag_counts(into: dict[str, int], other: dict[str, int], sign: int = 1) -> None:
+    """Add per-flag counts (``sign=-1``: subtract); a flag whose count reaches 0 is removed."""
+    for flag, n in other.items():
+        left = into.get(flag, 0) + sign * n
+        if left:
+            into[flag] = left
+        else:
+            into.pop(flag, None)
+
+
+def count_rows(rows: Iterable[dict[str, Any]]) -> SourceCounts:
+    """The counters of one sample's rows (done = 1)."""
+    c = SourceCounts(done=1)
+    trunc = False
+    for r in rows:
+        c.rows += 1
+        c.prompt_tokens += int(r.get("prompt_tokens") or 0)
+        c.completion_tokens += int(r.get("completion_tokens") or 0)
+        trunc = trunc or r.get("finish_reason") == "length"
+        for flag in r.get("quality_flags") or ():
+            c.flags[flag] = c.flags.get(flag, 0) + 1
+        if r.get("ended"):
+            c.ended[r["ended"]] = 1
+        if r.get("settings"):
+            c.settings[r["settings"]] = 1
+    c.truncated = int(trunc)
+    c.flagged = int(bool(c.flags))
+    return c
+
+
+def net_counts(own: SourceCounts, replaces: SourceCounts | None) -> SourceCounts:
+    """A stored sample's counters: its rows' (``own``, from :func:`count_rows`), less those of
+    the answer it replaces (a new attempt counts done 0 and retried 1)."""
+    if replaces is None:
+        return own
+    c = own.model_copy(deep=True)
+    c.add(replaces, -1)
+    c.retried += 1
+    return c
+
+
+def output_tokens(rows: Iterable[dict[str, Any]]) -> list[int]:
+    """Completion tokens of the regenerated rows (native rows are not answers of the server)."""
+    return [int(r.get("completion_tokens") or 0) for r in rows
+            if r.get("token_source") != "native"]  # fmt: skip
