@@ -108,7 +108,8 @@ def print_export(console: Console, stats: Any, title: str) -> None:
     """The per-source table (rows read, written, tokens, mask, dropped per reason) and the
     summary lines of an export: ``stats`` is regen.export.ExportStats or its stats.json
     (regen.store.layout.ExportRecord)."""
-    table = Table(title=escape(title))
+    console.print(escape(title), highlight=False, soft_wrap=True)  # a path: never wrapped
+    table = Table()
     for col in ("source", "read", "written", "tokens", "loss tokens", "mask", "dropped"):
         table.add_column(col, justify="left" if col in ("source", "dropped") else "right")
     for name, s in stats.sources.items():
