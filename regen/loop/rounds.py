@@ -37,6 +37,7 @@ from regen.loop.serve import MAX_NUM_SEQS, speculative_server, target_server, vl
 from regen.serving.vllm import VllmServer
 from regen.store import RunDir
 from regen.store import layout as L
+from regen.store.run import read_manifest
 
 if TYPE_CHECKING:
     from regen.train.cpu_demo import CpuTrainResult
@@ -285,7 +286,7 @@ class Loop:
                             "--draft", str(copy), "--out", str(bench_dir)])  # fmt: skip
             with timed(wall, "greedy"):
                 prompts = per_source(read_prompts(holdout_path(run_dir)), self.s.per_source)
-                manifest = L.read_manifest(RunDir.open(str(run_dir), create=False))
+                manifest = read_manifest(RunDir.open(str(run_dir), create=False))
                 if manifest is None:
                     raise ConfigError(f"{run_dir}: no resolved manifest")
                 greedy = compare_greedy(target.url, spec.url, prompts, model=self.served,
