@@ -1,7 +1,9 @@
-"""A real local server for the demo and end-to-end tests: the demo target and `transformers serve`.
+"""Real local servers for the demo and end-to-end tests: the demo target, `transformers serve`
+(:mod:`regen.serving.server`) and vLLM (:mod:`regen.serving.vllm`), both run as processes by
+:class:`regen.serving.local.LocalServer`.
 
 Files owned: the demo target folder (see :mod:`regen.serving.demo_target`) and, optionally,
-the server log (see :mod:`regen.serving.server`).
+a server's log (see :mod:`regen.serving.local`).
 """
 
 from regen.serving.demo_target import build_demo_target

@@ -21,27 +21,19 @@ use offset`` in ``gpu_model_runner.py`` ``_bookkeeping_sync``: it rewinds the re
 generator, which CPU generators cannot do). ``--max-num-batched-tokens`` is therefore set to
 ``max_num_seqs × max_model_len`` by default, so no prompt is ever split.
 
+The process's life (port, readiness, stop, log file) is regen.serving.local.LocalServer's.
+
 Owns one file when ``log_path`` is given: the server's combined stdout/stderr.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
-import os
-import subprocess
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
-from regen.errors import EndpointError
-from regen.procs import stop_group
-from regen.serving.server import free_port
-
-log = logging.getLogger(__name__)
+from regen.serving.local import LocalServer
 
 #: vLLM's own parsers for Kimi's reasoning and tool calls
 KIMI_PARSER_ARGS = (
@@ -53,8 +45,13 @@ KIMI_PARSER_ARGS = (
 )
 
 
-class VllmServer:
+class VllmServer(LocalServer):
     """``with VllmServer(python, model_dir) as srv: srv.url`` → ``http://127.0.0.1:P/v1``."""
+
+    label = "vLLM"
+    probe_timeout_s = 5.0
+    probe_every_s = 0.5
+    stop_timeout_s = 20.0
 
     def __init__(
         self,
@@ -76,11 +73,16 @@ class VllmServer:
         log_path: str | Path | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
+        super().__init__(
+            model_dir,
+            host=host,
+            port=port,
+            startup_timeout_s=startup_timeout_s,
+            log_path=log_path,
+            env=env,
+        )
         self.python = str(python)
-        self.model_dir = Path(model_dir).resolve()
         self.served_name = served_name or str(self.model_dir)
-        self.host = host
-        self.port = port
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_num_queued_reqs = max_num_queued_reqs
@@ -90,28 +92,11 @@ class VllmServer:
         self.kimi_parsers = kimi_parsers
         self.kv_cache_gib = kv_cache_gib
         self.extra_args = tuple(extra_args)
-        self.startup_timeout_s = startup_timeout_s
-        self.log_path = Path(log_path) if log_path is not None else None
-        self.env = env
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-        #: seconds from the start to the first healthy answer (None: not started)
-        self.start_s: float | None = None
+        self.env_defaults.update(VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib), VLLM_NO_USAGE_STATS="1")
 
     @property
-    def root(self) -> str:
-        if self.port is None:
-            raise EndpointError("server not started")
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def url(self) -> str:
-        """Base URL for OpenAI clients (includes /v1)."""
-        return f"{self.root}/v1"
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
+    def listed_name(self) -> str:
+        return self.served_name
 
     def command(self) -> list[str]:
         argv = [
@@ -129,80 +114,3 @@ class VllmServer:
         if self.speculative_config is not None:
             argv += ["--speculative-config", json.dumps(self.speculative_config)]
         return [*argv, *self.extra_args]
-
-    def start(self) -> VllmServer:
-        if self._proc is not None:
-            return self
-        if not (self.model_dir / "config.json").exists():
-            raise EndpointError(f"{self.model_dir}: not a model folder (no config.json)")
-        if self.port is None:
-            self.port = free_port(self.host)
-        env = {**os.environ, **(self.env or {})}
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
-        env.setdefault("HF_HUB_OFFLINE", "1")
-        env.setdefault("TOKENIZERS_PARALLELISM", "false")
-        env.setdefault("VLLM_NO_USAGE_STATS", "1")
-        out: Any = subprocess.DEVNULL
-        if self.log_path is not None:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
-            out = self._log
-        cmd = self.command()
-        log.info("starting %s", " ".join(cmd))
-        t0 = time.monotonic()
-        self._proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        self.start_s = time.monotonic() - t0
-        log.info("vLLM ready at %s after %.0f s (pid %d)", self.url, self.start_s, self._proc.pid)
-        return self
-
-    def _wait_ready(self) -> None:
-        import httpx2
-
-        assert self._proc is not None
-        deadline = time.monotonic() + self.startup_timeout_s
-        with httpx2.Client(timeout=5.0) as http:
-            while time.monotonic() < deadline:
-                code = self._proc.poll()
-                if code is not None:
-                    raise EndpointError(
-                        f"vLLM exited with code {code} before it was ready" + self._log_hint()
-                    )
-                with contextlib.suppress(httpx2.HTTPError, ValueError):
-                    if http.get(f"{self.root}/health").status_code == 200:
-                        models = http.get(f"{self.url}/models").json().get("data") or []
-                        if any(m.get("id") == self.served_name for m in models):
-                            return
-                time.sleep(0.5)
-        raise EndpointError(
-            f"vLLM not ready after {self.startup_timeout_s:.0f} s" + self._log_hint()
-        )
-
-    def _log_hint(self) -> str:
-        return f" (log: {self.log_path})" if self.log_path is not None else ""
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        """Stop the server's whole process group (SIGTERM, then SIGKILL after ``timeout_s``)."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            stop_group(proc, timeout_s)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> VllmServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
