@@ -1,7 +1,11 @@
 """``EndpointRouter``: which endpoint gets the next request.
 
-- **Least outstanding, weighted**: among endpoints in rotation with room, the one with the
-  lowest ``(in_flight + 1) / weight`` (ties: manifest order).
+- **Least loaded, weighted**: among endpoints in rotation with room, the one with the
+  lowest ``(in_flight + others + 1) / weight`` (ties: manifest order). ``others`` is what the
+  server holds besides this router's requests: its last ``/metrics`` reading of running plus
+  queued requests (every client's, :meth:`EndpointRouter.set_server_load`) less this
+  router's in flight at that reading; 0 without a fresh reading (then it is least
+  outstanding, as regen's own count is all it knows).
 - **Affinity**: all turns of one sample go to the endpoint that served its first turn (prefix
   cache), unless that endpoint left rotation; then the sample is rebound. ``forget(sample_id)``
   drops the binding when the sample is done (memory stays bounded by samples in flight).
@@ -87,6 +91,8 @@ class _State:
     latency_ewma_s: float | None = None
     last_error: str | None = None
     refusal: str | None = None  #: why it was refused, and what to fix (state REFUSED)
+    others: float = 0.0  #: requests the server holds besides ours (its last reading)
+    server: dict[str, Any] | None = None  #: the server's last reading (ServerLoad.to_dict)
 
     def has_room(self) -> bool:
         return self.limit is None or self.in_flight < self.limit
@@ -178,6 +184,21 @@ class EndpointRouter:
         self._eps[url].limit = limit
         self._notify()
 
+    def set_server_load(self, url: str, load: Any) -> None:
+        """The server's own reading (a :class:`regen.client.metrics.ServerLoad`; None: no
+        fresh one): what it holds beyond this router's requests weighs in the choice."""
+        s = self._eps[url]
+        total = None if load is None else load.load
+        if total is None:
+            s.others, s.server = 0.0, None
+            return
+        s.others = max(0.0, total - s.in_flight)
+        s.server = load.to_dict()
+
+    def others(self, url: str) -> float:
+        """Requests the server holds besides this router's (its last reading; 0: none)."""
+        return self._eps[url].others
+
     def state(self, url: str) -> str:
         self._refresh(self._eps[url], self._clock())
         return self._eps[url].state
@@ -213,6 +234,7 @@ class EndpointRouter:
                 "down_for_s": None if s.down_since is None else round(now - s.down_since, 3),
                 "last_error": s.last_error,
                 "refusal": s.refusal,
+                "server": s.server,
             }
         return out
 
@@ -240,7 +262,7 @@ class EndpointRouter:
             for s in self._eps.values():
                 if s.state != UP or not s.has_room():
                     continue
-                score = (s.in_flight + 1) / s.weight
+                score = (s.in_flight + s.others + 1) / s.weight
                 if best is None or score < best:
                     best, chosen = score, s
         if chosen is None:

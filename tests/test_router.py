@@ -54,6 +54,23 @@ def test_weights_shift_traffic():
     assert urls.count(A) == 6 and urls.count(B) == 2
 
 
+def test_a_server_busy_with_other_clients_gets_less():
+    from regen.client.metrics import ServerLoad
+
+    r = router(A, B)
+    held = r.try_acquire("mine")  # one of ours on A
+    assert held.url == A
+    # B's server says 4 running + 2 queued, none of them ours; A's says only ours
+    r.set_server_load(A, ServerLoad(at=0.0, running=1, queued=0))
+    r.set_server_load(B, ServerLoad(at=0.0, running=4, queued=2, kv_usage=0.5))
+    assert (r.others(A), r.others(B)) == (0, 6)
+    urls = [r.try_acquire(f"s{i}").url for i in range(8)]
+    assert urls == [A] * 6 + [B, A]  # B is chosen once A holds as much as B's others
+    assert r.snapshot()[B]["server"]["queued"] == 2 and r.snapshot()[B]["server"]["kv_usage"]
+    r.set_server_load(B, None)  # stale: regen's own count again
+    assert r.others(B) == 0 and r.snapshot()[B]["server"] is None
+
+
 def test_affinity_keeps_a_sample_on_its_endpoint():
     r = router(A, B)
     first = r.try_acquire("conv")

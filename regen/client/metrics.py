@@ -309,6 +309,34 @@ def metrics_url(root: str) -> str:
     return root.rstrip("/") + "/metrics"
 
 
+@dataclass(slots=True, frozen=True)
+class Page:
+    """One answer to a page request: status and body."""
+
+    status_code: int
+    text: str
+
+
+class PageClient:
+    """The HTTP client of the pollers: one aiohttp session (made on first use, on the running
+    loop), with the one call a scrape makes (``get``, as an ``httpx2.AsyncClient`` has it)."""
+
+    def __init__(self) -> None:
+        self._session: Any = None
+
+    async def get(self, url: str, headers: Mapping[str, str] | None = None) -> Page:
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        async with self._session.get(url, headers=dict(headers or {})) as resp:
+            return Page(resp.status, await resp.text(errors="replace"))
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
 async def _fetch(http: Any, url: str, headers: Mapping[str, str]) -> tuple[int, str]:
     resp = await http.get(url, headers=dict(headers))
     return resp.status_code, resp.text
@@ -420,11 +448,17 @@ class MetricsPoller:
             self._said = state
             self.on_change(self.root, message)
 
-    async def run(self) -> None:
-        """Poll every ``interval_s`` until cancelled (a round's own time counts in it)."""
+    async def run(self, after: Any = None) -> None:
+        """Poll every ``interval_s`` until cancelled (a round's own time counts in it);
+        ``after()`` is called after each round (a consumer reading :attr:`latest`)."""
+        me = asyncio.current_task()
         while True:
             started = self.clock()
             await self.poll()
+            if me is not None and me.cancelling():  # a cancel wait_for swallowed (3.11)
+                raise asyncio.CancelledError
+            if after is not None:
+                after()
             await asyncio.sleep(max(0.0, self.interval_s - (self.clock() - started)))
 
 

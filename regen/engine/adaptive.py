@@ -34,6 +34,22 @@ worker's slots). Unset (the default), the limits are automatic: the server's slo
 :data:`DEFAULT_CONCURRENCY` split over the endpoints when a server reports none.
 :func:`describe_limit` is the start-up line's account of which limit won.
 
+**The server's own queue**, where its ``/metrics`` page is read (regen.client.metrics, every
+few seconds off the request path): each reading moves the limit so that the server's queue,
+every client's requests included, holds :func:`target_queue` requests (a small, non-empty
+queue: a finished request's slot is refilled at the server's next step, and the queue is
+far from ``--max-queued-requests``, so a 503 is rare; requests queued while slots are free,
+which the next step admits, do not count: :func:`waiting_for_slots`).
+:meth:`AdaptiveLimit.follow` takes this worker's share of the gap (``share``: its part of the
+server's slots, the other workers take theirs): too long a queue lowers the limit to the
+requests in flight less that share of the excess (requests already draining count as gone),
+too short a queue raises it while the
+limit is what holds work back. A server shared with other clients so gets fewer of regen's
+requests, down to one. While readings are fresh the window's queueing/grow steps stand down
+(the server says what they guess); a 503 or 429 still cuts as above; ``maximum`` (and so
+``engine.concurrency``) still caps. Without readings (no page, a stale one) the window
+decides, as above.
+
 The clock is the caller's (``now`` arguments), so tests drive it with synthetic signals.
 """
 
@@ -47,6 +63,23 @@ log = logging.getLogger(__name__)
 
 #: requests in flight per worker when engine.concurrency is unset and no server reports slots
 DEFAULT_CONCURRENCY = 64
+#: the server's queue regen aims at, as a fraction of its batch slots (at least one request)
+TARGET_QUEUE_FRACTION = 1 / 8
+
+
+def waiting_for_slots(queued: float, running: float | None, server_slots: int | None) -> float:
+    """The requests of a server's queue that wait for a slot: those beyond its free slots
+    (a request that arrived since the last step waits only for the next step's admission;
+    all of ``queued`` when the slots are not known)."""
+    if server_slots is None or running is None:
+        return queued
+    return max(0.0, queued - max(0.0, server_slots - running))
+
+
+def target_queue(server_slots: int | None, limit: int) -> int:
+    """The queue a server should hold (all clients): 1/8 of its batch slots, at least one
+    (``limit`` stands in for the slots of a server that reports none)."""
+    return max(1, round(TARGET_QUEUE_FRACTION * (server_slots or limit)))
 
 
 def capped(n: int, concurrency: int | None) -> int:
@@ -88,7 +121,7 @@ class Decision:
 
     at: float
     limit: int
-    reason: str  #: "throttled" | "queueing" | "grow" | "hold"
+    reason: str  #: "throttled" | "queueing" | "grow" | "hold" | "server" (a reading)
     throughput: float
     ttft_p50_s: float | None
 
@@ -112,6 +145,8 @@ class AdaptiveLimit:
     throttled: int = 0
     unbounded: bool = False  #: a throttle in this window may cut below ``slots`` (a 429)
     demand: bool = False
+    #: a fresh reading of the server's queue leads (:meth:`follow`); the window only cuts
+    server_led: bool = False
     ttfts: list[float] = field(default_factory=list)
     history: list[Decision] = field(default_factory=list)
 
@@ -169,6 +204,8 @@ class AdaptiveLimit:
             self.limit = max(1.0, cut)
             self.floor = min(self.floor, self.limit)
             reason = "throttled"
+        elif self.server_led:
+            reason = "hold"  # the server's queue decides (follow)
         elif queueing and not grew:
             self.limit = max(self.floor, self.limit - step)
             reason = "queueing"
@@ -190,6 +227,43 @@ class AdaptiveLimit:
                       before, self.current, reason, tput, p50)  # fmt: skip
             return self.current
         return None
+
+    def follow(
+        self,
+        now: float,
+        *,
+        queued: float,
+        in_flight: int,
+        share: float,
+        target: int,
+        waiting: bool = False,
+    ) -> int | None:
+        """One reading of the server: ``queued`` requests wait in it (every client's),
+        ``in_flight`` are this worker's there now, ``share`` is this worker's part of the
+        server's slots (0-1), ``target`` the queue to hold, ``waiting``: work waits for a
+        slot in this worker. Returns the new limit if it changed."""
+        self.server_led = True
+        before = self.current
+        gap = target - queued  # > 0: the server could take more
+        if gap >= 0:
+            if in_flight < before and not waiting:  # the limit holds nothing back
+                return None
+            new = self.limit + share * gap
+        else:  # requests already draining towards a lower limit count as gone
+            new = min(self.limit, in_flight + share * gap)
+        self.limit = max(1.0, min(float(self.maximum), new))
+        if self.current == before:
+            return None
+        self.history.append(Decision(now, self.current, "server", 0.0, None))
+        if len(self.history) > 64:
+            del self.history[:32]
+        log.debug("limit %d -> %d (the server queues %g, aiming at %d)",
+                  before, self.current, queued, target)  # fmt: skip
+        return self.current
+
+    def unfollow(self) -> None:
+        """No fresh reading any more: the window decides again."""
+        self.server_led = False
 
     def _open(self, now: float) -> None:
         if self.window_start is None:

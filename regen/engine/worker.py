@@ -15,6 +15,14 @@ worker's ``concurrency`` split over the endpoints) and moved on the worker's own
 TTFT and overload (503/429) signals, never past ``concurrency`` when the user set it (a hard
 cap per worker: regen.engine.adaptive). Rows are built (tokenized) off the event loop.
 
+Where an endpoint's engine serves a ``/metrics`` page regen reads (SGLang with
+``--enable-metrics``, vLLM), a :class:`~regen.client.metrics.MetricsPoller` reads it every few
+seconds in a task of its own, off the request path; each reading goes to the router (what the
+server holds from other clients weighs in routing) and to the endpoint's limit (which then
+follows the server's own queue: :meth:`regen.engine.adaptive.AdaptiveLimit.follow`). An
+endpoint without a page, or whose reading went stale, is scheduled as above; that is said
+once (per worker).
+
 An endpoint-wide fault (:class:`regen.errors.EndpointFaultError`: 401, 403, 404, not the
 protocol) is never the sample's: the router takes that endpoint out and the request is sent
 again elsewhere at once (not counted as a try). With no endpoint left the sample's outcome is
@@ -31,7 +39,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from regen.engine.adaptive import DEFAULT_CONCURRENCY, AdaptiveLimit, capped
+from regen.engine.adaptive import (
+    DEFAULT_CONCURRENCY,
+    AdaptiveLimit,
+    capped,
+    target_queue,
+    waiting_for_slots,
+)
 from regen.engine.attempts import attempt_seed
 from regen.engine.turns import DoneTurn, regenerate
 from regen.errors import (
@@ -198,11 +212,15 @@ class SampleWorker:
         probe: Any = None,
         shares: dict[str, int] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        server_metrics: bool = True,
+        metrics_interval_s: float | None = None,
     ) -> None:
         """``endpoints``: :class:`regen.client.EndpointInfo` (from the start check) or
         :class:`regen.manifest.Endpoint`; keys are read from the endpoints' env/file.
         ``shares``: this worker's starting in-flight limit per endpoint URL (see
-        :func:`starting_limits`)."""
+        :func:`starting_limits`). ``server_metrics``: read the servers' ``/metrics`` pages
+        (False: schedule by regen's own counts only, as without a page); every
+        ``metrics_interval_s`` (None: regen.client.metrics.SCRAPE_INTERVAL_S)."""
         from regen.client import ChatClient, RetryPolicy, auth_headers, resolve_api_key
         from regen.router import EndpointRouter, keyed_probe
 
@@ -239,16 +257,69 @@ class SampleWorker:
         for url, ctl in self.limits.items():
             self.router.set_limit(url, ctl.current)
         self.slots = Slots(self._capacity())
+        self._pollers(endpoints, headers, shares, server_metrics, metrics_interval_s)
         self.stats = WorkerStats()
         self._rows = row_builder or default_row_builder(manifest)
         self._probe_stop = asyncio.Event()
         self._probe_task: asyncio.Task[None] | None = None
 
+    def _pollers(
+        self,
+        endpoints: list[Any],
+        headers: dict[str, dict[str, str]],
+        shares: dict[str, int] | None,
+        enabled: bool,
+        interval_s: float | None,
+    ) -> None:
+        """One poller per endpoint whose engine has a page regen reads."""
+        from regen.client.endpoints import server_root
+        from regen.client.metrics import SCRAPE_INTERVAL_S, MetricsPoller, PageClient
+
+        self.pages = PageClient()
+        self.pollers: dict[str, MetricsPoller] = {}
+        self._poll_tasks: list[asyncio.Task[None]] = []
+        #: per endpoint: (the server's batch slots or None, this worker's share of them)
+        self._server_slots: dict[str, tuple[int | None, float]] = {}
+        for info in endpoints:
+            names = self.clients[info.url].profile.metrics
+            if not enabled or names is None:
+                why = "off" if not enabled else f"{self.clients[info.url].profile.name} has none"
+                log.info("%s: no server metrics read (%s): scheduling by regen's own counts",
+                         self.clients[info.url].url, why)  # fmt: skip
+                continue
+            total = getattr(info, "max_running_requests", None)
+            mine = slot_share(info, shares)
+            share = min(1.0, mine / total) if total and mine else 1.0
+            self._server_slots[info.url] = (total, share)
+            self.pollers[info.url] = MetricsPoller(
+                self.pages, server_root(info.url), names, headers.get(info.url),
+                interval_s=interval_s or SCRAPE_INTERVAL_S,
+            )  # fmt: skip
+
     def _ensure_probes(self) -> None:
         if self._probe_task is None:
-            self._probe_task = asyncio.get_running_loop().create_task(
-                self.router.run_probes(self._probe_stop)
-            )
+            loop = asyncio.get_running_loop()
+            self._probe_task = loop.create_task(self.router.run_probes(self._probe_stop))
+            for url, poller in self.pollers.items():
+                task = loop.create_task(poller.run(lambda url=url: self.read_server(url)))
+                self._poll_tasks.append(task)
+
+    def read_server(self, url: str) -> None:
+        """The latest reading of ``url``'s page: to the router, and to the endpoint's limit."""
+        load = self.pollers[url].latest
+        self.router.set_server_load(url, load)
+        ctl = self.limits[url]
+        if load is None or load.queued is None:
+            ctl.unfollow()
+            return
+        slots, share = self._server_slots[url]
+        target = target_queue(slots, ctl.current)
+        queued = waiting_for_slots(load.queued, load.running, slots)
+        new = ctl.follow(self._clock(), queued=queued, in_flight=self.router.in_flight(url),
+                         share=share, target=target, waiting=self.slots.waiting > 0)  # fmt: skip
+        if new is not None:
+            self.router.set_limit(url, new)
+            self.slots.resize(self._capacity())
 
     async def _complete(
         self,
@@ -372,6 +443,10 @@ class SampleWorker:
         self._probe_stop.set()
         if self._probe_task is not None:
             self._probe_task.cancel()
+        for task in self._poll_tasks:
+            task.cancel()
+        await asyncio.gather(*self._poll_tasks, return_exceptions=True)
+        await self.pages.aclose()
         for c in self.clients.values():
             try:
                 await c.aclose()

@@ -11,6 +11,8 @@ from regen.engine.adaptive import (
     AdaptiveSettings,
     describe_limit,
     split,
+    target_queue,
+    waiting_for_slots,
 )
 from regen.engine.worker import Slots
 
@@ -229,3 +231,49 @@ def test_the_start_up_line_says_which_limit_won() -> None:
     assert describe_limit(500, 18, True).startswith("the servers' batch slots + 1/8 (18), under")
     assert describe_limit(None, 72, True).startswith("automatic: the servers' batch slots")
     assert "the default 64 (no batch slots reported)" in describe_limit(None, 64, False)
+
+
+# ---- following the server's own queue (its /metrics readings) -------------------------------
+
+
+def test_a_long_queue_lowers_the_limit_by_this_workers_share_of_the_excess() -> None:
+    c = AdaptiveLimit(start=18, maximum=36, settings=S, slots=16)
+    # the server queues 10 (others' too), aiming at 2: this worker holds half the slots
+    assert c.follow(0.0, queued=10, in_flight=18, share=0.5, target=2) == 14
+    assert c.history[-1].reason == "server" and c.server_led
+    # requests still draining towards 14: the excess they make is already counted
+    assert c.follow(1.0, queued=6, in_flight=18, share=0.5, target=2) is None
+    assert c.current == 14
+
+
+def test_a_short_queue_raises_the_limit_only_while_it_holds_work_back() -> None:
+    c = AdaptiveLimit(start=10, maximum=20, settings=S, slots=16)
+    assert c.follow(0.0, queued=0, in_flight=6, share=1.0, target=2) is None  # not using it
+    assert c.follow(1.0, queued=0, in_flight=10, share=1.0, target=2) == 12
+    assert c.follow(2.0, queued=0, in_flight=6, share=1.0, target=2, waiting=True) == 14
+    assert c.follow(3.0, queued=2, in_flight=14, share=1.0, target=2) is None  # on target
+
+
+def test_following_stays_within_one_and_the_maximum() -> None:
+    c = AdaptiveLimit(start=8, maximum=9, settings=S)
+    assert c.follow(0.0, queued=0, in_flight=8, share=1.0, target=50) == 9  # the hard cap
+    assert c.follow(1.0, queued=500, in_flight=9, share=1.0, target=1) == 1  # never 0
+
+
+def test_while_the_server_leads_the_window_only_cuts() -> None:
+    c = AdaptiveLimit(start=16, maximum=32, settings=S, slots=16)
+    c.follow(0.0, queued=2, in_flight=16, share=1.0, target=2)
+    assert window(c, 0.0, tokens=20_000, ttft=0.004) is None  # no "grow" on demand
+    assert c.history[-1].reason == "hold" and c.current == 16
+    c.record_throttled(1.5, rate_limited=True)  # a 429 still cuts
+    assert c.update(1.6) == 11
+    c.unfollow()  # the reading went stale: the window decides again
+    assert window(c, 2.0, tokens=20_000, ttft=0.004) == 12
+
+
+def test_the_target_queue_and_what_waits_for_a_slot() -> None:
+    assert target_queue(16, 99) == 2 and target_queue(4, 99) == 1 and target_queue(None, 64) == 8
+    # 9 arrived on a server running 4 of 8: the next step admits 4, 5 wait for a slot
+    assert waiting_for_slots(9, 4, 8) == 5
+    assert waiting_for_slots(3, 8, 8) == 3 and waiting_for_slots(3, 2, 8) == 0
+    assert waiting_for_slots(3, None, 8) == 3 and waiting_for_slots(3, 2, None) == 3
