@@ -222,11 +222,22 @@ def throughput_panel(n: RunNumbers) -> Panel:
     return Panel(g, title="throughput · ETA", title_align="left", border_style="cyan")
 
 
+def fmt_gauge(x: float | None) -> Text | str:
+    """A count the server reported (``—``: no reading)."""
+    return Text("—", style="dim") if x is None else fmt_int(x)
+
+
 def endpoints_panel(n: RunNumbers) -> Panel:
+    """Per endpoint: health, regen's requests in flight, then the server's own side from its
+    ``/metrics`` (running, queued, KV-cache usage: every client's, ``—`` without a page),
+    latency and answers."""
     t = Table(box=None, pad_edge=False, header_style="bold", expand=True)
     t.add_column("endpoint", overflow="ellipsis", no_wrap=True, ratio=1)
     t.add_column("", no_wrap=True)
     t.add_column("in fl.", justify="right")
+    t.add_column("run", justify="right")
+    t.add_column("queue", justify="right")
+    t.add_column("KV", justify="right")
     t.add_column("p50", justify="right")
     t.add_column("ok", justify="right")
     t.add_column("err", justify="right")
@@ -236,17 +247,24 @@ def endpoints_panel(n: RunNumbers) -> Panel:
         else:
             health = Text("up", style="green") if e.healthy else Text("DOWN", style="bold red")
         url = e.url.removeprefix("http://").removeprefix("https://").removesuffix("/v1")
+        kv = e.server_kv_usage
         t.add_row(
             url,
             health,
             fmt_int(e.in_flight),
+            fmt_gauge(e.server_running),
+            Text(fmt_int(e.server_queued), style="yellow" if e.server_queued else "")
+            if e.server_queued is not None
+            else fmt_gauge(None),
+            Text("—", style="dim") if kv is None else f"{100 * kv:.0f}%",
             f"{e.latency_p50_s:.1f}s" if e.latency_p50_s is not None else "—",
             fmt_int(e.ok),
             Text(fmt_int(e.errors), style="red" if e.errors else "dim"),
         )
     if not n.endpoints:
-        t.add_row(Text("none reported", style="dim"), "", "", "", "", "")
-    return Panel(t, title="endpoints", title_align="left", border_style="blue")
+        t.add_row(Text("none reported", style="dim"), *[""] * 8)
+    title = "endpoints · run, queue, KV: the server's /metrics (all clients)"
+    return Panel(t, title=title, title_align="left", border_style="blue")
 
 
 def fmt_len(n: float) -> str:

@@ -123,6 +123,9 @@ def make_snapshot(
             latency_p50_s=41.8,
             ok=12_911,
             errors=3,
+            server_running=64 if live else None,
+            server_queued=2 if live else None,
+            server_kv_usage=0.71 if live else None,
         ),
         EndpointProgress(
             url=ENDPOINTS[1],
@@ -131,6 +134,10 @@ def make_snapshot(
             latency_p50_s=44.2,
             ok=12_640,
             errors=11,
+            # a shared server: another client's requests beside regen's 63
+            server_running=64 if live else None,
+            server_queued=9 if live else None,
+            server_kv_usage=0.93 if live else None,
         ),
         EndpointProgress(
             url=ENDPOINTS[2], in_flight=0, healthy=False, latency_p50_s=None, ok=5_639, errors=188

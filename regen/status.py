@@ -344,6 +344,10 @@ class EndpointNumbers:
     latency_p50_s: float | None
     ok: int
     errors: int
+    #: the server's own /metrics: running, queued (every client's), KV usage 0-1 (None: none)
+    server_running: float | None = None
+    server_queued: float | None = None
+    server_kv_usage: float | None = None
 
 
 @dataclass(slots=True)
@@ -631,7 +635,13 @@ def compute(
     live = state in ("running", "stalled", "starting")
     eps = [
         EndpointNumbers(
-            e.url, e.in_flight if live else 0, e.healthy, e.latency_p50_s, e.ok, e.errors
+            e.url,
+            e.in_flight if live else 0,
+            e.healthy,
+            e.latency_p50_s,
+            e.ok,
+            e.errors,
+            *((e.server_running, e.server_queued, e.server_kv_usage) if live else (None,) * 3),
         )
         for e in (p.endpoints if p else [])
     ]

@@ -84,6 +84,9 @@ CONTRACT_EXAMPLE = {
             "latency_p50_s": 12.5,
             "ok": 60,
             "errors": 1,
+            "server_running": 16.0,  # the server's /metrics: every client's requests
+            "server_queued": 2.0,
+            "server_kv_usage": 0.42,
         },
         {
             "url": "http://10.0.0.6:30000/v1",
@@ -92,6 +95,9 @@ CONTRACT_EXAMPLE = {
             "latency_p50_s": None,
             "ok": 40,
             "errors": 5,
+            "server_running": None,  # no page read
+            "server_queued": None,
+            "server_kv_usage": None,
         },
     ],
     "output_tokens_hist": {"edges": [0, 256, 1024], "counts": [10, 70, 20]},

@@ -17,7 +17,8 @@ publishes them:
 The metrics (:data:`METRICS`; docs/metrics.md has the table): samples planned, done, failed
 and left per ``source``; completion tokens per ``source``; this session's requests per
 ``outcome`` and errors per ``kind``; per ``endpoint`` the requests in flight, whether it is in
-rotation, its answers and median latency; the ETA; the time tokens last grew; the run's
+rotation, its answers and median latency, and the server's own running and queued requests and
+KV-cache usage as regen last read its ``/metrics``; the ETA; the time tokens last grew; the run's
 state. Counters are the run directory's running totals (all sessions), so a resumed run's
 counters go on from where they were; Ray's are fed the differences. Owns no files (it only
 reads the run directory).
@@ -81,6 +82,24 @@ METRICS: tuple[Metric, ...] = (
         ("endpoint", "outcome"),
     ),
     Metric("regen_endpoint_latency_p50_seconds", "gauge", "Median request latency.", ("endpoint",)),
+    Metric(
+        "regen_endpoint_server_running",
+        "gauge",
+        "Requests the server runs, every client's (its /metrics, as regen last read it).",
+        ("endpoint",),
+    ),
+    Metric(
+        "regen_endpoint_server_queued",
+        "gauge",
+        "Requests waiting in the server, every client's (its /metrics, as regen last read it).",
+        ("endpoint",),
+    ),
+    Metric(
+        "regen_endpoint_server_kv_usage",
+        "gauge",
+        "The server's KV-cache usage, 0 to 1 (its /metrics, as regen last read it).",
+        ("endpoint",),
+    ),
     Metric("regen_eta_seconds", "gauge", "Estimated seconds to the end of the run."),
     Metric(
         "regen_last_progress_timestamp_seconds", "gauge", "Unix time completion tokens last grew."
@@ -116,6 +135,11 @@ def values(n: RunNumbers) -> dict[str, Series]:
         out["regen_endpoint_answers"].append(({**tag, "outcome": "error"}, ep.errors))
         if ep.latency_p50_s is not None:
             out["regen_endpoint_latency_p50_seconds"].append((tag, ep.latency_p50_s))
+        for name, value in (("regen_endpoint_server_running", ep.server_running),
+                            ("regen_endpoint_server_queued", ep.server_queued),
+                            ("regen_endpoint_server_kv_usage", ep.server_kv_usage)):  # fmt: skip
+            if value is not None:
+                out[name].append((tag, value))
     if n.eta is not None:
         out["regen_eta_seconds"].append(({}, n.eta.seconds))
     if n.last_progress_at is not None:

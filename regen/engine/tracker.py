@@ -164,6 +164,11 @@ class ProgressTracker:
                 cur.ok += ep["ok"]
                 cur.errors += ep["failures"] + ep["throttled"]
                 cur.healthy = cur.healthy and ep["state"] == "up"
+                server = ep.get("server")  # every worker reads the same page: any reading
+                if server and cur.server_running is None and cur.server_queued is None:
+                    cur.server_running = server.get("running")
+                    cur.server_queued = server.get("queued")
+                    cur.server_kv_usage = server.get("kv_usage")
             for url, values in s.get("latencies", {}).items():
                 lats.setdefault(url, []).extend(values)
         for url, values in lats.items():

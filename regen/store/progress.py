@@ -22,7 +22,9 @@ the driver (and once at the end of a session)::
       "token_series": [[t, cumulative_completion_tokens], ...],             # this session
       "errors": {kind: {"count": int, "last_message": str, "last_at": float}},
       "endpoints": [{"url": str, "in_flight": int, "healthy": bool,
-                     "latency_p50_s": float | null, "ok": int, "errors": int}],
+                     "latency_p50_s": float | null, "ok": int, "errors": int,
+                     "server_running", "server_queued", "server_kv_usage":
+                         float | null}],                     # the server's /metrics
       "output_tokens_hist": {"edges": [int, ...], "counts": [int, ...]}
     }
 
@@ -183,6 +185,10 @@ class EndpointProgress(ProgressModel):
     latency_p50_s: float | None = None
     ok: int = 0
     errors: int = 0
+    #: the server's own last /metrics reading, every client's requests (None: no page read)
+    server_running: float | None = None
+    server_queued: float | None = None
+    server_kv_usage: float | None = None  #: 0 to 1
 
 
 class OutputHistogram(ProgressModel):

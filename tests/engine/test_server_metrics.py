@@ -195,3 +195,31 @@ def test_concurrency_stays_a_hard_cap_whatever_the_server_says() -> None:
         seen = asyncio.run(go())
     assert all(limit <= 3 and n <= 3 and cap <= 3 for limit, n, cap in seen)
     assert w.limits[sim.url].server_led
+
+
+def test_the_servers_side_reaches_the_progress_file(tmp_path) -> None:
+    """A worker's reading of a shared server goes through its snapshot and the driver's
+    tracker to progress.json, which the dashboard reads (tests/monitor draws it)."""
+    from regen.engine.tracker import ProgressTracker
+    from regen.store import RunDir, layout
+
+    with simulator_in_thread(model_name="m", enable_metrics=True, max_running_requests=SLOTS,
+                             step_ms=20, **SHARED) as shared:  # fmt: skip
+        wait_running(shared, SLOTS // 2)
+        w = worker([shared.url])
+
+        async def go():
+            await read_all(w)
+            snap = w.snapshot()
+            await w.aclose()
+            return snap
+
+        snap = asyncio.run(go())
+    rd = RunDir.open(tmp_path / "r")
+    t = ProgressTracker(rd, name="n", model="m", session="S", run_started_at=1.0,
+                        endpoints=[shared.url])  # fmt: skip
+    t.workers([snap, snap])  # two workers read the same page: one reading, not two
+    t.write("running")
+    (ep,) = layout.PROGRESS_FILE.read(rd).endpoints
+    assert (ep.server_running, ep.server_queued) == (SLOTS // 2, 0)
+    assert ep.server_kv_usage is not None and 0 < ep.server_kv_usage < 1

@@ -153,3 +153,59 @@ def test_new_attempts_are_shown_while_a_retry_runs(tmp_path: Path) -> None:
     assert n.remaining == 12  # what the retry still has to do
     text = render_text(n, width=130)
     assert "new attempts" in text and "30 stored · 12 to go" in text
+
+
+def test_the_endpoint_panel_shows_the_servers_side_beside_regens_in_flight(
+    live_dir: Path,
+) -> None:
+    """Per endpoint: regen's in flight, then the server's running, queued and KV usage from
+    its /metrics (every client's: the second server is shared, 9 wait there); an endpoint
+    without a reading shows dashes, and a stopped run shows no live server state."""
+    from monitor.render import endpoints_panel
+
+    n = read_numbers(live_dir)
+    panel = io.StringIO()
+    from rich.console import Console
+
+    Console(file=panel, width=100, color_system=None).print(endpoints_panel(n))
+    lines = panel.getvalue().splitlines()
+    assert "run" in lines[1] and "queue" in lines[1] and "KV" in lines[1]
+    rows = {}
+    for url in ENDPOINTS:
+        host = url.removeprefix("http://").removesuffix("/v1")
+        rows[host] = next(ln for ln in lines if host in ln).strip("│ ").split()
+    first, second, down = rows.values()
+    assert first[1:6] == ["up", "64", "64", "2", "71%"]
+    assert second[1:6] == ["up", "63", "64", "9", "93%"]
+    assert down[1:6] == ["DOWN", "0", "—", "—", "—"]
+    stopped = tmp_dir_numbers_stopped(live_dir)
+    assert all(e.server_queued is None for e in stopped.endpoints)
+
+
+def tmp_dir_numbers_stopped(live_dir: Path):
+    """The same run's numbers once its lock is gone (not live: no server state shown)."""
+    import shutil
+    import tempfile
+
+    from monitor.synthetic import write_run_dir
+
+    d = Path(tempfile.mkdtemp(prefix="regen-stopped-"))
+    try:
+        now = time.time()
+        write_run_dir(d, make_snapshot(now), now=now, lock="none")
+        return read_numbers(d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_the_servers_side_is_exported_with_regens_metrics(live_dir: Path) -> None:
+    """What the panel shows of each server is a gauge of regen's metrics too (Prometheus,
+    Grafana); an endpoint with no reading has no series rather than a zero."""
+    from regen.engine.metrics import values
+
+    series = values(read_numbers(live_dir))
+    queued = {tags["endpoint"]: v for tags, v in series["regen_endpoint_server_queued"]}
+    kv = {tags["endpoint"]: v for tags, v in series["regen_endpoint_server_kv_usage"]}
+    assert queued == {ENDPOINTS[0]: 2, ENDPOINTS[1]: 9}
+    assert kv == {ENDPOINTS[0]: 0.71, ENDPOINTS[1]: 0.93}
+    assert len(series["regen_endpoint_server_running"]) == 2
