@@ -280,6 +280,7 @@ class SampleWorker:
         self._poll_tasks: list[asyncio.Task[None]] = []
         #: per endpoint: (the server's batch slots or None, this worker's share of them)
         self._server_slots: dict[str, tuple[int | None, float]] = {}
+        self._followed: dict[str, float] = {}  #: per endpoint: the reading the limit followed
         for info in endpoints:
             names = self.clients[info.url].profile.metrics
             if not enabled or names is None:
@@ -312,6 +313,9 @@ class SampleWorker:
         if load is None or load.queued is None:
             ctl.unfollow()
             return
+        if self._followed.get(url) == load.at:  # a failed round: that reading was followed
+            return
+        self._followed[url] = load.at
         slots, share = self._server_slots[url]
         target = target_queue(slots, ctl.current)
         queued = waiting_for_slots(load.queued, load.running, slots)

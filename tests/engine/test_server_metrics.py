@@ -223,3 +223,45 @@ def test_the_servers_side_reaches_the_progress_file(tmp_path) -> None:
     (ep,) = layout.PROGRESS_FILE.read(rd).endpoints
     assert (ep.server_running, ep.server_queued) == (SLOTS // 2, 0)
     assert ep.server_kv_usage is not None and 0 < ep.server_kv_usage < 1
+
+
+def test_a_short_queue_raises_the_limit_once_per_reading() -> None:
+    """This worker holds half of a 16-slot server (the driver's share: 8, so 9 with the
+    1/8 headroom) and has more work: the server's queue is empty, short of its target of 2,
+    so the limit grows by this worker's half of the gap; a round whose scrape failed leaves
+    the last reading in place, and it is not followed twice."""
+    with simulator_in_thread(model_name="m", enable_metrics=True, max_running_requests=16,
+                             step_ms=20, mean_tokens=100_000, length_sigma=0.0) as sim:  # fmt: skip
+        m = manifest(sim.url, max_tokens=100_000)
+        w = SampleWorker(m, [info(sim.url, slots=16)], None, row_builder=stub_rows,
+                         retry=RetryPolicy.from_engine(m.engine, sleep=no_sleep),
+                         shares={sim.url: 8}, metrics_interval_s=60.0)  # fmt: skip
+
+        async def go():
+            tasks = [asyncio.create_task(w.process(Sample(f"s:{i}", "s", [Message("user", "hi")])))
+                     for i in range(20)]  # fmt: skip
+            for _ in range(500):  # until the limit is full (bounded)
+                if w.router.in_flight(sim.url) >= w.limits[sim.url].current:
+                    break
+                await asyncio.sleep(0.02)
+            deadline = time.monotonic() + 30
+            while (sim.stats()["running"] < w.router.in_flight(sim.url)
+                   and time.monotonic() < deadline):  # fmt: skip
+                await asyncio.sleep(0.02)  # admitted: nothing waits in the server
+            while w.pollers[sim.url].scrapes < 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)  # the poller's own first round (at the first sample)
+            start = w.limits[sim.url].current
+            await read_all(w)
+            grown = w.limits[sim.url].current
+            w.read_server(sim.url)  # the same reading again (a failed round)
+            again = w.limits[sim.url].current
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await w.aclose()
+            return start, grown, again
+
+        start, grown, again = asyncio.run(go())
+    # 9 at the start, or 10 when the poller's own first round (at the first sample) already
+    # found the queue short; this reading adds half the gap of 2 once
+    assert start in (9, 10) and (grown, again) == (start + 1, start + 1)
