@@ -51,6 +51,9 @@ class EndpointInfo:
     #: where max_running_requests came from: "max_running_requests" (the server flag),
     #: "internal_states" (the live per-DP values, summed), or None (not reported)
     slots_source: str | None = None
+    #: SGLang's --max-queued-requests over its DP ranks (None: not reported): the start's
+    #: first requests are paced so its queue never takes more (regen.engine.adaptive)
+    max_queued_requests: int | None = None
     #: the server reports --enable-deterministic-inference (None: no /server_info)
     deterministic: bool | None = None
     version: str | None = None
@@ -67,6 +70,7 @@ class EndpointInfo:
             "max_model_len": self.max_model_len,
             "max_running_requests": self.max_running_requests,
             "slots_source": self.slots_source,
+            "max_queued_requests": self.max_queued_requests,
             "deterministic": self.deterministic,
             "version": self.version,
             "speculative": dict(self.speculative),
@@ -138,6 +142,7 @@ async def check_endpoint(
     found = await identify(http, server_root(url), headers)
     info.engine, info.version, info.server_info = found.engine, found.version, found.server_info
     info.max_running_requests, info.slots_source = found.max_running_requests, found.slots_source
+    info.max_queued_requests = found.max_queued_requests
     info.deterministic = found.deterministic
     info.speculative = found.speculative
     return info

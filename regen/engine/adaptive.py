@@ -35,20 +35,26 @@ worker's slots). Unset (the default), the limits are automatic: the server's slo
 :func:`describe_limit` is the start-up line's account of which limit won.
 
 **The server's own queue**, where its ``/metrics`` page is read (regen.client.metrics, every
-few seconds off the request path): each reading moves the limit so that the server's queue,
-every client's requests included, holds :func:`target_queue` requests (a small, non-empty
-queue: a finished request's slot is refilled at the server's next step, and the queue is
-far from ``--max-queued-requests``, so a 503 is rare; requests queued while slots are free,
-which the next step admits, do not count: :func:`waiting_for_slots`).
-:meth:`AdaptiveLimit.follow` takes this worker's share of the gap (``share``: its part of the
-server's slots, the other workers take theirs): too long a queue lowers the limit to the
-requests in flight less that share of the excess (requests already draining count as gone),
-too short a queue raises it while the
-limit is what holds work back. A server shared with other clients so gets fewer of regen's
-requests, down to one. While readings are fresh the window's queueing/grow steps stand down
-(the server says what they guess); a 503 or 429 still cuts as above; ``maximum`` (and so
-``engine.concurrency``) still caps. Without readings (no page, a stale one) the window
-decides, as above.
+few seconds off the request path): each reading moves the limit so that the server's batch
+is full and its queue, every client's requests included, holds :func:`target_queue` requests
+(a small, non-empty queue: a finished request's slot is refilled at the server's next step,
+and the queue is far from ``--max-queued-requests``, so a 503 is rare). :func:`room` is how
+many more requests the server takes towards that: its free batch slots plus the target queue,
+less what it queues (negative: too many). :meth:`AdaptiveLimit.follow` takes this worker's
+share of it (``share``: its part of the server's slots, the other workers take theirs): more
+room raises the limit while the limit is what holds work back; otherwise the limit comes down
+to the requests in flight plus that share (requests already draining count as gone). The
+first reading comes before the worker's first request (regen.engine.worker), so a server
+busy with other clients' work gets fewer of regen's requests from the start, down to one.
+Where the server reports ``--max-queued-requests`` (SGLang's ``/server_info``), growth is
+also paced by it: requests sent at once wait in its queue until its next step admits them,
+and SGLang refuses what arrives past that limit even with batch slots free, so the limit
+never passes the requests in flight plus this worker's share of what the queue still takes
+(:attr:`AdaptiveLimit.paced`; the worker then reads the page again soon, and the start
+fills the slots in a few such bursts instead of one refused one).
+While readings are fresh the window's queueing/grow steps stand down (the server says what
+they guess); a 503 or 429 still cuts as above; ``maximum`` (and so ``engine.concurrency``)
+still caps. Without readings (no page, a stale one) the window decides, as above.
 
 The clock is the caller's (``now`` arguments), so tests drive it with synthetic signals.
 """
@@ -67,13 +73,13 @@ DEFAULT_CONCURRENCY = 64
 TARGET_QUEUE_FRACTION = 1 / 8
 
 
-def waiting_for_slots(queued: float, running: float | None, server_slots: int | None) -> float:
-    """The requests of a server's queue that wait for a slot: those beyond its free slots
-    (a request that arrived since the last step waits only for the next step's admission;
-    all of ``queued`` when the slots are not known)."""
+def room(queued: float, running: float | None, server_slots: int | None, target: int) -> float:
+    """How many more requests a server takes before its queue (every client's) passes
+    ``target``: its free batch slots plus ``target``, less its queue (negative: that many too
+    many). Without its slots or running count, ``target`` less its queue."""
     if server_slots is None or running is None:
-        return queued
-    return max(0.0, queued - max(0.0, server_slots - running))
+        return target - queued
+    return server_slots - running + target - queued
 
 
 def target_queue(server_slots: int | None, limit: int) -> int:
@@ -147,6 +153,8 @@ class AdaptiveLimit:
     demand: bool = False
     #: a fresh reading of the server's queue leads (:meth:`follow`); the window only cuts
     server_led: bool = False
+    #: the last reading's growth was held to what the server's queue takes at once
+    paced: bool = False
     ttfts: list[float] = field(default_factory=list)
     history: list[Decision] = field(default_factory=list)
 
@@ -232,33 +240,37 @@ class AdaptiveLimit:
         self,
         now: float,
         *,
-        queued: float,
+        room: float,
         in_flight: int,
         share: float,
-        target: int,
         waiting: bool = False,
+        queue_room: float | None = None,
     ) -> int | None:
-        """One reading of the server: ``queued`` requests wait in it (every client's),
+        """One reading of the server: it takes ``room`` more requests (:func:`room`),
         ``in_flight`` are this worker's there now, ``share`` is this worker's part of the
-        server's slots (0-1), ``target`` the queue to hold, ``waiting``: work waits for a
-        slot in this worker. Returns the new limit if it changed."""
+        server's slots (0-1), ``waiting``: work waits for a slot in this worker;
+        ``queue_room``: how many more its waiting queue takes before a 503 (its
+        ``--max-queued-requests`` less what it queues; None: no limit known). Returns the new
+        limit if it changed; :attr:`paced` says whether ``queue_room`` held it back."""
         self.server_led = True
         before = self.current
-        gap = target - queued  # > 0: the server could take more
-        if gap >= 0:
-            if in_flight < before and not waiting:  # the limit holds nothing back
-                return None
-            new = self.limit + share * gap
+        held_back = in_flight >= before or waiting  # the limit is what holds work back
+        if room >= 0 and held_back:
+            new = self.limit + share * room
         else:  # requests already draining towards a lower limit count as gone
-            new = min(self.limit, in_flight + share * gap)
+            new = min(self.limit, in_flight + share * room)
+        # what arrives at once waits in the queue until the server's next step admits it
+        burst = None if queue_room is None else in_flight + share * max(0.0, queue_room)
+        self.paced = burst is not None and new > burst
+        if burst is not None:
+            new = min(new, burst)
         self.limit = max(1.0, min(float(self.maximum), new))
         if self.current == before:
             return None
         self.history.append(Decision(now, self.current, "server", 0.0, None))
         if len(self.history) > 64:
             del self.history[:32]
-        log.debug("limit %d -> %d (the server queues %g, aiming at %d)",
-                  before, self.current, queued, target)  # fmt: skip
+        log.debug("limit %d -> %d (the server takes %g more)", before, self.current, room)
         return self.current
 
     def unfollow(self) -> None:

@@ -19,9 +19,11 @@ Where an endpoint's engine serves a ``/metrics`` page regen reads (SGLang with
 ``--enable-metrics``, vLLM), a :class:`~regen.client.metrics.MetricsPoller` reads it every few
 seconds in a task of its own, off the request path; each reading goes to the router (what the
 server holds from other clients weighs in routing) and to the endpoint's limit (which then
-follows the server's own queue: :meth:`regen.engine.adaptive.AdaptiveLimit.follow`). An
-endpoint without a page, or whose reading went stale, is scheduled as above; that is said
-once (per worker).
+follows the server's own queue: :meth:`regen.engine.adaptive.AdaptiveLimit.follow`). The
+first round comes before the worker's first request; while a server's
+``--max-queued-requests`` paces the limit's growth, the page is read again soon. An endpoint
+without a page, or whose reading went stale, is scheduled as above; that is said once (per
+worker).
 
 An endpoint-wide fault (:class:`regen.errors.EndpointFaultError`: 401, 403, 404, not the
 protocol) is never the sample's: the router takes that endpoint out and the request is sent
@@ -43,8 +45,8 @@ from regen.engine.adaptive import (
     DEFAULT_CONCURRENCY,
     AdaptiveLimit,
     capped,
+    room,
     target_queue,
-    waiting_for_slots,
 )
 from regen.engine.attempts import attempt_seed
 from regen.engine.turns import DoneTurn, regenerate
@@ -278,9 +280,11 @@ class SampleWorker:
         self.pages = PageClient()
         self.pollers: dict[str, MetricsPoller] = {}
         self._poll_tasks: list[asyncio.Task[None]] = []
-        #: per endpoint: (the server's batch slots or None, this worker's share of them)
-        self._server_slots: dict[str, tuple[int | None, float]] = {}
+        #: per endpoint: (the server's batch slots or None, this worker's share of them, the
+        #: requests its queue holds before a 503 or None)
+        self._server_slots: dict[str, tuple[int | None, float, int | None]] = {}
         self._followed: dict[str, float] = {}  #: per endpoint: the reading the limit followed
+        self._first_read = asyncio.Event()  #: every page has had its first round
         for info in endpoints:
             names = self.clients[info.url].profile.metrics
             if not enabled or names is None:
@@ -291,11 +295,13 @@ class SampleWorker:
             total = getattr(info, "max_running_requests", None)
             mine = slot_share(info, shares)
             share = min(1.0, mine / total) if total and mine else 1.0
-            self._server_slots[info.url] = (total, share)
+            queue = getattr(info, "max_queued_requests", None)
+            self._server_slots[info.url] = (total, share, queue)
             self.pollers[info.url] = MetricsPoller(
                 self.pages, server_root(info.url), names, headers.get(info.url),
                 interval_s=interval_s or SCRAPE_INTERVAL_S,
             )  # fmt: skip
+        self._unread = set(self.pollers)  #: pages whose first round has not come
 
     def _ensure_probes(self) -> None:
         if self._probe_task is None:
@@ -304,26 +310,49 @@ class SampleWorker:
             for url, poller in self.pollers.items():
                 task = loop.create_task(poller.run(lambda url=url: self.read_server(url)))
                 self._poll_tasks.append(task)
+            if not self.pollers:
+                self._first_read.set()
 
-    def read_server(self, url: str) -> None:
-        """The latest reading of ``url``'s page: to the router, and to the endpoint's limit."""
+    async def _first_readings(self) -> None:
+        """Wait for each page's first round (bounded by its scrape timeout, and a second
+        more in case a poller never reports), so the first requests already know what the
+        servers hold from other clients: a shared server's limit starts below its slots."""
+        if self._first_read.is_set():
+            return
+        from regen.client.metrics import SCRAPE_TIMEOUT_S
+
+        try:
+            async with asyncio.timeout(SCRAPE_TIMEOUT_S + 1.0):
+                await self._first_read.wait()
+        except TimeoutError:
+            log.warning("no first reading of the servers' metrics in %g s: sending without it",
+                        SCRAPE_TIMEOUT_S + 1.0)  # fmt: skip
+            self._first_read.set()
+
+    def read_server(self, url: str) -> bool:
+        """The latest reading of ``url``'s page: to the router, and to the endpoint's limit.
+        True: read it again soon (the limit's growth was paced by the server's queue)."""
+        self._unread.discard(url)
+        if not self._unread:
+            self._first_read.set()
         load = self.pollers[url].latest
         self.router.set_server_load(url, load)
         ctl = self.limits[url]
         if load is None or load.queued is None:
             ctl.unfollow()
-            return
+            return False
         if self._followed.get(url) == load.at:  # a failed round: that reading was followed
-            return
+            return False
         self._followed[url] = load.at
-        slots, share = self._server_slots[url]
-        target = target_queue(slots, ctl.current)
-        queued = waiting_for_slots(load.queued, load.running, slots)
-        new = ctl.follow(self._clock(), queued=queued, in_flight=self.router.in_flight(url),
-                         share=share, target=target, waiting=self.slots.waiting > 0)  # fmt: skip
+        slots, share, queue = self._server_slots[url]
+        more = room(load.queued, load.running, slots, target_queue(slots, ctl.current))
+        new = ctl.follow(self._clock(), room=more, in_flight=self.router.in_flight(url),
+                         share=share, waiting=self.slots.waiting > 0,
+                         queue_room=None if queue is None else queue - load.queued)  # fmt: skip
         if new is not None:
             self.router.set_limit(url, new)
             self.slots.resize(self._capacity())
+        return ctl.paced
 
     async def _complete(
         self,
@@ -395,6 +424,7 @@ class SampleWorker:
     async def process(self, sample: Sample) -> SampleOutcome:
         """All turns of one sample, then its rows; failures become an outcome, not an error."""
         self._ensure_probes()
+        await self._first_readings()
         out = SampleOutcome(sample.id, sample.source)
         try:
             if await self.slots.acquire():

@@ -413,13 +413,17 @@ class SimServer:
     def _queue_full(self) -> bool:
         """Whether a request arriving now is refused for a full queue: SGLang counts the
         waiting queue (``len(waiting_queue) + 1 > max_queued_requests``), vLLM every
-        unfinished request (running and waiting, ``--max-num-queued-reqs``)."""
+        unfinished request (running and waiting, ``--max-num-queued-reqs``). Each of SGLang's
+        data-parallel schedulers applies the flag to its own queue, so this one scheduler,
+        which stands for all of them, holds ``dp_size`` times as many."""
         limit = self.config.max_queued_requests
         if limit is None or self.config.instant:
             return False
         held = self.scheduler.n_queued
         if self.dialect.name == "vllm":
             held += self.scheduler.n_running
+        else:
+            limit *= self.config.dp_size
         return held + 1 > limit
 
     async def chat(self, request: web.Request) -> web.StreamResponse:

@@ -10,9 +10,9 @@ from regen.engine.adaptive import (
     AdaptiveLimit,
     AdaptiveSettings,
     describe_limit,
+    room,
     split,
     target_queue,
-    waiting_for_slots,
 )
 from regen.engine.worker import Slots
 
@@ -238,31 +238,64 @@ def test_the_start_up_line_says_which_limit_won() -> None:
 
 def test_a_long_queue_lowers_the_limit_by_this_workers_share_of_the_excess() -> None:
     c = AdaptiveLimit(start=18, maximum=36, settings=S, slots=16)
-    # the server queues 10 (others' too), aiming at 2: this worker holds half the slots
-    assert c.follow(0.0, queued=10, in_flight=18, share=0.5, target=2) == 14
+    # the server's batch is full and it queues 10 (others' too), aiming at 2: 8 too many;
+    # this worker holds half the slots
+    assert c.follow(0.0, room=room(10, 16, 16, 2), in_flight=18, share=0.5) == 14
     assert c.history[-1].reason == "server" and c.server_led
     # requests still draining towards 14: the excess they make is already counted
-    assert c.follow(1.0, queued=6, in_flight=18, share=0.5, target=2) is None
+    assert c.follow(1.0, room=room(6, 16, 16, 2), in_flight=18, share=0.5) is None
     assert c.current == 14
 
 
-def test_a_short_queue_raises_the_limit_only_while_it_holds_work_back() -> None:
+def test_more_room_raises_the_limit_only_while_it_holds_work_back() -> None:
     c = AdaptiveLimit(start=10, maximum=20, settings=S, slots=16)
-    assert c.follow(0.0, queued=0, in_flight=6, share=1.0, target=2) is None  # not using it
-    assert c.follow(1.0, queued=0, in_flight=10, share=1.0, target=2) == 12
-    assert c.follow(2.0, queued=0, in_flight=6, share=1.0, target=2, waiting=True) == 14
-    assert c.follow(3.0, queued=2, in_flight=14, share=1.0, target=2) is None  # on target
+    # 6 in flight under a limit of 10 on a full batch: the limit comes down to 6 + 2 queued
+    assert c.follow(0.0, room=room(0, 16, 16, 2), in_flight=6, share=1.0) == 8
+    assert c.follow(1.0, room=room(0, 16, 16, 2), in_flight=8, share=1.0) == 10
+    assert c.follow(2.0, room=room(0, 16, 16, 2), in_flight=6, share=1.0, waiting=True) == 12
+    assert c.follow(3.0, room=room(2, 16, 16, 2), in_flight=12, share=1.0) is None  # on target
+    # free batch slots are room too: 10 running of 16, nothing queued
+    assert c.follow(4.0, room=room(0, 10, 16, 2), in_flight=12, share=1.0) == 20  # the maximum
+
+
+def test_a_server_busy_with_others_lowers_an_unused_limit_before_the_first_request() -> None:
+    # the first reading, nothing sent yet: another client runs 8 of the 16 slots
+    c = AdaptiveLimit(start=18, maximum=36, settings=S, slots=16)
+    assert c.follow(0.0, room=room(0, 8, 16, 2), in_flight=0, share=1.0) == 10
+    # an idle server leaves the starting limit as it is (18 <= 0 + 18)
+    idle = AdaptiveLimit(start=18, maximum=36, settings=S, slots=16)
+    assert idle.follow(0.0, room=room(0, 0, 16, 2), in_flight=0, share=1.0) is None
+
+
+def test_growth_is_paced_by_what_the_servers_queue_takes_at_once() -> None:
+    # an idle 16-slot server queueing at most 6: the start's limit of 18 comes down to 6
+    c = AdaptiveLimit(start=18, maximum=36, settings=S, slots=16)
+    assert c.follow(0.0, room=room(0, 0, 16, 2), in_flight=0, share=1.0, queue_room=6) == 6
+    assert c.paced
+    # the 6 were admitted (running 6, nothing queued): 6 more at once, then the rest
+    assert c.follow(0.1, room=room(0, 6, 16, 2), in_flight=6, share=1.0, queue_room=6) == 12
+    assert c.paced
+    assert c.follow(0.2, room=room(0, 12, 16, 2), in_flight=12, share=1.0, queue_room=6) == 18
+    assert not c.paced
+    # still queued at the next reading: nothing more is sent until the server admits them
+    d = AdaptiveLimit(start=18, maximum=36, settings=S, slots=16)
+    d.follow(0.0, room=room(0, 0, 16, 2), in_flight=0, share=1.0, queue_room=6)
+    assert d.follow(0.1, room=room(6, 0, 16, 2), in_flight=6, share=1.0, queue_room=0) is None
+    assert d.paced and d.current == 6
+    # a worker with half the slots takes half of what the queue takes
+    h = AdaptiveLimit(start=9, maximum=18, settings=S, slots=8)
+    assert h.follow(0.0, room=room(0, 0, 16, 2), in_flight=0, share=0.5, queue_room=6) == 3
 
 
 def test_following_stays_within_one_and_the_maximum() -> None:
     c = AdaptiveLimit(start=8, maximum=9, settings=S)
-    assert c.follow(0.0, queued=0, in_flight=8, share=1.0, target=50) == 9  # the hard cap
-    assert c.follow(1.0, queued=500, in_flight=9, share=1.0, target=1) == 1  # never 0
+    assert c.follow(0.0, room=50, in_flight=8, share=1.0) == 9  # the hard cap
+    assert c.follow(1.0, room=room(500, None, None, 1), in_flight=9, share=1.0) == 1  # never 0
 
 
 def test_while_the_server_leads_the_window_only_cuts() -> None:
     c = AdaptiveLimit(start=16, maximum=32, settings=S, slots=16)
-    c.follow(0.0, queued=2, in_flight=16, share=1.0, target=2)
+    c.follow(0.0, room=0, in_flight=16, share=1.0)
     assert window(c, 0.0, tokens=20_000, ttft=0.004) is None  # no "grow" on demand
     assert c.history[-1].reason == "hold" and c.current == 16
     c.record_throttled(1.5, rate_limited=True)  # a 429 still cuts
@@ -271,9 +304,10 @@ def test_while_the_server_leads_the_window_only_cuts() -> None:
     assert window(c, 2.0, tokens=20_000, ttft=0.004) == 12
 
 
-def test_the_target_queue_and_what_waits_for_a_slot() -> None:
+def test_the_target_queue_and_the_room_a_server_has() -> None:
     assert target_queue(16, 99) == 2 and target_queue(4, 99) == 1 and target_queue(None, 64) == 8
-    # 9 arrived on a server running 4 of 8: the next step admits 4, 5 wait for a slot
-    assert waiting_for_slots(9, 4, 8) == 5
-    assert waiting_for_slots(3, 8, 8) == 3 and waiting_for_slots(3, 2, 8) == 0
-    assert waiting_for_slots(3, None, 8) == 3 and waiting_for_slots(3, 2, None) == 3
+    # 9 queued on a server running 4 of 8, aiming at a queue of 1: 4 too many
+    assert room(9, 4, 8, 1) == -4
+    assert room(0, 8, 8, 1) == 1 and room(3, 2, 8, 1) == 4
+    # without the slots or the running count: the target less the queue
+    assert room(3, None, 8, 1) == -2 and room(3, 2, None, 1) == -2

@@ -6,6 +6,7 @@ test (``poll`` + ``read_server``), so every assertion is on data, not on timing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from regen.client import RetryPolicy
@@ -95,10 +96,34 @@ def test_a_server_busy_with_another_client_gets_less_of_regens_work() -> None:
     assert start == {free.url: SLOTS + 1, shared.url: SLOTS + 1}  # slots + 1/8
 
 
+async def other_client(url: str, n: int) -> tuple[list[asyncio.Task], asyncio.Task]:
+    """``n`` long requests of another client (answers that outlast the test), sent now; and
+    the task that closes its session once they are done or cancelled."""
+    import aiohttp
+
+    session = aiohttp.ClientSession()
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 100_000}  # fmt: skip
+
+    async def one() -> None:
+        async with session.post(f"{url}/chat/completions", json=body) as resp:
+            await resp.read()
+
+    async def close_after(tasks: list[asyncio.Task]) -> None:
+        with contextlib.suppress(BaseException):
+            await asyncio.gather(*tasks)
+        await session.close()
+
+    tasks = [asyncio.create_task(one()) for _ in range(n)]
+    return tasks, asyncio.create_task(close_after(list(tasks)))
+
+
 def test_the_limit_follows_the_servers_queue_with_others_in_it() -> None:
-    """A full limit on the shared server queues what the other client holds; the reading
-    lowers regen's limit there to keep the queue at its target (1 of 8 slots), and leaves
-    the free server's, whose queue is short, where it serves."""
+    """The first reading comes before regen's first request: the shared server's limit starts
+    at the room the other client leaves (4 free slots and a queue of 1), the free server's at
+    its slots + 1/8. When a third client arrives and queues 4 more, the next reading lowers
+    regen's limit there by that excess, and leaves the free server's, whose queue is on
+    target, where it serves."""
     with (
         simulator_in_thread(model_name="m", enable_metrics=True, max_running_requests=SLOTS,
                             step_ms=20, mean_tokens=100_000, length_sigma=0.0) as free,
@@ -108,35 +133,77 @@ def test_the_limit_follows_the_servers_queue_with_others_in_it() -> None:
     ):  # fmt: skip
         wait_running(shared, SLOTS // 2)
         w = worker([free.url, shared.url], max_tokens=100_000)  # long answers: they stay in
+        urls = (free.url, shared.url)
+
+        async def until(cond) -> None:
+            deadline = time.monotonic() + 30
+            while not cond() and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
 
         async def go():
             tasks = [asyncio.create_task(w.process(Sample(f"s:{i}", "s", [Message("user", "hi")])))
                      for i in range(40)]  # fmt: skip
-            for _ in range(500):  # until both limits are full (bounded)
-                if all(w.router.in_flight(u) >= w.limits[u].current
-                       for u in (free.url, shared.url)):  # fmt: skip
-                    break
-                await asyncio.sleep(0.02)
-            full = {u: w.router.in_flight(u) for u in (free.url, shared.url)}
-            deadline = time.monotonic() + 30
-            while (shared.stats()["queued"] < full[shared.url] - SLOTS // 2
-                   and time.monotonic() < deadline):  # fmt: skip
-                await asyncio.sleep(0.02)
+            await until(lambda: all(w.router.in_flight(u) >= w.limits[u].current for u in urls))
+            full = {u: w.router.in_flight(u) for u in urls}
+            await until(lambda: shared.stats()["running"] == SLOTS)
+            queued_start = shared.stats()["queued"]
+            others, closed = await other_client(shared.url, 4)
+            await until(lambda: shared.stats()["queued"] >= queued_start + 4)
             queued = shared.stats()["queued"]
             await read_all(w)
-            limits = {u: w.limits[u].current for u in (free.url, shared.url)}
+            limits = {u: w.limits[u].current for u in urls}
+            for t in [*tasks, *others]:
+                t.cancel()
+            await asyncio.gather(*tasks, *others, closed, return_exceptions=True)
+            await w.aclose()
+            return full, queued_start, queued, limits
+
+        full, queued_start, queued, limits = asyncio.run(go())
+    # the shared server: 4 free slots + the target queue of 1; the free one: 8 + 1
+    assert full == {free.url: SLOTS + 1, shared.url: SLOTS // 2 + 1}
+    assert queued_start == 1  # the target: regen's requests did not crowd the other client
+    assert queued == 5  # the third client's 4 wait too
+    # the worker holds all of the server's slots (share 1): in flight 5, less the excess 4
+    assert limits == {free.url: SLOTS + 1, shared.url: 1}
+
+
+def test_the_start_fills_the_slots_in_bursts_the_servers_queue_takes() -> None:
+    """An idle server of 8 slots that queues at most 2 (SGLang refuses what arrives past
+    that, slots free or not): the first requests go out 2 at a time, each burst after a
+    reading shows the last one admitted, until the limit of 9 is full: no 503 at all."""
+    with simulator_in_thread(model_name="m", enable_metrics=True, max_running_requests=SLOTS,
+                             max_queued_requests=2, step_ms=20, mean_tokens=100_000,
+                             length_sigma=0.0) as sim:  # fmt: skip
+        m = manifest(sim.url, max_tokens=100_000)
+        found = EndpointInfo(url=sim.url, weight=1.0, models=("m",), engine="sglang",
+                             max_running_requests=SLOTS, max_queued_requests=2)  # fmt: skip
+        w = SampleWorker(m, [found], None, row_builder=stub_rows,
+                         retry=RetryPolicy.from_engine(m.engine, sleep=no_sleep),
+                         metrics_interval_s=60.0)  # fmt: skip
+
+        async def go():
+            tasks = [asyncio.create_task(w.process(Sample(f"s:{i}", "s", [Message("user", "hi")])))
+                     for i in range(20)]  # fmt: skip
+            seen = []
+            deadline = time.monotonic() + 30
+            while not w.pollers[sim.url].scrapes and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)  # the first reading, before any request
+            while w.router.in_flight(sim.url) < SLOTS + 1 and time.monotonic() < deadline:
+                seen.append(w.limits[sim.url].current)
+                await asyncio.sleep(0.01)
+            scrapes = w.pollers[sim.url].scrapes
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await w.aclose()
-            return full, queued, limits
+            return seen, scrapes
 
-        full, queued, limits = asyncio.run(go())
-    assert full == {free.url: SLOTS + 1, shared.url: SLOTS + 1}
-    assert queued == SLOTS + 1 + SLOTS // 2 - SLOTS  # 5 wait behind the other client
-    # the worker holds all of the server's slots (share 1): in flight 9, minus the excess 4
-    assert limits[shared.url] == SLOTS + 1 - (queued - 1)
-    assert limits[free.url] == SLOTS + 1  # its queue is the target: held
+        seen, scrapes = asyncio.run(go())
+        refused = sim.stats()["queue_full"]
+    assert refused == 0
+    assert seen[0] == 2 and max(seen) <= SLOTS + 1  # the first burst: what the queue takes
+    assert len(set(seen)) >= 3  # grown in bursts, each after a reading
+    assert scrapes >= 4  # read again soon, not after the 60 s interval
 
 
 def test_without_a_page_the_worker_schedules_as_before_and_says_so_once(caplog) -> None:
@@ -227,9 +294,9 @@ def test_the_servers_side_reaches_the_progress_file(tmp_path) -> None:
 
 def test_a_short_queue_raises_the_limit_once_per_reading() -> None:
     """This worker holds half of a 16-slot server (the driver's share: 8, so 9 with the
-    1/8 headroom) and has more work: the server's queue is empty, short of its target of 2,
-    so the limit grows by this worker's half of the gap; a round whose scrape failed leaves
-    the last reading in place, and it is not followed twice."""
+    1/8 headroom) and has more work: the server runs its 9 and queues nothing, room for 7
+    more slots and a queue of 2, so the limit grows by this worker's half of that; a round
+    whose scrape failed leaves the last reading in place, and it is not followed twice."""
     with simulator_in_thread(model_name="m", enable_metrics=True, max_running_requests=16,
                              step_ms=20, mean_tokens=100_000, length_sigma=0.0) as sim:  # fmt: skip
         m = manifest(sim.url, max_tokens=100_000)
@@ -248,8 +315,7 @@ def test_a_short_queue_raises_the_limit_once_per_reading() -> None:
             while (sim.stats()["running"] < w.router.in_flight(sim.url)
                    and time.monotonic() < deadline):  # fmt: skip
                 await asyncio.sleep(0.02)  # admitted: nothing waits in the server
-            while w.pollers[sim.url].scrapes < 1 and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)  # the poller's own first round (at the first sample)
+            assert w.pollers[sim.url].scrapes == 1  # the first round, before any request
             start = w.limits[sim.url].current
             await read_all(w)
             grown = w.limits[sim.url].current
@@ -262,6 +328,6 @@ def test_a_short_queue_raises_the_limit_once_per_reading() -> None:
             return start, grown, again
 
         start, grown, again = asyncio.run(go())
-    # 9 at the start, or 10 when the poller's own first round (at the first sample) already
-    # found the queue short; this reading adds half the gap of 2 once
-    assert start in (9, 10) and (grown, again) == (start + 1, start + 1)
+    # the first reading (an idle server: room for 18) left the share of 9; this one adds half
+    # of the room for 9, once
+    assert (start, grown, again) == (9, 14, 14)

@@ -1,8 +1,9 @@
 """The shared-server benchmark at a small size (benchmarks/shared_server.py): two simulated
 SGLang servers, one with another client holding half its slots; the same samples routed by
-regen's own counts, then by the servers' /metrics. Only ratios of one run are asserted, with
-generous margins (the issue's targets are 15% shorter, 5x fewer 503s, 0.98 occupancy): the
-machine's load moves every absolute figure."""
+regen's own counts, then by the servers' /metrics. Only ratios of one run are asserted: the
+issue's targets for time (15% shorter) and 503s (5x fewer per 1,000 requests), and a margin
+under its 0.98 occupancy (the machine's load moves every absolute figure; docs/metrics.md has
+the quiet numbers)."""
 
 from __future__ import annotations
 
@@ -21,13 +22,11 @@ def test_reading_the_servers_metrics_beats_routing_by_outstanding_counts() -> No
     shared_before, shared_after = before["endpoints"][1], after["endpoints"][1]
     assert shared_after["answered"] < shared_before["answered"]
     assert shared_after["limit_end"] < shared_before["limit_end"]
-    assert ratios["time_saved"] >= 0.05
-    # past the start's burst the metrics-led arm keeps the queue short: 503s become rare
-    assert before["per_1000_after_start"] is not None and before["per_1000_after_start"] > 0
-    assert after["per_1000_after_start"] is not None
-    assert after["per_1000_after_start"] * 2 <= before["per_1000_after_start"]
-    assert after["per_1000"] < before["per_1000"]
+    assert ratios["time_saved"] >= 0.15
+    # the start is paced by the servers' queue, and the queue is kept short after it
+    assert before["per_1000"] > 0
+    assert after["per_1000"] * 5 <= before["per_1000"]
     unshared_before = before["endpoints"][0]["backlog_occupancy"]
     unshared_after = after["endpoints"][0]["backlog_occupancy"]
-    assert unshared_after is not None and unshared_after >= 0.85
+    assert unshared_after is not None and unshared_after >= 0.9
     assert unshared_before is not None and unshared_after > unshared_before

@@ -148,6 +148,34 @@ def test_a_queue_with_room_takes_the_request() -> None:
     assert stats["queue_full"] == 0 and stats["received"] == 1
 
 
+def test_each_data_parallel_rank_queues_up_to_the_flag() -> None:
+    """SGLang's schedulers (one per DP rank) each apply --max-queued-requests to their own
+    waiting queue: with 2 ranks and a flag of 2, a request finding 3 waiting joins them, the
+    one after it (finding 4) is refused."""
+    import aiohttp
+
+    async def fill(sim) -> tuple[dict, int]:
+        async with aiohttp.ClientSession() as s:
+            body = make_body(2, "moonshotai/Kimi-K2.5", 8)
+            headers = {"Content-Type": "application/json"}
+            sent = asyncio.ensure_future(
+                s.post(sim.url + "/chat/completions", data=body, headers=headers)
+            )
+            stats = await asyncio.to_thread(wait_for, sim, lambda st: st["queued"] == 4)
+            status, _ = await asyncio.to_thread(post, sim, False)
+            sent.cancel()
+            return stats, status
+
+    with simulator_in_thread(enable_metrics=True, dp_size=2, max_running_requests=2,
+                             max_queued_requests=2, background_requests=5,
+                             background_max_tokens=FOREVER, step_ms=20) as sim:  # fmt: skip
+        wait_for(sim, lambda s: s["running"] == 2 and s["queued"] == 3)
+        joined, status = asyncio.run(fill(sim))
+        refused = sim.stats()["queue_full"]
+    assert joined["queue_full"] == 0 and joined["received"] == 1
+    assert status == 503 and refused == 1
+
+
 @pytest.mark.parametrize("option", [{"background_requests": 2}, {"max_queued_requests": 0}])
 def test_a_queue_without_the_capacity_model_is_refused(option: dict) -> None:
     with pytest.raises(ConfigError) as e:

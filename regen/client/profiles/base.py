@@ -36,6 +36,9 @@ class Identity:
     #: the batch slots the server reported and the field they came from (None: not reported)
     max_running_requests: int | None = None
     slots_source: str | None = None
+    #: requests the server's waiting queue holds before it refuses with 503 (SGLang's
+    #: ``--max-queued-requests``, over its data-parallel ranks; None: no limit reported)
+    max_queued_requests: int | None = None
     #: whether a request's seed is honoured (SGLang: --enable-deterministic-inference)
     deterministic: bool | None = None
     #: the speculative settings the server exposes (names as the engine spells them)

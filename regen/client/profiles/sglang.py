@@ -70,6 +70,16 @@ def batch_slots(server_info: dict[str, Any]) -> tuple[int | None, str | None]:
     return None, None
 
 
+def queue_limit(server_info: dict[str, Any]) -> int | None:
+    """The requests the server queues before refusing with 503: ``--max-queued-requests``
+    (None unless given), which each data-parallel rank's scheduler applies to its own waiting
+    queue, so times ``dp_size``."""
+    flag, dp = server_info.get("max_queued_requests"), server_info.get("dp_size")
+    if not isinstance(flag, int) or isinstance(flag, bool) or flag <= 0:
+        return None
+    return flag * (dp if isinstance(dp, int) and not isinstance(dp, bool) and dp > 0 else 1)
+
+
 def identity_of(data: dict[str, Any]) -> Identity:
     """The identity in one ``/server_info`` answer."""
     slots, source = batch_slots(data)
@@ -80,6 +90,7 @@ def identity_of(data: dict[str, Any]) -> Identity:
         version=str(version) if version is not None else None,
         max_running_requests=slots,
         slots_source=source,
+        max_queued_requests=queue_limit(data),
         deterministic=det if isinstance(det, bool) else False,
         speculative={k: data[k] for k in SPECULATIVE_KEYS if data.get(k) is not None},
         server_info=True,
