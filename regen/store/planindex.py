@@ -463,7 +463,8 @@ def _read_record(rd: RunDir) -> tuple[PlanIndexRecord | None, str]:
     except RunDirError as e:
         return None, str(e)
     if rec is not None and rec.version != INDEX_VERSION:
-        return None, f"{layout.PLAN_INDEX} has format {rec.version}, this regen {INDEX_VERSION}"
+        why = f"{layout.PLAN_INDEX} has format {rec.version}, this regen uses {INDEX_VERSION}"
+        return None, why
     return rec, ""
 
 
