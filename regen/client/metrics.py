@@ -47,7 +47,8 @@ SCRAPE_TIMEOUT_S = 2.0
 SCRAPE_INTERVAL_S = 5.0
 #: a reading older than this many scrape intervals is no longer the server's state
 STALE_INTERVALS = 3
-#: seconds to the next round when the consumer asks for one soon (a start being paced)
+#: seconds to the next round when a consumer asks for one soon (a start being paced), doubled
+#: while the rounds it asks for find nothing new
 SOON_S = 0.1
 
 
@@ -452,19 +453,16 @@ class MetricsPoller:
 
     async def run(self, after: Any = None) -> None:
         """Poll every ``interval_s`` until cancelled (a round's own time counts in it);
-        ``after()`` is called after each round (a consumer reading :attr:`latest`). When it
-        returns True the next round comes after ``SOON_S`` instead, for at most one
-        interval's worth of rounds in a row (then a whole interval passes)."""
+        ``after()`` is called after each round (a consumer reading :attr:`latest`); it may
+        return the seconds to the next round, at most ``interval_s`` (None: ``interval_s``)."""
         me = asyncio.current_task()
-        soon, most = 0, max(1, round(self.interval_s / SOON_S))
         while True:
             started = self.clock()
             await self.poll()
             if me is not None and me.cancelling():  # a cancel wait_for swallowed (3.11)
                 raise asyncio.CancelledError
-            again = bool(after()) if after is not None else False
-            soon = soon + 1 if again and soon < most else 0
-            wait = min(SOON_S, self.interval_s) if soon else self.interval_s
+            asked = after() if after is not None else None
+            wait = self.interval_s if asked is None else min(self.interval_s, asked)
             await asyncio.sleep(max(0.0, wait - (self.clock() - started)))
 
 

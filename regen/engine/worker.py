@@ -285,6 +285,7 @@ class SampleWorker:
         self._server_slots: dict[str, tuple[int | None, float, int | None]] = {}
         self._followed: dict[str, float] = {}  #: per endpoint: the reading the limit followed
         self._first_read = asyncio.Event()  #: every page has had its first round
+        self._soon: dict[str, float] = {}  #: per endpoint: the last wait asked while paced
         for info in endpoints:
             names = self.clients[info.url].profile.metrics
             if not enabled or names is None:
@@ -329,9 +330,11 @@ class SampleWorker:
                         SCRAPE_TIMEOUT_S + 1.0)  # fmt: skip
             self._first_read.set()
 
-    def read_server(self, url: str) -> bool:
+    def read_server(self, url: str) -> float | None:
         """The latest reading of ``url``'s page: to the router, and to the endpoint's limit.
-        True: read it again soon (the limit's growth was paced by the server's queue)."""
+        Returns the seconds to the next reading while the server's queue paces the limit's
+        growth (SOON_S after a reading that let it grow, twice the last wait after one that
+        did not), None otherwise (the poller's interval)."""
         self._unread.discard(url)
         if not self._unread:
             self._first_read.set()
@@ -340,11 +343,12 @@ class SampleWorker:
         ctl = self.limits[url]
         if load is None or load.queued is None:
             ctl.unfollow()
-            return False
+            return None
         if self._followed.get(url) == load.at:  # a failed round: that reading was followed
-            return False
+            return None
         self._followed[url] = load.at
         slots, share, queue = self._server_slots[url]
+        before = ctl.current
         more = room(load.queued, load.running, slots, target_queue(slots, ctl.current))
         new = ctl.follow(self._clock(), room=more, in_flight=self.router.in_flight(url),
                          share=share, waiting=self.slots.waiting > 0,
@@ -352,7 +356,16 @@ class SampleWorker:
         if new is not None:
             self.router.set_limit(url, new)
             self.slots.resize(self._capacity())
-        return ctl.paced
+        return self._pace(url, ctl.paced, grew=new is not None and new > before)
+
+    def _pace(self, url: str, paced: bool, *, grew: bool) -> float | None:
+        from regen.client.metrics import SOON_S
+
+        last = self._soon.pop(url, None)
+        if not paced:
+            return None
+        self._soon[url] = wait = SOON_S if grew or last is None else 2 * last
+        return wait
 
     async def _complete(
         self,

@@ -296,3 +296,25 @@ def test_an_absent_page_is_said_once_and_asked_again_now_and_then() -> None:
     assert p.absent and p.latest is None
     assert p.scrapes == 3  # rounds 1, 3 and 6 ask; the others are skipped
     assert len(said) == 1 and "no metrics page (HTTP 404)" in said[0]
+
+
+def test_the_poller_comes_back_when_its_consumer_asks_and_else_waits_its_interval(
+    broken: str,
+) -> None:
+    asked = [0.01, 0.01, 0.01]  # three rounds soon, then the interval (60 s)
+
+    async def run() -> MetricsPoller:
+        async with httpx2.AsyncClient(timeout=10) as http:
+            p = MetricsPoller(http, f"{broken}/good", SGLANG.metrics, interval_s=60.0)
+            task = asyncio.create_task(p.run(lambda: asked.pop(0) if asked else None))
+            deadline = time.monotonic() + 30
+            while p.scrapes < 4 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.3)  # well inside the 60 s: no fifth round
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return p
+
+    p = asyncio.run(run())
+    assert p.scrapes == 4 and not asked

@@ -206,6 +206,17 @@ def test_the_start_fills_the_slots_in_bursts_the_servers_queue_takes() -> None:
     assert scrapes >= 4  # read again soon, not after the 60 s interval
 
 
+def test_a_paced_limit_asks_for_the_next_reading_soon_and_backs_off_without_progress() -> None:
+    w = worker(["http://127.0.0.1:9/v1"])
+    url = "http://127.0.0.1:9/v1"
+    assert w._pace(url, False, grew=False) is None  # not paced: the interval
+    assert w._pace(url, True, grew=True) == 0.1
+    assert [w._pace(url, True, grew=False) for _ in range(3)] == [0.2, 0.4, 0.8]
+    assert w._pace(url, True, grew=True) == 0.1  # it grew again: soon again
+    assert w._pace(url, False, grew=False) is None
+    assert w._pace(url, True, grew=False) == 0.1  # a new pacing starts soon
+
+
 def test_without_a_page_the_worker_schedules_as_before_and_says_so_once(caplog) -> None:
     with simulator_in_thread(model_name="m", max_running_requests=SLOTS, step_ms=5) as sim:
         w = worker([sim.url])
