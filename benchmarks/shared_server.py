@@ -7,7 +7,8 @@ serves another client (``--background-requests``, half its slots, answers that n
 during the run): a shared production server. ``--workers`` :class:`regen.engine.worker.SampleWorker`
 (the body of a Ray worker actor: router, adaptive limits, retries with real back-off; each
 with its share of the servers' slots, as regen.engine.pool gives them, and its own poller of
-the pages) regenerate the same single-turn samples twice, dealt round robin:
+the pages) regenerate the same single-turn samples twice, fed from one queue as the driver
+feeds its actors (each keeps twice its slots of samples and takes the next as one is done):
 
 - ``before``: ``server_metrics=False``, today's scheduling without a page: least outstanding
   routing, limits from the slots ``/server_info`` reports and the 503s;
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import sys
 import threading
@@ -107,11 +109,12 @@ class Stats:
     points: list[tuple[float, bool, list[dict[str, Any]]]] = field(default_factory=list)
 
 
-def poll(sims: list[RunningSimulator], workers: list[SampleWorker], stop: threading.Event,
-         into: Stats) -> None:  # fmt: skip
+def poll(sims: list[RunningSimulator], workers: list[SampleWorker], left: list[int],
+         stop: threading.Event, into: Stats) -> None:  # fmt: skip
     while not stop.is_set():
         t = time.monotonic()
-        backlog = any(w.slots.waiting for w in workers)  # samples wait for a worker's slot
+        # samples wait: for a worker's slot, or not yet taken by any worker
+        backlog = left[0] > 0 or any(w.slots.waiting for w in workers)
         with suppress(OSError):  # a reading missed: the next one counts
             into.points.append((t, backlog, [s.stats() for s in sims]))
         stop.wait(POLL_S)
@@ -151,13 +154,25 @@ def steady_per_1000(stats: Stats, skip_s: float = START_S) -> float | None:
     return round(1000 * refused / received, 1) if received else None
 
 
-async def regenerate_all(workers: list[SampleWorker], n: int) -> list[Any]:
-    samples = [Sample(f"s:{i}", "s", [Message("user", f"question {i}: tell me about {i}")])
-               for i in range(n)]  # fmt: skip
+async def regenerate_all(workers: list[SampleWorker], n: int, backlog: list[int]) -> list[Any]:
+    """All samples from one queue, as the driver feeds its actors: each worker keeps twice its
+    slots of samples (its mailbox), and takes the next as one of them is done. ``backlog``
+    holds the samples not yet taken (for the occupancy while a backlog exists)."""
+    samples = collections.deque(
+        Sample(f"s:{i}", "s", [Message("user", f"question {i}: tell me about {i}")])
+        for i in range(n)
+    )
+    backlog[0] = n
+    outs: list[Any] = []
+
+    async def feed(worker: SampleWorker) -> None:
+        while samples:
+            backlog[0] = len(samples) - 1
+            outs.append(await worker.process(samples.popleft()))
+
     try:
-        return await asyncio.gather(
-            *(workers[i % len(workers)].process(s) for i, s in enumerate(samples))
-        )
+        await asyncio.gather(*(feed(w) for w in workers for _ in range(2 * w.slots.capacity)))
+        return outs
     finally:
         for w in workers:
             await w.aclose()
@@ -178,11 +193,12 @@ def run_arm(name: str, sims: list[RunningSimulator], samples: int, interval_s: f
         for k in range(n_workers)
     ]  # fmt: skip
     stats, stop = Stats(), threading.Event()
-    poller = threading.Thread(target=poll, args=(sims, workers, stop, stats), daemon=True)
+    left = [samples]
+    poller = threading.Thread(target=poll, args=(sims, workers, left, stop, stats), daemon=True)
     poller.start()
     t0 = time.monotonic()
     try:
-        outs = asyncio.run(regenerate_all(workers, samples))
+        outs = asyncio.run(regenerate_all(workers, samples, left))
     finally:
         stop.set()
         poller.join(timeout=10)

@@ -62,6 +62,7 @@ The clock is the caller's (``now`` arguments), so tests drive it with synthetic 
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -155,6 +156,8 @@ class AdaptiveLimit:
     server_led: bool = False
     #: the last reading's growth was held to what the server's queue takes at once
     paced: bool = False
+    #: a reading found the limit full (before that, the whole limit would go out at once)
+    filled: bool = False
     ttfts: list[float] = field(default_factory=list)
     history: list[Decision] = field(default_factory=list)
 
@@ -255,12 +258,21 @@ class AdaptiveLimit:
         self.server_led = True
         before = self.current
         held_back = in_flight >= before or waiting  # the limit is what holds work back
+        self.filled = self.filled or in_flight >= before
         if room >= 0 and held_back:
             new = self.limit + share * room
-        else:  # requests already draining towards a lower limit count as gone
+        elif in_flight >= self.limit:  # full, or draining towards a lower limit: what is
+            # in flight past the limit finishes without a refill, so it is room already made
+            new = min(self.limit, self.limit + share * (room + in_flight - self.limit))
+        else:  # the limit is not used: down to what is in flight plus this share of the room
             new = min(self.limit, in_flight + share * room)
-        # what arrives at once waits in the queue until the server's next step admits it
-        burst = None if queue_room is None else in_flight + share * max(0.0, queue_room)
+        # what arrives at once waits in the queue until the server's next step admits it; once
+        # the limit has been filled, what it lacks at a reading is refills of answers just
+        # finished (their slots are free), so only growth past it is paced
+        # (whole requests: the workers' shares of the queue add up to no more than it holds)
+        burst = None if queue_room is None else in_flight + math.floor(share * max(0.0, queue_room))
+        if burst is not None and self.filled:
+            burst = max(burst, self.limit)
         self.paced = burst is not None and new > burst
         if burst is not None:
             new = min(new, burst)

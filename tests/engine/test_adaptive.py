@@ -247,6 +247,16 @@ def test_a_long_queue_lowers_the_limit_by_this_workers_share_of_the_excess() -> 
     assert c.current == 14
 
 
+def test_a_quarter_share_still_moves_a_limit_that_rounds_up() -> None:
+    # one of four workers: its limit 5.5 shows as 6, all 6 in flight, the server 2 over target
+    c = AdaptiveLimit(start=5, maximum=20, settings=S, slots=4)
+    c.limit = 5.5
+    assert c.current == 6
+    assert c.follow(0.0, room=-2, in_flight=6, share=0.25) == 5  # 5.5 - 0.25 x (2 - 0.5)
+    # what it sheds drains: at the next reading those requests are room already made
+    assert c.follow(1.0, room=-1, in_flight=6, share=0.25) is None
+
+
 def test_more_room_raises_the_limit_only_while_it_holds_work_back() -> None:
     c = AdaptiveLimit(start=10, maximum=20, settings=S, slots=16)
     # 6 in flight under a limit of 10 on a full batch: the limit comes down to 6 + 2 queued
