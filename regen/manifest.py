@@ -158,6 +158,9 @@ class Engine(Strict):
     endpoint_failure_threshold: int = Field(default=5, ge=1)
     #: seconds between probes of an endpoint out of rotation
     endpoint_probe_interval_s: float = Field(default=15.0, gt=0)
+    #: read each endpoint's /metrics page (SGLang with --enable-metrics, vLLM) and schedule by
+    #: what the server says (docs/metrics.md); false: by regen's own counts and the 503s only
+    server_metrics: bool = True
     #: completed samples buffered before a Parquet part is written
     part_size: int = Field(default=256, ge=1)
     #: seconds after which a non-empty buffer is written as a part anyway

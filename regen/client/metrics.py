@@ -401,7 +401,7 @@ class MetricsPoller:
     ) -> None:
         self.http, self.root, self.names = http, root, names
         self.headers = dict(headers or {})
-        self.interval_s, self.timeout_s = interval_s, min(timeout_s, interval_s)
+        self.interval_s, self.timeout_s = interval_s, timeout_s
         self.absent_every = max(1, absent_every)
         self.clock = clock
         self.on_change = on_change or _log_change
@@ -410,6 +410,7 @@ class MetricsPoller:
         self._said: str | None = None
         self._rounds = 0
         self.scrapes = 0  #: attempts made
+        self.took_s = 0.0  #: seconds the last attempt took (the page's round trip)
         self.failures = 0  #: attempts that gave no reading
 
     @property
@@ -428,8 +429,10 @@ class MetricsPoller:
         self._rounds += 1
         if self.absent and self._rounds % self.absent_every:
             return None
+        started = time.monotonic()
         got = await scrape(self.http, self.root, self.names, self.headers, previous=self._good,
                            timeout_s=self.timeout_s, clock=self.clock)  # fmt: skip
+        self.took_s = time.monotonic() - started
         self.scrapes += 1
         self.last = got
         if got.load is not None:

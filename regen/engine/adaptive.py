@@ -248,13 +248,17 @@ class AdaptiveLimit:
         share: float,
         waiting: bool = False,
         queue_room: float | None = None,
+        free_known: bool = True,
     ) -> int | None:
         """One reading of the server: it takes ``room`` more requests (:func:`room`),
         ``in_flight`` are this worker's there now, ``share`` is this worker's part of the
         server's slots (0-1), ``waiting``: work waits for a slot in this worker;
         ``queue_room``: how many more its waiting queue takes before a 503 (its
-        ``--max-queued-requests`` less what it queues; None: no limit known). Returns the new
-        limit if it changed; :attr:`paced` says whether ``queue_room`` held it back."""
+        ``--max-queued-requests`` less what it queues; None: no limit known); ``free_known``:
+        ``room`` counts the server's free batch slots (False: its slots are not reported, and
+        a short queue says nothing of how many more it runs, so an unused limit is not
+        lowered on it). Returns the new limit if it changed; :attr:`paced` says whether
+        ``queue_room`` held it back."""
         self.server_led = True
         before = self.current
         held_back = in_flight >= before or waiting  # the limit is what holds work back
@@ -264,6 +268,8 @@ class AdaptiveLimit:
         elif in_flight >= self.limit:  # full, or draining towards a lower limit: what is
             # in flight past the limit finishes without a refill, so it is room already made
             new = min(self.limit, self.limit + share * (room + in_flight - self.limit))
+        elif room >= 0 and not free_known:  # unused, and how much the server runs is unknown
+            new = self.limit
         else:  # the limit is not used: down to what is in flight plus this share of the room
             new = min(self.limit, in_flight + share * room)
         # what arrives at once waits in the queue until the server's next step admits it; once

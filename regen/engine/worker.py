@@ -214,14 +214,15 @@ class SampleWorker:
         probe: Any = None,
         shares: dict[str, int] | None = None,
         clock: Callable[[], float] = time.monotonic,
-        server_metrics: bool = True,
+        server_metrics: bool | None = None,
         metrics_interval_s: float | None = None,
     ) -> None:
         """``endpoints``: :class:`regen.client.EndpointInfo` (from the start check) or
         :class:`regen.manifest.Endpoint`; keys are read from the endpoints' env/file.
         ``shares``: this worker's starting in-flight limit per endpoint URL (see
         :func:`starting_limits`). ``server_metrics``: read the servers' ``/metrics`` pages
-        (False: schedule by regen's own counts only, as without a page); every
+        (False: schedule by regen's own counts only, as without a page; None: the manifest's
+        ``engine.server_metrics``); every
         ``metrics_interval_s`` (None: regen.client.metrics.SCRAPE_INTERVAL_S)."""
         from regen.client import ChatClient, RetryPolicy, auth_headers, resolve_api_key
         from regen.router import EndpointRouter, keyed_probe
@@ -259,6 +260,8 @@ class SampleWorker:
         for url, ctl in self.limits.items():
             self.router.set_limit(url, ctl.current)
         self.slots = Slots(self._capacity())
+        if server_metrics is None:
+            server_metrics = manifest.engine.server_metrics
         self._pollers(endpoints, headers, shares, server_metrics, metrics_interval_s)
         self.stats = WorkerStats()
         self._rows = row_builder or default_row_builder(manifest)
@@ -289,7 +292,8 @@ class SampleWorker:
         for info in endpoints:
             names = self.clients[info.url].profile.metrics
             if not enabled or names is None:
-                why = "off" if not enabled else f"{self.clients[info.url].profile.name} has none"
+                profile = self.clients[info.url].profile.name
+                why = f"{profile} has none" if enabled else "engine.server_metrics: false"
                 log.info("%s: no server metrics read (%s): scheduling by regen's own counts",
                          self.clients[info.url].url, why)  # fmt: skip
                 continue
@@ -352,19 +356,26 @@ class SampleWorker:
         more = room(load.queued, load.running, slots, target_queue(slots, ctl.current))
         new = ctl.follow(self._clock(), room=more, in_flight=self.router.in_flight(url),
                          share=share, waiting=self.slots.waiting > 0,
-                         queue_room=None if queue is None else queue - load.queued)  # fmt: skip
+                         queue_room=None if queue is None else queue - load.queued,
+                         free_known=slots is not None and load.running is not None)  # fmt: skip
         if new is not None:
             self.router.set_limit(url, new)
             self.slots.resize(self._capacity())
-        return self._pace(url, ctl.paced, grew=new is not None and new > before)
+        return self._pace(url, ctl.paced, grew=new is not None and new > before,
+                          took_s=self.pollers[url].took_s)  # fmt: skip
 
-    def _pace(self, url: str, paced: bool, *, grew: bool) -> float | None:
+    def _pace(self, url: str, paced: bool, *, grew: bool, took_s: float = 0.0) -> float | None:
+        """The wait to the next reading of a paced endpoint: SOON_S, or twice the page's last
+        round trip when that is longer (requests sent now take about as long to reach a slow
+        or busy server, and a reading before they arrive would count them as room), doubled
+        after a reading that did not let the limit grow."""
         from regen.client.metrics import SOON_S
 
         last = self._soon.pop(url, None)
         if not paced:
             return None
-        self._soon[url] = wait = SOON_S if grew or last is None else 2 * last
+        soon = max(SOON_S, 2 * took_s)
+        self._soon[url] = wait = soon if grew or last is None else max(soon, 2 * last)
         return wait
 
     async def _complete(

@@ -297,6 +297,16 @@ def test_growth_is_paced_by_what_the_servers_queue_takes_at_once() -> None:
     assert h.follow(0.0, room=room(0, 0, 16, 2), in_flight=0, share=0.5, queue_room=6) == 3
 
 
+def test_without_the_servers_slots_a_short_queue_leaves_an_unused_limit_alone() -> None:
+    # vLLM reports no batch slots: a queue of 0 against a target of 2 says nothing of how many
+    # more it would run, so the starting limit of 12 stays (it is cut only by a long queue)
+    c = AdaptiveLimit(start=12, maximum=12, settings=S)
+    assert c.follow(0.0, room=room(0, None, None, 2), in_flight=0, share=1.0,
+                    free_known=False) is None  # fmt: skip
+    assert c.follow(1.0, room=room(6, None, None, 2), in_flight=12, share=1.0,
+                    free_known=False) == 8  # fmt: skip
+
+
 def test_following_stays_within_one_and_the_maximum() -> None:
     c = AdaptiveLimit(start=8, maximum=9, settings=S)
     assert c.follow(0.0, room=50, in_flight=8, share=1.0) == 9  # the hard cap

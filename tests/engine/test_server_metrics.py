@@ -215,6 +215,8 @@ def test_a_paced_limit_asks_for_the_next_reading_soon_and_backs_off_without_prog
     assert w._pace(url, True, grew=True) == 0.1  # it grew again: soon again
     assert w._pace(url, False, grew=False) is None
     assert w._pace(url, True, grew=False) == 0.1  # a new pacing starts soon
+    # a page that took 0.3 s to answer: requests take about as long to arrive
+    assert w._pace(url, True, grew=True, took_s=0.3) == 0.6
 
 
 def test_without_a_page_the_worker_schedules_as_before_and_says_so_once(caplog) -> None:
@@ -244,9 +246,15 @@ def test_server_metrics_off_reads_no_page(caplog) -> None:
     with simulator_in_thread(model_name="m", enable_metrics=True, instant=True) as sim:
         with caplog.at_level("INFO", logger="regen.engine.worker"):
             w = worker([sim.url], server_metrics=False)
-        asyncio.run(w.aclose())
-    assert w.pollers == {}
-    assert "no server metrics read (off)" in caplog.text
+            on = worker([sim.url])  # the manifest's default: read it
+            m = manifest(sim.url)
+            off = m.model_copy(update={"engine": m.engine.model_copy(
+                update={"server_metrics": False})})  # fmt: skip
+            by_manifest = SampleWorker(off, [info(sim.url)], None, row_builder=stub_rows)
+        for x in (w, on, by_manifest):
+            asyncio.run(x.aclose())
+    assert w.pollers == {} and by_manifest.pollers == {} and list(on.pollers) == [sim.url]
+    assert "no server metrics read (engine.server_metrics: false)" in caplog.text
 
 
 def test_concurrency_stays_a_hard_cap_whatever_the_server_says() -> None:
