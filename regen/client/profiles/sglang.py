@@ -53,19 +53,24 @@ METRICS = MetricNames(
 )
 
 
+def _count(value: Any) -> int | None:
+    """``value`` when it is a positive int (a count the server reports), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def batch_slots(server_info: dict[str, Any]) -> tuple[int | None, str | None]:
     """The server's batch slots and which field gave them: the ``--max-running-requests``
     flag (top-level ``max_running_requests``, None unless given) when set, else the sum of the
     live ``internal_states[i].effective_max_running_requests_per_dp`` (one per DP rank)."""
-    flag = server_info.get("max_running_requests")
-    if isinstance(flag, int) and not isinstance(flag, bool) and flag > 0:
+    flag = _count(server_info.get("max_running_requests"))
+    if flag is not None:
         return flag, "max_running_requests"
     per_dp = [
         s.get("effective_max_running_requests_per_dp")
         for s in server_info.get("internal_states") or ()
         if isinstance(s, dict)
     ]
-    if per_dp and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in per_dp):
+    if per_dp and all(_count(n) is not None for n in per_dp):
         return sum(per_dp), "internal_states"
     return None, None
 
@@ -74,10 +79,8 @@ def queue_limit(server_info: dict[str, Any]) -> int | None:
     """The requests the server queues before refusing with 503: ``--max-queued-requests``
     (None unless given), which each data-parallel rank's scheduler applies to its own waiting
     queue, so times ``dp_size``."""
-    flag, dp = server_info.get("max_queued_requests"), server_info.get("dp_size")
-    if not isinstance(flag, int) or isinstance(flag, bool) or flag <= 0:
-        return None
-    return flag * (dp if isinstance(dp, int) and not isinstance(dp, bool) and dp > 0 else 1)
+    flag = _count(server_info.get("max_queued_requests"))
+    return None if flag is None else flag * (_count(server_info.get("dp_size")) or 1)
 
 
 def identity_of(data: dict[str, Any]) -> Identity:
