@@ -200,6 +200,17 @@ def slot_share(info: Any, shares: dict[str, int] | None) -> int | None:
     return (shares or {}).get(info.url) or getattr(info, "max_running_requests", None)
 
 
+@dataclass(slots=True)
+class _Page:
+    """What a worker keeps of one endpoint whose ``/metrics`` page it reads."""
+
+    slots: int | None  #: the server's batch slots (None: not reported)
+    share: float  #: this worker's part of them (0-1)
+    queue: int | None  #: requests its queue holds before a 503 (None: not reported)
+    followed_at: float | None = None  #: the reading the limit last followed
+    soon_s: float | None = None  #: the last wait asked while the queue paces the limit
+
+
 class SampleWorker:
     """Regenerates samples against a set of endpoints; C requests in flight at most."""
 
@@ -283,12 +294,8 @@ class SampleWorker:
         self.pages = PageClient()
         self.pollers: dict[str, MetricsPoller] = {}
         self._poll_tasks: list[asyncio.Task[None]] = []
-        #: per endpoint: (the server's batch slots or None, this worker's share of them, the
-        #: requests its queue holds before a 503 or None)
-        self._server_slots: dict[str, tuple[int | None, float, int | None]] = {}
-        self._followed: dict[str, float] = {}  #: per endpoint: the reading the limit followed
+        self._pages: dict[str, _Page] = {}  #: per endpoint read: what its readings act on
         self._first_read = asyncio.Event()  #: every page has had its first round
-        self._soon: dict[str, float] = {}  #: per endpoint: the last wait asked while paced
         for info in endpoints:
             names = self.clients[info.url].profile.metrics
             if not enabled or names is None:
@@ -300,8 +307,7 @@ class SampleWorker:
             total = getattr(info, "max_running_requests", None)
             mine = slot_share(info, shares)
             share = min(1.0, mine / total) if total and mine else 1.0
-            queue = getattr(info, "max_queued_requests", None)
-            self._server_slots[info.url] = (total, share, queue)
+            self._pages[info.url] = _Page(total, share, getattr(info, "max_queued_requests", None))
             self.pollers[info.url] = MetricsPoller(
                 self.pages, server_root(info.url), names, headers.get(info.url),
                 interval_s=interval_s or SCRAPE_INTERVAL_S,
@@ -348,15 +354,15 @@ class SampleWorker:
         if load is None or load.queued is None:
             ctl.unfollow()
             return None
-        if self._followed.get(url) == load.at:  # a failed round: that reading was followed
+        page = self._pages[url]
+        if page.followed_at == load.at:  # a failed round: that reading was followed
             return None
-        self._followed[url] = load.at
-        slots, share, queue = self._server_slots[url]
-        before = ctl.current
-        more = room(load.queued, load.running, slots, target_queue(slots, ctl.current))
+        page.followed_at = load.at
+        slots, before = page.slots, ctl.current
+        more = room(load.queued, load.running, slots, target_queue(slots, before))
         new = ctl.follow(self._clock(), room=more, in_flight=self.router.in_flight(url),
-                         share=share, waiting=self.slots.waiting > 0,
-                         queue_room=None if queue is None else queue - load.queued,
+                         share=page.share, waiting=self.slots.waiting > 0,
+                         queue_room=None if page.queue is None else page.queue - load.queued,
                          free_known=slots is not None and load.running is not None)  # fmt: skip
         if new is not None:
             self.router.set_limit(url, new)
@@ -371,12 +377,13 @@ class SampleWorker:
         after a reading that did not let the limit grow."""
         from regen.client.metrics import SOON_S
 
-        last = self._soon.pop(url, None)
+        page = self._pages[url]
+        last, page.soon_s = page.soon_s, None
         if not paced:
             return None
         soon = max(SOON_S, 2 * took_s)
-        self._soon[url] = wait = soon if grew or last is None else max(soon, 2 * last)
-        return wait
+        page.soon_s = soon if grew or last is None else max(soon, 2 * last)
+        return page.soon_s
 
     async def _complete(
         self,
