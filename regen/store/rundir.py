@@ -7,7 +7,8 @@ there is documented in :mod:`regen.store.layout`, the only module that names tho
 
 Every write of a whole file goes through :meth:`RunDir.atomic_writer`: the bytes go to a
 temporary sibling (``.tmp-*``) that is then moved over the target, so a reader sees the old or
-the new file, never half of one, and a failed write leaves nothing behind.
+the new file, never half of one, and a failed write leaves nothing behind. On an object store,
+where a read is two requests, :meth:`RunDir.read_bytes` keeps that promise by reading again.
 """
 
 from __future__ import annotations
@@ -51,6 +52,15 @@ def public_uri(uri: str) -> str:
 
 #: URI query parameters that carry credentials
 SECRET_PARAMS = frozenset({"access_key", "secret_key", "session_token"})
+
+#: reads of a file on an object store before one is not torn by a rewrite (see
+#: :meth:`RunDir.read_bytes`)
+TORN_READ_TRIES = 20
+
+
+def _same(a: pafs.FileInfo, b: pafs.FileInfo) -> bool:
+    """The same version of a file, as far as a listing tells: type, size and time."""
+    return (a.type, a.size, a.mtime) == (b.type, b.size, b.mtime)
 
 
 class RunDir:
@@ -137,9 +147,31 @@ class RunDir:
 
     # -- bytes ------------------------------------------------------------------------------
     def read_bytes(self, rel: str) -> bytes | None:
-        """The file's bytes, or None when it does not exist."""
+        """The file's bytes, or None when it does not exist.
+
+        On an object store a read can tear: pyarrow takes the size from one request and the
+        bytes from a second, ranged one, so an object replaced in between reads as the first
+        bytes of the new version (a progress.json cut short while ``regen status`` reads it).
+        There the read is kept only when the object's size and time, looked up before and
+        after, are the same and the bytes have that size; otherwise it is read again.
+        """
+        path = self.path(rel)
+        if not self.is_object_store:
+            return self._read(path)
+        for _ in range(TORN_READ_TRIES):
+            before = self.fs.get_file_info(path)
+            if before.type == pafs.FileType.NotFound:
+                return None
+            data = self._read(path)
+            after = self.fs.get_file_info(path)
+            if data is not None and _same(before, after) and len(data) == after.size:
+                return data
+            log.debug("%s: %s changed while it was read; reading it again", self.uri, rel)
+        raise RunDirError(f"{self.uri}: {rel} changed during each of {TORN_READ_TRIES} reads")
+
+    def _read(self, path: str) -> bytes | None:
         try:
-            with self.fs.open_input_stream(self.path(rel)) as f:
+            with self.fs.open_input_stream(path) as f:
                 return f.read()
         except FileNotFoundError:
             return None

@@ -130,3 +130,34 @@ def test_a_heartbeat_finds_its_lock_taken_over(s3) -> None:
     assert lost and "thief" in lost[0]
     lock.release()
     assert read_lock(rd).session == "thief"  # not removed: it is not ours
+
+
+def test_a_file_rewritten_while_it_is_read_reads_whole(s3) -> None:
+    """pyarrow reads an S3 object's size and its bytes in two requests; a progress.json that the
+    driver replaces in between must not read as the first bytes of the new one (CI saw
+    ``progress.json is damaged: EOF while parsing`` from a test reading a live run)."""
+    rd = RunDir.open(s3.uri(s3.bucket(), "runs/torn"))
+    versions = [{"i": i, "pad": "x" * (100 + 60 * (i % 7))} for i in range(10_000)]
+    rd.write_json_atomic("progress.json", versions[0])
+    stop = threading.Event()
+    wrote = [0]
+
+    def rewrite() -> None:  # sizes change with each version, as progress.json's do
+        while not stop.is_set() and wrote[0] + 1 < len(versions):
+            rd.write_json_atomic("progress.json", versions[wrote[0] + 1])
+            wrote[0] += 1
+
+    t = threading.Thread(target=rewrite, daemon=True)
+    t.start()
+    reads, deadline = [], time.monotonic() + 120
+    try:
+        while len(reads) < 300 and time.monotonic() < deadline:
+            data = rd.read_bytes("progress.json")
+            assert data is not None
+            reads.append(data)
+    finally:
+        stop.set()
+        t.join(30)
+    assert wrote[0] >= 20, "the writer hardly ran: nothing was read during a rewrite"
+    expected = {layout.dump_json(v) for v in versions[: wrote[0] + 1]}
+    assert reads and [r for r in reads if r not in expected] == []
