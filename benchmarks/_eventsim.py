@@ -34,7 +34,7 @@ def chains(samples: list[Sample], manifest: Manifest, config: AnswerConfig) -> l
 
         async def complete(msgs: list[dict[str, Any]], tools: Any) -> TurnResult:
             body = {"messages": msgs, "tools": tools, "seed": s.seed, "max_tokens": s.max_tokens,
-                    "chat_template_kwargs": s.template_kwargs()}  # fmt: skip
+                    "chat_template_kwargs": manifest.template_kwargs()}  # fmt: skip
             a = answer(body, config)
             lengths.append(a.completion_tokens)
             calls = tuple(ToolCall(c.id, c.name, c.arguments) for c in a.tool_calls)

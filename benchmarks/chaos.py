@@ -438,7 +438,7 @@ def verify(manifest_path: Path, out: Path, answer_cfg: Any) -> Verdict:
     v.wrong_turns = sum(1 for sid, s in inputs.items()
                         if sid in ids
                         and turns[sid] != ends.get(sid, s.turns_to_regenerate()))  # fmt: skip
-    kwargs = m.sampling.template_kwargs()
+    kwargs = m.template_kwargs()
     for r in rows:
         body = {
             "messages": json.loads(r["messages"]),

@@ -251,7 +251,7 @@ class Spies:
 #: writes it, or a [path part] for every frame in such files
 WATCH = {
     "rows (build_rows)": "build_rows",
-    "  chat template (render_prompt)": "KimiRenderer.render_prompt",
+    "  chat template (render_prompt)": "Renderer.render_prompt",
     "  encode (TokenCodec.encode_many)": "TokenCodec.encode_many",
     "  decode (TokenCodec.decode_many)": "TokenCodec.decode_many",
     "  quality checks (check_turn)": "check_turn",

@@ -85,10 +85,10 @@ def turns_of(run_dir: Path, mode: str) -> tuple[Any, list[tuple[Any, list[tuple]
 def child(args: argparse.Namespace) -> int:
     import regen.rows as rows_mod
     from regen.manifest import load_manifest
-    from regen.template.render import KimiRenderer
+    from regen.template.render import Renderer
 
     manifest = load_manifest(str(args.run / "manifest.yaml"))
-    renderer = KimiRenderer.from_manifest(manifest)
+    renderer = Renderer.from_manifest(manifest)
     items = turns_of(args.run, args.mode)
     build_rows = getattr(rows_mod, "build_rows", None)
     t0 = time.process_time()

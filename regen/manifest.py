@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from regen.errors import ConfigError
 from regen.quality.config import DEFAULT_DROP_FLAGS, QualityConfig, parse_flags
 from regen.sample import stable_hash
+from regen.targets import FIRST_FAMILY, UNKNOWN, Family, family_named, target_family
 
 ADAPTERS = (
     "sharegpt",
@@ -63,6 +64,18 @@ class Target(Strict):
     template: str = "kimi-k2.5"
     #: allow the tokenizer directory's own Python code (Kimi's tiktoken tokenizer needs it)
     trust_remote_code: bool = False
+    #: the model family (docs/targets.md: kimi, qwen3, ...; "unknown": none regen knows, server
+    #: ids only); unset: recognised from the tokenizer. `regen run` records what it found
+    family: str | None = None
+
+    @field_validator("family")
+    @classmethod
+    def _family(cls, v: str | None) -> str | None:
+        try:
+            family_named(v)
+        except ConfigError as e:
+            raise ValueError(str(e).split(": ", 1)[-1]) from None
+        return v
 
 
 class Sampling(Strict):
@@ -76,9 +89,11 @@ class Sampling(Strict):
     top_k: int | None = None
     #: maximum completion tokens per turn
     max_tokens: int = Field(default=4096, gt=0)
-    #: thinking on or off (sent as chat_template_kwargs.thinking)
+    #: thinking on or off (sent as the target family's chat-template switch, docs/targets.md:
+    #: Kimi's chat_template_kwargs.thinking, Qwen3's enable_thinking, ...)
     thinking: bool = True
-    #: extra chat_template_kwargs sent to the server and used for the local render
+    #: extra chat_template_kwargs sent to the server and used for the local render (they win
+    #: over the thinking switch)
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     #: where a row's token ids come from. "stream" (default): the server's exact ids, streamed
     #: (SGLang's sglext: return_input_ids_in_sglext / return_output_ids_in_sglext; streaming
@@ -101,9 +116,6 @@ class Sampling(Strict):
             data = dict(data)
             data["token_ids"] = "nonstream" if data.pop("server_token_ids") else "local"
         return data
-
-    def template_kwargs(self) -> dict[str, Any]:
-        return {"thinking": self.thinking, **self.chat_template_kwargs}
 
 
 class Endpoint(Strict):
@@ -308,6 +320,27 @@ class Manifest(Strict):
                 return s
         raise KeyError(name)
 
+    def family(self) -> Family | None:
+        """The target's model family: ``target.family``, else recognised from its tokenizer
+        directory (None: no family regen knows)."""
+        return target_family(self.target.family, self.resolve(self.target.tokenizer))
+
+    def with_family(self) -> Manifest:
+        """This manifest with ``target.family`` set to what :meth:`family` finds (a run records
+        the family it ran with)."""
+        if self.target.family is not None:
+            return self
+        fam = self.family()
+        target = self.target.model_copy(update={"family": fam.name if fam else UNKNOWN})
+        return self.model_copy(update={"target": target})
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The ``chat_template_kwargs`` of every request and of the local render: the family's
+        thinking switch, then ``sampling.chat_template_kwargs``."""
+        fam = self.family()
+        switch = fam.template_kwargs(self.sampling.thinking) if fam is not None else {}
+        return {**switch, **self.sampling.chat_template_kwargs}
+
     def fingerprint(self) -> str:
         """What must not change under a resumed run: sources, dedup, model, sampling, template.
         ``dedup`` counts while ``dedup.near`` is on (it decides which samples a run holds); with
@@ -325,13 +358,18 @@ class Manifest(Strict):
         return payload
 
     def settings_payload(self) -> dict[str, Any]:
-        """The settings that make an answer: the target (model, tokenizer, template) and the
-        sampling. Not the sources: they decide which samples a run holds, not how each is
+        """The settings that make an answer: the target (model, tokenizer, template, family) and
+        the sampling. Not the sources: they decide which samples a run holds, not how each is
         answered."""
-        return {
-            "target": self.target.model_dump(mode="json"),
-            "sampling": self.sampling.model_dump(mode="json"),
-        }
+        target = self.target.model_dump(mode="json")
+        del target["family"]
+        # the family counts where it assembles rows other than a run made before families
+        # (all Kimi) did: a Kimi target, or one of no known family (its rows are the server's
+        # ids), keeps the payload it had then, so such runs resume
+        fam = self.family()
+        if fam is not None and fam.name != FIRST_FAMILY:
+            target["family"] = fam.name
+        return {"target": target, "sampling": self.sampling.model_dump(mode="json")}
 
     def settings_id(self) -> str:
         """A short id of :meth:`settings_payload`: what every regenerated row records in its

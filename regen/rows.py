@@ -46,7 +46,7 @@ token_check        string/null         server rows: the local render compared wi
                                        regenerated row; null for native rows
 im_end_added       bool                server rows: ``<|im_end|>`` was appended because the
                                        server stopped without returning it (see below)
-template_hash      string/null         KimiRenderer.template_hash (template + kwargs + vocab)
+template_hash      string/null         Renderer.template_hash (template + kwargs + vocab)
 engine             string/null         the engine that answered (``sglang``, ``vllm``,
                                        ``openai``: no known engine, regen.client.profiles);
                                        null for native rows
@@ -81,14 +81,19 @@ settings           string/null         ``Manifest.settings_id()``: a short id of
                                        keeps what each id stands for, ``regen export
                                        --setting ID`` keeps one). Null for native rows (no
                                        setting makes them) and parts written before the column
+family             string/null         the target's model family (regen.targets: ``kimi``,
+                                       ``qwen3``, ...; ``unknown``: none regen knows, the row
+                                       is the server's ids). Null: a part written before the
+                                       column (a Kimi run: no other family existed)
 =================  ==================  ========================================================
 
 ``attempt`` and the quality columns are the :data:`ADDED_COLUMNS`: a part written before them
 lacks them and is still read (no flags, attempt 0); a row dict without them (a journal line of
 such a session, folded on resume) gets them from :func:`upgrade_row` (its turn checked then).
-Likewise the :data:`PROVENANCE_COLUMNS` (engine, engine_version, ended) and the
-:data:`ANSWER_COLUMNS` (content_hash, settings): a part written before them lacks them (read
-as null), and :func:`upgrade_row` gives a row dict without them nulls.
+Likewise the :data:`PROVENANCE_COLUMNS` (engine, engine_version, ended), the
+:data:`ANSWER_COLUMNS` (content_hash, settings) and the :data:`FAMILY_COLUMNS` (family): a
+part written before them lacks them (read as null), and :func:`upgrade_row` gives a row dict
+without them nulls.
 The quality checks run where the row is built, in the actor (:func:`build_turn_row`, off the
 event loop); whether the reasoning was closed (``think_closed``) comes from the server's ids
 when the row has them (is ``</think>`` among the output ids), else from the local render
@@ -134,7 +139,8 @@ from regen.quality import COLUMNS as QUALITY_COLUMNS
 from regen.quality import DEFAULT_CONFIG, NOT_CHECKED, QualityConfig, check_row, check_turn
 from regen.result import TurnResult
 from regen.sample import Message, Sample
-from regen.template.render import KimiRenderer, RenderedTurn, TurnText, messages_json
+from regen.targets import UNKNOWN
+from regen.template.render import RenderedTurn, Renderer, TurnText, messages_json
 
 #: columns a part written before issue 15 lacks (see the module docstring)
 ADDED_COLUMNS: pa.Schema = pa.schema(
@@ -155,8 +161,12 @@ ANSWER_COLUMNS: pa.Schema = pa.schema(
         pa.field("settings", pa.string()),
     ]
 )
+#: columns a part written before issue 30 lacks (nullable; see the module docstring)
+FAMILY_COLUMNS: pa.Schema = pa.schema([pa.field("family", pa.string())])
 #: the column groups added after the first schema: a part may lack each group as a whole
-LATER_COLUMNS: tuple[pa.Schema, ...] = (ADDED_COLUMNS, PROVENANCE_COLUMNS, ANSWER_COLUMNS)
+LATER_COLUMNS: tuple[pa.Schema, ...] = (
+    ADDED_COLUMNS, PROVENANCE_COLUMNS, ANSWER_COLUMNS, FAMILY_COLUMNS,
+)  # fmt: skip
 SCHEMA: pa.Schema = pa.schema(
     [
         pa.field("sample_id", pa.string(), nullable=False),
@@ -191,6 +201,7 @@ SCHEMA: pa.Schema = pa.schema(
         *ADDED_COLUMNS,
         *PROVENANCE_COLUMNS,
         *ANSWER_COLUMNS,
+        *FAMILY_COLUMNS,
     ]
 )
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
@@ -220,7 +231,7 @@ class PreparedTurn:
 def build_rows(
     sample: Sample,
     turns: Sequence[TurnInput],
-    renderer: KimiRenderer,
+    renderer: Renderer,
     quality: QualityConfig = DEFAULT_CONFIG,
     settings: str | None = None,
 ) -> list[dict[str, Any]]:
@@ -235,19 +246,20 @@ def build_rows(
     ]
 
 
-def server_ids(result: TurnResult, renderer: KimiRenderer) -> tuple[list[int], list[int], bool]:
-    """A server row's prompt and response ids, ``<|im_end|>`` appended to a turn that finished
-    normally without it (see the module docstring), and whether it was."""
+def server_ids(result: TurnResult, renderer: Renderer) -> tuple[list[int], list[int], bool]:
+    """A server row's prompt and response ids, the family's end-of-turn token appended to a
+    turn that finished normally without one (see the module docstring), and whether it was."""
     prompt_ids = list(result.prompt_token_ids or ())
     response_ids = list(result.output_token_ids or ())
-    if not result.truncated and (not response_ids or response_ids[-1] not in renderer.end_ids):
-        response_ids.append(renderer.im_end_id)
+    ended = bool(response_ids) and response_ids[-1] in renderer.end_ids
+    if not result.truncated and not ended and renderer.end_id is not None:
+        response_ids.append(renderer.end_id)
         return prompt_ids, response_ids, True
     return prompt_ids, response_ids, False
 
 
 def prepare_turns(
-    sample: Sample, turns: Sequence[TurnInput], renderer: KimiRenderer
+    sample: Sample, turns: Sequence[TurnInput], renderer: Renderer
 ) -> list[PreparedTurn]:
     """Render every turn as text (template and response assembly, no encode); then, in one
     batch each, encode the local turns (each prompt reusing the ids of the sample's previous
@@ -293,7 +305,7 @@ def build_turn_row(
     turn: int,
     request_messages: Sequence[Message | dict[str, Any]],
     result: TurnResult,
-    renderer: KimiRenderer,
+    renderer: Renderer,
     quality: QualityConfig = DEFAULT_CONFIG,
     prepared: PreparedTurn | None = None,
     *,
@@ -311,7 +323,8 @@ def build_turn_row(
     if prepared.server_ids is not None:
         prompt_ids, response_ids, im_end_added = prepared.server_ids
         token_source = "server"
-        think_closed = renderer.think_close_id in result.output_token_ids
+        close = renderer.think_close_id
+        think_closed = None if close is None else close in result.output_token_ids
         if local is None:
             token_check = "render_error"
         else:
@@ -340,7 +353,7 @@ def build_turn_row(
             count_check(
                 len(response_ids),
                 result.completion_tokens,
-                ends_with_im_end=bool(response_ids) and response_ids[-1] == renderer.im_end_id,
+                ends_with_end=bool(response_ids) and response_ids[-1] == renderer.end_id,
             ),
             has_tool_calls=bool(result.tool_calls),
         )
@@ -404,20 +417,21 @@ def build_turn_row(
         **checked.columns(),
         "content_hash": sample.content_hash,
         "settings": settings,
+        "family": renderer.family.name if renderer.family is not None else UNKNOWN,
     }
 
 
 def count_check(
-    response_len: int, completion_tokens: int | None, *, ends_with_im_end: bool
+    response_len: int, completion_tokens: int | None, *, ends_with_end: bool
 ) -> str | None:
     """``count_match`` / ``count_mismatch`` for a local row; None without a server count.
 
-    A row that ends with ``<|im_end|>`` may be one token longer than the server's count.
+    A row that ends with the end-of-turn token may be one token longer than the server's count.
     """
     if completion_tokens is None:
         return None
     if response_len == completion_tokens or (
-        ends_with_im_end and response_len == completion_tokens + 1
+        ends_with_end and response_len == completion_tokens + 1
     ):
         return "count_match"
     return "count_mismatch"
@@ -435,8 +449,9 @@ def local_check(flag: str | None, count: str | None, *, has_tool_calls: bool) ->
     return count or "count_unknown"
 
 
-def native_row(sample: Sample) -> dict[str, Any]:
-    """The row of a native sample: its ids and mask passed through unchanged.
+def native_row(sample: Sample, family: str | None = None) -> dict[str, Any]:
+    """The row of a native sample: its ids and mask passed through unchanged; ``family``: the
+    target's (recorded in the row).
 
     Validate it first (``regen.native.validate_native``); this only checks the lengths.
     """
@@ -481,6 +496,7 @@ def native_row(sample: Sample) -> dict[str, Any]:
         **NOT_CHECKED.columns(),
         "content_hash": sample.content_hash,
         "settings": None,
+        "family": family,
     }
 
 
@@ -489,7 +505,7 @@ def upgrade_row(row: dict[str, Any]) -> dict[str, Any]:
     turn checked now (:func:`regen.quality.check_row`; native rows not checked). Rows that have
     them come back as they are. A row without the :data:`PROVENANCE_COLUMNS` or the
     :data:`ANSWER_COLUMNS` gets nulls (unknown)."""
-    nullable = (*PROVENANCE_COLUMNS.names, *ANSWER_COLUMNS.names)
+    nullable = (*PROVENANCE_COLUMNS.names, *ANSWER_COLUMNS.names, *FAMILY_COLUMNS.names)
     if all(name in row for name in ADDED_COLUMNS.names) and all(name in row for name in nullable):
         return row
     out = dict(row)

@@ -80,7 +80,7 @@ def request_body(row: dict[str, Any], manifest: Manifest) -> dict[str, Any]:
         "tools": json.loads(row["tools"]) if row["tools"] else None,
         "seed": attempt_seed(manifest.sampling.seed, row.get("attempt") or 0),
         "max_tokens": manifest.sampling.max_tokens,
-        "chat_template_kwargs": manifest.sampling.template_kwargs(),
+        "chat_template_kwargs": manifest.template_kwargs(),
     }
 
 

@@ -17,7 +17,7 @@ from regen.result import TurnResult
 from regen.rows import build_turn_row, native_row, rows_to_table
 from regen.sample import Message, Sample, ToolCall
 from regen.store import RunDir, layout
-from regen.template.render import KimiRenderer
+from regen.template.render import Renderer
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"
@@ -58,7 +58,7 @@ def _native_samples() -> list[Sample]:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run directory with two parts, a stray temp part, and every kind of row."""
-    r = KimiRenderer.from_dir(TOKENIZER)
+    r = Renderer.from_dir(TOKENIZER)
     root = tmp_path_factory.mktemp("run")
     chat = Sample(id="chat:1", source="chat", messages=[], tools=None)
     u1, u2 = Message("user", "Pick a number."), Message("user", "Double it.")
@@ -268,7 +268,7 @@ def test_stats_count_every_token_check(tmp_path: Path, capsys: pytest.CaptureFix
     """Local-row count checks and render flags land in stats.json and the CLI's warning."""
     from regen.cli.main import main
 
-    r = KimiRenderer.from_dir(TOKENIZER)
+    r = Renderer.from_dir(TOKENIZER)
     req = [Message("user", "Hi")]
     n = len(r.render_turn(req, None, reasoning="R.", content="A.").response_ids)
 
@@ -353,7 +353,7 @@ def test_heavy_columns_are_streamed_per_row_group(
 # ---- --holdout N: held-out samples for regen bench --------------------------------------------
 
 
-def _holdout_rows(r: KimiRenderer, chats: int, tools: int) -> list[dict]:
+def _holdout_rows(r: Renderer, chats: int, tools: int) -> list[dict]:
     """``chats`` one- or two-turn chat samples and ``tools`` tool-calling samples."""
     rows = []
     for i in range(chats):
@@ -378,7 +378,7 @@ def _holdout_rows(r: KimiRenderer, chats: int, tools: int) -> list[dict]:
 @pytest.fixture(scope="module")
 def holdout_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """chat: 10 samples (5 with two turns), tools: 3 samples, native rows; two parts."""
-    r = KimiRenderer.from_dir(TOKENIZER)
+    r = Renderer.from_dir(TOKENIZER)
     root = tmp_path_factory.mktemp("holdout-run")
     rows = _holdout_rows(r, chats=10, tools=3) + [native_row(s) for s in _native_samples()]
     (root / "parts").mkdir()
@@ -566,7 +566,7 @@ def test_stale_answers_are_never_exported_and_a_setting_can_be_kept(tmp_path: Pa
     """Against the recorded plan: a sample it no longer holds (its row edited into a new id)
     and an answer to other content (a row edited in place, superseded by a new attempt once
     answered) are left out; --setting keeps one settings id and the native rows."""
-    r = KimiRenderer.from_dir(TOKENIZER)
+    r = Renderer.from_dir(TOKENIZER)
     ask = [Message("user", "Weather in Lisbon?")]
     edited = [Message("user", "Weather in Porto?")]
     old = Sample(id="x:1", source="x", messages=ask)  # answered, then its row changed

@@ -16,7 +16,7 @@ from regen.result import TurnResult
 from regen.rows import ADDED_COLUMNS, build_turn_row, rows_to_table
 from regen.sample import ATTEMPT_META, Message, Sample
 from regen.store import RunDir
-from regen.template.render import KimiRenderer
+from regen.template.render import Renderer
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"
@@ -28,14 +28,14 @@ def _res(reasoning: str, content: str, finish: str = "stop") -> TurnResult:
                       model="tiny", endpoint="http://127.0.0.1:9")  # fmt: skip
 
 
-def _row(r: KimiRenderer, sid: str, res: TurnResult, attempt: int = 0) -> dict:
+def _row(r: Renderer, sid: str, res: TurnResult, attempt: int = 0) -> dict:
     sample = Sample(id=sid, source=sid.split(":")[0], messages=[], meta={ATTEMPT_META: attempt})
     return build_turn_row(sample, 0, ASK, res, r)
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    r = KimiRenderer.from_dir(TOKENIZER)
+    r = Renderer.from_dir(TOKENIZER)
     root = tmp_path_factory.mktemp("run")
     (root / "parts").mkdir()
     old = rows_to_table([_row(r, "old:1", _res("Think.", "A prefix cache reuses work."))])

@@ -23,15 +23,15 @@ from regen.rows import (
     token_check_counts,
 )
 from regen.sample import Message, Sample, ToolCall
-from regen.template.render import KimiRenderer
+from regen.template.render import Renderer
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "manifests" / "demo" / "tokenizer"
 CALL = ToolCall(id="functions.get_weather:0", name="get_weather", arguments='{"city": "Oslo"}')
 
 
 @pytest.fixture(scope="module")
-def renderer() -> KimiRenderer:
-    return KimiRenderer.from_dir(TOKENIZER, template_kwargs={"thinking": True})
+def renderer() -> Renderer:
+    return Renderer.from_dir(TOKENIZER, template_kwargs={"thinking": True})
 
 
 def _result(reasoning: str | None, content: str, **kw) -> TurnResult:
@@ -47,7 +47,7 @@ def _split(row: dict) -> tuple[list[int], list[int]]:
     return row["input_ids"][:first], row["input_ids"][first:]
 
 
-def test_multi_turn_reasoning_every_row_masks_exactly_its_turn(renderer: KimiRenderer) -> None:
+def test_multi_turn_reasoning_every_row_masks_exactly_its_turn(renderer: Renderer) -> None:
     users = ["Pick a number.", "Double it.", "Now write it in words, please."]
     produced = [
         ("Any small number will do; choose seven.", "Seven."),
@@ -78,7 +78,7 @@ def test_multi_turn_reasoning_every_row_masks_exactly_its_turn(renderer: KimiRen
     assert [r["turn"] for r in rows] == [0, 1, 2]
 
 
-def test_tool_call_turn(renderer: KimiRenderer) -> None:
+def test_tool_call_turn(renderer: Renderer) -> None:
     sample = Sample(id="t:1", source="t", messages=[], tools=[{"type": "function"}])
     res = _result("Need the tool.", "", tool_calls=(CALL,), finish_reason="tool_calls")
     row = build_turn_row(sample, 0, [Message("user", "Weather in Oslo?")], res, renderer)
@@ -101,7 +101,7 @@ def test_tool_call_turn(renderer: KimiRenderer) -> None:
     assert worse["token_check"] == "count_mismatch"
 
 
-def test_truncated_turn_has_no_end_token(renderer: KimiRenderer) -> None:
+def test_truncated_turn_has_no_end_token(renderer: Renderer) -> None:
     sample = Sample(id="t:2", source="t", messages=[])
     res = _result("I was thinking about", "", finish_reason="length")
     row = build_turn_row(sample, 0, [Message("user", "Think long.")], res, renderer)
@@ -110,7 +110,7 @@ def test_truncated_turn_has_no_end_token(renderer: KimiRenderer) -> None:
     assert row["truncated"] is True and row["finish_reason"] == "length"
 
 
-def _server_result(renderer: KimiRenderer, request: list[Message], **kw) -> TurnResult:
+def _server_result(renderer: Renderer, request: list[Message], **kw) -> TurnResult:
     local = renderer.render_turn(request, None, reasoning="R.", content="Answer.")
     return _result(
         "R.",
@@ -123,24 +123,24 @@ def _server_result(renderer: KimiRenderer, request: list[Message], **kw) -> Turn
     )
 
 
-def test_server_ids_are_the_row_and_match_is_recorded(renderer: KimiRenderer) -> None:
+def test_server_ids_are_the_row_and_match_is_recorded(renderer: Renderer) -> None:
     request = [Message("user", "Hi")]
     res = _server_result(renderer, request)
     row = build_turn_row(Sample(id="s:1", source="s", messages=[]), 0, request, res, renderer)
     assert row["token_source"] == "server"
     assert row["token_check"] == "match"
     assert row["im_end_added"] is True
-    assert row["input_ids"] == res.prompt_token_ids + res.output_token_ids + [renderer.im_end_id]
+    assert row["input_ids"] == res.prompt_token_ids + res.output_token_ids + [renderer.end_id]
     assert row["completion_tokens"] == res.completion_tokens  # server usage kept as reported
 
     # output ids that already end with <|im_end|> get nothing appended
-    res.output_token_ids = [*res.output_token_ids, renderer.im_end_id]
+    res.output_token_ids = [*res.output_token_ids, renderer.end_id]
     row = build_turn_row(Sample(id="s:1", source="s", messages=[]), 0, request, res, renderer)
     assert row["im_end_added"] is False and row["token_check"] == "match"
-    assert row["input_ids"][-1] == renderer.im_end_id and row["input_ids"][-2] != renderer.im_end_id
+    assert row["input_ids"][-1] == renderer.end_id and row["input_ids"][-2] != renderer.end_id
 
 
-def test_server_ids_win_over_a_disagreeing_render(renderer: KimiRenderer) -> None:
+def test_server_ids_win_over_a_disagreeing_render(renderer: Renderer) -> None:
     request = [Message("user", "Hi")]
     sample = Sample(id="s:2", source="s", messages=[])
     res = _server_result(renderer, request)
@@ -157,7 +157,7 @@ def test_server_ids_win_over_a_disagreeing_render(renderer: KimiRenderer) -> Non
     assert token_check_counts([row, row2, row2]) == {"prompt_mismatch": 1, "response_mismatch": 2}
 
 
-def test_truncated_server_ids_get_nothing_appended(renderer: KimiRenderer) -> None:
+def test_truncated_server_ids_get_nothing_appended(renderer: Renderer) -> None:
     request = [Message("user", "Hi")]
     res = _server_result(renderer, request, finish_reason="length")
     row = build_turn_row(Sample(id="s:3", source="s", messages=[]), 0, request, res, renderer)
@@ -166,12 +166,12 @@ def test_truncated_server_ids_get_nothing_appended(renderer: KimiRenderer) -> No
 
 
 def test_render_error_with_server_ids_keeps_the_row_and_says_so() -> None:
-    off = KimiRenderer.from_dir(TOKENIZER, template_kwargs={"thinking": False})
+    off = Renderer.from_dir(TOKENIZER, template_kwargs={"thinking": False})
     request = [Message("user", "Hi")]
     res = _result("unexpected reasoning", "Hey.", prompt_token_ids=[1, 2], output_token_ids=[3])
     row = build_turn_row(Sample(id="s:4", source="s", messages=[]), 0, request, res, off)
     assert row["token_check"] == "render_error"
-    assert row["input_ids"] == [1, 2, 3, off.im_end_id]
+    assert row["input_ids"] == [1, 2, 3, off.end_id]
     assert row["loss_mask"] == [0, 0, 1, 1]
     # without server ids the inconsistency cannot be turned into a row
     res.prompt_token_ids = res.output_token_ids = None
@@ -190,7 +190,7 @@ def test_native_row_passes_through_unchanged() -> None:
         native_row(Sample(id="n:2", source="n", messages=[], input_ids=[1], loss_mask=[]))
 
 
-def test_rows_to_table_round_trip_and_strictness(renderer: KimiRenderer) -> None:
+def test_rows_to_table_round_trip_and_strictness(renderer: Renderer) -> None:
     row = build_turn_row(
         Sample(id="r:1", source="r", messages=[]),
         0,
@@ -218,7 +218,7 @@ def test_rows_to_table_round_trip_and_strictness(renderer: KimiRenderer) -> None
         rows_to_table([{**row, "input_ids": ["x"]}])
 
 
-def test_parserless_server_output_row_has_one_think_close(renderer: KimiRenderer) -> None:
+def test_parserless_server_output_row_has_one_think_close(renderer: Renderer) -> None:
     """No reasoning parser: content is the whole output; the row must not gain a </think>."""
     request = [Message("user", "Hi")]
     probe = renderer.render_turn(request, None, reasoning="Think.", content="Done.")
@@ -230,7 +230,7 @@ def test_parserless_server_output_row_has_one_think_close(renderer: KimiRenderer
     assert row["token_check"] == "count_match"
 
 
-def test_local_rows_compare_length_with_server_count(renderer: KimiRenderer) -> None:
+def test_local_rows_compare_length_with_server_count(renderer: Renderer) -> None:
     request = [Message("user", "Hi")]
     sample = Sample(id="c:1", source="c", messages=[])
     n = len(renderer.render_turn(request, None, reasoning="R.", content="A.").response_ids)
@@ -252,13 +252,13 @@ def test_local_rows_compare_length_with_server_count(renderer: KimiRenderer) -> 
 
 
 def test_count_check_allowance() -> None:
-    assert count_check(5, None, ends_with_im_end=True) is None
-    assert count_check(5, 5, ends_with_im_end=False) == "count_match"
-    assert count_check(6, 5, ends_with_im_end=True) == "count_match"
-    assert count_check(6, 5, ends_with_im_end=False) == "count_mismatch"
+    assert count_check(5, None, ends_with_end=True) is None
+    assert count_check(5, 5, ends_with_end=False) == "count_match"
+    assert count_check(6, 5, ends_with_end=True) == "count_match"
+    assert count_check(6, 5, ends_with_end=False) == "count_mismatch"
 
 
-def test_flags_outrank_the_count(renderer: KimiRenderer) -> None:
+def test_flags_outrank_the_count(renderer: Renderer) -> None:
     request = [Message("user", "Hi")]
     sample = Sample(id="f:1", source="f", messages=[])
     inserted = build_turn_row(
@@ -273,7 +273,7 @@ def test_flags_outrank_the_count(renderer: KimiRenderer) -> None:
 # ---- quality columns and attempts (issue 15) ------------------------------------------------
 
 
-def test_every_row_carries_the_quality_columns_and_its_attempt(renderer: KimiRenderer) -> None:
+def test_every_row_carries_the_quality_columns_and_its_attempt(renderer: Renderer) -> None:
     from regen.quality import COLUMNS as QUALITY
     from regen.sample import ATTEMPT_META
 
@@ -293,7 +293,7 @@ def test_every_row_carries_the_quality_columns_and_its_attempt(renderer: KimiRen
     assert nat["quality_flags"] == [] and nat["q_compression"] is None and nat["attempt"] == 0
 
 
-def test_think_closed_comes_from_the_server_ids(renderer: KimiRenderer) -> None:
+def test_think_closed_comes_from_the_server_ids(renderer: Renderer) -> None:
     """Reasoning and no content that stopped by itself: the ids say whether </think> was
     written (empty content after it) or not (reasoning never closed)."""
     request = [Message("user", "Think about it and answer.")]
@@ -314,7 +314,7 @@ def test_think_closed_comes_from_the_server_ids(renderer: KimiRenderer) -> None:
 
 
 def test_think_closed_comes_from_the_local_render_without_server_ids(
-    renderer: KimiRenderer,
+    renderer: Renderer,
 ) -> None:
     """A parser-less server's output with no </think>: the render had to insert it."""
     request = [Message("user", "Think about it and answer.")]
@@ -324,7 +324,7 @@ def test_think_closed_comes_from_the_local_render_without_server_ids(
     assert row["quality_flags"] == ["reasoning_unclosed"]
 
 
-def test_the_manifests_thresholds_decide(renderer: KimiRenderer) -> None:
+def test_the_manifests_thresholds_decide(renderer: Renderer) -> None:
     from regen.quality import QualityConfig
 
     text = " ".join(["one two three four five six"] * 12)  # a 72-word run
@@ -336,7 +336,7 @@ def test_the_manifests_thresholds_decide(renderer: KimiRenderer) -> None:
     assert build_turn_row(sample, 0, request, res, renderer, strict)["quality_flags"] == []
 
 
-def test_a_row_from_before_the_quality_columns_is_upgraded(renderer: KimiRenderer) -> None:
+def test_a_row_from_before_the_quality_columns_is_upgraded(renderer: Renderer) -> None:
     """A journal line of a session made before issue 15 (folded on resume) still fits."""
     from regen.rows import ADDED_COLUMNS, upgrade_row
 
@@ -382,7 +382,7 @@ def _no_time(rows: list[dict]) -> list[dict]:
 def test_rows_of_a_sample_equal_rows_of_each_turn_alone(tools: bool) -> None:
     """build_rows reuses a prompt's ids for the next turn (and batches the tokenizer); the rows
     are those of building each turn on its own, where every prompt is encoded whole."""
-    r = KimiRenderer.from_dir(TOKENIZER, template_kwargs={"thinking": True})
+    r = Renderer.from_dir(TOKENIZER, template_kwargs={"thinking": True})
     sample, turns = _chain(5, tools)
     together = build_rows(sample, turns, r)
     st = dict(r.prompts.stats)
@@ -395,7 +395,7 @@ def test_rows_of_a_sample_equal_rows_of_each_turn_alone(tools: bool) -> None:
     assert st["first"] == 1 and "mismatch" not in st
 
 
-def test_a_sample_mixing_server_and_local_turns(renderer: KimiRenderer) -> None:
+def test_a_sample_mixing_server_and_local_turns(renderer: Renderer) -> None:
     sample, turns = _chain(3, tools=False)
     _, msgs, res = turns[1]
     local = renderer.render_turn(msgs, None, reasoning=res.reasoning, content=res.content)
@@ -406,8 +406,8 @@ def test_a_sample_mixing_server_and_local_turns(renderer: KimiRenderer) -> None:
     assert _no_time(rows) == _no_time([build_turn_row(sample, *x, renderer) for x in turns])
 
 
-def test_the_first_turn_that_cannot_be_a_row_raises(renderer: KimiRenderer) -> None:
-    off = KimiRenderer.from_dir(TOKENIZER, template_kwargs={"thinking": False})
+def test_the_first_turn_that_cannot_be_a_row_raises(renderer: Renderer) -> None:
+    off = Renderer.from_dir(TOKENIZER, template_kwargs={"thinking": False})
     sample = Sample(id="e:1", source="e", messages=[])
     ok = (0, [Message("user", "Hi")], _result(None, "Hey."))
     bad = (1, [Message("user", "Hi")], _result("reasoning with thinking off", "Hey."))
@@ -418,7 +418,7 @@ def test_the_first_turn_that_cannot_be_a_row_raises(renderer: KimiRenderer) -> N
         build_rows(sample, [empty, bad], off)
 
 
-def test_server_ids_are_compared_as_text(renderer: KimiRenderer) -> None:
+def test_server_ids_are_compared_as_text(renderer: Renderer) -> None:
     """Ids that decode to the rendered text are a match even when the tokenizer would have
     merged them (a sampled split): the row is the server's ids, as they came."""
     request = [Message("user", "Hi")]
@@ -430,12 +430,12 @@ def test_server_ids_are_compared_as_text(renderer: KimiRenderer) -> None:
     res.output_token_ids[at : at + 1] = pieces
     row = build_turn_row(Sample(id="s:5", source="s", messages=[]), 0, request, res, renderer)
     assert row["token_check"] == "match"
-    assert row["input_ids"] == res.prompt_token_ids + res.output_token_ids + [renderer.im_end_id]
+    assert row["input_ids"] == res.prompt_token_ids + res.output_token_ids + [renderer.end_id]
     assert row["text"] == renderer.decode(row["input_ids"])
 
 
 def test_every_row_records_the_content_it_answers_and_the_settings_that_made_it(
-    renderer: KimiRenderer,
+    renderer: Renderer,
 ) -> None:
     from regen.manifest import parse_manifest
     from regen.rows import ANSWER_COLUMNS, SCHEMA, upgrade_row

@@ -68,6 +68,8 @@ class BenchOptions:
     draft: str | None = None  #: the draft the speculative server must serve (optional check)
     request_timeout_s: float = 600.0
     adapters: dict[str, str] = field(default_factory=dict)  #: source → adapter, when known
+    #: the requests' chat_template_kwargs (the manifest's: its family's thinking switch)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -115,12 +117,18 @@ def check_options(opts: BenchOptions) -> list[int]:
 
 
 def build_requests(
-    prompts: list[BenchPrompt], *, model: str, sampling: Sampling, max_tokens: int
+    prompts: list[BenchPrompt],
+    *,
+    model: str,
+    sampling: Sampling,
+    max_tokens: int,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[BenchRequest]:
     """One request per prompt, its body built by the chat client's own request builder."""
     # streamed (TTFT is measured), no token ids: only the speculative statistics are asked for
     s = sampling.model_copy(update={"max_tokens": max_tokens, "token_ids": "local"})
-    builder = ChatClient(Endpoint(url="http://bench.invalid/v1"), model=model, sampling=s)
+    builder = ChatClient(Endpoint(url="http://bench.invalid/v1"), model=model, sampling=s,
+                         template_kwargs=template_kwargs)  # fmt: skip
     out = []
     for p in prompts:
         body = builder.request_body(p.messages, p.tools)
@@ -166,7 +174,11 @@ async def run_bench(opts: BenchOptions, progress: ProgressHook | None = None) ->
             server_flags, role, endpoints[role].url, api_key=info_key, draft=opts.draft
         )
     requests = build_requests(
-        opts.prompts, model=model, sampling=opts.sampling, max_tokens=opts.max_tokens
+        opts.prompts,
+        model=model,
+        sampling=opts.sampling,
+        max_tokens=opts.max_tokens,
+        template_kwargs=opts.template_kwargs,
     )
     transports = {
         role: ChatTransport(

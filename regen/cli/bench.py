@@ -163,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         speculative=args.speculative,
         prompts=prompts,
         sampling=sampling,
+        template_kwargs=manifest.template_kwargs() if manifest is not None else {},
         concurrency=args.concurrency,
         max_tokens=args.max_tokens,
         model=model,

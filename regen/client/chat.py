@@ -137,14 +137,20 @@ class ChatClient:
         engine: EngineProfile | str | None = None,
         engine_version: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         """``engine``: the endpoint's profile (or its name; None: SGLang), as the endpoint
-        check found it; ``engine_version`` what the server reported."""
+        check found it; ``engine_version`` what the server reported; ``template_kwargs``: the
+        requests' ``chat_template_kwargs`` (``Manifest.template_kwargs``: the target family's
+        thinking switch; None: ``sampling.chat_template_kwargs`` alone)."""
         self.endpoint = endpoint
         #: the URL regen writes and logs: never the user:password of the configured URL
         self.url = public_url(endpoint.url)
         self.model = model
         self.sampling = sampling
+        self.template_kwargs = dict(
+            sampling.chat_template_kwargs if template_kwargs is None else template_kwargs
+        )
         self.retry = retry or RetryPolicy()
         self.timeout_s = timeout_s
         self.profile = engine if isinstance(engine, EngineProfile) else profile_named(engine)
@@ -174,6 +180,7 @@ class ChatClient:
             base_dir=manifest.base_dir,
             engine=engine,
             engine_version=engine_version,
+            template_kwargs=manifest.template_kwargs(),
         )
 
     @property
@@ -204,7 +211,7 @@ class ChatClient:
             "top_p": s.top_p,
             # not max_tokens: SGLang marks it deprecated (max_completion_tokens or max_tokens)
             "max_completion_tokens": s.max_tokens,
-            "chat_template_kwargs": s.template_kwargs(),
+            "chat_template_kwargs": self.template_kwargs,
         }
         if s.top_k is not None:
             body["top_k"] = s.top_k

@@ -236,7 +236,7 @@ class _Session:
         """A native sample's row, stored as it is (it never goes to a server)."""
         from regen.rows import native_row
 
-        rows = [native_row(sample)]
+        rows = [native_row(sample, self.m.target.family)]
         self.keep(CompletedSample(sample.id, sample.source, rows), output_tokens(rows))
 
     def keep(self, done: CompletedSample, tokens: list[int]) -> None:
@@ -568,7 +568,7 @@ def run_job(manifest: Manifest, rd: RunDir, options: RunOptions | None = None) -
     the tokenizer and template checks are skipped when an earlier session passed the same).
     """
     opts = options or RunOptions()
-    manifest = _apply_options(manifest, opts)
+    manifest = _apply_options(manifest, opts).with_family()
     checked: str | None = None
     passed = _passed_checks(rd)
     if opts.preflight:

@@ -91,7 +91,7 @@ def checks_key(manifest: Manifest) -> str:
             "regen": __version__,
             "packages": [pkg("transformers"), pkg("tokenizers"), pkg("jinja2")],
             "target": manifest.target.model_dump(mode="json"),
-            "template_kwargs": manifest.sampling.template_kwargs(),
+            "template_kwargs": manifest.template_kwargs(),
             "tokenizer_files": dir_signature(manifest.resolve(manifest.target.tokenizer)),
             "sources": sources,
         },
@@ -115,11 +115,11 @@ def preflight(manifest: Manifest, *, passed: str | None = None) -> str:
 
 def _check_template(manifest: Manifest) -> None:
     from regen.sources import iter_source
-    from regen.template.render import KimiRenderer
+    from regen.template.render import Renderer
 
     tok = manifest.resolve(manifest.target.tokenizer)
     try:
-        renderer = KimiRenderer.from_manifest(manifest)
+        renderer = Renderer.from_manifest(manifest)
     except RegenError as e:
         raise ConfigError(f"target.tokenizer: {tok}: {e}", field="target.tokenizer") from None
     for i, src in enumerate(manifest.sources):

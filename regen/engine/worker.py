@@ -109,9 +109,9 @@ def default_row_builder(manifest: Manifest) -> RowBuilder:
     ``quality`` thresholds, docs/quality.md), and every row records the manifest's settings
     id (``Manifest.settings_id``)."""
     from regen.rows import build_rows
-    from regen.template.render import KimiRenderer
+    from regen.template.render import Renderer
 
-    renderer = KimiRenderer.from_manifest(manifest)
+    renderer = Renderer.from_manifest(manifest)
     quality = manifest.quality
     settings = manifest.settings_id()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from regen.bench.prompts import BenchPrompt
 from regen.client import ChatClient
@@ -31,10 +32,14 @@ def greedy_sampling(sampling: Sampling, max_tokens: int) -> Sampling:
 
 
 async def _answers(
-    url: str, model: str, sampling: Sampling, prompts: Sequence[BenchPrompt]
+    url: str,
+    model: str,
+    sampling: Sampling,
+    prompts: Sequence[BenchPrompt],
+    template_kwargs: dict[str, Any],
 ) -> list[tuple[int, ...]]:
     client = ChatClient(Endpoint(url=url), model=model, sampling=sampling, engine="vllm",
-                        timeout_s=TIMEOUT_S)  # fmt: skip
+                        timeout_s=TIMEOUT_S, template_kwargs=template_kwargs)  # fmt: skip
     try:
         out = []
         for p in prompts:
@@ -55,11 +60,14 @@ def compare_greedy(
     model: str,
     sampling: Sampling,
     max_tokens: int,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> GreedyRecord:
-    """Every prompt greedy on both servers (vLLM, ``/v1`` URLs); the answers compared."""
+    """Every prompt greedy on both servers (vLLM, ``/v1`` URLs); the answers compared;
+    ``template_kwargs``: the requests' chat_template_kwargs (the manifest's)."""
     s = greedy_sampling(sampling, max_tokens)
-    base = asyncio.run(_answers(baseline, model, s, prompts))
-    spec = asyncio.run(_answers(speculative, model, s, prompts))
+    kwargs = dict(template_kwargs or {})
+    base = asyncio.run(_answers(baseline, model, s, prompts, kwargs))
+    spec = asyncio.run(_answers(speculative, model, s, prompts, kwargs))
     differing = [p.sample_id for p, a, b in zip(prompts, base, spec, strict=True) if a != b]
     return GreedyRecord(
         prompts=len(prompts),

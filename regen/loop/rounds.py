@@ -291,7 +291,8 @@ class Loop:
                     raise ConfigError(f"{run_dir}: no resolved manifest")
                 greedy = compare_greedy(target.url, spec.url, prompts, model=self.served,
                                         sampling=manifest.sampling,
-                                        max_tokens=self.s.max_tokens)  # fmt: skip
+                                        max_tokens=self.s.max_tokens,
+                                        template_kwargs=manifest.template_kwargs())  # fmt: skip
             self.note(f"greedy answers identical with and without the draft: "
                       f"{greedy.identical}/{greedy.prompts} ({greedy.tokens} tokens)")  # fmt: skip
         finally:

@@ -23,7 +23,7 @@ The build is deterministic (fixed seed, fixed thread count) and takes a minute o
 It reads the manifest's sources exactly as ``regen run`` does (:func:`regen.sources.stream.
 read_samples`), walks every sample's turns as the engine will (:func:`regen.engine.turns.
 regenerate`), answers each with :func:`demo_answer` and renders prompt + answer with the
-tokenizer's own chat template (:class:`regen.template.render.KimiRenderer`). The model is
+tokenizer's own chat template (:class:`regen.template.render.Renderer`). The model is
 trained on the answer tokens only. So when the demo asks it those prompts it thinks briefly,
 closes its reasoning with ``</think>``, calls the tools the source's answer called (Kimi's
 tool-call section) where tools are offered, otherwise answers in one sentence, and ends with
@@ -142,9 +142,9 @@ def training_turns(manifest: Any) -> list[TrainingTurn]:
     """Every turn the demo will regenerate, answered by :func:`demo_answer` and tokenized."""
     from regen.engine.turns import regenerate
     from regen.sources.stream import read_samples
-    from regen.template.render import KimiRenderer
+    from regen.template.render import Renderer
 
-    renderer = KimiRenderer.from_manifest(manifest)
+    renderer = Renderer.from_manifest(manifest)
     turns: list[TrainingTurn] = []
     with _quiet("regen.sources"):  # the demo sources hold bad rows on purpose
         samples = [s for s in read_samples(manifest) if s.mode == "regenerate"]

@@ -1,6 +1,6 @@
 """Kimi-format rendering and tokenization, and the tiny test tokenizer.
 
-- ``regen.template.render.KimiRenderer``: renders a turn's prompt with the target tokenizer's own
+- ``regen.template.render.Renderer``: renders a turn's prompt with the target tokenizer's own
   chat template and tokenizes prompt and response separately.
 - ``regen.template.tiny.build_tiny_tokenizer``: the tiny Kimi-format tokenizer for tests and the
   demo (committed under ``manifests/demo/tokenizer/``).

@@ -1,47 +1,33 @@
-"""KimiRenderer: one regenerated assistant turn as Kimi-format text, token ids and loss mask.
+"""Renderer: one regenerated assistant turn as the target's text, token ids and loss mask.
 
 Owns no files. The prompt half is rendered by the target tokenizer's OWN chat template
 (``apply_chat_template(messages, tools=..., add_generation_prompt=True, **template_kwargs)``),
-so history turns look exactly as the server showed them (including the "trap" of CONTRACTS §1:
-reasoning of history turns is dropped by the template, as at serving time).
+so history turns look exactly as the server showed them (for Kimi including the "trap" of
+CONTRACTS §1: reasoning of history turns is dropped by the template, as at serving time).
 
-The response half is reassembled from what the server returned, reading how the rendered
-prompt ends (never assuming one template variant):
+The response half is reassembled from what the server returned by the target's model family
+(:class:`regen.targets.family.Family`: its think markers, tool-call text and end token), after
+reading how the rendered prompt ends (reasoning left open, closed, or none; never one template
+variant). A target of no known family renders prompts but cannot assemble a response: asking
+for it raises a TemplateError that says so (server ids make such a target work).
 
-- prompt ends with ``<think>`` ("open", K2.5 thinking):
-  ``{reasoning}</think>{content}{calls}<|im_end|>``
-- prompt ends with ``</think>`` ("closed", K2.5 ``thinking=False``):
-  ``{content}{calls}<|im_end|>``
-- otherwise ("none", e.g. K2-Thinking, the model writes ``<think>`` itself):
-  ``<think>{reasoning}</think>{content}{calls}<|im_end|>``, the think block only when the server
-  returned reasoning (``reasoning is not None``).
-
-A server without a reasoning parser (e.g. ``transformers serve``) returns ``reasoning=None`` and
-the whole output as ``content``. After an "open" prompt the content then holds the reasoning, the
-``</think>`` the model wrote, and the answer: it is split at the first ``</think>`` (reasoning
-before, content after) so no second ``</think>`` is inserted. When such content has no
-``</think>`` the delimiter is still inserted (the model's own output cannot be told apart) and
-the turn is flagged ``think_inserted``. Content that itself holds ``<think>`` where the model
-could not have written it (after an open or closed prompt, or next to returned reasoning) is
-flagged ``content_has_think``. Flags travel in :attr:`RenderedTurn.flag`; ``regen.rows`` puts
-them in the row's ``token_check`` so they are counted at export, never hidden.
-
-``{calls}`` is Kimi's tool-call section: ``<|tool_calls_section_begin|>`` + per call
-``<|tool_call_begin|>{id}<|tool_call_argument_begin|>{arguments}<|tool_call_end|>`` +
-``<|tool_calls_section_end|>`` (id defaults to ``functions.{name}:{index}``; arguments verbatim).
-A truncated turn (``finish_reason == "length"``) gets no ``<|im_end|>``, and when it stopped
-inside the reasoning (no content, no calls) no ``</think>`` either: only what the model produced
-(unless the server's completion token count shows the cut came right after ``</think>``).
+Flags (``think_inserted``, ``content_has_think``: the family module explains them) travel in
+:attr:`RenderedTurn.flag`; ``regen.rows`` puts them in the row's ``token_check`` so they are
+counted at export, never hidden. A truncated turn (``finish_reason == "length"``) gets no end
+token, and when it stopped inside the reasoning no close marker either: only what the model
+produced (unless the server's completion token count shows the cut came right after it).
 
 Prompt and response are tokenized separately (``add_special_tokens=False``) and concatenated, so
-no token spans the boundary; the loss mask is 1 on the response tokens only.
+no token spans the boundary; the loss mask is 1 on the response tokens only. Special-token text
+inside a reply (raw markup a parser left in content) is encoded as the tokenizer encodes it at
+serving time: as the special token.
 
-Cost: :meth:`KimiRenderer.render_text` renders the texts only (the template and the response
-assembly, no tokenizer); :meth:`KimiRenderer.tokenize` encodes many turns in one batch
+Cost: :meth:`Renderer.render_text` renders the texts only (the template and the response
+assembly, no tokenizer); :meth:`Renderer.tokenize` encodes many turns in one batch
 (:mod:`regen.template.codec`: the Rust tokenizer when it is provably the same), and a prompt
 that follows an earlier prompt of the same conversation reuses that prompt's ids where their
 texts agree (:mod:`regen.template.extend`; the template is not trusted to be prefix-stable:
-both are rendered and compared). :meth:`KimiRenderer.render_turn` is the one-turn form of both.
+both are rendered and compared). :meth:`Renderer.render_turn` is the one-turn form of both.
 """
 
 from __future__ import annotations
@@ -51,27 +37,16 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from regen.errors import TemplateError
 from regen.sample import Message, ToolCall, stable_hash
+from regen.targets import Family, recognise_dir
+from regen.targets.family import RenderFlag, ThinkState
 from regen.template.codec import TokenCodec
 from regen.template.extend import Boundaries, PromptIds
 
 log = logging.getLogger(__name__)
-
-ThinkState = Literal["open", "closed", "none"]
-#: why a locally rendered response may hold tokens the model did not produce as rendered
-RenderFlag = Literal["think_inserted", "content_has_think"]
-
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
-IM_END = "<|im_end|>"
-CALLS_BEGIN = "<|tool_calls_section_begin|>"
-CALLS_END = "<|tool_calls_section_end|>"
-CALL_BEGIN = "<|tool_call_begin|>"
-CALL_ARGS = "<|tool_call_argument_begin|>"
-CALL_END = "<|tool_call_end|>"
 
 
 @dataclass(slots=True)
@@ -104,7 +79,7 @@ class RenderedTurn:
 
 @dataclass(slots=True)
 class TurnText:
-    """One turn rendered as text only (:meth:`KimiRenderer.render_text`); ``tokenize`` makes it
+    """One turn rendered as text only (:meth:`Renderer.render_text`); ``tokenize`` makes it
     a :class:`RenderedTurn`."""
 
     prompt_text: str
@@ -113,129 +88,63 @@ class TurnText:
     reasoning: str | None
     content: str
     flag: RenderFlag | None
-    #: cut (``length``) inside the reasoning: ``</think>`` belongs to the response when the
+    #: cut (``length``) inside the reasoning: the close marker belongs to the response when the
     #: server's ``completion_tokens`` counts one token more than the response (see render_turn)
     cut_in_reasoning: bool = False
     completion_tokens: int | None = None
+    #: the family's close marker of the reasoning (what a cut in the reasoning may end with)
+    closer: str = ""
 
     @property
     def text(self) -> str:
         return self.prompt_text + self.response_text
 
     def settle(self, response_len: int) -> bool:
-        """Append ``</think>`` when the turn was cut in its reasoning and the server counted one
-        token more than the ``response_len`` ids of the response: True when it did."""
+        """Append the close marker when the turn was cut in its reasoning and the server counted
+        one token more than the ``response_len`` ids of the response: True when it did."""
         if self.cut_in_reasoning and self.completion_tokens == response_len + 1:
-            self.response_text += THINK_CLOSE
+            self.response_text += self.closer
             self.cut_in_reasoning = False
             return True
         return False
 
 
-#: special tokens of the chat format after which prompt ids may be reused (regen.template.extend)
-BOUNDARY_TOKENS = (
-    IM_END, "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>", THINK_OPEN,
-    THINK_CLOSE, CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_ARGS, CALL_END,
-)  # fmt: skip
+class Renderer:
+    """Renders and tokenizes turns with a target tokenizer, its own chat template and its
+    model family (None: a family regen does not know, whose prompts render but whose responses
+    cannot be assembled)."""
 
-
-def tool_calls_section(calls: Sequence[ToolCall]) -> str:
-    """Kimi's tool-call section for ``calls`` ('' when there are none)."""
-    if not calls:
-        return ""
-    parts = [CALLS_BEGIN]
-    for i, c in enumerate(calls):
-        call_id = c.id or f"functions.{c.name}:{i}"
-        parts.append(f"{CALL_BEGIN}{call_id}{CALL_ARGS}{c.arguments}{CALL_END}")
-    parts.append(CALLS_END)
-    return "".join(parts)
-
-
-def think_state(prompt_text: str) -> ThinkState:
-    """Whether the rendered generation prompt left ``<think>`` open, closed it, or has none."""
-    tail = prompt_text.rstrip()
-    if tail.endswith(THINK_OPEN):
-        return "open"
-    if tail.endswith(THINK_CLOSE):
-        return "closed"
-    return "none"
-
-
-def split_response(
-    state: ThinkState, reasoning: str | None, content: str
-) -> tuple[str | None, str, RenderFlag | None]:
-    """Reasoning, content and a flag for a response after a prompt in ``state``.
-
-    After an "open" prompt, ``reasoning=None`` means the server had no reasoning parser: its
-    content is split at the first ``</think>``; without one the turn is flagged
-    ``think_inserted`` (``response_text`` will insert the delimiter). ``<think>`` inside content
-    that the model could not have written as such is flagged ``content_has_think``.
-    """
-    flag: RenderFlag | None = None
-    if state == "open" and reasoning is None:
-        if THINK_CLOSE in content:
-            reasoning, _, content = content.partition(THINK_CLOSE)
-        else:
-            flag = "think_inserted"
-    if THINK_OPEN in content and (state != "none" or reasoning is not None):
-        flag = "content_has_think"
-    return reasoning, content, flag
-
-
-def response_text(
-    state: ThinkState,
-    reasoning: str | None,
-    content: str,
-    tool_calls: Sequence[ToolCall] = (),
-    finish_reason: str = "stop",
-) -> str:
-    """The text the model produced after a prompt in ``state`` (see the module docstring)."""
-    calls = tool_calls_section(tool_calls)
-    truncated = finish_reason == "length"
-    end = "" if truncated else IM_END
-    cut_in_reasoning = truncated and not content and not calls
-    if state == "open":
-        if cut_in_reasoning:
-            return reasoning or ""
-        return f"{reasoning or ''}{THINK_CLOSE}{content}{calls}{end}"
-    if state == "closed":
-        if reasoning:
-            raise TemplateError(
-                "the prompt closed <think> (thinking off) but the server returned reasoning; "
-                "check chat_template_kwargs against the server's reasoning parser"
-            )
-        return f"{content}{calls}{end}"
-    if reasoning is None:
-        return f"{content}{calls}{end}"
-    if cut_in_reasoning:
-        return f"{THINK_OPEN}{reasoning}"
-    return f"{THINK_OPEN}{reasoning}{THINK_CLOSE}{content}{calls}{end}"
-
-
-class KimiRenderer:
-    """Renders and tokenizes turns with a target tokenizer and its own chat template."""
-
-    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        template_kwargs: dict[str, Any] | None = None,
+        family: Family | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
+        self.family = family
         self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
         template = getattr(tokenizer, "chat_template", None)
         if not template:
             raise TemplateError("the tokenizer has no chat template")
         if isinstance(template, dict):  # named templates: the default one renders
             template = template.get("default") or next(iter(template.values()))
-        ids = [tokenizer.convert_tokens_to_ids(t) for t in (IM_END, THINK_OPEN, THINK_CLOSE)]
-        if ids[0] is None or ids[0] == getattr(tokenizer, "unk_token_id", None):
-            raise TemplateError(f"the tokenizer has no {IM_END} token: not a Kimi tokenizer")
-        #: id of ``<|im_end|>``
-        self.im_end_id: int = int(ids[0])
-        #: id of ``</think>`` (None: the tokenizer has no such token)
+        eos = getattr(tokenizer, "eos_token_id", None)
+        if family is not None:
+            end = self._token_id(family.end_of_turn)
+            if end is None:
+                raise TemplateError(f"the tokenizer has no {family.end_of_turn} token: not a "
+                                    f"{family.title} tokenizer")  # fmt: skip
+            ends = [end, *(self._token_id(t) for t in family.other_ends)]
+        else:
+            end, ends = eos, []
+        #: id of the end-of-turn token appended to server ids that lack one (None: unknown)
+        self.end_id: int | None = end
+        #: id of the reasoning's close marker (None: no such token)
         self.think_close_id: int | None = (
-            None if ids[2] is None or ids[2] == getattr(tokenizer, "unk_token_id", None) else ids[2]
+            self._token_id(family.think[1]) if family is not None and family.think else None
         )
-        #: ids that end a turn (``<|im_end|>`` and the tokenizer's eos)
-        self.end_ids: frozenset[int] = frozenset(
-            i for i in (self.im_end_id, getattr(tokenizer, "eos_token_id", None)) if i is not None
-        )
+        #: ids that end a turn (the family's end tokens and the tokenizer's eos)
+        self.end_ids: frozenset[int] = frozenset(i for i in (*ends, eos) if i is not None)
         #: number of ids (``len(tokenizer)``, added tokens included)
         self.vocab_size: int = len(tokenizer)
         #: hash of the chat template, template kwargs and vocab size (goes into rows/fingerprints)
@@ -246,12 +155,20 @@ class KimiRenderer:
         self.codec = TokenCodec(tokenizer)
         self._prompts: PromptIds | None = None
 
+    def _token_id(self, token: str) -> int | None:
+        """The id of a special token, None when the tokenizer lacks it."""
+        found = self.tokenizer.convert_tokens_to_ids(token)
+        if found is None or found == getattr(self.tokenizer, "unk_token_id", None):
+            return None
+        return int(found)
+
     @property
     def prompts(self) -> PromptIds:
         """Prompt-id reuse across a conversation's turns (built on first use: it probes the
         tokenizer); its ``stats`` count how often each case applied."""
         if self._prompts is None:
-            self._prompts = PromptIds(self.codec, Boundaries(self.codec, BOUNDARY_TOKENS))
+            tokens = self.family.boundary_tokens() if self.family is not None else ()
+            self._prompts = PromptIds(self.codec, Boundaries(self.codec, tokens))
         return self._prompts
 
     # -- construction -------------------------------------------------------------------
@@ -261,25 +178,20 @@ class KimiRenderer:
         path: str | os.PathLike[str],
         trust_remote_code: bool = False,
         template_kwargs: dict[str, Any] | None = None,
-    ) -> KimiRenderer:
-        """Load a local tokenizer directory (transformers); remote code only when allowed."""
-        from transformers import AutoTokenizer
-
-        try:
-            tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-        except (OSError, ValueError) as e:
-            hint = "" if trust_remote_code else " (does it need target.trust_remote_code: true?)"
-            raise TemplateError(f"cannot load tokenizer from {str(path)!r}: {e}{hint}") from e
-        return cls(tok, template_kwargs)
+        family: Family | None = None,
+    ) -> Renderer:
+        """Load a local tokenizer directory (transformers; remote code only when allowed);
+        ``family``: the target's, else the one the directory is recognised as."""
+        family = family if family is not None else recognise_dir(path)
+        return cls(load_tokenizer(path, trust_remote_code), template_kwargs, family)
 
     @classmethod
-    def from_manifest(cls, manifest: Any) -> KimiRenderer:
-        """The renderer a manifest asks for: its target tokenizer and template kwargs."""
-        return cls.from_dir(
-            manifest.resolve(manifest.target.tokenizer),
-            trust_remote_code=manifest.target.trust_remote_code,
-            template_kwargs=manifest.sampling.template_kwargs(),
-        )
+    def from_manifest(cls, manifest: Any) -> Renderer:
+        """The renderer a manifest asks for: its target tokenizer, template kwargs and family
+        (None where the manifest's target is of no known family)."""
+        tok = load_tokenizer(manifest.resolve(manifest.target.tokenizer),
+                             manifest.target.trust_remote_code)  # fmt: skip
+        return cls(tok, manifest.template_kwargs(), manifest.family())
 
     # -- text and ids -------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -323,20 +235,29 @@ class KimiRenderer:
         completion_tokens: int | None = None,
     ) -> TurnText:
         """Prompt (template) + reassembled response, as text (see :meth:`render_turn`)."""
+        fam = self.family
+        if fam is None:
+            raise TemplateError(
+                "the target's model family is unknown: its responses cannot be assembled here "
+                "(docs/targets.md: set target.family, or serve it with token ids)"
+            )
         prompt = self.render_prompt(messages, tools)
-        state = think_state(prompt)
-        reasoning, content, flag = split_response(state, reasoning, content)
+        state = fam.think_state(prompt)
+        reasoning, content, flag = fam.split_response(state, reasoning, content)
         if flag is not None:
             log.debug("rendered turn flagged %s (after a %r prompt)", flag, state)
-        response = response_text(state, reasoning, content, tool_calls, finish_reason)
+        response = fam.response_text(state, reasoning, content, tool_calls, finish_reason)
+        closer = fam.cut_close()
         cut = (
             finish_reason == "length"
             and reasoning is not None
             and not content
             and not tool_calls
             and state != "closed"
+            and closer is not None
         )
-        return TurnText(prompt, response, state, reasoning, content, flag, cut, completion_tokens)
+        return TurnText(prompt, response, state, reasoning, content, flag, cut, completion_tokens,
+                        closer or "")  # fmt: skip
 
     def settle_text(self, turn: TurnText) -> TurnText:
         """``turn`` with the ``</think>`` a cut in the reasoning may have produced appended, as
@@ -414,6 +335,17 @@ class KimiRenderer:
         server's count) is given and says so, ``</think>`` is kept.
         """
         return self.tokenize([self.render_text(messages, tools, **response)])[0]
+
+
+def load_tokenizer(path: str | os.PathLike[str], trust_remote_code: bool = False) -> Any:
+    """A local tokenizer directory loaded with transformers (remote code only when allowed)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        hint = "" if trust_remote_code else " (does it need target.trust_remote_code: true?)"
+        raise TemplateError(f"cannot load tokenizer from {str(path)!r}: {e}{hint}") from e
 
 
 def messages_json(messages: Sequence[Message | dict[str, Any]]) -> str:

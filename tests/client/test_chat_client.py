@@ -55,7 +55,9 @@ def test_streaming_request_carries_sampling_template_kwargs_and_asks_for_ids():
         top_k=20,
         seed=5,
     )
-    complete(script, sampling=sampling)
+    # the family's thinking switch comes from the manifest (Manifest.template_kwargs), the
+    # sampling's own chat_template_kwargs win over it
+    complete(script, sampling=sampling, template_kwargs={"thinking": False, "x": 1})
     (body,) = script.bodies()
     assert body["model"] == MODEL
     assert body["messages"] == MESSAGES
@@ -87,7 +89,8 @@ def test_unset_top_k_and_seed_are_not_sent_and_tools_are():
     (body,) = script.bodies()
     assert "top_k" not in body and "seed" not in body
     assert body["tools"] == tools
-    assert body["chat_template_kwargs"] == {"thinking": True}
+    # no family given (a client built without a manifest): no thinking switch is guessed
+    assert body["chat_template_kwargs"] == {}
 
 
 # ---- what is assembled ------------------------------------------------------------------------

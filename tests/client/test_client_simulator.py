@@ -19,6 +19,7 @@ from regen.errors import EndpointError, PermanentError, RequestTimeoutError
 from regen.manifest import Endpoint, Sampling
 from regen.simulate.answer import answer
 from regen.simulate.testing import simulator_in_thread
+from regen.targets.kimi import KIMI
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -61,11 +62,16 @@ def msgs(tag: str) -> list[dict[str, Any]]:
     ]
 
 
+def kimi_kwargs(sampling: Sampling) -> dict[str, Any]:
+    """The chat_template_kwargs a manifest of a Kimi target sends (the simulator is Kimi's)."""
+    return {**KIMI.template_kwargs(sampling.thinking), **sampling.chat_template_kwargs}
+
+
 def expected(messages, sampling: Sampling, tools=None):
     body: dict[str, Any] = {
         "messages": messages,
         "max_tokens": sampling.max_tokens,
-        "chat_template_kwargs": sampling.template_kwargs(),
+        "chat_template_kwargs": kimi_kwargs(sampling),
     }
     if tools:
         body["tools"] = tools
@@ -84,6 +90,7 @@ def complete(
         sampling=s,
         retry=retry or RetryPolicy(max_attempts=1),
         timeout_s=timeout_s,
+        template_kwargs=kimi_kwargs(s),
     )
 
     async def go():

@@ -4,7 +4,7 @@ differs from the text the model produced.
 A server running ``--reasoning-parser kimi_k2 --tool-call-parser kimi_k2`` reshapes the
 model's text before regen sees it: ``parser/reasoning_parser.py`` (``KimiK2Detector``) splits
 reasoning from content, and ``function_call/kimik2_detector.py`` pulls the tool calls out of
-the content. A local row is rebuilt from those pieces (``regen.template.render.response_text``).
+the content. A local row is rebuilt from those pieces (``regen.targets.kimi.KIMI.response_text``).
 Each case runs SGLang's parsers as ``serving_chat.py`` does for a non-streamed answer
 (reasoning first, then tool calls; a K2.5 thinking prompt opens ``<think>``, so the output
 starts inside the reasoning) and also streamed, token by token. ``serving_chat.py`` itself
@@ -25,7 +25,9 @@ from types import ModuleType
 import pytest
 
 from regen.sample import ToolCall
-from regen.template.render import response_text
+from regen.targets.kimi import KIMI
+
+response_text = KIMI.response_text
 
 BEGIN, END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 CALL, ARGS, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"

@@ -32,7 +32,7 @@ def test_a_passed_key_skips_the_tokenizer_and_template(demo, monkeypatch, caplog
     def no_load(*a, **k):  # type: ignore[no-untyped-def]
         raise AssertionError("the tokenizer was loaded")
 
-    monkeypatch.setattr("regen.template.render.KimiRenderer.from_manifest", no_load)
+    monkeypatch.setattr("regen.template.render.Renderer.from_manifest", no_load)
     caplog.set_level(logging.INFO, logger="regen.engine.preflight")
     assert pf.preflight(m, passed=key) == key
     assert "not repeated" in caplog.text

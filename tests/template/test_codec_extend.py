@@ -13,9 +13,12 @@ from transformers import AutoTokenizer
 
 from benchmarks._workload import make_rows
 from regen.sample import Message, ToolCall
+from regen.targets.kimi import KIMI
 from regen.template.codec import PROBES, TokenCodec
 from regen.template.extend import Boundaries
-from regen.template.render import BOUNDARY_TOKENS, KimiRenderer
+from regen.template.render import Renderer
+
+BOUNDARY_TOKENS = KIMI.boundary_tokens()
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"
@@ -90,7 +93,7 @@ def test_a_token_that_merges_with_its_neighbours_is_no_boundary(tokenizer) -> No
     assert set(b.tokens) == {"<|im_end|>"}
 
 
-def chain_prompts(r: KimiRenderer, messages: list[dict[str, Any]], tools: Any = None):
+def chain_prompts(r: Renderer, messages: list[dict[str, Any]], tools: Any = None):
     """The rendered prompt of every assistant turn of ``messages`` (history as given)."""
     texts = []
     for i, m in enumerate(messages):
@@ -99,7 +102,7 @@ def chain_prompts(r: KimiRenderer, messages: list[dict[str, Any]], tools: Any = 
     return texts
 
 
-def tokenized_like_whole(r: KimiRenderer, texts) -> list[Any]:
+def tokenized_like_whole(r: Renderer, texts) -> list[Any]:
     before = [None, *range(len(texts) - 1)]
     turns = r.tokenize(texts, before)
     for t in turns:
@@ -122,7 +125,7 @@ def conversation(rng: random.Random, turns: int, tools: bool) -> list[dict[str, 
 
 
 def test_reused_prompt_ids_equal_whole_encodes_and_the_kinds_are_counted() -> None:
-    r = KimiRenderer.from_dir(TOKENIZER, template_kwargs={"thinking": True})
+    r = Renderer.from_dir(TOKENIZER, template_kwargs={"thinking": True})
     rng = random.Random(7)
     for k in range(40):
         tools = k % 2 == 1
@@ -137,7 +140,7 @@ def test_reused_prompt_ids_equal_whole_encodes_and_the_kinds_are_counted() -> No
 
 
 def test_the_benchmark_workload_reuses_every_later_prompt() -> None:
-    r = KimiRenderer.from_dir(TOKENIZER, template_kwargs={"thinking": True})
+    r = Renderer.from_dir(TOKENIZER, template_kwargs={"thinking": True})
     for row in make_rows(60, multi=0.5):
         msgs = [
             {"role": "user" if c["from"] == "human" else "assistant", "content": c["value"]}
@@ -151,7 +154,7 @@ def test_the_benchmark_workload_reuses_every_later_prompt() -> None:
 def test_a_wrong_boundary_is_caught_and_reuse_stops(caplog) -> None:
     """A 'boundary' the tokenizer merges across: the first reuse is checked, differs, and
     every prompt is encoded whole from then on (rows stay right)."""
-    r = KimiRenderer.from_dir(TOKENIZER, template_kwargs={"thinking": True})
+    r = Renderer.from_dir(TOKENIZER, template_kwargs={"thinking": True})
     b = r.prompts.boundaries
     b.tokens = {**b.tokens, "wor": r.tokenizer.convert_tokens_to_ids("<|im_end|>")}
     msgs = [{"role": "user", "content": "say wor"}, {"role": "assistant", "content": "x"}]
@@ -168,7 +171,7 @@ def test_a_wrong_boundary_is_caught_and_reuse_stops(caplog) -> None:
 def test_golden_multi_turn_chain_is_byte_equal() -> None:
     from test_golden import CASES
 
-    r = KimiRenderer.from_dir(TOKENIZER, template_kwargs={"thinking": True})
+    r = Renderer.from_dir(TOKENIZER, template_kwargs={"thinking": True})
     for name in ("multi_turn_reasoning", "tool_calls"):
         messages, tools, _ = CASES[name]
         msgs = [*messages, {"role": "assistant", "content": "end"}]

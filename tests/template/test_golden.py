@@ -1,4 +1,4 @@
-"""Golden renderings of the tiny tokenizer's Kimi template through KimiRenderer.render_prompt.
+"""Golden renderings of the tiny tokenizer's Kimi template through Renderer.render_prompt.
 
 The expected strings are written out in full: any change of the template shows up here. The
 last test proves it: one-character edits of the template make at least one golden case fail.
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from regen.template.render import KimiRenderer
+from regen.template.render import Renderer
 
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
@@ -143,11 +143,11 @@ GOLDEN: dict[str, str] = {
 
 
 @pytest.fixture(scope="module")
-def renderer() -> KimiRenderer:
-    return KimiRenderer.from_dir(TOKENIZER)
+def renderer() -> Renderer:
+    return Renderer.from_dir(TOKENIZER)
 
 
-def _render(r: KimiRenderer, name: str) -> str:
+def _render(r: Renderer, name: str) -> str:
     messages, tools, kwargs = CASES[name]
     r.template_kwargs = kwargs
     try:
@@ -156,7 +156,7 @@ def _render(r: KimiRenderer, name: str) -> str:
         r.template_kwargs = {}
 
 
-def failing_cases(r: KimiRenderer) -> list[str]:
+def failing_cases(r: Renderer) -> list[str]:
     return [name for name in GOLDEN if _render(r, name) != GOLDEN[name]]
 
 
@@ -175,15 +175,15 @@ def test_six_cases_are_pinned() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
-def test_golden(renderer: KimiRenderer, name: str) -> None:
+def test_golden(renderer: Renderer, name: str) -> None:
     assert _render(renderer, name) == GOLDEN[name]
 
 
 def test_special_token_text_in_user_content_encodes_as_special_tokens(
-    renderer: KimiRenderer,
+    renderer: Renderer,
 ) -> None:
     ids = renderer.encode(GOLDEN["special_text_in_user"])
-    im_end = renderer.im_end_id
+    im_end = renderer.end_id
     # default system turn, the user's literal <|im_end|>, the user turn's own <|im_end|>
     assert ids.count(im_end) == 3
     assert renderer.decode(ids) == GOLDEN["special_text_in_user"]
@@ -201,7 +201,7 @@ def test_special_token_text_in_user_content_encodes_as_special_tokens(
     ],
 )
 def test_one_character_template_change_fails_a_golden(
-    renderer: KimiRenderer, old: str, new: str
+    renderer: Renderer, old: str, new: str
 ) -> None:
     original = renderer.tokenizer.chat_template
     assert original.count(old) == 1

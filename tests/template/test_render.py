@@ -1,4 +1,4 @@
-"""KimiRenderer: response reassembly per think state, split tokenization, errors."""
+"""Renderer: response reassembly per think state, split tokenization, errors."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import pytest
 
 from regen.errors import TemplateError
 from regen.sample import Message, ToolCall
-from regen.template.render import (
-    KimiRenderer,
-    response_text,
-    split_response,
-    think_state,
-    tool_calls_section,
-)
+from regen.targets.kimi import KIMI
+from regen.template.render import Renderer
+
+# the Kimi family's response assembly (regen.targets.kimi)
+response_text = KIMI.response_text
+split_response = KIMI.split_response
+think_state = KIMI.think_state
+tool_calls_section = KIMI.tool_calls_text
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "tokenizer"
 CALL = ToolCall(id="functions.get_weather:0", name="get_weather", arguments='{"city": "Oslo"}')
@@ -25,8 +26,8 @@ SECTION = (
 
 
 @pytest.fixture(scope="module")
-def renderer() -> KimiRenderer:
-    return KimiRenderer.from_dir(TOKENIZER)
+def renderer() -> Renderer:
+    return Renderer.from_dir(TOKENIZER)
 
 
 def test_think_state_reads_the_prompt_tail() -> None:
@@ -72,7 +73,7 @@ def test_closed_prompt_with_reasoning_is_an_error() -> None:
         response_text("closed", "some reasoning", "C")
 
 
-def test_render_turn_splits_prompt_and_response(renderer: KimiRenderer) -> None:
+def test_render_turn_splits_prompt_and_response(renderer: Renderer) -> None:
     msgs = [Message("user", "Hello there")]
     turn = renderer.render_turn(msgs, None, reasoning="Be kind.", content="Hi!")
     assert turn.think_state == "open"
@@ -87,7 +88,7 @@ def test_render_turn_splits_prompt_and_response(renderer: KimiRenderer) -> None:
 
 
 def test_thinking_off_renderer(tmp_path: Path) -> None:
-    r = KimiRenderer.from_dir(TOKENIZER, template_kwargs={"thinking": False})
+    r = Renderer.from_dir(TOKENIZER, template_kwargs={"thinking": False})
     turn = r.render_turn([Message("user", "Hi")], None, reasoning=None, content="Hey.")
     assert turn.prompt_text.endswith("<|im_middle|><think></think>")
     assert turn.response_text == "Hey.<|im_end|>"
@@ -95,7 +96,7 @@ def test_thinking_off_renderer(tmp_path: Path) -> None:
         r.render_turn([Message("user", "Hi")], None, reasoning="oops", content="Hey.")
 
 
-def test_k2_thinking_style_prompt_without_think(renderer: KimiRenderer) -> None:
+def test_k2_thinking_style_prompt_without_think(renderer: Renderer) -> None:
     """A template whose generation prompt stops at <|im_middle|>: the model writes <think>."""
     original = renderer.tokenizer.chat_template
     gen = "{%- if thinking is defined and not thinking -%}<think></think>{%- else -%}<think>"
@@ -110,21 +111,21 @@ def test_k2_thinking_style_prompt_without_think(renderer: KimiRenderer) -> None:
     assert turn.response_text == "<think>R</think>C<|im_end|>"
 
 
-def test_template_errors_become_template_error(renderer: KimiRenderer) -> None:
+def test_template_errors_become_template_error(renderer: Renderer) -> None:
     with pytest.raises(TemplateError, match="chat template failed"):
         renderer.render_prompt([{"role": "assistant", "tool_calls": [{"function": 3}]}])
 
 
-def test_ids_and_hash(renderer: KimiRenderer) -> None:
-    assert renderer.im_end_id == renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert renderer.im_end_id in renderer.end_ids
-    other = KimiRenderer.from_dir(TOKENIZER, template_kwargs={"thinking": False})
+def test_ids_and_hash(renderer: Renderer) -> None:
+    assert renderer.end_id == renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert renderer.end_id in renderer.end_ids
+    other = Renderer.from_dir(TOKENIZER, template_kwargs={"thinking": False})
     assert other.template_hash != renderer.template_hash
 
 
 def test_missing_tokenizer_dir_is_a_template_error(tmp_path: Path) -> None:
     with pytest.raises(TemplateError, match="cannot load tokenizer"):
-        KimiRenderer.from_dir(tmp_path / "nope")
+        Renderer.from_dir(tmp_path / "nope")
 
 
 def test_from_manifest_uses_target_tokenizer_and_template_kwargs() -> None:
@@ -141,13 +142,13 @@ def test_from_manifest_uses_target_tokenizer_and_template_kwargs() -> None:
         },
         base_dir=TOKENIZER.parent,
     )
-    r = KimiRenderer.from_manifest(m)
+    r = Renderer.from_manifest(m)
     assert r.template_kwargs == {"thinking": False}
     assert r.render_prompt([Message("user", "Hi")]).endswith("<think></think>")
 
 
 def test_cut_right_after_think_close_is_read_from_the_completion_count(
-    renderer: KimiRenderer,
+    renderer: Renderer,
 ) -> None:
     msgs = [Message("user", "Think.")]
     plain = renderer.render_turn(msgs, None, reasoning="R r", content="", finish_reason="length")
@@ -163,7 +164,7 @@ def test_cut_right_after_think_close_is_read_from_the_completion_count(
     assert same.response_text == "R r"
 
 
-def test_parserless_output_is_split_at_the_models_own_think_close(renderer: KimiRenderer) -> None:
+def test_parserless_output_is_split_at_the_models_own_think_close(renderer: Renderer) -> None:
     """transformers serve: reasoning=None, content holds reasoning + </think> + answer."""
     turn = renderer.render_turn(
         [Message("user", "Hi")], None, reasoning=None, content="Let me see.</think>Hello!"
@@ -174,7 +175,7 @@ def test_parserless_output_is_split_at_the_models_own_think_close(renderer: Kimi
     assert (turn.reasoning, turn.content, turn.flag) == ("Let me see.", "Hello!", None)
 
 
-def test_parserless_output_without_think_close_is_flagged(renderer: KimiRenderer) -> None:
+def test_parserless_output_without_think_close_is_flagged(renderer: Renderer) -> None:
     turn = renderer.render_turn([Message("user", "Hi")], None, reasoning=None, content="Hello!")
     assert turn.response_text == "</think>Hello!<|im_end|>"  # inserted, as before ...
     assert turn.flag == "think_inserted"  # ... but never silently

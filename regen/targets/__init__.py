@@ -1,0 +1,130 @@
+"""The model families regen knows, and which one a target is.
+
+One module per family (:mod:`regen.targets.kimi`, ...) holds everything that family decides
+(:class:`regen.targets.family.Family`); nothing outside this package names a family's tokens.
+docs/targets.md has the table and how to add a family.
+
+Reads, never writes: a target's tokenizer directory (``tokenizer_config.json``,
+``chat_template.jinja``, ``tokenizer.json``, ``special_tokens_map.json``, ``config.json``) to
+recognise its family (:func:`recognise_dir`). A manifest's ``target.family`` overrides what is
+recognised; a target of no known family still runs where the server returns its ids.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from regen.errors import ConfigError
+from regen.targets.family import Family, Parsers, TokenizerFacts
+from regen.targets.kimi import KIMI
+
+log = logging.getLogger(__name__)
+
+#: every known family by name, in the order recognition tries them (the most specific first)
+FAMILIES: dict[str, Family] = {f.name: f for f in (KIMI,)}
+#: ``target.family`` for a target of no known family (server ids only)
+UNKNOWN = "unknown"
+#: the family of every run made before families existed: a manifest of this family leaves it
+#: out of its fingerprint, so those runs resume
+FIRST_FAMILY = KIMI.name
+
+__all__ = [
+    "FAMILIES", "FIRST_FAMILY", "UNKNOWN", "Family", "Parsers", "TokenizerFacts", "family_named",
+    "recognise", "recognise_dir", "target_family",
+]  # fmt: skip
+
+
+def family_named(name: str | None) -> Family | None:
+    """The family called ``name``; None for :data:`UNKNOWN` or None; ConfigError otherwise."""
+    if name is None or name == UNKNOWN:
+        return None
+    found = FAMILIES.get(name)
+    if found is None:
+        known = ", ".join([*FAMILIES, UNKNOWN])
+        raise ConfigError(f"target.family: {name!r} is not a known family ({known})",
+                          field="target.family")  # fmt: skip
+    return found
+
+
+def target_family(name: str | None, tokenizer_dir: str | Path) -> Family | None:
+    """A target's family: the one ``name`` gives, else the one its tokenizer directory is."""
+    if name is not None:
+        return family_named(name)
+    found = recognise_dir(tokenizer_dir)
+    if found is None:
+        log.debug("%s: no known model family", tokenizer_dir)
+    return found
+
+
+def recognise(facts: TokenizerFacts) -> Family | None:
+    """The first family whose tokens a tokenizer holds (None: no known family)."""
+    for fam in FAMILIES.values():
+        if fam.recognises(facts):
+            return fam
+    return None
+
+
+def recognise_dir(path: str | Path) -> Family | None:
+    """The family of the tokenizer directory ``path`` (None: no known family, or no folder)."""
+    return recognise(read_facts(str(path)))
+
+
+@lru_cache(maxsize=16)
+def read_facts(path: str) -> TokenizerFacts:
+    """What recognition reads of a tokenizer directory (cached per path for one process)."""
+    folder = Path(path)
+    config = _json(folder / "tokenizer_config.json")
+    tokens: set[str] = set()
+    for spec in (config.get("added_tokens_decoder") or {}).values():
+        if isinstance(spec, dict) and isinstance(spec.get("content"), str):
+            tokens.add(spec["content"])
+    for spec in _json(folder / "tokenizer.json").get("added_tokens") or ():
+        if isinstance(spec, dict) and isinstance(spec.get("content"), str):
+            tokens.add(spec["content"])
+    for value in _json(folder / "special_tokens_map.json").values():
+        tokens.update(_token_texts(value))
+    for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        tokens.update(_token_texts(config.get(key)))
+    template = _template(config.get("chat_template"))
+    jinja = folder / "chat_template.jinja"
+    if not template and jinja.is_file():
+        template = jinja.read_text(encoding="utf-8")
+    model_type = _json(folder / "config.json").get("model_type")
+    return TokenizerFacts(
+        chat_template=template,
+        tokens=frozenset(tokens),
+        model_type=model_type if isinstance(model_type, str) else None,
+    )
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _token_texts(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return [value["content"]]
+    if isinstance(value, list):
+        return [t for v in value for t in _token_texts(v)]
+    return []
+
+
+def _template(value: Any) -> str:
+    """The default chat template of a ``chat_template`` entry (a string or named list)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        found = named.get("default") or next(iter(named.values()), None)
+        return found if isinstance(found, str) else ""
+    return ""
