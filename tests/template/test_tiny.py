@@ -1,4 +1,4 @@
-"""The tiny Kimi-format tokenizer: reproducible build, Kimi special tokens, transformers loading."""
+"""The tiny tokenizers: reproducible builds, each family's real tokens and template, loading."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import pytest
 from regen.template.tiny import (
     BASE_VOCAB,
     SPECIAL_TOKENS,
+    TEMPLATES_DIR,
     VOCAB_SIZE,
     build_tiny_tokenizer,
+    tiny_family,
     tiny_info,
 )
 
@@ -60,3 +62,49 @@ def test_loads_with_auto_tokenizer_without_remote_code() -> None:
     ids = tok.encode(text)
     assert tok.decode(ids) == text
     assert all(0 <= i < VOCAB_SIZE for i in ids)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
+def test_other_families_rebuild_byte_for_byte(family: str, tmp_path: Path) -> None:
+    committed = REPO / tiny_family(family).committed
+    build_tiny_tokenizer(tmp_path, family)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), name
+
+
+@pytest.mark.parametrize(
+    ("family", "eos", "bos", "calls_begin", "template_file"),
+    [
+        ("qwen3", "<|im_end|>", None, "<tool_call>", "qwen3.jinja"),
+        ("deepseek_v3", "<｜end▁of▁sentence｜>", "<｜begin▁of▁sentence｜>",
+         "<｜tool▁calls▁begin｜>", "deepseek_v3.jinja"),
+    ],
+)  # fmt: skip
+def test_other_families_hold_their_real_tokens_and_template(
+    family: str, eos: str, bos: str | None, calls_begin: str, template_file: str
+) -> None:
+    from transformers import AutoTokenizer
+
+    fam = tiny_family(family)
+    committed = REPO / fam.committed
+    tok = AutoTokenizer.from_pretrained(str(committed))
+    assert len(tok) == VOCAB_SIZE
+    assert tok.eos_token == eos and tok.bos_token == bos
+    # the family's tokens sit on top of the learned vocab, in the real tokenizer's id order
+    info = tiny_info(committed)
+    assert [info.special_ids[t] for t, _ in fam.tokens] == list(range(fam.base_vocab, VOCAB_SIZE))
+    # the chat template is the vendored real one, byte for byte
+    assert tok.chat_template == (TEMPLATES_DIR / template_file).read_text(encoding="utf-8")
+    for marker in ("<think>", "</think>", calls_begin):
+        ids = tok.encode(f"a{marker}b", add_special_tokens=False)
+        assert tok.convert_tokens_to_ids(marker) in ids
+        # the think and tool tokens are not special (as in the real tokenizers): decoding
+        # without special tokens keeps them, so a server's parsers see them
+        assert marker in tok.decode(ids, skip_special_tokens=True)
+    text = "Grüße, 世界! naïve → ∑ 🙂"
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    # the family of regen.targets recognises the tokenizer, when it is there
+    from regen.targets import FAMILIES, recognise_dir
+
+    if family in FAMILIES:
+        assert recognise_dir(committed) is FAMILIES[family]
