@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
+
+if TYPE_CHECKING:
+    from regen.targets import Family
 
 NAME = "serve-command"
 HELP = "print the SGLang and vLLM commands serving the target with the trained EAGLE-3 draft"
@@ -27,7 +31,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--no-kimi-flags", action="store_true", help="leave out the Kimi flags")
+    parser.add_argument(
+        "--family",
+        default=None,
+        help="the target's model family (docs/targets.md; default: --config's target.family, "
+        "else recognised from the target's tokenizer; unknown: no parser flags)",
+    )
+    parser.add_argument(
+        "--no-parser-flags", action="store_true", help="leave out the family's parser flags"
+    )
     parser.add_argument(
         "--engine",
         choices=("all", "sglang", "vllm"),
@@ -72,11 +84,12 @@ def run(args: argparse.Namespace) -> int:
         num_layers=cfg.target.num_layers if cfg else None,
     )
     out = Console()
-    kimi = not args.no_kimi_flags
+    family = _family(args, cfg, target)
+    remote = cfg.target.trust_remote_code if cfg else bool(family and family.remote_code)
     if args.engine in ("all", "sglang"):
         argv = serve_argv(
             args.draft_dir, target=target, serving=serving, host=args.host, port=args.port,
-            kimi=kimi,
+            family=family, trust_remote_code=remote,
         )  # fmt: skip
         if args.engine == "all":
             out.print("# SGLang", highlight=False)
@@ -97,10 +110,33 @@ def run(args: argparse.Namespace) -> int:
         argv = vllm_serving.serve_argv(
             str(copy), target=target, tp=serving.tp,
             num_speculative_tokens=serving.num_steps or 3, host=args.host,
-            port=args.vllm_port, kimi=kimi,
+            port=args.vllm_port, family=family, trust_remote_code=remote,
         )  # fmt: skip
         if args.engine == "all":
             out.print(f"# vLLM (the draft's copy in vLLM's aux-layer numbering: {copy})",
                       highlight=False, soft_wrap=True)  # fmt: skip
         out.print(escape(shlex.join(argv)), highlight=False, soft_wrap=True)
     return 0
+
+
+def _family(args: argparse.Namespace, cfg: Any, target: str) -> Family | None:
+    """The family whose parser flags the commands carry: ``--family``, else the config's
+    target family, else the one the target's tokenizer is; None (said on stderr) when unknown
+    or ``--no-parser-flags``."""
+    from regen.targets import family_named, target_family
+
+    if args.no_parser_flags:
+        return None
+    if args.family is not None:
+        family = family_named(args.family)
+    elif cfg is not None:
+        family = cfg.target.model_family()
+    else:
+        family = target_family(None, target)
+    if family is None:
+        Console(stderr=True).print(
+            "# the target's model family is unknown: no parser flags (give --family or the "
+            "config's target.family; docs/targets.md)",
+            highlight=False, soft_wrap=True,
+        )  # fmt: skip
+    return family

@@ -104,6 +104,8 @@ class Family:
     published_vocab: int | None = None
     #: ``config.json`` model types of the family (one hint among the tokens and template)
     model_types: tuple[str, ...] = ()
+    #: its published tokenizer runs its own Python code (servers need --trust-remote-code)
+    remote_code: bool = False
 
     def __repr__(self) -> str:
         return f"Family({self.name!r})"
@@ -112,6 +114,14 @@ class Family:
     def template_kwargs(self, thinking: bool) -> dict[str, Any]:
         """``chat_template_kwargs`` that switch thinking on or off ({} without a switch)."""
         return {} if self.thinking_kwarg is None else {self.thinking_kwarg: thinking}
+
+    def sglang_flags(self) -> list[str]:
+        """SGLang's server flags for the family's parsers."""
+        return _parser_flags(self.sglang, auto_tool_choice=False)
+
+    def vllm_flags(self) -> list[str]:
+        """vLLM's server flags for the family's parsers (tool calls need auto tool choice)."""
+        return _parser_flags(self.vllm, auto_tool_choice=True)
 
     def end_tokens(self) -> tuple[str, ...]:
         """Every token that ends an answer."""
@@ -212,6 +222,16 @@ class Family:
     def cut_close(self) -> str | None:
         """The close marker a turn cut in its reasoning may have produced last (None: none)."""
         return None if self.think is None else self.think[1]
+
+
+def _parser_flags(parsers: Parsers, *, auto_tool_choice: bool) -> list[str]:
+    flags: list[str] = []
+    if parsers.tool is not None:
+        flags += ["--enable-auto-tool-choice"] if auto_tool_choice else []
+        flags += ["--tool-call-parser", parsers.tool]
+    if parsers.reasoning is not None:
+        flags += ["--reasoning-parser", parsers.reasoning]
+    return flags
 
 
 def arguments_json(arguments: str) -> Any:

@@ -84,4 +84,5 @@ KIMI = KimiFamily(
     published_ids=PUBLISHED_IDS,
     published_vocab=VOCAB_SIZE,
     model_types=("kimi_k2", "kimi_k25", "kimi_vl"),
+    remote_code=True,
 )

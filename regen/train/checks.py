@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.errors import ConfigError, TrapError
+from regen.targets import Family
 from regen.train import traps
 from regen.train.config import TrainConfig
 
@@ -27,7 +28,8 @@ def check_train_config(cfg: TrainConfig) -> list[int]:
     aux = traps.check_aux_layer_ids(
         cfg.draft.aux_layer_ids, cfg.draft.layer_numbering, cfg.target.num_layers
     )
-    traps.check_aux_shift(aux)
+    if aux_shift_applies(cfg.target.model_family()):
+        traps.check_aux_shift(aux)
     traps.check_fc_width(aux, cfg.target.hidden_size, cfg.draft.fc_input_size)
     traps.check_draft_hidden(cfg.draft.hidden_size, cfg.target.hidden_size)
     traps.check_vocab(
@@ -102,24 +104,37 @@ def tokenizer_size(path: str, *, trust_remote_code: bool) -> int | None:
     return None if tok is None else len(tok)
 
 
-def turn_open_ids(cfg: TrainConfig) -> frozenset[int] | None:
-    """Ids of the Kimi turn-opening tokens, for the loss-mask scan.
+def aux_shift_applies(family: Family | None) -> bool:
+    """Whether SGLang's loader of ``family`` adds 1 to the aux ids only when the first is 1
+    (DeepSeek-V2 and Kimi loaders; docs/targets.md). An unknown family is held to it too: a
+    list that starts at 1 is captured right by every loader."""
+    return family is None or family.aux_shift == "first_is_one"
 
-    From the target's own tokenizer when it is loadable here; else the Kimi tokenizer's
-    published ids when ``target.vocab_size`` is Kimi's (163840); else None (the scan then checks
+
+def turn_open_ids(cfg: TrainConfig) -> frozenset[int] | None:
+    """Ids of the target family's turn-opening tokens, for the loss-mask scan.
+
+    From the target's own tokenizer when it is loadable here; else the family's published ids
+    when ``target.vocab_size`` is its published vocabulary's; else None (the scan then checks
     only the first token and all-trained masks).
     """
+    family = cfg.target.model_family()
+    if family is None:
+        log.warning("the target's model family is unknown: the loss-mask scan checks only the "
+                    "first token and all-trained masks")  # fmt: skip
+        return None
     tok = load_tokenizer(cfg.target.path, trust_remote_code=cfg.target.trust_remote_code)
     if tok is not None:
         unk = getattr(tok, "unk_token_id", None)
-        ids = [tok.convert_tokens_to_ids(t) for t in traps.TURN_OPEN_TOKENS]
+        ids = [tok.convert_tokens_to_ids(t) for t in family.turn_open_tokens]
         found = frozenset(int(i) for i in ids if i is not None and i != unk)
         if found:
             return found
-    if cfg.target.vocab_size == traps.KIMI_VOCAB_SIZE:
-        return traps.KIMI_TURN_OPEN_IDS
-    log.warning("no Kimi turn-opening token ids known for %s: the loss-mask scan checks only "
-                "the first token and all-trained masks", cfg.target.path)  # fmt: skip
+    published = {family.published_ids.get(t) for t in family.turn_open_tokens} - {None}
+    if cfg.target.vocab_size == family.published_vocab and published:
+        return frozenset(i for i in published if i is not None)
+    log.warning("no %s turn-opening token ids known for %s: the loss-mask scan checks only "
+                "the first token and all-trained masks", family.title, cfg.target.path)  # fmt: skip
     return None
 
 

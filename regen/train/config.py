@@ -15,10 +15,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from regen.errors import ConfigError
 from regen.manifest import read_yaml_file
+from regen.targets import FAMILIES, Family, family_named, target_family
 
 
 class Strict(BaseModel):
@@ -46,6 +54,29 @@ class TargetSpec(Strict):
     trust_remote_code: bool = True
     #: weight dtype the trainer loads
     torch_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    #: the target's model family (docs/targets.md: its special tokens, parser flags and how
+    #: SGLang numbers its aux layers); unset: recognised from the target's tokenizer where it is
+    #: readable here, else by vocab_size when one family alone publishes that size, else
+    #: unknown (the checks that need it then hold to the safe side)
+    family: str | None = None
+
+    @field_validator("family")
+    @classmethod
+    def _family(cls, v: str | None) -> str | None:
+        try:
+            family_named(v)
+        except ConfigError as e:
+            raise ValueError(str(e).split(": ", 1)[-1]) from None
+        return v
+
+    def model_family(self) -> Family | None:
+        """The family :attr:`family` names, else the one the target's tokenizer is, else the
+        one family whose published vocabulary has :attr:`vocab_size` ids (None: unknown)."""
+        found = target_family(self.family, self.path)
+        if found is not None or self.family is not None:
+            return found
+        sized = [f for f in FAMILIES.values() if f.published_vocab == self.vocab_size]
+        return sized[0] if len(sized) == 1 else None
 
 
 class DraftSpec(Strict):

@@ -26,20 +26,12 @@ from typing import Any
 
 from regen.client.endpoints import server_root
 from regen.errors import ConfigError, EndpointError, TrapError
+from regen.targets import Family
 from regen.train import traps
 from regen.train.config import ServingSpec
 from regen.train.traps import LOW_ACCEPT_LENGTH
 
 log = logging.getLogger(__name__)
-
-#: the Kimi-K2.5 server flags (CONTRACTS §2)
-KIMI_FLAGS = (
-    "--trust-remote-code",
-    "--tool-call-parser",
-    "kimi_k2",
-    "--reasoning-parser",
-    "kimi_k2",
-)
 
 
 def serve_argv(
@@ -49,14 +41,18 @@ def serve_argv(
     serving: ServingSpec | None = None,
     host: str = "0.0.0.0",
     port: int = 30000,
-    kimi: bool = True,
+    family: Family | None = None,
+    trust_remote_code: bool = False,
 ) -> list[str]:
-    """The SGLang command that serves ``target`` with the EAGLE-3 draft in ``draft_dir``."""
+    """The SGLang command that serves ``target`` with the EAGLE-3 draft in ``draft_dir``;
+    ``family``: the target's (its parser flags; None: none)."""
     s = serving or ServingSpec()
     traps.check_algorithm(s.speculative_algorithm, "serving.speculative_algorithm")
     argv = ["python", "-m", "sglang.launch_server", "--model-path", target, "--tp", str(s.tp)]
-    if kimi:
-        argv += list(KIMI_FLAGS)
+    if trust_remote_code:
+        argv.append("--trust-remote-code")
+    if family is not None:
+        argv += family.sglang_flags()
     argv += [
         "--speculative-algorithm",
         s.speculative_algorithm,

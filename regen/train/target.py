@@ -9,9 +9,10 @@ and both values (:class:`regen.errors.TrapError`, trap ``run-vs-target-tokenizer
 1. **vocab size** — ``len(tokenizer)`` of the run's tokenizer against the target's own
    tokenizer, else train.yaml's ``target.tokenizer_size`` (it must also fit in
    ``target.vocab_size``, the embedding rows);
-2. **Kimi special-token ids** (``<|im_end|>``, ``<think>``, ...: the framing the loss mask and
-   the draft depend on) — against the target's tokenizer, else Kimi's published ids when
-   ``target.vocab_size`` is Kimi's 163,840;
+2. **special-token ids** of the run's model family (regen.targets: its framing and reasoning
+   tokens, what the loss mask and the draft depend on; a target of no known family: every
+   special token of the run's tokenizer) — against the target's tokenizer, else the family's
+   published ids when ``target.vocab_size`` is its published vocabulary's (Kimi's 163,840);
 3. **chat template** — the token ids of one probe conversation (system, user, a tool
    declaration, the generation prompt) rendered by each tokenizer's own template, with the
    template's defaults — only when the target's tokenizer is loadable here.
@@ -32,7 +33,7 @@ from regen.store import RunDir
 from regen.store import layout as L
 from regen.store.layout import TokenizerRecord
 from regen.store.run import read_manifest
-from regen.template.tiny import KIMI_SPECIAL_TOKENS
+from regen.targets import Family
 from regen.train import traps
 from regen.train.config import TrainConfig
 
@@ -57,14 +58,24 @@ PROBE_TOOLS: list[dict[str, Any]] = [
         },
     }
 ]
-#: Kimi's published ids of its special tokens (CONTRACTS §1)
-KIMI_IDS: dict[str, int] = dict(KIMI_SPECIAL_TOKENS)
 
 
-def tokenizer_record(path: str | Path, *, trust_remote_code: bool) -> TokenizerRecord | None:
-    """What the checks compare of the tokenizer in ``path``; None when it is not loadable. The
-    probe renders with the template's defaults on both sides (template kwargs are a serving
-    choice, not a property of the tokenizer)."""
+def special_names(family: Family | None, tok: Any) -> list[str]:
+    """The special tokens compared: the family's framing and reasoning tokens and its
+    published ones; for a target of no known family every special token of ``tok``."""
+    if family is None:
+        added = getattr(tok, "added_tokens_decoder", {}) or {}
+        return sorted({t.content for t in added.values() if getattr(t, "special", False)})
+    think = family.think or ()
+    return list(dict.fromkeys((*family.special_tokens, *think, *family.published_ids)))
+
+
+def tokenizer_record(
+    path: str | Path, *, trust_remote_code: bool, family: Family | None = None
+) -> TokenizerRecord | None:
+    """What the checks compare of the tokenizer in ``path`` (of the model ``family``); None
+    when it is not loadable. The probe renders with the template's defaults on both sides
+    (template kwargs are a serving choice, not a property of the tokenizer)."""
     from regen.train.checks import load_tokenizer
 
     tok = load_tokenizer(str(path), trust_remote_code=trust_remote_code)
@@ -73,7 +84,7 @@ def tokenizer_record(path: str | Path, *, trust_remote_code: bool) -> TokenizerR
     unk = getattr(tok, "unk_token_id", None)
     special: dict[str, int | None] = {}
     vocab = tok.get_vocab()
-    for name, _ in KIMI_SPECIAL_TOKENS:
+    for name in special_names(family, tok):
         found = vocab.get(name)
         special[name] = None if found is None or found == unk else int(found)
     probe: list[int] | None = None
@@ -110,7 +121,8 @@ def run_tokenizer(rd: RunDir) -> TokenizerRecord | None:
     if plan is not None and plan.manifest_dir:
         manifest = manifest.model_copy(update={"base_dir": plan.manifest_dir})
     path = manifest.resolve(manifest.target.tokenizer)
-    record = tokenizer_record(path, trust_remote_code=manifest.target.trust_remote_code)
+    record = tokenizer_record(path, trust_remote_code=manifest.target.trust_remote_code,
+                              family=manifest.family())  # fmt: skip
     if record is None:
         log.warning("the run's tokenizer %s is not loadable here: not checked against the "
                     "target", path)  # fmt: skip
@@ -140,11 +152,13 @@ def check_run_against_target(
             "tokenizer vocab size", run, f"{run.vocab_size:,} tokens",
             f"{theirs[0]:,} ({theirs[1]})",
         )  # fmt: skip
+    family = cfg.target.model_family()
     if target is not None:
         expected: dict[str, int | None] | None = target.special_ids
         source = f"{where}'s tokenizer"
-    elif cfg.target.vocab_size == traps.KIMI_VOCAB_SIZE:
-        expected, source = dict(KIMI_IDS), "the Kimi tokenizer's published ids"
+    elif family is not None and cfg.target.vocab_size == family.published_vocab:
+        expected = dict(family.published_ids)
+        source = f"the {family.title} tokenizer's published ids"
     else:
         expected, source = None, ""
     for name, want in (expected or {}).items():
@@ -173,4 +187,5 @@ def _refuse(field: str, run: TokenizerRecord, mine: str, theirs: str) -> None:
 
 def target_tokenizer(cfg: TrainConfig) -> TokenizerRecord | None:
     """The training target's own tokenizer facts (None when not loadable here)."""
-    return tokenizer_record(cfg.target.path, trust_remote_code=cfg.target.trust_remote_code)
+    return tokenizer_record(cfg.target.path, trust_remote_code=cfg.target.trust_remote_code,
+                            family=cfg.target.model_family())  # fmt: skip

@@ -12,7 +12,8 @@ SGLang does not always add that 1: its DeepSeek-V2 loader (which Kimi-K2.5 deleg
 ``models/deepseek_v2.py`` ``set_eagle3_layers_to_capture`` in 0.5.23) adds 1 to the draft's
 ``eagle_aux_hidden_state_layer_ids`` only when the first id is 1, and uses any other list as
 is. A SpecForge list that does not start at layer 1 is therefore captured one layer early at
-serving time (:func:`check_aux_shift`).
+serving time (:func:`check_aux_shift`). Which loader a target has is its family's
+(``Family.aux_shift``, regen.targets; regen.train.checks applies the check where it holds).
 """
 
 from __future__ import annotations
@@ -46,12 +47,6 @@ TRAP_MALFORMED_DATA = "malformed-training-data"
 TRAP_VOCAB_MAPPING = "vocab-mapping"
 TRAP_TOKENIZER = "run-vs-target-tokenizer"
 TRAP_EXPORT_DROPS = "export-drops"
-
-#: tokens that open a Kimi turn; a trained (mask 1) one means the mask covers prompt framing
-TURN_OPEN_TOKENS = ("<|im_user|>", "<|im_assistant|>", "<|im_system|>")
-#: their ids in the Kimi tokenizer (vocab 163840; CONTRACTS §1), used when no tokenizer is at hand
-KIMI_VOCAB_SIZE = 163840
-KIMI_TURN_OPEN_IDS = frozenset({163587, 163588, 163594})
 
 #: SpecForge's EAGLE-3 fc fuses exactly this many target layers
 SPECFORGE_AUX_LAYERS = 3
@@ -238,8 +233,8 @@ def scan_prompts(
 ) -> PromptScan:
     """One streaming pass over pre-tokenized rows {"input_ids", "loss_mask"}.
 
-    A mask "covers the prompt" when a turn-opening token (``turn_open_ids``: the ids of
-    ``<|im_user|>``, ``<|im_assistant|>``, ``<|im_system|>``) is trained: a produced answer never
+    A mask "covers the prompt" when a turn-opening token (``turn_open_ids``: the ids of the
+    target family's ``turn_open_tokens``, regen.targets) is trained: a produced answer never
     holds one. Without those ids only what needs no vocabulary is checked: the first token
     trained (a row always starts with prompt framing) or every token trained. A row that is not
     JSON, lacks a field, or whose ids and mask are not equal-length integer lists is refused

@@ -56,6 +56,7 @@ from regen.client.profiles.vllm import (
     dev_speculative,
 )
 from regen.errors import ConfigError, EndpointError, TrapError
+from regen.targets import Family
 from regen.train import traps
 from regen.train.traps import LOW_ACCEPT_LENGTH
 
@@ -68,15 +69,6 @@ COPY_RECORD = "regen_vllm_draft"
 #: the aux-ids key vLLM reads first, and the nested one SpecForge writes
 TOP_KEY = "eagle_aux_hidden_state_layer_ids"
 CONFIG = "config.json"
-#: the Kimi flags of vLLM's OpenAI server
-KIMI_FLAGS = (
-    "--trust-remote-code",
-    "--enable-auto-tool-choice",
-    "--tool-call-parser",
-    "kimi_k2",
-    "--reasoning-parser",
-    "kimi_k2",
-)
 
 
 def check_method(method: Any, where: str) -> None:
@@ -231,15 +223,19 @@ def serve_argv(
     num_speculative_tokens: int = 3,
     host: str = "0.0.0.0",
     port: int = 8000,
-    kimi: bool = True,
+    family: Family | None = None,
+    trust_remote_code: bool = False,
 ) -> list[str]:
-    """The vLLM command that serves ``target`` with the vLLM-numbered draft in ``draft_dir``."""
+    """The vLLM command that serves ``target`` with the vLLM-numbered draft in ``draft_dir``;
+    ``family``: the target's (its parser flags; None: none)."""
     spec = speculative_config(draft_dir, num_speculative_tokens)
     check_method(spec["method"], "speculative-config method")
     argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", target,
             "--tensor-parallel-size", str(tp)]  # fmt: skip
-    if kimi:
-        argv += list(KIMI_FLAGS)
+    if trust_remote_code:
+        argv.append("--trust-remote-code")
+    if family is not None:
+        argv += family.vllm_flags()
     argv += ["--speculative-config", json.dumps(spec), "--host", host, "--port", str(port)]
     return argv
 

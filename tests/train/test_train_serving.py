@@ -151,7 +151,7 @@ def _printed_argv(capsys) -> list[str]:
 
 def test_serve_command_prints_eagle3_with_all_tuning_and_kimi_flags(capsys) -> None:
     assert regen_main(["serve-command", DRAFT, "--target", "/models/Kimi-K2.5",
-                       "--engine", "sglang"]) == 0  # fmt: skip
+                       "--family", "kimi", "--engine", "sglang"]) == 0  # fmt: skip
     argv = _printed_argv(capsys)
     assert argv[:3] == ["python", "-m", "sglang.launch_server"]
     pairs = dict(itertools.pairwise(argv))

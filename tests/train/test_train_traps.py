@@ -9,9 +9,13 @@ import pytest
 from train_fixtures import good_rows, kimi_config, kimi_row
 
 from regen.errors import TrapError
+from regen.targets.kimi import KIMI
 from regen.train import traps
 from regen.train.checks import check_against_target, check_train_config
 from regen.train.config import parse_train_config
+
+#: Kimi's published ids of the tokens that open a turn
+KIMI_TURN_OPEN_IDS = frozenset(KIMI.published_ids[t] for t in KIMI.turn_open_tokens)
 
 
 def refuse(trap: str, fn, *args, **kw) -> TrapError:
@@ -210,10 +214,10 @@ def test_trained_turn_opening_token_anywhere_covers_the_prompt(tmp_path: Path) -
     row["loss_mask"] = row["loss_mask"][:start] + [0] * (len(row["loss_mask"]) - start) + [1] * 4
     path = _jsonl(tmp_path, [row, *good_rows(2)])
     assert traps.scan_prompts([path]).covers_prompt_rows == 0  # no vocab: cannot be seen
-    scan = traps.scan_prompts([path], traps.KIMI_TURN_OPEN_IDS)
+    scan = traps.scan_prompts([path], KIMI_TURN_OPEN_IDS)
     assert scan.covers_prompt_rows == 1 and scan.first_covers_prompt == f"{path}:1"
     refuse(traps.TRAP_MASK_COVERS_PROMPT, traps.check_loss_masks, scan)
-    good = traps.scan_prompts([_jsonl(tmp_path, good_rows(3))], traps.KIMI_TURN_OPEN_IDS)
+    good = traps.scan_prompts([_jsonl(tmp_path, good_rows(3))], KIMI_TURN_OPEN_IDS)
     traps.check_loss_masks(good)
 
 
@@ -248,7 +252,7 @@ def test_turn_open_ids_from_tokenizer_kimi_vocab_or_none(tmp_path: Path) -> None
     tiny = parse_train_config(kimi_config(target={"path": str(target)}))
     assert turn_open_ids(tiny) == {1012, 1013, 1014}  # the tiny tokenizer's own ids
     kimi = parse_train_config(kimi_config(target={"path": str(tmp_path / "absent")}))
-    assert turn_open_ids(kimi) == traps.KIMI_TURN_OPEN_IDS
+    assert turn_open_ids(kimi) == KIMI_TURN_OPEN_IDS
     other = parse_train_config(
         kimi_config(
             target={"path": str(tmp_path / "absent"), "vocab_size": 32000},
