@@ -8,8 +8,9 @@ loopback port; :meth:`VllmServer.start` waits (bounded) until ``GET /health`` an
 ``GET /v1/models`` lists the served name, and :meth:`VllmServer.stop` stops the whole group.
 
 Flags (docs/engines.md has the runbook): ``--dtype float32`` (otherwise bf16, emulated on
-CPU), ``--enforce-eager``, ``--max-model-len``, ``--max-num-seqs``, the Kimi parsers
-(``--enable-auto-tool-choice --tool-call-parser kimi_k2 --reasoning-parser kimi_k2``),
+CPU), ``--enforce-eager``, ``--max-model-len``, ``--max-num-seqs``, the target family's vLLM
+parsers (``Family.vllm``: ``--enable-auto-tool-choice --tool-call-parser X`` and
+``--reasoning-parser Y``, each left out when the family has none; Kimi's ``kimi_k2`` by default),
 optionally ``--max-num-queued-reqs N`` (overload answers 503 past N unfinished requests) and
 ``--speculative-config JSON`` (EAGLE-3: ``{"method": "eagle3", "model": DRAFT_DIR,
 "num_speculative_tokens": K}``). ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sizes the KV cache.
@@ -34,15 +35,24 @@ from pathlib import Path
 from typing import Any
 
 from regen.serving.local import LocalServer
+from regen.targets.family import Parsers
+from regen.targets.kimi import KIMI
 
-#: vLLM's own parsers for Kimi's reasoning and tool calls
-KIMI_PARSER_ARGS = (
-    "--enable-auto-tool-choice",
-    "--tool-call-parser",
-    "kimi_k2",
-    "--reasoning-parser",
-    "kimi_k2",
-)
+
+def parser_args(parsers: Parsers | None) -> list[str]:
+    """vLLM's flags for a family's parsers (``Family.vllm``; None or a None name: left out)."""
+    if parsers is None:
+        return []
+    argv: list[str] = []
+    if parsers.tool is not None:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", parsers.tool]
+    if parsers.reasoning is not None:
+        argv += ["--reasoning-parser", parsers.reasoning]
+    return argv
+
+
+#: vLLM's own parsers for Kimi's reasoning and tool calls (the default)
+KIMI_PARSER_ARGS = tuple(parser_args(KIMI.vllm))
 
 
 class VllmServer(LocalServer):
@@ -67,6 +77,7 @@ class VllmServer(LocalServer):
         max_num_batched_tokens: int | None = None,
         speculative_config: dict[str, Any] | None = None,
         kimi_parsers: bool = True,
+        parsers: Parsers | None = None,
         kv_cache_gib: int = 1,
         extra_args: Sequence[str] = (),
         startup_timeout_s: float = 600.0,
@@ -89,7 +100,9 @@ class VllmServer(LocalServer):
         #: the step's token budget (default: every sequence's whole context, see above)
         self.max_num_batched_tokens = max_num_batched_tokens or max_num_seqs * max_model_len
         self.speculative_config = speculative_config
-        self.kimi_parsers = kimi_parsers
+        #: the parser flags' names: ``parsers`` (a family's ``vllm``), else Kimi's unless
+        #: ``kimi_parsers`` is False (then none)
+        self.parsers = parsers if parsers is not None else (KIMI.vllm if kimi_parsers else None)
         self.kv_cache_gib = kv_cache_gib
         self.extra_args = tuple(extra_args)
         self.env_defaults.update(VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib), VLLM_NO_USAGE_STATS="1")
@@ -107,8 +120,7 @@ class VllmServer(LocalServer):
             "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs),
             "--max-num-batched-tokens", str(self.max_num_batched_tokens),
         ]  # fmt: skip
-        if self.kimi_parsers:
-            argv += KIMI_PARSER_ARGS
+        argv += parser_args(self.parsers)
         if self.max_num_queued_reqs is not None:
             argv += ["--max-num-queued-reqs", str(self.max_num_queued_reqs)]
         if self.speculative_config is not None:
