@@ -1,4 +1,9 @@
-"""The demo target: a tiny Llama model trained at build time to answer in the Kimi format.
+"""The demo target: a tiny Llama model trained at build time to answer in its family's format.
+
+The family is the manifest's target family (:meth:`regen.manifest.Manifest.family`: Kimi for
+``manifests/demo.yaml``, Qwen3 and DeepSeek-V3.1 for ``manifests/demo-qwen3.yaml`` and
+``manifests/demo-deepseek.yaml``); the answers are rendered through that family's assembly, so
+the model thinks, closes its reasoning and calls tools as that family's models do.
 
 ``build_demo_target(out_dir, manifest_path)`` writes (once; a second call with the same inputs
 returns at once, other inputs rebuild it)::
@@ -12,10 +17,11 @@ returns at once, other inputs rebuild it)::
       model.safetensors.index.json             their index (SpecForge's target-head loader
                                                reads the index, never a single file)
       tokenizer.json, tokenizer_config.json    the manifest's tokenizer; tokenizer_config.json
-                                               adds a ``response_template`` (KIMI_RESPONSE):
+                                               adds the family's ``response_template``
+                                               (RESPONSE_TEMPLATES; KIMI_RESPONSE for Kimi):
                                                ``transformers serve`` then keeps the special
                                                tokens and returns reasoning_content and tool
-                                               calls, as SGLang's kimi_k2 parsers do
+                                               calls, as the family's server parsers do
       regen_demo_target.json                   build key and what the training did; written
                                                last, so its presence marks a complete build
 
@@ -25,9 +31,11 @@ read_samples`), walks every sample's turns as the engine will (:func:`regen.engi
 regenerate`), answers each with :func:`demo_answer` and renders prompt + answer with the
 tokenizer's own chat template (:class:`regen.template.render.Renderer`). The model is
 trained on the answer tokens only. So when the demo asks it those prompts it thinks briefly,
-closes its reasoning with ``</think>``, calls the tools the source's answer called (Kimi's
-tool-call section) where tools are offered, otherwise answers in one sentence, and ends with
-``<|im_end|>``: answers that finish, like a real target's, and that a draft can learn.
+closes its reasoning with ``</think>``, calls the tools the source's answer called (the
+family's tool-call text: Kimi's section, Qwen3's ``<tool_call>`` JSON, DeepSeek's
+``<｜tool▁calls▁begin｜>``) where tools are offered, otherwise answers in one sentence, and ends
+with the family's end of turn: answers that finish, like a real target's, and that a draft can
+learn. A Kimi build's key is what it was before families (same inputs, same model).
 """
 
 from __future__ import annotations
@@ -78,6 +86,49 @@ KIMI_RESPONSE: dict[str, Any] = {
         },
         "content": {"close": "<|im_end|>", "content": "text"},
     },
+}
+
+#: Qwen3 (hermes JSON calls), as transformers' own fallback for model type qwen3
+QWEN3_RESPONSE: dict[str, Any] = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "reasoning_content": {"open": "<think>", "close": "</think>", "content": "text"},
+        "tool_calls": {
+            "open_pattern": r"\s*<tool_call>",
+            "close": "</tool_call>",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"\s*(?:<\|im_end\|>|<\|endoftext\|>)", "content": "text"},
+    },
+}
+#: DeepSeek-V3.1 (``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>``)
+DEEPSEEK_V3_RESPONSE: dict[str, Any] = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<｜Assistant｜>",
+    "fields": {
+        "reasoning_content": {"open": "<think>", "close": "</think>", "content": "text"},
+        "tool_calls": {
+            "open_pattern": r"(?:<｜tool▁calls▁begin｜>)?<｜tool▁call▁begin｜>"
+            r"(?P<name>[^<]+)<｜tool▁sep｜>",
+            "close_pattern": r"<｜tool▁call▁end｜>(?:<｜tool▁calls▁end｜>)?",
+            "repeats": True,
+            "content": "text",
+            "transform": {
+                "type": "function",
+                "function": {"name": "{name}", "arguments": "{content}"},
+            },
+        },
+        "content": {"close": "<｜end▁of▁sentence｜>", "content": "text"},
+    },
+}
+#: the ``response_template`` a demo target of each family gets, by family name
+RESPONSE_TEMPLATES: dict[str, dict[str, Any]] = {
+    "kimi": KIMI_RESPONSE,
+    "qwen3": QWEN3_RESPONSE,
+    "deepseek_v3": DEEPSEEK_V3_RESPONSE,
 }
 
 
@@ -222,7 +273,8 @@ def build_demo_target(
     out = Path(out_dir).resolve()
     manifest = load_manifest(manifest_path)
     tok_dir = manifest.resolve(manifest.target.tokenizer)
-    key = build_key(manifest, Path(manifest_path), tok_dir, spec)
+    response = response_template(manifest)
+    key = build_key(manifest, Path(manifest_path), tok_dir, spec, response)
     if _built(out, key):
         return out
     ours = (MARKER, *OLD_MARKERS)
@@ -232,7 +284,7 @@ def build_demo_target(
     tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        info = _build(tmp, manifest, tok_dir, spec)
+        info = _build(tmp, manifest, tok_dir, spec, response)
         (tmp / MARKER).write_text(json.dumps({"key": key, **info}, indent=1), encoding="utf-8")
         if _built(out, key):  # another process finished the same build first
             return out
@@ -245,7 +297,21 @@ def build_demo_target(
     return out
 
 
-def _build(out: Path, manifest: Any, tok_dir: Path, spec: DemoTargetSpec) -> dict[str, Any]:
+def response_template(manifest: Any) -> dict[str, Any]:
+    """The ``response_template`` of the manifest's target family (ConfigError: no demo target
+    for that family)."""
+    fam = manifest.family()
+    found = RESPONSE_TEMPLATES.get(fam.name) if fam is not None else None
+    if found is None:
+        name = fam.name if fam is not None else "unknown"
+        raise ConfigError(f"no demo target for the model family {name!r} (known: "
+                          f"{', '.join(RESPONSE_TEMPLATES)})", field="target.family")  # fmt: skip
+    return found
+
+
+def _build(
+    out: Path, manifest: Any, tok_dir: Path, spec: DemoTargetSpec, response: dict[str, Any]
+) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -289,12 +355,13 @@ def _build(out: Path, manifest: Any, tok_dir: Path, spec: DemoTargetSpec) -> dic
         if p.is_file():
             shutil.copy2(p, out / p.name)
     tok_config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
-    tok_config["response_template"] = KIMI_RESPONSE
+    tok_config["response_template"] = response
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2), encoding="utf-8")
     tail = losses[-20:]
     return {
         "spec": asdict(spec),
         "tokenizer_dir": str(tok_dir),
+        "family": manifest.family().name,
         "turns": len(turns),
         "tool_turns": sum(t.calls_tools for t in turns),
         "first_loss": round(losses[0], 6),
@@ -303,9 +370,16 @@ def _build(out: Path, manifest: Any, tok_dir: Path, spec: DemoTargetSpec) -> dic
     }
 
 
-def build_key(manifest: Any, manifest_path: Path, tok_dir: Path, spec: DemoTargetSpec) -> str:
-    """Hash of everything the build reads: the spec, the manifest, its tokenizer, its sources."""
-    h = hashlib.sha256(json.dumps([BUILD_VERSION, asdict(spec), KIMI_RESPONSE]).encode())
+def build_key(
+    manifest: Any,
+    manifest_path: Path,
+    tok_dir: Path,
+    spec: DemoTargetSpec,
+    response: dict[str, Any] = KIMI_RESPONSE,
+) -> str:
+    """Hash of everything the build reads: the spec, the family's response template (a Kimi
+    build's key is the one of before families), the manifest, its tokenizer, its sources."""
+    h = hashlib.sha256(json.dumps([BUILD_VERSION, asdict(spec), response]).encode())
     files = [manifest_path.resolve(), *sorted(p for p in tok_dir.iterdir() if p.is_file())]
     files += [manifest.resolve(s.path) for s in manifest.sources if s.path]
     for p in files:
