@@ -1,4 +1,4 @@
-"""Validation of native (already Kimi-format, pre-tokenized) rows.
+"""Validation of native (already in the target's format, pre-tokenized) rows.
 
 A native row is passed through bit-exact: its ``input_ids`` and ``loss_mask`` are never
 re-tokenized, re-rendered or truncated. Before that, :func:`validate_native` checks it against
@@ -17,9 +17,7 @@ from numbers import Integral
 
 from regen.errors import TemplateError
 from regen.sample import Sample
-
-#: turn tokens every Kimi-format row must contain (at least one assistant turn, framed)
-TURN_TOKENS: tuple[str, ...] = ("<|im_assistant|>", "<|im_middle|>", "<|im_end|>")
+from regen.targets import Family
 
 
 @dataclass(slots=True, frozen=True)
@@ -27,22 +25,31 @@ class VocabInfo:
     """What native-row validation needs from the target tokenizer."""
 
     vocab_size: int  #: valid ids are 0 <= id < vocab_size
-    turn_token_ids: frozenset[int]  #: ids of TURN_TOKENS, all required in a row
+    turn_token_ids: frozenset[int]  #: ids of the family's native turn tokens, all required
 
     @classmethod
-    def from_tokenizer(cls, tokenizer: object) -> VocabInfo:
-        """From a loaded transformers tokenizer (``len(tok)`` counts added special tokens)."""
+    def from_tokenizer(cls, tokenizer: object, family: Family | None) -> VocabInfo:
+        """From a loaded transformers tokenizer (``len(tok)`` counts added special tokens) of
+        the target ``family``, whose ``native_turn_tokens`` every native row must hold."""
+        turn_tokens = family.native_turn_tokens if family is not None else None
+        if family is None or turn_tokens is None:
+            what = family.title if family is not None else "the target's (unknown) family"
+            raise TemplateError(f"native rows: {what} has no native-row format (docs/targets.md)")
         ids = []
-        for t in TURN_TOKENS:
+        for t in turn_tokens:
             i = tokenizer.convert_tokens_to_ids(t)  # type: ignore[attr-defined]
             if i is None or i == getattr(tokenizer, "unk_token_id", None):
-                raise TemplateError(f"tokenizer has no {t!r} token: not a Kimi-format tokenizer")
+                raise TemplateError(f"tokenizer has no {t!r} token: not a {family.title} tokenizer")
             ids.append(int(i))
         return cls(vocab_size=len(tokenizer), turn_token_ids=frozenset(ids))  # type: ignore[arg-type]
 
     @classmethod
     def from_dir(
-        cls, path: str | os.PathLike[str], *, trust_remote_code: bool = False
+        cls,
+        path: str | os.PathLike[str],
+        family: Family | None,
+        *,
+        trust_remote_code: bool = False,
     ) -> VocabInfo:
         """Load the tokenizer directory (transformers) and read its vocabulary facts."""
         from transformers import AutoTokenizer
@@ -51,7 +58,7 @@ class VocabInfo:
             tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as e:
             raise TemplateError(f"cannot load tokenizer from {str(path)!r}: {e}") from e
-        return cls.from_tokenizer(tok)
+        return cls.from_tokenizer(tok, family)
 
 
 def validate_native(sample: Sample, vocab_info: VocabInfo) -> str | None:

@@ -30,6 +30,7 @@ from regen.manifest import Dedup, Manifest
 from regen.sample import Sample
 from regen.sources import NativeCheck, ReadStats, SourceStats, read_samples
 from regen.sources.neardup import NearReport, lsh_params
+from regen.targets import Family
 
 log = logging.getLogger(__name__)
 
@@ -197,11 +198,12 @@ def tokenizer_counter(tokenizer: Any) -> Counter:
     return count
 
 
-def native_check_for(tokenizer: Any) -> NativeCheck:
-    """regen.native's vocabulary check of native rows against the target tokenizer."""
+def native_check_for(tokenizer: Any, family: Family | None) -> NativeCheck:
+    """regen.native's vocabulary check of native rows against the target tokenizer (of the
+    model ``family``)."""
     from regen.native import VocabInfo, validate_native
 
-    vocab = VocabInfo.from_tokenizer(tokenizer)
+    vocab = VocabInfo.from_tokenizer(tokenizer, family)
     return lambda sample: validate_native(sample, vocab)
 
 
@@ -212,7 +214,8 @@ def build_plan(manifest: Manifest, tok_per_s: float = DEFAULT_TOK_PER_S) -> Plan
         raise ConfigError("--tok-per-s must be > 0", field="tok_per_s")
     tokenizer = load_tokenizer(manifest)
     counter = tokenizer_counter(tokenizer) if tokenizer is not None else chars_counter
-    native_check = native_check_for(tokenizer) if tokenizer is not None else None
+    natives = any(s.mode == "native" for s in manifest.sources)
+    native_check = native_check_for(tokenizer, manifest.family()) if tokenizer and natives else None
     plan = PlanReport(
         name=manifest.name,
         tok_per_s=tok_per_s,

@@ -17,6 +17,7 @@ from regen.result import TurnResult
 from regen.rows import build_turn_row, native_row, rows_to_table
 from regen.sample import Message, Sample, ToolCall
 from regen.store import RunDir, layout
+from regen.targets.kimi import KIMI
 from regen.template.render import Renderer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +38,7 @@ def _res(reasoning: str | None, content: str, finish: str = "stop", calls=()) ->
 
 
 def _native_samples() -> list[Sample]:
-    vocab = VocabInfo.from_dir(TOKENIZER)
+    vocab = VocabInfo.from_dir(TOKENIZER, KIMI)
     out, seen = [], set()
     for line in NATIVE.read_text().splitlines():
         r = json.loads(line)

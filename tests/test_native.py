@@ -10,6 +10,7 @@ import pytest
 from regen.errors import TemplateError
 from regen.native import VocabInfo, validate_native
 from regen.sample import Sample
+from regen.targets.kimi import KIMI
 from regen.template.demo_native import write_demo_native
 from regen.template.tiny import VOCAB_SIZE
 
@@ -20,7 +21,7 @@ DEMO = REPO / "manifests" / "demo" / "kimi_native.jsonl"
 
 @pytest.fixture(scope="module")
 def vocab() -> VocabInfo:
-    return VocabInfo.from_dir(TOKENIZER)
+    return VocabInfo.from_dir(TOKENIZER, KIMI)
 
 
 def _sample(row: dict) -> Sample:
@@ -42,7 +43,7 @@ def test_vocab_info_from_tiny_tokenizer(vocab: VocabInfo) -> None:
 
 def test_vocab_info_rejects_missing_tokenizer(tmp_path: Path) -> None:
     with pytest.raises(TemplateError):
-        VocabInfo.from_dir(tmp_path)  # no tokenizer at all
+        VocabInfo.from_dir(tmp_path, KIMI)  # no tokenizer at all
 
 
 def test_demo_rows_reasons(vocab: VocabInfo) -> None:

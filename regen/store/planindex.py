@@ -176,6 +176,7 @@ def native_check(manifest: Manifest) -> Callable[[Sample], str | None] | None:
 
     vocab = VocabInfo.from_dir(
         manifest.resolve(manifest.target.tokenizer),
+        manifest.family(),
         trust_remote_code=manifest.target.trust_remote_code,
     )
     return lambda s: validate_native(s, vocab)

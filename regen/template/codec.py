@@ -22,16 +22,25 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-#: texts the backend must encode (and decode back) exactly as transformers does
+#: texts the backend must encode (and decode back) exactly as transformers does; the
+#: tokenizer's own added tokens are probed too (:func:`probes`)
 PROBES = (
     "",
     "Hello, world!",
     "  two  spaces\n\nand\ttabs\r\n",
     "café 日本語 🙂 \u2028",
-    "<|im_user|>user<|im_middle|>Hi<|im_end|><|im_assistant|>assistant<|im_middle|><think>",
-    "R.</think>A.<|im_end|> <think> x</think>\n",
-    "[BOS]x[EOS] <|tool_calls_section_begin|><|tool_call_begin|>f:0<|tool_call_argument_begin|>{}",
 )
+
+
+def probes(tokenizer: Any) -> list[str]:
+    """:data:`PROBES`, then the tokenizer's added tokens in text: next to each other, between
+    words and after spaces and newlines (special-token text inside a reply)."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    tokens = [t.content for _, t in sorted(added.items())][:64]
+    glued = "".join(tokens)
+    spaced = " x".join(tokens)
+    lined = "\n".join(f"A. {t} b" for t in tokens)
+    return [*PROBES, glued, spaced, lined] if tokens else list(PROBES)
 
 
 class TokenCodec:
@@ -59,7 +68,7 @@ class TokenCodec:
         return b.truncation is None and b.padding is None and b.encode_special_tokens == split
 
     def _agrees(self) -> bool:
-        texts = list(PROBES)
+        texts = probes(self.tokenizer)
         ids = [self._slow_encode(t) for t in texts]
         return self._fast_encode(texts) == ids and self._fast_decode(ids) == [
             self._slow_decode(i) for i in ids
