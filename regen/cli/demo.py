@@ -10,6 +10,11 @@ then SpecForge's own trainer on this CPU for a few steps (regen.train.cpu_demo),
 loss curve and the checkpoint. Ctrl-C leaves a resumable run directory: run the same command
 again to continue. ``--loop`` runs the whole loop instead, with vLLM as the server
 (:mod:`regen.loop`: regenerate, train, serve target + draft, bench, reweight, round 2).
+
+``--target FAMILY`` runs the same path on another family's demo target (:data:`TARGETS`:
+``qwen3`` → ``manifests/demo-qwen3.yaml``, ``deepseek_v3`` → ``manifests/demo-deepseek.yaml``;
+each builds its own demo target under ``.cache/demo-model-FAMILY`` and runs into
+``runs/demo-FAMILY``); the default, ``kimi``, is the demo as it always was.
 """
 
 from __future__ import annotations
@@ -21,6 +26,12 @@ from typing import Any
 from regen.cli._args import add_override_argument
 
 NAME = "demo"
+#: ``--target``: each family's demo manifest and the cache folder of its demo target
+TARGETS: dict[str, tuple[str, str]] = {
+    "kimi": ("manifests/demo.yaml", "demo-model"),
+    "qwen3": ("manifests/demo-qwen3.yaml", "demo-model-qwen3"),
+    "deepseek_v3": ("manifests/demo-deepseek.yaml", "demo-model-deepseek_v3"),
+}
 HELP = (
     "run the demo end to end: demo target, transformers serve, regen run, export [, train]; "
     "--loop: the whole loop with vLLM"
@@ -28,7 +39,18 @@ HELP = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--manifest", default="manifests/demo.yaml", help="(default: %(default)s)")
+    p.add_argument(
+        "--target",
+        choices=sorted(TARGETS),
+        default="kimi",
+        help="the demo target's model family (default: %(default)s; qwen3 and deepseek_v3 run "
+        "their own demo manifest and demo target)",
+    )
+    p.add_argument(
+        "--manifest",
+        default=None,
+        help="(default: the target's demo manifest, manifests/demo.yaml for kimi)",
+    )
     p.add_argument(
         "--out",
         default=None,
@@ -102,9 +124,14 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     quiet_http_logs()
+    target_manifest, model_folder = TARGETS[args.target]
+    args.manifest = args.manifest or target_manifest
+    if args.target != "kimi" and (args.loop or args.train):
+        raise ConfigError(f"--target {args.target}: --loop and --train run on the Kimi demo only",
+                          field="--target")  # fmt: skip
     if args.loop:
         return _loop(console, args)
-    args.out = args.out or "runs/demo"
+    args.out = args.out or ("runs/demo" if args.target == "kimi" else f"runs/demo-{args.target}")
     args.train_steps = 30 if args.train_steps is None else args.train_steps
     if args.servers < 1:
         raise ConfigError("--servers must be >= 1", field="--servers")
@@ -113,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     load_manifest(args.manifest, args.override)  # a bad manifest stops here, before the build
     cache = Path(args.cache)
     with console.status("building the demo target (once: about a minute of CPU)..."):
-        model_dir = build_demo_target(cache / "demo-model", args.manifest)
+        model_dir = build_demo_target(cache / model_folder, args.manifest)
     export_dir = args.export or f"{args.out.rstrip('/')}-export"
     with contextlib.ExitStack() as stack:
         servers = []
