@@ -1,0 +1,163 @@
+"""`regen run` on a Qwen3, a DeepSeek-V3.1 and a Kimi target served by real vLLM 0.32 (CPU).
+
+Per family: its demo target (regen.serving.demo_target, built once per checkout under
+``.cache/demo-model-FAMILY``; Kimi's is the ``demo_target`` fixture's ``.cache/demo-model``)
+is served by one vLLM server with that family's parsers (``Family.vllm``), and ``regen run``
+regenerates a short slice of the family's demo manifest (a few samples of every source, the
+tool-call sources xlam, glaive and swe_gym included). On the rows of the run's parts:
+
+- every finished row holds the server's own ids (``token_source == "server"``);
+- the local render (the family's response assembly through its real chat template) agrees with
+  them (``token_check == "match"``) on >= 99% of the rows without a quality flag;
+- every tool-call row's calls parse (non-empty, names among the declared tools) and no content
+  holds an unparsed call;
+- the reasoning is split (non-empty on every finished thinking row).
+
+The per-family numbers are printed (``-s``) and appended as JSON lines to
+``$REGEN_FAMILY_TABLE`` when set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _runs import stored_rows
+
+pytestmark = [pytest.mark.vllm, pytest.mark.ray]
+
+REPO = Path(__file__).resolve().parents[2]
+#: family → (its demo manifest, the cache folder of its demo target)
+CASES: dict[str, tuple[str, str]] = {
+    "qwen3": ("demo-qwen3.yaml", "demo-model-qwen3"),
+    "deepseek_v3": ("demo-deepseek.yaml", "demo-model-deepseek_v3"),
+    "kimi": ("demo.yaml", "demo-model"),
+}
+#: samples per source: the tool-call sources get more (about 25 samples in all)
+TOOL_SOURCES = ("xlam", "glaive", "swe_gym")
+LIMIT, TOOL_LIMIT = 2, 4
+MIN_MATCH = 0.99
+
+
+def overrides(manifest: Path) -> list[str]:
+    """``-o sources.X.limit=N`` for every regenerated source (Kimi's native rows left out)."""
+    from regen.manifest import load_manifest
+
+    out: list[str] = []
+    for s in load_manifest(manifest).sources:
+        limit = 0 if s.mode == "native" else TOOL_LIMIT if s.name in TOOL_SOURCES else LIMIT
+        out += ["-o", f"sources.{s.name}.limit={limit}"]
+    return out
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def family_run(
+    request: pytest.FixtureRequest, vllm_python: Path, ray_head: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Any]]:  # fmt: skip
+    """One family's run: its demo target served by one vLLM server with its parsers."""
+    from regen.cli.main import main as regen_main
+    from regen.manifest import load_manifest
+    from regen.serving import build_demo_target
+    from regen.serving.vllm import VllmServer
+    from regen.targets import FAMILIES
+
+    name = request.param
+    if name not in FAMILIES:
+        pytest.skip(f"regen.targets has no family {name!r} yet")
+    manifest_name, folder = CASES[name]
+    manifest = REPO / "manifests" / manifest_name
+    fam = load_manifest(manifest).family()
+    assert fam is FAMILIES[name], f"{manifest_name}: recognised {fam}, wanted {name}"
+    model = build_demo_target(REPO / ".cache" / folder, manifest)
+    tmp = tmp_path_factory.mktemp(f"family-{name}")
+    served = load_manifest(manifest).target.model
+    srv = VllmServer(vllm_python, model, served_name=served, parsers=fam.vllm,
+                     max_model_len=4096, max_num_seqs=8, log_path=tmp / "vllm.log")  # fmt: skip
+    with srv:
+        out = tmp / "run"
+        argv = ["run", str(manifest), "--out", str(out), "--endpoint", srv.url,
+                "--address", ray_head.address, "--no-view", *overrides(manifest)]  # fmt: skip
+        rc = regen_main(argv)
+
+    yield {"family": fam, "rc": rc, "rows": stored_rows(out), "start_s": srv.start_s}
+
+
+def _calls(row: dict[str, Any]) -> list[dict[str, Any]]:
+    return json.loads(row["tool_calls"] or "[]")
+
+
+def _declared(row: dict[str, Any]) -> set[str]:
+    tools = json.loads(row["tools"] or "[]") or []
+    return {(t.get("function") or t).get("name") for t in tools}
+
+
+def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The per-family numbers of the report."""
+    done = [r for r in rows if r["token_source"] != "native"]
+    clean = [r for r in done if not r["quality_flags"] and not r["truncated"]]
+    return {
+        "rows": len(done),
+        "server_pct": round(100 * sum(r["token_source"] == "server" for r in done)
+                            / max(1, len(done)), 1),
+        "match_pct": round(100 * sum(r["token_check"] == "match" for r in clean)
+                           / max(1, len(clean)), 1),
+        "clean_rows": len(clean),
+        "flagged_rows": len(done) - len(clean),
+        "tool_rows": sum(bool(_calls(r)) for r in done),
+        "reasoning_rows": sum(bool(r["reasoning"]) for r in done),
+    }  # fmt: skip
+
+
+def test_the_run_finishes_and_reports(family_run: dict[str, Any]) -> None:
+    name = family_run["family"].name
+    numbers = {"family": name, **table(family_run["rows"]), "vllm_start_s": family_run["start_s"]}
+    print(f"\n{json.dumps(numbers)}")
+    path = os.environ.get("REGEN_FAMILY_TABLE")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(numbers) + "\n")
+    assert family_run["rc"] == 0
+    assert numbers["rows"] >= 20
+
+
+def test_every_row_is_the_servers_ids(family_run: dict[str, Any]) -> None:
+    done = [r for r in family_run["rows"] if r["token_source"] != "native"]
+    assert done and all(r["token_source"] == "server" for r in done)
+    assert all(r["family"] == family_run["family"].name for r in done)
+
+
+def test_the_local_render_matches_the_server(family_run: dict[str, Any]) -> None:
+    rows = [r for r in family_run["rows"] if r["token_source"] == "server"]
+    clean = [r for r in rows if not r["quality_flags"] and not r["truncated"]]
+    bad = [(r["sample_id"], r["turn"], r["token_check"]) for r in clean
+           if r["token_check"] != "match"]  # fmt: skip
+    assert clean
+    assert 1 - len(bad) / len(clean) >= MIN_MATCH, bad
+
+
+def test_tool_calls_parse_into_declared_tools(family_run: dict[str, Any]) -> None:
+    fam = family_run["family"]
+    done = [r for r in family_run["rows"] if r["token_source"] == "server"]
+    tool_rows = [r for r in done if r["finish_reason"] == "tool_calls" or _calls(r)]
+    assert len(tool_rows) >= 6, "the demo target calls the offered tools"
+    for r in tool_rows:
+        calls = _calls(r)
+        assert calls, (r["sample_id"], r["turn"])
+        names = {(c.get("function") or c).get("name") for c in calls}
+        assert names <= _declared(r), (r["sample_id"], names)
+    for r in done:  # no call left unparsed in the content
+        assert not any(m in (r["content"] or "") for m in fam.call_markers), r["sample_id"]
+
+
+def test_reasoning_is_split(family_run: dict[str, Any]) -> None:
+    fam = family_run["family"]
+    done = [r for r in family_run["rows"] if r["token_source"] == "server" and not r["truncated"]]
+    missing = [(r["sample_id"], r["turn"]) for r in done if not r["reasoning"]]
+    assert not missing
+    if fam.think is not None:
+        assert not any(fam.think[1] in (r["content"] or "") for r in done)
