@@ -105,7 +105,7 @@ log = logging.getLogger(__name__)
 Format = Literal["pretokenized", "conversations"]
 FORMATS: tuple[str, ...] = ("pretokenized", "conversations")
 #: token_check values that are not a problem (regen.rows); every other value is counted as one
-TOKEN_CHECKS_OK = frozenset({"match", "count_match"})
+TOKEN_CHECKS_OK = frozenset({"match", "count_match", "server_only"})
 #: drop reasons that lose no training data: another attempt or copy of the row is kept, or the
 #: bench keeps the sample; every other reason counts towards :func:`drop_share`
 KEPT_ELSEWHERE = frozenset({"superseded", "duplicate", "holdout"})

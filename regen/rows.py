@@ -37,7 +37,9 @@ token_source       string, required    ``server`` (the server's prompt/output id
                                        ``local`` (rendered + tokenized here), ``native``
 token_check        string/null         server rows: the local render compared with the
                                        server ids, as text: ``match``, ``prompt_mismatch``,
-                                       ``response_mismatch``, ``mismatch``, ``render_error``.
+                                       ``response_mismatch``, ``mismatch``, ``render_error``;
+                                       ``server_only``: the target's family is unknown, so
+                                       nothing local to compare (the ids are the server's).
                                        local rows (first that applies): a render flag
                                        (``think_inserted``, ``content_has_think``, see
                                        regen.template.render), ``count_mismatch``,
@@ -326,7 +328,8 @@ def build_turn_row(
         close = renderer.think_close_id
         think_closed = None if close is None else close in result.output_token_ids
         if local is None:
-            token_check = "render_error"
+            # a target of no known family has no local render to hold the ids against
+            token_check = "server_only" if renderer.family is None else "render_error"
         else:
             assert prepared.decoded is not None
             p_ok = local.prompt_text == prepared.decoded[0]

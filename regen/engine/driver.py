@@ -50,7 +50,7 @@ from regen.engine.schedule import LengthModel, WorkQueue, schedule_record
 from regen.engine.tracker import ProgressTracker
 from regen.engine.wire import PackedOutcome
 from regen.engine.worker import SampleOutcome, worker_slots
-from regen.errors import RegenError, RunIncompleteError
+from regen.errors import ConfigError, RegenError, RunIncompleteError
 from regen.manifest import Endpoint, Manifest, public_url
 from regen.packed import QueueItems
 from regen.sample import Sample
@@ -437,7 +437,17 @@ class _Session:
         except RegenError as e:
             warm.error = e  # raised only if there is work to do
             return warm
-        record_engines(self.rd, engine_records(warm.infos, m.sampling, self.session))
+        records = engine_records(warm.infos, m.sampling, self.session)
+        local = [url for url, r in records.items() if r["token_path"] == "local"]
+        if local and m.family() is None:
+            warm.error = ConfigError(
+                f"target.family: {local[0]} gives no token ids and the target's model family "
+                "is unknown (docs/targets.md): its answers cannot be rendered here; serve it "
+                "with SGLang or vLLM, or set target.family",
+                field="target.family",
+            )
+            return warm
+        record_engines(self.rd, records)
         warm.started_ray = connect_ray(self.opts.address, verbose=self.opts.verbose)
         conc = m.engine.concurrency
         level = logging.getLevelName(logging.getLogger("regen").getEffectiveLevel())

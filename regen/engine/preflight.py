@@ -104,6 +104,7 @@ def preflight(manifest: Manifest, *, passed: str | None = None) -> str:
     :func:`checks_key`. When ``passed`` (the key an earlier session recorded) is that key, only
     the paths are checked."""
     check_paths(manifest)
+    check_family(manifest)
     key = checks_key(manifest)
     if passed == key:
         log.info("tokenizer and template checks passed in an earlier session with the same "
@@ -111,6 +112,25 @@ def preflight(manifest: Manifest, *, passed: str | None = None) -> str:
         return key
     _check_template(manifest)
     return key
+
+
+def check_family(manifest: Manifest) -> None:
+    """A target of no known family: refused when its rows would need the local render
+    (``sampling.token_ids: local``), else said once, with what it cannot do."""
+    if manifest.family() is not None:
+        return
+    if manifest.sampling.token_ids == "local":
+        raise ConfigError(
+            "target.family: the target's model family is unknown (docs/targets.md), so its "
+            "answers cannot be rendered here; serve it with token ids (sampling.token_ids: "
+            "stream or nonstream) or set target.family",
+            field="target.family",
+        )
+    log.warning(
+        "the target's model family is unknown (docs/targets.md): every row is the server's "
+        "ids (token_check server_only, not cross-checked), sampling.thinking is not sent "
+        "(set sampling.chat_template_kwargs), and reasoning_unclosed is told from truncation only"
+    )
 
 
 def _check_template(manifest: Manifest) -> None:

@@ -1,0 +1,157 @@
+"""The family registry: recognition from a tokenizer folder, target.family, the fingerprint of
+a Kimi run from before families, a target of no known family, and the train and serving
+commands per family."""
+
+from __future__ import annotations
+
+import itertools
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from regen.cli.main import main as regen_main
+from regen.engine.preflight import check_family
+from regen.errors import ConfigError, TemplateError, TrapError
+from regen.manifest import load_manifest, parse_manifest
+from regen.result import TurnResult
+from regen.rows import build_turn_row
+from regen.sample import Message, Sample, stable_hash
+from regen.targets import FAMILIES, UNKNOWN, family_named, recognise_dir
+from regen.template.render import Renderer, load_tokenizer
+from regen.train.checks import check_train_config
+from regen.train.config import load_train_config
+
+REPO = Path(__file__).resolve().parents[2]
+KIMI_TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"
+#: the committed tiny tokenizer of each family that has one, and the family it is
+TINY = {
+    "kimi": KIMI_TOKENIZER,
+    "qwen3": REPO / "manifests" / "demo-qwen3" / "tokenizer",
+    "deepseek_v3": REPO / "manifests" / "demo-deepseek" / "tokenizer",
+}
+QWEN_TRAIN = REPO / "manifests" / "train-qwen3-235b-eagle3.yaml"
+KIMI_TRAIN = REPO / "manifests" / "train-kimi-k25-eagle3.yaml"
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_each_tiny_tokenizer_is_recognised_as_its_family_and_no_other(name: str) -> None:
+    found = recognise_dir(TINY[name])
+    assert found is not None and found.name == name
+    from regen.targets import read_facts
+
+    facts = read_facts(str(TINY[name]))
+    assert [f.name for f in FAMILIES.values() if f.recognises(facts)] == [name]
+
+
+def test_a_folder_without_a_tokenizer_is_of_no_known_family(tmp_path: Path) -> None:
+    assert recognise_dir(tmp_path) is None
+
+
+def test_target_family_names_a_known_family_or_unknown(tmp_path: Path) -> None:
+    base = {"name": "t", "target": {"model": "m", "tokenizer": str(KIMI_TOKENIZER)},
+            "sources": [{"name": "s", "adapter": "sharegpt", "path": "x.jsonl"}]}  # fmt: skip
+    with pytest.raises(ConfigError) as e:
+        parse_manifest({**base, "target": {**base["target"], "family": "qwen9"}})
+    assert "target.family" in str(e.value) and "qwen3" in str(e.value) and UNKNOWN in str(e.value)
+    told = parse_manifest({**base, "target": {**base["target"], "family": UNKNOWN}})
+    assert told.family() is None  # what the manifest says wins over the tokenizer
+    recognised = parse_manifest(base)
+    assert recognised.family() is family_named("kimi")
+    assert recognised.with_family().target.family == "kimi"
+
+
+def test_a_kimi_target_keeps_the_fingerprint_it_had_before_families() -> None:
+    m = load_manifest(REPO / "manifests" / "demo.yaml")
+    before = {"target": m.target.model_dump(mode="json"),
+              "sampling": m.sampling.model_dump(mode="json")}  # fmt: skip
+    del before["target"]["family"]
+    assert m.settings_id() == stable_hash(before, n=8)
+    assert m.with_family().fingerprint() == m.fingerprint()
+    assert m.template_kwargs() == {"thinking": True}
+
+
+def test_another_family_is_part_of_the_fingerprint_and_sends_its_own_switch() -> None:
+    m = load_manifest(REPO / "manifests" / "demo-qwen3.yaml")
+    assert m.family() is family_named("qwen3")
+    assert m.template_kwargs() == {"enable_thinking": True}
+    as_unknown = load_manifest(REPO / "manifests" / "demo-qwen3.yaml", ["target.family=unknown"])
+    assert as_unknown.fingerprint() != m.fingerprint()
+    assert as_unknown.settings_id() != m.settings_id()
+    assert as_unknown.template_kwargs() == {}  # no switch is guessed
+
+
+def test_an_unknown_family_needing_the_local_render_is_refused_in_one_line() -> None:
+    m = load_manifest(REPO / "manifests" / "demo.yaml",
+                      ["target.family=unknown", "sampling.token_ids=local"])  # fmt: skip
+    with pytest.raises(ConfigError) as e:
+        check_family(m)
+    assert "\n" not in str(e.value) and "unknown" in str(e.value)
+    check_family(m.model_copy(update={"sampling": m.sampling.model_copy(
+        update={"token_ids": "stream"})}))  # fmt: skip
+
+
+def test_an_unknown_family_renders_prompts_and_keeps_the_servers_ids() -> None:
+    renderer = Renderer(load_tokenizer(KIMI_TOKENIZER), {}, None)
+    msgs = [Message("user", "Hi?")]
+    assert renderer.render_prompt(msgs).startswith("<|im_system|>")
+    with pytest.raises(TemplateError, match="family is unknown"):
+        renderer.render_text(msgs, None, reasoning=None, content="Hello.")
+    eos = renderer.tokenizer.eos_token_id
+    res = TurnResult(content="Hello.", reasoning=None, tool_calls=(), finish_reason="stop",
+                     prompt_token_ids=[1, 2, 3], output_token_ids=[4, 5],
+                     completion_tokens=2, prompt_tokens=3, model="m",
+                     endpoint="http://127.0.0.1:9/v1")  # fmt: skip
+    sample = Sample(id="s:1", source="s", messages=(*msgs, Message("assistant", "x")))
+    row = build_turn_row(sample, 0, msgs, res, renderer)
+    assert row["token_source"] == "server" and row["token_check"] == "server_only"
+    assert row["input_ids"] == [1, 2, 3, 4, 5, eos] and row["family"] == UNKNOWN
+
+
+def test_the_qwen3_production_config_passes_the_checks_without_the_kimi_aux_trap() -> None:
+    cfg = load_train_config(QWEN_TRAIN)
+    assert cfg.target.model_family() is family_named("qwen3")
+    assert check_train_config(cfg) == [1, 46, 90]
+    # SGLang's Qwen3 loader always adds 1: a list not starting at 1 is fine there, and
+    # refused for Kimi, whose loader adds 1 only when the first id is 1
+    shifted = yaml.safe_load(QWEN_TRAIN.read_text())
+    shifted["draft"]["aux_layer_ids"] = [2, 46, 90]
+    from regen.train.config import parse_train_config
+
+    assert check_train_config(parse_train_config(shifted)) == [2, 46, 90]
+    kimi = yaml.safe_load(KIMI_TRAIN.read_text())
+    kimi["draft"]["aux_layer_ids"] = [2, 29, 57]
+    with pytest.raises(TrapError) as e:
+        check_train_config(parse_train_config(kimi))
+    assert e.value.trap == "aux-layer-shift"
+
+
+@pytest.mark.parametrize(
+    ("config", "sglang", "vllm", "remote"),
+    [
+        (KIMI_TRAIN, ("kimi_k2", "kimi_k2"), ("kimi_k2", "kimi_k2"), True),
+        (QWEN_TRAIN, ("qwen25", "qwen3"), ("hermes", "qwen3"), False),
+    ],
+)
+def test_serve_command_prints_the_familys_parser_flags(
+    config: Path, sglang: tuple, vllm: tuple, remote: bool, tmp_path: Path, capsys
+) -> None:
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text("{}")
+    assert regen_main(["serve-command", str(draft), "--config", str(config)]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
+    sg, vl = (shlex.split(ln) for ln in lines)
+    for argv, (tool, reasoning) in ((sg, sglang), (vl, vllm)):
+        pairs = dict(itertools.pairwise(argv))
+        assert (pairs["--tool-call-parser"], pairs["--reasoning-parser"]) == (tool, reasoning)
+        assert ("--trust-remote-code" in argv) is remote
+    assert "--enable-auto-tool-choice" in vl
+
+
+def test_serve_command_without_a_family_prints_no_parser_flags(tmp_path: Path, capsys) -> None:
+    assert regen_main(["serve-command", str(tmp_path), "--target", str(tmp_path / "absent"),
+                       "--engine", "sglang"]) == 0  # fmt: skip
+    out = capsys.readouterr()
+    assert "--tool-call-parser" not in out.out and "family is unknown" in out.err
