@@ -23,13 +23,16 @@ from regen.targets.deepseek import DEEPSEEK_V3
 from regen.targets.family import Family, Parsers, TokenizerFacts
 from regen.targets.glm import GLM45
 from regen.targets.kimi import KIMI
+from regen.targets.llama import LLAMA3
 from regen.targets.qwen3 import QWEN3
 from regen.targets.qwen3_coder import QWEN3_CODER
 
 log = logging.getLogger(__name__)
 
 #: every known family by name, in the order recognition tries them (the most specific first)
-FAMILIES: dict[str, Family] = {f.name: f for f in (KIMI, QWEN3_CODER, QWEN3, GLM45, DEEPSEEK_V3)}
+FAMILIES: dict[str, Family] = {
+    f.name: f for f in (KIMI, QWEN3_CODER, QWEN3, GLM45, DEEPSEEK_V3, LLAMA3)
+}
 #: ``target.family`` for a target of no known family (server ids only)
 UNKNOWN = "unknown"
 #: the family of every run made before families existed: a manifest of this family leaves it
