@@ -22,6 +22,7 @@ from regen.errors import ConfigError
 from regen.targets.deepseek import DEEPSEEK_V3
 from regen.targets.family import Family, Parsers, TokenizerFacts
 from regen.targets.glm import GLM45
+from regen.targets.gpt_oss import GPT_OSS
 from regen.targets.kimi import KIMI
 from regen.targets.llama import LLAMA3
 from regen.targets.qwen3 import QWEN3
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 #: every known family by name, in the order recognition tries them (the most specific first)
 FAMILIES: dict[str, Family] = {
-    f.name: f for f in (KIMI, QWEN3_CODER, QWEN3, GLM45, DEEPSEEK_V3, LLAMA3)
+    f.name: f for f in (KIMI, QWEN3_CODER, QWEN3, GLM45, DEEPSEEK_V3, LLAMA3, GPT_OSS)
 }
 #: ``target.family`` for a target of no known family (server ids only)
 UNKNOWN = "unknown"

@@ -47,8 +47,9 @@ ThinkState = Literal["open", "closed", "none"]
 RenderFlag = Literal["think_inserted", "content_has_think"]
 #: how SGLang's model loader turns the draft's ``eagle_aux_hidden_state_layer_ids`` into the
 #: layers it captures: +1 to each only when the first id is 1 (DeepSeek-V2 loader, Kimi-K2.5
-#: delegates to it); +1 to each always (Llama, Qwen3, GPT-OSS, GLM loaders)
-AuxShift = Literal["first_is_one", "always"]
+#: delegates to it); +1 to each always (Llama, Qwen3, GLM loaders); +1 to each unless the
+#: largest id equals the layer count, then none (SGLang 0.5.23 gpt_oss.py, GPT-OSS loader)
+AuxShift = Literal["first_is_one", "always", "unless_max_is_layers"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,11 @@ and ``tool`` parser names or null, ``kwargs``: the parsers' ``chat_template_kwar
 one JSON list on stdout: per case ``reasoning``, ``content`` and ``calls`` (name, arguments),
 or ``error``. The order is the server's: the reasoning parser first, the tool parser on what
 it left as content.
+
+A case with ``harmony: true`` (GPT-OSS) goes instead where vLLM sends a gpt_oss model's output:
+``vllm.parser.harmony.HarmonyParser`` (the ``openai`` tool parser and ``openai_gptoss``
+reasoning parser are stubs it holds), fed the ids openai_harmony's own o200k_harmony encoding
+gives the text; its result also holds those ``ids``.
 """
 
 from __future__ import annotations
@@ -55,13 +60,59 @@ def parse(tok: Any, tools: list, case: dict) -> dict:
     return {"reasoning": reasoning, "content": content, "calls": calls}
 
 
+class HarmonyTokens:
+    """What HarmonyParser asks of a tokenizer: ``decode`` (its recovery of a message cut short)
+    over openai_harmony's encoding, and ``get_vocab``."""
+
+    def __init__(self, encoding: Any) -> None:
+        self.encoding = encoding
+
+    def decode(self, ids: list[int], **_: Any) -> str:
+        return self.encoding.decode_utf8(ids)
+
+    def get_vocab(self) -> dict[str, int]:
+        return {}
+
+
+def parse_harmony(tools: list, case: dict) -> dict:
+    """One GPT-OSS case through the parser vLLM's chat serving builds for a gpt_oss model."""
+    from vllm.entrypoints.openai.parser.harmony_utils import get_encoding
+    from vllm.parser.parser_manager import ParserManager
+
+    encoding = get_encoding()
+    req = ChatCompletionRequest(
+        model="x", messages=[{"role": "user", "content": "hi"}], tools=tools or None
+    )
+    cls = ParserManager.get_parser(
+        tool_parser_name=case.get("tool"), reasoning_parser_name=case.get("reasoning"),
+        enable_auto_tools=True, is_harmony=True,
+    )  # fmt: skip
+    parser = cls(HarmonyTokens(encoding), req.tools, chat_template_kwargs=case.get("kwargs") or {})
+    ids = encoding.encode(case["text"], allowed_special="all")
+    try:
+        reasoning, content, calls = parser.parse(
+            case["text"], req, enable_auto_tools=True, model_output_token_ids=ids
+        )
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}", "ids": ids}
+    return {
+        "reasoning": reasoning,
+        "content": content,
+        "calls": [[c.name, c.arguments] for c in calls or ()],
+        "ids": ids,
+    }
+
+
 def main() -> None:
     job = json.load(sys.stdin)
     tok = tokenizer(job["special"])
     out = []
     for case in job["cases"]:
         try:
-            out.append(parse(tok, job["tools"], case))
+            if case.get("harmony"):
+                out.append(parse_harmony(job["tools"], case))
+            else:
+                out.append(parse(tok, job["tools"], case))
         except Exception as exc:
             out.append({"error": f"{type(exc).__name__}: {exc}"})
     json.dump(out, sys.stdout)
