@@ -1,0 +1,129 @@
+"""Every family's rows, exported by ``regen export``, are accepted whole by SpecForge 0.2.0.
+
+Per family: a tokenizer holding its special tokens (the committed tiny one where it has one,
+else the tiny Kimi BPE with the family's tokens added) and its REAL chat template
+(regen/template/templates/, Kimi's own for Kimi); the demo manifest's samples (tool-call
+sources included) answered in the family's format (reasoning where it reasons, the sample's
+own tool calls where tools are declared) and built into rows by regen's row builder; the rows
+written as a part of a run directory, exported, and read by SpecForge's own
+``prepare_prompt_tasks``: 100% accepted, ids and masks unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from regen.errors import TemplateError
+from regen.export import export_run
+from regen.manifest import load_manifest
+from regen.result import TurnResult
+from regen.rows import build_rows
+from regen.sample import Sample, ToolCall
+from regen.sources import read_samples
+from regen.store import RunDir
+from regen.store.completed import CompletedSample
+from regen.store.parts import write_part
+from regen.targets import FAMILIES, Family
+from regen.template.render import Renderer, load_tokenizer
+from regen.train.preflight import prompt_tasks
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "manifests" / "demo.yaml"
+TEMPLATES = REPO / "regen" / "template" / "templates"
+TINY = {
+    "kimi": REPO / "manifests" / "demo" / "tokenizer",
+    "qwen3": REPO / "manifests" / "demo-qwen3" / "tokenizer",
+    "deepseek_v3": REPO / "manifests" / "demo-deepseek" / "tokenizer",
+}
+
+
+def family_tokenizer(family: Family, tmp: Path) -> Path:
+    """A tokenizer folder of ``family``: the committed tiny one, else the tiny Kimi BPE with
+    the family's tokens and its real template."""
+    if family.name in TINY:
+        return TINY[family.name]
+    from tokenizers import AddedToken, Tokenizer
+
+    tok = Tokenizer.from_file(str(TINY["kimi"] / "tokenizer.json"))
+    think = family.think or ()
+    tokens = dict.fromkeys((*family.special_tokens, *family.end_tokens(), *think))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
+    out = tmp / family.name
+    out.mkdir()
+    tok.save(str(out / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": family.end_of_turn,
+        "chat_template": (TEMPLATES / f"{family.name}.jinja").read_text(encoding="utf-8"),
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return out
+
+
+def answer(family: Family, sample: Sample) -> TurnResult:
+    """The family's answer to the sample's first request: its own tool calls where tools are
+    declared and the original answer called them, else a sentence; reasoning where the
+    family reasons."""
+    first = next(m for m in sample.messages if m.role == "assistant")
+    calls = tuple(ToolCall(c.id, c.name, c.arguments) for c in first.tool_calls)
+    if not sample.tools:
+        calls = ()
+    return TurnResult(
+        content="" if calls else "Here is the answer.",
+        reasoning="Let me think about it." if family.think else None,
+        tool_calls=calls, finish_reason="tool_calls" if calls else "stop",
+        model=None, endpoint=None,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def samples() -> list[Sample]:
+    manifest = load_manifest(DEMO)
+    out = [s for s in read_samples(manifest) if s.mode == "regenerate"]
+    assert any(s.tools for s in out)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_specforge_accepts_every_row_of_the_familys_export(
+    name: str, samples: list[Sample], tmp_path: Path
+) -> None:
+    family = FAMILIES[name]
+    path = family_tokenizer(family, tmp_path)
+    renderer = Renderer(load_tokenizer(path), family.template_kwargs(True), family)
+    done: list[CompletedSample] = []
+    for sample in samples:
+        request = list(sample.messages[: next(i for i, m in enumerate(sample.messages)
+                                              if m.role == "assistant")])  # fmt: skip
+        if not any(m.role == "user" for m in request):
+            continue
+        try:
+            rows = build_rows(sample, [(0, request, answer(family, sample))], renderer)
+        except TemplateError:  # a template that refuses this conversation's shape
+            continue
+        done.append(CompletedSample(sample.id, sample.source, rows))
+    tool_rows = sum(1 for c in done if json.loads(c.rows[0]["tool_calls"]))
+    assert len(done) >= 30 and tool_rows >= 5, (len(done), tool_rows)
+    assert {r["family"] for c in done for r in c.rows} == {name}
+    rd = RunDir.open(tmp_path / "run")
+    rd.create()
+    write_part(rd, "part-00000", done)
+    out = tmp_path / "export"
+    stats = export_run(rd, str(out), shard_rows=0, drop_flags="none", drop_truncated=False,
+                       check=False)  # fmt: skip
+    lines = (out / "shard-00000.jsonl").read_text().splitlines()
+    assert stats.rows_written == len(lines) == len(done)
+    tasks = prompt_tasks(out / "shard-00000.jsonl", max_length=1_000_000)
+    assert len(tasks) == len(lines)  # 100 % accepted
+    assert [t["payload"] for t in tasks] == [json.loads(line) for line in lines]
+    # every answer ends with one of the family's end tokens
+    assert all(json.loads(line)["input_ids"][-1] in renderer.end_ids for line in lines)
+
+
+def test_every_family_has_a_real_template_here() -> None:
+    """The families without a committed tiny tokenizer take their template from here."""
+    for name in FAMILIES:
+        assert name in TINY or (TEMPLATES / f"{name}.jinja").is_file(), name
