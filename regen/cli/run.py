@@ -6,7 +6,12 @@ import argparse
 import threading
 from typing import TYPE_CHECKING
 
-from regen.cli._args import add_api_key_arguments, add_override_argument, api_key_fields
+from regen.cli._args import (
+    absolute_run_dir,
+    add_api_key_arguments,
+    add_override_argument,
+    api_key_fields,
+)
 from regen.cli.main import EXIT_DONE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_LEFT
 
 if TYPE_CHECKING:
@@ -178,6 +183,7 @@ def execute(args: argparse.Namespace, *, view: bool = True) -> int:
 
     quiet_http_logs()
     console = Console()
+    args.out = absolute_run_dir(args.out)
     manifest = with_endpoint_keys(load_manifest(args.manifest, args.override), args)
     opts = options_from_args(args)
     view = view and not getattr(args, "no_view", False)

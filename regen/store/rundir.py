@@ -71,7 +71,7 @@ class RunDir:
     def __init__(self, fs: pafs.FileSystem, root: str, uri: str) -> None:
         self.fs = fs  #: the pyarrow filesystem
         self.root = root.rstrip("/") or "/"  #: root path inside ``fs``
-        self.uri = uri  #: what the user gave (for messages)
+        self.uri = uri  #: for messages: the URI the user gave, or a local path made absolute
 
     @classmethod
     def open(cls, uri: str | os.PathLike[str], *, create: bool = True) -> RunDir:
@@ -82,8 +82,9 @@ class RunDir:
                 fs, root = pafs.FileSystem.from_uri(text)
             except (ValueError, OSError) as e:
                 raise RunDirError(f"cannot open run directory {text!r}: {e}") from None
-        else:
+        else:  # a local path is named by its absolute path in every message
             fs, root = pafs.LocalFileSystem(), str(Path(text).expanduser().absolute())
+            text = root
         rd = cls(fs, root, public_uri(text))
         if create:
             rd.create()
