@@ -337,8 +337,7 @@ def export_run(
         raise ConfigError("shard_rows must be >= 0 (0: one shard)", field="shard_rows")
     if max_length is not None and max_length <= 0:
         raise ConfigError("max_length must be > 0", field="max_length")
-    if not rd.exists(""):
-        raise RunDirError(f"run directory {rd.uri!r} does not exist")
+    rd.require()
     if check:
         from regen.store.verify import refuse_damaged
 

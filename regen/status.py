@@ -118,9 +118,7 @@ class RunView:
     ) -> None:
         """``reconcile_every_s``: how often reads list parts/ (the first read always does)."""
         self.uri = os.fspath(uri)
-        self.rd = RunDir.open(self.uri, create=False)
-        if not self.rd.exists(""):
-            raise RunDirError(f"run directory {self.uri!r} does not exist")
+        self.rd = RunDir.open(self.uri, create=False).require()
         self.reconcile_every_s = reconcile_every_s
         self._assumptions: dict[str, tuple[int, int]] | None = None
         self._turns: dict[str, float] = {}

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from regen.export import export_run, export_settings
     from regen.store import RunDir
 
-    rd = RunDir.open(args.run_dir, create=False)
+    rd = RunDir.open(args.run_dir, create=False).require()
     settings = export_settings(
         rd,
         seed=args.seed,

@@ -36,13 +36,10 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from regen.errors import RunDirError
     from regen.store import RunDir
     from regen.store.verify import verify_run
 
-    rd = RunDir.open(args.run_dir, create=False)
-    if not rd.exists(""):
-        raise RunDirError(f"run directory {args.run_dir!r} does not exist")
+    rd = RunDir.open(args.run_dir, create=False).require()
     rep = verify_run(rd, repair=args.repair, check_plan=not args.no_plan)
     console = Console(soft_wrap=True)
     if args.json:

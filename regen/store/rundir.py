@@ -113,6 +113,16 @@ class RunDir:
         return type(self.fs).__name__ in OBJECT_STORES
 
     # -- queries ----------------------------------------------------------------------------
+    def require(self) -> RunDir:
+        """This run directory, when it is an existing directory (what a command that reads a
+        run needs); else one :class:`RunDirError` line saying what the path is instead."""
+        kind = self.fs.get_file_info(self.root).type
+        if kind == pafs.FileType.NotFound:
+            raise RunDirError(f"run directory {self.uri} does not exist")
+        if kind != pafs.FileType.Directory:
+            raise RunDirError(f"{self.uri} is a file, not a run directory")
+        return self
+
     def exists(self, rel: str) -> bool:
         return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
 

@@ -63,9 +63,7 @@ def open_local(run_dir: str | Path) -> RunDir:
             f"{rd.uri}: training needs the run directory on a local or shared filesystem "
             "path (SpecForge reads it by path); copy it there first"
         )
-    if not rd.exists(""):
-        raise RunDirError(f"run directory {rd.uri} does not exist")
-    return rd
+    return rd.require()
 
 
 def control_dir(rd: RunDir) -> str:
