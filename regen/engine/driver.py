@@ -8,19 +8,19 @@ and plan/ (:mod:`regen.engine.planning`, :mod:`regen.store.planindex`), checks.j
 failures/ (:mod:`regen.store.failures`), schedule.json, progress.json
 (:class:`regen.engine.tracker.ProgressTracker`, every ~2 s and once at the end).
 
-Flow: fail-fast checks (:mod:`regen.engine.preflight`: paths, tokenizer, one render per
-source; before Ray or any actor; the last two only when checks.json does not hold their key)
-→ lock → fingerprint → fold leftover journals → done-set from the verified parts (damaged ones
-quarantined, their samples planned again) → plan (from the plan index under plan/ when it is
-valid, else by reading the sources, which writes it; skip done ones and recorded permanent
+Flow: fail-fast checks (:mod:`regen.engine.preflight`: the run directory's path, source paths,
+tokenizer, one render per source, the last two only when checks.json does not hold their key;
+then the endpoints, :func:`check_serving`; before the run directory is written, Ray or any
+actor) → lock → fingerprint → fold leftover journals → done-set from the verified parts (damaged
+ones quarantined, their samples planned again) → plan (from the plan index under plan/ when it
+is valid, else by reading the sources, which writes it; skip done ones and recorded permanent
 failures unless ``retry_failed``; with ``retry_flagged``, done samples whose latest answer is
-flagged are planned again as a new attempt, regen.engine.attempts) → stale answers against
-that plan (regen.store.stale: not counted as done; a sample whose source row changed in place
-is planned again as a new attempt that supersedes them) → native rows journaled
-directly → endpoint check → Ray and N actors (started while the plan is read) → the dispatch
-loop (:mod:`regen.engine.dispatch`: batches exchanged with the actors) → every completed
-sample journaled at once; every ``part_size`` samples or ``part_interval_s`` the segment
-becomes a Parquet part.
+flagged are planned again as a new attempt, regen.engine.attempts) → stale answers against that
+plan (regen.store.stale: not counted as done; a sample whose source row changed in place is
+planned again as a new attempt that supersedes them) → native rows journaled directly → Ray and
+N actors (started while the plan is read) → the dispatch loop (:mod:`regen.engine.dispatch`:
+batches exchanged with the actors) → every completed sample journaled at once; every
+``part_size`` samples or ``part_interval_s`` the segment becomes a Parquet part.
 SIGINT/SIGTERM stop feeding, write the buffered samples as a part, release the lock and leave
 the state "interrupted"; rerunning the same command resumes.
 """
@@ -137,6 +137,48 @@ class JobSummary:
         return SourceProgress.sum(self.sources.values()).failed
 
 
+@dataclass(slots=True)
+class Serving:
+    """The usable endpoints (:func:`regen.client.check_endpoints`) and what run.json's
+    ``engines`` records of them."""
+
+    infos: list[Any]
+    records: dict[str, dict[str, Any]]
+
+
+def check_serving(m: Manifest, session: str) -> Serving:
+    """Check the endpoints (given, reachable, serving the target model) and that their rows
+    can be built; raises the :class:`RegenError` that says what is wrong."""
+    from regen.client import check_endpoints
+    from regen.client.endpoints import engine_records
+
+    infos = asyncio.run(
+        check_endpoints(m.endpoints, m.target.model, base_dir=m.base_dir, seed=m.sampling.seed)
+    )
+    records = engine_records(infos, m.sampling, session)
+    local = [url for url, r in records.items() if r["token_path"] == "local"]
+    if local and m.family() is None:
+        raise ConfigError(
+            f"target.family: {local[0]} gives no token ids and the target's model family "
+            "is unknown (docs/targets.md): its answers cannot be rendered here; serve it "
+            "with SGLang or vLLM, or set target.family",
+            field="target.family",
+        )
+    return Serving(infos, records)
+
+
+def likely_work(rd: RunDir, opts: RunOptions) -> bool:
+    """False when the last session finished (then no endpoint is needed before the plan says
+    there is work); read without creating anything."""
+    if opts.retry_failed or opts.retry_flagged:
+        return True
+    try:
+        last = layout.PROGRESS_FILE.read(rd)
+    except (RegenError, OSError):  # unreadable: the plan tells
+        return True
+    return last is None or last.state != "finished"
+
+
 def _apply_options(manifest: Manifest, opts: RunOptions) -> Manifest:
     update: dict[str, Any] = {}
     if opts.endpoints:
@@ -210,8 +252,17 @@ class _Warm:
 class _Session:
     """One driver session over one run directory; the dispatch loop's recorder."""
 
-    def __init__(self, manifest: Manifest, rd: RunDir, opts: RunOptions, session: str) -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        rd: RunDir,
+        opts: RunOptions,
+        session: str,
+        serving: Serving | None = None,
+    ) -> None:
         self.m = manifest
+        #: the endpoint check run_job made before the run directory was touched (else None)
+        self.serving = serving
         self.rd = rd
         self.opts = opts
         self.session = session
@@ -413,41 +464,20 @@ class _Session:
 
     def _likely_work(self) -> bool:
         """False when the last session finished (then nothing is started before the plan)."""
-        if self.opts.retry_failed or self.opts.retry_flagged:
-            return True
-        try:
-            last = layout.PROGRESS_FILE.read(self.rd)
-        except RegenError:  # unreadable: the plan tells
-            return True
-        return last is None or last.state != "finished"
+        return likely_work(self.rd, self.opts)
 
     def _warm_up(self) -> _Warm:
-        """Endpoint check, Ray and the actors, while the plan is read (actors boot async)."""
-        from regen.client import check_endpoints
-        from regen.client.endpoints import engine_records
-
+        """Endpoint check (unless run_job made it), Ray and the actors, while the plan is read
+        (actors boot async)."""
         m = self.m
         warm = _Warm()
         try:
-            warm.infos = asyncio.run(
-                check_endpoints(
-                    m.endpoints, m.target.model, base_dir=m.base_dir, seed=m.sampling.seed
-                )
-            )
+            serving = self.serving or check_serving(m, self.session)
         except RegenError as e:
             warm.error = e  # raised only if there is work to do
             return warm
-        records = engine_records(warm.infos, m.sampling, self.session)
-        local = [url for url, r in records.items() if r["token_path"] == "local"]
-        if local and m.family() is None:
-            warm.error = ConfigError(
-                f"target.family: {local[0]} gives no token ids and the target's model family "
-                "is unknown (docs/targets.md): its answers cannot be rendered here; serve it "
-                "with SGLang or vLLM, or set target.family",
-                field="target.family",
-            )
-            return warm
-        record_engines(self.rd, records)
+        warm.infos = serving.infos
+        record_engines(self.rd, serving.records)
         warm.started_ray = connect_ray(self.opts.address, verbose=self.opts.verbose)
         conc = m.engine.concurrency
         level = logging.getLevelName(logging.getLogger("regen").getEffectiveLevel())
@@ -573,21 +603,28 @@ def run_job(manifest: Manifest, rd: RunDir, options: RunOptions | None = None) -
     caller, ``RunDir.open(path, create=False)``: it is created here); returns how the session
     ended.
 
-    Configuration problems (paths, tokenizer, template) are found before the run directory is
-    touched and before Ray or any actor starts (:func:`regen.engine.preflight.preflight`;
-    the tokenizer and template checks are skipped when an earlier session passed the same).
+    Configuration problems (the run directory's path, source paths, tokenizer, template, then
+    the endpoints: given, reachable, serving the target) are found before any source is read
+    whole, before the run directory is touched and before Ray or any actor starts
+    (:func:`regen.engine.preflight.preflight`, :func:`check_serving`; the tokenizer and
+    template checks are skipped when an earlier session passed the same, the endpoint check
+    when the last session finished and nothing asks for more).
     """
     opts = options or RunOptions()
     manifest = _apply_options(manifest, opts).with_family()
     checked: str | None = None
+    session = new_session_id()
+    serving: Serving | None = None
     passed = _passed_checks(rd)
     if opts.preflight:
-        from regen.engine.preflight import preflight
+        from regen.engine.preflight import check_run_dir, preflight
 
+        check_run_dir(rd)
         checked = preflight(manifest, passed=passed)
+        if any(s.mode == "regenerate" for s in manifest.sources) and likely_work(rd, opts):
+            serving = check_serving(manifest, session)
     rd.create()
-    session = new_session_id()
-    sess = _Session(manifest, rd, opts, session)
+    sess = _Session(manifest, rd, opts, session, serving)
     lock = RunLock(rd, session, on_lost=sess.on_lock_lost)
     lock.acquire()
     lock.start_heartbeat()

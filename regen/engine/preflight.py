@@ -1,6 +1,7 @@
 """Fail fast: everything deterministic an actor needs, checked once in the driver first.
 
-Owns no files. Before Ray starts or any actor is created, :func:`preflight` checks, in this
+Owns no files. Before the run directory is written, Ray starts or any actor is created,
+:func:`check_run_dir` checks the run directory's path and :func:`preflight` checks, in this
 order, and stops with one :class:`~regen.errors.ConfigError` line naming the manifest field and
 the path:
 
@@ -22,12 +23,15 @@ files, regen and transformers versions) checks only 1, and says so in one line.
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
 from regen import __version__
 from regen.errors import ConfigError, RegenError, SourceError
 from regen.manifest import Manifest
 from regen.sample import Rejection, Sample, stable_hash
+from regen.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,20 @@ def check_paths(manifest: Manifest) -> None:
         raise ConfigError(
             f"target.tokenizer: tokenizer directory not found: {tok}", field="target.tokenizer"
         )
+
+
+def check_run_dir(rd: RunDir) -> None:
+    """A local run directory's path can be a directory regen creates: no part of it is a file,
+    and the deepest existing folder is writable (a URI is checked by its first write)."""
+    if not rd.is_local:
+        return
+    path = Path(rd.root)
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        what = "is a file" if existing == path else f"is under a file ({existing})"
+        raise ConfigError(f"--out {path} {what}, not a run directory", field="--out")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {path}: {existing} is not writable", field="--out")
 
 
 def checks_key(manifest: Manifest) -> str:
