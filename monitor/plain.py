@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from monitor.render import fmt_duration, fmt_int, top_flags
+from monitor.render import fmt_duration, fmt_endpoints, fmt_int, top_flags
 from regen.status import RunNumbers
 
 
@@ -22,8 +22,7 @@ def log_line(n: RunNumbers) -> str:
     errors = sum(e.count for e in n.errors)
     top = f" (top {n.errors[0].kind} x{fmt_int(n.errors[0].count)})" if n.errors else ""
     state = n.state + (f" ({n.state_reason})" if n.state_reason else "")
-    down = sum(1 for e in n.endpoints if e.healthy is False)
-    eps = f"{len(n.endpoints) - down}/{len(n.endpoints)} up"
+    eps = fmt_endpoints(n)
     o = n.overall
     return (
         f"{n.name} {state} | {fmt_int(o.done)}/{fmt_int(o.total)} ({100 * n.fraction:.1f}%) "

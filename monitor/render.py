@@ -99,6 +99,14 @@ def progress_bar(
     return bar.append("░" * (width - sum(cells)), style="grey35")
 
 
+def fmt_endpoints(n: RunNumbers) -> str:
+    """``2/3 up`` (and ``, 1 not reported`` for endpoints no session has reported on): the one
+    count of healthy endpoints, in `regen status`'s line and the dashboard's header."""
+    up = sum(1 for e in n.endpoints if e.healthy is True)
+    unknown = sum(1 for e in n.endpoints if e.healthy is None)
+    return f"{up}/{len(n.endpoints)} up" + (f", {unknown} not reported" if unknown else "")
+
+
 def header(n: RunNumbers) -> Panel:
     icon, style = STATE_STYLE.get(n.state, ("?", "bold"))
     state = Text(f"{icon} {n.state.upper()}", style=style)
@@ -109,9 +117,8 @@ def header(n: RunNumbers) -> Panel:
     grid.add_column()
     grid.add_row("state", state)
     grid.add_row("model", Text(n.model or "—", style="magenta"))
-    healthy = sum(1 for e in n.endpoints if e.healthy)
     eps = ", ".join(n.endpoints_configured) or "—"
-    grid.add_row("endpoints", Text(f"{len(n.endpoints)} ({healthy} healthy)  {eps}"))
+    grid.add_row("endpoints", Text(f"{fmt_endpoints(n)}  {eps}"))
     grid.add_row(
         "started",
         Text(

@@ -520,6 +520,7 @@ class _Session:
         for f in self.failed_ids.values():
             if f.permanent:
                 failed_per_source[f.source] = failed_per_source.get(f.source, 0) + 1
+        self.tracker.carry_over(_last_progress(rd))
         self.tracker.start_from(done, plan.totals, failed_per_source, plan.retries, stale)
         for msg in done.damaged:
             self.tracker.driver_error("damaged_part", msg)
@@ -645,6 +646,16 @@ def run_job(manifest: Manifest, rd: RunDir, options: RunOptions | None = None) -
         raise RegenError(sess.lock_lost)
     sess.summary.state = state
     return sess.summary
+
+
+def _last_progress(rd: RunDir) -> ProgressSnapshot | None:
+    """The progress file the last session left (None when there is none or it is damaged:
+    then this session's counters start from zero, and say so)."""
+    try:
+        return layout.PROGRESS_FILE.read(rd)
+    except RegenError as e:
+        log.warning("%s: earlier sessions' request counters are lost: %s", rd.uri, e)
+        return None
 
 
 def _passed_checks(rd: RunDir) -> str | None:

@@ -15,7 +15,7 @@ publishes them:
   (``grafana/regen.json``) and one set of alerts serve both.
 
 The metrics (:data:`METRICS`; docs/metrics.md has the table): samples planned, done, failed
-and left per ``source``; completion tokens per ``source``; this session's requests per
+and left per ``source``; completion tokens per ``source``; the run's requests per
 ``outcome`` and errors per ``kind``; per ``endpoint`` the requests in flight, whether it is in
 rotation, its answers and median latency, and the server's own running and queued requests and
 KV-cache usage as regen last read its ``/metrics``; the ETA; the time tokens last grew; the run's
@@ -69,7 +69,7 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         "regen_requests",
         "counter",
-        "Requests of this session by outcome (sent, ok, retried, failed).",
+        "Requests of the run by outcome (sent, ok, retried, failed).",
         ("outcome",),
     ),
     Metric("regen_errors", "counter", "Request errors by class.", ("kind",)),
@@ -78,7 +78,7 @@ METRICS: tuple[Metric, ...] = (
     Metric(
         "regen_endpoint_answers",
         "counter",
-        "Answers of the endpoint this session by outcome (ok, error).",
+        "Answers of the endpoint (the whole run) by outcome (ok, error).",
         ("endpoint", "outcome"),
     ),
     Metric("regen_endpoint_latency_p50_seconds", "gauge", "Median request latency.", ("endpoint",)),

@@ -4,7 +4,8 @@ Source counters start from the verified parts of earlier sessions (the done-set)
 failures on record, then grow as samples complete; what is journaled but not yet in a part is
 also counted as ``pending`` (cleared when the part is written), so a reader can tell the
 counters that a part's record backs. Request counters and endpoint views come from the
-workers' snapshots; the driver sums them.
+workers' snapshots; the driver sums them and adds them to what earlier sessions counted
+(:meth:`ProgressTracker.carry_over`), so every counter of the file covers the whole run.
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ class ProgressTracker:
         self.session_tokens = 0
         self._driver_errors: dict[str, ErrorInfo] = {}
         self._worker_errors: dict[str, ErrorInfo] = {}
+        #: what earlier sessions counted (:meth:`carry_over`): this session adds to it
+        self._base_requests = RequestCounts()
+        self._base_errors: dict[str, ErrorInfo] = {}
+        self._base_endpoints: dict[str, EndpointProgress] = {}
         self.snap.add_token_point(now, 0, force=True)
 
     def source(self, name: str) -> SourceProgress:
@@ -87,6 +92,24 @@ class ProgressTracker:
             self.source(name).add(t)
         for name, t in (stale.sources if stale is not None else {}).items():
             self.source(name).stale = t
+
+    def carry_over(self, last: ProgressSnapshot | None) -> None:
+        """Start the run-wide counters from the progress file an earlier session left:
+        requests, errors, each endpoint's answers and health as last seen, the output-length
+        histogram. So `regen status`, `regen monitor` and the metrics read the whole run after
+        a resume, never an empty session's counters."""
+        if last is None:
+            return
+        self._base_requests = last.requests.model_copy()
+        self._base_errors = {k: v.model_copy() for k, v in last.errors.items()}
+        idle = {"in_flight": 0, "server_running": None, "server_queued": None,
+                "server_kv_usage": None}  # fmt: skip
+        self._base_endpoints = {e.url: e.model_copy(update=idle) for e in last.endpoints}
+        self.snap.requests = self._base_requests.model_copy()
+        self.snap.endpoints = [e.model_copy() for e in self._base_endpoints.values()]
+        self.snap.errors = self._errors()
+        if last.output_tokens_hist.edges:
+            self.snap.output_tokens_hist = last.output_tokens_hist.model_copy(deep=True)
 
     def sample_counted(
         self,
@@ -142,7 +165,7 @@ class ProgressTracker:
         """Fold the workers' snapshots (requests, errors, endpoints)."""
         if not snaps:
             return
-        req = RequestCounts()
+        req = self._base_requests.model_copy()
         errors: dict[str, ErrorInfo] = {}
         eps: dict[str, EndpointProgress] = {}
         lats: dict[str, list[float]] = {}
@@ -177,7 +200,32 @@ class ProgressTracker:
         self.snap.in_flight = in_flight
         self.snap.requests = req
         self._worker_errors = errors
-        self.snap.endpoints = list(eps.values())
+        self.snap.endpoints = self._with_base(list(eps.values()))
+
+    def _with_base(self, session: list[EndpointProgress]) -> list[EndpointProgress]:
+        """This session's endpoints with earlier sessions' answers added; an endpoint this
+        session has not reported keeps its record as last seen."""
+        out = {url: e.model_copy() for url, e in self._base_endpoints.items()}
+        for e in session:
+            base = out.get(e.url)
+            if base is not None:
+                e.ok += base.ok
+                e.errors += base.errors
+                if e.latency_p50_s is None:
+                    e.latency_p50_s = base.latency_p50_s
+            out[e.url] = e
+        return list(out.values())
+
+    def _errors(self) -> dict[str, ErrorInfo]:
+        """Earlier sessions' errors, the workers' and the driver's, per class."""
+        merged = {k: v.model_copy() for k, v in self._base_errors.items()}
+        for source in (self._worker_errors, self._driver_errors):
+            for k, v in source.items():
+                e = merged.setdefault(k, ErrorInfo())
+                e.count += v.count
+                if v.last_at >= e.last_at:
+                    e.last_message, e.last_at = v.last_message, v.last_at
+        return merged
 
     def write(self, state: str | None = None) -> None:
         now = time.time()
@@ -185,11 +233,5 @@ class ProgressTracker:
             self.snap.state = state  # type: ignore[assignment]
         self.snap.updated_at = now
         self.snap.add_token_point(now, self.session_tokens, force=state is not None)
-        merged = {k: v.model_copy() for k, v in self._worker_errors.items()}
-        for k, v in self._driver_errors.items():
-            e = merged.setdefault(k, ErrorInfo())
-            e.count += v.count
-            if v.last_at >= e.last_at:
-                e.last_message, e.last_at = v.last_message, v.last_at
-        self.snap.errors = merged
+        self.snap.errors = self._errors()
         layout.PROGRESS_FILE.write(self.rd, self.snap)

@@ -18,7 +18,7 @@ the driver (and once at the end of a session)::
                                      "flags": {flag: int}},
                          "stale": {the same counters}?, "settings": {id: int}?}},
       "in_flight": int,
-      "requests": {"sent", "ok", "retried", "failed": int},                 # this session
+      "requests": {"sent", "ok", "retried", "failed": int},                 # the whole run
       "token_series": [[t, cumulative_completion_tokens], ...],             # this session
       "errors": {kind: {"count": int, "last_message": str, "last_at": float}},
       "endpoints": [{"url": str, "in_flight": int, "healthy": bool,
@@ -41,8 +41,10 @@ without it (an older writer) reads it as None: unknown. ``stale`` counts the sto
 the latest plan no longer wants (regen.store.stale: their source row was edited or left the
 plan): they are in the parts but not in the counters above, and never exported; written only
 when there is one. ``settings`` counts done samples per settings id (regen.rows).
-``requests`` and ``token_series`` cover the current session only. ``token_series`` holds one
-point per ~5 s, trimmed to the last ~20 min (at most 300 points):
+``requests``, ``errors``, each endpoint's ``ok`` and ``errors``, and ``output_tokens_hist``
+cover the whole run (a session starts from what the last one wrote; an endpoint it has not
+reported keeps its record as last seen); ``token_series`` covers the current session only.
+``token_series`` holds one point per ~5 s, trimmed to the last ~20 min (at most 300 points):
 :meth:`ProgressSnapshot.add_token_point` does that. ``output_tokens_hist`` counts completion
 tokens per regenerated turn; ``edges`` are the lower bounds of the bins (``counts[i]`` counts
 values in ``[edges[i], edges[i+1])``, the last bin is open-ended, so both lists have the same
@@ -146,7 +148,7 @@ class SourceProgress(SourceCounts):
 
 
 class RequestCounts(ProgressModel):
-    """Requests of this session."""
+    """Requests of the run (all sessions)."""
 
     REQUIRED: ClassVar[tuple[str, ...]] = ("sent", "ok", "retried", "failed")
 

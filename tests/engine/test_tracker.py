@@ -58,3 +58,48 @@ def test_counters_and_shape(tmp_path) -> None:
     assert (ep.in_flight, ep.ok, ep.errors, ep.healthy, ep.latency_p50_s) == (3, 5, 3, False, 0.2)
     assert set(snap.errors) == {"server_error", "worker_died"}
     assert snap.token_series[-1][1] == 105  # generated this session: native rows are not
+
+
+def worker_snap(sent: int, ok: int, state: str = "up") -> dict:
+    return {"in_flight": 0, "sent": sent, "ok": ok, "retried": 0, "failed": 0,
+            "errors": {"server_error": [1, "boom", 5.0]} if sent != ok else {},
+            "endpoints": {"http://e/v1": {"state": state, "in_flight": 0, "ok": ok,
+                                          "failures": sent - ok, "throttled": 0}},
+            "latencies": {"http://e/v1": [0.2]}}  # fmt: skip
+
+
+def session(rd: RunDir, name: str) -> ProgressTracker:
+    return ProgressTracker(rd, name="n", model="m", session=name, run_started_at=1.0,
+                           endpoints=["http://e/v1"])  # fmt: skip
+
+
+def test_a_resumed_session_goes_on_from_the_runs_counters(tmp_path) -> None:
+    """Issue 31, item 4: requests, errors, endpoints and the length histogram cover the whole
+    run; a session that sent nothing does not replace them by zeros."""
+    rd = RunDir.open(tmp_path / "r")
+    first = session(rd, "S1")
+    first.start_from(DoneSet(), {"a": (2, True)}, {})
+    stored(first, "a", [row("a:0", 100, source="local")], was_failed=False)
+    first.workers([worker_snap(sent=3, ok=2)])
+    first.write("finished")
+
+    idle = session(rd, "S2")  # nothing left to do: no worker ever reports
+    idle.carry_over(layout.PROGRESS_FILE.read(rd))
+    idle.write("finished")
+    snap = layout.PROGRESS_FILE.read(rd)
+    assert (snap.requests.sent, snap.requests.ok) == (3, 2)
+    assert snap.errors["server_error"].count == 1
+    (ep,) = snap.endpoints
+    assert (ep.healthy, ep.ok, ep.errors, ep.in_flight) == (True, 2, 1, 0)
+    assert snap.output_tokens_hist.total == 1
+
+    more = session(rd, "S3")  # a session that works adds to them
+    more.carry_over(layout.PROGRESS_FILE.read(rd))
+    stored(more, "a", [row("a:1", 50, source="local")], was_failed=False)
+    more.workers([worker_snap(sent=1, ok=1, state="down")])
+    more.write("finished")
+    snap = layout.PROGRESS_FILE.read(rd)
+    assert (snap.requests.sent, snap.requests.ok) == (4, 3)
+    (ep,) = snap.endpoints
+    assert (ep.healthy, ep.ok, ep.errors) == (False, 3, 1)  # health: this session's
+    assert snap.output_tokens_hist.total == 2
