@@ -116,11 +116,17 @@ def run_in_thread(
     refresh_s: float = 2.0,
     console: Console | None = None,
     log_every_s: float = 60.0,
+    started: threading.Event | None = None,
 ) -> threading.Thread:
     """Start :func:`watch` in a daemon thread (what `regen run` calls); set ``stop_event`` and
-    join the thread to draw the final frame (or log the final line)."""
+    join the thread to draw the final frame (or log the final line). With ``started``, the view
+    waits for it (the session's first progress write): a session stopped before (a
+    configuration error) shows nothing, never an earlier session's numbers."""
 
     def target() -> None:
+        while started is not None and not started.wait(0.1):
+            if stop_event.is_set():
+                return
         try:
             watch(run_dir, refresh_s=refresh_s, console=console, stop_event=stop_event,
                   log_every_s=log_every_s)  # fmt: skip

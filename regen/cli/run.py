@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from regen.cli._args import (
     absolute_run_dir,
@@ -165,13 +166,28 @@ def run_with_view(manifest: Manifest, out: str, opts: RunOptions, *, view: bool)
     if view:
         from monitor.live import run_in_thread
 
-        thread = run_in_thread(out, stop_view, log_every_s=30.0)
+        started = threading.Event()
+        opts.on_progress = _also(opts.on_progress, lambda _snap: started.set())
+        thread = run_in_thread(out, stop_view, log_every_s=30.0, started=started)
     try:
         return run_job(manifest, rd, opts)
     finally:
         stop_view.set()
         if thread is not None:
             thread.join(timeout=10)
+
+
+def _also(
+    first: Callable[[Any], None] | None, then: Callable[[Any], None]
+) -> Callable[[Any], None]:
+    """A callback that calls ``first`` (when there is one), then ``then``."""
+
+    def both(value: Any) -> None:
+        if first is not None:
+            first(value)
+        then(value)
+
+    return both
 
 
 def execute(args: argparse.Namespace, *, view: bool = True) -> int:
