@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from regen.train.config import ServingSpec, load_train_config
     from regen.train.serving import check_draft_dir, serve_argv
 
+    _require_draft(args.draft_dir)
     cfg = load_train_config(args.config) if args.config else None
     serving = cfg.serving if cfg else ServingSpec()
     updates = {
@@ -117,6 +118,23 @@ def run(args: argparse.Namespace) -> int:
                       highlight=False, soft_wrap=True)  # fmt: skip
         out.print(escape(shlex.join(argv)), highlight=False, soft_wrap=True)
     return 0
+
+
+def _require_draft(draft_dir: str) -> None:
+    """DRAFT_DIR is a directory here: a command for a draft that does not exist is refused
+    (run serve-command where the checkpoint is; the vLLM command needs it to write its copy)."""
+    from pathlib import Path
+
+    from regen.errors import ConfigError
+
+    path = Path(draft_dir).expanduser()
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise ConfigError(
+            f"DRAFT_DIR {path.absolute()} {what}: give the trained draft's checkpoint directory "
+            "(regen train writes it; run serve-command where it is)",
+            field="DRAFT_DIR",
+        )
 
 
 def _family(args: argparse.Namespace, cfg: Any, target: str) -> Family | None:

@@ -149,20 +149,35 @@ def _printed_argv(capsys) -> list[str]:
     return shlex.split(capsys.readouterr().out.strip())
 
 
-def test_serve_command_prints_eagle3_with_all_tuning_and_kimi_flags(capsys) -> None:
-    assert regen_main(["serve-command", DRAFT, "--target", "/models/Kimi-K2.5",
+def test_serve_command_prints_eagle3_with_all_tuning_and_kimi_flags(tmp_path, capsys) -> None:
+    draft = tmp_path / "kimi-k25-eagle3"
+    draft.mkdir()
+    assert regen_main(["serve-command", str(draft), "--target", "/models/Kimi-K2.5",
                        "--family", "kimi", "--engine", "sglang"]) == 0  # fmt: skip
     argv = _printed_argv(capsys)
     assert argv[:3] == ["python", "-m", "sglang.launch_server"]
     pairs = dict(itertools.pairwise(argv))
     assert pairs["--speculative-algorithm"] == "EAGLE3"
-    assert pairs["--speculative-draft-model-path"] == DRAFT
+    assert pairs["--speculative-draft-model-path"] == str(draft)
     assert pairs["--speculative-num-steps"] == "3"
     assert pairs["--speculative-eagle-topk"] == "1"
     assert pairs["--speculative-num-draft-tokens"] == "4"
     assert pairs["--tp"] == "8" and pairs["--model-path"] == "/models/Kimi-K2.5"
     assert pairs["--tool-call-parser"] == "kimi_k2" and pairs["--reasoning-parser"] == "kimi_k2"
     assert "--trust-remote-code" in argv
+
+
+@pytest.mark.parametrize("engine", ["all", "sglang", "vllm"])
+def test_serve_command_refuses_a_draft_that_does_not_exist(tmp_path, capsys, engine) -> None:
+    """Issue 31, item 8: no command for a draft that is not there; one line, exit 2."""
+    draft = tmp_path / "no-such-draft"
+    code = regen_main(["serve-command", str(draft), "--target", "/models/Kimi-K2.5",
+                       "--family", "kimi", "--engine", engine])  # fmt: skip
+    out = capsys.readouterr()
+    assert code == 2 and out.out == ""
+    assert out.err == (f"error: DRAFT_DIR {draft} does not exist: give the trained draft's "
+                       "checkpoint directory (regen train writes it; run serve-command where "
+                       "it is)\n")  # fmt: skip
 
 
 def test_serve_command_from_config_refuses_a_draft_with_sglang_numbered_ids(
