@@ -167,6 +167,19 @@ def engine_records(
     }
 
 
+def describe_endpoint(info: EndpointInfo) -> str:
+    """``sglang 0.5.23; its 64 batch slots (/server_info) size the in-flight limits``: what the
+    start-up line says of a usable endpoint."""
+    engine = f"{info.engine} {info.version}" if info.version else f"{info.engine} (no version)"
+    if info.max_running_requests is not None:
+        slots = (f"its {info.max_running_requests} batch slots ({info.slots_source}) size the "
+                 "in-flight limits")  # fmt: skip
+    else:
+        slots = "no batch slots reported, so engine.concurrency sizes the in-flight limits"
+    spec = f"; speculative {info.speculative}" if info.speculative else ""
+    return f"{engine}; {slots}{spec}"
+
+
 def seed_warnings(infos: list[EndpointInfo], seed: int | None) -> list[str]:
     """One line per SGLang endpoint that will ignore ``seed``: SGLang honours a request's seed
     only with ``--enable-deterministic-inference``. Servers without ``/server_info`` say
@@ -222,21 +235,7 @@ async def check_endpoints(
     for p in problems:
         log.warning("endpoint dropped: %s", p)
     for info in usable:
-        if info.max_running_requests is not None:
-            slots = f"{info.max_running_requests} batch slots from {info.slots_source}"
-            sized = "size the in-flight limits"
-        else:
-            slots = "no batch slots reported"
-            sized = "engine.concurrency sizes the in-flight limits"
-        log.info(
-            "endpoint %s ok (%s %s, %s %s%s)",
-            public_url(info.url),
-            slots,
-            sized,
-            info.engine,
-            info.version,
-            f", speculative={info.speculative}" if info.speculative else "",
-        )
+        log.info("endpoint %s ok: %s", public_url(info.url), describe_endpoint(info))
     for line in seed_warnings(usable, seed):
         log.warning(line)
     return usable

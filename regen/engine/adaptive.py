@@ -95,18 +95,19 @@ def capped(n: int, concurrency: int | None) -> int:
 
 
 def describe_limit(concurrency: int | None, automatic: int, reported: bool) -> str:
-    """Which limit sets a worker's starting in-flight requests: ``automatic`` is what the
-    servers' slots (``reported``) or the default would give, ``concurrency`` the user's."""
+    """Which limit sets a worker's starting in-flight requests, as one flat phrase for the
+    start-up line: ``automatic`` is what the servers' slots (``reported``) or the default would
+    give, ``concurrency`` the user's."""
     auto = (
-        f"the servers' batch slots + 1/8 ({automatic})"
+        f"the servers' batch slots + 1/8 = {automatic}"
         if reported
-        else f"the default {DEFAULT_CONCURRENCY} (no batch slots reported)"
+        else f"the default {DEFAULT_CONCURRENCY}, as no server reports its batch slots"
     )
     if concurrency is None:
-        return f"automatic: {auto}; engine.concurrency / --concurrency caps it"
+        return f"set by {auto}; engine.concurrency / --concurrency would cap it"
     if concurrency < automatic:
-        return f"engine.concurrency / --concurrency {concurrency} (a hard cap, below {auto})"
-    return f"{auto}, under the cap engine.concurrency / --concurrency {concurrency}"
+        return f"capped by engine.concurrency / --concurrency = {concurrency}, below {auto}"
+    return f"set by {auto}, under the cap engine.concurrency / --concurrency = {concurrency}"
 
 
 @dataclass(slots=True, frozen=True)

@@ -556,7 +556,7 @@ class _Session:
             limits = [w.slots for w in d.workers]
             auto = worker_slots(warm.infos, None, warm.pool.shares(0))
             reported = any(getattr(i, "max_running_requests", None) for i in warm.infos)
-            log.info("%d workers against %d endpoint(s); starting in-flight limits %s (%s)",
+            log.info("%d workers against %d endpoint(s); starting in-flight limits %s, %s",
                      len(limits), len(warm.infos), limits,
                      describe_limit(self.m.engine.concurrency, auto, reported))  # fmt: skip
             cpu = time.process_time()

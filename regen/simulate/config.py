@@ -63,7 +63,9 @@ class SimConfig(BaseModel):
     host: str = Field("127.0.0.1", description="bind address", **_group("server"))
     port: int = Field(0, ge=0, le=65535, description="port; 0 picks a free one", **_group("server"))
     ready_file: Path | None = Field(
-        None, description="write the base URL here once listening", **_group("server")
+        None,
+        description="write the base URL incl. /v1 (what --endpoint takes) here once listening",
+        **_group("server"),
     )
     request_log: Path | None = Field(
         None, description="JSONL line per finished request", **_group("server")

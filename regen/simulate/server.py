@@ -9,7 +9,8 @@ or vLLM's ``/version``, ``/metrics`` (vLLM's, or SGLang's with ``--enable-metric
 :mod:`regen.simulate.metrics`), ``/v1/chat/completions`` (streaming and not),
 ``GET /stats`` (``?keys=1`` adds per-key and per-conversation request counts) and
 ``POST /stats/reset``. Owns no files except the optional request log (see :mod:`.stats`) and
-the ready file (one line: the base URL, written atomically once listening).
+the ready file (one line: the base URL with ``/v1``, as ``regen run --endpoint`` takes it,
+written atomically once listening).
 """
 
 from __future__ import annotations
@@ -977,7 +978,7 @@ async def serve(config: SimConfig, *, ready: asyncio.Future[str] | None = None) 
     url = f"http://{shown}:{port}"
     log.info("simulated SGLang server listening on %s (model %s)", url, config.model_name)
     if config.ready_file is not None:
-        write_ready_file(config.ready_file, url)
+        write_ready_file(config.ready_file, f"{url}/v1")  # what --endpoint takes
     if ready is not None and not ready.done():
         ready.set_result(url)
     try:

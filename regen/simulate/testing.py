@@ -160,7 +160,7 @@ def running_simulator(
                     tail = log_path.read_text(errors="replace")[-2000:]
                     raise EndpointError(f"simulator did not start ({' '.join(cmd)}):\n{tail}")
                 time.sleep(0.02)
-            sim.base = ready.read_text().strip()
+            sim.base = ready.read_text().strip().removesuffix("/v1")
             _wait_healthy(sim.base, deadline, lambda: proc.poll() is None)
             yield sim
         finally:

@@ -278,10 +278,22 @@ class TrainConfig(Strict):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
+#: top-level keys of a run manifest (regen.manifest) that no train config has
+RUN_MANIFEST_KEYS = frozenset({"sources", "sampling", "endpoints", "engine", "dedup"})
+
+
 def parse_train_config(raw: Any, *, source: str = "train config") -> TrainConfig:
     """Validate a mapping; ConfigError names the first offending field."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level")
+    if RUN_MANIFEST_KEYS & raw.keys() and "output_dir" not in raw:
+        raise ConfigError(
+            f"{source} is a run manifest (regen run's: it has "
+            f"{', '.join(sorted(RUN_MANIFEST_KEYS & raw.keys()))}), not a train config; give "
+            "--config a train config (output_dir, target, draft; e.g. "
+            "manifests/demo-train.yaml, docs/runbook.md)",
+            field="config",
+        )
     try:
         return TrainConfig.model_validate(raw)
     except ValidationError as e:

@@ -108,3 +108,20 @@ def test_a_url_without_v1_gets_a_hint_not_a_bare_404():
     assert "GET /models answered HTTP 404 (the URL has no /v1: try http://10.0.0.1:30000/v1)" in (
         str(e.value)
     )
+
+
+def test_the_start_up_line_of_an_endpoint_reads_as_a_sentence() -> None:
+    """Issue 31, item 9: no "reported engine.concurrency sizes ..., openai None"."""
+    from regen.client.endpoints import EndpointInfo, describe_endpoint
+
+    bare = EndpointInfo(url="http://h/v1", weight=1.0, models=("m",))
+    assert describe_endpoint(bare) == (
+        "openai (no version); no batch slots reported, so engine.concurrency sizes the "
+        "in-flight limits"
+    )
+    sglang = EndpointInfo(url="http://h/v1", weight=1.0, models=("m",), engine="sglang",
+                          version="0.5.23", max_running_requests=64,
+                          slots_source="max_running_requests")  # fmt: skip
+    assert describe_endpoint(sglang) == (
+        "sglang 0.5.23; its 64 batch slots (max_running_requests) size the in-flight limits"
+    )

@@ -224,13 +224,24 @@ def test_a_user_limit_above_the_slots_does_not_raise_the_start() -> None:
 
 
 def test_the_start_up_line_says_which_limit_won() -> None:
+    """Issue 31, item 9: one flat phrase (no brackets in brackets)."""
     assert describe_limit(4, 72, True) == (
-        "engine.concurrency / --concurrency 4 (a hard cap, below the servers' batch slots + 1/8 "
-        "(72))"
+        "capped by engine.concurrency / --concurrency = 4, below the servers' batch slots + "
+        "1/8 = 72"
     )
-    assert describe_limit(500, 18, True).startswith("the servers' batch slots + 1/8 (18), under")
-    assert describe_limit(None, 72, True).startswith("automatic: the servers' batch slots")
-    assert "the default 64 (no batch slots reported)" in describe_limit(None, 64, False)
+    assert describe_limit(500, 18, True) == (
+        "set by the servers' batch slots + 1/8 = 18, under the cap engine.concurrency / "
+        "--concurrency = 500"
+    )
+    assert describe_limit(None, 72, True) == (
+        "set by the servers' batch slots + 1/8 = 72; engine.concurrency / --concurrency would "
+        "cap it"
+    )
+    assert describe_limit(None, 64, False).startswith(
+        "set by the default 64, as no server reports its batch slots"
+    )
+    for phrase in (describe_limit(c, 36, r) for c in (None, 8, 99) for r in (True, False)):
+        assert "(" not in phrase
 
 
 # ---- following the server's own queue (its /metrics readings) -------------------------------

@@ -59,8 +59,10 @@ def test_ready_file_url_and_sigterm(tmp_path: Path):
         deadline = time.monotonic() + 30
         while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.02)
-        base = ready.read_text().strip()
-        assert base.startswith("http://127.0.0.1:") and int(base.rsplit(":", 1)[1]) > 0
+        url = ready.read_text().strip()  # what --endpoint takes (issue 31, item 9)
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
+        base = url.removesuffix("/v1")
+        assert int(base.rsplit(":", 1)[1]) > 0
         assert not refused(base)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -56,3 +56,20 @@ def test_every_field_has_a_doc_comment() -> None:
         m = re.match(r"    (\w+): .*(=|Field|\|)", line)
         if m and not line.strip().startswith(("#", "model_config", "return", "def")):
             assert src[i - 1].strip().startswith("#:"), f"field {m.group(1)} has no #: comment"
+
+
+def test_a_run_manifest_given_as_the_train_config_is_named_so(capsys) -> None:
+    """Issue 31, item 9: `regen train RUN --config manifests/demo.yaml` says a run manifest
+    was given where a train config belongs, not "output_dir: Field required"."""
+    from pathlib import Path
+
+    from regen.cli.main import main
+    from regen.train.config import load_train_config
+
+    demo = Path(__file__).resolve().parents[2] / "manifests" / "demo.yaml"
+    with pytest.raises(ConfigError, match="is a run manifest") as e:
+        load_train_config(demo)
+    assert "output_dir" not in str(e.value).split("not a train config")[0]
+    assert main(["train", str(demo.parent), "--config", str(demo), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"{demo} is a run manifest (regen run's" in " ".join(err.split())
