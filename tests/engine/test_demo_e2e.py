@@ -71,20 +71,23 @@ def test_usage_is_the_servers(demo_run) -> None:
             assert 0 < r["completion_tokens"] <= m.sampling.max_tokens
         if r["source"] not in turns_all:
             continue
-        # history = the user turns and our own replies, as the row renders them. Two kinds of
-        # history count fewer prompt tokens on transformers serve than the row holds:
-        # - it drops `reasoning_content` from request messages (cli/serving/utils.py
-        #   get_processor_inputs_from_messages keeps role, content, tool_calls, tool_call_id),
-        #   and the Kimi template renders the reasoning of tool-call turns after the last user;
-        # - a reply that kept raw Kimi markup in its content (a tool call the parser could not
-        #   read, flagged bad_tool_call on its own turn): the server's tokenizer reads the
-        #   markup as special tokens, the row's encoding as text (an open divergence)
+        # history = the user turns and our own replies, as the row renders them. transformers
+        # serve keeps only role, content, tool_calls and tool_call_id of a request message
+        # (cli/serving/utils.py get_processor_inputs_from_messages), so two kinds of history
+        # count fewer prompt tokens on the server than the row holds:
+        # - the reasoning of the assistant turns after the last one without tool calls, which
+        #   the Kimi template renders (CONTRACTS §1);
+        # - a tool result's `name`, which the Kimi template renders in its header (name or
+        #   role).
+        # Raw markup a reply kept in its content is read as special tokens on both sides
+        # (tests/targets/test_markup_in_content.py).
         messages = json.loads(r["messages"])
         rendered = r["num_tokens"] - r["loss_tokens"]
-        if _reasoning_after_last_user(messages) or _raw_markup_in_a_reply(messages):
-            assert r["prompt_tokens"] < rendered, r["sample_id"]
+        why = (r["sample_id"], r["turn"], r["prompt_tokens"], rendered)
+        if _reasoning_kept_in_history(messages) or _named_tool_result(messages):
+            assert r["prompt_tokens"] < rendered, why
         else:
-            assert r["prompt_tokens"] == rendered, r["sample_id"]
+            assert r["prompt_tokens"] == rendered, why
     progress = RunDir.open(demo_run["out"]).read_json("progress.json")
     assert progress["state"] == "finished"
     stored = sum(r["completion_tokens"] for r in demo_run["rows"])
@@ -93,15 +96,17 @@ def test_usage_is_the_servers(demo_run) -> None:
     assert sum(progress["output_tokens_hist"]["counts"]) == len(regen_rows)
 
 
-def _reasoning_after_last_user(messages: list[dict]) -> bool:
-    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+def _named_tool_result(messages: list[dict]) -> bool:
+    return any(m["role"] == "tool" and m.get("name") for m in messages)
+
+
+def _reasoning_kept_in_history(messages: list[dict]) -> bool:
+    """The Kimi template's rule (CONTRACTS §1): the reasoning of every assistant turn after the
+    last one without tool calls is rendered; earlier ones get an empty think block."""
+    plain = max((i for i, m in enumerate(messages)
+                 if m["role"] == "assistant" and not m.get("tool_calls")), default=-1)  # fmt: skip
     return any(m["role"] == "assistant" and m.get("reasoning_content")
-               for m in messages[last_user + 1 :])  # fmt: skip
-
-
-def _raw_markup_in_a_reply(messages: list[dict]) -> bool:
-    return any(m["role"] == "assistant" and "<|tool_call" in (m.get("content") or "")
-               for m in messages)  # fmt: skip
+               for m in messages[plain + 1 :])  # fmt: skip
 
 
 def test_export_written(demo_run) -> None:
