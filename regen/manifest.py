@@ -334,6 +334,12 @@ class Manifest(Strict):
         target = self.target.model_copy(update={"family": fam.name if fam else UNKNOWN})
         return self.model_copy(update={"target": target})
 
+    def request_fields(self) -> dict[str, Any]:
+        """Top-level request fields of the family's thinking switch (besides the template
+        kwargs; GPT-OSS's ``reasoning_effort``); {} for most families."""
+        fam = self.family()
+        return fam.request_fields(self.sampling.thinking) if fam is not None else {}
+
     def template_kwargs(self) -> dict[str, Any]:
         """The ``chat_template_kwargs`` of every request and of the local render: the family's
         thinking switch, then ``sampling.chat_template_kwargs``."""

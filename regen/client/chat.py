@@ -138,11 +138,13 @@ class ChatClient:
         engine_version: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         template_kwargs: dict[str, Any] | None = None,
+        request_fields: dict[str, Any] | None = None,
     ) -> None:
         """``engine``: the endpoint's profile (or its name; None: SGLang), as the endpoint
         check found it; ``engine_version`` what the server reported; ``template_kwargs``: the
         requests' ``chat_template_kwargs`` (``Manifest.template_kwargs``: the target family's
-        thinking switch; None: ``sampling.chat_template_kwargs`` alone)."""
+        thinking switch; None: ``sampling.chat_template_kwargs`` alone); ``request_fields``:
+        top-level fields of that switch (``Manifest.request_fields``)."""
         self.endpoint = endpoint
         #: the URL regen writes and logs: never the user:password of the configured URL
         self.url = public_url(endpoint.url)
@@ -151,6 +153,7 @@ class ChatClient:
         self.template_kwargs = dict(
             sampling.chat_template_kwargs if template_kwargs is None else template_kwargs
         )
+        self.request_fields = dict(request_fields or {})
         self.retry = retry or RetryPolicy()
         self.timeout_s = timeout_s
         self.profile = engine if isinstance(engine, EngineProfile) else profile_named(engine)
@@ -181,6 +184,7 @@ class ChatClient:
             engine=engine,
             engine_version=engine_version,
             template_kwargs=manifest.template_kwargs(),
+            request_fields=manifest.request_fields(),
         )
 
     @property
@@ -212,6 +216,7 @@ class ChatClient:
             # not max_tokens: SGLang marks it deprecated (max_completion_tokens or max_tokens)
             "max_completion_tokens": s.max_tokens,
             "chat_template_kwargs": self.template_kwargs,
+            **self.request_fields,
         }
         if s.top_k is not None:
             body["top_k"] = s.top_k

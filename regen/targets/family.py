@@ -116,6 +116,11 @@ class Family:
         """``chat_template_kwargs`` that switch thinking on or off ({} without a switch)."""
         return {} if self.thinking_kwarg is None else {self.thinking_kwarg: thinking}
 
+    def request_fields(self, thinking: bool) -> dict[str, Any]:
+        """Top-level request fields that switch thinking besides ``chat_template_kwargs``
+        ({}: none; an engine that renders the family's prompt itself may read only these)."""
+        return {}
+
     def sglang_flags(self) -> list[str]:
         """SGLang's server flags for the family's parsers."""
         return _parser_flags(self.sglang, auto_tool_choice=False)

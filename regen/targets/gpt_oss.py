@@ -89,6 +89,11 @@ class HarmonyFamily(Family):
         switch reasoning off)."""
         return {"reasoning_effort": EFFORT_ON if thinking else EFFORT_OFF}
 
+    def request_fields(self, thinking: bool) -> dict[str, Any]:
+        """The same effort as a top-level field: vLLM renders harmony itself from it and
+        ignores the template kwarg (module docstring)."""
+        return self.template_kwargs(thinking)
+
     def think_state(self, prompt_text: str) -> ThinkState:
         """``open`` when the prompt opened the analysis message, else ``none`` (the model
         opens it itself); a prompt never closes the reasoning."""

@@ -155,3 +155,21 @@ def test_serve_command_without_a_family_prints_no_parser_flags(tmp_path: Path, c
                        "--engine", "sglang"]) == 0  # fmt: skip
     out = capsys.readouterr()
     assert "--tool-call-parser" not in out.out and "family is unknown" in out.err
+
+
+def test_a_family_that_reads_a_top_level_switch_gets_it_in_every_request() -> None:
+    """GPT-OSS: vLLM renders harmony itself from the request's top-level reasoning_effort."""
+    from regen.client import ChatClient
+    from regen.manifest import Endpoint
+
+    m = load_manifest(REPO / "manifests" / "demo.yaml",
+                      ["target.family=gpt_oss", "sampling.thinking=false"])  # fmt: skip
+    assert m.template_kwargs() == {"reasoning_effort": "low"}
+    assert m.request_fields() == {"reasoning_effort": "low"}
+    body = ChatClient.from_manifest(m, Endpoint(url="http://127.0.0.1:9/v1")).request_body(
+        [{"role": "user", "content": "Hi"}], None
+    )
+    assert body["reasoning_effort"] == "low"
+    assert body["chat_template_kwargs"] == {"reasoning_effort": "low"}
+    kimi = load_manifest(REPO / "manifests" / "demo.yaml")
+    assert kimi.request_fields() == {}
