@@ -20,7 +20,7 @@ from rich.live import Live
 from rich.text import Text
 
 from monitor.plain import log_line
-from monitor.render import frame
+from monitor.render import frame, make_console
 from regen.errors import RegenError
 from regen.status import STALL_AFTER_S, RunNumbers, RunView
 
@@ -71,7 +71,7 @@ def watch(
     On a terminal: a rich Live dashboard redrawn every ``refresh_s``. Otherwise: one plain log
     line every ``log_every_s`` (and one at the end).
     """
-    console = console or Console()
+    console = console or make_console()
     stop = stop_event or threading.Event()
     ticker = Ticker(run_dir, stall_after_s=stall_after_s)
     if not console.is_terminal:

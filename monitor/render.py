@@ -9,7 +9,9 @@ then errors by class.
 from __future__ import annotations
 
 import io
+import os
 import time
+from typing import Any
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.panel import Panel
@@ -46,6 +48,9 @@ WIDE = 118
 #: top reasons shown per source: 2 in terminals at least EXTRA_WIDE columns wide, else 1
 TOP_FLAGS = 2
 EXTRA_WIDE = 140
+#: columns of output that is no terminal (a log) unless $COLUMNS says: no table regen prints
+#: is cut there
+LOG_WIDTH = 160
 
 
 def fmt_int(n: float) -> str:
@@ -389,6 +394,17 @@ def damage_note(n: RunNumbers) -> str:
         f"{len(n.damaged)} part(s) missing or damaged, not counted: {shown} "
         f"(regen verify {n.uri} --repair, or rerun the job)"
     )
+
+
+def make_console(*, stderr: bool = False, width: int | None = None, **kw: Any) -> Console:
+    """The console every regen command prints through: on a terminal, the terminal's width;
+    otherwise (a pipe, a file, a Ray job's log) :data:`LOG_WIDTH` columns, or ``$COLUMNS``, and
+    lines never broken (``soft_wrap``), so nothing is cut at rich's default of 80."""
+    console = Console(stderr=stderr, width=width, **kw)
+    if width is None and not console.is_terminal and not os.environ.get("COLUMNS"):
+        console.width = LOG_WIDTH
+        console.soft_wrap = True
+    return console
 
 
 def render_text(n: RunNumbers, *, width: int = 120, color: bool = False, note: str = "") -> str:

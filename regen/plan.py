@@ -207,9 +207,12 @@ def native_check_for(tokenizer: Any, family: Family | None) -> NativeCheck:
     return lambda sample: validate_native(sample, vocab)
 
 
-def build_plan(manifest: Manifest, tok_per_s: float = DEFAULT_TOK_PER_S) -> PlanReport:
+def build_plan(
+    manifest: Manifest, tok_per_s: float = DEFAULT_TOK_PER_S, *, row_warnings: bool = True
+) -> PlanReport:
     """Read every source and put the numbers together. Raises SourceError on the first
-    source that cannot be read, ConfigError when the tokenizer directory does not load."""
+    source that cannot be read, ConfigError when the tokenizer directory does not load.
+    ``row_warnings``: log each rejected row (off when the caller prints them, `regen plan`)."""
     if tok_per_s <= 0:
         raise ConfigError("--tok-per-s must be > 0", field="tok_per_s")
     tokenizer = load_tokenizer(manifest)
@@ -230,7 +233,8 @@ def build_plan(manifest: Manifest, tok_per_s: float = DEFAULT_TOK_PER_S) -> Plan
         for s in manifest.sources
     }
     plan.sources = list(lines.values())
-    for name, batch in _batches(read_samples(manifest, stats, native_check)):
+    for name, batch in _batches(read_samples(manifest, stats, native_check,
+                                             row_warnings=row_warnings)):  # fmt: skip
         line = lines[name]
         regen = [s for s in batch if s.mode == "regenerate"]
         if regen:

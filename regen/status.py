@@ -117,8 +117,8 @@ class RunView:
         self, uri: str | os.PathLike[str], *, reconcile_every_s: float = RECONCILE_EVERY_S
     ) -> None:
         """``reconcile_every_s``: how often reads list parts/ (the first read always does)."""
-        self.uri = os.fspath(uri)
-        self.rd = RunDir.open(self.uri, create=False).require()
+        self.rd = RunDir.open(os.fspath(uri), create=False).require()
+        self.uri = self.rd.uri  #: a local path made absolute (every message names it so)
         self.reconcile_every_s = reconcile_every_s
         self._assumptions: dict[str, tuple[int, int]] | None = None
         self._turns: dict[str, float] = {}

@@ -7,7 +7,6 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
 from rich.markup import escape
 
 if TYPE_CHECKING:
@@ -123,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
+    from monitor.render import make_console
+
     # one line per HTTP request from the endpoint check is noise next to the tables
     logging.getLogger("httpx2").setLevel(max(logging.WARNING, logging.getLogger().level))
 
@@ -176,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else (Path(args.run) / "bench" if args.run else Path("bench"))
     out.mkdir(parents=True, exist_ok=True)
 
-    console = Console()
+    console = make_console()
     console.print(
         f"bench: {len(prompts)} prompts from {escape(str(prompts_file))}, levels "
         f"{','.join(map(str, levels))}, max_tokens {args.max_tokens}",

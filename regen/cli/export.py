@@ -83,6 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from monitor.render import make_console
     from regen.export import export_run, export_settings
     from regen.store import RunDir
 
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     stats = export_run(
         rd, args.out, fmt=args.fmt, only_flagged=args.only_flagged, setting=args.setting, **settings
     )
-    console = Console()
+    console = make_console()
     print_export(console, stats, f"export {args.run_dir} → {args.out} ({stats.format})")
     return 0
 

@@ -23,16 +23,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from monitor.live import watch
-    from monitor.render import frame
+    from monitor.render import frame, make_console
     from regen.status import STALL_AFTER_S, RunView
 
     if args.refresh <= 0:
         raise ConfigError("--refresh must be > 0", field="--refresh")
     stall = STALL_AFTER_S if args.stall_after is None else args.stall_after
-    console = Console(width=args.width) if args.width else Console()
+    console = make_console(width=args.width)
     if args.once:
         numbers = RunView(args.run_dir).numbers(stall_after_s=stall)
         console.print(frame(numbers, width=console.width))

@@ -54,12 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from monitor.render import make_console
     from regen.manifest import load_manifest
     from regen.plan import build_plan
 
     manifest = load_manifest(args.manifest, args.override)
-    plan = build_plan(manifest, args.tok_per_s)
-    console = Console()
+    plan = build_plan(manifest, args.tok_per_s, row_warnings=False)  # it lists them, once
+    console = make_console()
     if args.reweight:
         return _reweight(args, plan, console)
     if args.json:
@@ -92,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"{escape(s.name)}: {escape(why)}", highlight=False)
         for ex in st.examples:
             console.print(f"  [dim]{escape(ex)}[/]", highlight=False)
+        if st.rejected_total > len(st.examples):
+            shown = f"the first {len(st.examples)} of {st.rejected_total:,} rejected rows"
+            console.print(f"  [dim]({shown}; --log-level DEBUG logs each)[/]", highlight=False)
     return 0
 
 
@@ -196,7 +200,8 @@ def render_table(plan: PlanReport) -> Table:
             f"{s.prompt_tokens:,}",
             out,
         )
-    t.caption = "* reached the source's limit (reading stopped there)"
+    if any(s.stats.limit_reached and s.limit for s in plan.sources):
+        t.caption = "* reached the source's limit (reading stopped there)"
     return t
 
 

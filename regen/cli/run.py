@@ -192,13 +192,13 @@ def _also(
 
 def execute(args: argparse.Namespace, *, view: bool = True) -> int:
     """Run the job described by parsed arguments; shared with pipelines.regenerate."""
-    from rich.console import Console
 
+    from monitor.render import make_console
     from regen.engine.actor import quiet_http_logs
     from regen.manifest import load_manifest
 
     quiet_http_logs()
-    console = Console()
+    console = make_console()
     args.out = absolute_run_dir(args.out)
     manifest = with_endpoint_keys(load_manifest(args.manifest, args.override), args)
     opts = options_from_args(args)

@@ -58,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from monitor.render import make_console
     from regen.errors import ConfigError
     from regen.train.config import ServingSpec, load_train_config
     from regen.train.serving import check_draft_dir, serve_argv
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         target_hidden=cfg.target.hidden_size if cfg else None,
         num_layers=cfg.target.num_layers if cfg else None,
     )
-    out = Console()
+    out = make_console()
     family = _family(args, cfg, target)
     remote = cfg.target.trust_remote_code if cfg else bool(family and family.remote_code)
     if args.engine in ("all", "sglang"):

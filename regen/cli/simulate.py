@@ -28,12 +28,11 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
-    from rich.console import Console
-
+    from monitor.render import make_console
     from regen.simulate.server import serve
 
     config = build_config(args)
-    console = Console()
+    console = make_console()
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

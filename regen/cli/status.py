@@ -22,21 +22,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.text import Text
 
     from monitor.plain import log_line
-    from monitor.render import fmt_tokens, sources_table
+    from monitor.render import fmt_tokens, make_console, sources_table
     from regen.status import STALL_AFTER_S, RunView
 
     stall = STALL_AFTER_S if args.stall_after is None else args.stall_after
     n = RunView(args.run_dir).numbers(stall_after_s=stall)
-    console = Console(soft_wrap=args.json)
+    console = make_console(soft_wrap=args.json)
     code = 1 if n.state == "unknown" else 0
     if args.json:
         console.out(json.dumps(n.to_dict(), indent=1, ensure_ascii=False), highlight=False)
         return code
     console.print(Text(log_line(n)), soft_wrap=True)
+    console.print(Text(f"run dir {n.uri}"), soft_wrap=True)
     if n.state == "unknown":
         console.print(
             Text(f"progress unknown: {n.state_reason}; the numbers below are what the part "

@@ -47,10 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from monitor.render import make_console
     from regen.train.data import open_local
     from regen.train.launch import launch_training
 
-    out = Console()
+    out = make_console()
     result = launch_training(
         open_local(args.run_dir),
         args.config,

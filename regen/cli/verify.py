@@ -33,15 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.markup import escape
 
+    from monitor.render import make_console
     from regen.store import RunDir
     from regen.store.verify import verify_run
 
     rd = RunDir.open(args.run_dir, create=False).require()
     rep = verify_run(rd, repair=args.repair, check_plan=not args.no_plan)
-    console = Console(soft_wrap=True)
+    console = make_console(soft_wrap=True)
     if args.json:
         console.out(json.dumps(rep.to_dict(), indent=1, ensure_ascii=False), highlight=False)
         return 0 if rep.clean else 1

@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from monitor.render import make_console
     from regen.client import resolve_api_key, server_root
     from regen.manifest import Endpoint
     from regen.train.serving import LOW_ACCEPT_LENGTH, verify_any
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     keys = api_key_fields(args)
     key = resolve_api_key(Endpoint(url=server_root(args.url), **keys)) if keys else None
     check = verify_any(args.url, args.draft, timeout=args.timeout, api_key=key)
-    out = Console()
+    out = make_console()
     if isinstance(check, VllmCheck):
         return _print_vllm(out, check, LOW_ACCEPT_LENGTH)
     out.print(

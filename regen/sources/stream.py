@@ -105,8 +105,13 @@ def read_samples(
     manifest: Manifest,
     stats: ReadStats | None = None,
     native_check: NativeCheck | None = None,
+    *,
+    row_warnings: bool = True,
 ) -> Iterator[Sample]:
     """Filtered, deduplicated, limited samples of all sources in manifest order.
+
+    Each rejected row is a warning (the first :data:`WARNINGS_PER_SOURCE` of a source), or a
+    debug line without ``row_warnings`` (a caller that lists them itself, `regen plan`).
 
     Raises SourceError (naming the source and its manifest field) when a source cannot be read;
     sources before it have already been yielded.
@@ -125,7 +130,7 @@ def read_samples(
                 st.rejected[item.reason] = st.rejected.get(item.reason, 0) + 1
                 if len(st.examples) < EXAMPLES_PER_SOURCE:
                     st.examples.append(str(item))
-                if st.rejected_total <= WARNINGS_PER_SOURCE:
+                if row_warnings and st.rejected_total <= WARNINGS_PER_SOURCE:
                     log.warning("skipping %s", item)  # source, row, field, what is wrong
                 else:
                     log.debug("skipping %s", item)
@@ -161,7 +166,8 @@ def read_samples(
                      st.near_duplicates)  # fmt: skip
         if st.rejected:
             reasons = dict(sorted(st.rejected.items()))
-            log.warning(
+            log.log(
+                logging.WARNING if row_warnings else logging.DEBUG,
                 "source %s: %d row(s) skipped as unusable %s (the others are kept)",
                 source.name,
                 st.rejected_total,
