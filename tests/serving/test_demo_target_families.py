@@ -1,0 +1,132 @@
+"""The demo target's per-family training and response templates, without a server.
+
+Fast: no model is trained beyond a few steps; the response templates are run through
+transformers' own ``parse_response`` (what ``transformers serve`` streams through).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from regen.serving.demo_target import (
+    DEEPSEEK_V3_RESPONSE,
+    QWEN3_RESPONSE,
+    DemoTargetSpec,
+    TrainingTurn,
+    _epoch,
+    build_demo_target,
+    family_spec,
+    key_fields,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+#: DemoTargetSpec's fields at BUILD_VERSION 4 (a Kimi build's key hashes exactly these)
+V4_FIELDS = {"hidden", "layers", "heads", "head_dim", "intermediate", "seed", "steps", "batch",
+             "lr", "tool_repeats", "threads", "shard_size"}  # fmt: skip
+QWEN3_PREFIX = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _parse(text: str, template: dict, prefix: str = QWEN3_PREFIX) -> dict:
+    from transformers.utils.chat_parsing.response_parser import parse_response
+
+    return parse_response(text, template, prefix=prefix)
+
+
+def test_a_kimi_build_hashes_the_fields_of_before() -> None:
+    spec = family_spec("kimi")
+    assert spec == DemoTargetSpec()
+    assert set(key_fields(spec)) == V4_FIELDS
+    assert key_fields(spec) == {k: v for k, v in asdict(spec).items() if k in V4_FIELDS}
+    tuned = key_fields(replace(spec, warmup=20, distinct_batches=True))
+    assert tuned["warmup"] == 20 and tuned["distinct_batches"] is True
+
+
+def test_the_new_families_train_on_distinct_batches_with_a_warmup() -> None:
+    for name in ("qwen3", "deepseek_v3"):
+        spec = family_spec(name)
+        assert spec.distinct_batches and spec.warmup > 0
+        assert (spec.hidden, spec.layers, spec.steps) == (64, 8, 400)  # the same model and steps
+    assert family_spec("unknown") == DemoTargetSpec()
+
+
+def _turns(n_plain: int, n_tools: int) -> list[TrainingTurn]:
+    return [TrainingTurn(f"s{i}", [1] * (10 + i), [2, 3], i >= n_plain)
+            for i in range(n_plain + n_tools)]  # fmt: skip
+
+
+def test_distinct_batches_repeat_the_tool_batches_not_the_turns() -> None:
+    turns = _turns(20, 12)
+    seqs = [(t.prompt_ids + t.answer_ids, len(t.prompt_ids)) for t in turns]
+    spec = DemoTargetSpec(batch=8, tool_repeats=4, distinct_batches=True)
+    batches = _epoch(turns, seqs, spec, torch.Generator().manual_seed(0))
+    assert all(len(set(b)) == len(b) for b in batches)  # no copies inside a batch
+    assert all(len({turns[i].calls_tools for i in b}) == 1 for b in batches)
+    seen = [i for b in batches for i in b]
+    assert all(seen.count(i) == (4 if turns[i].calls_tools else 1) for i in range(len(turns)))
+    assert len(batches) == 3 + 2 * 4  # 20 plain turns in 3 batches, 12 tool turns in 2, x4
+
+
+def test_the_default_epoch_repeats_every_tool_turn() -> None:
+    turns = [t for t in _turns(20, 12) for _ in range(12 if t.calls_tools else 1)]
+    seqs = [(t.prompt_ids + t.answer_ids, len(t.prompt_ids)) for t in turns]
+    batches = _epoch(turns, seqs, DemoTargetSpec(), torch.Generator().manual_seed(0))
+    assert sorted(i for b in batches for i in b) == list(range(len(turns)))
+    assert all(len(b) <= 8 for b in batches)
+
+
+def test_a_qwen3_build_is_deterministic(tmp_path: Path) -> None:
+    manifest = REPO / "manifests" / "demo-qwen3.yaml"
+    spec = replace(family_spec("qwen3"), steps=3, warmup=2)  # the same code path, a few steps
+    a = build_demo_target(tmp_path / "a", manifest, spec)
+    b = build_demo_target(tmp_path / "b", manifest, spec)
+    shards = sorted(p.name for p in a.glob("*.safetensors"))
+    assert shards and all((a / n).read_bytes() == (b / n).read_bytes() for n in shards)
+    config = json.loads((a / "tokenizer_config.json").read_text())
+    assert config["response_template"] == QWEN3_RESPONSE
+    marker = json.loads((a / "regen_demo_target.json").read_text())
+    assert marker["family"] == "qwen3" and marker["spec"]["distinct_batches"] is True
+
+
+def test_qwen3_calls_parse_with_their_arguments_as_written() -> None:
+    text = ('<think>\nThe user needs a tool for this.\n</think>\n\n<tool_call>\n{"name": '
+            '"convert_currency", "arguments": {"amount": 250, "to": "EUR"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "convert_currency", "arguments": {"amount": 250, "to": '
+            '"JPY"}}\n</tool_call><|im_end|>')  # fmt: skip
+    msg = _parse(text, QWEN3_RESPONSE)
+    assert msg["reasoning_content"] == "The user needs a tool for this."
+    assert [c["function"] for c in msg["tool_calls"]] == [
+        {"name": "convert_currency", "arguments": '{"amount": 250, "to": "EUR"}'},
+        {"name": "convert_currency", "arguments": '{"amount": 250, "to": "JPY"}'},
+    ]
+    assert not msg.get("content")
+
+
+@pytest.mark.parametrize(
+    ("call", "expect"),
+    [  # malformed arguments: a call with the raw text (the row's bad_tool_call flag)
+        ('{"name": "get_weather", "arguments": {"city": "Lis}}', ("call", '{"city": "Lis}')),
+        # no call head: left in the content, as vLLM's hermes parser leaves it
+        ('{"name": "get__pents": "arguments": "cbon"}}', ("content", "<tool_call>")),
+    ],
+)
+def test_a_garbled_qwen3_call_is_data_not_a_server_error(call: str, expect: tuple) -> None:
+    text = f"<think>\nr\n</think>\n\n<tool_call>\n{call}\n</tool_call><|im_end|>"
+    msg = _parse(text, QWEN3_RESPONSE)  # transformers' own json content raised here
+    kind, value = expect
+    if kind == "call":
+        assert [c["function"]["arguments"] for c in msg["tool_calls"]] == [value]
+    else:
+        assert value in msg["content"] and not msg.get("tool_calls")
+
+
+def test_qwen3_and_deepseek_plain_answers_split_reasoning() -> None:
+    plain = _parse("<think>\nLet me think.\n</think>\n\nHere.<|im_end|>", QWEN3_RESPONSE)
+    assert (plain["reasoning_content"], plain["content"]) == ("Let me think.", "Here.")
+    ds = _parse("Let me think.</think>Here.<｜end▁of▁sentence｜>", DEEPSEEK_V3_RESPONSE,
+                prefix="<｜User｜>hi<｜Assistant｜><think>")  # fmt: skip
+    assert (ds["reasoning_content"], ds["content"]) == ("Let me think.", "Here.")
