@@ -173,3 +173,15 @@ def test_a_family_that_reads_a_top_level_switch_gets_it_in_every_request() -> No
     assert body["chat_template_kwargs"] == {"reasoning_effort": "low"}
     kimi = load_manifest(REPO / "manifests" / "demo.yaml")
     assert kimi.request_fields() == {}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_serve_command_prints_each_familys_own_parsers(name: str, tmp_path: Path, capsys) -> None:
+    family = FAMILIES[name]
+    assert regen_main(["serve-command", str(tmp_path), "--target", "/models/t", "--family",
+                       name, "--engine", "sglang"]) == 0  # fmt: skip
+    argv = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
+    pairs = dict(itertools.pairwise(argv))
+    assert pairs.get("--tool-call-parser") == family.sglang.tool
+    assert pairs.get("--reasoning-parser") == family.sglang.reasoning
+    assert ("--trust-remote-code" in argv) is family.remote_code
