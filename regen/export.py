@@ -29,11 +29,14 @@ settings) and native rows (no setting makes them) count, the others are dropped 
 part-name order wins); every row of a held-out sample is dropped (below); rows carrying a
 quality flag of ``drop_flags`` are dropped as ``flagged`` (default
 :data:`regen.quality.DEFAULT_DROP_FLAGS`; stats.json counts rows, tokens and loss tokens per
-flag, a row with two such flags under each); then truncated rows (finish_reason "length") are
-dropped unless kept, rows longer than ``max_length`` tokens are dropped (never cut: a cut row
-would change its mask), rows without a single loss token are dropped (SpecForge would skip them
-silently). Parts written before the attempt and quality columns read as attempt 0 without
-flags.
+flag, a row with two such flags under each); a locally rendered row whose ``token_check``
+cannot show it is the model's tokens (not ``count_match``: a rebuilt tool call, a count that
+differs or is unknown, a guessed ``</think>``) is dropped as ``unproven_tokens`` unless
+``keep_unproven`` (server-id rows always are the model's tokens); then truncated rows
+(finish_reason "length") are dropped unless kept, rows longer than ``max_length`` tokens are
+dropped (never cut: a cut row would change its mask), rows without a single loss token are
+dropped (SpecForge would skip them silently). Parts written before the attempt and quality
+columns read as attempt 0 without flags.
 
 ``only_flagged`` inverts the flag rule for inspection: only the latest answers' rows carrying a
 flag of ``drop_flags`` are written (nothing else is dropped), and the conversations variant
@@ -106,11 +109,14 @@ Format = Literal["pretokenized", "conversations"]
 FORMATS: tuple[str, ...] = ("pretokenized", "conversations")
 #: token_check values that are not a problem (regen.rows); every other value is counted as one
 TOKEN_CHECKS_OK = frozenset({"match", "count_match", "server_only"})
+#: the drop reason of a locally rendered row whose token_check is not in TOKEN_CHECKS_OK: its
+#: tokens cannot be shown to be the ones the model produced (a server-id row always is)
+UNPROVEN = "unproven_tokens"
 #: drop reasons that lose no training data: another attempt or copy of the row is kept, or the
 #: bench keeps the sample; every other reason counts towards :func:`drop_share`
 KEPT_ELSEWHERE = frozenset({"superseded", "duplicate", "holdout"})
 #: the settings of an export that decide which rows it keeps (stats.json records each)
-ROW_SETTINGS = ("seed", "drop_truncated", "max_length", "holdout", "drop_flags")
+ROW_SETTINGS = ("seed", "drop_truncated", "max_length", "holdout", "drop_flags", "keep_unproven")
 
 _KEY_COLUMNS = (
     "sample_id",
@@ -203,6 +209,9 @@ class ExportStats:
     holdout: int = 0  #: samples per source held out (the setting)
     drop_flags: list[str] = field(default_factory=list)  #: quality flags whose rows are dropped
     only_flagged: bool = False  #: only the rows carrying one of them were written
+    #: local rows whose token_check cannot show they are the model's tokens were kept (the
+    #: setting); otherwise they are dropped as ``unproven_tokens``
+    keep_unproven: bool = False
     parts: int = 0
     rows_read: int = 0
     rows_written: int = 0
@@ -319,13 +328,15 @@ def export_run(
     max_drop_share: float | None = None,
     check: bool = True,
     setting: str | None = None,
+    keep_unproven: bool = False,
 ) -> ExportStats:
     """Export every row of the run directory ``rd`` to ``out`` (see the module docstring).
     ``drop_flags``: quality flags whose rows are dropped (names, a comma string, ``default``,
     ``all``, ``none``). ``max_drop_share``: refuse (:func:`check_drop_share`) before writing
     anything when the rules would drop a larger share of the rows. ``check``: run the cheap
     damage check first (False: the caller did). ``setting``: keep only the rows of this
-    settings id (``run.json`` lists the run's)."""
+    settings id (``run.json`` lists the run's). ``keep_unproven``: keep the local rows whose
+    token_check cannot show they are the model's tokens (dropped as :data:`UNPROVEN`)."""
     flags = parse_flags(drop_flags, "drop_flags")
     if only_flagged and not flags:
         raise ConfigError("--only-flagged needs at least one flag to look for", field="drop_flags")
@@ -356,6 +367,7 @@ def export_run(
         holdout=holdout,
         drop_flags=list(flags),
         only_flagged=only_flagged,
+        keep_unproven=keep_unproven,
         setting=setting,
     )
     parts, table = _read_keys(rd, fmt, stats)
@@ -374,6 +386,7 @@ def export_run(
         drop_flags=frozenset(flags),
         only_flagged=only_flagged,
         why_not=why_not,
+        keep_unproven=keep_unproven,
     )
     if max_drop_share is not None and not only_flagged:
         check_drop_share(stats, max_drop_share)
@@ -689,6 +702,7 @@ def _select(
     drop_flags: frozenset[str] = frozenset(),
     only_flagged: bool = False,
     why_not: list[str] | None = None,
+    keep_unproven: bool = False,
 ) -> list[int]:
     """Indices of the rows to write (the rows of ``held`` samples left out); fills the
     read/drop/keep numbers of ``stats``. ``latest``: each sample's latest attempt
@@ -740,6 +754,8 @@ def _select(
             elif hit:
                 reason = "flagged"
                 _count_flags(stats, src, hit, ntok[i], nloss[i])
+            elif not keep_unproven and unproven(kinds[i], checks[i]):
+                reason = UNPROVEN
             elif truncated[i] and drop_truncated:
                 reason = "truncated"
             elif max_length is not None and ntok[i] > max_length:
@@ -781,6 +797,11 @@ def _select(
     stats.dropped = dict(sorted(dropped.items()))
     stats.sources = dict(sorted(per_source.items()))
     return keep
+
+
+def unproven(token_source: str, token_check: str | None) -> bool:
+    """A locally rendered row whose token_check cannot show it is the model's tokens."""
+    return token_source == "local" and token_check not in TOKEN_CHECKS_OK
 
 
 def _count_flags(

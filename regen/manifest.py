@@ -268,6 +268,10 @@ class Export(Strict):
     holdout: int = Field(default=0, ge=0)
     #: drop rows carrying any of these quality flags (docs/quality.md; [] keeps every row)
     drop_flags: list[str] = Field(default_factory=lambda: list(DEFAULT_DROP_FLAGS))
+    #: keep locally rendered rows whose token_check cannot show they are the model's tokens
+    #: (count_mismatch, tool_calls_rebuilt, count_unknown, think_inserted, content_has_think;
+    #: docs/format.md); by default export drops them
+    keep_unproven: bool = False
 
     @field_validator("drop_flags", mode="before")
     @classmethod

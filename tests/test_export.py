@@ -14,7 +14,8 @@ from regen.export import export_run
 from regen.native import VocabInfo, validate_native
 from regen.quality import DEFAULT_DROP_FLAGS
 from regen.result import TurnResult
-from regen.rows import build_turn_row, native_row, rows_to_table
+from regen.rows import build_turn_row, native_row
+from regen.rows import rows_to_table as table_of
 from regen.sample import Message, Sample, ToolCall
 from regen.store import RunDir, layout
 from regen.targets.kimi import KIMI
@@ -24,6 +25,17 @@ REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"
 NATIVE = REPO / "manifests" / "demo" / "kimi_native.jsonl"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+
+
+def rows_to_table(rows: list[dict]):
+    """The rows as a server that returns its own ids makes them (token_source server,
+    token_check match): these tests are about what export keeps for other reasons; locally
+    rendered rows whose tokens are unproven have their own tests (test_unproven_* in
+    tests/test_export.py)."""
+    for row in rows:
+        if row["token_source"] == "local":
+            row.update(token_source="server", token_check="match")
+    return table_of(rows)
 
 
 def _res(reasoning: str | None, content: str, finish: str = "stop", calls=()) -> TurnResult:
@@ -123,7 +135,7 @@ def test_pretokenized_export_numbers(run_dir: Path, tmp_path: Path) -> None:
     assert stats.sources["chat"].rows == 3 and stats.sources["chat"].truncated_seen == 1
     assert stats.sources["native"].rows == 4
     assert stats.sources["tools"].rows == 1
-    assert stats.token_source == {"local": 4, "native": 4}
+    assert stats.token_source == {"server": 4, "native": 4}
     lines = _lines(tmp_path / "out")
     assert len(lines) == 8 and [s["file"] for s in stats.shards] == ["shard-00000.jsonl"]
     recs = [json.loads(x) for x in lines]
@@ -285,7 +297,7 @@ def test_stats_count_every_token_check(tmp_path: Path, capsys: pytest.CaptureFix
         row("s:4", "R.", "A.", None),
     ]
     (tmp_path / "run" / "parts").mkdir(parents=True)
-    pq.write_table(rows_to_table(rows), tmp_path / "run" / "parts" / "p.parquet")
+    pq.write_table(table_of(rows), tmp_path / "run" / "parts" / "p.parquet")
     stats = export_run(RunDir.open(tmp_path / "run", create=False), str(tmp_path / "out"))
     # a local row with no server count cannot be checked at all: counted, never silent
     expected = {"count_match": 1, "count_mismatch": 1, "think_inserted": 1, "count_unknown": 1}
@@ -605,3 +617,63 @@ def test_stale_answers_are_never_exported_and_a_setting_can_be_kept(tmp_path: Pa
     assert one.dropped == {"not_planned": 1, "superseded": 1, "other_setting": 1}
     with pytest.raises(ConfigError, match="aaaa0001, bbbb0002"):
         export_run(RunDir.open(root), str(tmp_path / "d"), setting="cccc0003")
+
+
+def _unproven_run(root: Path, manifest: str = "name: x\n") -> None:
+    """One row of each kind: local rows whose count matched, whose tool call was rebuilt,
+    whose count differs or is unknown; a server row whose local render differs (its ids are
+    the server's); a native row."""
+    r = Renderer.from_dir(TOKENIZER)
+    req = [Message("user", "Hi")]
+    n = len(r.render_turn(req, None, reasoning="R.", content="A.").response_ids)
+
+    def row(sid: str, completion: int | None, calls=()) -> dict:
+        res = _res("R.", "" if calls else "A.", "tool_calls" if calls else "stop", calls)
+        res.completion_tokens = completion
+        sample = Sample(id=sid, source=sid.split(":")[0], messages=[], tools=TOOLS)
+        return build_turn_row(sample, 0, req, res, r)
+
+    call = ToolCall("functions.get_weather:0", "get_weather", '{"city": "Oslo"}')
+    server = row("server:1", n)
+    server.update(token_source="server", token_check="mismatch")
+    rows = [row("local:1", n), row("tools:1", None, [call]), row("local:2", n + 5),
+            row("local:3", None), server, native_row(_native_samples()[0])]  # fmt: skip
+    (root / "parts").mkdir(parents=True)
+    pq.write_table(table_of(rows), root / "parts" / "p.parquet")
+    (root / "manifest.yaml").write_text(manifest)
+
+
+def test_unproven_local_rows_are_dropped_by_default_and_stats_say_so(tmp_path: Path) -> None:
+    """Issue 31, item 10: a row that cannot be shown to be the model's tokens is not trained
+    on by default (a server-id row always is the model's tokens)."""
+    _unproven_run(tmp_path / "run")
+    stats = export_run(RunDir.open(tmp_path / "run", create=False), str(tmp_path / "out"))
+    assert stats.token_check == {"count_match": 1, "tool_calls_rebuilt": 1, "count_mismatch": 1,
+                                 "count_unknown": 1, "mismatch": 1}  # fmt: skip
+    assert stats.dropped == {"unproven_tokens": 3}
+    assert stats.rows_written == 3 and stats.token_source == {"local": 1, "server": 1, "native": 1}
+    saved = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert saved["keep_unproven"] is False and saved["dropped"] == {"unproven_tokens": 3}
+    assert saved["sources"]["tools"]["dropped"] == {"unproven_tokens": 1}
+    assert saved["sources"]["local"]["dropped"] == {"unproven_tokens": 2}
+
+    kept = export_run(RunDir.open(tmp_path / "run", create=False), str(tmp_path / "all"),
+                      keep_unproven=True)  # fmt: skip
+    assert kept.dropped == {} and kept.rows_written == 6
+    assert json.loads((tmp_path / "all" / "stats.json").read_text())["keep_unproven"] is True
+
+
+def test_unproven_rows_kept_by_the_manifest_or_the_flag(tmp_path: Path, capsys) -> None:
+    from regen.cli.main import main
+
+    _unproven_run(tmp_path / "run")
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "o1")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "3 locally rendered row(s) dropped as unproven_tokens" in out
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "o2"),
+                 "--keep-unproven"]) == 0  # fmt: skip
+    assert json.loads((tmp_path / "o2" / "stats.json").read_text())["rows_written"] == 6
+    _unproven_run(tmp_path / "run2", "name: x\nexport:\n  keep_unproven: true\n")
+    assert main(["export", str(tmp_path / "run2"), "--out", str(tmp_path / "o3")]) == 0
+    saved = json.loads((tmp_path / "o3" / "stats.json").read_text())
+    assert saved["rows_written"] == 6 and saved["keep_unproven"] is True

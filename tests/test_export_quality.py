@@ -13,7 +13,8 @@ import pytest
 from regen.errors import ConfigError
 from regen.export import export_run
 from regen.result import TurnResult
-from regen.rows import ADDED_COLUMNS, build_turn_row, rows_to_table
+from regen.rows import ADDED_COLUMNS, build_turn_row
+from regen.rows import rows_to_table as table_of
 from regen.sample import ATTEMPT_META, Message, Sample
 from regen.store import RunDir
 from regen.template.render import Renderer
@@ -21,6 +22,17 @@ from regen.template.render import Renderer
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"
 ASK = [Message("user", "Please explain how a prefix cache speeds up decoding.")]
+
+
+def rows_to_table(rows: list[dict]):
+    """The rows as a server that returns its own ids makes them (token_source server,
+    token_check match): these tests are about what export keeps for other reasons; locally
+    rendered rows whose tokens are unproven have their own tests (test_unproven_* in
+    tests/test_export.py)."""
+    for row in rows:
+        if row["token_source"] == "local":
+            row.update(token_source="server", token_check="match")
+    return table_of(rows)
 
 
 def _res(reasoning: str, content: str, finish: str = "stop") -> TurnResult:

@@ -53,6 +53,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default, all, none (manifest export.drop_flags; default: all but refusal)",
     )
     parser.add_argument(
+        "--keep-unproven",
+        action="store_true",
+        default=None,
+        help="keep locally rendered rows whose token check cannot show they are the model's "
+        "tokens (manifest export.keep_unproven; by default they are dropped: docs/format.md)",
+    )
+    parser.add_argument(
         "--only-flagged",
         action="store_true",
         help="write only the rows --drop-flags would drop (one record per row with its turn, "
@@ -96,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         shard_rows=args.shard_rows,
         drop_flags=args.drop_flags,
         holdout=args.holdout,
+        keep_unproven=args.keep_unproven,
     )
     stats = export_run(
         rd, args.out, fmt=args.fmt, only_flagged=args.only_flagged, setting=args.setting, **settings
@@ -155,3 +163,12 @@ def print_export(console: Console, stats: Any, title: str) -> None:
             "with the server ids (server ids kept) or with the server's token count, or the "
             "response needed a guessed </think> (see docs/format.md)[/]"
         )
+    unproven = dict(stats.dropped).get("unproven_tokens", 0)
+    if unproven:
+        console.print(
+            f"[yellow]{unproven} locally rendered row(s) dropped as unproven_tokens: their "
+            "token check cannot show they are the model's tokens (export.keep_unproven or "
+            "--keep-unproven keeps them)[/]"
+        )
+    elif getattr(stats, "keep_unproven", False):
+        console.print("[yellow]rows whose tokens are unproven were kept (keep_unproven)[/]")
