@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import sys
 
-from pipelines._entry import run_command
-from regen.cli import train as train_cmd
+from pipelines._environment import missing_environment
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:  # here, not at the top: a Python without regen's dependencies fails on this import
+        from pipelines._entry import run_command
+        from regen.cli import train as train_cmd
+    except ModuleNotFoundError as e:
+        return missing_environment(e, "python -m pipelines.train_draft")
     return run_command(train_cmd, "python -m pipelines.train_draft", argv)
 
 
