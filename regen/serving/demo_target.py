@@ -112,10 +112,13 @@ QWEN3_RESPONSE: dict[str, Any] = {
         "content": {"close_pattern": r"\s*(?:<\|im_end\|>|<\|endoftext\|>)", "content": "text"},
     },
 }
-#: DeepSeek-V3.1 (``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>``)
+#: DeepSeek-V3.1 (``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>``); after a tool
+#: output the template opens no assistant turn: the answer starts after
+#: ``<｜tool▁output▁end｜>`` (with the last ``<｜Assistant｜>`` as the anchor, the history's call
+#: and tool output would be parsed as the answer)
 DEEPSEEK_V3_RESPONSE: dict[str, Any] = {
     "defaults": {"role": "assistant"},
-    "start_anchor": "<｜Assistant｜>",
+    "start_anchor": ["<｜Assistant｜>", "<｜tool▁output▁end｜>"],
     "fields": {
         "reasoning_content": {"open": "<think>", "close": "</think>", "content": "text"},
         "tool_calls": {
@@ -132,6 +135,22 @@ DEEPSEEK_V3_RESPONSE: dict[str, Any] = {
         "content": {"close": "<｜end▁of▁sentence｜>", "content": "text"},
     },
 }
+#: DeepSeek-V3.1's template splices a history call's ``arguments`` in as a string, but vLLM,
+#: SGLang and ``transformers serve`` all hand templates a dict (``json.loads`` of the string):
+#: every request with a tool call in its history fails ("can only concatenate str (not
+#: \"dict\") to str"), as it does on the real model unless it is served with a fixed
+#: template. The demo target is served with that fix: a dict is written back with ``tojson``
+#: (HF's ``json.dumps``, ``", "``/``": "`` separators, as the demo's arguments are written);
+#: a string renders as before. The manifest's tokenizer, which the local render uses, keeps
+#: the real template.
+_DEEPSEEK_ARGS = "tool['function']['arguments']"
+#: per family: (text, replacement) edits of the served chat template (see above)
+SERVED_TEMPLATE_EDITS: dict[str, tuple[tuple[str, str], ...]] = {
+    "deepseek_v3": (
+        (f"+ {_DEEPSEEK_ARGS} +",
+         f"+ ({_DEEPSEEK_ARGS} if {_DEEPSEEK_ARGS} is string else {_DEEPSEEK_ARGS} | tojson) +"),
+    ),
+}  # fmt: skip
 #: the ``response_template`` a demo target of each family gets, by family name
 RESPONSE_TEMPLATES: dict[str, dict[str, Any]] = {
     "kimi": KIMI_RESPONSE,
@@ -415,6 +434,9 @@ def _build(
             shutil.copy2(p, out / p.name)
     tok_config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
     tok_config["response_template"] = response
+    edits = SERVED_TEMPLATE_EDITS.get(manifest.family().name, ())
+    if edits:
+        tok_config["chat_template"] = served_chat_template(tok_config["chat_template"], edits)
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2), encoding="utf-8")
     tail = losses[-20:]
     return {
@@ -429,6 +451,17 @@ def _build(
     }
 
 
+def served_chat_template(template: str, edits: tuple[tuple[str, str], ...]) -> str:
+    """``template`` with ``edits`` applied (ConfigError: one of them does not apply: the
+    vendored template is not the one the edit was written for)."""
+    for old, new in edits:
+        if old not in template:
+            raise ConfigError(f"the chat template has no {old!r} to replace: the demo target "
+                              "cannot be served with it", field="target.tokenizer")  # fmt: skip
+        template = template.replace(old, new)
+    return template
+
+
 def build_key(
     manifest: Any,
     manifest_path: Path,
@@ -436,9 +469,15 @@ def build_key(
     spec: DemoTargetSpec,
     response: dict[str, Any] = KIMI_RESPONSE,
 ) -> str:
-    """Hash of everything the build reads: the spec, the family's response template (a Kimi
-    build's key is the one of before families), the manifest, its tokenizer, its sources."""
-    h = hashlib.sha256(json.dumps([BUILD_VERSION, key_fields(spec), response]).encode())
+    """Hash of everything the build reads: the spec, the family's response template and
+    served-template edits (a Kimi build's key is the one of before families), the manifest,
+    its tokenizer, its sources."""
+    fam = manifest.family()
+    edits = SERVED_TEMPLATE_EDITS.get(fam.name if fam is not None else "", ())
+    parts: list[Any] = [BUILD_VERSION, key_fields(spec), response]
+    if edits:  # none for Kimi: its key is unchanged
+        parts.append([list(e) for e in edits])
+    h = hashlib.sha256(json.dumps(parts).encode())
     files = [manifest_path.resolve(), *sorted(p for p in tok_dir.iterdir() if p.is_file())]
     files += [manifest.resolve(s.path) for s in manifest.sources if s.path]
     for p in files:

@@ -4,14 +4,19 @@ Per family: its demo target (regen.serving.demo_target, built once per checkout 
 ``.cache/demo-model-FAMILY``; Kimi's is the ``demo_target`` fixture's ``.cache/demo-model``)
 is served by one vLLM server with that family's parsers (``Family.vllm``), and ``regen run``
 regenerates a short slice of the family's demo manifest (a few samples of every source, the
-tool-call sources xlam, glaive and swe_gym included). On the rows of the run's parts:
+tool-call sources xlam, glaive and swe_gym included). No sample fails permanently (DeepSeek's
+requests with a tool call in their history included: its demo target is served with the
+template fix a real V3.1 needs, regen.serving.demo_target.SERVED_TEMPLATE_EDITS). On the rows
+of the run's parts:
 
 - every finished row holds the server's own ids (``token_source == "server"``);
 - the local render (the family's response assembly through its real chat template) agrees with
   them (``token_check == "match"``) on >= 99% of the rows without a quality flag;
 - every tool-call row's calls parse (non-empty, names among the declared tools) and no content
   holds an unparsed call;
-- the reasoning is split (non-empty on every finished thinking row).
+- the reasoning is split (non-empty on every finished thinking row), but for the answers to a
+  tool output of a family in ``UNSPLIT_AFTER_TOOL`` (DeepSeek-V3.1: vLLM's parser leaves their
+  ``<think>...</think>`` in the content; checked to be so).
 
 The per-family numbers are printed (``-s``) and appended as JSON lines to
 ``$REGEN_FAMILY_TABLE`` when set.
@@ -41,6 +46,11 @@ CASES: dict[str, tuple[str, str]] = {
 TOOL_SOURCES = ("xlam", "glaive", "swe_gym")
 LIMIT, TOOL_LIMIT = 2, 4
 MIN_MATCH = 0.99
+#: families whose answers to a tool output vLLM 0.32 leaves unsplit: DeepSeek-V3.1's template
+#: opens no ``<think>`` after a tool output and its history call turns hold ``</think>``, and
+#: vLLM's deepseek_v3 (R1) reasoning parser takes a prompt whose last think token is ``</think>``
+#: as reasoning ended, so the answer's ``<think>...</think>`` stays in the content
+UNSPLIT_AFTER_TOOL = ("deepseek_v3",)
 
 
 def overrides(manifest: Path) -> list[str]:
@@ -84,7 +94,21 @@ def family_run(
                 "--address", ray_head.address, "--no-view", *overrides(manifest)]  # fmt: skip
         rc = regen_main(argv)
 
-    yield {"family": fam, "rc": rc, "rows": stored_rows(out), "start_s": srv.start_s}
+    yield {"family": fam, "rc": rc, "rows": stored_rows(out), "start_s": srv.start_s,
+           "failed": permanent_failures(out)}  # fmt: skip
+
+
+def permanent_failures(run_dir: Path) -> list[tuple[str, str]]:
+    """(sample id, message) of every permanently failed sample of the run."""
+    from regen.store.layout import FAILURES_DIR
+
+    out: list[tuple[str, str]] = []
+    for path in sorted((run_dir / FAILURES_DIR).glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            if rec.get("permanent"):
+                out.append((rec["sample_id"], rec["message"]))
+    return out
 
 
 def _calls(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -110,19 +134,23 @@ def table(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "flagged_rows": len(done) - len(clean),
         "tool_rows": sum(bool(_calls(r)) for r in done),
         "reasoning_rows": sum(bool(r["reasoning"]) for r in done),
+        "after_tool_rows": sum(_after_tool(r) for r in done),
     }  # fmt: skip
 
 
 def test_the_run_finishes_and_reports(family_run: dict[str, Any]) -> None:
     name = family_run["family"].name
-    numbers = {"family": name, **table(family_run["rows"]), "vllm_start_s": family_run["start_s"]}
+    numbers = {"family": name, **table(family_run["rows"]),
+               "failed_permanently": len(family_run["failed"]),
+               "vllm_start_s": family_run["start_s"]}  # fmt: skip
     print(f"\n{json.dumps(numbers)}")
     path = os.environ.get("REGEN_FAMILY_TABLE")
     if path:
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(numbers) + "\n")
     assert family_run["rc"] == 0
-    assert numbers["rows"] >= 15
+    assert not family_run["failed"], family_run["failed"]
+    assert numbers["rows"] >= 25
 
 
 def test_every_row_is_the_servers_ids(family_run: dict[str, Any]) -> None:
@@ -154,9 +182,20 @@ def test_tool_calls_parse_into_declared_tools(family_run: dict[str, Any]) -> Non
         assert not any(m in (r["content"] or "") for m in fam.call_markers), r["sample_id"]
 
 
+def _after_tool(row: dict[str, Any]) -> bool:
+    """The row answers a tool output (its request ends with a tool message)."""
+    messages = json.loads(row["messages"] or "[]")
+    return bool(messages) and messages[-1].get("role") == "tool"
+
+
 def test_reasoning_is_split(family_run: dict[str, Any]) -> None:
     fam = family_run["family"]
     done = [r for r in family_run["rows"] if r["token_source"] == "server" and not r["truncated"]]
+    if fam.name in UNSPLIT_AFTER_TOOL:  # vLLM leaves these in the content: they hold it whole
+        known = [r for r in done if _after_tool(r)]
+        assert all(not r["reasoning"] and (r["content"] or "").startswith(fam.think[0])
+                   and fam.think[1] in r["content"] for r in known), known  # fmt: skip
+        done = [r for r in done if not _after_tool(r)]
     missing = [(r["sample_id"], r["turn"]) for r in done if not r["reasoning"]]
     assert not missing
     if fam.think is not None:

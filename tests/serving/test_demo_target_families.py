@@ -13,15 +13,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from regen.errors import ConfigError
 from regen.serving.demo_target import (
     DEEPSEEK_V3_RESPONSE,
     QWEN3_RESPONSE,
+    SERVED_TEMPLATE_EDITS,
     DemoTargetSpec,
     TrainingTurn,
     _epoch,
     build_demo_target,
     family_spec,
     key_fields,
+    served_chat_template,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,3 +133,35 @@ def test_qwen3_and_deepseek_plain_answers_split_reasoning() -> None:
     ds = _parse("Let me think.</think>Here.<｜end▁of▁sentence｜>", DEEPSEEK_V3_RESPONSE,
                 prefix="<｜User｜>hi<｜Assistant｜><think>")  # fmt: skip
     assert (ds["reasoning_content"], ds["content"]) == ("Let me think.", "Here.")
+
+
+def test_a_deepseek_answer_to_a_tool_output_starts_after_it() -> None:
+    prefix = ("<｜User｜>Price?<｜Assistant｜></think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"
+              'price<｜tool▁sep｜>{"s": "M"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
+              "<｜end▁of▁sentence｜><｜tool▁output▁begin｜>412<｜tool▁output▁end｜>")  # fmt: skip
+    msg = _parse("<think>r</think>Here.<｜end▁of▁sentence｜>", DEEPSEEK_V3_RESPONSE, prefix)
+    assert (msg["reasoning_content"], msg["content"]) == ("r", "Here.")
+    assert not msg.get("tool_calls")  # the history's call is not the answer's
+
+
+def test_the_served_deepseek_template_renders_dict_arguments_as_the_real_one_strings() -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(REPO / "manifests" / "demo-deepseek" / "tokenizer")
+    served = served_chat_template(tok.chat_template, SERVED_TEMPLATE_EDITS["deepseek_v3"])
+    call = {"id": "c0", "type": "function",
+            "function": {"name": "price", "arguments": '{"symbol": "MSFT", "n": 2}'}}  # fmt: skip
+    msgs = [{"role": "user", "content": "Price?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": "412", "tool_call_id": "c0"}]  # fmt: skip
+    as_dict = json.loads(json.dumps(msgs))
+    as_dict[1]["tool_calls"][0]["function"]["arguments"] = {"symbol": "MSFT", "n": 2}
+    real = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    with pytest.raises(TypeError):  # what vLLM and transformers serve hand the real template
+        tok.apply_chat_template(as_dict, tokenize=False, add_generation_prompt=True)
+    for m in (msgs, as_dict):
+        out = tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True,
+                                      chat_template=served)  # fmt: skip
+        assert out == real
+    with pytest.raises(ConfigError, match="cannot be served"):
+        served_chat_template("{{ messages }}", SERVED_TEMPLATE_EDITS["deepseek_v3"])
