@@ -216,7 +216,7 @@ def test_slots_come_from_internal_states_when_the_flag_is_not_set(caplog):
         (info,) = asyncio.run(check_endpoints([Endpoint(url=t.url)], MODEL))
     # SGLang without --max-running-requests: the top level is None, the live value per DP rank
     assert (info.max_running_requests, info.slots_source) == (40, "internal_states")
-    assert "40 batch slots from internal_states size the in-flight limits" in caplog.text
+    assert "its 40 batch slots (internal_states) size the in-flight limits" in caplog.text
 
 
 def test_the_start_check_sends_the_key_and_says_when_one_is_missing(monkeypatch):
