@@ -36,6 +36,12 @@ family's tool-call text: Kimi's section, Qwen3's ``<tool_call>`` JSON, DeepSeek'
 ``<｜tool▁calls▁begin｜>``) where tools are offered, otherwise answers in one sentence, and ends
 with the family's end of turn: answers that finish, like a real target's, and that a draft can
 learn. A Kimi build's key is what it was before families (same inputs, same model).
+
+Per family (:data:`FAMILY_SPECS`): Qwen3 and DeepSeek-V3.1 train on batches of distinct turns
+with a short warmup (final loss about 0.005, every turn's greedy answer exact, where Kimi's
+default reaches 0.08); Kimi keeps the default. A family whose real template cannot render what
+servers hand it is served with the fix a real deployment uses (:data:`SERVED_TEMPLATE_EDITS`:
+DeepSeek-V3.1's history call arguments); the manifest's tokenizer keeps the real template.
 """
 
 from __future__ import annotations
