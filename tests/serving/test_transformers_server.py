@@ -68,7 +68,9 @@ def prompt_len(tokenizer, messages, tools=None, **kw) -> int:
 
 def client(server, *, engine: str = "openai", **sampling) -> ChatClient:
     """A client for the server. SampleWorker asks for ids only where the start check
-    recognised an engine that gives them, which transformers serve is not (checked below)."""
+    recognised an engine that gives them, which transformers serve is not (checked below).
+    ``thinking`` is sent as Kimi's switch, as a run sends it (Manifest.template_kwargs)."""
+    switch = {"thinking": sampling["thinking"]} if "thinking" in sampling else {}
     return ChatClient(
         Endpoint(url=server.url),
         model=server.model_name,
@@ -76,6 +78,7 @@ def client(server, *, engine: str = "openai", **sampling) -> ChatClient:
         retry=RetryPolicy(max_attempts=1),
         timeout_s=60,
         engine=engine,
+        template_kwargs=switch,
     )
 
 
