@@ -111,17 +111,25 @@ def _reasoning_kept_in_history(messages: list[dict]) -> bool:
 
 def test_export_written(demo_run) -> None:
     """The demo exports with its manifest's export section (drop_truncated, the default
-    drop_flags): every row is written or dropped for the reason its own columns give."""
+    drop_flags, keep_unproven off): every row is written or dropped for the reason its own
+    columns give, in export's order (flagged, then unproven tokens, then truncated)."""
+    from regen.export import unproven
+
     stats = json.loads((demo_run["export"] / "stats.json").read_text())
     rows, drop_flags = demo_run["rows"], set(stats["drop_flags"])
-    assert demo_run["manifest"].export.drop_truncated and drop_flags
+    export = demo_run["manifest"].export
+    assert export.drop_truncated and drop_flags and not export.keep_unproven
     flagged = [r for r in rows if drop_flags & set(r["quality_flags"] or ())]
-    truncated = [r for r in rows if r["truncated"] and r not in flagged]
+    local = [r for r in rows if r not in flagged and unproven(r["token_source"], r["token_check"])]
+    truncated = [r for r in rows if r["truncated"] and r not in flagged and r not in local]
     assert stats["dropped"] == {
-        k: len(v) for k, v in (("flagged", flagged), ("truncated", truncated)) if v
+        k: len(v)
+        for k, v in (("flagged", flagged), ("unproven_tokens", local), ("truncated", truncated))
+        if v
     }
-    assert stats["rows_read"] == len(rows)
-    assert stats["rows_written"] == len(rows) - len(flagged) - len(truncated) > 0.8 * len(rows)
+    assert stats["rows_read"] == len(rows) and stats["keep_unproven"] is False
+    written = len(rows) - len(flagged) - len(local) - len(truncated)
+    assert stats["rows_written"] == written > 0.6 * len(rows)
     first = json.loads((demo_run["export"] / "shard-00000.jsonl").open().readline())
     assert len(first["input_ids"]) == len(first["loss_mask"])
 
