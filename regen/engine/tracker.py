@@ -95,16 +95,18 @@ class ProgressTracker:
 
     def carry_over(self, last: ProgressSnapshot | None) -> None:
         """Start the run-wide counters from the progress file an earlier session left:
-        requests, errors, each endpoint's answers and health as last seen, the output-length
-        histogram. So `regen status`, `regen monitor` and the metrics read the whole run after
-        a resume, never an empty session's counters."""
+        requests, errors, the answers and health as last seen of each endpoint this session is
+        given too, the output-length histogram. So `regen status`, `regen monitor` and the
+        metrics read the whole run after a resume, never an empty session's counters."""
         if last is None:
             return
         self._base_requests = last.requests.model_copy()
         self._base_errors = {k: v.model_copy() for k, v in last.errors.items()}
         idle = {"in_flight": 0, "server_running": None, "server_queued": None,
                 "server_kv_usage": None}  # fmt: skip
-        self._base_endpoints = {e.url: e.model_copy(update=idle) for e in last.endpoints}
+        configured = set(self.snap.endpoints_configured)  # an endpoint no longer given is gone
+        self._base_endpoints = {e.url: e.model_copy(update=idle) for e in last.endpoints
+                                if e.url in configured}  # fmt: skip
         self.snap.requests = self._base_requests.model_copy()
         self.snap.endpoints = [e.model_copy() for e in self._base_endpoints.values()]
         self.snap.errors = self._errors()

@@ -42,8 +42,9 @@ the latest plan no longer wants (regen.store.stale: their source row was edited 
 plan): they are in the parts but not in the counters above, and never exported; written only
 when there is one. ``settings`` counts done samples per settings id (regen.rows).
 ``requests``, ``errors``, each endpoint's ``ok`` and ``errors``, and ``output_tokens_hist``
-cover the whole run (a session starts from what the last one wrote; an endpoint it has not
-reported keeps its record as last seen); ``token_series`` covers the current session only.
+cover the whole run (a session starts from what the last one wrote; an endpoint it is still
+given but has not reported keeps its record as last seen, one it is no longer given is gone);
+``token_series`` covers the current session only.
 ``token_series`` holds one point per ~5 s, trimmed to the last ~20 min (at most 300 points):
 :meth:`ProgressSnapshot.add_token_point` does that. ``output_tokens_hist`` counts completion
 tokens per regenerated turn; ``edges`` are the lower bounds of the bins (``counts[i]`` counts

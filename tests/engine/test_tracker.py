@@ -103,3 +103,10 @@ def test_a_resumed_session_goes_on_from_the_runs_counters(tmp_path) -> None:
     (ep,) = snap.endpoints
     assert (ep.healthy, ep.ok, ep.errors) == (False, 3, 1)  # health: this session's
     assert snap.output_tokens_hist.total == 2
+
+    moved = ProgressTracker(rd, name="n", model="m", session="S4", run_started_at=1.0,
+                            endpoints=["http://f/v1"])  # fmt: skip
+    moved.carry_over(layout.PROGRESS_FILE.read(rd))  # the server moved (the demo's new port)
+    moved.write("finished")
+    snap = layout.PROGRESS_FILE.read(rd)
+    assert snap.endpoints == [] and snap.requests.sent == 4  # the old one is gone, not "up"
