@@ -670,6 +670,7 @@ def test_unproven_rows_kept_by_the_manifest_or_the_flag(tmp_path: Path, capsys) 
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "o1")]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "3 locally rendered row(s) dropped as unproven_tokens" in out
+    assert "; token check: count_match 1," in out  # local rows' checks too, not "server" ones
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "o2"),
                  "--keep-unproven"]) == 0  # fmt: skip
     assert json.loads((tmp_path / "o2" / "stats.json").read_text())["rows_written"] == 6

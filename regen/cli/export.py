@@ -142,7 +142,7 @@ def print_export(console: Console, stats: Any, title: str) -> None:
     checks = ", ".join(f"{k} {v}" for k, v in sorted(stats.token_check.items())) or "none"
     console.print(
         f"{stats.rows_written:,} rows, {stats.tokens:,} tokens in {len(stats.shards)} shard(s); "
-        f"server token check: {escape(checks)}",
+        f"token check: {escape(checks)}",
         highlight=False,
     )
     made = {k: v for k, v in stats.settings.items() if k not in ("native", "unknown")}
