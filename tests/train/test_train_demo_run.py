@@ -156,7 +156,7 @@ def test_an_export_dropping_too_much_is_refused_in_one_line(
         n for p in (run_copy / L.PARTS_DIR).glob("*.parquet")
         for n in pq.read_table(p, columns=["num_tokens"]).column("num_tokens").to_pylist()
     )  # fmt: skip
-    cut = lengths[len(lengths) * 2 // 5]  # rows longer than this: about 60 % of them
+    cut = lengths[len(lengths) // 3]  # rows longer than this: about two thirds of them
     cfg = demo_yaml(export={"max_length": cut})
     assert regen_main(["train", str(run_copy), "--config", str(cfg), "--dry-run"]) == 2
     err = capsys.readouterr().err

@@ -80,8 +80,9 @@ def test_the_run_is_qwen3_and_specforge_accepts_every_exported_row(
     texts = [r["text"] for r in rows if r["text"]]
     assert all("<|im_start|>assistant\n" in t for t in texts)
     out = tmp_path / "export"
-    assert regen_main(["export", str(qwen3_run), "--out", str(out), "--shard-rows", "0",
-                       "--drop-flags", "none", "--keep-truncated"]) == 0  # fmt: skip
+    argv = ["export", str(qwen3_run), "--out", str(out), "--shard-rows", "0",
+            "--drop-flags", "none", "--keep-truncated", "--keep-unproven"]  # fmt: skip
+    assert regen_main(argv) == 0
     lines = (out / "shard-00000.jsonl").read_text().splitlines()
     assert len(lines) == len(rows)
     tasks = prompt_tasks(out / "shard-00000.jsonl", max_length=1_000_000)
