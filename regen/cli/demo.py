@@ -110,8 +110,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import contextlib
 
-    from rich.console import Console
-
+    from monitor.render import make_console
+    from regen.cli.export import print_export_warnings
     from regen.cli.main import EXIT_DONE
     from regen.cli.run import exit_code, run_with_view
     from regen.engine import RunOptions
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     from regen.serving import TransformersServer, build_demo_target
     from regen.store import RunDir, layout
 
-    console = Console()
+    console = make_console()
     quiet_http_logs()
     target_manifest, model_folder = TARGETS[args.target]
     args.manifest = args.manifest or target_manifest
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--train-steps must be >= 1", field="--train-steps")
     load_manifest(args.manifest, args.override)  # a bad manifest stops here, before the build
     cache = Path(args.cache)
-    with console.status("building the demo target (once: about a minute of CPU)..."):
+    with console.status("building the demo target (once: about two minutes of CPU)..."):
         model_dir = build_demo_target(cache / model_folder, args.manifest)
     export_dir = args.export or f"{args.out.rstrip('/')}-export"
     with contextlib.ExitStack() as stack:
@@ -175,10 +175,12 @@ def run(args: argparse.Namespace) -> int:
         f"({summary.failed_permanent} failed permanently, {summary.failed_transient} left for "
         f"the next run)\n"
         f"  rows: {rows_line(stats)}\n"
-        f"  Parquet parts: {Path(args.out) / layout.PARTS_DIR}\n"
-        f"  SpecForge export: {export_dir} ({stats.rows_written} rows, {stats.tokens} tokens)",
+        f"  Parquet parts: {Path(args.out).absolute() / layout.PARTS_DIR}\n"
+        f"  SpecForge export: {Path(export_dir).absolute()} ({stats.rows_written} rows, "
+        f"{stats.tokens} tokens)",
         highlight=False,
     )
+    print_export_warnings(console, stats)
     if args.train:
         return _train(console, args, model_dir)
     return 0

@@ -156,12 +156,17 @@ def print_export(console: Console, stats: Any, title: str) -> None:
             f"prompts in {escape(stats.out)}/{stats.holdout_file} for `regen bench --run`",
             highlight=False,
         )
+    print_export_warnings(console, stats)
+
+
+def print_export_warnings(console: Console, stats: Any) -> None:
+    """The export's warnings: rows that failed the token check, rows dropped as unproven."""
     mismatches = stats.token_check_problems
     if mismatches:
         console.print(
             f"[yellow]{mismatches} row(s) failed the token check: the local render disagreed "
             "with the server ids (server ids kept) or with the server's token count, or the "
-            "response needed a guessed </think> (see docs/format.md)[/]"
+            "response needed a guessed close of its reasoning (see docs/format.md)[/]"
         )
     unproven = dict(stats.dropped).get("unproven_tokens", 0)
     if unproven:
