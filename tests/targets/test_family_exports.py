@@ -112,8 +112,9 @@ def test_specforge_accepts_every_row_of_the_familys_export(
     rd.create()
     write_part(rd, "part-00000", done)
     out = tmp_path / "export"
+    # local rows without a server count: unproven, kept here (the contract is every row)
     stats = export_run(rd, str(out), shard_rows=0, drop_flags="none", drop_truncated=False,
-                       check=False)  # fmt: skip
+                       keep_unproven=True, check=False)  # fmt: skip
     lines = (out / "shard-00000.jsonl").read_text().splitlines()
     assert stats.rows_written == len(lines) == len(done)
     tasks = prompt_tasks(out / "shard-00000.jsonl", max_length=1_000_000)
