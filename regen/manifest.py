@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from regen.errors import ConfigError
 from regen.quality.config import DEFAULT_DROP_FLAGS, QualityConfig, parse_flags
 from regen.sample import stable_hash
-from regen.targets import FIRST_FAMILY, UNKNOWN, Family, family_named, target_family
+from regen.targets import FIRST_FAMILY, UNKNOWN, Family, target_family, valid_name
 
 ADAPTERS = (
     "sharegpt",
@@ -68,14 +68,7 @@ class Target(Strict):
     #: ids only); unset: recognised from the tokenizer. `regen run` records what it found
     family: str | None = None
 
-    @field_validator("family")
-    @classmethod
-    def _family(cls, v: str | None) -> str | None:
-        try:
-            family_named(v)
-        except ConfigError as e:
-            raise ValueError(str(e).split(": ", 1)[-1]) from None
-        return v
+    _family = field_validator("family")(valid_name)
 
 
 class Sampling(Strict):

@@ -42,20 +42,25 @@ FIRST_FAMILY = KIMI.name
 
 __all__ = [
     "FAMILIES", "FIRST_FAMILY", "UNKNOWN", "Family", "Parsers", "TokenizerFacts", "family_named",
-    "recognise", "recognise_dir", "target_family",
+    "recognise", "recognise_dir", "target_family", "valid_name",
 ]  # fmt: skip
 
 
 def family_named(name: str | None) -> Family | None:
     """The family called ``name``; None for :data:`UNKNOWN` or None; ConfigError otherwise."""
-    if name is None or name == UNKNOWN:
-        return None
-    found = FAMILIES.get(name)
-    if found is None:
-        known = ", ".join([*FAMILIES, UNKNOWN])
-        raise ConfigError(f"target.family: {name!r} is not a known family ({known})",
-                          field="target.family")  # fmt: skip
-    return found
+    try:
+        valid_name(name)
+    except ValueError as e:
+        raise ConfigError(f"target.family: {e}", field="target.family") from None
+    return None if name is None or name == UNKNOWN else FAMILIES[name]
+
+
+def valid_name(name: str | None) -> str | None:
+    """``name`` when it names a family (or is None / :data:`UNKNOWN`); ValueError naming the
+    known families otherwise (a pydantic validator of a ``family`` field)."""
+    if name is None or name == UNKNOWN or name in FAMILIES:
+        return name
+    raise ValueError(f"{name!r} is not a known family ({', '.join([*FAMILIES, UNKNOWN])})")
 
 
 def target_family(name: str | None, tokenizer_dir: str | Path) -> Family | None:

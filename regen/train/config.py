@@ -26,7 +26,7 @@ from pydantic import (
 
 from regen.errors import ConfigError
 from regen.manifest import read_yaml_file
-from regen.targets import FAMILIES, Family, family_named, target_family
+from regen.targets import FAMILIES, Family, target_family, valid_name
 
 
 class Strict(BaseModel):
@@ -60,14 +60,7 @@ class TargetSpec(Strict):
     #: unknown (the checks that need it then hold to the safe side)
     family: str | None = None
 
-    @field_validator("family")
-    @classmethod
-    def _family(cls, v: str | None) -> str | None:
-        try:
-            family_named(v)
-        except ConfigError as e:
-            raise ValueError(str(e).split(": ", 1)[-1]) from None
-        return v
+    _family = field_validator("family")(valid_name)
 
     def model_family(self) -> Family | None:
         """The family :attr:`family` names, else the one the target's tokenizer is, else the
