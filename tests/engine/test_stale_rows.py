@@ -109,8 +109,9 @@ def test_an_edited_source_row_is_answered_again_and_its_stale_rows_never_counted
     assert check_answers(rows, load_manifest(manifest), SIM) > 0  # the new attempt's seed too
 
     exp = tmp_path / "export"
+    # the simulator's rows are local renders: kept whatever their token check (not the point)
     p = regen(ray_env, "export", str(out), "--out", str(exp), "--format", "conversations",
-              "--drop-flags", "none", "--keep-truncated")  # fmt: skip
+              "--drop-flags", "none", "--keep-truncated", "--keep-unproven")  # fmt: skip
     assert p.returncode == 0, p.stderr
     ids = Counter(json.loads(line)["id"] for f in sorted(exp.glob("conversations-*.jsonl"))
                   for line in f.read_text().splitlines())  # fmt: skip
@@ -121,7 +122,7 @@ def test_an_edited_source_row_is_answered_again_and_its_stale_rows_never_counted
     assert stats["dropped"]["superseded"] >= 1  # xlam:1's stale attempt
     tok = tmp_path / "pretokenized"
     p = regen(ray_env, "export", str(out), "--out", str(tok), "--drop-flags", "none",
-              "--keep-truncated")  # fmt: skip
+              "--keep-truncated", "--keep-unproven")  # fmt: skip
     lines = [json.loads(x) for f in sorted(tok.glob("shard-*.jsonl"))
              for x in f.read_text().splitlines()]  # fmt: skip
     ids = [x["input_ids"] for x in lines]
@@ -174,9 +175,10 @@ def test_force_records_the_settings_of_every_row_and_export_keeps_one(
     text = " ".join(regen(ray_env, "status", str(out)).stdout.split())
     assert f"{old} {samples[old]} samples (sampling.temperature 0.6)" in text
 
-    mixed = regen(ray_env, "export", str(out), "--out", str(tmp_path / "all"))
+    mixed = regen(ray_env, "export", str(out), "--out", str(tmp_path / "all"), "--keep-unproven")
     assert mixed.returncode == 0 and "mix 2 settings" in mixed.stderr
-    one = regen(ray_env, "export", str(out), "--out", str(tmp_path / "one"), "--setting", old)
+    one = regen(ray_env, "export", str(out), "--out", str(tmp_path / "one"), "--setting", old,
+                "--keep-unproven")  # fmt: skip
     assert one.returncode == 0, one.stderr
     stats = json.loads((tmp_path / "one" / layout.EXPORT_STATS).read_text())
     assert set(stats["settings"]) <= {old, "native"} and stats["settings"][old] > 0

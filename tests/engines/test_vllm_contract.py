@@ -21,6 +21,7 @@ from regen.client.profiles import SGLANG, VLLM
 from regen.client.stream import StreamAccumulator
 from regen.errors import OverloadedError, PermanentError
 from regen.manifest import Endpoint, Sampling
+from regen.targets.kimi import KIMI
 
 pytestmark = pytest.mark.vllm
 
@@ -53,8 +54,10 @@ def body(stream: bool, **extra: Any) -> dict[str, Any]:
 
 
 def client(server, engine=VLLM, **sampling: Any) -> ChatClient:
+    """A client as a manifest of the Kimi demo target builds it (its family's thinking switch)."""
     s = Sampling(**{"max_tokens": 24, "seed": 11, "temperature": 0.6, **sampling})
-    return ChatClient(Endpoint(url=server.url), model="demo-target", sampling=s, engine=engine)
+    return ChatClient(Endpoint(url=server.url), model="demo-target", sampling=s, engine=engine,
+                      template_kwargs=KIMI.template_kwargs(s.thinking))  # fmt: skip
 
 
 def run(coro):

@@ -33,7 +33,8 @@ def test_serve_command_writes_the_vllm_copy_and_prints_both(tmp_path, capsys) ->
 
     target = build_scripted_target(tmp_path / "target")
     draft = build_eagle3_draft(tmp_path / "draft", target, [1, 2, 3])
-    assert regen_main(["serve-command", str(draft), "--target", "/models/Kimi-K2.5"]) == 0
+    assert regen_main(["serve-command", str(draft), "--target", "/models/Kimi-K2.5",
+                       "--family", "kimi"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     sglang, vllm = (shlex.split(line) for line in out.splitlines() if not line.startswith("#"))
     assert sglang[:3] == ["python", "-m", "sglang.launch_server"]

@@ -162,7 +162,8 @@ def test_concurrency_is_an_upper_bound_on_what_the_server_sees(
     assert 1 < peak <= CAP  # the server reports 64 slots: the automatic limit would be 72
     err = one_line(r.stderr)
     assert f"starting in-flight limits [{CAP}]" in err
-    assert f"--concurrency {CAP} (a hard cap, below the servers' batch slots + 1/8 (72))" in err
+    assert (f"capped by engine.concurrency / --concurrency = {CAP}, below the servers' batch "
+            "slots + 1/8 = 72") in " ".join(err.split())  # fmt: skip
 
 
 def test_samples_out_of_retries_exit_75_until_a_rerun_finishes_them(tmp_path, ray_head) -> None:
