@@ -70,6 +70,20 @@ def submit(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[
         time.sleep(1.0)
 
 
+def whole_log(p: subprocess.CompletedProcess[str], dashboard: str, env: dict[str, str]) -> str:
+    """What the job printed, whole: the submission's streamed output may end before the job's
+    last lines arrive (its log stream closes when the job ends), so the job's own log is read
+    back with ``ray job logs``."""
+    streamed = p.stdout + p.stderr
+    found = re.search(r"raysubmit_\w+", streamed)
+    if found is None:
+        return " ".join(streamed.split())
+    back = subprocess.run([str(VENV_BIN / "ray"), "job", "logs", found.group(0), "--address",
+                           dashboard], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=SUBMIT_TIMEOUT_S)  # fmt: skip
+    return " ".join((streamed + back.stdout).split())
+
+
 def test_the_readmes_submit_line_refuses_a_relative_out_and_finishes_an_absolute_one(
     ray_head, ray_env, tmp_path
 ) -> None:
@@ -87,7 +101,7 @@ def test_the_readmes_submit_line_refuses_a_relative_out_and_finishes_an_absolute
         out = tmp_path / "shared" / "runs" / "demo"
         absolute = on_this_machine(line, ray_head.dashboard_url, sim.url, str(out))
         p = submit(absolute, ray_env)
-        logs = " ".join((p.stdout + p.stderr).split())
+        logs = whole_log(p, ray_head.dashboard_url, ray_env)
         assert p.returncode == 0, logs[-3000:]
         assert f"run dir {out}" in logs
         sent = sim.stats()["received"]
@@ -95,6 +109,6 @@ def test_the_readmes_submit_line_refuses_a_relative_out_and_finishes_an_absolute
         assert progress["state"] == "finished" and sent > 0
 
         p = submit(absolute, ray_env)  # the same line again: a resume
-        logs = " ".join((p.stdout + p.stderr).split())
+        logs = whole_log(p, ray_head.dashboard_url, ray_env)
         assert p.returncode == 0, logs[-3000:]
         assert "(0 this session)" in logs and sim.stats()["received"] == sent
