@@ -401,9 +401,11 @@ def make_console(*, stderr: bool = False, width: int | None = None, **kw: Any) -
     otherwise (a pipe, a file, a Ray job's log) :data:`LOG_WIDTH` columns, or ``$COLUMNS``, and
     lines never broken (``soft_wrap``), so nothing is cut at rich's default of 80."""
     console = Console(stderr=stderr, width=width, **kw)
-    if width is None and not console.is_terminal and not os.environ.get("COLUMNS"):
-        console.width = LOG_WIDTH
+    if not console.is_terminal:
+        # a log: a line is never broken, whatever $COLUMNS says (it sizes tables only)
         console.soft_wrap = True
+        if width is None and not os.environ.get("COLUMNS"):
+            console.width = LOG_WIDTH
     return console
 
 

@@ -52,3 +52,18 @@ def test_status_and_monitor_to_a_pipe_are_whole(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert "…" not in out
     assert f"run dir {tmp_path / 'run'}" in out  # every command names the absolute run dir
+
+
+def test_a_log_line_is_never_broken_even_where_columns_is_set(monkeypatch) -> None:
+    """$COLUMNS (pytest-xdist's workers, some CI shells, a Ray job's environment) sizes tables,
+    but a line written to a log stays one line: a run dir path must not be split."""
+    import io
+
+    from monitor.render import make_console
+
+    monkeypatch.setenv("COLUMNS", "40")
+    out = io.StringIO()
+    console = make_console(file=out)
+    path = "/shared/" + "/".join(["a-long-folder-name"] * 8) + "/runs/demo"
+    console.print(f"finished: 73/73 samples done; run dir {path}", highlight=False)
+    assert out.getvalue() == f"finished: 73/73 samples done; run dir {path}\n"
