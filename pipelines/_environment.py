@@ -13,11 +13,10 @@ EXIT_CONFIG = 2
 
 def missing_environment(error: ModuleNotFoundError, prog: str) -> int:
     """Report ``error`` (an import of regen's dependencies failed) in one line; returns 2."""
-    print(
+    sys.stderr.write(
         f"error: {prog}: {sys.executable} is not regen's environment ({error}): run the job "
         "with the Python regen is installed in, on the head and on every worker (an image or "
         "venv with `pip install .` started with its own `ray start`, or Ray's runtime_env; "
-        "README 'On a cluster')",
-        file=sys.stderr,
+        "README 'On a cluster')\n"
     )
     return EXIT_CONFIG
