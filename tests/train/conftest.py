@@ -7,14 +7,12 @@ fixtures of tests/conftest.py.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from train_fixtures import REPO, good_rows, kimi_config, write_export
+from train_fixtures import REPO, good_rows, kimi_config, served_run, write_export
 
 DEMO = REPO / "manifests" / "demo.yaml"
 #: bound on the session's one demo run (Ray workers start, ~80 requests on a CPU server)
@@ -43,16 +41,5 @@ def write_train_yaml(tmp_path: Path):
 def demo_run(tmp_path_factory, demo_target: Path, ray_head, ray_env) -> Path:
     """``regen run manifests/demo.yaml`` against ``transformers serve`` of the demo target, as
     ``regen demo`` runs it: the run directory (read it; copy it before changing it)."""
-    from regen.serving import TransformersServer
-
     tmp = tmp_path_factory.mktemp("demo-run")
-    out = tmp / "run"
-    with TransformersServer(demo_target, log_path=tmp / "serve.log") as srv:
-        cmd = [sys.executable, "-m", "regen", "--log-level", "WARNING", "run", str(DEMO),
-               "--out", str(out), "--endpoint", srv.url, "--address", ray_head.address,
-               "--workers", "1", "--concurrency", "8", "--no-view",
-               "-o", f"target.model={srv.model_name}"]  # fmt: skip
-        proc = subprocess.run(cmd, cwd=REPO, env=ray_env, capture_output=True, text=True,
-                              timeout=DEMO_RUN_TIMEOUT_S, check=False)  # fmt: skip
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return out
+    return served_run(DEMO, demo_target, tmp, ray_head.address, ray_env, DEMO_RUN_TIMEOUT_S)

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from train_fixtures import REPO
+from train_fixtures import REPO, served_run
 
 from regen.cli.main import main as regen_main
 from regen.store import layout as L
@@ -45,19 +43,8 @@ def qwen3_target() -> Path:
 
 @pytest.fixture(scope="module")
 def qwen3_run(tmp_path_factory, qwen3_target: Path, ray_head, ray_env) -> Path:
-    from regen.serving import TransformersServer
-
     tmp = tmp_path_factory.mktemp("qwen3-run")
-    out = tmp / "run"
-    with TransformersServer(qwen3_target, log_path=tmp / "serve.log") as srv:
-        cmd = [sys.executable, "-m", "regen", "--log-level", "WARNING", "run", str(MANIFEST),
-               "--out", str(out), "--endpoint", srv.url, "--address", ray_head.address,
-               "--workers", "1", "--concurrency", "8", "--no-view",
-               "-o", f"target.model={srv.model_name}"]  # fmt: skip
-        proc = subprocess.run(cmd, cwd=REPO, env=ray_env, capture_output=True, text=True,
-                              timeout=RUN_TIMEOUT_S, check=False)  # fmt: skip
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return out
+    return served_run(MANIFEST, qwen3_target, tmp, ray_head.address, ray_env, RUN_TIMEOUT_S)
 
 
 @pytest.fixture

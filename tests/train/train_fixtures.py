@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -78,3 +80,22 @@ def demo_train_config(target: Path, **over: Any) -> dict[str, Any]:
     """manifests/demo-train.yaml against the built demo target ``target``."""
     base = yaml.safe_load(DEMO_TRAIN.read_text())
     return deep_merge(base, {"target": {"path": str(target)}, **over})
+
+
+def served_run(
+    manifest: Path, target: Path, tmp: Path, address: str, env: dict[str, str], timeout_s: float
+) -> Path:
+    """``regen run MANIFEST`` against ``transformers serve`` of ``target``, as ``regen demo``
+    runs it (one worker, eight in flight): the run directory ``tmp/run``."""
+    from regen.serving import TransformersServer
+
+    out = tmp / "run"
+    with TransformersServer(target, log_path=tmp / "serve.log") as srv:
+        cmd = [sys.executable, "-m", "regen", "--log-level", "WARNING", "run", str(manifest),
+               "--out", str(out), "--endpoint", srv.url, "--address", address,
+               "--workers", "1", "--concurrency", "8", "--no-view",
+               "-o", f"target.model={srv.model_name}"]  # fmt: skip
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=timeout_s, check=False)  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return out
