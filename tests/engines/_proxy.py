@@ -5,6 +5,10 @@ forwards every request unchanged to the upstream server, streaming the answer ba
 arrives. For each ``POST /v1/chat/completions`` it keeps an :class:`Exchange`: the request
 body, the HTTP status and the exact bytes the server sent. The tests compare what regen stored
 with those bytes: what the server returned, not what regen made of it.
+
+``hold(after=n)`` lets the first ``n`` chat requests through and keeps every later one waiting
+(unsent) until ``allow(k)`` lets ``k`` more through or ``release()`` lifts the hold: a crash
+test then kills a run that cannot have finished, however fast the server is.
 """
 
 from __future__ import annotations
@@ -68,6 +72,9 @@ class RecordingProxy:
     _thread: threading.Thread | None = None
     _runner: web.AppRunner | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _limit: int | None = None
+    _waiting: int = 0
+    _gate: asyncio.Condition | None = None
 
     @property
     def root(self) -> str:
@@ -81,6 +88,42 @@ class RecordingProxy:
         with self._lock:
             return list(self.exchanges)
 
+    @property
+    def waiting(self) -> int:
+        """Chat requests held back now."""
+        return self._waiting
+
+    def hold(self, after: int) -> None:
+        """Forward the first ``after`` chat requests; hold every later one."""
+        self._set_limit(after)
+
+    def allow(self, more: int = 1) -> None:
+        """Let ``more`` held (or future) chat requests through."""
+        self._set_limit((self._limit or 0) + more)
+
+    def release(self) -> None:
+        """Lift the hold: every held request goes through."""
+        self._set_limit(None)
+
+    def _set_limit(self, limit: int | None) -> None:
+        self._limit = limit
+        if self._loop is not None and self._gate is not None:
+            asyncio.run_coroutine_threadsafe(self._wake(), self._loop).result(30)
+
+    async def _wake(self) -> None:
+        assert self._gate is not None
+        async with self._gate:
+            self._gate.notify_all()
+
+    async def _admit(self, index: int) -> None:
+        assert self._gate is not None
+        async with self._gate:
+            self._waiting += 1
+            try:
+                await self._gate.wait_for(lambda: self._limit is None or index < self._limit)
+            finally:
+                self._waiting -= 1
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP | {"host"}}
@@ -89,6 +132,8 @@ class RecordingProxy:
             record = Exchange(json.loads(raw))
             with self._lock:
                 self.exchanges.append(record)
+                index = len(self.exchanges) - 1
+            await self._admit(index)
         async with (
             ClientSession(timeout=ClientTimeout(total=600)) as http,
             http.request(
@@ -113,6 +158,7 @@ class RecordingProxy:
         self.port = free_port()
 
         async def main() -> None:
+            self._gate = asyncio.Condition()
             app = web.Application(client_max_size=64 * 1024 * 1024)
             app.router.add_route("*", "/{tail:.*}", self._handle)
             self._runner = web.AppRunner(app, access_log=None, handle_signals=False)

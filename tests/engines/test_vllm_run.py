@@ -171,14 +171,27 @@ def test_sigkill_mid_run_then_resume_loses_and_repeats_nothing(
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ray_env,
                                 start_new_session=True)  # fmt: skip
         rd = RunDir.open(out)
+        # the run cannot finish before the kill, however fast the server: 20 answers go
+        # through, then one more at a time until a part and a journal line are both stored
+        proxy.hold(after=20)
+
+        def mid_run() -> bool:
+            if proc.poll() is not None or not out.exists():
+                return False
+            parts, journal = read_done(rd).parts, len(read_journal_lines(rd))
+            if parts >= 1 and journal >= 1:
+                return True
+            if proxy.waiting:
+                proxy.allow(1)
+            return False
+
         try:
-            ok = wait_until(lambda: proc.poll() is None and out.exists()
-                            and read_done(rd).parts >= 1 and len(read_journal_lines(rd)) >= 1,
-                            timeout_s=300)  # fmt: skip
+            ok = wait_until(mid_run, timeout_s=300, step_s=0.5)
             assert ok, (tmp_path / "run1.log").read_text()[-3000:]
         finally:
             kill_group(proc, 30)  # SIGKILL of the driver's whole process group
             log.close()
+            proxy.release()
         at_crash = read_done(rd).ids | {s.sample_id for s in read_journal_lines(rd)}
         run2 = subprocess.run(cmd, env=ray_env, capture_output=True, text=True, timeout=600)
         assert run2.returncode == 0, run2.stdout[-3000:] + run2.stderr[-3000:]
