@@ -105,11 +105,19 @@ def progress_bar(
 
 
 def fmt_endpoints(n: RunNumbers) -> str:
-    """``2/3 up`` (and ``, 1 not reported`` for endpoints no session has reported on): the one
+    """``2/3 up`` (``, 1 not reported`` for endpoints no session has reported on), and each
+    endpoint out of rotation with its state: ``1/2 up (127.0.0.1:8001 stalled)``. The one
     count of healthy endpoints, in `regen status`'s line and the dashboard's header."""
     up = sum(1 for e in n.endpoints if e.healthy is True)
     unknown = sum(1 for e in n.endpoints if e.healthy is None)
-    return f"{up}/{len(n.endpoints)} up" + (f", {unknown} not reported" if unknown else "")
+    out = [f"{short_url(e.url)} {e.label}" for e in n.endpoints if e.healthy is False]
+    return (f"{up}/{len(n.endpoints)} up" + (f" ({', '.join(out)})" if out else "")
+            + (f", {unknown} not reported" if unknown else ""))  # fmt: skip
+
+
+def short_url(url: str) -> str:
+    """``host:port`` of an endpoint's URL (``/v1`` and the scheme dropped)."""
+    return url.removeprefix("http://").removeprefix("https://").removesuffix("/v1")
 
 
 def header(n: RunNumbers) -> Panel:
@@ -254,11 +262,9 @@ def endpoints_panel(n: RunNumbers) -> Panel:
     t.add_column("ok", justify="right")
     t.add_column("err", justify="right")
     for e in n.endpoints:
-        if e.healthy is None:
-            health = Text("?", style="dim")
-        else:
-            health = Text("up", style="green") if e.healthy else Text("DOWN", style="bold red")
-        url = e.url.removeprefix("http://").removeprefix("https://").removesuffix("/v1")
+        style = {"?": "dim", "up": "green", "stalled": "bold magenta"}.get(e.label, "bold red")
+        health = Text(e.label, style=style)
+        url = short_url(e.url)
         kv = e.server_kv_usage
         t.add_row(
             url,

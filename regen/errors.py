@@ -147,6 +147,13 @@ class RequestTimeoutError(TransientError):
     kind = "timeout"
 
 
+class StallError(RequestTimeoutError):
+    """A stream (or every request of an endpoint) sent no byte for the stall timeout: cancelled
+    long before the request timeout, and retried on another endpoint (regen.engine.stall)."""
+
+    kind = "stall"
+
+
 class OverloadedError(TransientError):
     """The server is busy, not sick: HTTP 503 (SGLang answers a full queue, a request that
     waited or ran past its timeout, and a request retracted under memory pressure with 503,

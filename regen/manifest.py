@@ -157,8 +157,15 @@ class Engine(Strict):
     backoff_initial_s: float = Field(default=1.0, gt=0)
     #: backoff cap, seconds
     backoff_max_s: float = Field(default=60.0, gt=0)
-    #: per-request timeout, seconds (a stall longer than this is a transient failure)
+    #: per-request timeout, seconds: the longest one answer may take in all
     request_timeout_s: float = Field(default=1800.0, gt=0)
+    #: seconds a stream may send nothing before it is cancelled as stalled and its sample is
+    #: retried on another endpoint (an endpoint whose streams stall together leaves rotation);
+    #: unset (the default): derived per endpoint from the gaps its streams have shown, never
+    #: below stall_min_s (regen.engine.stall)
+    stall_timeout_s: float | None = Field(default=None, gt=0)
+    #: the floor of the derived stall timeout, seconds
+    stall_min_s: float = Field(default=30.0, gt=0)
     #: consecutive failures that take an endpoint out of rotation
     endpoint_failure_threshold: int = Field(default=5, ge=1)
     #: seconds between probes of an endpoint out of rotation

@@ -25,6 +25,13 @@
   instead). After ``endpoint_failure_threshold`` overloads in a row with no success, the probe
   is asked once in the background: only when it fails too does the endpoint leave rotation.
   A permanent error is not a health failure either (the server answered).
+- **A stall is about the endpoint**: a :class:`~regen.errors.StallError` (a stream that sent
+  nothing for the stall timeout, regen.engine.stall) is counted as a stall; the sample's retry
+  avoids that endpoint while another is up (:meth:`EndpointRouter.avoid`), and
+  ``STALL_STREAK`` stalls in a row with no success between, or the stall watch's word that the
+  whole server stopped (:meth:`EndpointRouter.stall`), take it out of rotation as ``stalled``
+  (one warning). It comes back by a probe, as a down endpoint does (``/health_generate``
+  generates a token: a hung scheduler fails it).
 - **Refusal is about the endpoint**: an :class:`~regen.errors.EndpointFaultError` (401, 403,
   404, 405, 407, an answer that is not the protocol) takes the endpoint out of rotation at once
   and for the rest of the session ("refused": no probe brings it back, since a gateway that
@@ -53,17 +60,33 @@ from regen.errors import (
     NoEndpointLeftError,
     OverloadedError,
     PermanentError,
+    StallError,
 )
 
 log = logging.getLogger(__name__)
 
 UP = "up"
 DOWN = "down"
+STALLED = "stalled"  #: its streams stopped: out of rotation until a probe passes
 HALF_OPEN = "half_open"
 REFUSED = "refused"  #: an endpoint-wide fault: out for the session
 
 #: async (url) -> True when the endpoint answers again
 ProbeFn = Callable[[str], Awaitable[bool]]
+
+#: states out of rotation that a probe (or a half-open trial) brings back
+PROBED = frozenset({DOWN, STALLED})
+#: the states from best to worst (what a view of several workers' routers shows: the worst)
+SEVERITY = {UP: 0, HALF_OPEN: 1, DOWN: 2, STALLED: 3, REFUSED: 4}
+
+
+def worse(a: str | None, b: str) -> str:
+    """The worse of two endpoint states (``a`` None: ``b``)."""
+    return b if a is None or SEVERITY.get(b, 0) > SEVERITY.get(a, 0) else a
+
+
+#: stalls in a row (no success between) that take an endpoint out of rotation
+STALL_STREAK = 2
 
 #: weight of the newest latency in the moving average
 LATENCY_EWMA_ALPHA = 0.2
@@ -81,6 +104,8 @@ class _State:
     throttled: int = 0  #: overload answers (503 / 429)
     consecutive_failures: int = 0
     consecutive_overloads: int = 0
+    stalls: int = 0  #: requests cancelled as stalled
+    consecutive_stalls: int = 0
     checking: bool = False  #: a health check after an overload streak is running
     slots_source: str | None = None  #: which server value sized the limit (EndpointInfo)
     state: str = UP
@@ -141,6 +166,7 @@ class EndpointRouter:
         self._probe = probe
         self._clock = clock
         self._affinity: dict[str, str] = {}
+        self._avoid: dict[str, set[str]] = {}  #: sample -> endpoints its requests stalled on
         self._changed = asyncio.Event()
         self._checks: set[asyncio.Task[None]] = set()
 
@@ -207,8 +233,16 @@ class EndpointRouter:
         return self._affinity.get(sample_id)
 
     def forget(self, sample_id: str) -> None:
-        """Drop a finished sample's endpoint binding."""
+        """Drop a finished sample's endpoint binding (and what it avoids)."""
         self._affinity.pop(sample_id, None)
+        self._avoid.pop(sample_id, None)
+
+    def avoid(self, sample_id: str, url: str) -> None:
+        """This sample's next requests go to any other endpoint that is up (a request of it
+        stalled on ``url``); to ``url`` only when no other is up."""
+        self._avoid.setdefault(sample_id, set()).add(url)
+        if self._affinity.get(sample_id) == url:
+            del self._affinity[sample_id]
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Per-endpoint stats as a plain JSON-able dict (for the progress snapshot)."""
@@ -228,6 +262,7 @@ class EndpointRouter:
                 "throttled": s.throttled,
                 "consecutive_failures": s.consecutive_failures,
                 "consecutive_overloads": s.consecutive_overloads,
+                "stalls": s.stalls,
                 "slots_source": s.slots_source,
                 "latency_avg_s": round(s.latency_sum_s / done, 4) if done else None,
                 "latency_ewma_s": None if s.latency_ewma_s is None else round(s.latency_ewma_s, 4),
@@ -245,8 +280,11 @@ class EndpointRouter:
         now = self._clock()
         for s in self._eps.values():
             self._refresh(s, now)
+        avoid = self._avoid.get(sample_id)
+        if avoid and not any(s.state == UP and u not in avoid for u, s in self._eps.items()):
+            avoid = None  # no other endpoint is up: the avoided one may serve it
         bound = self._affinity.get(sample_id)
-        if bound is not None:
+        if bound is not None and not (avoid and bound in avoid):
             s = self._eps[bound]
             if s.state == UP:
                 return self._lease(s, sample_id, now) if s.has_room() else None
@@ -254,13 +292,13 @@ class EndpointRouter:
                 return self._lease(s, sample_id, now)
         chosen: _State | None = None
         for s in self._eps.values():
-            if s.state == HALF_OPEN and not s.trial_in_flight:
+            if s.state == HALF_OPEN and not s.trial_in_flight and not (avoid and s.url in avoid):
                 chosen = s  # probe it with a real request first
                 break
         if chosen is None:
             best = None
             for s in self._eps.values():
-                if s.state != UP or not s.has_room():
+                if s.state != UP or not s.has_room() or (avoid and s.url in avoid):
                     continue
                 score = (s.in_flight + s.others + 1) / s.weight
                 if best is None or score < best:
@@ -311,6 +349,15 @@ class EndpointRouter:
             s.failures += 1
             s.last_error = f"{type(error).__name__}: {str(error)[:200]}"
             self._refuse(s, error)
+        elif isinstance(error, StallError):
+            s.failures += 1
+            s.stalls += 1
+            s.consecutive_stalls += 1
+            s.last_error = f"{type(error).__name__}: {str(error)[:200]}"
+            if s.state == HALF_OPEN:
+                self._failed(s, now)
+            elif s.consecutive_stalls >= STALL_STREAK:
+                self.stall(s.url, f"{s.consecutive_stalls} streams in a row stalled")
         elif isinstance(error, OverloadedError):
             s.throttled += 1
             s.consecutive_overloads += 1
@@ -356,7 +403,7 @@ class EndpointRouter:
         due = [
             s
             for s in self._eps.values()
-            if s.state == DOWN and s.next_probe_at is not None and now >= s.next_probe_at
+            if s.state in PROBED and s.next_probe_at is not None and now >= s.next_probe_at
         ]
         back: list[str] = []
         for s in due:
@@ -396,7 +443,7 @@ class EndpointRouter:
 
     def _refresh(self, s: _State, now: float) -> None:
         if (
-            s.state == DOWN
+            s.state in PROBED
             and self._probe is None
             and s.next_probe_at is not None
             and now >= s.next_probe_at
@@ -438,6 +485,22 @@ class EndpointRouter:
         finally:
             s.checking = False
 
+    def stall(self, url: str, why: str) -> bool:
+        """Take an endpoint out of rotation as ``stalled`` (its streams stopped: ``why``);
+        a probe brings it back. False when it was not up (already out)."""
+        s = self._eps[url]
+        if s.state not in (UP, HALF_OPEN):
+            return False
+        now = self._clock()
+        s.state = STALLED
+        s.down_since = now
+        s.next_probe_at = now + self.probe_interval_s
+        s.last_error = f"stalled: {why}"
+        log.warning("endpoint %s stalled: %s; out of rotation, probed every %g s",
+                    s.url, why, self.probe_interval_s)  # fmt: skip
+        self._notify()
+        return True
+
     def _refuse(self, s: _State, error: EndpointFaultError) -> None:
         if s.state == REFUSED:
             return
@@ -450,6 +513,7 @@ class EndpointRouter:
     def _succeeded(self, s: _State) -> None:
         s.consecutive_failures = 0
         s.consecutive_overloads = 0
+        s.consecutive_stalls = 0
         if s.state == REFUSED:  # a request sent before the refusal: it stays out
             return
         if s.state != UP:
@@ -482,7 +546,7 @@ class EndpointRouter:
         waits = [
             s.next_probe_at - now
             for s in self._eps.values()
-            if s.state == DOWN and s.next_probe_at is not None
+            if s.state in PROBED and s.next_probe_at is not None
         ]
         return max(0.01, min(waits)) if waits else None
 

@@ -346,6 +346,18 @@ class EndpointNumbers:
     server_running: float | None = None
     server_queued: float | None = None
     server_kv_usage: float | None = None
+    #: the router's state: "up", "half_open", "down", "stalled", "refused" (None: not reported)
+    health: str | None = None
+    stalls: int = 0  #: requests cancelled as stalled
+
+    @property
+    def label(self) -> str:
+        """What the views call its state: ``up``, ``stalled``, ``DOWN``, ... (``?``: none)."""
+        if self.healthy is None:
+            return "?"
+        if self.health is None or self.health == "half_open":
+            return "up" if self.healthy else "DOWN"
+        return self.health if self.health in ("up", "stalled") else self.health.upper()
 
 
 @dataclass(slots=True)
@@ -640,6 +652,8 @@ def compute(
             e.ok,
             e.errors,
             *((e.server_running, e.server_queued, e.server_kv_usage) if live else (None,) * 3),
+            health=e.health,
+            stalls=e.stalls,
         )
         for e in (p.endpoints if p else [])
     ]

@@ -389,3 +389,89 @@ def test_a_permanent_error_is_not_a_refusal():
     lease = r.try_acquire("s")
     r.release(lease, status_error(400, "bad request", endpoint=A))
     assert r.state(A) == UP
+
+
+# ---- stalls (regen.engine.stall cancels; the router keeps the sample away, and counts) -------
+
+
+def test_a_stalled_samples_retry_goes_elsewhere_and_never_back_while_another_is_up():
+    from regen.errors import StallError
+
+    r = router(A, B)
+    first = r.try_acquire("s")
+    assert first.url == A
+    r.release(first, StallError("a stream sent nothing", endpoint=A))
+    r.avoid("s", A)
+    for _ in range(3):  # A is the least loaded every time, and still not chosen
+        lease = r.try_acquire("s")
+        assert lease.url == B
+        r.release(lease)
+        r.forget("x")  # another sample's end does not clear it
+    r.avoid("s", B)  # both avoided, both still up: it may go anywhere rather than wait forever
+    assert r.try_acquire("s") is not None
+    r.forget("s")
+    assert r.try_acquire("s").url in (A, B)
+
+
+def test_an_avoided_endpoint_serves_the_sample_when_no_other_is_up():
+    from regen.errors import StallError
+
+    r = router(A, B, failure_threshold=1)
+    r.avoid("s", A)
+    la, lb = r.try_acquire("o1"), r.try_acquire("o2")
+    assert (la.url, lb.url) == (A, B)
+    r.release(la)
+    r.release(lb, ConnectError("refused", endpoint=B))  # B leaves rotation
+    assert r.state(B) == DOWN
+    assert r.try_acquire("s").url == A
+    assert StallError.kind == "stall"
+
+
+def test_two_stalls_in_a_row_take_an_endpoint_out_as_stalled_and_a_probe_brings_it_back():
+    from regen.errors import StallError
+    from regen.router import STALL_STREAK, STALLED
+
+    clock = Clock()
+    ok = {"answer": False}
+
+    async def probe(url: str) -> bool:
+        return ok["answer"]
+
+    r = router(A, B, clock=clock, probe=probe, probe_interval_s=10)
+    for i in range(STALL_STREAK):
+        lease = r.try_acquire(f"s{i}")  # affinity-free: spread, so force A
+        while lease.url != A:
+            r.release(lease)
+            lease = r.try_acquire(f"s{i}-again")
+        assert r.state(A) == UP
+        r.release(lease, StallError("a stream sent nothing", endpoint=A))
+    assert r.state(A) == STALLED
+    snap = r.snapshot()[A]
+    assert snap["state"] == "stalled" and snap["stalls"] == STALL_STREAK
+    assert all(r.try_acquire(f"n{i}").url == B for i in range(5))
+    clock.t += 11
+    assert asyncio.run(r.probe_once()) == []  # a hung server fails its probe: still out
+    assert r.state(A) == STALLED
+    ok["answer"] = True
+    clock.t += 11
+    assert asyncio.run(r.probe_once()) == [A]
+    assert r.state(A) == UP
+
+
+def test_a_success_between_stalls_keeps_the_endpoint_in():
+    from regen.errors import StallError
+
+    r = router(A)
+    r.release(r.try_acquire("s0"), StallError("x", endpoint=A))
+    r.release(r.try_acquire("s1"))
+    r.release(r.try_acquire("s2"), StallError("x", endpoint=A))
+    assert r.state(A) == UP
+
+
+def test_the_worst_state_is_what_a_view_of_several_workers_shows():
+    from regen.router import worse
+
+    assert worse(None, "up") == "up"
+    assert worse("up", "stalled") == "stalled"
+    assert worse("stalled", "down") == "stalled"
+    assert worse("refused", "stalled") == "refused"

@@ -257,14 +257,16 @@ class ChatClient:
         *,
         sample_id: str,
         seed: int | None = None,
+        beat: Any = None,
     ) -> TurnResult:
-        """One try, no retry (``seed``: see :meth:`request_body`). Raises a
+        """One try, no retry (``seed``: see :meth:`request_body`; ``beat``: a
+        regen.engine.stall.Beat the stream's pieces are counted on). Raises a
         :class:`regen.errors.RequestError` subclass on failure."""
         body = self.request_body(messages, tools, seed=seed)
         start = self._clock()
         try:
             if self.streaming:
-                result = await self._stream(body, start)
+                result = await self._stream(body, start, beat)
             else:
                 result = await self._whole(body, start)
             _check_text(result, self.url)
@@ -273,9 +275,9 @@ class ChatClient:
             log.debug("sample %s: %s", sample_id, e)
             raise
 
-    async def _stream(self, body: dict[str, Any], start: float) -> TurnResult:
+    async def _stream(self, body: dict[str, Any], start: float, beat: Any = None) -> TurnResult:
         acc = StreamAccumulator(endpoint=self.url, clock=self._clock)
-        await self._transport.stream(body, acc)
+        await self._transport.stream(body, acc, beat)
         end = self._clock()
         if acc.finish_reason is None:
             raise StreamCutError(

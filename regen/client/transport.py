@@ -88,8 +88,9 @@ class ChatTransport:
             body=parsed,
         )
 
-    async def stream(self, body: dict[str, Any], acc: StreamAccumulator) -> None:
-        """Send one streaming request; feed every line to ``acc`` until [DONE] or the end."""
+    async def stream(self, body: dict[str, Any], acc: StreamAccumulator, beat: Any = None) -> None:
+        """Send one streaming request; feed every line to ``acc`` until [DONE] or the end.
+        ``beat`` (a regen.engine.stall.Beat): its ``n`` counts the pieces received."""
         session = self._ensure()
         headers = {"Accept": "text/event-stream"}
         try:
@@ -101,6 +102,8 @@ class ChatTransport:
                 buf = head = b""
                 feed = acc.feed_bytes
                 async for piece in resp.content.iter_any():
+                    if beat is not None:
+                        beat.n += 1
                     if len(head) < PROBE_BYTES:
                         head += piece[:PROBE_BYTES]
                         if not sse and _not_sse(head):  # not an event stream (its body decides)

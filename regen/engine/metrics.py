@@ -76,6 +76,12 @@ METRICS: tuple[Metric, ...] = (
     Metric("regen_requests_in_flight", "gauge", "Requests in flight.", ("endpoint",)),
     Metric("regen_endpoint_up", "gauge", "1 while the endpoint is in rotation.", ("endpoint",)),
     Metric(
+        "regen_endpoint_stalled",
+        "gauge",
+        "1 while the endpoint is out of rotation because its streams stalled.",
+        ("endpoint",),
+    ),
+    Metric(
         "regen_endpoint_answers",
         "counter",
         "Answers of the endpoint (the whole run) by outcome (ok, error).",
@@ -131,6 +137,7 @@ def values(n: RunNumbers) -> dict[str, Series]:
         out["regen_requests_in_flight"].append((tag, ep.in_flight))
         if ep.healthy is not None:
             out["regen_endpoint_up"].append((tag, 1.0 if ep.healthy else 0.0))
+            out["regen_endpoint_stalled"].append((tag, 1.0 if ep.health == "stalled" else 0.0))
         out["regen_endpoint_answers"].append(({**tag, "outcome": "ok"}, ep.ok))
         out["regen_endpoint_answers"].append(({**tag, "outcome": "error"}, ep.errors))
         if ep.latency_p50_s is not None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from regen.engine.worker import SampleOutcome
 from regen.manifest import public_url
+from regen.router import worse
 from regen.store import layout
 from regen.store.counts import SourceCounts
 from regen.store.doneset import DoneSet
@@ -189,6 +190,8 @@ class ProgressTracker:
                 cur.ok += ep["ok"]
                 cur.errors += ep["failures"] + ep["throttled"]
                 cur.healthy = cur.healthy and ep["state"] == "up"
+                cur.health = worse(cur.health, ep["state"])
+                cur.stalls += ep.get("stalls", 0)
                 server = ep.get("server")  # every worker reads the same page: any reading
                 if server and cur.server_running is None and cur.server_queued is None:
                     cur.server_running = server.get("running")

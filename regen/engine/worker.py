@@ -25,6 +25,11 @@ first round comes before the worker's first request; while a server's
 without a page, or whose reading went stale, is scheduled as above; that is said once (per
 worker).
 
+Every request is watched for stalls (:mod:`regen.engine.stall`): a stream that stops sending
+for the stall timeout is cancelled and its sample retried on another endpoint, and an endpoint
+whose requests all stop leaves rotation as ``stalled`` (its metrics readings go to the watch
+too).
+
 An endpoint-wide fault (:class:`regen.errors.EndpointFaultError`: 401, 403, 404, not the
 protocol) is never the sample's: the router takes that endpoint out and the request is sent
 again elsewhere at once (not counted as a try). With no endpoint left the sample's outcome is
@@ -49,6 +54,7 @@ from regen.engine.adaptive import (
     target_queue,
 )
 from regen.engine.attempts import attempt_seed
+from regen.engine.stall import StallWatch
 from regen.engine.turns import DoneTurn, regenerate
 from regen.errors import (
     EndpointFaultError,
@@ -57,6 +63,7 @@ from regen.errors import (
     RateLimitedError,
     RegenError,
     RequestError,
+    StallError,
     TransientError,
 )
 from regen.manifest import Endpoint, Manifest
@@ -256,10 +263,13 @@ class SampleWorker:
                 engine_version=getattr(info, "version", None),
             )
             headers[info.url] = auth_headers(resolve_api_key(ep, manifest.base_dir))
-        self.router = EndpointRouter.from_engine(
-            endpoints, manifest.engine, probe=probe if probe is not None else keyed_probe(headers)
-        )
+        probe = probe if probe is not None else keyed_probe(headers)
+        self.router = EndpointRouter.from_engine(endpoints, manifest.engine, probe=probe)
         self._clock = clock
+        eng = manifest.engine
+        self.watch = StallWatch([info.url for info in endpoints], timeout_s=eng.stall_timeout_s,
+                                min_s=eng.stall_min_s, probe=probe, on_hung=self.router.stall,
+                                clock=clock)  # fmt: skip
         starts = starting_limits(endpoints, concurrency, shares)
         slots = {info.url: slot_share(info, shares) for info in endpoints}
         self.concurrency = concurrency  #: the user's cap per worker (None: automatic)
@@ -278,6 +288,7 @@ class SampleWorker:
         self._rows = row_builder or default_row_builder(manifest)
         self._probe_stop = asyncio.Event()
         self._probe_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
 
     def _pollers(
         self,
@@ -318,6 +329,7 @@ class SampleWorker:
         if self._probe_task is None:
             loop = asyncio.get_running_loop()
             self._probe_task = loop.create_task(self.router.run_probes(self._probe_stop))
+            self._watch_task = loop.create_task(self.watch.run(self._probe_stop))
             for url, poller in self.pollers.items():
                 task = loop.create_task(poller.run(lambda url=url: self.read_server(url)))
                 self._poll_tasks.append(task)
@@ -350,6 +362,7 @@ class SampleWorker:
             self._first_read.set()
         load = self.pollers[url].latest
         self.router.set_server_load(url, load)
+        self.watch.read_metrics(url, load)
         ctl = self.limits[url]
         if load is None or load.queued is None:
             ctl.unfollow()
@@ -404,9 +417,13 @@ class SampleWorker:
                 st.in_flight += 1
                 t0 = time.monotonic()
                 try:
-                    res = await self.clients[lease.url].complete_once(
-                        messages, tools, sample_id=sample_id, seed=seed
-                    )
+                    async with self.watch.watch(lease.url) as beat:
+                        res = await self.clients[lease.url].complete_once(
+                            messages, tools, sample_id=sample_id, seed=seed, beat=beat
+                        )
+                except StallError:  # its retry goes to another endpoint while one is up
+                    self.router.avoid(sample_id, lease.url)
+                    raise
                 except OverloadedError as e:  # 503 (SGLang) or 429: back off, never "down"
                     limit = self.limits[lease.url]
                     limit.record_throttled(
@@ -506,8 +523,10 @@ class SampleWorker:
 
     async def aclose(self) -> None:
         self._probe_stop.set()
-        if self._probe_task is not None:
-            self._probe_task.cancel()
+        for bg in (self._probe_task, self._watch_task):
+            if bg is not None:
+                bg.cancel()
+        await self.watch.aclose()
         for task in self._poll_tasks:
             task.cancel()
         await asyncio.gather(*self._poll_tasks, return_exceptions=True)

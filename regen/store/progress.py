@@ -22,6 +22,8 @@ the driver (and once at the end of a session)::
       "token_series": [[t, cumulative_completion_tokens], ...],             # this session
       "errors": {kind: {"count": int, "last_message": str, "last_at": float}},
       "endpoints": [{"url": str, "in_flight": int, "healthy": bool,
+                     "health": "up" | "half_open" | "down" | "stalled" | "refused"?,
+                     "stalls": int?,                # requests cancelled as stalled
                      "latency_p50_s": float | null, "ok": int, "errors": int,
                      "server_running", "server_queued", "server_kv_usage":
                          float | null}],                     # the server's /metrics
@@ -185,6 +187,9 @@ class EndpointProgress(ProgressModel):
     url: str
     in_flight: int = 0
     healthy: bool = True
+    #: the router's state (regen.router; the worst any worker reports); None: an older writer
+    health: str | None = None
+    stalls: int = 0  #: requests cancelled as stalled (regen.engine.stall)
     latency_p50_s: float | None = None
     ok: int = 0
     errors: int = 0

@@ -1,0 +1,188 @@
+"""The stall watch (regen.engine.stall) on its own: streams that stop, endpoints that hang."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+from regen.engine.stall import GAP_MULTIPLE, StallWatch
+from regen.errors import StallError
+
+A, B = "http://a/v1", "http://b/v1"
+
+
+@dataclass
+class Load:  # what the watch reads of a regen.client.metrics.ServerLoad
+    at: float
+    generation_tokens: float | None
+
+
+class Probe:
+    def __init__(self, answer: bool | None) -> None:
+        self.answer, self.asked = answer, 0
+
+    async def __call__(self, url: str) -> bool:
+        self.asked += 1
+        if self.answer is None:  # a hung /health_generate: never answers
+            await asyncio.sleep(3600)
+        return bool(self.answer)
+
+
+def make(probe: Probe, hung: list[tuple[str, str]], timeout_s: float | None = 0.3) -> StallWatch:
+    def on_hung(url: str, why: str) -> bool:
+        hung.append((url, why))
+        return True
+
+    return StallWatch([A, B], timeout_s=timeout_s, min_s=0.3, probe=probe, on_hung=on_hung)
+
+
+async def stream(watch: StallWatch, url: str, pieces: int, *, gap_s: float = 0.0) -> int:
+    """A request that receives ``pieces`` pieces, then nothing (hangs) unless pieces < 0."""
+    async with watch.watch(url) as beat:
+        for _ in range(max(0, pieces)):
+            beat.n += 1
+            await asyncio.sleep(gap_s)
+        if pieces >= 0:
+            await asyncio.sleep(3600)
+        return beat.n
+
+
+async def run_with(watch: StallWatch, *coros):
+    stop = asyncio.Event()
+    task = asyncio.create_task(watch.run(stop))
+    try:
+        return await asyncio.wait_for(asyncio.gather(*coros, return_exceptions=True), 30)
+    finally:
+        stop.set()
+        await task
+        await watch.aclose()
+
+
+def test_a_stream_that_stops_is_cancelled_as_a_stall_and_a_failed_probe_takes_its_endpoint_out():
+    hung: list[tuple[str, str]] = []
+    probe = Probe(False)
+    watch = make(probe, hung)
+
+    async def main():
+        # one stream sends 3 pieces then stops; one request on the same server never starts
+        return await run_with(watch, stream(watch, A, 3), stream(watch, A, 0))
+
+    stalled, queued = asyncio.run(main())
+    assert isinstance(stalled, StallError) and "sent nothing" in str(stalled)
+    assert isinstance(queued, StallError) and "stalled" in str(queued)  # cancelled with it
+    assert [u for u, _ in hung] == [A] and "health probe failed" in hung[0][1]
+    assert watch.stalls == 2 and probe.asked == 1
+
+
+def test_a_probe_that_hangs_counts_as_failed_within_the_confirm_time():
+    hung: list[tuple[str, str]] = []
+    watch = make(Probe(None), hung)
+
+    async def told() -> None:  # the check runs on after the stream's cancel
+        for _ in range(200):
+            if hung:
+                return
+            await asyncio.sleep(0.05)
+
+    err, _ = asyncio.run(run_with(watch, stream(watch, A, 2), told()))
+    assert isinstance(err, StallError)
+    assert [u for u, _ in hung] == [A]
+
+
+def test_a_stream_stall_on_a_generating_server_cancels_that_stream_only():
+    hung: list[tuple[str, str]] = []
+    watch = make(Probe(True), hung)
+
+    async def main():
+        slow = asyncio.create_task(stream(watch, A, 200, gap_s=0.02))  # keeps sending (4 s)
+        res = await run_with(watch, stream(watch, A, 1))
+        slow.cancel()
+        return res
+
+    (err,) = asyncio.run(main())
+    assert isinstance(err, StallError)
+    assert hung == []  # the probe says it generates: busy, not hung
+
+
+def test_an_endpoint_whose_requests_never_start_is_checked_and_left_when_hung():
+    hung: list[tuple[str, str]] = []
+    watch = make(Probe(False), hung)
+    errs = asyncio.run(run_with(watch, stream(watch, B, 0), stream(watch, B, 0)))
+    assert all(isinstance(e, StallError) for e in errs)
+    assert [u for u, _ in hung] == [B] and "no request made progress" in hung[0][1]
+
+
+def test_queued_requests_on_a_busy_server_are_left_alone():
+    """No byte yet, but the probe says the server generates: a queue, not a hang."""
+    hung: list[tuple[str, str]] = []
+    probe = Probe(True)
+    watch = make(probe, hung)
+
+    async def main():
+        waiting = asyncio.create_task(stream(watch, A, 0))
+        stop = asyncio.Event()
+        task = asyncio.create_task(watch.run(stop))
+        await asyncio.sleep(1.5)  # five stall timeouts
+        stop.set()
+        await task
+        assert not waiting.done()
+        waiting.cancel()
+        await watch.aclose()
+
+    asyncio.run(main())
+    assert hung == [] and probe.asked >= 2 and watch.stalls == 0
+
+
+@pytest.mark.parametrize(
+    ("tokens", "expect_hung"), [((100.0, 100.0, 100.0), True), ((100.0, 150.0, 200.0), False)]
+)
+def test_the_servers_metrics_decide_before_any_probe(tokens, expect_hung):
+    """Flat generation counters over two readings: hung, no probe asked; a counter that moved
+    since the requests stopped: busy."""
+    hung: list[tuple[str, str]] = []
+    probe = Probe(True)
+    watch = make(probe, hung)
+
+    async def main():
+        req = asyncio.create_task(stream(watch, A, 1))
+        stop = asyncio.Event()
+        task = asyncio.create_task(watch.run(stop))
+        loop = asyncio.get_running_loop()
+        for t in tokens:
+            await asyncio.sleep(0.15)
+            watch.read_metrics(A, Load(at=loop.time(), generation_tokens=t))
+        await asyncio.sleep(0.5)
+        stop.set()
+        await task
+        req.cancel()
+        await asyncio.gather(req, return_exceptions=True)
+        await watch.aclose()
+
+    asyncio.run(main())
+    assert bool(hung) is expect_hung
+    if expect_hung:
+        assert "no generation" in hung[0][1] and probe.asked == 0
+
+
+def test_the_derived_timeout_follows_the_longest_gap_and_never_goes_below_the_floor():
+    watch = make(Probe(True), [], timeout_s=None)
+    assert watch.timeout_s(A) == 0.3  # nothing seen: the floor
+
+    results = asyncio.run(run_with(watch, _gappy(watch)))
+    assert results == [None]  # never cancelled: the timeout grew with the gaps it saw
+    longest = max(g for _, g in watch._eps[A].gaps)
+    assert longest >= 0.35
+    assert watch.timeout_s(A) == pytest.approx(GAP_MULTIPLE * longest)
+    assert watch.timeout_s(B) == 0.3
+
+
+async def _gappy(watch: StallWatch) -> None:
+    """A stream whose pauses grow (0.2 s, under the 0.3 s floor, then 0.5 s): once the first
+    gap is seen the timeout is 4 times it, so the longer pause is not a stall."""
+    async with watch.watch(A) as beat:
+        for pause in (0.2, 0.2, 0.5, 0.05):
+            beat.n += 1
+            await asyncio.sleep(pause)
+        beat.n += 1
