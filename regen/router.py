@@ -116,6 +116,7 @@ class _State:
     latency_ewma_s: float | None = None
     last_error: str | None = None
     refusal: str | None = None  #: why it was refused, and what to fix (state REFUSED)
+    stall_reason: str | None = None  #: why it last left rotation as stalled
     others: float = 0.0  #: requests the server holds besides ours (its last reading)
     server: dict[str, Any] | None = None  #: the server's last reading (ServerLoad.to_dict)
 
@@ -269,6 +270,7 @@ class EndpointRouter:
                 "down_for_s": None if s.down_since is None else round(now - s.down_since, 3),
                 "last_error": s.last_error,
                 "refusal": s.refusal,
+                "stall_reason": s.stall_reason,
                 "server": s.server,
             }
         return out
@@ -495,7 +497,7 @@ class EndpointRouter:
         s.state = STALLED
         s.down_since = now
         s.next_probe_at = now + self.probe_interval_s
-        s.last_error = f"stalled: {why}"
+        s.last_error = s.stall_reason = f"stalled: {why}"
         log.warning("endpoint %s stalled: %s; out of rotation, probed every %g s",
                     s.url, why, self.probe_interval_s)  # fmt: skip
         self._notify()

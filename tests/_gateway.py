@@ -3,13 +3,16 @@ request through (streams too) until told to refuse chat completions, the way a g
 policy changed, whose key was rotated or which serves its own error page does; the model list,
 ``/server_info`` and the health routes keep passing through (so the start-up check passes).
 It also counts the chat requests it holds at once (``peak``), which is what a server sharing
-its slots with regen sees. Served like tests/_scripted.py's loopback server (a daemon
+its slots with regen sees, and keeps each chat request's arrival time and body
+(``received``). Served like tests/_scripted.py's loopback server (a daemon
 thread, a free 127.0.0.1 port).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import time
 from dataclasses import dataclass
 
 import aiohttp
@@ -42,6 +45,8 @@ class Gateway(ScriptedServer):
     none refused); ``refusal``: how it refuses. ``url`` is the ``/v1`` base URL; ``running()``
     serves it (tests/_scripted.py's loopback server, with this handler)."""
 
+    cancel_on_disconnect = True  #: regen cancelling a stream lets the server know
+
     def __init__(self, upstream: str) -> None:
         super().__init__()
         self.upstream = upstream.rstrip("/")
@@ -51,6 +56,8 @@ class Gateway(ScriptedServer):
         self.refused = 0  #: chat requests refused
         self.in_flight = 0
         self.peak = 0  #: most chat requests passed through at once
+        #: every chat request received: (time.monotonic(), its request body)
+        self.received: list[tuple[float, dict]] = []
 
     def heal(self) -> None:
         self.refuse_after = None
@@ -60,6 +67,7 @@ class Gateway(ScriptedServer):
         chat = request.path.endswith("/chat/completions")
         if chat:
             self.chat += 1
+            self.received.append((time.monotonic(), json.loads(body)))
             if self.refuse_after is not None and self.chat > self.refuse_after:
                 self.refused += 1
                 r = self.refusal

@@ -84,6 +84,10 @@ class Recorded:
 class ScriptedServer:
     """Plays ``steps`` in order (the last one repeats); ``url`` is the ``/v1`` base URL."""
 
+    #: cancel a request's handler when its client hangs up (a proxy whose upstream hangs must
+    #: let go of it; aiohttp's default lets the handler run on)
+    cancel_on_disconnect = False
+
     def __init__(self, *steps: Step) -> None:
         self.steps: list[Step] = list(steps)
         self.requests: list[Recorded] = []
@@ -128,7 +132,8 @@ class ScriptedServer:
         async def main() -> None:
             app = web.Application()
             app.router.add_route("*", "/{tail:.*}", self._handle)
-            runner = web.AppRunner(app, access_log=None, handle_signals=False)
+            runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                   handler_cancellation=self.cancel_on_disconnect)  # fmt: skip
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()
@@ -151,4 +156,5 @@ class ScriptedServer:
             if "event" in stop:
                 loop.call_soon_threadsafe(stop["event"].set)
             thread.join(timeout=timeout_s)
-            loop.close()
+            if not thread.is_alive():  # else a handler still holds it: the daemon thread ends
+                loop.close()  # with the process

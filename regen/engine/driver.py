@@ -281,6 +281,7 @@ class _Session:
         #: the answers they replace are stale, not counted as done
         self.superseding: set[str] = set()
         self.refused: set[str] = set()  #: endpoints announced as refused (one line each)
+        self.stalled: set[str] = set()  #: endpoints announced as stalled, until back in
 
     # -- recording (regen.engine.dispatch.Recorder) --------------------------------------
     def store_native(self, sample: Sample) -> None:
@@ -390,13 +391,24 @@ class _Session:
             self.opts.on_progress(self.tracker.snap)
 
     def _announce_refused(self, snaps: list[dict[str, Any]]) -> None:
-        """One line per endpoint a worker took out for an endpoint-wide fault (regen.router)."""
+        """One line per endpoint a worker took out for an endpoint-wide fault, and one each
+        time an endpoint's streams stalled (regen.router, regen.engine.stall)."""
+        stalled: dict[str, str] = {}
         for snap in snaps:
             for url, ep in snap.get("endpoints", {}).items():
                 if ep.get("state") == "refused" and url not in self.refused:
                     self.refused.add(url)
                     log.warning("endpoint %s out of rotation for this session: %s",
                                 public_url(url), ep.get("refusal"))  # fmt: skip
+                if ep.get("state") == "stalled":
+                    stalled[url] = ep.get("stall_reason") or "stalled"
+        for url, why in stalled.items():
+            if url not in self.stalled:
+                log.warning("endpoint %s %s; out of rotation until its probe passes",
+                            public_url(url), why)  # fmt: skip
+        for url in self.stalled - stalled.keys():
+            log.info("endpoint %s passed its probe: back in rotation", public_url(url))
+        self.stalled = set(stalled)
 
     def on_lock_lost(self, message: str) -> None:
         self.lock_lost = message

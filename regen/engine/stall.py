@@ -171,7 +171,7 @@ class StallWatch:
             cutoff = now - GAP_WINDOW_S
             while ep.gaps and ep.gaps[0][0] < cutoff:
                 ep.gaps.popleft()
-            idle_stream: Beat | None = None
+            idle: list[Beat] = []
             for beat in ep.beats:
                 if beat.n != beat.seen:
                     if beat.seen:  # a gap between two pieces (not the wait for the first)
@@ -179,16 +179,18 @@ class StallWatch:
                     beat.seen, beat.moved_at = beat.n, now
                     ep.progress_at = max(ep.progress_at, now)
                 elif beat.seen and now - beat.moved_at >= limit and beat.stalled is None:
-                    idle_stream = beat
-            if idle_stream is not None:
-                idle = now - idle_stream.moved_at
-                why = f"a stream sent nothing for {idle:.0f} s (stall timeout {limit:.0f} s)"
-                self.stalls += 1
-                idle_stream.cancel(why)
+                    idle.append(beat)
+            if idle:
+                silent = now - min(b.moved_at for b in idle)
+                why = (f"{len(idle)} stream(s) sent nothing for {silent:.0f} s (stall timeout "
+                       f"{limit:.0f} s)")  # fmt: skip
+                for beat in idle:
+                    self.stalls += 1
+                    beat.cancel(why)
                 self._check(url, why)
             elif ep.beats and now - max(ep.progress_at, ep.busy_since) >= limit:
-                idle = now - max(ep.progress_at, ep.busy_since)
-                self._check(url, f"no request made progress for {idle:.0f} s "
+                silent = now - max(ep.progress_at, ep.busy_since)
+                self._check(url, f"no request made progress for {silent:.0f} s "
                                  f"(stall timeout {limit:.0f} s)")  # fmt: skip
 
     def _check(self, url: str, why: str) -> None:

@@ -10,6 +10,7 @@ Owns no files.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +35,11 @@ SIM_VERSION = "0.5.23-sim"
 #: acceptance length of a request when neither --spec-accept-length nor the prompt says (the
 #: reference case's trained draft)
 DEFAULT_ACCEPT_LENGTH = 2.1
+
+#: SGLang's health-check timeout and the variable it reads it from (http_server.py:
+#: ``HEALTH_CHECK_TIMEOUT = int(os.getenv("SGLANG_HEALTH_CHECK_TIMEOUT", 20))``)
+HEALTH_TIMEOUT_ENV = "SGLANG_HEALTH_CHECK_TIMEOUT"
+DEFAULT_HEALTH_TIMEOUT_S = 20.0
 
 #: the speed model's defaults (regen.simulate.speculative.SpeedModel: one spelling)
 _SPEED = SpeedModel()
@@ -109,6 +115,21 @@ class SimConfig(BaseModel):
         "field, identity endpoints, error and overload shapes: regen/simulate/dialect.py)",
         **_group("server"),
     )
+    health_check_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds /health_generate (and /health) wait for the scheduler before "
+        "answering 503, SGLang's HEALTH_CHECK_TIMEOUT (http_server.py; default: "
+        f"${HEALTH_TIMEOUT_ENV} as SGLang reads it, else {DEFAULT_HEALTH_TIMEOUT_S:g})",
+        **_group("server"),
+    )
+    health_endpoint_generation: bool = Field(
+        True,
+        description="/health is the /health_generate check, as in SGLang 0.5.23 by default "
+        "(SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION); off: /health answers 200 at once",
+        **_group("server"),
+    )
     usage_shape: Literal["sglang", "finish"] = Field(
         "sglang",
         description="streaming usage: last chunk with choices [] (sglang) or on the "
@@ -175,6 +196,45 @@ class SimConfig(BaseModel):
     )
     background_prompt_tokens: int = Field(
         256, ge=0, description="prompt tokens of each background request", **_group("shared server")
+    )
+    hang_at_s: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="the server hangs S seconds after it began serving (the scheduler stops: "
+        "no byte of any answer, new requests get nothing, /health_generate fails after its "
+        "timeout)",
+        **_group("outages"),
+    )
+    hang_after: int | None = Field(
+        None,
+        ge=1,
+        description="the server hangs when the N-th chat request arrives (it and every later "
+        "one, and every answer under way, get nothing more)",
+        **_group("outages"),
+    )
+    hang_for_s: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="a hang ends after D seconds and everything carries on where it stopped "
+        "(default: it never ends)",
+        **_group("outages"),
+    )
+    overload_at_s: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="a 503 storm S seconds after the server began serving: every new chat "
+        "request is refused as --overload-rate refuses it (SGLang's full-queue 503)",
+        **_group("outages"),
+    )
+    overload_for_s: float = Field(
+        30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="length of the 503 storm (s)",
+        **_group("outages"),
     )
     answer: AnswerConfig = AnswerConfig()
     faults: FaultConfig = FaultConfig()
@@ -255,6 +315,10 @@ class SimConfig(BaseModel):
             if queued:
                 flags = ", ".join("--" + n.replace("_", "-") for n in queued)
                 raise ValueError(f"{flags} need the capacity model (not --instant: no queue)")
+        if self.hang_for_s is not None and self.hang_at_s is None and self.hang_after is None:
+            raise ValueError("--hang-for-s needs --hang-at-s or --hang-after")
+        if "overload_for_s" in self.model_fields_set and self.overload_at_s is None:
+            raise ValueError("--overload-for-s needs --overload-at-s")
         if self.slots % self.dp_size:
             raise ValueError(f"{self.slots} batch slots do not split over dp_size {self.dp_size}")
         return self
@@ -285,6 +349,24 @@ class SimConfig(BaseModel):
             err = e.errors()[0]
             where = ".".join(str(x) for x in err["loc"]) or "options"
             raise ConfigError(f"regen simulate: {where}: {err['msg']}", field=where) from None
+
+    @property
+    def health_timeout_s(self) -> float:
+        """How long a health check waits for the scheduler: the option, else SGLang's
+        ``$SGLANG_HEALTH_CHECK_TIMEOUT``, else 20 s (a bad variable is a ConfigError)."""
+        if self.health_check_timeout_s is not None:
+            return self.health_check_timeout_s
+        raw = os.environ.get(HEALTH_TIMEOUT_ENV)
+        if raw is None:
+            return DEFAULT_HEALTH_TIMEOUT_S
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not 0 < value < float("inf"):
+            raise ConfigError(f"{HEALTH_TIMEOUT_ENV}={raw!r} is not a number of seconds > 0",
+                              field=HEALTH_TIMEOUT_ENV)  # fmt: skip
+        return value
 
     @property
     def slots(self) -> int:

@@ -32,7 +32,13 @@ Labels as each engine sets them: SGLang's scheduler gauges carry ``model_name``,
 series per rank, with ``dp_size`` > 1), its tokenizer counters ``model_name`` and
 ``engine_type``; vLLM's carry ``model_name`` and ``engine``. The KV pool is
 ``max_total_tokens`` tokens; a request holds its prompt and what it has generated while it
-runs. ``gen_throughput`` is the output tok/s over the last seconds. Owns no files.
+runs. ``gen_throughput`` is the output tok/s over the last seconds.
+
+During a simulated hang (:meth:`SimMetrics.freeze` … :meth:`SimMetrics.thaw`) the scheduler's
+gauges (running, waiting, KV use, ``gen_throughput``) keep the values they had when it stopped:
+SGLang's scheduler process writes them (``scheduler_components/metrics_reporter.py``, including
+the decay of a stale ``gen_throughput`` to 0) and a stuck one writes nothing, while the page
+itself is served by the HTTP process. Owns no files.
 """
 
 from __future__ import annotations
@@ -115,7 +121,9 @@ class SimMetrics:
         self.config, self.scheduler, self.spec = config, scheduler, spec
         self.engine = config.engine
         self.registry = CollectorRegistry(auto_describe=True)
-        self.throughput = _Throughput(lambda: scheduler.tokens_total, clock)
+        self._throughput = _Throughput(lambda: scheduler.tokens_total, clock)
+        #: the scheduler's gauges as they stood when a hang began (None: live)
+        self.frozen: dict[str, float] | None = None
         if self.engine == "vllm":
             self._vllm()
         else:
@@ -130,12 +138,12 @@ class SimMetrics:
             return [base]
         return [base | {"dp_rank": str(i)} for i in range(self.config.dp_size)]
 
-    def _share(self, rank: int, count: Callable[[], int]) -> Callable[[], float]:
+    def _share(self, rank: int, count: Callable[[], float]) -> Callable[[], float]:
         """Rank ``rank``'s share of a server-wide count (the DP ranks split it evenly)."""
         dp = self.config.dp_size
 
         def value() -> float:
-            n = count()
+            n = int(count())
             return float(n // dp + (rank < n % dp))
 
         return value
@@ -143,7 +151,6 @@ class SimMetrics:
     def _sglang(self) -> None:
         reg, ranks = self.registry, self._ranks()
         names = list(ranks[0])
-        sched = self.scheduler
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, labelnames=names, registry=reg)
@@ -160,8 +167,8 @@ class SimMetrics:
                            "speculative decoding.")  # fmt: skip
         dp = self.config.dp_size
         for i, labels in enumerate(ranks):
-            running.labels(**labels).set_function(self._share(i, lambda: sched.n_running))
-            queued.labels(**labels).set_function(self._share(i, lambda: sched.n_queued))
+            running.labels(**labels).set_function(self._share(i, self.n_running))
+            queued.labels(**labels).set_function(self._share(i, self.n_queued))
             usage.labels(**labels).set_function(self.kv_usage)
             used.labels(**labels).set_function(self._share(i, self.kv_used))
             tput.labels(**labels).set_function(lambda: self.throughput() / dp)
@@ -200,9 +207,9 @@ class SimMetrics:
             g.labels(*lv).set_function(value)
 
         gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-              lambda: float(sched.n_running))  # fmt: skip
+              self.n_running)  # fmt: skip
         gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-              lambda: float(sched.n_queued))  # fmt: skip
+              self.n_queued)  # fmt: skip
         gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
               self.kv_usage)  # fmt: skip
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
@@ -264,10 +271,34 @@ class SimMetrics:
 
         registry.register(_Spec())
 
-    # ---- live values -----------------------------------------------------------------------
+    # ---- live values (frozen during a hang) --------------------------------------------------
+
+    def freeze(self) -> None:
+        """A hang began: the scheduler's gauges keep their present values until :meth:`thaw`."""
+        live = {"running": self.n_running(), "queued": self.n_queued(),
+                "kv_used": self.kv_used(), "throughput": self.throughput()}  # fmt: skip
+        self.frozen = live
+
+    def thaw(self) -> None:
+        self.frozen = None
+
+    def n_running(self) -> float:
+        f = self.frozen
+        return f["running"] if f is not None else float(self.scheduler.n_running)
+
+    def n_queued(self) -> float:
+        f = self.frozen
+        return f["queued"] if f is not None else float(self.scheduler.n_queued)
+
+    def throughput(self) -> float:
+        """Output tok/s over the last seconds (``gen_throughput``)."""
+        f = self.frozen
+        return f["throughput"] if f is not None else self._throughput()
 
     def kv_used(self) -> int:
         """KV tokens held by the requests in the batch (prompt plus what they generated)."""
+        if self.frozen is not None:
+            return int(self.frozen["kv_used"])
         return sum(j.prompt + j.produced for j in self.scheduler.running if not j.cancelled)
 
     def kv_usage(self) -> float:

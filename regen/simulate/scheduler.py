@@ -12,7 +12,12 @@ loop with two changes: a step takes ``spec.step_s(step_s, batch)`` (the verify p
 with the batch), and a job's first step yields the prefill's one token while each later step
 is a verify step that keeps ``job.spec.step(remaining)`` tokens (its acceptance length); the
 verify steps go into ``spec``'s running counters (``avg_spec_accept_length``). Without
-``spec`` the loop is the plain one, unchanged. Owns no files.
+``spec`` the loop is the plain one, unchanged.
+
+:meth:`Scheduler.pause` stops the loop as a hung GPU does (a simulated hang,
+:mod:`regen.simulate.outage`): no step, no admission, until :meth:`Scheduler.resume`; the step
+in flight when it stopped ends when it resumes, and the missed time is not caught up. Owns no
+files.
 """
 
 from __future__ import annotations
@@ -98,6 +103,10 @@ class Scheduler:
         self.tokens_total = 0
         self._wakeup: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
+        #: stopped by :meth:`pause` (a simulated hang)
+        self.paused = False
+        self._unpaused: asyncio.Future[None] | None = None
+        self._output_waiters: list[asyncio.Future[None]] = []
 
     @property
     def capacity_tok_s(self) -> float:
@@ -135,6 +144,39 @@ class Scheduler:
     def reset_counters(self) -> None:
         self.counters = SchedulerCounters()
 
+    def pause(self) -> None:
+        """Stop stepping (a hang): running jobs make no progress, queued ones are not admitted."""
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        w = self._unpaused
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def next_output(self) -> None:
+        """Wait until a step makes tokens (any job's: what SGLang's health check waits for)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._output_waiters.append(waiter)
+        await waiter
+
+    def _output(self) -> None:
+        waiters, self._output_waiters = self._output_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    async def _hold(self) -> bool:
+        """Wait while paused; True when it waited."""
+        if not self.paused:
+            return False
+        self._unpaused = asyncio.get_running_loop().create_future()
+        try:
+            await self._unpaused
+        finally:
+            self._unpaused = None
+        return True
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         next_tick = 0.0
@@ -146,12 +188,16 @@ class Scheduler:
                 await self._wakeup
                 self._wakeup = None
                 next_tick = loop.time()
+            if await self._hold():
+                next_tick = loop.time()
             self._admit(loop.time())
             step_s = self.step_s if spec is None else spec.step_s(self.step_s, self.n_running)
             next_tick += step_s
             delay = next_tick - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if await self._hold():  # the step in flight ends with the hang, nothing caught up
+                next_tick = loop.time()
             now = loop.time()
             steps = 1
             if now - next_tick >= step_s:  # lagging: run the missed steps now
@@ -165,6 +211,8 @@ class Scheduler:
             c.late_steps += steps - 1
             if spec is not None:
                 self.running = self._speculate(spec, running, steps, now)
+                if running:
+                    self._output()
                 continue
             c.steps += steps
             c.slot_steps += steps * len(running)
@@ -184,6 +232,8 @@ class Scheduler:
                     still.append(job)
                 job._wake()
             self.running = still
+            if running:
+                self._output()
 
     def _speculate(self, spec: SpecServer, running: list[Job], steps: int, now: float) -> list[Job]:
         """Up to ``steps`` speculative steps of the batch (a catch-up ends early when every

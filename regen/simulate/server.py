@@ -8,9 +8,10 @@ SGLang's ``/model_info`` (+ ``/get_model_info``) and ``/server_info`` (+ ``/get_
 or vLLM's ``/version``, ``/metrics`` (vLLM's, or SGLang's with ``--enable-metrics``:
 :mod:`regen.simulate.metrics`), ``/v1/chat/completions`` (streaming and not),
 ``GET /stats`` (``?keys=1`` adds per-key and per-conversation request counts) and
-``POST /stats/reset``. Owns no files except the optional request log (see :mod:`.stats`) and
-the ready file (one line: the base URL with ``/v1``, as ``regen run --endpoint`` takes it,
-written atomically once listening).
+``POST /stats/reset``. A scheduled hang of the whole server and a scheduled 503 storm are
+:mod:`regen.simulate.outage`'s. Owns no files except the optional request log (see
+:mod:`.stats`) and the ready file (one line: the base URL with ``/v1``, as ``regen run
+--endpoint`` takes it, written atomically once listening).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from regen.simulate.faults import Fault
 from regen.simulate.keys import conversation_key, request_key
 from regen.simulate.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from regen.simulate.metrics import SimMetrics
+from regen.simulate.outage import Hang, OverloadWindow
 from regen.simulate.scheduler import Job, Scheduler
 from regen.simulate.stats import RequestStats
 from regen.simulate.tokenized import AnswerTokenizer, TokenIds
@@ -60,8 +62,14 @@ OPEN_PREFIXES = ("/health", "/ready", "/metrics", "/stats")
 QUEUE_FULL = "The request queue is full."
 RETRACTED = "Retracted under decode memory pressure without a KV backup. Retry later."
 
+#: the request log's fault of a request refused by the scheduled 503 storm (--overload-at-s)
+OVERLOAD_WINDOW = "overload_window"
+
 #: seconds open requests get to finish when the server stops
 SHUTDOWN_TIMEOUT_S = 0.5
+
+#: request-storage key: the HTTP status a request's response has sent (headers on the wire)
+SENT = web.RequestKey("regen_sim_sent_status", int)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -122,6 +130,16 @@ class SimServer:
             if config.background_requests and not config.instant
             else None
         )
+        #: a scheduled hang of the whole server, and a scheduled 503 storm (regen.simulate.outage)
+        self.hang = Hang(
+            None if config.instant else self.scheduler,
+            self.metrics,
+            at_s=config.hang_at_s,
+            after=config.hang_after,
+            for_s=config.hang_for_s,
+        )
+        self.overload = OverloadWindow(config.overload_at_s, config.overload_for_s)
+        self.health_timeout_s = config.health_timeout_s
 
     def _error(
         self, status: int, message: str, err_type: str, param: str | None = None, **headers: str
@@ -163,7 +181,14 @@ class SimServer:
         if self.background is not None:
             self.background.start()
 
+    def serving(self) -> None:
+        """The server listens: the outages' clocks start."""
+        self.hang.serving()
+        self.overload.serving()
+
     async def _cleanup(self, _app: web.Application) -> None:
+        self.hang.close()
+        self.overload.close()
         if self.background is not None:
             await self.background.stop()
         await self.scheduler.stop()
@@ -186,15 +211,41 @@ class SimServer:
     # ---- info endpoints --------------------------------------------------------------------
 
     async def health(self, _request: web.Request) -> web.Response:
-        return web.Response(status=200)
+        """SGLang 0.5.23 serves ``/health`` with the ``/health_generate`` handler unless
+        ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION`` is off (``--no-health-endpoint-
+        generation``); the simulator's vLLM dialect answers 200."""
+        if self.dialect.name == "vllm" or not self.config.health_endpoint_generation:
+            return web.Response(status=200)
+        return await self._health_check(generate=False)
 
     async def health_generate(self, _request: web.Request) -> web.Response:
-        job = Job(total=1)
-        if not self.config.instant:
+        return await self._health_check(generate=True)
+
+    async def _health_check(self, *, generate: bool) -> web.Response:
+        """SGLang's ``health_generate``: a 1-token request, 200 as soon as the scheduler makes
+        any output after the check began (a busy server passes at once), 503 when none came
+        in ``HEALTH_CHECK_TIMEOUT`` seconds (a hung server). ``/health`` sends no job: a
+        scheduler that is not hung always makes output within a step."""
+        loop = asyncio.get_running_loop()
+        timeout = self.health_timeout_s
+        deadline = loop.time() + timeout
+        if not await self.hang.wait_resumed(timeout):
+            return self._health_failed(timeout)
+        if generate and not self.config.instant:
+            job = Job(total=1)
             self.scheduler.submit(job)
-            while not job.done:
-                await job.progress()
+            try:
+                await asyncio.wait_for(self.scheduler.next_output(), deadline - loop.time())
+            except TimeoutError:
+                job.cancelled = True
+                return self._health_failed(timeout)
         return web.Response(status=200)
+
+    @staticmethod
+    def _health_failed(timeout: float) -> web.Response:
+        log.error("Health check failed. Server couldn't get a response from the scheduler for "
+                  "the last %g seconds.", timeout)  # fmt: skip
+        return web.Response(status=503)
 
     @property
     def model_path(self) -> str:
@@ -264,6 +315,9 @@ class SimServer:
         }
 
     async def server_info(self, _request: web.Request) -> web.Response:
+        # SGLang asks the scheduler for internal_states (get_internal_state, no timeout): a
+        # hung server answers when the hang ends
+        await self.hang.wait_resumed()
         c = self.config
         args = self.server_args()
         states = []
@@ -298,6 +352,15 @@ class SimServer:
                 "answer": c.answer.model_dump(),
                 "faults": c.faults.model_dump(mode="json"),
                 "speculative": self.spec.describe() if self.spec is not None else None,
+                "outages": {
+                    "hang_at_s": c.hang_at_s,
+                    "hang_after": c.hang_after,
+                    "hang_for_s": c.hang_for_s,
+                    "hangs": self.hang.count,
+                    "overload_at_s": c.overload_at_s,
+                    "overload_for_s": c.overload_for_s,
+                    "health_check_timeout_s": self.health_timeout_s,
+                },
             },
         }
         return web.json_response(info)
@@ -335,6 +398,8 @@ class SimServer:
             "utilization": sc.tokens / (cap * window) if window > 0 else 0.0,
             "uptime_s": now - self.stats.started,
             "queue_full": rc.queue_full,
+            "hung": self.hang.hung,
+            "hangs": self.hang.count,
         }
         bg = self.background
         if bg is not None:
@@ -430,6 +495,9 @@ class SimServer:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         stats = self.stats
         received_at = time.monotonic()
+        hang = self.hang
+        hang.request()  # the hang_after-th request starts the hang
+        hangs_before, hung_before = hang.count, hang.hung
         try:
             raw = await request.read()
             try:
@@ -469,26 +537,39 @@ class SimServer:
         key = request_key(body)
         conv = conversation_key(body)
         attempt = stats.receive(key, conv)
+
+        def record(**line: Any) -> None:
+            """A request-log line; ``hung: true`` when a hang held this request."""
+            if hung_before or hang.hung or hang.count != hangs_before:
+                line["hung"] = True
+            stats.record(key=key, conversation=conv, attempt=attempt, **line)
+
         try:
             result = await self._answer(body, key, attempt)
-        except _Invalid as e:
+        except _Invalid as e:  # answered by the HTTP layer, hung or not (as SGLang's)
             stats.counters.errors[str(e.response.status)] += 1
-            stats.record(
-                key=key, conversation=conv, attempt=attempt, status=e.response.status, fault=None
-            )
+            record(status=e.response.status, fault=None)
             return e.response
         except RegenError as e:
             stats.counters.errors["500"] += 1
             return self._error(500, str(e), "InternalServerError")
         ans, ids, fault = result
         n_prompt = len(ids.prompt) if ids else ans.prompt_tokens
+        try:  # a hung scheduler takes nothing in: the request waits, without a byte sent
+            await hang.wait_resumed()
+        except asyncio.CancelledError:
+            self._gone(request, record)
+            raise
+        storm = self.overload.active()
+        if storm:  # a scheduled 503 storm refuses every new request as Fault.OVERLOAD does
+            fault = Fault.OVERLOAD
         if fault is Fault.FAIL:
             stats.counters.failed[fault.value] += 1
-            stats.record(key=key, conversation=conv, attempt=attempt, status=500, fault=fault.value)
+            record(status=500, fault=fault.value)
             return self._error(500, "simulated internal server error", "InternalServerError")
         if fault is Fault.RATE_LIMIT:
             stats.counters.failed[fault.value] += 1
-            stats.record(key=key, conversation=conv, attempt=attempt, status=429, fault=fault.value)
+            record(status=429, fault=fault.value)
             retry = f"{self.config.faults.retry_after:g}"
             return self._error(
                 429,
@@ -500,10 +581,11 @@ class SimServer:
         if fault is Fault.OVERLOAD or full:  # the queue is full, refused before any token
             if full:
                 stats.counters.queue_full += 1
+                label = "queue_full"
             else:
-                stats.counters.failed[Fault.OVERLOAD.value] += 1
-            stats.record(key=key, conversation=conv, attempt=attempt, status=503,
-                         fault="queue_full" if full else Fault.OVERLOAD.value)  # fmt: skip
+                label = OVERLOAD_WINDOW if storm else Fault.OVERLOAD.value
+                stats.counters.failed[label] += 1
+            record(status=503, fault=label)
             self.metrics.refused()
             d = self.dialect
             if stream:
@@ -532,10 +614,7 @@ class SimServer:
             c.stalled += fault is Fault.STALL
             c.prompt_tokens += usage["prompt_tokens"]
             c.completion_tokens += usage["completion_tokens"]
-            stats.record(
-                key=key,
-                conversation=conv,
-                attempt=attempt,
+            record(
                 status=200,
                 fault=fault.value if fault else None,
                 stream=stream,
@@ -557,9 +636,7 @@ class SimServer:
             stats.counters.failed[fault.value] += 1
             self.metrics.aborted()
             status = 503 if fault is Fault.RETRACT and not stream else 200
-            stats.record(
-                key=key, conversation=conv, attempt=attempt, status=status, fault=fault.value
-            )
+            record(status=status, fault=fault.value)
         try:
             if stream:
                 resp = await self._stream(request, body, ans, ids, job, fault, usage, done)
@@ -567,20 +644,18 @@ class SimServer:
                 resp = await self._complete(request, body, ans, ids, job, fault, usage, done)
         except (_ClientGone, asyncio.CancelledError) as e:
             job.cancelled = True
-            stats.counters.client_gone += 1
-            self.metrics.aborted()
-            stats.record(
-                key=key,
-                conversation=conv,
-                attempt=attempt,
-                status=200,
-                fault=None,
-                client_gone=True,
-            )
+            self._gone(request, record)
             if isinstance(e, _ClientGone):
                 return e.response
             raise
         return resp
+
+    def _gone(self, request: web.Request, record: Callable[..., None]) -> None:
+        """The client hung up before its answer ended: logged with the status its response
+        had sent (200 once a stream's headers went out; null when nothing was sent)."""
+        self.stats.counters.client_gone += 1
+        self.metrics.aborted()
+        record(status=request.get(SENT), fault=None, client_gone=True)
 
     async def _answer(
         self,
@@ -627,8 +702,10 @@ class SimServer:
         }
 
     async def _until(self, job: Job, tokens: int) -> None:
+        """Wait until ``job`` made ``tokens`` tokens and the server is not hung."""
         while job.produced < tokens and not job.done:
             await job.progress()
+        await self.hang.wait_resumed()
 
     async def _complete(
         self,
@@ -660,6 +737,7 @@ class SimServer:
         await self._until(job, job.total)
         if fault is Fault.STALL:
             await asyncio.sleep(self.config.faults.stall_s)
+            await self.hang.wait_resumed()
         # SGLang's ChatMessage: content is "" (never null) when empty; tool_calls is left out
         # when there are none; reasoning_content is null when empty
         message: dict[str, Any] = {
@@ -823,10 +901,19 @@ class SimServer:
         # one chunk per step: K tokens, or what a speculative step can keep
         k = self.config.tokens_per_step if self.spec is None else self.spec.max_step_tokens
 
+        # SGLang sends the status and headers with the first chunk, once the first token is
+        # made (serving_chat.py _handle_streaming_request awaits the generator's first item);
+        # vLLM returns its StreamingResponse at once, and Starlette sends the headers first
+        while self.dialect.name == "sglang" and job.produced == 0 and not job.done:
+            await job.progress()
+        await self.hang.wait_resumed()
         resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
+        request[SENT] = 200
 
         async def write(data: bytes) -> None:
+            if self.hang.hung:  # a hung server sends nothing more: the stream just stops
+                await self.hang.wait_resumed()
             try:
                 await resp.write(data)
             except ConnectionError:
@@ -974,6 +1061,7 @@ async def serve(config: SimConfig, *, ready: asyncio.Future[str] | None = None) 
     await site.start()
     host, port = runner.addresses[0][:2]
     server.port = port
+    server.serving()
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}"
     log.info("simulated SGLang server listening on %s (model %s)", url, config.model_name)

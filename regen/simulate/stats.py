@@ -7,12 +7,17 @@ handling, in the order they finished::
      "status": 200, "fault": null | "fail" | "rate_limit" | "overload" | "queue_full" | ...,
      "stream": true, "prompt_tokens": 42, "completion_tokens": 300, "finish_reason": "stop"}
 
-``fault`` is the fault drawn (regen.simulate.faults), or ``queue_full`` for a request refused
-by ``--max-queued-requests``. ``t`` is seconds since the server started; ``attempt`` counts
+``fault`` is the fault drawn (regen.simulate.faults), ``queue_full`` for a request refused
+by ``--max-queued-requests``, or ``overload_window`` for one refused by the scheduled 503 storm
+(``--overload-at-s``). ``t`` is seconds since the server started; ``attempt`` counts
 earlier requests with the same key. Lines of requests that did not complete (a fault, a 400
 after parsing, a client that hung up: ``"client_gone": true``) carry only t, key,
-conversation, attempt, status and fault. Bodies that are not valid requests at all are counted
-in ``errors`` but not logged.
+conversation, attempt, status and fault; a hung-up client's ``status`` is what its response had
+sent: 200 once a stream's headers were out, null when nothing was (a non-streamed answer, or a
+stream before its first token). A request a hang held (``--hang-*``: it arrived during a hang,
+or was under way when one began) has ``"hung": true``; it gets no line while it is held, and
+``client_gone`` when its client gives up (or the server stops) before the hang ends. Bodies
+that are not valid requests at all are counted in ``errors`` but not logged.
 """
 
 from __future__ import annotations
