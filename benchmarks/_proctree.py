@@ -17,6 +17,12 @@ to init. A process that exits is counted up to its last sample (at most ``interv
 is missed; zombies still show their totals); :meth:`TreeSampler.at` interpolates each process's
 CPU linearly between samples, so a window that starts or ends between samples is exact up to
 that interpolation.
+
+It also samples, on the same ticks, the whole machine's busy CPU (``/proc/stat``: user, nice,
+system, irq, softirq, steal of every core) and the CPU of a few other named processes
+(``also``: the simulated server), so a report can say how busy the machine was over a window
+and how much of that was neither the client nor its server (:meth:`TreeSampler.machine`;
+the machine is shared: other people's work slows every contender down).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import ctypes
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +58,14 @@ def _stat(pid: str) -> tuple[int, int, float] | None:
     fields = raw.rsplit(b")", 1)[1].split()
     # after "pid (comm)": state ppid ... utime(12) stime(13) ... starttime(20), 0-based here
     return int(fields[1]), int(fields[19]), (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def _machine_busy() -> float:
+    """CPU seconds every core of the machine has been busy since boot (``/proc/stat``)."""
+    with open("/proc/stat", "rb") as f:
+        fields = f.readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
 
 
 def _cmdline(pid: int) -> str:
@@ -110,10 +124,16 @@ class _Proc:
 class TreeSampler:
     """Samples the CPU of ``root`` and all its descendants in a background thread."""
 
-    def __init__(self, root: int, interval: float = 0.1) -> None:
+    def __init__(
+        self, root: int, interval: float = 0.1, *, also: Mapping[str, int] | None = None
+    ) -> None:
+        """``also``: other processes (name -> pid) whose CPU is sampled on the same ticks,
+        apart from the tree (:meth:`machine`)."""
         self.root = root
         self.interval = interval
         self.procs: dict[tuple[int, int], _Proc] = {}
+        self.busy = _Proc(0, "/proc/stat")  #: the whole machine's busy CPU seconds
+        self.also = {name: _Proc(pid, name) for name, pid in (also or {}).items()}
         self.started = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -135,6 +155,13 @@ class TreeSampler:
 
     def sample(self) -> None:
         now = time.monotonic()
+        self.busy.times.append(now)
+        self.busy.cpu.append(_machine_busy())
+        for other in self.also.values():
+            st = _stat(str(other.pid))
+            if st is not None:
+                other.times.append(now)
+                other.cpu.append(st[2])
         table: dict[int, tuple[int, int, float]] = {}
         for name in os.listdir("/proc"):
             if name.isdigit():
@@ -175,6 +202,21 @@ class TreeSampler:
     def between(self, t0: float, t1: float) -> dict[str, float]:
         a, b = self.at(t0), self.at(t1)
         return {g: b[g] - a[g] for g in GROUPS}
+
+    def machine(self, t0: float, t1: float) -> dict[str, float]:
+        """Cores busy on average over ``[t0, t1]``: ``all`` (the whole machine), ``tree``
+        (the root and its descendants), each ``also`` process by name, and ``others``
+        (everything else: other users' work, the sampler itself); ``cores`` the machine's."""
+        span = t1 - t0
+        if span <= 0:
+            return {}
+        out = {"all": (self.busy.at(t1) - self.busy.at(t0)) / span}
+        out["tree"] = sum(self.between(t0, t1).values()) / span
+        for name, p in self.also.items():
+            out[name] = (p.at(t1) - p.at(t0)) / span
+        out["others"] = max(0.0, out["all"] - sum(v for k, v in out.items() if k != "all"))
+        out["cores"] = float(os.cpu_count() or 1)
+        return out
 
     def actor_threads(self) -> dict[str, float]:
         """CPU seconds of the actors' threads by name (summed over actors; whole run)."""

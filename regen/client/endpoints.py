@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,10 @@ from regen.errors import EndpointError
 from regen.manifest import Endpoint, Sampling, public_url
 
 log = logging.getLogger(__name__)
+
+#: an identity check that took this part of the client's timeout or more, and found no engine,
+#: waited for routes that did not answer: a hung server, not a plain OpenAI one
+IDENTITY_HANG_PART = 0.9
 
 #: (timeout_s) -> an ``httpx2.AsyncClient``-like client (injectable for tests)
 HttpFactory = Callable[[float], Any]
@@ -126,8 +131,10 @@ async def check_endpoint(
     *,
     http: Any,
     base_dir: str | Path = ".",
+    timeout_s: float = 10.0,
 ) -> EndpointInfo:
-    """Check one endpoint; raises EndpointError with the reason when it is not usable."""
+    """Check one endpoint; raises EndpointError with the reason when it is not usable
+    (``timeout_s``: the ``http`` client's timeout)."""
     headers = auth_headers(resolve_api_key(endpoint, base_dir))
     url = endpoint.url
     entries = await served_models(endpoint, http=http, base_dir=base_dir)
@@ -139,7 +146,16 @@ async def check_endpoint(
     info = EndpointInfo(url=url, weight=endpoint.weight, models=tuple(entries))
     mml = entries[model].get("max_model_len")
     info.max_model_len = mml if isinstance(mml, int) else None
+    asked = time.monotonic()
     found = await identify(http, server_root(url), headers)
+    if found.engine == "openai" and time.monotonic() - asked >= IDENTITY_HANG_PART * timeout_s:
+        # a hung SGLang serves its model list but not /server_info (the scheduler answers
+        # it): taken for a plain OpenAI server, its rows would lose the server's ids
+        raise EndpointError(
+            f"{public_url(url)}: lists the model but its identity routes (/server_info, "
+            f"/version) did not answer within {timeout_s:g} s: a hung server? left out of "
+            "this session (a rerun tries it again)"
+        )
     info.engine, info.version, info.server_info = found.engine, found.version, found.server_info
     info.max_running_requests, info.slots_source = found.max_running_requests, found.slots_source
     info.max_queued_requests = found.max_queued_requests
@@ -215,7 +231,10 @@ async def check_endpoints(
     http = (http_factory or _default_http)(timeout_s)
     try:
         results = await asyncio.gather(
-            *(check_endpoint(e, model, http=http, base_dir=base_dir) for e in endpoints),
+            *(
+                check_endpoint(e, model, http=http, base_dir=base_dir, timeout_s=timeout_s)
+                for e in endpoints
+            ),
             return_exceptions=True,
         )
     finally:
