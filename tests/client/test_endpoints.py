@@ -125,3 +125,32 @@ def test_the_start_up_line_of_an_endpoint_reads_as_a_sentence() -> None:
     assert describe_endpoint(sglang) == (
         "sglang 0.5.23; its 64 batch slots (max_running_requests) size the in-flight limits"
     )
+
+
+def test_a_hung_sglang_is_left_out_at_start_not_taken_for_a_plain_openai_server() -> None:
+    """A hung SGLang lists its model (the HTTP server answers) but not /server_info (the
+    scheduler does): regen.simulate's hang, as SGLang 0.5.23 behaves."""
+    import asyncio
+    import time
+
+    import httpx2
+
+    from regen.client.endpoints import check_endpoints
+    from regen.errors import EndpointError
+    from regen.manifest import Endpoint
+    from regen.simulate.testing import simulator_in_thread
+
+    with (
+        simulator_in_thread(model_name="m", hang_at_s=1.0) as hung,
+        simulator_in_thread(model_name="m") as fine,
+    ):
+        for _ in range(100):  # hung once its /stats says so (started healthy: ready)
+            if httpx2.get(f"{hung.base}/stats", timeout=5).json().get("hung"):
+                break
+            time.sleep(0.05)
+        eps = [Endpoint(url=hung.url), Endpoint(url=fine.url)]
+        usable = asyncio.run(check_endpoints(eps, "m", timeout_s=1.0))
+        assert [u.url for u in usable] == [fine.url]
+        assert usable[0].engine == "sglang"
+        with pytest.raises(EndpointError, match="hung server"):
+            asyncio.run(check_endpoints(eps[:1], "m", timeout_s=1.0))
