@@ -20,10 +20,10 @@ this watch is. One :class:`StallWatch` per worker (regen.engine.worker), on its 
   answer) for the stall timeout is checked too (a hung server sends no first byte either);
 - **the check** (at most one at a time per endpoint) asks the server's own metrics first: when
   regen reads its ``/metrics`` page and the readings since its requests stopped show no new
-  generation token, it is hung; when they show generation, it is busy (other clients' work:
-  its queue holds ours), not hung. Without such readings the probe is asked
-  (``/health_generate``, which generates a token: a hung scheduler fails it) within
-  ``confirm_s``. A hung endpoint leaves rotation as ``stalled`` (one warning:
+  token (generated or prefilled), it is hung; when they show some, it is busy (other
+  clients' work, or a long prefill: its queue holds ours), not hung. Without such readings
+  the probe is asked (``/health_generate``, which generates a token: a hung scheduler fails
+  it) within ``confirm_s``. A hung endpoint leaves rotation as ``stalled`` (one warning:
   :meth:`regen.router.EndpointRouter.stall`) and every request it holds is cancelled with a
   ``StallError``, so each is retried elsewhere at once.
 
@@ -86,7 +86,7 @@ class _Endpoint:
     progress_at: float = 0.0  #: its last piece or answer
     gaps: deque[tuple[float, float]] = field(default_factory=deque)  #: (seen at, gap)
     checking: bool = False
-    generated: float | None = None  #: the generation counter of its last reading
+    generated: float | None = None  #: its generation + prompt token counters, last reading
     generated_at: float | None = None  #: the reading at which that counter last moved
     readings: deque[float] = field(default_factory=lambda: deque(maxlen=8))  #: their times
 
@@ -155,9 +155,12 @@ class StallWatch:
         """One reading of the server's ``/metrics`` (a regen.client.metrics.ServerLoad; None:
         none fresh): notes when its generation counter moved."""
         ep = self._eps.get(url)
-        tokens = None if load is None else load.generation_tokens
-        if ep is None or tokens is None or (ep.readings and ep.readings[-1] == load.at):
+        if load is None or load.generation_tokens is None or ep is None:
             return
+        if ep.readings and ep.readings[-1] == load.at:
+            return
+        # prompt tokens count too: a long prefill is work, though no token is generated yet
+        tokens = load.generation_tokens + (load.prompt_tokens or 0.0)
         if ep.generated is not None and tokens != ep.generated:
             ep.generated_at = load.at
         ep.generated = tokens

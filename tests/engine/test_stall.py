@@ -17,6 +17,7 @@ A, B = "http://a/v1", "http://b/v1"
 class Load:  # what the watch reads of a regen.client.metrics.ServerLoad
     at: float
     generation_tokens: float | None
+    prompt_tokens: float | None = None
 
 
 class Probe:
@@ -135,12 +136,16 @@ def test_queued_requests_on_a_busy_server_are_left_alone():
     assert hung == [] and probe.asked >= 2 and watch.stalls == 0
 
 
+FLAT = (100.0, 100.0, 100.0)
+
+
 @pytest.mark.parametrize(
-    ("tokens", "expect_hung"), [((100.0, 100.0, 100.0), True), ((100.0, 150.0, 200.0), False)]
+    ("tokens", "prompt", "expect_hung"),
+    [(FLAT, FLAT, True), ((100.0, 150.0, 200.0), FLAT, False), (FLAT, (0.0, 5e3, 9e3), False)],
 )
-def test_the_servers_metrics_decide_before_any_probe(tokens, expect_hung):
-    """Flat generation counters over two readings: hung, no probe asked; a counter that moved
-    since the requests stopped: busy."""
+def test_the_servers_metrics_decide_before_any_probe(tokens, prompt, expect_hung):
+    """Flat token counters over two readings: hung, no probe asked; generated tokens or
+    prefilled ones (a long prompt) that moved since the requests stopped: busy."""
     hung: list[tuple[str, str]] = []
     probe = Probe(True)
     watch = make(probe, hung)
@@ -150,9 +155,9 @@ def test_the_servers_metrics_decide_before_any_probe(tokens, expect_hung):
         stop = asyncio.Event()
         task = asyncio.create_task(watch.run(stop))
         loop = asyncio.get_running_loop()
-        for t in tokens:
+        for t, p in zip(tokens, prompt, strict=True):
             await asyncio.sleep(0.15)
-            watch.read_metrics(A, Load(at=loop.time(), generation_tokens=t))
+            watch.read_metrics(A, Load(at=loop.time(), generation_tokens=t, prompt_tokens=p))
         await asyncio.sleep(0.5)
         stop.set()
         await task
