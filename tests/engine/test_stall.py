@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 
 import pytest
@@ -58,6 +59,23 @@ async def run_with(watch: StallWatch, *coros):
     finally:
         stop.set()
         await task
+        await watch.aclose()
+
+
+@contextlib.asynccontextmanager
+async def watching(watch: StallWatch, *coros):
+    """The requests as tasks while the watch runs; what is left is cancelled at the end."""
+    tasks = [asyncio.create_task(c) for c in coros]
+    stop = asyncio.Event()
+    runner = asyncio.create_task(watch.run(stop))
+    try:
+        yield tasks
+    finally:
+        stop.set()
+        await runner
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await watch.aclose()
 
 
@@ -122,15 +140,9 @@ def test_queued_requests_on_a_busy_server_are_left_alone():
     watch = make(probe, hung)
 
     async def main():
-        waiting = asyncio.create_task(stream(watch, A, 0))
-        stop = asyncio.Event()
-        task = asyncio.create_task(watch.run(stop))
-        await asyncio.sleep(1.5)  # five stall timeouts
-        stop.set()
-        await task
-        assert not waiting.done()
-        waiting.cancel()
-        await watch.aclose()
+        async with watching(watch, stream(watch, A, 0)) as (waiting,):
+            await asyncio.sleep(1.5)  # five stall timeouts
+            assert not waiting.done()
 
     asyncio.run(main())
     assert hung == [] and probe.asked >= 2 and watch.stalls == 0
@@ -151,19 +163,12 @@ def test_the_servers_metrics_decide_before_any_probe(tokens, prompt, expect_hung
     watch = make(probe, hung)
 
     async def main():
-        req = asyncio.create_task(stream(watch, A, 1))
-        stop = asyncio.Event()
-        task = asyncio.create_task(watch.run(stop))
-        loop = asyncio.get_running_loop()
-        for t, p in zip(tokens, prompt, strict=True):
-            await asyncio.sleep(0.15)
-            watch.read_metrics(A, Load(at=loop.time(), generation_tokens=t, prompt_tokens=p))
-        await asyncio.sleep(0.5)
-        stop.set()
-        await task
-        req.cancel()
-        await asyncio.gather(req, return_exceptions=True)
-        await watch.aclose()
+        async with watching(watch, stream(watch, A, 1)):
+            loop = asyncio.get_running_loop()
+            for t, p in zip(tokens, prompt, strict=True):
+                await asyncio.sleep(0.15)
+                watch.read_metrics(A, Load(at=loop.time(), generation_tokens=t, prompt_tokens=p))
+            await asyncio.sleep(0.5)
 
     asyncio.run(main())
     assert bool(hung) is expect_hung
