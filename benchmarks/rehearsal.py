@@ -21,8 +21,9 @@ with their seconds): a second client on one endpoint for the whole run, a hang o
 (longer than production's 30 s stall floor), a 503 storm on another, the disk of the run
 directory full for a few seconds (a tmpfs: root; skipped, and said, without), one endpoint
 killed and started again on its port, ``regen run``'s process group SIGKILLed at ~40% and
-started again (time to its first request measured at the servers), a Ray actor SIGKILLed. Then ``regen status``, ``regen monitor --once``, ``regen verify`` and ``regen
-export`` on the finished run (wall time, peak RSS of each process tree), the independent
+started again (time to its first request measured at the servers), a Ray actor SIGKILLed.
+Then ``regen status``, ``regen monitor --once``, ``regen verify`` and ``regen export`` on the
+finished run (wall time, peak RSS of each process tree), the independent
 checks (benchmarks/_rehearsal_checks.py: request logs vs the Parquet parts read with pyarrow
 vs the export's shards: 0 lost, 0 duplicated, each row exported once, verify clean), a second,
 smaller run whose run directory is on S3 (moto on loopback; its driver SIGKILLed once and
