@@ -385,12 +385,12 @@ class _Session:
         if snapshots is not None:
             snaps = snapshots()
             self.tracker.workers(snaps)
-            self._announce_refused(snaps)
+            self._announce_endpoints(snaps)
         self.tracker.write()
         if self.opts.on_progress is not None:
             self.opts.on_progress(self.tracker.snap)
 
-    def _announce_refused(self, snaps: list[dict[str, Any]]) -> None:
+    def _announce_endpoints(self, snaps: list[dict[str, Any]]) -> None:
         """One line per endpoint a worker took out for an endpoint-wide fault, and one each
         time an endpoint's streams stalled (regen.router, regen.engine.stall)."""
         stalled: dict[str, str] = {}
