@@ -146,19 +146,26 @@ class TmpfsDisk:
         st = os.statvfs(self.path)
         return (st.f_blocks - st.f_bfree) * st.f_frsize
 
-    def _remount(self, size: int) -> None:
-        subprocess.run(["mount", "-o", f"remount,size={size}", str(self.path)], check=True,
-                       capture_output=True)  # fmt: skip
+    def _remount(self, size: int) -> bool:
+        argv = ["mount", "-o", f"remount,size={size}", str(self.path)]
+        return subprocess.run(argv, capture_output=True).returncode == 0
 
-    def fill(self) -> int:
-        """Shrink the disk to what it holds: the next write that needs a page fails."""
-        used = self.used()
+    def fill(self, tries: int = 50) -> int:
+        """Shrink the disk to what it holds: the next write that needs a page fails. The run
+        writes on, and a tmpfs refuses a size below what it holds, so it measures again and
+        retries (a slack of a few pages at last)."""
         page = os.sysconf("SC_PAGE_SIZE")
-        self._remount(max(page, -(-used // page) * page))
-        return used
+        for i in range(tries):
+            used = self.used()
+            slack = page * (i // 10) * 4  # 0 for the first ten tries
+            if self._remount(max(page, -(-used // page) * page + slack)):
+                return used
+            time.sleep(0.02)
+        raise OSError(f"could not shrink the tmpfs at {self.path} to what it holds")
 
     def free(self) -> None:
-        self._remount(self.size)
+        if not self._remount(self.size):
+            raise OSError(f"could not give the tmpfs at {self.path} its size back")
 
     def unmount(self, keep: tuple[Path, Path] | None = None) -> None:
         """Copy ``keep``'s source (below the mount) to its destination, then unmount."""

@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import _rehearsal_data as data_mod
+from benchmarks import cpu as cpu_bench
 from benchmarks._rehearsal_checks import check_run, part_files
 from benchmarks._rehearsal_faults import (
     FaultLog,
@@ -301,6 +302,9 @@ class Rehearsal:
                         setattr(self, name, {"error": f"{type(e).__name__}: {e}"})
                         self.say(f"{name} failed: {e}")
             finally:
+                for sess in self.sessions:  # an interrupted rehearsal leaves no driver behind
+                    if sess.proc is not None and sess.proc.poll() is None:
+                        kill_group(sess.proc)
                 if self.poller is not None:
                     self.poller.stop()
                 for ep in self.eps:
@@ -675,15 +679,19 @@ class Rehearsal:
                     proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env,
                                             start_new_session=True)  # fmt: skip
                 self.sampler.register(proc.pid, f"s3driver:{k}")
-                while proc.poll() is None:
-                    if killed is None and poller.completed() >= 0.5 * data.requests:
-                        kill_group(proc)
-                        killed = {
-                            "at_s": round(time.monotonic() - t0, 2),
-                            "progress": round(poller.completed() / data.requests, 3),
-                        }
-                        break
-                    time.sleep(0.2)
+                try:
+                    while proc.poll() is None:
+                        if killed is None and poller.completed() >= 0.5 * data.requests:
+                            kill_group(proc)
+                            killed = {
+                                "at_s": round(time.monotonic() - t0, 2),
+                                "progress": round(poller.completed() / data.requests, 3),
+                            }
+                            break
+                        time.sleep(0.2)
+                except BaseException:  # interrupted (a test's timeout): leave no driver behind
+                    kill_group(proc)
+                    raise
                 sessions.append(proc.wait())
                 if sessions[-1] == 0:
                     break
@@ -717,15 +725,6 @@ class Rehearsal:
     def pool_run(self) -> None:
         """The official openai client's asyncio pool on the first samples of the same data,
         against one endpoint as large as the fleet (benchmarks/cpu.py ``openai_pool_cpu``)."""
-        try:
-            from benchmarks import cpu
-        except ImportError as e:  # pragma: no cover - the other engineer's addition
-            self.pool = {"skipped": f"benchmarks.cpu: {e}"}
-            return
-        fn = getattr(cpu, "openai_pool_cpu", None)
-        if fn is None:
-            self.pool = {"skipped": "benchmarks/cpu.py has no openai_pool_cpu"}
-            return
         from regen.manifest import load_manifest
         from regen.sources import read_samples
 
@@ -739,8 +738,8 @@ class Rehearsal:
         self.say(f"openai pool: {len(samples):,} samples ...")
         with fleet(1, self.work / "pool", opts, {}) as eps:
             conc = cfg.slots * cfg.endpoints
-            got = fn(eps[0].url, m.target.model, samples, conc,
-                     body=cpu.body_fields(m, eps[0].url))  # fmt: skip
+            got = cpu_bench.openai_pool_cpu(eps[0].url, m.target.model, samples, conc,
+                                            body=cpu_bench.body_fields(m, eps[0].url))  # fmt: skip
         self.pool = {"samples": len(samples), **got}
         self.say(f"openai pool: {got['per_1000_window']:.2f} CPU-s per 1,000 requests "
                  f"(window), {got['per_1000_whole']:.2f} whole")  # fmt: skip
@@ -872,14 +871,14 @@ class Rehearsal:
         r["utilization"] = util
         # -- CPU ------------------------------------------------------------------------------
         t_a, t_b = self.sessions[0].launched, self.main_end
-        cpu = self.sampler.cpu(t_a, t_b)
-        sims = sum(v for k, v in cpu.items() if k.startswith("sim:"))
-        drivers = sum(v for k, v in cpu.items() if k.startswith("driver:"))
-        actors, ray = cpu.get("actors", 0.0), cpu.get("ray", 0.0)
-        harness = cpu.get("harness", 0.0)
+        used = self.sampler.cpu(t_a, t_b)
+        sims = sum(v for k, v in used.items() if k.startswith("sim:"))
+        drivers = sum(v for k, v in used.items() if k.startswith("driver:"))
+        actors, ray = used.get("actors", 0.0), used.get("ray", 0.0)
+        harness = used.get("harness", 0.0)
         wall = t_b - t_a
         machine = self.sampler.machine(t_a, t_b)
-        ours = sum(cpu.values())
+        ours = sum(used.values())
         received = sum(rd.received for rd in self.poller.latest().values())
         client = drivers + actors + ray
         cpu_rep: dict[str, Any] = {
@@ -1004,7 +1003,7 @@ class Rehearsal:
 
 def table(r: dict[str, Any]) -> str:
     """The report as a readable table."""
-    c, u, cpu, mem, v = r["config"], r["utilization"], r["cpu"], r["memory"], r["verdict"]
+    c, u, cr, mem, v = r["config"], r["utilization"], r["cpu"], r["memory"], r["verdict"]
     out = []
     w = out.append
     w(f"rehearsal: {r['data']['samples']:,} samples ({c['requests_expected']:,} requests "
@@ -1060,29 +1059,29 @@ def table(r: dict[str, Any]) -> str:
       f"{u['backlog_end']} s, last answer {u['last_finish_s']} s; steady: no fault of that "
       f"endpoint or of the whole run; between: no fault at all)")  # fmt: skip
     w("")
-    co = cpu["cores"]
-    w(f"cores over the run ({cpu['window_s']:,.0f} s): simulators {co['simulators']:.2f}, "
+    co = cr["cores"]
+    w(f"cores over the run ({cr['window_s']:,.0f} s): simulators {co['simulators']:.2f}, "
       f"driver {co['driver']:.2f}, actors {co['actors']:.2f}, Ray {co['ray']:.2f}, harness "
       f"{co['harness']:.2f}, other users {co['others']:.2f} (machine {co['machine']:.2f} of "
       f"{os.cpu_count()})")  # fmt: skip
-    line = (f"client CPU per 1,000 requests ({cpu['requests_received']:,} received): "
-            f"{cpu['client_per_1000_requests']:.2f} CPU-s (driver + actors + Ray), "
-            f"{cpu['client_no_ray_per_1000_requests']:.2f} without Ray; simulators "
-            f"{cpu['simulators_per_1000_requests']:.2f}")  # fmt: skip
-    if "ray_startup_cpu_s" in cpu:
+    line = (f"client CPU per 1,000 requests ({cr['requests_received']:,} received): "
+            f"{cr['client_per_1000_requests']:.2f} CPU-s (driver + actors + Ray), "
+            f"{cr['client_no_ray_per_1000_requests']:.2f} without Ray; simulators "
+            f"{cr['simulators_per_1000_requests']:.2f}")  # fmt: skip
+    if "ray_startup_cpu_s" in cr:
         line += (
-            f"; Ray apart: start-up {cpu['ray_startup_cpu_s']:.1f} CPU-s in "
-            f"{cpu['ray_startup_s']:.1f} s, idle {cpu['ray_idle_cores']:.3f} cores"
+            f"; Ray apart: start-up {cr['ray_startup_cpu_s']:.1f} CPU-s in "
+            f"{cr['ray_startup_s']:.1f} s, idle {cr['ray_idle_cores']:.3f} cores"
         )
     w(line)
-    sw = cpu.get("steady_window")
+    sw = cr.get("steady_window")
     if sw:
         w(f"client CPU over a steady stretch of the last session ({sw['from_s']}-{sw['to_s']} s, "
           f"{sw['requests']:,} requests): {sw['client_per_1000_requests']:.2f} CPU-s per 1,000 "
           f"requests, {sw['client_cores']:.2f} cores")  # fmt: skip
     pool = r.get("openai_pool") or {}
     if "per_1000_window" in pool:
-        ratio = cpu["client_per_1000_requests"] / pool["per_1000_whole"]
+        ratio = cr["client_per_1000_requests"] / pool["per_1000_whole"]
         w(f"openai pool ({pool['samples']:,} samples, {pool['requests']:,} requests, "
           f"concurrency {pool['concurrency']}): {pool['per_1000_window']:.2f} CPU-s per 1,000 "
           f"requests over its requests' window, {pool['per_1000_whole']:.2f} over its whole "
