@@ -22,8 +22,15 @@
 - **Overload is not sickness**: an :class:`~regen.errors.OverloadedError` (SGLang's 503 for a
   full queue, a timeout abort or a retraction; a gateway's 429) is counted as ``throttled``
   and never takes an endpoint out of rotation by itself (adaptive concurrency backs off
-  instead). After ``endpoint_failure_threshold`` overloads in a row with no success, the probe
-  is asked once in the background: only when it fails too does the endpoint leave rotation.
+  instead). It does cool the endpoint: for ``OVERLOAD_COOL_S``, doubled with each overload in
+  a row up to ``OVERLOAD_COOL_MAX_S``, it gets no new request while another endpoint is up,
+  and a sample bound to it goes elsewhere. Without that, a server refusing everything at once
+  holds the fewest requests and so draws every new one (least loaded): a 503 storm on one
+  endpoint of eight once left the other seven at 5% of their batches, their work held by
+  samples backing off for it. The sample whose request was refused retries elsewhere
+  (:meth:`EndpointRouter.avoid`, as for a stall). After ``endpoint_failure_threshold``
+  overloads in a row with no success, the probe is asked once in the background: only when
+  it fails too does the endpoint leave rotation.
   A permanent error is not a health failure either (the server answered).
 - **A stall is about the endpoint**: a :class:`~regen.errors.StallError` (a stream that sent
   nothing for the stall timeout, regen.engine.stall) is counted as a stall; the sample's retry
@@ -88,6 +95,11 @@ def worse(a: str | None, b: str) -> str:
 #: stalls in a row (no success between) that take an endpoint out of rotation
 STALL_STREAK = 2
 
+#: seconds an endpoint gets no new request after an overload answer, while another is up;
+#: doubled with each overload in a row, up to OVERLOAD_COOL_MAX_S (a success ends it)
+OVERLOAD_COOL_S = 0.5
+OVERLOAD_COOL_MAX_S = 8.0
+
 #: weight of the newest latency in the moving average
 LATENCY_EWMA_ALPHA = 0.2
 
@@ -107,6 +119,7 @@ class _State:
     stalls: int = 0  #: requests cancelled as stalled
     consecutive_stalls: int = 0
     checking: bool = False  #: a health check after an overload streak is running
+    cool_until: float | None = None  #: no new request before this while another is up
     slots_source: str | None = None  #: which server value sized the limit (EndpointInfo)
     state: str = UP
     down_since: float | None = None
@@ -122,6 +135,9 @@ class _State:
 
     def has_room(self) -> bool:
         return self.limit is None or self.in_flight < self.limit
+
+    def cooling(self, now: float) -> bool:
+        return self.cool_until is not None and now < self.cool_until
 
 
 @dataclass(slots=True)
@@ -240,7 +256,8 @@ class EndpointRouter:
 
     def avoid(self, sample_id: str, url: str) -> None:
         """This sample's next requests go to any other endpoint that is up (a request of it
-        stalled on ``url``); to ``url`` only when no other is up."""
+        stalled on ``url``, or was refused as overloaded); to ``url`` only when no other is
+        up."""
         self._avoid.setdefault(sample_id, set()).add(url)
         if self._affinity.get(sample_id) == url:
             del self._affinity[sample_id]
@@ -282,11 +299,14 @@ class EndpointRouter:
         now = self._clock()
         for s in self._eps.values():
             self._refresh(s, now)
-        avoid = self._avoid.get(sample_id)
+        avoid = set(self._avoid.get(sample_id, ()))
         if avoid and not any(s.state == UP and u not in avoid for u, s in self._eps.items()):
-            avoid = None  # no other endpoint is up: the avoided one may serve it
+            avoid = set()  # no other endpoint is up: the avoided one may serve it
+        cool = {u for u, s in self._eps.items() if s.state == UP and s.cooling(now)}
+        if cool and any(s.state == UP and u not in avoid | cool for u, s in self._eps.items()):
+            avoid |= cool  # another is up: the endpoints that just refused get nothing new
         bound = self._affinity.get(sample_id)
-        if bound is not None and not (avoid and bound in avoid):
+        if bound is not None and bound not in avoid:
             s = self._eps[bound]
             if s.state == UP:
                 return self._lease(s, sample_id, now) if s.has_room() else None
@@ -294,13 +314,13 @@ class EndpointRouter:
                 return self._lease(s, sample_id, now)
         chosen: _State | None = None
         for s in self._eps.values():
-            if s.state == HALF_OPEN and not s.trial_in_flight and not (avoid and s.url in avoid):
+            if s.state == HALF_OPEN and not s.trial_in_flight and s.url not in avoid:
                 chosen = s  # probe it with a real request first
                 break
         if chosen is None:
             best = None
             for s in self._eps.values():
-                if s.state != UP or not s.has_room() or (avoid and s.url in avoid):
+                if s.state != UP or not s.has_room() or s.url in avoid:
                     continue
                 score = (s.in_flight + s.others + 1) / s.weight
                 if best is None or score < best:
@@ -324,7 +344,7 @@ class EndpointRouter:
             if all(s.state == REFUSED for s in self._eps.values()):
                 raise NoEndpointLeftError(no_endpoint_message(self.refused()))
             changed = self._changed
-            wait = self._next_half_open_in()
+            wait = self._next_change_in()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), timeout=wait)
 
@@ -364,6 +384,8 @@ class EndpointRouter:
             s.throttled += 1
             s.consecutive_overloads += 1
             s.last_error = type(error).__name__
+            cool = OVERLOAD_COOL_S * 2 ** min(16, s.consecutive_overloads - 1)
+            s.cool_until = now + min(OVERLOAD_COOL_MAX_S, cool)
             if s.consecutive_overloads >= self.failure_threshold:
                 self._check_health(s)
         else:
@@ -515,6 +537,7 @@ class EndpointRouter:
     def _succeeded(self, s: _State) -> None:
         s.consecutive_failures = 0
         s.consecutive_overloads = 0
+        s.cool_until = None
         s.consecutive_stalls = 0
         if s.state == REFUSED:  # a request sent before the refusal: it stays out
             return
@@ -541,15 +564,16 @@ class EndpointRouter:
                 s.last_error,
             )
 
-    def _next_half_open_in(self) -> float | None:
-        if self._probe is not None:
-            return self.probe_interval_s  # a probe task may bring one back; look again then
+    def _next_change_in(self) -> float | None:
+        """Seconds until an endpoint may take requests again without a release: a cool-down
+        ends, a half-open trial is due, or (with a probe task) a probe may have passed."""
         now = self._clock()
-        waits = [
-            s.next_probe_at - now
-            for s in self._eps.values()
-            if s.state in PROBED and s.next_probe_at is not None
-        ]
+        waits = [s.cool_until - now for s in self._eps.values() if s.cooling(now)]
+        if self._probe is not None:
+            waits.append(self.probe_interval_s)
+        else:
+            waits += [s.next_probe_at - now for s in self._eps.values()
+                      if s.state in PROBED and s.next_probe_at is not None]  # fmt: skip
         return max(0.01, min(waits)) if waits else None
 
     def _notify(self) -> None:

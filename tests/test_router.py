@@ -16,7 +16,16 @@ from regen.errors import (
     ServerError,
 )
 from regen.manifest import Endpoint, Engine
-from regen.router import DOWN, HALF_OPEN, REFUSED, UP, EndpointRouter, http_probe
+from regen.router import (
+    DOWN,
+    HALF_OPEN,
+    OVERLOAD_COOL_MAX_S,
+    OVERLOAD_COOL_S,
+    REFUSED,
+    UP,
+    EndpointRouter,
+    http_probe,
+)
 
 A, B, C = "http://a:1/v1", "http://b:1/v1", "http://c:1/v1"
 
@@ -165,10 +174,12 @@ def test_an_overload_streak_asks_the_probe_and_only_a_failed_probe_takes_it_out(
         probed.append(url)
         return answers[url]
 
-    r = router(A, B, clock=Clock(), failure_threshold=3, probe=probe)
+    clock = Clock()
+    r = router(A, B, clock=clock, failure_threshold=3, probe=probe)
 
     async def streak() -> None:
         for _ in range(3):
+            clock.t += OVERLOAD_COOL_MAX_S  # past each cool-down: A is the least loaded again
             r.release(r.try_acquire("s"), _overloaded())
         await asyncio.sleep(0)  # the background health check runs
         await asyncio.sleep(0)
@@ -182,6 +193,61 @@ def test_an_overload_streak_asks_the_probe_and_only_a_failed_probe_takes_it_out(
         assert probed == [A, A] and r.state(A) == DOWN
 
     asyncio.run(go())
+
+
+def test_an_overloaded_endpoint_cools_while_another_is_up_then_takes_work_again():
+    """A server refusing everything holds the fewest requests: without the cool-down it
+    would draw every new one (least loaded)."""
+    clock = Clock()
+    r = router(A, B, clock=clock)
+    r.release(r.try_acquire("s0"), _overloaded())
+    assert r.in_flight(A) == 0 and r.in_flight(B) == 0
+    held = [r.try_acquire(f"n{i}") for i in range(4)]
+    assert [h.url for h in held] == [B] * 4  # A holds nothing, yet it gets nothing new
+    assert r._next_change_in() == pytest.approx(OVERLOAD_COOL_S)  # a waiter wakes then
+    clock.t += OVERLOAD_COOL_S
+    assert r.try_acquire("late").url == A
+    # each overload in a row doubles the cool-down, up to its cap; a success ends it
+    for n in range(1, 8):
+        clock.t += OVERLOAD_COOL_MAX_S
+        r.release(r.try_acquire("x"), _overloaded())
+        cool = min(OVERLOAD_COOL_MAX_S, OVERLOAD_COOL_S * 2**n)
+        assert r._next_change_in() == pytest.approx(cool)
+    clock.t += OVERLOAD_COOL_MAX_S
+    r.release(r.try_acquire("x"))
+    assert r.snapshot()[A]["consecutive_overloads"] == 0
+    assert r.try_acquire("y").url == A
+
+
+def test_a_sample_bound_to_a_cooling_endpoint_goes_elsewhere_and_one_up_endpoint_still_serves():
+    clock = Clock()
+    r = router(A, B, clock=clock)
+    first = r.try_acquire("s")
+    assert first.url == A
+    r.release(first)  # turn one done on A: the sample is bound to it
+    r.release(r.try_acquire("other"), _overloaded())  # then A refuses another sample
+    assert r.try_acquire("s").url == B  # turn two does not wait out A's refusal
+    # with B out of rotation, the cooling endpoint is the only one: it still serves
+    r2 = router(A, B, clock=clock, failure_threshold=1)
+    r2.release(r2.try_acquire("a"), _overloaded())
+    lease_b = r2.try_acquire("b")
+    assert lease_b.url == B
+    r2.release(lease_b, ConnectionError("refused"))
+    assert r2.state(B) == DOWN
+    assert r2.try_acquire("c").url == A
+
+
+def test_a_refused_samples_retry_avoids_that_endpoint():
+    clock = Clock()
+    r = router(A, B, clock=clock)
+    lease = r.try_acquire("s")
+    r.release(lease, _overloaded())
+    r.avoid("s", lease.url)  # what the worker does with an OverloadedError
+    clock.t += OVERLOAD_COOL_MAX_S  # A's cool-down is over
+    assert r.try_acquire("pad").url == A  # A takes new samples again ...
+    assert r.try_acquire("pad2").url == B  # 1 and 1: a tie goes to A, the first
+    assert r.try_acquire("s").url == B  # ... but not the sample it refused
+    assert r.try_acquire("fresh").url == A
 
 
 def test_http_probe_asks_health_generate_then_models_when_it_does_not_exist():

@@ -424,7 +424,8 @@ class SampleWorker:
                 except StallError:  # its retry goes to another endpoint while one is up
                     self.router.avoid(sample_id, lease.url)
                     raise
-                except OverloadedError as e:  # 503 (SGLang) or 429: back off, never "down"
+                except OverloadedError as e:  # 503 (SGLang) or 429: back off, never "down";
+                    self.router.avoid(sample_id, lease.url)  # its retry goes elsewhere
                     limit = self.limits[lease.url]
                     limit.record_throttled(
                         self._clock(), rate_limited=isinstance(e, RateLimitedError)
