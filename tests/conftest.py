@@ -80,9 +80,9 @@ NOT_FAST = ("ray", "server", "vllm", "slow")
 #: fixtures that start a Ray head or a vLLM server: a test using one (directly or through
 #: another fixture) gets the marker, so no such test lands in the fast tier by a missing mark
 FIXTURE_MARKERS = {"ray_head": "ray", "vllm_python": "vllm"}
-#: the longest modules (minutes: the whole loop with vLLM and SpecForge), started before all
-#: others so the other xdist worker runs the rest beside them
-LONGEST = ("loop/test_demo_loop.py",)
+#: the longest modules (minutes each: the whole loop with vLLM and SpecForge; the reference
+#: job rehearsed at CI size), started first, one per xdist worker, the rest beside them
+LONGEST = ("loop/test_demo_loop.py", "reliability/test_rehearsal.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
