@@ -1,6 +1,7 @@
 """A real S3-compatible server for tests: moto's server mode on 127.0.0.1.
 
-``moto_s3()`` starts ``moto_server -H 127.0.0.1 -p PORT`` in its own process group, waits
+``moto_s3()`` starts moto's server (``tests/_moto_server.py``: ``moto_server`` with S3's atomic
+conditional writes) on ``-H 127.0.0.1 -p PORT`` in its own process group, waits
 until it answers, yields a :class:`MotoS3` (endpoint, credentials, run-directory URIs) and stops
 the group at the end. pyarrow reaches it as ``s3://BUCKET/PREFIX?endpoint_override=127.0.0.1:
 PORT&scheme=http&region=us-east-1`` with the standard ``AWS_ACCESS_KEY_ID`` /
@@ -25,7 +26,8 @@ from pathlib import Path
 
 from regen.procs import stop_group
 
-VENV_BIN = Path(sys.executable).parent
+#: moto_server with S3's atomic conditional writes (moto checks, then writes, unlocked)
+SERVER = Path(__file__).resolve().parent / "_moto_server.py"
 #: seconds moto may take to answer
 START_TIMEOUT_S = 30.0
 CREDENTIALS = {
@@ -82,7 +84,7 @@ def moto_s3() -> Iterator[MotoS3]:
         log = Path(tmp) / "moto.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [str(VENV_BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                [sys.executable, str(SERVER), "-H", "127.0.0.1", "-p", str(port)],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         saved = {k: os.environ.get(k) for k in CREDENTIALS}
