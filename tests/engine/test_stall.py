@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from regen.engine.stall import GAP_MULTIPLE, StallWatch
+from regen.engine.stall import GAP_MULTIPLE, Beat, StallWatch
 from regen.errors import StallError
 
 A, B = "http://a/v1", "http://b/v1"
@@ -177,22 +177,24 @@ def test_the_servers_metrics_decide_before_any_probe(tokens, prompt, expect_hung
 
 
 def test_the_derived_timeout_follows_the_longest_gap_and_never_goes_below_the_floor():
-    watch = make(Probe(True), [], timeout_s=None)
+    """A stream whose pauses grow (0.2 s, under the 0.3 s floor, then 0.5 s), looked at on a
+    clock of the test's own (the watch's ticks, at the times the test chooses): once the first
+    gap is seen the timeout is 4 times it, so the longer pause is not a stall."""
+    now = [0.0]
+    watch = StallWatch([A, B], timeout_s=None, min_s=0.3, probe=Probe(True),
+                       on_hung=lambda url, why: True, clock=lambda: now[0])  # fmt: skip
     assert watch.timeout_s(A) == 0.3  # nothing seen: the floor
 
-    results = asyncio.run(run_with(watch, _gappy(watch)))
-    assert results == [None]  # never cancelled: the timeout grew with the gaps it saw
-    longest = max(g for _, g in watch._eps[A].gaps)
-    assert longest >= 0.35
-    assert watch.timeout_s(A) == pytest.approx(GAP_MULTIPLE * longest)
+    async def main() -> Beat:
+        async with watch.watch(A) as beat:
+            for t, pieces in ((0.0, 1), (0.2, 2), (0.4, 3), (0.7, 3), (0.9, 4), (0.95, 5)):
+                now[0], beat.n = t, pieces
+                watch.scan()
+                assert beat.stalled is None, (t, beat.stalled)  # at 0.7 s: 0.3 s of silence
+        return beat
+
+    asyncio.run(main())
+    assert [round(g, 3) for _, g in watch._eps[A].gaps] == [0.2, 0.2, 0.5, 0.05]
+    assert watch.timeout_s(A) == pytest.approx(GAP_MULTIPLE * 0.5)
     assert watch.timeout_s(B) == 0.3
-
-
-async def _gappy(watch: StallWatch) -> None:
-    """A stream whose pauses grow (0.2 s, under the 0.3 s floor, then 0.5 s): once the first
-    gap is seen the timeout is 4 times it, so the longer pause is not a stall."""
-    async with watch.watch(A) as beat:
-        for pause in (0.2, 0.2, 0.5, 0.05):
-            beat.n += 1
-            await asyncio.sleep(pause)
-        beat.n += 1
+    assert watch.stalls == 0
