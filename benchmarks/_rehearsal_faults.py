@@ -1,7 +1,7 @@
 """The rehearsal's faults: when each happens and how it is made (issue 32).
 
 :class:`Schedule` says when (a share of the samples done, as the run's progress.json says, or
-seconds for the 503 storm, which its simulator times from its own start) and for how long;
+of the requests, which the hang's and the storm's servers count) and for how long;
 :class:`FaultLog` records what really happened (monotonic start and end, the progress at the
 start, details), which the report prints and the CI test asserts. In the order they come:
 
@@ -11,8 +11,10 @@ start, details), which the report prints and the CI test asserts. In the order t
   its N-th request arrives: N is its share of the requests at the scheduled progress; D is
   longer than production's stall floor, ``engine.stall_min_s`` 30 s, plus its check), so
   regen must notice and move the work;
-- **503 storm**: one endpoint runs with ``--overload-at-s S --overload-for-s D`` (S: past the
-  first session's start-up plus a share of the expected requests' window);
+- **503 storm**: one endpoint runs with ``--overload-after N --overload-for-s D`` (its N-th
+  request starts the storm: N is its share of the requests at the scheduled progress; a count,
+  not a time, so a slow start-up on a busy machine cannot put the storm before the first
+  request);
 - **disk full**: the run directory lives on a tmpfs of its own (:class:`TmpfsDisk`, mounted by
   this process: root); the disk fills when the tmpfs is shrunk to what it holds
   (``mount -o remount,size=USED``: the next write that needs a page gets ENOSPC, as on a
@@ -62,8 +64,8 @@ class Schedule:
     hang_at: float = 0.08
     hang_for_s: float = 90.0
     storm_endpoint: int = 5
-    storm_at: float = 0.22  #: the share of the run at which the storm is expected (its
-    storm_for_s: float = 30.0  #: seconds from the simulator's start come from an estimate)
+    storm_at: float = 0.22  #: the share of the requests at which the storm starts
+    storm_for_s: float = 30.0
     disk_at: float = 0.27
     disk_for_s: float = 10.0
     down_endpoint: int = 4

@@ -154,6 +154,8 @@ class Reading:
     queued: int
     background_tokens: int
     hung: bool = False
+    #: monotonic start of the endpoint's 503 storm (None: not yet), from its /stats
+    storm_start: float | None = None
 
 
 class Poller:
@@ -191,9 +193,13 @@ class Poller:
             if s is None:
                 continue
             bg = (s.get("background") or {}).get("tokens", 0)
-            got.append(Reading(time.monotonic(), ep.index, inc, int(s["tokens_generated"]),
+            t = time.monotonic()
+            storm = s.get("overload_started_s")
+            storm_start = None if storm is None else t - float(s["uptime_s"]) + float(storm)
+            got.append(Reading(t, ep.index, inc, int(s["tokens_generated"]),
                                int(s["received"]), int(s["completed"]), int(s["running"]),
-                               int(s["queued"]), int(bg), bool(s.get("hung"))))  # fmt: skip
+                               int(s["queued"]), int(bg), bool(s.get("hung")),
+                               storm_start))  # fmt: skip
         with self._lock:
             self.readings.extend(got)
         return got
@@ -209,6 +215,12 @@ class Poller:
     def completed(self) -> int:
         """Requests completed by every incarnation of every endpoint so far."""
         return sum(r.completed for r in self.latest().values())
+
+    def storm_start(self, endpoint: int) -> float | None:
+        """When the endpoint's 503 storm began (monotonic), as its /stats said; None: not yet."""
+        with self._lock:
+            starts = [r.storm_start for r in self.readings if r.endpoint == endpoint]
+        return next((t for t in starts if t is not None), None)
 
     def received(self) -> int:
         return sum(r.received for r in self.latest().values())

@@ -127,11 +127,14 @@ class Config:
 
     @classmethod
     def ci(cls, samples: int = 3000, **kw: Any) -> Config:
-        """The CI size: short outages (Schedule.ci), half the batch slots (the run lasts long
-        enough for the faults one after the other), a small S3 run, no openai pool."""
+        """The CI size: short outages (Schedule.ci), a quarter of the fleet's tokens per second
+        (half the batch slots, steps twice as long), a small S3 run, no openai pool. The run's
+        requests then take ~250 s: the faults' own costs (a session's start-up, an endpoint's,
+        the hang) do not shrink with the run, and on a machine with both cores busy they take
+        twice as long; a faster fleet finished the run before the last faults came."""
         base: dict[str, Any] = {"samples": samples, "schedule": Schedule.ci(), "slots": 12,
-                                "queue": 6, "s3_samples": 200, "pool_samples": 0,
-                                "timeout_s": 1800.0}  # fmt: skip
+                                "queue": 6, "step_ms": 96.0, "s3_samples": 200,
+                                "pool_samples": 0, "timeout_s": 1800.0}  # fmt: skip
         return cls(**{**base, **kw})
 
     @property
@@ -322,7 +325,7 @@ class Rehearsal:
 
     #: what :meth:`save_raw` keeps: enough to compute the report again (``--remeasure``)
     RAW = ("cfg", "t0", "offset", "data", "faults", "sessions", "eps", "prog", "phases",
-           "per_endpoint", "fault_times", "main_end", "run_dir", "disk", "tools", "verdict",
+           "per_endpoint", "main_end", "run_dir", "disk", "tools", "verdict",
            "parts", "s3", "pool", "ray_up", "ray_idle", "missed")  # fmt: skip
 
     def save_raw(self) -> None:
@@ -376,10 +379,6 @@ class Rehearsal:
     def main_run(self) -> None:
         cfg, sch, d = self.cfg, self.cfg.schedule, self.data
         window = self.estimate_window()
-        # the storm is timed by its server from its start: past the first session's start-up
-        # (16-45 s measured) with room to spare, then a share of the requests' window; the
-        # loop's faults keep out of its way (:meth:`loop`)
-        storm_s = 60.0 + sch.storm_at * window
         per = {
             sch.background_endpoint: {"background_requests": sch.background_requests,
                                       "background_max_tokens": round(cfg.mean_tokens),
@@ -387,7 +386,8 @@ class Rehearsal:
             sch.hang_endpoint: {"hang_after": max(2, round(sch.hang_at * d.requests
                                                            / cfg.endpoints)),
                                 "hang_for_s": sch.hang_for_s},
-            sch.storm_endpoint: {"overload_at_s": round(storm_s, 1),
+            sch.storm_endpoint: {"overload_after": max(2, round(sch.storm_at * d.requests
+                                                                / cfg.endpoints)),
                                  "overload_for_s": sch.storm_for_s},
         }  # fmt: skip
         self.per_endpoint = per
@@ -412,7 +412,6 @@ class Rehearsal:
             on_start=lambda pid, i: self.sampler.register(pid, f"sim:{i}"),
         )
         self.poller = Poller(self.eps, 1.0).start()
-        self.fault_times = {"storm_at_s": storm_s}
         self.loop(run_dir, sch)
 
     def regen_argv(self, manifest: Path, out: str, urls: list[str]) -> list[str]:
@@ -487,8 +486,6 @@ class Rehearsal:
         at = {"disk": sch.disk_at, "down": sch.down_at, "driver": sch.driver_at,
               "actor": sch.actor_at}  # fmt: skip
         gate = 0.0  #: the next fault waits for this time (0: now)
-        s0 = self.eps[sch.storm_endpoint].incarnations[0].ready + self.fault_times["storm_at_s"]
-        storm = (s0, s0 + sch.storm_for_s)
         wait_session: Session | None = None  #: ... and for this session's first request
         disk_ev = down_ev = None
         disk_free_at = down_back_at = 0.0
@@ -521,7 +518,7 @@ class Rehearsal:
             waited = wait_session is None or wait_session.first_request is not None
             ready = bool(order) and prog >= at[order[0]] and now >= gate
             ready = ready and session.rc is None and waited
-            if ready and storm[0] - sch.gap_s <= now <= storm[1] + sch.gap_s:
+            if ready and self.storm_near(prog, now):
                 ready = False  # the 503 storm is on (or about to be): one fault at a time
             if ready and any(rd.hung for rd in self.poller.latest().values()):
                 ready = False  # so is the hang (a session started now would drop it too)
@@ -550,17 +547,19 @@ class Rehearsal:
                 elif name == "driver":
                     sess_id = run_session(run_dir)
                     old = [p for p, _ in self.actors(sess_id)]
-                    kill_group(session.proc)
-                    t = time.monotonic()
-                    session.rc, session.ended, session.ended_by = -9, t, "driver killed"
-                    gone = wait_gone(old, 60.0)
-                    ev = self.faults.add("driver killed", t, progress=prog,
-                                         details={"old_actors": len(old),
-                                                  "old_actors_gone_s": round(gone, 2)})  # fmt: skip
-                    self.say(f"driver SIGKILLed at {prog:.1%}; its {len(old)} actors gone "
-                             f"after {gone:.1f} s")  # fmt: skip
-                    session = wait_session = self.launch("the driver was killed")
-                    ev.details["session"] = session.n
+                    if not old:  # its actors are not up (or listed) yet: kill it with them
+                        order.insert(0, name)
+                    else:
+                        kill_group(session.proc)
+                        t = time.monotonic()
+                        session.rc, session.ended, session.ended_by = -9, t, "driver killed"
+                        gone = wait_gone(old, 60.0)
+                        details = {"old_actors": len(old), "old_actors_gone_s": round(gone, 2)}
+                        ev = self.faults.add("driver killed", t, progress=prog, details=details)
+                        self.say(f"driver SIGKILLed at {prog:.1%}; its {len(old)} actors gone "
+                                 f"after {gone:.1f} s")  # fmt: skip
+                        session = wait_session = self.launch("the driver was killed")
+                        ev.details["session"] = session.n
                 elif name == "actor":
                     got = kill_actor(self.actors(run_session(run_dir)))
                     if got is None:
@@ -589,6 +588,17 @@ class Rehearsal:
         self.missed = order
         if down_ev is not None and down_ev.end is None:  # the run ended first: bring it back
             down_ev.end = self.eps[sch.down_endpoint].start().ready
+
+    def storm_near(self, prog: float, now: float) -> bool:
+        """The 503 storm is on, was over less than ``gap_s`` ago, or is due (its server counts
+        its requests to start it: it is due from ``storm_at`` less 3% of the run, and waited for
+        until 10% past it)."""
+        sch = self.cfg.schedule
+        assert self.poller is not None
+        start = self.poller.storm_start(sch.storm_endpoint)
+        if start is None:
+            return sch.storm_at - 0.03 <= prog <= sch.storm_at + 0.10
+        return now <= start + sch.storm_for_s + sch.gap_s
 
     def actors(self, session: str | None) -> list[tuple[int, str]]:
         """(pid, name) of the session's live actors: Ray's state API, else /proc titles."""
@@ -803,12 +813,10 @@ class Rehearsal:
             )
             ev.end = hung[-1].t
             ev.details["for_s"] = sch.hang_for_s
-        storm_ep = self.eps[sch.storm_endpoint]
-        inc0 = storm_ep.incarnations[0]
-        s0 = inc0.ready + self.fault_times["storm_at_s"]
+        s0 = self.poller.storm_start(sch.storm_endpoint)
         refused = [rec_at for rec_at, ep, kind in served.cut
                    if ep == sch.storm_endpoint and "overload" in kind]  # fmt: skip
-        if s0 < (inc0.stopped or math.inf):
+        if s0 is not None:
             ev = self.faults.add(
                 "503 storm",
                 s0,
@@ -1155,7 +1163,8 @@ def main(argv: list[str] | None = None) -> int:
         "--pool-samples", type=int, default=1500, help="samples the openai pool sends (0: none)"
     )
     ap.add_argument("--ci", action="store_true",
-                    help="the CI test's settings (short outages, 12 slots, a 200-sample S3 run, "
+                    help="the CI test's settings (short outages, 12 slots of 96 ms steps, a "
+                    "200-sample S3 run, "
                     "no pool); --samples and the other flags still apply")  # fmt: skip
     ap.add_argument("--timeout-s", type=float, default=5400.0)
     ap.add_argument("--keep", type=Path, help="work directory to keep (default: a temp dir)")

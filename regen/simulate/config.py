@@ -229,6 +229,12 @@ class SimConfig(BaseModel):
         "request is refused as --overload-rate refuses it (SGLang's full-queue 503)",
         **_group("outages"),
     )
+    overload_after: int | None = Field(
+        None,
+        ge=1,
+        description="a 503 storm from the N-th chat request on (it is refused too)",
+        **_group("outages"),
+    )
     overload_for_s: float = Field(
         30.0,
         gt=0,
@@ -317,8 +323,10 @@ class SimConfig(BaseModel):
                 raise ValueError(f"{flags} need the capacity model (not --instant: no queue)")
         if self.hang_for_s is not None and self.hang_at_s is None and self.hang_after is None:
             raise ValueError("--hang-for-s needs --hang-at-s or --hang-after")
-        if "overload_for_s" in self.model_fields_set and self.overload_at_s is None:
-            raise ValueError("--overload-for-s needs --overload-at-s")
+        if "overload_for_s" in self.model_fields_set and (
+            self.overload_at_s is None and self.overload_after is None
+        ):
+            raise ValueError("--overload-for-s needs --overload-at-s or --overload-after")
         if self.slots % self.dp_size:
             raise ValueError(f"{self.slots} batch slots do not split over dp_size {self.dp_size}")
         return self

@@ -11,8 +11,9 @@ when it stopped (:meth:`SimMetrics.freeze`: SGLang's scheduler process writes th
 one writes nothing). When the hang ends everything carries on where it stopped.
 
 An **overload window** (:class:`OverloadWindow`) is ``overload_for_s`` seconds, from
-``overload_at_s`` after the server began serving, in which every new chat request is refused
-as ``Fault.OVERLOAD`` refuses it (SGLang's full-queue 503).
+``overload_at_s`` after the server began serving or from the ``overload_after``-th chat
+request, in which every new chat request is refused as ``Fault.OVERLOAD`` refuses it
+(SGLang's full-queue 503).
 
 Both are timed from :meth:`Hang.serving` / :meth:`OverloadWindow.serving`, called once the
 server listens. Owns no files.
@@ -111,23 +112,34 @@ class Hang:
 
 
 class OverloadWindow:
-    """``for_s`` seconds of SGLang's full-queue 503, ``at_s`` after the server began serving."""
+    """``for_s`` seconds of SGLang's full-queue 503: from ``at_s`` after the server began
+    serving, or from the arrival of the ``after``-th chat request (each trigger fires once)."""
 
-    def __init__(self, at_s: float | None, for_s: float) -> None:
-        self.at_s, self.for_s = at_s, for_s
-        self.origin: float | None = None
+    def __init__(self, at_s: float | None, for_s: float, after: int | None = None) -> None:
+        self.at_s, self.for_s, self.after = at_s, for_s, after
+        self.received = 0  #: chat requests received (what ``after`` counts)
+        self.started_at: float | None = None  #: monotonic start of the storm
         self._timers: list[asyncio.TimerHandle] = []
 
     def serving(self) -> None:
-        self.origin = time.monotonic()
         if self.at_s is not None:
             loop = asyncio.get_running_loop()
-            self._timers = [
-                loop.call_later(self.at_s, log.warning, "simulated overload: every new request "
-                                "gets SGLang's 503 for %g s", self.for_s),
-                loop.call_later(self.at_s + self.for_s, log.warning,
-                                "simulated overload ends"),
-            ]  # fmt: skip
+            self._timers.append(loop.call_later(self.at_s, self.start, f"at {self.at_s:g} s"))
+
+    def request(self) -> None:
+        """A chat request arrived: the ``after``-th starts the storm (it is refused too)."""
+        self.received += 1
+        if self.after is not None and self.received == self.after:
+            self.start(f"after {self.after} requests")
+
+    def start(self, why: str) -> None:
+        if self.started_at is not None:
+            return
+        self.started_at = time.monotonic()
+        log.warning("simulated overload (%s): every new request gets SGLang's 503 for %g s",
+                    why, self.for_s)  # fmt: skip
+        loop = asyncio.get_running_loop()
+        self._timers.append(loop.call_later(self.for_s, log.warning, "simulated overload ends"))
 
     def close(self) -> None:
         for timer in self._timers:
@@ -135,7 +147,6 @@ class OverloadWindow:
         self._timers = []
 
     def active(self) -> bool:
-        if self.at_s is None or self.origin is None:
+        if self.started_at is None:
             return False
-        since = time.monotonic() - self.origin
-        return self.at_s <= since < self.at_s + self.for_s
+        return time.monotonic() - self.started_at < self.for_s

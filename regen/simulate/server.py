@@ -138,7 +138,9 @@ class SimServer:
             after=config.hang_after,
             for_s=config.hang_for_s,
         )
-        self.overload = OverloadWindow(config.overload_at_s, config.overload_for_s)
+        self.overload = OverloadWindow(
+            config.overload_at_s, config.overload_for_s, config.overload_after
+        )
         self.health_timeout_s = config.health_timeout_s
 
     def _error(
@@ -358,6 +360,7 @@ class SimServer:
                     "hang_for_s": c.hang_for_s,
                     "hangs": self.hang.count,
                     "overload_at_s": c.overload_at_s,
+                    "overload_after": c.overload_after,
                     "overload_for_s": c.overload_for_s,
                     "health_check_timeout_s": self.health_timeout_s,
                 },
@@ -400,6 +403,10 @@ class SimServer:
             "queue_full": rc.queue_full,
             "hung": self.hang.hung,
             "hangs": self.hang.count,
+            "overloaded": self.overload.active(),
+            "overload_started_s": None
+            if self.overload.started_at is None
+            else self.overload.started_at - self.stats.started,
         }
         bg = self.background
         if bg is not None:
@@ -497,6 +504,7 @@ class SimServer:
         received_at = time.monotonic()
         hang = self.hang
         hang.request()  # the hang_after-th request starts the hang
+        self.overload.request()  # ... and the overload_after-th the 503 storm
         hangs_before, hung_before = hang.count, hang.hung
         try:
             raw = await request.read()

@@ -56,6 +56,18 @@ def get(url: str, timeout: float = 10.0) -> int:
         return e.code
 
 
+def post(url: str, payload: dict[str, Any], timeout: float = 10.0) -> int:
+    """The status of a chat completion's POST to ``url`` (an OpenAI base URL)."""
+    req = urllib.request.Request(f"{url}/chat/completions", data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            r.read()
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
 def timed_get(url: str, timeout: float) -> tuple[int | None, float]:
     """(status or None when nothing came in ``timeout`` s, seconds taken)."""
     t0 = time.monotonic()
@@ -356,6 +368,26 @@ def test_outage_options_need_their_start():
     with pytest.raises(ConfigError, match="--overload-for-s needs"):
         SimConfig.from_flat({"overload_for_s": 5.0})
     assert SimConfig.from_flat({"overload_at_s": 5}).overload_for_s == 30.0
+    assert SimConfig.from_flat({"overload_after": 3, "overload_for_s": 2}).overload_after == 3
+
+
+def test_overload_after_n_requests_starts_the_storm_at_the_nth():
+    """--overload-after N: requests 1..N-1 are answered, the N-th and those after it are refused
+    until the window ends; /stats tells the storm and when it started."""
+    with simulator_in_thread(instant=True, overload_after=4, overload_for_s=1.0) as sim:
+        before = sim.stats()
+        statuses = [post(sim.url, body(f"q{i}", False, max_tokens=2)) for i in range(6)]
+        during = sim.stats()
+        deadline = time.monotonic() + 10
+        while sim.stats()["overloaded"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        last = post(sim.url, body("after", False, max_tokens=2))
+        after = sim.stats()
+    assert (before["overloaded"], before["overload_started_s"]) == (False, None)
+    assert statuses == [200, 200, 200, 503, 503, 503]
+    assert during["overloaded"] is True and during["overload_started_s"] >= 0
+    assert during["failed"] == {"overload_window": 3}
+    assert last == 200 and after["overloaded"] is False and after["completed"] == 4
 
 
 def test_health_timeout_is_sglangs_variable_unless_given(monkeypatch: pytest.MonkeyPatch):
