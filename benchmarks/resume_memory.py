@@ -58,12 +58,12 @@ from regen.engine import RunOptions, run_job
 from regen.engine.planning import plan_session
 from regen.manifest import load_manifest
 from regen.procs import stop_group
-from regen.rows import SCHEMA
 from regen.simulate.testing import running_simulator
 from regen.sources import read_samples
 from regen.store import RunDir, layout
 from regen.store.counts import SourceCounts
 from regen.store.parts import make_record, part_bytes
+from regen.store.schema import SCHEMA
 
 log = logging.getLogger("benchmarks.resume_memory")
 

@@ -4,8 +4,9 @@ First the cheap check of the run directory (:func:`regen.store.verify.refuse_dam
 part's footer against its record; skipped with ``check=False`` by a caller that ran it on the
 same handle, ``regen train``); a damaged directory is refused with one line pointing to
 ``regen verify --repair``. Then reads every Parquet part of the run directory (schema
-``regen.rows.SCHEMA``; names in :mod:`regen.store.layout`) through its pyarrow filesystem, and
-writes to ``OUT`` (local path or pyarrow URI; file names from the layout too)::
+``regen.store.schema.SCHEMA``; names in :mod:`regen.store.layout`) through its pyarrow
+filesystem, and writes to ``OUT`` (local path or pyarrow URI; file names from the layout
+too)::
 
     OUT/
       shard-00000.jsonl ...        fmt="pretokenized": one {"input_ids": [...], "loss_mask": [...]}
@@ -97,11 +98,11 @@ from pydantic import ValidationError
 
 from regen.errors import ConfigError, RunDirError
 from regen.quality import DEFAULT_DROP_FLAGS, parse_flags
-from regen.rows import ADDED_COLUMNS, ANSWER_COLUMNS
 from regen.sample import stable_hash
 from regen.store import layout
 from regen.store.run import read_manifest_data
 from regen.store.rundir import RunDir
+from regen.store.schema import ADDED_COLUMNS, ANSWER_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -671,7 +672,7 @@ def _write_holdout(
 
 
 def _empty(columns: list[str]) -> pa.Table:
-    from regen.rows import SCHEMA
+    from regen.store.schema import SCHEMA
 
     return SCHEMA.empty_table().select(columns)
 

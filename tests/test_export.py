@@ -15,9 +15,9 @@ from regen.native import VocabInfo, validate_native
 from regen.quality import DEFAULT_DROP_FLAGS
 from regen.result import TurnResult
 from regen.rows import build_turn_row, native_row
-from regen.rows import rows_to_table as table_of
 from regen.sample import Message, Sample, ToolCall
 from regen.store import RunDir, layout
+from regen.store.schema import rows_to_table as table_of
 from regen.targets.kimi import KIMI
 from regen.template.render import Renderer
 

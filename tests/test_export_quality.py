@@ -13,10 +13,11 @@ import pytest
 from regen.errors import ConfigError
 from regen.export import export_run
 from regen.result import TurnResult
-from regen.rows import ADDED_COLUMNS, build_turn_row
-from regen.rows import rows_to_table as table_of
+from regen.rows import build_turn_row
 from regen.sample import ATTEMPT_META, Message, Sample
 from regen.store import RunDir
+from regen.store.schema import ADDED_COLUMNS
+from regen.store.schema import rows_to_table as table_of
 from regen.template.render import Renderer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,17 +12,9 @@ import pytest
 
 from regen.errors import RowError, TemplateError
 from regen.result import TurnResult
-from regen.rows import (
-    COLUMNS,
-    SCHEMA,
-    build_rows,
-    build_turn_row,
-    count_check,
-    native_row,
-    rows_to_table,
-    token_check_counts,
-)
+from regen.rows import build_rows, build_turn_row, count_check, native_row, token_check_counts
 from regen.sample import Message, Sample, ToolCall
+from regen.store.schema import COLUMNS, SCHEMA, rows_to_table
 from regen.template.render import Renderer
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "manifests" / "demo" / "tokenizer"
@@ -338,7 +330,7 @@ def test_the_manifests_thresholds_decide(renderer: Renderer) -> None:
 
 def test_a_row_from_before_the_quality_columns_is_upgraded(renderer: Renderer) -> None:
     """A journal line of a session made before issue 15 (folded on resume) still fits."""
-    from regen.rows import ADDED_COLUMNS, upgrade_row
+    from regen.store.schema import ADDED_COLUMNS, upgrade_row
 
     row = build_turn_row(Sample(id="o:1", source="o", messages=[]), 0,
                          [Message("user", "Please summarise the text for me.")],
@@ -438,7 +430,7 @@ def test_every_row_records_the_content_it_answers_and_the_settings_that_made_it(
     renderer: Renderer,
 ) -> None:
     from regen.manifest import parse_manifest
-    from regen.rows import ANSWER_COLUMNS, SCHEMA, upgrade_row
+    from regen.store.schema import ANSWER_COLUMNS, SCHEMA, upgrade_row
 
     base = {"name": "t", "target": {"model": "m", "tokenizer": "tok"},
             "sources": [{"name": "s", "adapter": "sharegpt", "path": "x.jsonl"}]}  # fmt: skip

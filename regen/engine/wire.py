@@ -19,7 +19,8 @@ needs more work, not per sample, and no server slot waits for it.
 
 Every finished sample comes back ready to store (:func:`pack`, in the worker, off its event
 loop): its journal line (the bytes of :meth:`regen.store.completed.CompletedSample.to_line`),
-its rows as part of one Arrow table per reply (``regen.rows.SCHEMA``, sent as Arrow IPC bytes:
+its rows as part of one Arrow table per reply (``regen.store.schema.SCHEMA``, sent as Arrow
+IPC bytes:
 ~7x cheaper to read than a pickled table), the counters of its rows and their completion
 tokens: a :class:`PackedOutcome`, the one form the driver stores. The driver neither encodes
 JSON nor converts rows. A sample whose rows do not convert to the schema cannot become a
@@ -138,7 +139,7 @@ def pack(outcomes: list[SampleOutcome], to_table: Callable[[list[dict[str, Any]]
     return Reply(out, ipc_bytes(table) if table is not None and first else b"")
 
 
-#: what converting rows may raise (rows that do not fit regen.rows.SCHEMA)
+#: what converting rows may raise (rows that do not fit regen.store.schema.SCHEMA)
 CONVERT_ERRORS = (RegenError, pa.ArrowException, TypeError, ValueError)
 
 
@@ -183,7 +184,7 @@ def unpack_reply(reply: Reply) -> list[SampleOutcome]:
 
 
 def default_to_table(rows: list[dict[str, Any]]) -> Any:
-    from regen.rows import rows_to_table
+    from regen.store.schema import rows_to_table
 
     return rows_to_table(rows)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-#: the row columns a Quality fills (regen.rows.SCHEMA ends with them)
+#: the row columns a Quality fills (regen.store.schema.SCHEMA ends with them)
 COLUMNS = pa.schema(
     [
         pa.field("quality_flags", pa.list_(pa.string()), nullable=False),

@@ -18,7 +18,7 @@ class CompletedSample:
     """One sample whose every turn is done: what a journal line holds.
 
     A worker may have done the encoding already (regen.engine.wire): then ``line`` is its
-    journal line, ``table`` its rows (regen.rows.SCHEMA), ``counts`` their counters, and
+    journal line, ``table`` its rows (regen.store.schema.SCHEMA), ``counts`` their counters, and
     ``rows`` may be empty."""
 
     sample_id: str

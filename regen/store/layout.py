@@ -40,7 +40,7 @@ code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI
       journal/SESSION-SEQ.jsonl          JournalLine per line, one per completed sample, flushed;
                                          driver (regen.store.segments.Journal); local
                                          filesystems only (object stores cannot append)
-      parts/SESSION-SEQ.parquet          the rows of one segment (regen.rows.SCHEMA), written as
+      parts/SESSION-SEQ.parquet          the rows of one segment (store.schema.SCHEMA), written as
                                          parts/.tmp-* and renamed; key-value metadata
                                          ``regen.samples`` / ``regen.rows``
       parts/_SESSION-SEQ.json            PartRecord: row and sample counts, size and sha256 of

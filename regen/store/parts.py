@@ -2,7 +2,7 @@
 
 Files (names and records in :mod:`regen.store.layout`)::
 
-    parts/SESSION-SEQ.parquet   the rows of one journal segment (regen.rows.SCHEMA), zstd,
+    parts/SESSION-SEQ.parquet   the rows of one journal segment (regen.store.schema.SCHEMA), zstd,
                                 written under a temporary name (parts/.tmp-*) and renamed;
                                 key-value metadata regen.samples, regen.rows
     parts/_SESSION-SEQ.json     its PartRecord (rows, samples, bytes, sha256, per-source
@@ -56,7 +56,7 @@ META_ROWS = b"regen.rows"
 
 
 def _default_to_table(rows: list[dict[str, Any]]) -> pa.Table:
-    from regen.rows import rows_to_table
+    from regen.store.schema import rows_to_table
 
     return rows_to_table(rows)
 

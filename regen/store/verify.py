@@ -10,8 +10,8 @@ beside a live run), then checks again: a repair converges, and never discards in
   (``part_damaged``, ``part_missing``); a part without a record, or with one that does not
   parse (``record_damaged``), is read whole and checked by itself (its footer's counts, every
   page's checksum: regen.store.parts): such a part is intact, only its record is rebuilt;
-  schema as documented (``schema``; ``regen.rows.SCHEMA``; a part written before a later
-  column group, ``regen.rows.LATER_COLUMNS``, lacks it, which is fine);
+  schema as documented (``schema``; ``regen.store.schema.SCHEMA``; a part written before a later
+  column group, ``regen.store.schema.LATER_COLUMNS``, lacks it, which is fine);
 - no ``(sample_id, turn, attempt)`` stored twice across parts (``duplicate``; a sample
   answered again by ``regen run --retry-flagged`` has its turns once per attempt);
 - the plan index (``plan_index``): the plan the latest session recorded
@@ -133,7 +133,7 @@ def refuse_damaged(rd: RunDir, what: str) -> None:
 
 
 def _schema_problem(st: PartState) -> str:
-    from regen.rows import LATER_COLUMNS, SCHEMA
+    from regen.store.schema import LATER_COLUMNS, SCHEMA
 
     if st.schema is None:
         return ""
@@ -176,7 +176,7 @@ def verify_run(rd: RunDir, *, repair: bool = False, check_plan: bool = True) -> 
 
 def _check(rd: RunDir, *, check_plan: bool) -> tuple[VerifyReport, Findings]:
     """The checks, writing nothing: the report, and what a repair would fix."""
-    from regen.rows import ADDED_COLUMNS
+    from regen.store.schema import ADDED_COLUMNS
 
     rep = VerifyReport(run_dir=rd.uri)
     found = Findings()

@@ -31,7 +31,8 @@ class LocalWorkerPool:
     ``async process(sample)``, ``snapshot()`` and ``async aclose()``); an exception it raises is
     a failed start. :meth:`kill` makes a worker die as an actor does: what it holds is lost.
     ``to_table``: how the workers convert rows, as actors do (default ``pa.Table.from_pylist``,
-    which takes the scripted workers' rows of any shape; real rows: ``regen.rows.rows_to_table``).
+    which takes the scripted workers' rows of any shape; real rows:
+    ``regen.store.schema.rows_to_table``).
     """
 
     def __init__(

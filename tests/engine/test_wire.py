@@ -13,12 +13,12 @@ import pytest
 
 from regen.engine.wire import Mailbox, PackedOutcome, Reply, pack, unpack_reply
 from regen.engine.worker import SampleOutcome
-from regen.rows import SCHEMA, rows_to_table
 from regen.sample import Message, Sample
 from regen.store import RunDir, layout
 from regen.store.completed import CompletedSample
 from regen.store.counts import count_rows
 from regen.store.parts import part_bytes, samples_table
+from regen.store.schema import SCHEMA, rows_to_table
 from regen.store.segments import Journal
 
 

@@ -53,7 +53,8 @@ def test_parts_records_and_no_journal_on_s3(s3) -> None:
     done = read_done(rd)
     assert done.ids == {"src:0", "src:1", "src:2"} and done.damaged == []
     rep = verify_run(rd, check_plan=False)
-    # these test rows are not regen.rows.SCHEMA, and no driver wrote a progress file: the only
+    # these test rows are not regen.store.schema.SCHEMA, and no driver wrote a progress file: the
+    # only
     # problems verify finds, and it says so
     assert [(p.kind, p.path) for p in rep.problems] == [
         ("schema", "parts/S1-00000.parquet"),

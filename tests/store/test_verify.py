@@ -147,7 +147,7 @@ def test_ids_not_in_the_plan_are_stale_not_lost(tmp_path: Path) -> None:
 
 
 def _native_run(tmp_path: Path, n: int = 8) -> RunDir:
-    """Parts of real rows (native rows: regen.rows.SCHEMA) and the progress file counting
+    """Parts of real rows (native rows: regen.store.schema.SCHEMA) and the progress file counting
     them: a directory verify finds clean (plan checks aside)."""
     from regen.rows import native_row
     from regen.sample import Sample

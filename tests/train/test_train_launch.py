@@ -87,8 +87,9 @@ def test_preflight_refuses_a_config_changed_after_launch(run_dir: Path, write_tr
 def _write_parts(run_dir: Path, rows: list[dict], first_id: int = 0) -> None:
     import pyarrow.parquet as pq
 
-    from regen.rows import native_row, rows_to_table
+    from regen.rows import native_row
     from regen.sample import Sample
+    from regen.store.schema import rows_to_table
 
     table = rows_to_table(
         [
