@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.queue_memory [N]`` writes N sharegpt-shaped rows (~1 KB each: a
 60-word prompt and a 600-character original answer) to a temporary JSONL file, plans them
-(:func:`regen.engine.planning.plan_session`, no run directory: the bodies go to the spill file)
+(:func:`regen.plan.session.plan_session`, no run directory: the bodies go to the spill file)
 and builds the dispatch queue (:class:`regen.engine.schedule.WorkQueue`). It prints the Python
 memory that stays while the queue dispatches, per sample, and the peak while the plan was
 read (exact dedup sets included; near-duplicate detection off). The queue's own share (the
@@ -19,10 +19,10 @@ import tempfile
 import tracemalloc
 from pathlib import Path
 
-from regen.engine.planning import plan_session
 from regen.engine.schedule import WorkQueue
 from regen.manifest import parse_manifest
-from regen.packed import PackedSample, QueueItems, Spill
+from regen.plan.packed import PackedSample, QueueItems, Spill
+from regen.plan.session import plan_session
 from regen.sample import Message, Sample
 
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon")

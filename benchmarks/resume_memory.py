@@ -55,8 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _workload import MODEL, make_rows, write_workload
 
 from regen.engine import RunOptions, run_job
-from regen.engine.planning import plan_session
 from regen.manifest import load_manifest
+from regen.plan.session import plan_session
 from regen.procs import stop_group
 from regen.simulate.testing import running_simulator
 from regen.sources import read_samples

@@ -429,9 +429,9 @@ def export_run(
 
 
 def _recorded_plan(rd: RunDir) -> pa.Table | None:
-    """The latest plan (regen.store.planindex.recorded_plan); None with a warning when the run
+    """The latest plan (regen.store.planned.recorded_plan); None with a warning when the run
     directory has none (stale answers cannot be told apart then); a damaged one is refused."""
-    from regen.store.planindex import recorded_plan
+    from regen.store.planned import recorded_plan
 
     planned, why = recorded_plan(rd)
     if why:

@@ -137,7 +137,7 @@ class Sample:
     @property
     def attempt(self) -> int:
         """0 for a sample's first answer; n for its n-th new attempt (``regen run
-        --retry-flagged``, regen.engine.attempts), kept in ``meta``."""
+        --retry-flagged``, regen.plan.attempts), kept in ``meta``."""
         return int(self.meta.get(ATTEMPT_META, 0))
 
     def prompt_chars(self) -> int:

@@ -13,12 +13,12 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from regen.engine.attempts import attempt_seed
 from regen.manifest import Manifest
+from regen.plan.attempts import attempt_seed
+from regen.plan.index import native_check
 from regen.simulate import answer
 from regen.sources import read_samples
 from regen.store import RunDir, layout
-from regen.store.planindex import native_check
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "manifests" / "demo.yaml"

@@ -562,7 +562,7 @@ def test_cli_holdout_and_bench_finds_it(
 def _planned(root: Path, samples: list[Sample]) -> None:
     """Record ``samples`` as the latest plan (plan/, plan.json), as a session writes it."""
     from regen.manifest import parse_manifest
-    from regen.store.planindex import IndexBuilder
+    from regen.plan.index import IndexBuilder
 
     rd = RunDir.open(root)
     m = parse_manifest({"name": "x", "target": {"model": "m", "tokenizer": str(TOKENIZER)},

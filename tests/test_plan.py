@@ -14,7 +14,7 @@ import pytest
 
 from regen.cli.main import main
 from regen.manifest import load_manifest, parse_manifest
-from regen.plan import build_plan, limits_band
+from regen.plan.report import build_plan, limits_band
 from regen.sources import read_samples
 
 REPO = Path(__file__).resolve().parents[1]

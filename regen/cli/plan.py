@@ -13,7 +13,7 @@ from rich.table import Table
 from regen.cli._args import add_override_argument
 
 if TYPE_CHECKING:
-    from regen.plan import PlanReport
+    from regen.plan.report import PlanReport
 
 NAME = "plan"
 HELP = (
@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from monitor.render import make_console
     from regen.manifest import load_manifest
-    from regen.plan import build_plan
+    from regen.plan.report import build_plan
 
     manifest = load_manifest(args.manifest, args.override)
     plan = build_plan(manifest, args.tok_per_s, row_warnings=False)  # it lists them, once

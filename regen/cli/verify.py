@@ -36,11 +36,12 @@ def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from monitor.render import make_console
+    from regen.plan.index import rebuild
     from regen.store import RunDir
     from regen.store.verify import verify_run
 
     rd = RunDir.open(args.run_dir, create=False).require()
-    rep = verify_run(rd, repair=args.repair, check_plan=not args.no_plan)
+    rep = verify_run(rd, repair=args.repair, check_plan=not args.no_plan, rebuild_plan=rebuild)
     console = make_console(soft_wrap=True)
     if args.json:
         console.out(json.dumps(rep.to_dict(), indent=1, ensure_ascii=False), highlight=False)

@@ -206,7 +206,7 @@ class ChatClient:
         seed: int | None = None,
     ) -> dict[str, Any]:
         """The JSON body of one ``POST /chat/completions``; ``seed`` replaces the sampling
-        seed (a new attempt of a flagged sample, regen.engine.attempts)."""
+        seed (a new attempt of a flagged sample, regen.plan.attempts)."""
         s = self.sampling
         body: dict[str, Any] = {
             "model": self.model,

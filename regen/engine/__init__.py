@@ -5,7 +5,7 @@
 - :mod:`regen.engine.actor`: the Ray actor around it.
 - :mod:`regen.engine.tracker`: counters → the progress file.
 - :mod:`regen.engine.preflight`: configuration checks before anything starts (fail fast).
-- :mod:`regen.engine.planning`: the session's plan and its record.
+- :mod:`regen.plan.session`: the session's plan and its record.
 - :mod:`regen.engine.pool`: ``WorkerPool`` (Ray actors, or SampleWorkers in this process).
 - :mod:`regen.engine.dispatch`: the dispatch loop (feed, requeue, respawn) over a pool.
 - :mod:`regen.engine.driver`: ``run_job(manifest, RunDir, RunOptions)``: one session.

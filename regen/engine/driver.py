@@ -2,7 +2,7 @@
 
 Files (through :mod:`regen.store`; names in :mod:`regen.store.layout`): the lock (held for the
 session), run.json and manifest.yaml (:func:`regen.store.run.prepare_run`), plan.json
-and plan/ (:mod:`regen.engine.planning`, :mod:`regen.store.planindex`), checks.json
+and plan/ (:mod:`regen.plan.session`, :mod:`regen.store.planned`), checks.json
 (:mod:`regen.engine.preflight`), journal/, parts/ and their records, quarantine/
 (:mod:`regen.store.segments`, :mod:`regen.store.parts`, :mod:`regen.store.doneset`),
 failures/ (:mod:`regen.store.failures`), schedule.json, progress.json
@@ -15,7 +15,7 @@ actor) → lock → fingerprint → fold leftover journals → done-set from the
 ones quarantined, their samples planned again) → plan (from the plan index under plan/ when it
 is valid, else by reading the sources, which writes it; skip done ones and recorded permanent
 failures unless ``retry_failed``; with ``retry_flagged``, done samples whose latest answer is
-flagged are planned again as a new attempt, regen.engine.attempts) → stale answers against that
+flagged are planned again as a new attempt, regen.plan.attempts) → stale answers against that
 plan (regen.store.stale: not counted as done; a sample whose source row changed in place is
 planned again as a new attempt that supersedes them) → native rows journaled directly → Ray and
 N actors (started while the plan is read) → the dispatch loop (:mod:`regen.engine.dispatch`:
@@ -42,9 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from regen.engine.adaptive import DEFAULT_CONCURRENCY, describe_limit
-from regen.engine.attempts import RetryFlagged, select
 from regen.engine.dispatch import Dispatcher
-from regen.engine.planning import SessionPlan, plan_session, write_plan
 from regen.engine.pool import RayWorkerPool
 from regen.engine.schedule import LengthModel, WorkQueue, schedule_record
 from regen.engine.tracker import ProgressTracker
@@ -52,7 +50,9 @@ from regen.engine.wire import PackedOutcome
 from regen.engine.worker import SampleOutcome, worker_slots
 from regen.errors import ConfigError, RegenError, RunIncompleteError
 from regen.manifest import Endpoint, Manifest, public_url
-from regen.packed import QueueItems
+from regen.plan.attempts import RetryFlagged, select
+from regen.plan.packed import QueueItems
+from regen.plan.session import SessionPlan, plan_session, write_plan
 from regen.sample import Sample
 from regen.store import layout
 from regen.store.completed import CompletedSample
@@ -60,7 +60,7 @@ from regen.store.counts import SourceCounts, output_tokens
 from regen.store.doneset import DoneSet, read_done
 from regen.store.failures import FailureLog, FailureRecord, read_failures
 from regen.store.lock import RunLock
-from regen.store.planindex import open_index
+from regen.store.planned import open_index
 from regen.store.progress import ProgressSnapshot, SourceProgress
 from regen.store.run import new_session_id, prepare_run, record_engines
 from regen.store.rundir import RunDir
@@ -81,7 +81,7 @@ class RunOptions:
     retry_failed: bool = False  #: request recorded permanent failures again
     #: request done samples whose latest answer carries one of these quality flags again
     retry_flagged: tuple[str, ...] = ()
-    #: new attempts a flagged sample may have in all (regen.engine.attempts)
+    #: new attempts a flagged sample may have in all (regen.plan.attempts)
     flagged_retries: int = 1
     force: bool = False  #: continue a run directory whose fingerprint differs
     address: str | None = None  #: Ray cluster to join (default: $RAY_ADDRESS, else local)
@@ -446,7 +446,7 @@ class _Session:
         """The stored answers the plan just made no longer wants (regen.store.stale); a sample
         whose source row changed in place is planned again, as a new attempt one above its
         stale answer's (the plan is made again with it: its body is read from the sources)."""
-        from regen.store.planindex import recorded_plan
+        from regen.store.planned import recorded_plan
 
         planned, why = recorded_plan(self.rd)
         if planned is None:

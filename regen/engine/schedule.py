@@ -34,13 +34,12 @@ arrays), so the costs are computed for all of them at once and sorted in C (1.4M
 back from a dead worker are pushed on a small heap beside the sorted columns, with their cost.
 
 Memory: a queued sample is a row of the columns, plus, when the plan read it from the sources,
-a :class:`regen.packed.PackedSample` (what ordering needs, readable) whose body, a pickle, lives
-in a :class:`regen.packed.Spill` file (an unlinked temporary file of the driver) until it is
-dispatched, so a 1.4M-sample plan holds ~0.3 KB per queued sample in memory (0.28 KB measured
-by ``python -m benchmarks.queue_memory``). A plan from the plan
-index (:mod:`regen.store.planindex`) holds only the columns; bodies are read from the sources
-when popped (:class:`regen.packed.Bodies`).
-"""
+a :class:`regen.plan.packed.PackedSample` (what ordering needs, readable) whose body, a pickle,
+lives in a :class:`regen.plan.packed.Spill` file (an unlinked temporary file of the driver)
+until it is dispatched, so a 1.4M-sample plan holds ~0.3 KB per queued sample in memory (0.28
+KB measured by ``python -m benchmarks.queue_memory``). A plan from the plan index
+(:mod:`regen.store.planned`) holds only the columns; bodies are read from the sources when
+popped (:class:`regen.plan.packed.Bodies`)."""
 
 from __future__ import annotations
 
@@ -55,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from regen.packed import Bodies, PackedSample, QueueItem, QueueItems
+from regen.plan.packed import Bodies, PackedSample, QueueItem, QueueItems
 from regen.sample import Sample
 from regen.store.layout import ScheduleRecord
 

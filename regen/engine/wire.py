@@ -46,7 +46,7 @@ import pyarrow as pa
 
 from regen.engine.worker import SampleOutcome
 from regen.errors import RegenError
-from regen.packed import unpacked
+from regen.plan.packed import unpacked
 from regen.store.completed import CompletedSample
 from regen.store.counts import SourceCounts, count_rows, output_tokens
 

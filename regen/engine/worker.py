@@ -53,7 +53,6 @@ from regen.engine.adaptive import (
     room,
     target_queue,
 )
-from regen.engine.attempts import attempt_seed
 from regen.engine.stall import StallWatch
 from regen.engine.turns import DoneTurn, regenerate
 from regen.errors import (
@@ -67,6 +66,7 @@ from regen.errors import (
     TransientError,
 )
 from regen.manifest import Endpoint, Manifest
+from regen.plan.attempts import attempt_seed
 from regen.result import TurnResult
 from regen.sample import Sample
 from regen.store.progress import ErrorInfo
@@ -406,7 +406,7 @@ class SampleWorker:
         seed: int | None = None,
     ) -> TurnResult:
         """One turn: each try leases an endpoint; transient failures retried per the policy.
-        ``seed`` replaces the sampling seed (a new attempt, regen.engine.attempts)."""
+        ``seed`` replaces the sampling seed (a new attempt, regen.plan.attempts)."""
         st = self.stats
         sample_id = out.sample_id
 

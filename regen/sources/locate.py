@@ -1,6 +1,6 @@
 """Rows read again where they were found, and what a source file looked like. Owns no files.
 
-The plan index (:mod:`regen.store.planindex`) keeps, per planned sample, where its row lives;
+The plan index (:mod:`regen.store.planned`) keeps, per planned sample, where its row lives;
 this module reads rows back from there and tells whether a file is still the one indexed:
 
 - :func:`file_signature`: size, mtime and the sha256 of the first and last

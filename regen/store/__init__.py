@@ -17,7 +17,7 @@ imports nothing from the engine, the CLI, status or the monitor (tests/test_arch
   quarantine.
 - :mod:`regen.store.doneset`: the done-set, read from the intact parts.
 - :mod:`regen.store.failures`: failures/, why samples could not be completed.
-- :mod:`regen.store.planindex`: plan/, which samples the run plans and where their rows are.
+- :mod:`regen.store.planned`: plan/, which samples the run plans and where their rows are.
 - :mod:`regen.store.verify`: ``regen verify``'s checks and repair, and the cheap check.
 """
 

@@ -21,15 +21,15 @@ code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI
       lock.json         LockRecord       the session holding the directory; driver
                                          (regen.store.lock), heartbeat every 5 s
       plan.json         PlanRecord       per-source totals of the current session; driver
-                                         (regen.engine.planning), once per session
+                                         (regen.plan.session), once per session
       plan/index.json   PlanIndexRecord  the plan index: what decides the plan (key), the
                                          --limit it holds, each source file's signature, the
                                          sizes and sha256 of the files below; written last
       plan/samples.parquet               one row per planned sample in plan order: id, source,
                                          cost-model inputs, where its row lives
-                                         (regen.store.planindex.SCHEMA)
+                                         (regen.store.planned.SCHEMA)
       plan/rows.parquet                  hub sources only: the planned samples themselves
-                                         (JSON); driver (regen.store.planindex), when it reads
+                                         (JSON); driver (regen.store.planned), when it reads
                                          the sources (first session, or the index is stale)
       checks.json       ChecksRecord     the key of the configuration checks an earlier session
                                          passed (tokenizer files, template, sources, versions);
@@ -345,7 +345,7 @@ class IndexedFile(Record):
 class PlanIndexRecord(Record):
     """``plan/index.json``: which samples the plan holds and how to know it still does."""
 
-    #: regen.store.planindex.INDEX_VERSION of the writer
+    #: regen.store.planned.INDEX_VERSION of the writer
     version: int
     #: hash of everything that decides which samples are planned (sources, dedup, the native
     #: check's tokenizer, regen's version); one component per entry of ``keys``

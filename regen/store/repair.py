@@ -12,7 +12,8 @@ rebuilt from that data whenever the data reads cleanly, and the file it replaces
   rebuilt from the part (:func:`regen.store.doneset.read_done` with ``repair``);
 - journal segments are folded into parts (a cut or unreadable line is an in-flight sample);
 - the plan index (``plan/``), damaged or missing, is rebuilt from the sources the recorded
-  manifest names (:func:`regen.store.planindex.rebuild`), when they can be read here;
+  manifest names (:func:`regen.plan.index.rebuild`, handed in by ``regen verify``), when
+  they can be read here;
 - ``checks.json`` that does not parse is moved aside: it is a shortcut (the key of the
   configuration checks an earlier session passed), and the next run repeats the checks and
   writes it again;
@@ -28,9 +29,11 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from regen.errors import RegenError, RunDirError
+from regen.manifest import Manifest
 from regen.store import layout
 from regen.store.counts import SourceCounts
 from regen.store.doneset import DoneSet, read_done
@@ -42,6 +45,9 @@ from regen.store.segments import recover
 from regen.store.stale import current_counts, planned_totals, stale_answers
 
 log = logging.getLogger(__name__)
+
+#: writes plan/ again from the sources: (run dir, manifest, --limit) -> written
+RebuildPlan = Callable[[RunDir, Manifest, int | None], bool]
 
 
 @dataclass(slots=True)
@@ -57,9 +63,12 @@ class Findings:
     journal: bool = False
 
 
-def repair(rd: RunDir, found: Findings) -> list[str]:
+def repair(rd: RunDir, found: Findings, rebuild_plan: RebuildPlan | None = None) -> list[str]:
     """Fix what ``found`` lists and rewrite the counters (module docstring), under the run's
-    lock (LockHeldError beside a live run); returns one line per thing done."""
+    lock (LockHeldError beside a live run); returns one line per thing done. ``rebuild_plan``
+    writes plan/ again from the sources (:func:`regen.plan.index.rebuild`, which the store
+    does not import: the plan sits above it); without it a damaged index is left to the next
+    session, which rebuilds it."""
     from regen.store.lock import RunLock
     from regen.store.run import new_session_id
 
@@ -78,7 +87,7 @@ def repair(rd: RunDir, found: Findings) -> list[str]:
         done = read_done(rd, repair=True)
         out += [f"rebuilt {rel} from its part" for rel in done.records_rebuilt]
         if found.plan_index:
-            out.append(_rebuild_index(rd, found.plan_index))
+            out.append(_rebuild_index(rd, found.plan_index, rebuild_plan))
         if found.checks:
             moved = _set_aside(rd, layout.CHECKS)
             out.append(f"{layout.CHECKS} moved to {moved} (the next run repeats the checks)")
@@ -94,10 +103,11 @@ def _set_aside(rd: RunDir, rel: str) -> str:
     return dst
 
 
-def _rebuild_index(rd: RunDir, why: str) -> str:
-    from regen.store.planindex import rebuild
+def _rebuild_index(rd: RunDir, why: str, rebuild: RebuildPlan | None) -> str:
     from regen.store.run import read_manifest
 
+    if rebuild is None:
+        return f"{layout.PLAN_INDEX} ({why}) not rebuilt here: the next session rebuilds it"
     try:
         plan = layout.PLAN_FILE.read(rd)
         manifest = read_manifest(rd)
@@ -124,7 +134,7 @@ def rewrite_progress(rd: RunDir, done: DoneSet, *, session: str) -> str:
     samples less the stale ones (counted as ``stale``), the plan's totals, the permanent
     failures of planned samples not done; nothing pending, nothing in flight. A damaged file is
     moved to quarantine/ and rebuilt (name and model from run.json). Returns what it did."""
-    from regen.store.planindex import recorded_plan
+    from regen.store.planned import recorded_plan
 
     planned, _ = recorded_plan(rd)
     stale = stale_answers(rd, done, planned)

@@ -1,7 +1,7 @@
 """Stale answers: stored answers that the latest plan no longer wants. Owns no files.
 
 The latest plan is what the last session recorded in plan/
-(:func:`regen.store.planindex.recorded_plan`: each planned sample's id and content hash). A
+(:func:`regen.store.planned.recorded_plan`: each planned sample's id and content hash). A
 done sample's latest answer is stale when
 
 - ``unplanned``: its sample is not in that plan. Its source row was edited (most adapters'
@@ -13,7 +13,7 @@ done sample's latest answer is stale when
 
 Nothing stored is rewritten: a stale answer stays in its part, is not counted as done (the
 progress file counts it as ``stale``, regen.store.progress), and is never exported. A resume
-requests a ``changed`` sample again as a new attempt (regen.engine.attempts numbering: one
+requests a ``changed`` sample again as a new attempt (regen.plan.attempts numbering: one
 above its latest), whose rows answer the new content and replace the stale ones in every
 count and in the export; an edited row with a new id is a new sample of the plan.
 """

@@ -15,7 +15,7 @@ beside a live run), then checks again: a repair converges, and never discards in
 - no ``(sample_id, turn, attempt)`` stored twice across parts (``duplicate``; a sample
   answered again by ``regen run --retry-flagged`` has its turns once per attempt);
 - the plan index (``plan_index``): the plan the latest session recorded
-  (:func:`regen.store.planindex.recorded_plan`) is intact, or missing where a session planned;
+  (:func:`regen.store.planned.recorded_plan`) is intact, or missing where a session planned;
   stored answers it no longer wants are noted (:mod:`regen.store.stale`: not counted, never
   exported, not a problem), and so are sources that changed since it was recorded;
 - progress.json (``progress``, ``counts``): it parses, and per source its samples done, flagged
@@ -46,8 +46,8 @@ from regen.store import layout
 from regen.store.counts import SourceCounts
 from regen.store.doneset import DoneSet, fold_part, replaced_samples
 from regen.store.parts import PartState, footer_problem, inspect_part, list_parts
-from regen.store.planindex import recorded_plan
-from regen.store.repair import Findings
+from regen.store.planned import recorded_plan
+from regen.store.repair import Findings, RebuildPlan
 from regen.store.run import read_manifest
 from regen.store.rundir import RunDir
 from regen.store.segments import scan_journal
@@ -158,15 +158,22 @@ def _schema_problem(st: PartState) -> str:
     return "; ".join(bits)
 
 
-def verify_run(rd: RunDir, *, repair: bool = False, check_plan: bool = True) -> VerifyReport:
+def verify_run(
+    rd: RunDir,
+    *,
+    repair: bool = False,
+    check_plan: bool = True,
+    rebuild_plan: RebuildPlan | None = None,
+) -> VerifyReport:
     """Check every file of the run directory (see the module docstring); with ``repair``, fix
-    what can be fixed (:mod:`regen.store.repair`) and check again: ``problems`` are then what
-    is left (empty when the repair converged)."""
+    what can be fixed (:mod:`regen.store.repair`; a damaged plan index only with
+    ``rebuild_plan``) and check again: ``problems`` are then what is left (empty when the
+    repair converged)."""
     rep, found = _check(rd, check_plan=check_plan)
     if repair and (rep.problems or found.bad_parts or rep.missing_records):
         from regen.store.repair import repair as fix
 
-        rep.repaired = fix(rd, found)
+        rep.repaired = fix(rd, found, rebuild_plan)
         after, _ = _check(rd, check_plan=check_plan)
         rep.found = rep.problems
         rep.problems, rep.notes = after.problems, after.notes
@@ -291,7 +298,7 @@ def _check_plan(
 ) -> None:
     """The recorded plan (plan/, ``planned``; ``why`` not, when None): intact, the stored
     answers it no longer wants (``stale``), and whether the sources changed since."""
-    from regen.store.planindex import open_index
+    from regen.store.planned import open_index
 
     if planned is None:
         try:

@@ -26,6 +26,7 @@ from regen.cli.main import main as regen_main
 from regen.engine import RunOptions, run_job
 from regen.errors import FingerprintMismatchError, LockHeldError
 from regen.manifest import load_manifest
+from regen.plan.index import native_check as _native_check
 from regen.procs import kill_group
 from regen.simulate import conversation_key
 from regen.simulate.testing import running_simulator
@@ -33,7 +34,6 @@ from regen.sources import read_samples
 from regen.store import RunDir
 from regen.store.doneset import read_done
 from regen.store.layout import LOCK as LOCK_FILE
-from regen.store.planindex import native_check as _native_check
 from regen.store.segments import read_journal_lines
 
 pytestmark = pytest.mark.ray

@@ -16,9 +16,9 @@ import pytest
 
 from regen.cli.main import main as regen_main
 from regen.manifest import load_manifest
+from regen.plan.index import native_check as _native_check
 from regen.sources import read_samples
 from regen.store import RunDir, layout
-from regen.store.planindex import native_check as _native_check
 
 pytestmark = [pytest.mark.ray, pytest.mark.server]
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from regen.engine.planning import plan_session
 from regen.manifest import load_manifest
+from regen.plan.index import native_check as _native_check
+from regen.plan.session import plan_session
 from regen.sources import read_samples
 from regen.store.failures import FailureRecord
-from regen.store.planindex import native_check as _native_check
 
 DEMO = Path(__file__).resolve().parents[2] / "manifests" / "demo.yaml"
 
@@ -40,7 +40,7 @@ def test_limit_done_failures_and_order() -> None:
 
 
 def test_plan_record_counts_what_is_left(tmp_path) -> None:
-    from regen.engine.planning import write_plan
+    from regen.plan.session import write_plan
     from regen.store import RunDir, layout
 
     m = load_manifest(DEMO)

@@ -28,6 +28,7 @@ from _runs import check_answers, check_ids_once, regen_cmd, request_body, stored
 
 from regen.export import export_run
 from regen.manifest import load_manifest
+from regen.plan.index import native_check
 from regen.procs import kill_group
 from regen.quality import DEFAULT_DROP_FLAGS
 from regen.simulate.answer import degenerate_kind
@@ -36,7 +37,6 @@ from regen.sources import read_samples
 from regen.status import read_numbers
 from regen.store import RunDir, layout
 from regen.store.doneset import read_done
-from regen.store.planindex import native_check
 from regen.store.segments import read_journal_lines
 from regen.store.verify import verify_run
 

@@ -17,7 +17,7 @@ from regen.engine.schedule import (
     LengthModel,
     WorkQueue,
 )
-from regen.packed import PackedSample, Spill, unpacked
+from regen.plan.packed import PackedSample, Spill, unpacked
 from regen.sample import Message, Sample, ToolCall
 from regen.store import RunDir
 from regen.store.completed import CompletedSample

@@ -20,7 +20,7 @@ import pytest
 from _sources_helpers import one_source
 
 from regen.manifest import ADAPTERS
-from regen.plan import build_plan
+from regen.plan.report import build_plan
 from regen.sample import Rejection, Sample
 from regen.sources import iter_source, read_samples
 from regen.sources.stream import ReadStats

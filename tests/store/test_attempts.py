@@ -10,8 +10,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from regen.engine.attempts import RetryFlagged, attempt_seed, select
 from regen.engine.tracker import ProgressTracker
+from regen.plan.attempts import RetryFlagged, attempt_seed, select
 from regen.store import RunDir, layout
 from regen.store.completed import CompletedSample
 from regen.store.counts import SourceCounts, count_rows, output_tokens

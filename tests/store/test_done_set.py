@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from regen.engine.attempts import RetryFlagged, select
+from regen.plan.attempts import RetryFlagged, select
 from regen.store import RunDir, layout
 from regen.store.completed import CompletedSample
 from regen.store.counts import SourceCounts

@@ -14,14 +14,16 @@ import pyarrow.parquet as pq
 import pytest
 from _runs import copy_demo
 
-from regen.engine.planning import SessionPlan, plan_session
 from regen.engine.schedule import WorkQueue
 from regen.errors import SourceError
 from regen.manifest import Manifest, load_manifest, parse_manifest
-from regen.packed import unpacked
+from regen.plan.index import iter_planned
+from regen.plan.packed import unpacked
+from regen.plan.session import SessionPlan, plan_session
 from regen.sources import locate
-from regen.store import RunDir, layout, planindex
+from regen.store import RunDir, layout
 from regen.store.failures import FailureRecord
+from regen.store.planned import open_index, recorded_plan
 from regen.store.run import write_manifest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,10 +127,10 @@ def test_a_changed_source_file_rebuilds_the_index_with_one_line(demo, tmp_path, 
     indexed(rd, m)
     why = change(demo.parent / "demo" / "sharegpt.jsonl")
     caplog.clear()
-    caplog.set_level(logging.WARNING, logger="regen.engine.planning")
+    caplog.set_level(logging.WARNING, logger="regen.plan.session")
     used, got = indexed(rd, m)
     assert not used and got == fresh(m)
-    lines = [r.getMessage() for r in caplog.records if r.name == "regen.engine.planning"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "regen.plan.session"]
     assert len(lines) == 1 and "sources.0.path" in lines[0] and why in lines[0], lines
     assert indexed(rd, m)[0]  # written again, valid again
 
@@ -147,7 +149,7 @@ def test_settings_that_decide_the_plan_rebuild_it(demo, tmp_path, caplog, overri
     rd = RunDir.open(tmp_path / "run")
     indexed(rd, load_manifest(demo))
     m = load_manifest(demo, overrides)
-    caplog.set_level(logging.WARNING, logger="regen.engine.planning")
+    caplog.set_level(logging.WARNING, logger="regen.plan.session")
     used, got = indexed(rd, m)
     assert not used and got == fresh(m)
     assert "changed since it was written" in caplog.text
@@ -215,7 +217,7 @@ def test_a_resume_reads_only_the_unfinished_rows_when_dispatched(demo, tmp_path,
         got = [unpacked(q.pop()) for _ in range(len(q))]  # type: ignore[arg-type]
     assert sorted(s.id for s in got) == sorted(set(todo_ids) - done)
     assert len(reads) == len(got)  # one read per unfinished sample, none for done ones
-    entries = planindex.open_index(rd, m, None)[0].table.to_pylist()  # type: ignore[union-attr]
+    entries = open_index(rd, m, None)[0].table.to_pylist()  # type: ignore[union-attr]
     where = {(Path(m.resolve(m.source(e["source"]).path or "")).name, e["offset"]): e["id"]
              for e in entries}  # fmt: skip
     assert sorted(where[r] for r in reads) == sorted(s.id for s in got)
@@ -248,7 +250,7 @@ def test_parquet_sources_are_indexed_by_row_group_and_read_by_row_group(tmp_path
                        base_dir=tmp_path)  # fmt: skip
     rd = RunDir.open(tmp_path / "run")
     indexed(rd, m)
-    t = planindex.open_index(rd, m, None)[0].table  # type: ignore[union-attr]
+    t = open_index(rd, m, None)[0].table  # type: ignore[union-attr]
     assert t.column("group").to_pylist() == [i // 5 for i in range(23)]
     assert t.column("offset").to_pylist() == [i % 5 for i in range(23)]
     ids = sorted(t.column("id").to_pylist())
@@ -287,7 +289,7 @@ def test_hub_samples_are_kept_in_the_index(tmp_path, monkeypatch) -> None:
 def test_the_recorded_plan_is_read_from_the_index_alone(demo, tmp_path, monkeypatch) -> None:
     """What the latest session planned (ids and content hashes), read from plan/ without the
     sources, even once they changed (that is a new plan only when a session plans again)."""
-    from regen.engine.planning import write_plan
+    from regen.plan.session import write_plan
 
     m = load_manifest(demo)
     rd = RunDir.open(tmp_path / "run")
@@ -296,7 +298,7 @@ def test_the_recorded_plan_is_read_from_the_index_alone(demo, tmp_path, monkeypa
     write_manifest(rd, m)
     plan.spill.close()
     want = {p.id for p in plan.todo} | {s.id for s in plan.native}
-    hashes = {s.id: s.content_hash for s in planindex.iter_planned(m, 30)}
+    hashes = {s.id: s.content_hash for s in iter_planned(m, 30)}
 
     def no_reading(*a, **k):  # type: ignore[no-untyped-def]
         raise AssertionError("the sources were read")
@@ -304,11 +306,11 @@ def test_the_recorded_plan_is_read_from_the_index_alone(demo, tmp_path, monkeypa
     monkeypatch.setattr("regen.sources.read_samples", no_reading)
     first = m.resolve(m.sources[0].path)
     first.write_bytes(first.read_bytes().replace(b"Paris", b"Rome"))
-    table, why = planindex.recorded_plan(rd)
+    table, why = recorded_plan(rd)
     assert why == "" and table is not None
     assert set(table.column("id").to_pylist()) == want
     assert dict(zip(table.column("id").to_pylist(), table.column("content_hash").to_pylist(),
                     strict=True)) == {k: hashes[k] for k in want}  # fmt: skip
     rd.write_bytes_atomic(layout.PLAN_SAMPLES, b"PAR1 garbage")
-    table, why = planindex.recorded_plan(rd)
+    table, why = recorded_plan(rd)
     assert table is None and "not the file" in why

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from regen.errors import LockHeldError, RunDirError
+from regen.plan.index import rebuild
 from regen.store import RunDir, layout
 from regen.store.completed import CompletedSample
 from regen.store.counts import SourceCounts
@@ -120,8 +121,8 @@ def test_a_part_without_record_is_read_and_given_one(tmp_path: Path) -> None:
 def test_ids_not_in_the_plan_are_stale_not_lost(tmp_path: Path) -> None:
     """Stored samples the recorded plan does not hold are stale answers (noted, not counted,
     kept in their parts); --repair recounts, and the next verify is clean."""
-    from regen.engine.planning import plan_session, write_plan
     from regen.manifest import load_manifest
+    from regen.plan.session import plan_session, write_plan
     from regen.store.run import prepare_run
 
     demo = Path(__file__).resolve().parents[2] / "manifests" / "demo.yaml"
@@ -137,7 +138,7 @@ def test_ids_not_in_the_plan_are_stale_not_lost(tmp_path: Path) -> None:
         "source 'a': 4 samples counted done, the parts and journal hold 0",
         "source 'a': 0 stale answers counted, the parts and journal hold 4",
     ]
-    fixed = verify_run(rd, repair=True)
+    fixed = verify_run(rd, repair=True, rebuild_plan=rebuild)
     assert fixed.problems == [p for p in fixed.problems if p.kind == "schema"]
     snap = layout.PROGRESS_FILE.read(rd)
     assert (snap.sources["a"].done, snap.sources["a"].stale.done) == (0, 4)
@@ -210,9 +211,9 @@ def test_repair_sets_a_damaged_checks_file_aside(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("damage", ["garbage", "deleted", "samples"])
 def test_repair_rebuilds_the_plan_index_from_the_sources(tmp_path: Path, damage: str) -> None:
-    from regen.engine.planning import plan_session, write_plan
     from regen.manifest import load_manifest
-    from regen.store.planindex import recorded_plan
+    from regen.plan.session import plan_session, write_plan
+    from regen.store.planned import recorded_plan
     from regen.store.run import prepare_run
 
     demo = Path(__file__).resolve().parents[2] / "manifests" / "demo.yaml"
@@ -231,7 +232,7 @@ def test_repair_rebuilds_the_plan_index_from_the_sources(tmp_path: Path, damage:
     else:
         rd.write_bytes_atomic(layout.PLAN_SAMPLES, b"PAR1 not a plan")
     assert [p.kind for p in verify_run(rd).problems] == ["plan_index"]
-    fixed = verify_run(rd, repair=True)
+    fixed = verify_run(rd, repair=True, rebuild_plan=rebuild)
     assert fixed.problems == [], fixed.repaired
     got, why = recorded_plan(rd)
     assert why == "" and got is not None and got.equals(want)

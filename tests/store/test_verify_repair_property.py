@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 import pytest
 from _runs import DEMO, regen_cmd
 
+from regen.plan.index import rebuild
 from regen.simulate.testing import running_simulator
 from regen.status import read_numbers
 from regen.store import RunDir, layout
@@ -328,7 +329,7 @@ def test_verify_then_repair_ends_clean_and_keeps_every_intact_row(
     what = f"case {seed}: {'; '.join(c.done)}"
 
     first = verify_run(c.rd)
-    repaired = verify_run(c.rd, repair=True)
+    repaired = verify_run(c.rd, repair=True, rebuild_plan=rebuild)
     assert repaired.problems == [], f"{what}: the repair did not converge: {repaired.problems}"
     again = verify_run(c.rd)
     assert again.problems == [], f"{what}: {again.problems} (first: {first.problems})"

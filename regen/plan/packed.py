@@ -9,7 +9,7 @@
   not the run directory): the bodies of a plan read from the sources.
 - :class:`QueueItems`: samples as columns (numpy arrays of source, turns, prompt and original
   sizes) with the i-th sample made on demand: what the dispatch order
-  (regen.engine.schedule) sorts, and what the plan index (regen.store.planindex) yields.
+  (regen.engine.schedule) sorts, and what the plan index (regen.store.planned) yields.
 """
 
 from __future__ import annotations

@@ -5,19 +5,19 @@ them into work to regenerate, native rows to store as they are, and samples alre
 failed permanently. :func:`write_plan` records the per-source totals as ``plan.json``
 (:class:`regen.store.layout.PlanRecord`, written through the layout's file), which the
 dashboard reads for its expected turns per sample; ``plan/`` is the plan index's
-(:mod:`regen.store.planindex`).
+(:mod:`regen.store.planned`).
 
 Where the samples come from: given the run directory, a valid plan index
-(:mod:`regen.store.planindex`) answers which samples exist and where their rows are; the
-done-set and the failures then select the work (:func:`regen.store.planindex.select`), and
+(:mod:`regen.store.planned`) answers which samples exist and where their rows are; the
+done-set and the failures then select the work (:func:`regen.plan.select.select`), and
 only unfinished rows are read (JSONL ones when dispatched). Without a valid index the sources
-are read (:func:`regen.store.planindex.iter_planned`: adapters, filters, dedup,
-near-duplicates, limits), the work's bodies are spilled (:class:`regen.packed.PackedSample`),
+are read (:func:`regen.plan.index.iter_planned`: adapters, filters, dedup,
+near-duplicates, limits), the work's bodies are spilled (:class:`regen.plan.packed.PackedSample`),
 and the index is written for the next session, with one line saying why it was (re)built.
 
 New attempts (``regen run --retry-flagged``): ``redo`` maps done samples to the attempt number
-to request (:func:`regen.engine.attempts.select`); :func:`plan_session` queues them like any
-other work, marked with that attempt (:func:`regen.engine.attempts.as_attempt`). Their bodies
+to request (:func:`regen.plan.attempts.select`); :func:`plan_session` queues them like any
+other work, marked with that attempt (:func:`regen.plan.attempts.as_attempt`). Their bodies
 are done samples' rows, which the index does not keep at hand: such a session reads the
 sources (an explicit, occasional command; the index stays as it is).
 """
@@ -29,12 +29,15 @@ import time
 from dataclasses import dataclass, field
 
 from regen.manifest import Manifest
-from regen.packed import PackedSample, QueueItems, Spill
+from regen.plan.bodies import IndexBodies
+from regen.plan.index import IndexBuilder, iter_planned
+from regen.plan.packed import PackedSample, QueueItems, Spill
+from regen.plan.select import select
 from regen.sample import Sample
-from regen.store import layout, planindex
+from regen.store import layout
 from regen.store.failures import FailureRecord
 from regen.store.layout import PlanEntry, PlanRecord
-from regen.store.planindex import IndexBodies, IndexBuilder
+from regen.store.planned import PlanIndex, open_index
 from regen.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -87,7 +90,7 @@ def plan_session(
     retry_failed: bool = False,
     redo: dict[str, int] | None = None,
     rd: RunDir | None = None,
-    opened: tuple[planindex.PlanIndex | None, str] | None = None,
+    opened: tuple[PlanIndex | None, str] | None = None,
     stale: frozenset[str] = frozenset(),
 ) -> SessionPlan:
     """Split the samples into work (regenerate), native rows and already-done. ``redo``: done
@@ -98,19 +101,19 @@ def plan_session(
 
     With ``rd``, the plan index in it is used when valid (and no ``redo``), else written when
     missing or stale (module docstring); ``opened``: what
-    :func:`regen.store.planindex.open_index` returned for it, when the caller opened it
+    :func:`regen.store.planned.open_index` returned for it, when the caller opened it
     already (while it read the done-set)."""
-    from regen.engine.attempts import as_attempt
+    from regen.plan.attempts import as_attempt
 
     redo = redo or {}
     skip = set() if retry_failed else {k for k, f in failures.items() if f.permanent}
     builder: IndexBuilder | None = None
     if rd is not None:
-        index, why = opened if opened is not None else planindex.open_index(rd, manifest, limit)
+        index, why = opened if opened is not None else open_index(rd, manifest, limit)
         if index is not None and not redo:
             bodies = IndexBodies(index)
             try:
-                got = planindex.select(index, bodies, done, skip, limit)
+                got = select(index, bodies, done, skip, limit)
             except BaseException:
                 bodies.close()
                 raise
@@ -140,7 +143,7 @@ def plan_session(
     retries: dict[str, int] = {}
     queued: set[str] = set()
     try:
-        for s in planindex.iter_planned(manifest, limit):
+        for s in iter_planned(manifest, limit):
             read += 1
             repeat = s.id in seen
             if builder is not None:
