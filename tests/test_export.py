@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from regen.errors import ConfigError
-from regen.export import export_run
+from regen.export import ExportSettings, export_run
 from regen.native import VocabInfo, validate_native
 from regen.quality import DEFAULT_DROP_FLAGS
 from regen.result import TurnResult
@@ -125,7 +125,11 @@ def _lines(out: Path, prefix: str = "shard-") -> list[str]:
 
 
 def test_pretokenized_export_numbers(run_dir: Path, tmp_path: Path) -> None:
-    stats = export_run(RunDir.open(run_dir, create=False), str(tmp_path / "out"), shard_rows=0)
+    stats = export_run(
+        RunDir.open(run_dir, create=False),
+        str(tmp_path / "out"),
+        ExportSettings.build(shard_rows=0),
+    )
     assert stats.parts == 2
     assert stats.rows_read == 5 + 4 + 1 + 1
     # the cut row is all reasoning: flagged reasoning_unclosed (checked before truncation)
@@ -174,40 +178,69 @@ def test_native_rows_come_out_byte_identical(run_dir: Path, tmp_path: Path) -> N
 def test_shuffle_is_deterministic_and_independent_of_part_order(
     run_dir: Path, tmp_path: Path
 ) -> None:
-    export_run(RunDir.open(run_dir, create=False), str(tmp_path / "a"), seed=3, shard_rows=0)
-    export_run(RunDir.open(run_dir, create=False), str(tmp_path / "b"), seed=3, shard_rows=0)
-    export_run(RunDir.open(run_dir, create=False), str(tmp_path / "c"), seed=4, shard_rows=0)
+    export_run(
+        RunDir.open(run_dir, create=False),
+        str(tmp_path / "a"),
+        ExportSettings.build(seed=3, shard_rows=0),
+    )
+    export_run(
+        RunDir.open(run_dir, create=False),
+        str(tmp_path / "b"),
+        ExportSettings.build(seed=3, shard_rows=0),
+    )
+    export_run(
+        RunDir.open(run_dir, create=False),
+        str(tmp_path / "c"),
+        ExportSettings.build(seed=4, shard_rows=0),
+    )
     renamed = tmp_path / "renamed"
     shutil.copytree(run_dir, renamed)
     parts = renamed / "parts"
     (parts / "s1-00000.parquet").rename(parts / "z-late.parquet")
-    export_run(RunDir.open(renamed, create=False), str(tmp_path / "d"), seed=3, shard_rows=0)
+    export_run(
+        RunDir.open(renamed, create=False),
+        str(tmp_path / "d"),
+        ExportSettings.build(seed=3, shard_rows=0),
+    )
     a, b, c, d = (_lines(tmp_path / x) for x in "abcd")
     assert a == b == d
     assert a != c and sorted(a) == sorted(c)
 
 
 def test_shards_are_slices_of_one_order(run_dir: Path, tmp_path: Path) -> None:
-    one = export_run(RunDir.open(run_dir, create=False), str(tmp_path / "one"), shard_rows=0)
-    three = export_run(RunDir.open(run_dir, create=False), str(tmp_path / "three"), shard_rows=3)
+    one = export_run(
+        RunDir.open(run_dir, create=False),
+        str(tmp_path / "one"),
+        ExportSettings.build(shard_rows=0),
+    )
+    three = export_run(
+        RunDir.open(run_dir, create=False),
+        str(tmp_path / "three"),
+        ExportSettings.build(shard_rows=3),
+    )
     assert [s["rows"] for s in three.shards] == [3, 3, 2]
     assert _lines(tmp_path / "three") == _lines(tmp_path / "one")
     assert one.rows_written == three.rows_written
     # a re-export with fewer shards removes the stale ones
-    export_run(RunDir.open(run_dir, create=False), str(tmp_path / "three"), shard_rows=0)
+    export_run(
+        RunDir.open(run_dir, create=False),
+        str(tmp_path / "three"),
+        ExportSettings.build(shard_rows=0),
+    )
     assert sorted(p.name for p in (tmp_path / "three").glob("*.jsonl")) == ["shard-00000.jsonl"]
 
 
 def test_keep_truncated_and_max_length(run_dir: Path, tmp_path: Path) -> None:
     flagged = export_run(
-        RunDir.open(run_dir, create=False), str(tmp_path / "k"), drop_truncated=False
+        RunDir.open(run_dir, create=False),
+        str(tmp_path / "k"),
+        ExportSettings.build(drop_truncated=False),
     )
     assert flagged.rows_written == 8 and flagged.dropped["flagged"] == 1  # cut in its reasoning
     kept = export_run(
         RunDir.open(run_dir, create=False),
         str(tmp_path / "k"),
-        drop_truncated=False,
-        drop_flags="none",
+        ExportSettings.build(drop_truncated=False, drop_flags="none"),
     )
     assert kept.rows_written == 9 and "truncated" not in kept.dropped
     all_lens = sorted(len(json.loads(x)["input_ids"]) for x in _lines(tmp_path / "k"))
@@ -216,9 +249,7 @@ def test_keep_truncated_and_max_length(run_dir: Path, tmp_path: Path) -> None:
     short = export_run(
         RunDir.open(run_dir, create=False),
         str(tmp_path / "s"),
-        drop_truncated=False,
-        max_length=limit,
-        drop_flags=(),
+        ExportSettings.build(drop_truncated=False, max_length=limit, drop_flags=()),
     )
     assert short.dropped["too_long"] == 1 and short.rows_written == 8
     assert all(len(json.loads(x)["input_ids"]) <= limit for x in _lines(tmp_path / "s"))
@@ -227,7 +258,11 @@ def test_keep_truncated_and_max_length(run_dir: Path, tmp_path: Path) -> None:
 def test_specforge_accepts_every_row_with_masks_unchanged(run_dir: Path, tmp_path: Path) -> None:
     from regen.train.preflight import prompt_tasks
 
-    stats = export_run(RunDir.open(run_dir, create=False), str(tmp_path / "out"), shard_rows=0)
+    stats = export_run(
+        RunDir.open(run_dir, create=False),
+        str(tmp_path / "out"),
+        ExportSettings.build(shard_rows=0),
+    )
     path = tmp_path / "out" / "shard-00000.jsonl"
     tasks = prompt_tasks(path, max_length=1_000_000)
     lines = [json.loads(x) for x in path.read_text().splitlines()]
@@ -238,7 +273,9 @@ def test_specforge_accepts_every_row_with_masks_unchanged(run_dir: Path, tmp_pat
 
 def test_conversations_variant(run_dir: Path, tmp_path: Path) -> None:
     stats = export_run(
-        RunDir.open(run_dir, create=False), str(tmp_path / "c"), fmt="conversations", shard_rows=0
+        RunDir.open(run_dir, create=False),
+        str(tmp_path / "c"),
+        ExportSettings.build(format="conversations", shard_rows=0),
     )
     recs = {r["id"]: r for r in map(json.loads, _lines(tmp_path / "c", "conversations-"))}
     assert sorted(recs) == ["chat:1", "chat:3", "tools:1"]
@@ -260,9 +297,17 @@ def test_conversations_variant(run_dir: Path, tmp_path: Path) -> None:
 
 def test_bad_arguments(run_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
-        export_run(RunDir.open(run_dir, create=False), str(tmp_path / "o"), fmt="csv")  # type: ignore[arg-type]
+        export_run(
+            RunDir.open(run_dir, create=False),
+            str(tmp_path / "o"),
+            ExportSettings.build(format="csv"),
+        )  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
-        export_run(RunDir.open(run_dir, create=False), str(tmp_path / "o"), shard_rows=-1)
+        export_run(
+            RunDir.open(run_dir, create=False),
+            str(tmp_path / "o"),
+            ExportSettings.build(shard_rows=-1),
+        )
 
 
 def test_cli_uses_manifest_defaults_and_reports_errors(run_dir: Path, tmp_path: Path) -> None:
@@ -312,16 +357,15 @@ def test_heavy_columns_are_streamed_per_row_group(
     run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Whole parts are read for key columns only; ids/masks one row group at a time, once."""
-    import regen.export as export_mod
+    import regen.export.settings as export_settings
+    import regen.export.write as export_write
 
     expected = {}
     for fmt in ("pretokenized", "conversations"):
         export_run(
             RunDir.open(run_dir, create=False),
             str(tmp_path / f"ref-{fmt}"),
-            seed=2,
-            shard_rows=0,
-            fmt=fmt,
+            ExportSettings.build(seed=2, shard_rows=0, format=fmt),
         )
         expected[fmt] = tmp_path / f"ref-{fmt}" / f"{layout.SHARD_PREFIX[fmt]}00000.jsonl"
 
@@ -348,18 +392,22 @@ def test_heavy_columns_are_streamed_per_row_group(
     monkeypatch.setattr(pq.ParquetFile, "read", read)
     monkeypatch.setattr(pq.ParquetFile, "read_row_group", read_row_group)
     monkeypatch.setattr(pq, "read_table", no_read_table)
-    monkeypatch.setattr(export_mod, "WINDOW_ROWS", 2)  # many spill buckets
+    monkeypatch.setattr(export_write, "WINDOW_ROWS", 2)  # many spill buckets
     for fmt in ("pretokenized", "conversations"):
         full_reads.clear()
         group_reads.clear()
         out = tmp_path / f"stream-{fmt}"
-        export_run(RunDir.open(small, create=False), str(out), seed=2, shard_rows=0, fmt=fmt)
+        export_run(
+            RunDir.open(small, create=False),
+            str(out),
+            ExportSettings.build(seed=2, shard_rows=0, format=fmt),
+        )
         got = out / f"{layout.SHARD_PREFIX[fmt]}00000.jsonl"
         assert got.read_bytes() == expected[fmt].read_bytes()
         assert full_reads and all(
             not {"input_ids", "loss_mask", "messages"} & set(c) for c in full_reads
         )
-        assert group_reads and all(c == export_mod._DATA_COLUMNS[fmt] for _, c in group_reads)
+        assert group_reads and all(c == export_settings.DATA_COLUMNS[fmt] for _, c in group_reads)
         assert len(group_reads) <= 3 + 3  # at most once per row group (2 parts of 3 groups)
 
 
@@ -415,12 +463,14 @@ def holdout_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_holdout_keeps_n_samples_per_source_out_of_the_shards(
     holdout_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from regen.bench.prompts import read_prompts
-    from regen.export import holdout_rank
+    from regen.export.holdout import holdout_rank
+    from regen.store.holdout import read_prompts
 
     out = tmp_path / "out"
     stats = export_run(
-        RunDir.open(holdout_run, create=False), str(out), seed=7, holdout=2, fmt="conversations"
+        RunDir.open(holdout_run, create=False),
+        str(out),
+        ExportSettings.build(seed=7, holdout=2, format="conversations"),
     )
     # per source the 2 samples of smallest rank; tools has 3 samples: only 1 (half stays)
     chat_ids = [f"chat:{i}" for i in range(10)]
@@ -460,10 +510,14 @@ def test_holdout_keeps_n_samples_per_source_out_of_the_shards(
 def test_holdout_is_deterministic_by_seed_whatever_the_part_order(
     holdout_run: Path, tmp_path: Path
 ) -> None:
-    from regen.bench.prompts import read_prompts
+    from regen.store.holdout import read_prompts
 
     def held(run: Path, seed: int, name: str) -> list[str]:
-        export_run(RunDir.open(run, create=False), str(tmp_path / name), seed=seed, holdout=3)
+        export_run(
+            RunDir.open(run, create=False),
+            str(tmp_path / name),
+            ExportSettings.build(seed=seed, holdout=3),
+        )
         return [p.sample_id for p in read_prompts(tmp_path / name / layout.HOLDOUT)]
 
     first = held(holdout_run, 7, "a")
@@ -484,18 +538,24 @@ def test_holdout_in_pretokenized_shards_and_removed_by_an_export_without(
     holdout_run: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    full = export_run(RunDir.open(holdout_run, create=False), str(out), seed=7)
-    held = export_run(RunDir.open(holdout_run, create=False), str(out), seed=7, holdout=2)
+    full = export_run(
+        RunDir.open(holdout_run, create=False), str(out), ExportSettings.build(seed=7)
+    )
+    held = export_run(
+        RunDir.open(holdout_run, create=False), str(out), ExportSettings.build(seed=7, holdout=2)
+    )
     assert held.rows_written == full.rows_written - held.dropped["holdout"]
     assert len(_lines(out)) == held.rows_written
     assert (out / layout.HOLDOUT).is_file()
     again = export_run(
-        RunDir.open(holdout_run, create=False), str(out), seed=7
+        RunDir.open(holdout_run, create=False), str(out), ExportSettings.build(seed=7)
     )  # no holdout: those samples train now
     assert not (out / layout.HOLDOUT).exists() and again.holdout_file is None
     assert "holdout" not in again.dropped
-    with pytest.raises(ConfigError, match="holdout must be >= 0"):
-        export_run(RunDir.open(holdout_run, create=False), str(out), holdout=-1)
+    with pytest.raises(ConfigError, match="holdout: Input should be greater than or equal to 0"):
+        export_run(
+            RunDir.open(holdout_run, create=False), str(out), ExportSettings.build(holdout=-1)
+        )
 
 
 def test_train_uses_the_shards_only_and_a_re_export_keeps_the_holdout(
@@ -508,7 +568,9 @@ def test_train_uses_the_shards_only_and_a_re_export_keeps_the_holdout(
     rd = RunDir.open(str(holdout_run))
     out = tmp_path / "export"
     assert default_holdout(rd, out) == 2  # no export yet: the manifest's export.holdout
-    export_run(RunDir.open(holdout_run, create=False), str(out), seed=7, holdout=3)
+    export_run(
+        RunDir.open(holdout_run, create=False), str(out), ExportSettings.build(seed=7, holdout=3)
+    )
     assert layout.HOLDOUT not in {p.name for p in export_shards(out)}
     assert export_shards(out) and all(p.name.startswith("shard-") for p in export_shards(out))
     assert not export_is_stale(rd, out)
@@ -527,10 +589,10 @@ def test_cli_holdout_and_bench_finds_it(
 ) -> None:
     """`regen export` takes the manifest's export.holdout (or --holdout); `regen bench --run`
     sends exactly those prompts to both servers."""
-    from regen.bench.prompts import holdout_path, read_prompts
     from regen.bench.report import read_report
     from regen.cli.main import main
     from regen.simulate.testing import simulator_in_thread
+    from regen.store.holdout import holdout_path, read_prompts
 
     run = tmp_path / "run"
     shutil.copytree(holdout_run, run)
@@ -602,21 +664,32 @@ def test_stale_answers_are_never_exported_and_a_setting_can_be_kept(tmp_path: Pa
                   "bbbb0002": {"sampling.temperature": 0.7}}))  # fmt: skip
     _planned(root, [new, kept, nat])
 
-    stats = export_run(RunDir.open(root), str(tmp_path / "a"), shard_rows=0, drop_flags="none")
+    stats = export_run(
+        RunDir.open(root),
+        str(tmp_path / "a"),
+        ExportSettings.build(shard_rows=0, drop_flags="none"),
+    )
     assert stats.rows_written == 2  # x:2 and the native row: x:1 is stale, x:h0ld not planned
     assert stats.dropped == {"not_planned": 1, "stale": 1}
     # once the edited row is answered (a new attempt, under another setting after --force)
     pq.write_table(rows_to_table([row(new, "bbbb0002", attempt=1)]),
                    root / "parts" / "s2-00000.parquet")  # fmt: skip
-    stats = export_run(RunDir.open(root), str(tmp_path / "b"), shard_rows=0, drop_flags="none")
+    stats = export_run(
+        RunDir.open(root),
+        str(tmp_path / "b"),
+        ExportSettings.build(shard_rows=0, drop_flags="none"),
+    )
     assert stats.rows_written == 3 and stats.dropped == {"not_planned": 1, "superseded": 1}
     assert stats.settings == {"aaaa0001": 1, "bbbb0002": 1, "native": 1}
-    one = export_run(RunDir.open(root), str(tmp_path / "c"), shard_rows=0, drop_flags="none",
-                     setting="aaaa0001")  # fmt: skip
+    one = export_run(
+        RunDir.open(root),
+        str(tmp_path / "c"),
+        ExportSettings.build(shard_rows=0, drop_flags="none", setting="aaaa0001"),
+    )
     assert one.settings == {"aaaa0001": 1, "native": 1}
     assert one.dropped == {"not_planned": 1, "superseded": 1, "other_setting": 1}
     with pytest.raises(ConfigError, match="aaaa0001, bbbb0002"):
-        export_run(RunDir.open(root), str(tmp_path / "d"), setting="cccc0003")
+        export_run(RunDir.open(root), str(tmp_path / "d"), ExportSettings.build(setting="cccc0003"))
 
 
 def _unproven_run(root: Path, manifest: str = "name: x\n") -> None:
@@ -657,8 +730,11 @@ def test_unproven_local_rows_are_dropped_by_default_and_stats_say_so(tmp_path: P
     assert saved["sources"]["tools"]["dropped"] == {"unproven_tokens": 1}
     assert saved["sources"]["local"]["dropped"] == {"unproven_tokens": 2}
 
-    kept = export_run(RunDir.open(tmp_path / "run", create=False), str(tmp_path / "all"),
-                      keep_unproven=True)  # fmt: skip
+    kept = export_run(
+        RunDir.open(tmp_path / "run", create=False),
+        str(tmp_path / "all"),
+        ExportSettings.build(keep_unproven=True),
+    )
     assert kept.dropped == {} and kept.rows_written == 6
     assert json.loads((tmp_path / "all" / "stats.json").read_text())["keep_unproven"] is True
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from regen.errors import ConfigError
-from regen.export import export_run
+from regen.export import ExportSettings, export_run
 from regen.result import TurnResult
 from regen.rows import build_turn_row
 from regen.sample import ATTEMPT_META, Message, Sample
@@ -71,7 +71,9 @@ def lines(out: Path, prefix: str) -> list[dict]:
 
 def test_the_latest_attempt_wins_and_the_default_keeps_refusals(run_dir, tmp_path) -> None:
     stats = export_run(
-        RunDir.open(run_dir, create=False), str(tmp_path / "o"), fmt="conversations", shard_rows=0
+        RunDir.open(run_dir, create=False),
+        str(tmp_path / "o"),
+        ExportSettings.build(format="conversations", shard_rows=0),
     )
     recs = {r["id"]: r for r in lines(tmp_path / "o", "conversations-")}
     assert sorted(recs) == ["old:1", "q:1", "q:2", "q:3"]
@@ -82,7 +84,9 @@ def test_the_latest_attempt_wins_and_the_default_keeps_refusals(run_dir, tmp_pat
 
 def test_drop_flags_count_rows_and_tokens_per_source_and_flag(run_dir, tmp_path) -> None:
     stats = export_run(
-        RunDir.open(run_dir, create=False), str(tmp_path / "o"), drop_flags="all", shard_rows=0
+        RunDir.open(run_dir, create=False),
+        str(tmp_path / "o"),
+        ExportSettings.build(drop_flags="all", shard_rows=0),
     )
     assert stats.rows_written == 3 and stats.dropped == {"flagged": 1, "superseded": 1}
     refusal = pq.read_table(run_dir / "parts" / "s1-00000.parquet").to_pylist()[2]
@@ -98,8 +102,13 @@ def test_drop_flags_count_rows_and_tokens_per_source_and_flag(run_dir, tmp_path)
 
 
 def test_only_flagged_lists_the_dropped_rows_with_their_flags(run_dir, tmp_path) -> None:
-    stats = export_run(RunDir.open(run_dir, create=False), str(tmp_path / "f"), fmt="conversations",
-                       drop_flags="refusal,empty_content", only_flagged=True)  # fmt: skip
+    stats = export_run(
+        RunDir.open(run_dir, create=False),
+        str(tmp_path / "f"),
+        ExportSettings.build(
+            format="conversations", drop_flags="refusal,empty_content", only_flagged=True
+        ),
+    )
     recs = lines(tmp_path / "f", "conversations-")
     assert [(r["id"], r["turn"], r["attempt"], r["quality_flags"]) for r in recs] == [
         ("q:3", 0, 0, ["refusal"])
@@ -112,13 +121,16 @@ def test_only_flagged_lists_the_dropped_rows_with_their_flags(run_dir, tmp_path)
 
 def test_bad_flag_arguments(run_dir, tmp_path) -> None:
     with pytest.raises(ConfigError, match="unknown flag 'loop'"):
-        export_run(RunDir.open(run_dir, create=False), str(tmp_path / "x"), drop_flags="loop")
+        export_run(
+            RunDir.open(run_dir, create=False),
+            str(tmp_path / "x"),
+            ExportSettings.build(drop_flags="loop"),
+        )
     with pytest.raises(ConfigError, match="only-flagged"):
         export_run(
             RunDir.open(run_dir, create=False),
             str(tmp_path / "x"),
-            drop_flags="none",
-            only_flagged=True,
+            ExportSettings.build(drop_flags="none", only_flagged=True),
         )
 
 
@@ -148,7 +160,9 @@ def test_holdout_counts_each_sample_once_and_the_inspection_holds_nothing_out(
     run_dir, tmp_path
 ) -> None:
     stats = export_run(
-        RunDir.open(run_dir, create=False), str(tmp_path / "h"), holdout=1, drop_flags="none"
+        RunDir.open(run_dir, create=False),
+        str(tmp_path / "h"),
+        ExportSettings.build(holdout=1, drop_flags="none"),
     )
     held = [json.loads(x) for x in (tmp_path / "h" / "holdout.jsonl").read_text().splitlines()]
     assert stats.sources["q"].holdout_samples == 1 and len(held) == 1  # "old" keeps its one
@@ -159,10 +173,9 @@ def test_holdout_counts_each_sample_once_and_the_inspection_holds_nothing_out(
     listed = export_run(
         RunDir.open(run_dir, create=False),
         str(tmp_path / "f"),
-        holdout=1,
-        drop_flags="all",
-        only_flagged=True,
-        fmt="conversations",
+        ExportSettings.build(
+            holdout=1, drop_flags="all", only_flagged=True, format="conversations"
+        ),
     )
     assert listed.holdout_samples == 0 and not (tmp_path / "f" / "holdout.jsonl").exists()
     assert listed.rows_written == 1  # the refusal, held out or not

@@ -37,7 +37,6 @@ from regen.bench.load import (
     run_level,
     send_one,
 )
-from regen.bench.prompts import BenchPrompt
 from regen.bench.report import ServerFlags
 from regen.bench.servers import Role, read_accept_length, server_flags
 from regen.bench.stats import AcceptWindow, CounterWindow, decode_tokens
@@ -47,6 +46,7 @@ from regen.client.endpoints import served_models
 from regen.client.transport import ChatTransport
 from regen.errors import ConfigError, EndpointError
 from regen.manifest import Endpoint, Sampling, public_url
+from regen.store.holdout import BenchPrompt
 
 log = logging.getLogger(__name__)
 

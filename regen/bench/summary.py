@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 import regen
 from regen.bench.load import LevelRun
-from regen.bench.prompts import BenchPrompt
 from regen.bench.report import (
     Acceptance,
     BenchReport,
@@ -31,6 +30,7 @@ from regen.bench.stats import (
     speedup,
 )
 from regen.bench.verdicts import source_kind, verdicts
+from regen.store.holdout import BenchPrompt
 
 
 def _overall_window(run: BenchRun) -> AcceptWindow | CounterWindow | None:

@@ -131,13 +131,14 @@ def run(args: argparse.Namespace) -> int:
 
     from regen.bench.console import print_report, progress_bar
     from regen.bench.html import BENCH_HTML, write_html
-    from regen.bench.prompts import holdout_path, per_source, read_prompts
+    from regen.bench.prompts import per_source
     from regen.bench.records import REQUESTS_FILE, write_records
     from regen.bench.report import BENCH_JSON, BenchSettings, write_report
     from regen.bench.runner import BenchOptions, check_options, run_bench
     from regen.bench.summary import summarize
     from regen.errors import ConfigError
     from regen.manifest import Sampling, config_error, load_manifest
+    from regen.store.holdout import holdout_path, read_prompts
 
     if args.per_source < 1:
         raise ConfigError("--per-source must be >= 1", field="per_source")

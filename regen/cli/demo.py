@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     from regen.engine import RunOptions
     from regen.engine.actor import quiet_http_logs
     from regen.errors import ConfigError
-    from regen.export import export_run, export_settings
+    from regen.export import ExportSettings, export_run
     from regen.manifest import load_manifest
     from regen.serving import TransformersServer, build_demo_target
     from regen.store import RunDir, layout
@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
                       "run); run the same command again to resume")  # fmt: skip
         return code
     rd = RunDir.open(args.out, create=False)
-    stats = export_run(rd, export_dir, **export_settings(rd))
+    stats = export_run(rd, export_dir, ExportSettings.of_run(rd))
     console.print(
         f"[bold green]done[/]: {summary.done}/{summary.total} samples "
         f"({summary.failed_permanent} failed permanently, {summary.failed_transient} left for "
@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def rows_line(stats: Any) -> str:
-    """Rows kept, flagged and dropped (per reason) of an export (regen.export.ExportStats)."""
+    """Rows kept, flagged and dropped (per reason) of an export (regen.store.layout.ExportStats)."""
     flagged = sum(f.rows for f in stats.flags.values())
     flags = ", ".join(f"{k} {v.rows}" for k, v in sorted(stats.flags.items()))
     dropped = sum(stats.dropped.values())

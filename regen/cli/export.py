@@ -91,11 +91,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from monitor.render import make_console
-    from regen.export import export_run, export_settings
+    from regen.export import ExportSettings, export_run
     from regen.store import RunDir
 
     rd = RunDir.open(args.run_dir, create=False).require()
-    settings = export_settings(
+    settings = ExportSettings.of_run(
         rd,
         seed=args.seed,
         drop_truncated=args.drop_truncated,
@@ -104,10 +104,11 @@ def run(args: argparse.Namespace) -> int:
         drop_flags=args.drop_flags,
         holdout=args.holdout,
         keep_unproven=args.keep_unproven,
+        format=args.fmt,
+        only_flagged=args.only_flagged,
+        setting=args.setting,
     )
-    stats = export_run(
-        rd, args.out, fmt=args.fmt, only_flagged=args.only_flagged, setting=args.setting, **settings
-    )
+    stats = export_run(rd, args.out, settings)
     console = make_console()
     print_export(console, stats, f"export {args.run_dir} → {args.out} ({stats.format})")
     return 0
@@ -115,8 +116,7 @@ def run(args: argparse.Namespace) -> int:
 
 def print_export(console: Console, stats: Any, title: str) -> None:
     """The per-source table (rows read, written, tokens, mask, dropped per reason) and the
-    summary lines of an export: ``stats`` is regen.export.ExportStats or its stats.json
-    (regen.store.layout.ExportRecord)."""
+    summary lines of an export (regen.store.layout.ExportStats, as written or read back)."""
     console.print(escape(title), highlight=False, soft_wrap=True)  # a path: never wrapped
     table = Table()
     for col in ("source", "read", "written", "tokens", "loss tokens", "mask", "dropped"):

@@ -12,11 +12,11 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from regen.bench.prompts import BenchPrompt
 from regen.client import ChatClient
 from regen.errors import EndpointError
 from regen.loop.record import GreedyRecord
 from regen.manifest import Endpoint, Sampling
+from regen.store.holdout import BenchPrompt
 
 #: seconds one greedy answer may take
 TIMEOUT_S = 300.0

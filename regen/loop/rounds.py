@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from regen.bench.prompts import holdout_path, per_source, read_prompts
+from regen.bench.prompts import per_source
 from regen.bench.report import BENCH_JSON, BenchReport, read_report
 from regen.errors import ConfigError
 from regen.loop import drafts, record
@@ -37,6 +37,7 @@ from regen.loop.serve import MAX_NUM_SEQS, speculative_server, target_server, vl
 from regen.serving.vllm import VllmServer
 from regen.store import RunDir
 from regen.store import layout as L
+from regen.store.holdout import holdout_path, read_prompts
 from regen.store.run import read_manifest
 
 if TYPE_CHECKING:

@@ -53,10 +53,10 @@ code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI
       quarantine/NAME                    damaged parts (and their records) moved aside by the
                                          driver on resume or by ``regen verify --repair``
       export/                            ``regen train``'s export: shard-NNNNN.jsonl +
-                                         stats.json (ExportRecord); regen.export; with
+                                         stats.json (ExportStats); regen.export; with
                                          ``--holdout N`` also holdout.jsonl (the held-out
                                          prompts ``regen bench --run`` sends,
-                                         regen.bench.prompts)
+                                         regen.store.holdout)
       train/            train.yaml, draft_config.json, run.yaml, prompts.jsonl,
                         vocab_mapping.pt + vocab_mapping.json (VocabMappingRecord),
                         run_tokenizer.json (TokenizerRecord: the run's tokenizer facts),
@@ -441,22 +441,81 @@ class FailureRecord(Record):
     at: float
 
 
-class ExportRecord(BaseModel):
-    """``stats.json`` of an export directory (regen.export.ExportStats.to_dict); the fields
-    readers rely on are typed, the rest is kept as written."""
+class FlagStats(BaseModel):
+    """Rows dropped for one quality flag (stats.json ``flags``)."""
+
+    rows: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+
+    def add(self, tokens: int, loss_tokens: int) -> None:
+        self.rows += 1
+        self.tokens += tokens
+        self.loss_tokens += loss_tokens
+
+
+class SourceExportStats(BaseModel):
+    """Per-source numbers of an export (stats.json ``sources``)."""
+
+    rows_read: int = 0
+    rows: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+    truncated_seen: int = 0
+    holdout_samples: int = 0  #: samples held out for the bench
+    dropped: dict[str, int] = Field(default_factory=dict)
+    #: rows, tokens and loss tokens dropped per quality flag (with only_flagged: written)
+    flags: dict[str, FlagStats] = Field(default_factory=dict)
+    #: loss tokens / tokens of the written rows (set with them)
+    mask_coverage: float = 0.0
+
+
+class ExportStats(BaseModel):
+    """``stats.json`` of an export directory: what ``regen export`` kept and dropped, with the
+    settings that decided it (regen.export; read back by ``regen train`` and the CLI).
+    Unknown keys of a file written by another version are kept as written."""
 
     model_config = ConfigDict(extra="allow")
 
     run_dir: str
     out: str
     format: str
-    rows_written: int
-    shards: list[dict[str, Any]] = Field(default_factory=list)
-    #: samples per source held out of the shards (``holdout.jsonl``); 0 for none
+    rows_written: int = 0
+    shards: list[dict[str, Any]] = Field(default_factory=list)  #: {file, rows, tokens}
+    #: samples per source held out of the shards (``holdout.jsonl``; the setting); 0 for none
     holdout: int = 0
     rows_read: int = 0
     #: rows dropped per reason (all sources)
     dropped: dict[str, int] = Field(default_factory=dict)
+    seed: int = 0
+    drop_truncated: bool = True
+    max_length: int | None = None
+    shard_rows: int = 10_000
+    drop_flags: list[str] = Field(default_factory=list)  #: quality flags whose rows are dropped
+    only_flagged: bool = False  #: only the rows carrying one of them were written
+    #: local rows whose token_check cannot show they are the model's tokens were kept (the
+    #: setting); otherwise they are dropped as ``unproven_tokens``
+    keep_unproven: bool = False
+    parts: int = 0
+    tokens: int = 0  #: tokens of the written rows
+    loss_tokens: int = 0  #: tokens with loss_mask 1 in the written rows
+    sources: dict[str, SourceExportStats] = Field(default_factory=dict)
+    token_source: dict[str, int] = Field(default_factory=dict)  #: written rows per source kind
+    token_check: dict[str, int] = Field(default_factory=dict)  #: read rows per check result
+    token_check_problems: int = 0  #: read rows whose check is not one of the accepted
+    #: the settings id kept (``setting``; None: every setting)
+    setting: str | None = None
+    #: written rows per settings id of the row ("native" for native rows, "unknown" for rows
+    #: written before the column): the mix a ``regen run --force`` left
+    settings: dict[str, int] = Field(default_factory=dict)
+    holdout_samples: int = 0  #: samples held out, all sources
+    holdout_file: str | None = None  #: holdout.jsonl when written
+    #: rows, tokens and loss tokens dropped per quality flag (with only_flagged: written)
+    flags: dict[str, FlagStats] = Field(default_factory=dict)
+    #: loss tokens / tokens of the written rows (set with them)
+    mask_coverage: float = 0.0
+    #: when the export was written (ISO-8601 UTC, seconds)
+    created_at: str | None = None
 
 
 class CommandRecord(Record):
@@ -618,7 +677,7 @@ SCHEDULE_FILE = JsonFile(SCHEDULE, ScheduleRecord, lenient=True)
 COMMAND_FILE = JsonFile(COMMAND, CommandRecord)
 JOB_FILE = JsonFile(JOB, JobRecord)
 PREFLIGHT_FILE = JsonFile(PREFLIGHT, PreflightRecord)
-EXPORT_STATS_FILE = JsonFile(EXPORT_STATS, ExportRecord)
+EXPORT_STATS_FILE = JsonFile(EXPORT_STATS, ExportStats)
 PROGRESS_FILE = JsonFile(PROGRESS, ProgressSnapshot)
 VOCAB_MAPPING_FILE = JsonFile(VOCAB_MAPPING_RECORD, VocabMappingRecord)
 TOKENIZER_FILE = JsonFile(TOKENIZER_RECORD, TokenizerRecord)

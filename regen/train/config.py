@@ -206,8 +206,8 @@ class ExportSpec(Strict):
     max_drop_share: float = Field(default=0.5, ge=0.0, le=1.0)
 
     def overrides(self, holdout: int | None = None) -> dict[str, Any]:
-        """The fields this spec sets, as overrides of regen.export.export_settings; ``holdout``
-        is the previous export's, used when this spec does not say."""
+        """The fields this spec sets, as overrides of regen.export.ExportSettings.of_run;
+        ``holdout`` is the previous export's, used when this spec does not say."""
         return {
             "seed": self.seed,
             "drop_truncated": self.drop_truncated,

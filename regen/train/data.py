@@ -21,19 +21,13 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from regen.errors import ConfigError, RunDirError
-from regen.export import (
-    ROW_SETTINGS,
-    ExportStats,
-    check_drop_share,
-    export_run,
-    export_settings,
-)
-from regen.quality import parse_flags
+from regen.export import ExportSettings, export_run
+from regen.export.select import check_drop_share
 from regen.store import RunDir
 from regen.store import layout as L
+from regen.store.layout import ExportStats
 from regen.store.run import read_manifest_data
 from regen.train.config import TrainConfig
 
@@ -132,26 +126,14 @@ class TrainExport:
     reason: str
 
 
-def export_options(rd: RunDir, cfg: TrainConfig, out: Path) -> dict[str, Any]:
+def export_options(rd: RunDir, cfg: TrainConfig, out: Path) -> ExportSettings:
     """The settings of ``regen export RUN_DIR`` (the manifest's export section) with the
-    train config's overrides; rows longer than ``training.max_length`` are dropped when
-    neither sets a ``max_length``."""
-    settings = export_settings(rd, **cfg.export.overrides(default_holdout(rd, out)))
-    if settings.get("max_length") is None:
-        settings["max_length"] = cfg.training.max_length
+    train config's overrides, as a pretokenized export; rows longer than
+    ``training.max_length`` are dropped when neither sets a ``max_length``."""
+    settings = ExportSettings.of_run(rd, **cfg.export.overrides(default_holdout(rd, out)))
+    if settings.max_length is None:
+        settings = settings.model_copy(update={"max_length": cfg.training.max_length})
     return settings
-
-
-def _settings_differ(stats: ExportStats, settings: dict[str, Any]) -> str:
-    """'' when ``stats`` was exported with the row-deciding ``settings``, else the first
-    difference."""
-    want = {**settings, "drop_flags": list(parse_flags(settings["drop_flags"], "drop_flags"))}
-    for key in ROW_SETTINGS:
-        if getattr(stats, key) != want[key]:
-            return f"{key} was {getattr(stats, key)!r}, now {want[key]!r}"
-    if stats.format != "pretokenized" or stats.only_flagged:
-        return f"it is a {stats.format} export{' of flagged rows' if stats.only_flagged else ''}"
-    return ""
 
 
 def ensure_export(rd: RunDir, cfg: TrainConfig, *, allow_drops: bool = False) -> TrainExport:
@@ -173,7 +155,7 @@ def ensure_export(rd: RunDir, cfg: TrainConfig, *, allow_drops: bool = False) ->
     elif export_is_stale(rd, out):
         reason = "the run has parts newer than the export"
     elif stats is not None:
-        differ = _settings_differ(stats, settings)
+        differ = settings.row_difference(stats)
         reason = f"the export's settings differ ({differ})" if differ else ""
     if not reason:
         log.info("using the existing export %s (%d shards)", out, len(shards))
@@ -181,8 +163,8 @@ def ensure_export(rd: RunDir, cfg: TrainConfig, *, allow_drops: bool = False) ->
             check_drop_share(stats, max_share)
         return TrainExport(out, shards, stats, "")
     log.info("exporting %s to %s: %s (%s)", rd.uri, out, reason, settings)
-    stats = export_run(rd, str(out), fmt="pretokenized", max_drop_share=max_share,
-                       check=False, **settings)  # fmt: skip
+    settings = settings.model_copy(update={"max_drop_share": max_share})
+    stats = export_run(rd, str(out), settings, check=False)
     shards = export_shards(out)
     if not shards:
         raise ConfigError(f"the export of {rd.uri} wrote no JSONL shards into {out}")
@@ -196,7 +178,7 @@ def _read_stats(out: Path) -> ExportStats | None:
     except RunDirError as e:
         log.warning("%s: %s", out, e)
         return None
-    return None if record is None else ExportStats.from_dict(record.model_dump())
+    return record
 
 
 def prompts_file(rd: RunDir, shards: list[Path]) -> Path:

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from regen.bench.prompts import BenchPrompt, write_prompts
 from regen.bench.report import (
     Acceptance,
     BenchReport,
@@ -20,6 +19,7 @@ from regen.bench.report import (
 )
 from regen.bench.stats import crossover
 from regen.bench.verdicts import source_kind, verdicts
+from regen.store.holdout import BenchPrompt, write_prompts
 
 REPO = Path(__file__).resolve().parents[2]
 

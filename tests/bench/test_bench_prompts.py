@@ -9,16 +9,10 @@ from pathlib import Path
 import pytest
 from _bench_common import TOOL, prompts
 
-from regen.bench.prompts import (
-    HOLDOUT_FILE,
-    BenchPrompt,
-    holdout_path,
-    per_source,
-    read_prompts,
-    write_prompts,
-)
+from regen.bench.prompts import per_source
 from regen.errors import ConfigError
 from regen.sample import Message, Sample, ToolCall
+from regen.store.holdout import HOLDOUT_FILE, BenchPrompt, holdout_path, read_prompts, write_prompts
 
 
 def test_write_then_read(tmp_path: Path) -> None:

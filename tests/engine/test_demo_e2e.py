@@ -113,7 +113,7 @@ def test_export_written(demo_run) -> None:
     """The demo exports with its manifest's export section (drop_truncated, the default
     drop_flags, keep_unproven off): every row is written or dropped for the reason its own
     columns give, in export's order (flagged, then unproven tokens, then truncated)."""
-    from regen.export import unproven
+    from regen.export.select import unproven
 
     stats = json.loads((demo_run["export"] / "stats.json").read_text())
     rows, drop_flags = demo_run["rows"], set(stats["drop_flags"])

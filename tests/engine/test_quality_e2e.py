@@ -26,7 +26,7 @@ import pytest
 import yaml
 from _runs import check_answers, check_ids_once, regen_cmd, request_body, stored_rows, wait_until
 
-from regen.export import export_run
+from regen.export import ExportSettings, export_run
 from regen.manifest import load_manifest
 from regen.plan.index import native_check
 from regen.procs import kill_group
@@ -185,7 +185,7 @@ def e2e(tmp_path_factory, ray_head, ray_env) -> dict[str, Any]:
         rows_first = stored_rows(out)
         status_first = read_numbers(out)
         export_first = export_run(
-            RunDir.open(out, create=False), str(tmp / "export1"), shard_rows=0
+            RunDir.open(out, create=False), str(tmp / "export1"), ExportSettings.build(shard_rows=0)
         )
         parts_first = part_digests(out)
 
@@ -341,8 +341,7 @@ def test_the_export_holds_the_new_attempts(e2e, tmp_path) -> None:
     stats = export_run(
         RunDir.open(e2e["out"], create=False),
         str(tmp_path / "o"),
-        shard_rows=0,
-        fmt="conversations",
+        ExportSettings.build(shard_rows=0, format="conversations"),
     )
     rows = e2e["rows"]
     latest = {}

@@ -145,11 +145,14 @@ def test_plan_run_status_and_export_agree_on_the_skipped_rows(bad_run, tmp_path,
     assert regen_main(["status", str(bad_run["out"]), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert (status["total"], status["done"], status["failed"]) == (GOOD + 2, GOOD, 2)
-    from regen.export import export_run
+    from regen.export import ExportSettings, export_run
 
     # the simulator's rows are local renders: kept whatever their token check (not the point)
-    stats = export_run(RunDir.open(bad_run["out"], create=False), str(tmp_path / "export"),
-                       keep_unproven=True)  # fmt: skip
+    stats = export_run(
+        RunDir.open(bad_run["out"], create=False),
+        str(tmp_path / "export"),
+        ExportSettings.build(keep_unproven=True),
+    )
     assert stats.rows_written == GOOD  # one turn per good sample
 
 

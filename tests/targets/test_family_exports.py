@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from regen.errors import TemplateError
-from regen.export import export_run
+from regen.export import ExportSettings, export_run
 from regen.manifest import load_manifest
 from regen.result import TurnResult
 from regen.rows import build_rows
@@ -113,8 +113,14 @@ def test_specforge_accepts_every_row_of_the_familys_export(
     write_part(rd, "part-00000", done)
     out = tmp_path / "export"
     # local rows without a server count: unproven, kept here (the contract is every row)
-    stats = export_run(rd, str(out), shard_rows=0, drop_flags="none", drop_truncated=False,
-                       keep_unproven=True, check=False)  # fmt: skip
+    stats = export_run(
+        rd,
+        str(out),
+        ExportSettings.build(
+            shard_rows=0, drop_flags="none", drop_truncated=False, keep_unproven=True
+        ),
+        check=False,
+    )
     lines = (out / "shard-00000.jsonl").read_text().splitlines()
     assert stats.rows_written == len(lines) == len(done)
     tasks = prompt_tasks(out / "shard-00000.jsonl", max_length=1_000_000)

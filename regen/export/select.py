@@ -1,0 +1,333 @@
+"""Which rows an export writes: the latest plan, the settings id, the rows' keys, and the
+drop rules in their order (:func:`select_rows`; regen.export.run's docstring lists them), with
+the stats of what was read, kept and dropped. Reads the run directory's parts (their key
+columns); owns no files.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from regen.errors import ConfigError, RunDirError
+from regen.export.settings import DATA_COLUMNS, ExportSettings
+from regen.store import layout
+from regen.store.layout import ExportStats, FlagStats, SourceExportStats
+from regen.store.planned import recorded_plan
+from regen.store.rundir import RunDir
+from regen.store.schema import ADDED_COLUMNS, ANSWER_COLUMNS, SCHEMA
+
+log = logging.getLogger(__name__)
+
+
+#: token_check values that are not a problem (regen.rows); every other value is counted as one
+TOKEN_CHECKS_OK = frozenset({"match", "count_match", "server_only"})
+
+
+#: the drop reason of a locally rendered row whose token_check is not in TOKEN_CHECKS_OK: its
+#: tokens cannot be shown to be the ones the model produced (a server-id row always is)
+UNPROVEN = "unproven_tokens"
+
+
+#: drop reasons that lose no training data: another attempt or copy of the row is kept, or the
+#: bench keeps the sample; every other reason counts towards :func:`drop_share`
+KEPT_ELSEWHERE = frozenset({"superseded", "duplicate", "holdout"})
+
+
+KEY_COLUMNS = (
+    "sample_id",
+    "source",
+    "turn",
+    "truncated",
+    "num_tokens",
+    "loss_tokens",
+    "token_source",
+    "token_check",
+    "attempt",
+    "quality_flags",
+    "content_hash",
+    "settings",
+)
+
+
+@dataclass(slots=True)
+class Part:
+    """One Parquet part: where its rows start in the global row numbering, its row groups."""
+
+    name: str
+    path: str
+    start: int
+    group_rows: list[int]
+
+
+def drop_share(dropped: dict[str, int], rows_read: int) -> float:
+    """Share of the rows an export could train on that it dropped (reasons of
+    :data:`KEPT_ELSEWHERE` are neither)."""
+    elsewhere = sum(n for reason, n in dropped.items() if reason in KEPT_ELSEWHERE)
+    lost = sum(n for reason, n in dropped.items() if reason not in KEPT_ELSEWHERE)
+    candidates = rows_read - elsewhere
+    return lost / candidates if candidates > 0 else 0.0
+
+
+def check_drop_share(stats: ExportStats, max_share: float) -> None:
+    """ConfigError (one line: the share, the reasons, how to go on) when the export dropped
+    more than ``max_share`` of the rows it could train on."""
+    dropped = dict(stats.dropped)
+    share = drop_share(dropped, stats.rows_read)
+    if share <= max_share:
+        return
+    lost = {k: v for k, v in dropped.items() if k not in KEPT_ELSEWHERE}
+    reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(lost.items(), key=lambda kv: -kv[1]))
+    raise ConfigError(
+        f"the export of {stats.run_dir} drops {sum(lost.values()):,} of the rows it could "
+        f"train on ({share:.0%} > {max_share:.0%}: {reasons}); look at them with `regen export "
+        "--only-flagged --format conversations`, or accept it with --allow-drops "
+        "(export.max_drop_share)",
+        field="export.max_drop_share",
+    )
+
+
+def current_plan(rd: RunDir) -> pa.Table | None:
+    """The latest plan (regen.store.planned.recorded_plan); None with a warning when the run
+    directory has none (stale answers cannot be told apart then); a damaged one is refused."""
+    planned, why = recorded_plan(rd)
+    if why:
+        raise RunDirError(
+            f"{rd.uri} is damaged, export refused: {why}; run `regen verify {rd.uri} --repair` "
+            "(it rebuilds the plan index from the sources)"
+        )
+    if planned is None:
+        log.warning("%s has no plan index (%s): answers of source rows edited since cannot be "
+                    "told apart; `regen verify --repair` writes it", rd.uri,
+                    layout.PLAN_INDEX)  # fmt: skip
+    return planned
+
+
+def check_setting(rd: RunDir, setting: str) -> None:
+    """``setting`` is a settings id of the run (run.json ``settings``), else ConfigError."""
+    run = layout.RUN_FILE.read(rd)
+    known = sorted(run.settings) if run is not None else []
+    if setting not in known:
+        have = ", ".join(known) or "none recorded"
+        raise ConfigError(
+            f"--setting {setting!r} is not a settings id of {rd.uri} (it has: {have}; "
+            "`regen status` shows each one's rows)",
+            field="setting",
+        )
+
+
+def not_current(table: pa.Table, planned: pa.Table | None, setting: str | None) -> list[str]:
+    """Per row, why it does not count ("" when it does): ``not_planned`` and ``stale`` against
+    the recorded plan, ``other_setting`` against ``setting`` (module docstring)."""
+    n = table.num_rows
+    out = [""] * n
+    if planned is not None and n:
+        ids = table.column("sample_id")
+        idx = pc.index_in(ids, value_set=planned.column("id"))
+        want = planned.column("content_hash").take(pc.fill_null(idx, 0)) if len(planned) else None
+        have = table.column("content_hash").to_pylist()
+        pos = idx.to_pylist()
+        wanted = want.to_pylist() if want is not None else []
+        for i in range(n):
+            if pos[i] is None:
+                out[i] = "not_planned"
+            elif have[i] is not None and have[i] != wanted[i]:
+                out[i] = "stale"
+    if setting is not None:
+        made = table.column("settings").to_pylist()
+        kinds = table.column("token_source").to_pylist()
+        for i in range(n):
+            if not out[i] and made[i] != setting and kinds[i] != "native":
+                out[i] = "other_setting"
+    return out
+
+
+def read_keys(rd: RunDir, fmt: str, stats: ExportStats) -> tuple[list[Part], pa.Table]:
+    """The parts (name order) and the key columns of all their rows, concatenated."""
+    names = [n for n in rd.list(layout.PARTS_DIR) if layout.part_stem(n) is not None]
+    needed = set(KEY_COLUMNS + DATA_COLUMNS[fmt]) - {*ADDED_COLUMNS.names,
+                                                       *ANSWER_COLUMNS.names}  # fmt: skip
+    parts: list[Part] = []
+    tables = []
+    start = 0
+    for name in names:
+        path = rd.path(f"{layout.PARTS_DIR}/{name}")
+        try:
+            with rd.fs.open_input_file(path) as f:
+                pf = pq.ParquetFile(f)
+                missing = sorted(needed - set(pf.schema_arrow.names))
+                if missing:
+                    raise RunDirError(f"{rd.uri}: part {name} lacks column(s) {missing}")
+                groups = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
+                have = [c for c in KEY_COLUMNS if c in pf.schema_arrow.names]
+                tables.append(with_added_columns(pf.read(columns=have)))
+        except (OSError, pa.ArrowInvalid) as e:
+            raise RunDirError(f"{rd.uri}: cannot read part {name}: {e}") from e
+        parts.append(Part(name, path, start, groups))
+        start += tables[-1].num_rows
+    stats.parts = len(tables)
+    if not tables:
+        log.warning("%s: no Parquet parts under %s/", rd.uri, layout.PARTS_DIR)
+        return parts, _empty(list(KEY_COLUMNS))
+    return parts, pa.concat_tables(tables, promote_options="permissive")
+
+
+def latest_attempts(table: pa.Table) -> dict[str, int]:
+    """The latest attempt of every sample answered more than once (others: 0)."""
+    latest: dict[str, int] = {}
+    sids = table.column("sample_id").to_pylist()
+    for sid, a in zip(sids, table.column("attempt").to_pylist(), strict=True):
+        if a and a > latest.get(sid, 0):
+            latest[sid] = a
+    return latest
+
+
+def _empty(columns: list[str]) -> pa.Table:
+    return SCHEMA.empty_table().select(columns)
+
+
+def with_added_columns(table: pa.Table) -> pa.Table:
+    """``table`` of a part written before ADDED_COLUMNS with the key ones filled in (attempt 0,
+    no flags); other tables come back as they are."""
+    if "attempt" not in table.column_names:
+        table = table.append_column("attempt", pa.array([0] * table.num_rows, pa.int32()))
+    if "quality_flags" not in table.column_names:
+        empty = pa.array([[]] * table.num_rows, pa.list_(pa.string()))
+        table = table.append_column("quality_flags", empty)
+    for name in ANSWER_COLUMNS.names:  # unknown: null
+        if name not in table.column_names:
+            table = table.append_column(name, pa.nulls(table.num_rows, pa.string()))
+    return table
+
+
+def select_rows(
+    table: pa.Table,
+    settings: ExportSettings,
+    stats: ExportStats,
+    *,
+    held: AbstractSet[str] = frozenset(),
+    latest: dict[str, int] | None = None,
+    why_not: list[str] | None = None,
+) -> list[int]:
+    """Indices of the rows to write (the rows of ``held`` samples left out); fills the
+    read/drop/keep numbers of ``stats``. ``latest``: each sample's latest attempt
+    (:func:`latest_attempts`); ``why_not``: per row, why it does not count
+    (:func:`not_current`; "" when it does)."""
+    fmt, only_flagged = settings.format, settings.only_flagged
+    drop_flags = frozenset(settings.drop_flags)
+    sids = table.column("sample_id").to_pylist()
+    attempts = table.column("attempt").to_pylist()
+    row_flags = table.column("quality_flags").to_pylist()
+    latest = latest_attempts(table) if latest is None else latest
+    turns = table.column("turn").to_pylist()
+    sources = table.column("source").to_pylist()
+    truncated = table.column("truncated").to_pylist()
+    ntok = table.column("num_tokens").to_pylist()
+    nloss = table.column("loss_tokens").to_pylist()
+    kinds = table.column("token_source").to_pylist()
+    checks = table.column("token_check").to_pylist()
+    dropped: Counter[str] = Counter()
+    per_source: dict[str, SourceExportStats] = defaultdict(SourceExportStats)
+    seen: set[tuple[str, int, int]] = set()
+    keep: list[int] = []
+    for i, sid in enumerate(sids):
+        src = per_source[sources[i]]
+        src.rows_read += 1
+        if checks[i] is not None:
+            stats.token_check[checks[i]] = stats.token_check.get(checks[i], 0) + 1
+            if checks[i] not in TOKEN_CHECKS_OK:
+                stats.token_check_problems += 1
+        key = (sid, turns[i], attempts[i] or 0)
+        hit = [f for f in row_flags[i] or () if f in drop_flags]
+        reason = None
+        if key[2] < latest.get(sid, 0):
+            reason = "superseded"
+        elif why_not is not None and why_not[i]:
+            reason = why_not[i]
+        elif key in seen:
+            reason = "duplicate"
+        elif only_flagged:
+            seen.add(key)
+            if not hit:
+                reason = "not_flagged"
+            else:
+                _count_flags(stats, src, hit, ntok[i], nloss[i])
+        else:
+            seen.add(key)
+            if truncated[i]:
+                src.truncated_seen += 1
+            if sid in held:
+                reason = "holdout"
+            elif hit:
+                reason = "flagged"
+                _count_flags(stats, src, hit, ntok[i], nloss[i])
+            elif not settings.keep_unproven and unproven(kinds[i], checks[i]):
+                reason = UNPROVEN
+            elif truncated[i] and settings.drop_truncated:
+                reason = "truncated"
+            elif settings.max_length is not None and ntok[i] > settings.max_length:
+                reason = "too_long"
+            elif not nloss[i]:
+                reason = "no_loss_tokens"
+            elif fmt == "conversations" and kinds[i] == "native":
+                reason = "not_convertible"
+        if reason is not None:
+            dropped[reason] += 1
+            src.dropped[reason] = src.dropped.get(reason, 0) + 1
+            continue
+        keep.append(i)
+    if fmt == "conversations" and not only_flagged:  # one record per sample: its highest turn
+        best: dict[str, int] = {}
+        for i in keep:
+            if sids[i] not in best or turns[i] > turns[best[sids[i]]]:
+                best[sids[i]] = i
+        chosen = set(best.values())
+        for i in keep:
+            if i not in chosen:
+                dropped["earlier_turn"] += 1
+                d = per_source[sources[i]].dropped
+                d["earlier_turn"] = d.get("earlier_turn", 0) + 1
+        keep = [i for i in keep if i in chosen]
+    made = table.column("settings").to_pylist()
+    for i in keep:
+        src = per_source[sources[i]]
+        src.rows += 1
+        src.tokens += ntok[i]
+        src.loss_tokens += nloss[i]
+        stats.token_source[kinds[i]] = stats.token_source.get(kinds[i], 0) + 1
+        which = made[i] or ("native" if kinds[i] == "native" else "unknown")
+        stats.settings[which] = stats.settings.get(which, 0) + 1
+    stats.rows_read = len(sids)
+    stats.rows_written = len(keep)
+    stats.tokens = sum(ntok[i] for i in keep)
+    stats.loss_tokens = sum(nloss[i] for i in keep)
+    stats.mask_coverage = coverage(stats.loss_tokens, stats.tokens)
+    for src in per_source.values():
+        src.mask_coverage = coverage(src.loss_tokens, src.tokens)
+    stats.dropped = dict(sorted(dropped.items()))
+    stats.sources = dict(sorted(per_source.items()))
+    return keep
+
+
+def coverage(loss_tokens: int, tokens: int) -> float:
+    """The share of loss tokens, as stats.json records it (6 digits)."""
+    return round(loss_tokens / tokens, 6) if tokens else 0.0
+
+
+def unproven(token_source: str, token_check: str | None) -> bool:
+    """A locally rendered row whose token_check cannot show it is the model's tokens."""
+    return token_source == "local" and token_check not in TOKEN_CHECKS_OK
+
+
+def _count_flags(
+    stats: ExportStats, src: SourceExportStats, flags: list[str], tokens: int, loss_tokens: int
+) -> None:
+    for f in flags:
+        stats.flags.setdefault(f, FlagStats()).add(tokens, loss_tokens)
+        src.flags.setdefault(f, FlagStats()).add(tokens, loss_tokens)

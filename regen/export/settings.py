@@ -1,0 +1,98 @@
+"""The settings of an export, one typed model from the manifest to the stage.
+
+:class:`ExportSettings` is the run manifest's ``export:`` section (:class:`regen.manifest.Export`)
+plus what one export decides for itself (format, inspection, drop-share limit, settings id).
+``regen export``, ``regen train`` and the demo build it with :meth:`ExportSettings.of_run` (the
+manifest's section, then their overrides) and hand it whole to
+:func:`regen.export.run.export_run`. Owns no files.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from regen.errors import RegenError
+from regen.manifest import Export, config_error
+from regen.store.run import read_manifest_data
+from regen.store.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+Format = Literal["pretokenized", "conversations"]
+FORMATS: tuple[str, ...] = ("pretokenized", "conversations")
+#: the settings of an export that decide which rows it keeps (stats.json records each)
+ROW_SETTINGS = ("seed", "drop_truncated", "max_length", "holdout", "drop_flags", "keep_unproven")
+#: the columns each format's lines are made of
+DATA_COLUMNS: dict[str, tuple[str, ...]] = {
+    "pretokenized": ("input_ids", "loss_mask"),
+    "conversations": (
+        "sample_id",
+        "turn",
+        "messages",
+        "tools",
+        "reasoning",
+        "content",
+        "tool_calls",
+        "attempt",
+        "quality_flags",
+    ),
+}
+
+
+class ExportSettings(Export):
+    """Everything an export decides with (regen.export.run's docstring says how)."""
+
+    #: rows per JSONL shard (0: one shard)
+    shard_rows: int = Field(default=10_000, ge=0)
+    #: ``pretokenized`` {input_ids, loss_mask} or ``conversations``
+    format: Format = "pretokenized"
+    #: write only the latest answers' rows carrying a flag of ``drop_flags`` (inspection)
+    only_flagged: bool = False
+    #: refuse before writing anything when the rules would drop a larger share of the rows
+    #: the export could train on (None: never refuse)
+    max_drop_share: float | None = Field(default=None, ge=0.0, le=1.0)
+    #: keep only the rows of this settings id, and native rows (run.json lists the run's)
+    setting: str | None = None
+
+    @model_validator(mode="after")
+    def _flags_to_look_for(self) -> ExportSettings:
+        if self.only_flagged and not self.drop_flags:
+            raise ValueError("--only-flagged needs at least one flag to look for (drop_flags)")
+        return self
+
+    @classmethod
+    def build(cls, **values: Any) -> ExportSettings:
+        """The settings from ``values`` (ConfigError naming the field when one is wrong)."""
+        try:
+            return cls.model_validate(values)
+        except ValidationError as e:
+            raise config_error(e, "export settings", model=cls) from None
+
+    @classmethod
+    def of_run(cls, rd: RunDir, **overrides: Any) -> ExportSettings:
+        """The ``export:`` section of the run directory's manifest (its defaults where the
+        section or the manifest is missing or unreadable, with a warning for the latter), then
+        every override that is not None."""
+        try:
+            section = (read_manifest_data(rd) or {}).get("export") or {}
+            base = Export.model_validate(section).model_dump()
+        except (OSError, RegenError, ValidationError, AttributeError) as e:
+            log.warning("%s: the manifest's export section is not readable (%s); using the "
+                        "defaults", rd.uri, e)  # fmt: skip
+            base = Export().model_dump()
+        return cls.build(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
+
+    def row_difference(self, stats: Any) -> str:
+        """'' when the export ``stats`` (regen.store.layout.ExportStats) was made with these
+        row-deciding settings as a pretokenized export of every kept row, else the first
+        difference."""
+        for key in ROW_SETTINGS:
+            if getattr(stats, key) != getattr(self, key):
+                return f"{key} was {getattr(stats, key)!r}, now {getattr(self, key)!r}"
+        if stats.format != "pretokenized" or stats.only_flagged:
+            flagged = " of flagged rows" if stats.only_flagged else ""
+            return f"it is a {stats.format} export{flagged}"
+        return ""
