@@ -14,10 +14,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from regen.bench.report import ServerFlags
+from regen.client.server_info import fetch_server_info
 from regen.errors import EndpointError, RegenError, TrapError
 from regen.manifest import public_url
 from regen.train import vllm_serving
-from regen.train.serving import accept_lengths, check_server_info, fetch_server_info
+from regen.train.serving import accept_lengths, check_server_info
 
 Role = Literal["baseline", "speculative"]
 

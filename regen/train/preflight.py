@@ -32,6 +32,7 @@ import tempfile
 import time
 from typing import Any
 
+from regen.client.server_info import fetch_server_info
 from regen.errors import ConfigError, RegenError, TrapError
 from regen.store import RunDir
 from regen.store import layout as store_layout
@@ -103,7 +104,6 @@ def check_capture_servers(urls: list[str], *, timeout: float = 5.0) -> None:
     reports ``EAGLE`` (or any other algorithm) would feed the draft the last layer only.
     """
     from regen.errors import EndpointError
-    from regen.train.serving import fetch_server_info
 
     for url in urls:
         try:

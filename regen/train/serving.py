@@ -18,14 +18,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from regen.client.endpoints import server_root
-from regen.errors import ConfigError, EndpointError, TrapError
+from regen.client.server_info import fetch_server_info
+from regen.errors import ConfigError, TrapError
 from regen.targets import Family
 from regen.train import traps
 from regen.train.config import ServingSpec
@@ -85,40 +83,6 @@ def check_draft_dir(draft_dir: str, *, target_hidden: int | None, num_layers: in
         traps.check_aux_layer_ids(ids, "specforge", num_layers)
     if ids:
         traps.check_aux_shift(ids)
-
-
-def fetch_server_info(
-    url: str, *, timeout: float = 10.0, api_key: str | None = None
-) -> dict[str, Any]:
-    """GET /server_info, falling back to the old /get_server_info alias (``url``: root or /v1).
-
-    ``api_key`` goes in ``Authorization: Bearer`` (a server started with ``--api-key`` wants it
-    there); it is never put in an error.
-    """
-    base = server_root(url)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    last: Exception | None = None
-    for path in ("/server_info", "/get_server_info"):
-        try:
-            req = urllib.request.Request(base + path, headers=headers)
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                info = json.loads(r.read().decode("utf-8"))
-        except urllib.error.HTTPError as e:
-            last = e
-            if e.code == 404:
-                continue
-            if e.code in (401, 403):
-                how = "a wrong key" if api_key else "no key (--api-key-env or --api-key-file)"
-                raise EndpointError(
-                    f"{base}{path}: HTTP {e.code}: the server wants an API key and regen sent {how}"
-                ) from None
-            raise EndpointError(f"{base}{path}: HTTP {e.code}") from None
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            raise EndpointError(f"{base}{path}: {e}") from None
-        if not isinstance(info, dict):
-            raise EndpointError(f"{base}{path}: not a JSON object")
-        return info
-    raise EndpointError(f"{base}: neither /server_info nor /get_server_info exists ({last})")
 
 
 def _same_path(a: str, b: str) -> bool:
