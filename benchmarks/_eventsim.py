@@ -8,7 +8,7 @@ turn is queued at step 0 in the given order, and a conversation's next turn is q
 after its previous turn finished. Utilization = tokens ÷ (R·K·steps).
 
 Turn lengths are the simulator's own: :func:`chains` regenerates every conversation turn by
-turn through :func:`regen.simulate.answer` with the request regen sends (our replies in the
+turn through :func:`regen.devkit.simulate.answer` with the request regen sends (our replies in the
 history), so the bound is for the very answers the servers produce in the benchmark.
 """
 
@@ -18,11 +18,11 @@ import asyncio
 import collections
 from typing import Any
 
+from regen.core.result import TurnResult
+from regen.core.sample import Sample, ToolCall
+from regen.devkit.simulate import AnswerConfig, answer
 from regen.engine.turns import regenerate
 from regen.manifest import Manifest
-from regen.result import TurnResult
-from regen.sample import Sample, ToolCall
-from regen.simulate import AnswerConfig, answer
 
 
 def chains(samples: list[Sample], manifest: Manifest, config: AnswerConfig) -> list[list[int]]:

@@ -9,7 +9,7 @@ sources hold, read with regen's adapters, and the generator's own counts):
 - **duplicated**: a ``(sample_id, turn)`` stored twice;
 - **incomplete**: a sample whose turns are not 0..k-1 with k its turns to regenerate, unless its
   last row ends early for a reason regen records (``finish_reason`` ``length``, ``ended``);
-- **unanswered**: a stored row whose request (``regen.simulate.keys.request_key`` of the
+- **unanswered**: a stored row whose request (``regen.devkit.simulate.keys.request_key`` of the
   request the row records: messages, tools, the manifest's sampling) no server completed
   (HTTP 200, not cut) in its request log; the reverse, **answers not stored**, are requests a
   server completed whose answer is in no row (work a fault threw away), and **answered again**
@@ -183,8 +183,8 @@ def check_run(
     verify_rc: int | None,
 ) -> Verdict:
     """Every check of the module docstring on one finished run."""
+    from regen.devkit.simulate.keys import request_key
     from regen.manifest import load_manifest
-    from regen.simulate.keys import request_key
     from regen.sources import read_samples
 
     logging.getLogger("regen.sources").setLevel(logging.ERROR)  # the rows skipped, again

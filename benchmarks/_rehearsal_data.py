@@ -49,7 +49,7 @@ from typing import Any
 
 import yaml
 
-from regen.simulate.answer import prompt_z
+from regen.devkit.simulate.answer import prompt_z
 
 REPO = Path(__file__).resolve().parents[1]
 PRODUCTION = REPO / "manifests" / "kimi-k25-eagle3.yaml"

@@ -24,7 +24,7 @@ start, details), which the report prints and the CI test asserts. In the order t
 - **endpoint down**: one endpoint's process group is SIGKILLed and started again on the same
   port ``D`` seconds later (:class:`~benchmarks._rehearsal_fleet.Endpoint`);
 - **driver killed**: ``regen run``'s whole process group is SIGKILLed
-  (:func:`regen.procs.kill_group`) and the same command started again once the old session's
+  (:func:`regen.devkit.procs.kill_group`) and the same command started again once the old session's
   actors are gone;
 - **actor killed**: one of the session's Ray actor processes is SIGKILLed (found through Ray's
   state API, else by process title).

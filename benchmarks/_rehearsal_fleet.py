@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from regen.procs import kill_group, stop_group
-from regen.simulate.testing import options_to_args
+from regen.devkit.procs import kill_group, stop_group
+from regen.devkit.simulate.testing import options_to_args
 
 START_TIMEOUT_S = 60.0
 

@@ -7,7 +7,7 @@ regenerate), the rest one; prompt lengths are long-tailed (lognormal, 20-6,000 c
 The original (``gpt``) answers are another model answering the same prompts: each has a
 lognormal length in words (mean 256, sigma 1, at most 2,048) whose normal draw is
 ``sqrt(c)·prompt_z + sqrt(1-c)·z_own`` — ``prompt_z`` the simulator's draw for the turn's user
-message (:func:`regen.simulate.answer.prompt_z`, manifest seed), ``c`` = ``length_corr`` — so
+message (:func:`regen.devkit.simulate.answer.prompt_z`, manifest seed), ``c`` = ``length_corr`` — so
 against ``regen simulate --prompt-share c`` their log lengths correlate ~c with the target's;
 at c = 0 they carry no signal. Written as ``WORKDIR/sharegpt.jsonl`` with a manifest
 ``WORKDIR/bench.yaml`` (target ``bench-target``, the demo's tiny tokenizer, ``max_tokens``
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from regen.simulate.answer import prompt_z
-from regen.simulate.testing import RunningSimulator, running_simulator
+from regen.devkit.simulate.answer import prompt_z
+from regen.devkit.simulate.testing import RunningSimulator, running_simulator
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"

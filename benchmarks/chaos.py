@@ -5,7 +5,7 @@
 process group is SIGKILLed K times at random moments (seeded) and restarted each time. At the
 end the run directory must hold exactly the input: sample ids == input ids, no duplicate
 ``(sample_id, turn)``, every sample with all its turns, every stored answer byte-equal to
-``regen.simulate.answer(...)`` for the stored request, and no failure on record.
+``regen.devkit.simulate.answer(...)`` for the stored request, and no failure on record.
 
     .venv/bin/python benchmarks/chaos.py                 # full size: 2,000 samples, 5 kills
     .venv/bin/python benchmarks/chaos.py --samples 150 --kills 2 --keep runs/chaos
@@ -46,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from regen.procs import kill_group, stop_group
+from regen.devkit.procs import kill_group, stop_group
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -160,7 +160,7 @@ def regen_cmd(manifest: Path, out: Path, url: str, address: str, *extra: str) ->
 
 def answer_config(options: dict[str, Any]) -> Any:
     """The simulator's AnswerConfig for ``options`` (parsed exactly as `regen simulate` does)."""
-    from regen.simulate.config import SimConfig
+    from regen.devkit.simulate.config import SimConfig
 
     return SimConfig.from_flat(options).answer
 
@@ -412,8 +412,8 @@ def stored_rows(out: Path) -> list[dict[str, Any]]:
 
 def verify(manifest_path: Path, out: Path, answer_cfg: Any) -> Verdict:
     """Compare the run directory with the manifest's input and the simulator's answers."""
+    from regen.devkit.simulate import answer
     from regen.manifest import load_manifest
-    from regen.simulate import answer
     from regen.sources import read_samples
     from regen.store import RunDir
     from regen.store.failures import read_failures
@@ -502,7 +502,7 @@ def chaos(
     timeout_s: float = 1200.0,
 ) -> tuple[Runs, Verdict, dict[str, Any]]:
     """The whole chaos run in ``work`` against the Ray cluster at ``address``."""
-    from regen.simulate.testing import running_simulator
+    from regen.devkit.simulate.testing import running_simulator
 
     src = write_sharegpt(work / "source.jsonl", samples, seed)
     manifest = write_manifest(work / "manifest.yaml", src)

@@ -27,10 +27,10 @@ import time
 from typing import Any
 
 from regen.client import ChatClient
+from regen.core.sample import Message, Sample
+from regen.devkit.simulate.testing import running_simulator
 from regen.engine.worker import SampleWorker
 from regen.manifest import Endpoint, parse_manifest
-from regen.sample import Message, Sample
-from regen.simulate.testing import running_simulator
 
 MODEL = "bench-target"
 

@@ -148,9 +148,9 @@ async def plain_pool(m: Any, url: str, samples: list[Any]) -> None:
     import aiohttp
 
     from regen.client import ChatClient
+    from regen.core.result import TurnResult
     from regen.engine.turns import regenerate
     from regen.manifest import Endpoint
-    from regen.result import TurnResult
 
     bodies = ChatClient.from_manifest(m, Endpoint(url=url))
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
@@ -202,7 +202,7 @@ OPENAI_KWARGS = frozenset(
 )  # fmt: skip
 #: a request of :func:`openai_pool_cpu`: a conversation (its assistant turns regenerated in
 #: order, each request carrying the previous answers, as regen does) or one request's messages
-Request = Any  # regen.sample.Sample | list[dict[str, Any]]
+Request = Any  # regen.core.sample.Sample | list[dict[str, Any]]
 
 
 def body_fields(m: Any, url: str) -> dict[str, Any]:
@@ -233,9 +233,9 @@ async def openai_pool(
     every process of this machine) at the first request sent and the last answer read."""
     import openai
 
+    from regen.core.result import TurnResult
+    from regen.core.sample import Sample, ToolCall
     from regen.engine.turns import regenerate
-    from regen.result import TurnResult
-    from regen.sample import Sample, ToolCall
 
     client = openai.AsyncOpenAI(base_url=url, api_key="unused")
     kwargs = {k: v for k, v in body.items() if k in OPENAI_KWARGS}
@@ -334,7 +334,7 @@ def openai_pool_cpu(
     against the OpenAI-compatible server at ``url`` (its ``/v1`` base), ``concurrency`` at a
     time, in one fresh process whose tree CPU is read from ``/proc`` (``_proctree``).
 
-    ``requests``: ``regen.sample.Sample`` conversations (every assistant turn regenerated in
+    ``requests``: ``regen.core.sample.Sample`` conversations (every assistant turn regenerated in
     order, as regen's actors do) and/or message lists (one request each). ``body``: the other
     request fields (:func:`body_fields` gives regen's for a manifest); every request is
     streamed with usage. Returns plain numbers: ``requests`` (sent, turns included),

@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 
 from monitor.render import render_text
-from monitor.synthetic import PRODUCTION_SOURCES, make_snapshot, write_parts, write_run_dir
+from regen.devkit.synthetic import PRODUCTION_SOURCES, make_snapshot, write_parts, write_run_dir
 from regen.status import RunView
 
 TARGET_MS = 200.0

@@ -31,8 +31,8 @@ import time
 from collections.abc import Iterator
 from itertools import accumulate
 
+from regen.core.sample import Message, Sample
 from regen.manifest import Dedup
-from regen.sample import Message, Sample
 from regen.sources.neardup import SEED, NearDuplicates, lsh_params, near_text, shingles
 
 VOCAB = [f"{chr(97 + i % 26)}{i:x}" for i in range(50_000)]

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import chaos
-from regen.procs import kill_group
+from regen.devkit.procs import kill_group
 
 #: the worker node's custom resource (marks it in the node list)
 WORKER_RESOURCE = "worker_node"
@@ -106,7 +106,7 @@ def node_loss(
 ) -> tuple[NodeLoss, chaos.Verdict]:
     """Start a worker node, run the job, kill the node once ``kill_after`` of it is stored."""
     sim_opts = {**SIM, **(sim or {})}
-    from regen.simulate.testing import running_simulator
+    from regen.devkit.simulate.testing import running_simulator
 
     src = chaos.write_sharegpt(work / "source.jsonl", samples, seed=1)
     manifest = chaos.write_manifest(work / "manifest.yaml", src, engine=ENGINE, name="node-loss")

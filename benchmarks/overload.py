@@ -69,10 +69,10 @@ def watch_health(progress: Path, stop: threading.Event, seen: dict[str, Any]) ->
 def overload_run(work: Path, fault: str, *, samples: int, address: str | None = None,
                  seed: int = 0) -> dict[str, Any]:  # fmt: skip
     """One run with ``fault`` ("503" or "429") overloads; returns the report."""
+    from regen.devkit.simulate.config import SimConfig
+    from regen.devkit.simulate.testing import running_simulator
     from regen.engine import RunOptions, run_job
     from regen.manifest import load_manifest
-    from regen.simulate.config import SimConfig
-    from regen.simulate.testing import running_simulator
     from regen.store import RunDir
 
     work.mkdir(parents=True, exist_ok=True)

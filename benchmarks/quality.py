@@ -4,7 +4,7 @@ ones.
 Normal answers (each checked as one regenerated turn with ``finish_reason`` stop or tool_calls):
 
 - ``demo``: every assistant turn of the demo sources (manifests/demo), the sources' own answers;
-- ``simulator``: regen.simulate's answer (called as a function) to every turn of the 1,500
+- ``simulator``: regen.devkit.simulate's answer (called as a function) to every turn of the 1,500
   conversations of benchmarks/_workload.py and of the demo, thinking on, max_tokens 4,096;
   answers cut at max_tokens are reported apart (they are truncated, not normal);
 - ``docs``: the Markdown descriptions of the installed packages (``*.dist-info/METADATA``),
@@ -20,8 +20,8 @@ to max_tokens, a paragraph repeated to max_tokens, a loop with a counter that ch
 that turns into a loop half-way, empty content after reasoning, reasoning cut at max_tokens, an
 answer in another script (languages), a refusal, tool calls with broken or undeclared arguments.
 
-The simulator's own degenerate answers (``--degenerate-rate 0.1``, regen.simulate.answer) over
-the same workload and demo turns, each kind counted apart, normal ones for false flags.
+The simulator's own degenerate answers (``--degenerate-rate 0.1``, regen.devkit.simulate.answer)
+over the same workload and demo turns, each kind counted apart, normal ones for false flags.
 
 Run: ``.venv/bin/python benchmarks/quality.py`` (~1-2 min). ``--examples N`` prints the first N
 false flags of each kind.
@@ -43,10 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _workload import make_rows
 
+from regen.devkit.simulate.answer import AnswerConfig, answer
 from regen.manifest import load_manifest
 from regen.quality import FLAGS, check_turn
 from regen.quality.script import FAMILY, dominant, letters
-from regen.simulate.answer import AnswerConfig, answer
 from regen.sources import read_samples
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,11 +19,11 @@ import tempfile
 import tracemalloc
 from pathlib import Path
 
+from regen.core.sample import Message, Sample
 from regen.engine.schedule import WorkQueue
 from regen.manifest import parse_manifest
 from regen.plan.packed import PackedSample, QueueItems, Spill
 from regen.plan.session import plan_session
-from regen.sample import Message, Sample
 
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon")
 

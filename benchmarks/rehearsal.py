@@ -96,7 +96,7 @@ from benchmarks._rehearsal_measure import (
     utilization,
 )
 from benchmarks._rehearsal_procs import Measured, ProcSampler, become_subreaper, run_measured
-from regen.procs import kill_group
+from regen.devkit.procs import kill_group
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent

@@ -54,11 +54,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _workload import MODEL, make_rows, write_workload
 
+from regen.devkit.procs import stop_group
+from regen.devkit.simulate.testing import running_simulator
 from regen.engine import RunOptions, run_job
 from regen.manifest import load_manifest
 from regen.plan.session import plan_session
-from regen.procs import stop_group
-from regen.simulate.testing import running_simulator
 from regen.sources import read_samples
 from regen.store import RunDir, layout
 from regen.store.counts import SourceCounts
@@ -137,7 +137,7 @@ def write_first_session_plan(m, manifest: Path, run: Path) -> float:
     plan.spill.close()
     code = (
         "import sys, time\n"
-        "from regen.engine.preflight import preflight\n"
+        "from regen.engine.failfast import preflight\n"
         "from regen.manifest import load_manifest\n"
         "from regen.store import RunDir, layout\n"
         "key = preflight(load_manifest(sys.argv[1], sys.argv[3:]))\n"

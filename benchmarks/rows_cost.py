@@ -5,8 +5,8 @@ Reads a run directory's parts (``RUN/parts/*.parquet``: each row's request messa
 server returned, its counts and ids), rebuilds every sample's turns from them (as
 ``regen.engine.turns.DoneTurn`` would hold them) and builds the rows again with the row builder
 of the ``regen`` that is imported, timing only that (``time.process_time``, every thread):
-``regen.rows.build_rows`` once per sample where it exists, else ``build_turn_row`` once per turn
-(the code before issue 16). Two modes: ``local`` (no server ids: render and encode) and
+``regen.engine.rows.build_rows`` once per sample where it exists, else ``build_turn_row`` once per
+turn (the code before issue 16). Two modes: ``local`` (no server ids: render and encode) and
 ``server`` (the row's prompt and response ids given as the server's, with ``<|im_end|>`` taken
 off where the row says it was added).
 
@@ -39,8 +39,8 @@ def turns_of(run_dir: Path, mode: str) -> tuple[Any, list[tuple[Any, list[tuple]
     """The run's manifest renderer input and every sample with its turns, in turn order."""
     import pyarrow.parquet as pq
 
-    from regen.result import TurnResult
-    from regen.sample import Sample, ToolCall
+    from regen.core.result import TurnResult
+    from regen.core.sample import Sample, ToolCall
 
     by_sample: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for part in sorted((run_dir / "parts").glob("*.parquet")):
@@ -83,7 +83,7 @@ def turns_of(run_dir: Path, mode: str) -> tuple[Any, list[tuple[Any, list[tuple]
 
 
 def child(args: argparse.Namespace) -> int:
-    import regen.rows as rows_mod
+    import regen.engine.rows as rows_mod
     from regen.manifest import load_manifest
     from regen.template.render import Renderer
 

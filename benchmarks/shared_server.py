@@ -47,11 +47,11 @@ from typing import Any
 from regen.client import RetryPolicy
 from regen.client.endpoints import EndpointInfo
 from regen.client.profiles.sglang import identity_of
+from regen.core.sample import Message, Sample
+from regen.devkit.simulate.testing import RunningSimulator, running_simulator
 from regen.engine.adaptive import split
 from regen.engine.worker import SampleWorker
 from regen.manifest import Manifest, parse_manifest
-from regen.sample import Message, Sample
-from regen.simulate.testing import RunningSimulator, running_simulator
 
 MODEL = "sim/shared"
 SLOTS = 16

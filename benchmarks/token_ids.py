@@ -5,7 +5,7 @@ One ``regen simulate`` subprocess with the demo's tiny Kimi tokenizer (so it ret
 ids) and its capacity model (``--slots`` batch slots, one step every ``--step-ms``) serves
 the three modes in turn, each on a fresh copy of the same samples (the server's per-request
 counters are reset between modes). Each mode runs regen's own per-actor path:
-:class:`regen.engine.worker.SampleWorker` with the real row builder (``regen.rows``: the
+:class:`regen.engine.worker.SampleWorker` with the real row builder (``regen.engine.rows``: the
 local render, and the cross-check of server ids), ``--concurrency`` samples in flight.
 
 Printed per mode: client CPU seconds per 1,000 requests (this process: HTTP, SSE parsing,
@@ -30,10 +30,10 @@ from typing import Any
 
 from client_cost import cpu_s, manifest
 
+from regen.core.sample import Message, Sample
+from regen.devkit.simulate.testing import running_simulator
 from regen.engine.worker import SampleWorker
 from regen.manifest import Endpoint
-from regen.sample import Message, Sample
-from regen.simulate.testing import running_simulator
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"

@@ -43,12 +43,12 @@ from _eventsim import bounds, chains
 from _workload import Measured, fleet, write_workload
 
 from regen.client import ChatClient
+from regen.core.sample import Sample
+from regen.devkit.simulate import AnswerConfig
 from regen.engine import RunOptions, run_job
 from regen.engine.schedule import WorkQueue
 from regen.engine.turns import regenerate
 from regen.manifest import Endpoint, Manifest, load_manifest
-from regen.sample import Sample
-from regen.simulate import AnswerConfig
 from regen.sources import read_samples
 from regen.store import RunDir
 

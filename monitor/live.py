@@ -21,7 +21,7 @@ from rich.text import Text
 
 from monitor.plain import log_line
 from monitor.render import frame, make_console
-from regen.errors import RegenError
+from regen.core.errors import RegenError
 from regen.status import STALL_AFTER_S, RunNumbers, RunView
 
 log = logging.getLogger(__name__)

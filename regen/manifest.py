@@ -15,9 +15,9 @@ from urllib.parse import urlsplit, urlunsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
+from regen.core.sample import stable_hash
 from regen.quality.config import DEFAULT_DROP_FLAGS, QualityConfig, parse_flags
-from regen.sample import stable_hash
 from regen.targets import FIRST_FAMILY, UNKNOWN, Family, target_family, valid_name
 
 ADAPTERS = (
@@ -383,7 +383,7 @@ class Manifest(Strict):
 
     def settings_id(self) -> str:
         """A short id of :meth:`settings_payload`: what every regenerated row records in its
-        ``settings`` column (regen.rows), so that rows made under other settings (``regen run
+        ``settings`` column (regen.engine.rows), so that rows made under other settings (``regen run
         --force``) can be told apart and filtered (``regen export --setting ID``)."""
         return stable_hash(self.settings_payload(), n=SETTINGS_ID_CHARS)
 

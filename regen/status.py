@@ -54,7 +54,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
-from regen.errors import RunDirError
+from regen.core.errors import RunDirError
 from regen.store import RunDir, layout
 from regen.store.counts import SourceCounts
 from regen.store.layout import LockRecord, PartRecord, RunRecord

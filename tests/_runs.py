@@ -13,10 +13,10 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from regen.devkit.simulate import answer
 from regen.manifest import Manifest
 from regen.plan.attempts import attempt_seed
 from regen.plan.index import native_check
-from regen.simulate import answer
 from regen.sources import read_samples
 from regen.store import RunDir, layout
 
@@ -35,7 +35,7 @@ def copy_demo(tmp: Path) -> Path:
 
 
 def sim_answer_config(options: dict[str, Any]):
-    from regen.simulate.config import SimConfig
+    from regen.devkit.simulate.config import SimConfig
 
     return SimConfig.from_flat(options).answer
 

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from regen.procs import stop_group
+from regen.devkit.procs import stop_group
 
 #: moto_server with S3's atomic conditional writes (moto checks, then writes, unlocked)
 SERVER = Path(__file__).resolve().parent / "_moto_server.py"

@@ -1,6 +1,6 @@
 """A scripted HTTP server on 127.0.0.1: answers request i with step i, for transport tests.
 
-Where :mod:`regen.simulate.server` models SGLang, this one replays exactly what a test
+Where :mod:`regen.devkit.simulate.server` models SGLang, this one replays exactly what a test
 scripts, byte for byte: a status with a JSON or SSE body (e.g. responses built and serialized
 by SGLang's own models in tests/contract), a stream cut after some bytes, a stall before the
 answer, or a connection dropped before any byte. Every request's path, headers and body are

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import pytest
 
-from regen.procs import stop_group
+from regen.devkit.procs import stop_group
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -206,8 +206,8 @@ def ray_head(ray_env: dict[str, str]) -> Iterator[RayHead]:
 
 @pytest.fixture(scope="session")
 def demo_target() -> Path:
-    """The demo target (regen.serving.demo_target), built once per checkout into
+    """The demo target (regen.devkit.demo_target), built once per checkout into
     ``.cache/demo-model``: the build ``./scripts/demo`` serves (its key decides reuse)."""
-    from regen.serving import build_demo_target
+    from regen.devkit.servers import build_demo_target
 
     return build_demo_target(REPO / ".cache" / "demo-model", REPO / "manifests" / "demo.yaml")

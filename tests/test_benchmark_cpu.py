@@ -15,8 +15,8 @@ import pytest
 
 from benchmarks import cpu
 from benchmarks._workload import MODEL, TOKENIZER, write_workload
+from regen.devkit.simulate.testing import running_simulator
 from regen.manifest import load_manifest
-from regen.simulate.testing import running_simulator
 from regen.sources import read_samples
 
 pytestmark = pytest.mark.slow

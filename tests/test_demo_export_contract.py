@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from regen.cli.main import main as regen_main
-from regen.simulate.testing import running_simulator
+from regen.devkit.simulate.testing import running_simulator
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 

@@ -17,7 +17,7 @@ import pytest
 
 from regen.cli import main as cli_main
 from regen.cli.main import build_parser
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")

@@ -9,13 +9,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
+from regen.core.result import TurnResult
+from regen.core.sample import Message, Sample, ToolCall
+from regen.engine.rows import build_turn_row, native_row
 from regen.export import ExportSettings, export_run
-from regen.native import VocabInfo, validate_native
 from regen.quality import DEFAULT_DROP_FLAGS
-from regen.result import TurnResult
-from regen.rows import build_turn_row, native_row
-from regen.sample import Message, Sample, ToolCall
+from regen.sources.native import VocabInfo, validate_native
 from regen.store import RunDir, layout
 from regen.store.schema import rows_to_table as table_of
 from regen.targets.kimi import KIMI
@@ -591,7 +591,7 @@ def test_cli_holdout_and_bench_finds_it(
     sends exactly those prompts to both servers."""
     from regen.bench.report import read_report
     from regen.cli.main import main
-    from regen.simulate.testing import simulator_in_thread
+    from regen.devkit.simulate.testing import simulator_in_thread
     from regen.store.holdout import holdout_path, read_prompts
 
     run = tmp_path / "run"

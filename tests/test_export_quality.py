@@ -10,11 +10,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
+from regen.core.result import TurnResult
+from regen.core.sample import ATTEMPT_META, Message, Sample
+from regen.engine.rows import build_turn_row
 from regen.export import ExportSettings, export_run
-from regen.result import TurnResult
-from regen.rows import build_turn_row
-from regen.sample import ATTEMPT_META, Message, Sample
 from regen.store import RunDir
 from regen.store.schema import ADDED_COLUMNS
 from regen.store.schema import rows_to_table as table_of

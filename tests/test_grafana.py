@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from regen.client.metrics import parse_page
+from regen.client.server_load import parse_page
+from regen.devkit.simulate.config import SimConfig
+from regen.devkit.simulate.metrics_page import SimMetrics
+from regen.devkit.simulate.scheduler import Scheduler
+from regen.devkit.simulate.testing import EAGLE3_OPTIONS
 from regen.engine.metrics import METRICS
-from regen.simulate.config import SimConfig
-from regen.simulate.metrics import SimMetrics
-from regen.simulate.scheduler import Scheduler
-from regen.simulate.testing import EAGLE3_OPTIONS
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "grafana" / "regen.json"
 ALERTS = DASHBOARD.with_name("regen-alerts.yml")

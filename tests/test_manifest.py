@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-from regen.errors import ConfigError, RegenError, SourceError
+from regen.core.errors import ConfigError, RegenError, SourceError
+from regen.core.sample import stable_hash
 from regen.manifest import load_manifest
 from regen.quality import DEFAULT_DROP_FLAGS, FLAGS
-from regen.sample import stable_hash
 from regen.sources import read_samples
 
 REPO = Path(__file__).resolve().parents[1]
@@ -284,7 +284,7 @@ def test_dedup_defaults_and_fingerprint(tmp_path: Path) -> None:
 
 
 def test_changed_dedup_refuses_a_resume_unless_forced(tmp_path: Path) -> None:
-    from regen.errors import FingerprintMismatchError
+    from regen.core.errors import FingerprintMismatchError
     from regen.store import RunDir, layout
     from regen.store.run import prepare_run
 
@@ -304,7 +304,7 @@ def test_changed_dedup_refuses_a_resume_unless_forced(tmp_path: Path) -> None:
 
 
 def test_a_run_made_before_near_dup_resumes_with_near_off(tmp_path: Path) -> None:
-    from regen.errors import FingerprintMismatchError
+    from regen.core.errors import FingerprintMismatchError
     from regen.store import RunDir, layout
     from regen.store.run import prepare_run
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from regen.errors import TemplateError
-from regen.native import VocabInfo, validate_native
-from regen.sample import Sample
+from regen.core.errors import TemplateError
+from regen.core.sample import Sample
+from regen.devkit.tokenizers.demo_native import write_demo_native
+from regen.devkit.tokenizers.tiny import VOCAB_SIZE
+from regen.sources.native import VocabInfo, validate_native
 from regen.targets.kimi import KIMI
-from regen.template.demo_native import write_demo_native
-from regen.template.tiny import VOCAB_SIZE
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from regen.procs import kill_group, stop_group
+from regen.devkit.procs import kill_group, stop_group
 
 #: a leader that ignores SIGTERM and starts a grandchild that does too
 STUBBORN = (

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from regen.errors import RunDirError
+from regen.core.errors import RunDirError
 from regen.store import RunDir, layout
 from regen.store.counts import SourceCounts
 from regen.store.progress import (

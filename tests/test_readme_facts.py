@@ -39,7 +39,7 @@ def test_the_demo_export_has_one_location() -> None:
     docs = [README, *(p.read_text(encoding="utf-8") for p in (REPO / "docs").glob("*.md"))]
     assert not any("runs/demo/export" in text for text in docs)
     assert "runs/demo-export" in README
-    demo = (REPO / "regen" / "cli" / "demo.py").read_text(encoding="utf-8")
+    demo = (REPO / "regen" / "devkit" / "commands" / "demo.py").read_text(encoding="utf-8")
     assert '-export"' in demo  # its default: RUN_DIR-export, runs/demo-export
 
 

@@ -8,15 +8,14 @@ import pytest
 from _scripted import Reply, ScriptedServer
 
 from regen.client import EndpointInfo, status_error
-from regen.errors import (
+from regen.core.errors import (
     ConnectError,
     ContextLengthError,
     NoEndpointLeftError,
     RateLimitedError,
     ServerError,
 )
-from regen.manifest import Endpoint, Engine
-from regen.router import (
+from regen.engine.router import (
     DOWN,
     HALF_OPEN,
     OVERLOAD_COOL_MAX_S,
@@ -26,6 +25,7 @@ from regen.router import (
     EndpointRouter,
     http_probe,
 )
+from regen.manifest import Endpoint, Engine
 
 A, B, C = "http://a:1/v1", "http://b:1/v1", "http://c:1/v1"
 
@@ -64,7 +64,7 @@ def test_weights_shift_traffic():
 
 
 def test_a_server_busy_with_other_clients_gets_less():
-    from regen.client.metrics import ServerLoad
+    from regen.client.server_load import ServerLoad
 
     r = router(A, B)
     held = r.try_acquire("mine")  # one of ours on A
@@ -390,7 +390,7 @@ def refusal(url: str, status: int = 403) -> Exception:
 def test_a_refusal_takes_the_endpoint_out_at_once_with_one_line(caplog):
     r = router(A, B)
     lease = r.try_acquire("s0")
-    with caplog.at_level("WARNING", logger="regen.router"):
+    with caplog.at_level("WARNING", logger="regen.engine.router"):
         r.release(lease, refusal(A))
     assert r.state(A) == REFUSED and r.healthy_urls() == [B]
     lines = [rec.getMessage() for rec in caplog.records]
@@ -461,7 +461,7 @@ def test_a_permanent_error_is_not_a_refusal():
 
 
 def test_a_stalled_samples_retry_goes_elsewhere_and_never_back_while_another_is_up():
-    from regen.errors import StallError
+    from regen.core.errors import StallError
 
     r = router(A, B)
     first = r.try_acquire("s")
@@ -480,7 +480,7 @@ def test_a_stalled_samples_retry_goes_elsewhere_and_never_back_while_another_is_
 
 
 def test_an_avoided_endpoint_serves_the_sample_when_no_other_is_up():
-    from regen.errors import StallError
+    from regen.core.errors import StallError
 
     r = router(A, B, failure_threshold=1)
     r.avoid("s", A)
@@ -494,8 +494,8 @@ def test_an_avoided_endpoint_serves_the_sample_when_no_other_is_up():
 
 
 def test_two_stalls_in_a_row_take_an_endpoint_out_as_stalled_and_a_probe_brings_it_back():
-    from regen.errors import StallError
-    from regen.router import STALL_STREAK, STALLED
+    from regen.core.errors import StallError
+    from regen.engine.router import STALL_STREAK, STALLED
 
     clock = Clock()
     ok = {"answer": False}
@@ -525,7 +525,7 @@ def test_two_stalls_in_a_row_take_an_endpoint_out_as_stalled_and_a_probe_brings_
 
 
 def test_a_success_between_stalls_keeps_the_endpoint_in():
-    from regen.errors import StallError
+    from regen.core.errors import StallError
 
     r = router(A)
     r.release(r.try_acquire("s0"), StallError("x", endpoint=A))
@@ -535,7 +535,7 @@ def test_a_success_between_stalls_keeps_the_endpoint_in():
 
 
 def test_the_worst_state_is_what_a_view_of_several_workers_shows():
-    from regen.router import worse
+    from regen.engine.router import worse
 
     assert worse(None, "up") == "up"
     assert worse("up", "stalled") == "stalled"

@@ -10,10 +10,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from regen.errors import RowError, TemplateError
-from regen.result import TurnResult
-from regen.rows import build_rows, build_turn_row, count_check, native_row, token_check_counts
-from regen.sample import Message, Sample, ToolCall
+from regen.core.errors import RowError, TemplateError
+from regen.core.result import TurnResult
+from regen.core.sample import Message, Sample, ToolCall
+from regen.engine.rows import (
+    build_rows,
+    build_turn_row,
+    count_check,
+    native_row,
+    token_check_counts,
+)
 from regen.store.schema import COLUMNS, SCHEMA, rows_to_table
 from regen.template.render import Renderer
 
@@ -266,8 +272,8 @@ def test_flags_outrank_the_count(renderer: Renderer) -> None:
 
 
 def test_every_row_carries_the_quality_columns_and_its_attempt(renderer: Renderer) -> None:
+    from regen.core.sample import ATTEMPT_META
     from regen.quality import COLUMNS as QUALITY
-    from regen.sample import ATTEMPT_META
 
     loop = "Wait, let me check the value again. " * 30
     request = [Message("user", "What is the value of the cache after three steps?")]

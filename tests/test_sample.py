@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from regen.sample import Message, Rejection, Sample, ToolCall, make_sample_id, stable_hash
+from regen.core.sample import Message, Rejection, Sample, ToolCall, make_sample_id, stable_hash
 
 
 def conv(*texts: str) -> list[Message]:
@@ -86,7 +86,7 @@ def test_rejection_text_names_source_row_and_field() -> None:
 def test_pickle_round_trip_keeps_every_field_and_the_hash() -> None:
     import pickle
 
-    from regen.sample import Message, Sample, ToolCall
+    from regen.core.sample import Message, Sample, ToolCall
 
     calls = (ToolCall("c1", "f", '{"a": 1}'),)
     s = Sample("x:1", "x", [Message("system", "sys"), Message("user", "q", name="u"),

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from monitor.synthetic import make_snapshot, write_run_dir
-from regen.errors import RunDirError
+from regen.core.errors import RunDirError
+from regen.devkit.synthetic import make_snapshot, write_run_dir
 from regen.status import (
     STALL_AFTER_S,
     Rate,
@@ -452,8 +452,8 @@ def test_progress_of_another_version_is_unknown_and_says_so(tmp_path: Path) -> N
 def _stored_run(tmp_path: Path) -> Path:
     """A finished run directory as the store writes it: two parts with records, plan.json,
     progress.json (12 samples of sources a and b, all done)."""
-    from regen.rows import native_row
-    from regen.sample import Sample
+    from regen.core.sample import Sample
+    from regen.engine.rows import native_row
     from regen.store import RunDir, layout
     from regen.store.completed import CompletedSample
     from regen.store.layout import PlanEntry, PlanRecord

@@ -26,7 +26,7 @@ from typing import Any
 
 from regen.client.stream import StreamAccumulator
 from regen.client.transport import ChatTransport
-from regen.errors import RequestError, StreamCutError
+from regen.core.errors import RequestError, StreamCutError
 
 #: each level cycles through the prompts until at least this many × concurrency requests went
 #: out, so the batch stays full for most of the level

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
 from regen.store.holdout import BenchPrompt
 
 

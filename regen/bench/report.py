@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
 from regen.manifest import config_error
 
 SCHEMA_VERSION = 1
@@ -92,7 +92,7 @@ class LevelStats(_Strict):
     requests: int
     #: requests that finished with usage
     ok: int
-    #: failed requests by error class (regen.errors kinds)
+    #: failed requests by error class (regen.core.errors kinds)
     errors: dict[str, int] = Field(default_factory=dict)
     #: seconds from the first request sent to the last one finished
     wall_s: float

@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from regen.bench.report import BenchReport
-from regen.errors import ConfigError
-from regen.train.serving import LOW_ACCEPT_LENGTH
+from regen.core.errors import ConfigError
+from regen.serve.sglang import LOW_ACCEPT_LENGTH
 
 
 @dataclass(slots=True)

@@ -2,8 +2,8 @@
 their running acceptance length.
 
 The speculative server must run exactly ``EAGLE3`` (and, with ``--draft``, that draft): the
-same checks ``regen verify-server`` makes (:func:`regen.train.serving.check_server_info` for
-SGLang, :func:`regen.train.vllm_serving.verify_vllm_server` for vLLM, whose /metrics counters
+same checks ``regen verify-server`` makes (:func:`regen.serve.sglang.check_server_info` for
+SGLang, :func:`regen.serve.vllm.verify_vllm_server` for vLLM, whose /metrics counters
 and draft config stand in for the /server_info it does not have), but a trap found here is
 recorded as a finding instead of stopping the bench, since measuring a misconfigured server
 is what shows the damage. The baseline server must not speculate at all. Owns no files.
@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 from regen.bench.report import ServerFlags
 from regen.client.server_info import fetch_server_info
-from regen.errors import EndpointError, RegenError, TrapError
+from regen.core.errors import EndpointError, RegenError, TrapError
 from regen.manifest import public_url
-from regen.train import vllm_serving
-from regen.train.serving import accept_lengths, check_server_info
+from regen.serve import vllm as vllm_serving
+from regen.serve.sglang import accept_lengths, check_server_info
 
 Role = Literal["baseline", "speculative"]
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from regen.bench.load import LevelRun, RequestRecord
 from regen.bench.report import AcceptMethod, Crossover, LevelResult, LevelStats
-from regen.train.vllm_serving import SpecCounters
+from regen.serve.vllm import SpecCounters
 
 #: a window's acceptance below this is inconsistent counters, not a measurement (1.0 is the
 #: floor; SGLang's counter lag can pull an honest 1.0 a little below it)
@@ -120,7 +120,7 @@ class AcceptWindow:
 @dataclass(slots=True)
 class CounterWindow:
     """vLLM's speculative counters around a window of bench traffic (``before`` / ``after``:
-    regen.train.vllm_serving.SpecCounters; None where they could not be read)."""
+    regen.serve.vllm.SpecCounters; None where they could not be read)."""
 
     before: SpecCounters | None
     after: SpecCounters | None

@@ -4,7 +4,7 @@ The rules, in the order they are reported:
 
 - ``eagle-vs-eagle3`` / ``wrong-draft`` / ``baseline-speculates`` / ``flags-unchecked``: what
   the flags check found (the same check as ``regen verify-server``).
-- ``draft-not-used``: acceptance at or below 1.1 (``regen.train.serving.LOW_ACCEPT_LENGTH``):
+- ``draft-not-used``: acceptance at or below 1.1 (``regen.serve.sglang.LOW_ACCEPT_LENGTH``):
   every step keeps only the bonus token. "Is the algorithm EAGLE instead of EAGLE3?"
 - ``speedup``: the headline — speedup at the lowest and the highest level and where to serve
   it: up to the crossover, at every level, or nowhere; within ±3% of 1 everywhere it says
@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from regen.bench.report import BenchReport, Severity, SourceResult, Verdict
-from regen.train.serving import LOW_ACCEPT_LENGTH
+from regen.serve.sglang import LOW_ACCEPT_LENGTH
 
 #: what the data of each adapter is, for the verdicts' words
 ADAPTER_KINDS = {

@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
 
 
 def add_override_argument(p: argparse.ArgumentParser) -> None:

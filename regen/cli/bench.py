@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     from regen.bench.report import BENCH_JSON, BenchSettings, write_report
     from regen.bench.runner import BenchOptions, check_options, run_bench
     from regen.bench.summary import summarize
-    from regen.errors import ConfigError
+    from regen.core.errors import ConfigError
     from regen.manifest import Sampling, config_error, load_manifest
     from regen.store.holdout import holdout_path, read_prompts
 

@@ -5,7 +5,7 @@ the README: :data:`EXIT_DONE` 0 (every sample done or permanently failed, and co
 :data:`EXIT_FAILED` 1 (`regen verify` found damage, a training job failed, a bug's traceback),
 :data:`EXIT_CONFIG` 2 (a regen error, such as a bad manifest or no usable endpoint at start:
 one line on stderr), :data:`EXIT_LEFT` 75 (samples are left for the next run: run the same
-command again; :class:`regen.errors.RunIncompleteError`, or transient failures left; sysexits'
+command again; :class:`regen.core.errors.RunIncompleteError`, or transient failures left; sysexits'
 EX_TEMPFAIL), :data:`EXIT_INTERRUPTED` 130 (Ctrl-C, SIGTERM).
 """
 
@@ -18,6 +18,7 @@ import os
 import pkgutil
 import sys
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from types import ModuleType
 
 from rich.console import Console
@@ -25,7 +26,7 @@ from rich.markup import escape
 
 import regen
 import regen.cli
-from regen.errors import RegenError, RunIncompleteError
+from regen.core.errors import RegenError, RunIncompleteError
 
 log = logging.getLogger("regen")
 
@@ -36,15 +37,23 @@ EXIT_LEFT = 75
 EXIT_INTERRUPTED = 130
 
 
+#: the entry-point group of commands that live outside regen.cli (pyproject.toml)
+COMMANDS_GROUP = "regen.commands"
+
+
 def _commands() -> list[ModuleType]:
+    """The command modules: regen.cli's own, and those other packages declare under the
+    ``regen.commands`` entry points (the devkit's ``demo`` and ``simulate``), never imported
+    by name here."""
     mods = []
     for info in pkgutil.iter_modules(regen.cli.__path__):
         if info.name.startswith("_") or info.name == "main":
             continue
-        mod = importlib.import_module(f"regen.cli.{info.name}")
-        if hasattr(mod, "NAME") and hasattr(mod, "run"):
-            mods.append(mod)
-    return sorted(mods, key=lambda m: m.NAME)
+        mods.append(importlib.import_module(f"regen.cli.{info.name}"))
+    for ep in entry_points(group=COMMANDS_GROUP):
+        mods.append(importlib.import_module(ep.value))
+    mods = [m for m in mods if hasattr(m, "NAME") and hasattr(m, "run")]
+    return sorted({m.NAME: m for m in mods}.values(), key=lambda m: m.NAME)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
 
 NAME = "monitor"
 HELP = "live dashboard of a run directory (local path or pyarrow URI), while it runs or after"

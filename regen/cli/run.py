@@ -107,8 +107,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
+    from regen.core.errors import ConfigError
     from regen.engine import RunOptions
-    from regen.errors import ConfigError
     from regen.quality import parse_flags
 
     if args.limit is not None and args.limit < 0:
@@ -137,7 +137,7 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
 def with_endpoint_keys(manifest: Manifest, args: argparse.Namespace) -> Manifest:
     """The manifest with ``--endpoint`` URLs as endpoints carrying the ``--api-key-env`` /
     ``--api-key-file`` key (the driver takes endpoints given by URL from the manifest)."""
-    from regen.errors import ConfigError
+    from regen.core.errors import ConfigError
     from regen.manifest import Endpoint
 
     keys = api_key_fields(args)
@@ -236,8 +236,8 @@ def execute(args: argparse.Namespace, *, view: bool = True) -> int:
 
 def _start_metrics(out: str, port: int | None):  # -> RunMetrics
     """regen's metrics for the run in ``out`` (through Ray; on 127.0.0.1:``port`` too)."""
+    from regen.core.errors import ConfigError
     from regen.engine.metrics import start_run_metrics
-    from regen.errors import ConfigError
 
     if port is not None and not 0 <= port <= 65535:
         raise ConfigError(f"--metrics-port {port} is not a port", field="--metrics-port")

@@ -1,6 +1,6 @@
 """`regen serve-command DRAFT_DIR`: print the SGLang and the vLLM command that serve the trained
 draft (``--engine`` picks one). The vLLM command serves a copy of the draft whose aux-layer ids
-are in vLLM's numbering (regen.train.vllm_serving.write_vllm_draft), written by this command
+are in vLLM's numbering (regen.serve.vllm.write_vllm_draft), written by this command
 next to the draft (or to ``--vllm-draft-dir``)."""
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from monitor.render import make_console
-    from regen.errors import ConfigError
+    from regen.core.errors import ConfigError
+    from regen.serve.sglang import check_draft_dir, serve_argv
     from regen.train.config import ServingSpec, load_train_config
-    from regen.train.serving import check_draft_dir, serve_argv
 
     _require_draft(args.draft_dir)
     cfg = load_train_config(args.config) if args.config else None
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             out.print("# SGLang", highlight=False)
         out.print(escape(shlex.join(argv)), highlight=False, soft_wrap=True)
     if args.engine in ("all", "vllm"):
-        from regen.train import vllm_serving
+        from regen.serve import vllm as vllm_serving
 
         try:
             copy = vllm_serving.write_vllm_draft(args.draft_dir, args.vllm_draft_dir)
@@ -126,7 +126,7 @@ def _require_draft(draft_dir: str) -> None:
     (run serve-command where the checkpoint is; the vLLM command needs it to write its copy)."""
     from pathlib import Path
 
-    from regen.errors import ConfigError
+    from regen.core.errors import ConfigError
 
     path = Path(draft_dir).expanduser()
     if not path.is_dir():

@@ -2,7 +2,7 @@
 
 SGLang: its ``/server_info`` (algorithm, draft path, tuning, running acceptance). vLLM: what it
 exposes (``/metrics`` counters, dev-mode config) and the draft's own config (its aux-layer
-numbering); what vLLM does not show is printed as unchecked (regen.train.vllm_serving)."""
+numbering); what vLLM does not show is printed as unchecked (regen.serve.vllm)."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from monitor.render import make_console
     from regen.client import resolve_api_key, server_root
     from regen.manifest import Endpoint
-    from regen.train.serving import LOW_ACCEPT_LENGTH, verify_any
-    from regen.train.vllm_serving import VllmCheck
+    from regen.serve.sglang import LOW_ACCEPT_LENGTH, verify_any
+    from regen.serve.vllm import VllmCheck
 
     keys = api_key_fields(args)
     key = resolve_api_key(Endpoint(url=server_root(args.url), **keys)) if keys else None
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_vllm(out: Console, check: object, low: float) -> int:
-    from regen.train.vllm_serving import VllmCheck
+    from regen.serve.vllm import VllmCheck
 
     assert isinstance(check, VllmCheck)
     draft = check.draft

@@ -20,7 +20,7 @@ endpoint check); ``sampling.token_ids`` chooses the path:
 
 An endpoint of no known engine (:data:`regen.client.profiles.OPENAI`, e.g. ``transformers
 serve``, which refuses unknown fields with 422) is never asked for ids and streams. Every
-result names the engine and its version (:class:`regen.result.TurnResult`, then each row).
+result names the engine and its version (:class:`regen.core.result.TurnResult`, then each row).
 Failures become regen errors (:mod:`regen.client.errors`); retries follow
 :class:`regen.client.retry.RetryPolicy`. The API key is read from the endpoint's
 ``api_key_env`` / ``api_key_file``, sent as a bearer token and never logged nor put in an error.
@@ -41,16 +41,16 @@ from regen.client.profiles import EngineProfile, profile_named
 from regen.client.retry import FailureHook, RetryPolicy
 from regen.client.stream import StreamAccumulator, usage_fields
 from regen.client.transport import ChatTransport
-from regen.errors import (
+from regen.core.errors import (
     ConfigError,
     InvalidTextError,
     PermanentError,
     ServerError,
     StreamCutError,
 )
+from regen.core.result import TurnResult
+from regen.core.sample import ToolCall, lone_surrogate
 from regen.manifest import Endpoint, Manifest, Sampling, public_url
-from regen.result import TurnResult
-from regen.sample import ToolCall, lone_surrogate
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +261,7 @@ class ChatClient:
     ) -> TurnResult:
         """One try, no retry (``seed``: see :meth:`request_body`; ``beat``: a
         regen.engine.stall.Beat the stream's pieces are counted on). Raises a
-        :class:`regen.errors.RequestError` subclass on failure."""
+        :class:`regen.core.errors.RequestError` subclass on failure."""
         body = self.request_body(messages, tools, seed=seed)
         start = self._clock()
         try:
@@ -336,7 +336,7 @@ class ChatClient:
 
 def _check_text(result: TurnResult, url: str) -> None:
     """An answer whose text is not valid Unicode (a lone surrogate) cannot become a row: the
-    sample fails with :class:`InvalidTextError` naming the field (regen.sample's rule)."""
+    sample fails with :class:`InvalidTextError` naming the field (regen.core.sample's rule)."""
     fields = [("content", result.content), ("reasoning", result.reasoning or "")]
     for i, c in enumerate(result.tool_calls):
         fields += [(f"tool_calls[{i}].name", c.name), (f"tool_calls[{i}].arguments", c.arguments),

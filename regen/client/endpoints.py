@@ -31,7 +31,7 @@ from typing import Any
 from regen.client.chat import auth_headers, resolve_api_key
 from regen.client.errors import url_hint
 from regen.client.profiles import identify
-from regen.errors import EndpointError
+from regen.core.errors import EndpointError
 from regen.manifest import Endpoint, Sampling, public_url
 
 log = logging.getLogger(__name__)

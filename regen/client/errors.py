@@ -33,7 +33,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from regen.errors import (
+from regen.core.errors import (
     ConnectError,
     ContextLengthError,
     EndpointFaultError,

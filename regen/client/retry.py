@@ -1,6 +1,6 @@
 """Retry policy for one request: capped exponential backoff with jitter, honouring Retry-After.
 
-Only :class:`regen.errors.TransientError` is retried. The wait before retry ``n`` (``n`` = the
+Only :class:`regen.core.errors.TransientError` is retried. The wait before retry ``n`` (``n`` = the
 number of the attempt that just failed, from 1) is::
 
     base = min(backoff_max_s, backoff_initial_s * 2 ** (n - 1))
@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
-from regen.errors import TransientError
+from regen.core.errors import TransientError
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import urllib.request
 from typing import Any
 
 from regen.client.endpoints import server_root
-from regen.errors import EndpointError
+from regen.core.errors import EndpointError
 
 
 def fetch_server_info(

@@ -52,7 +52,7 @@ from json.decoder import scanstring
 from typing import Any
 
 from regen.client.errors import stream_error
-from regen.sample import ToolCall
+from regen.core.sample import ToolCall
 
 
 @dataclass(slots=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 from regen.client.errors import body_message, map_error, not_protocol, status_error, stream_error
 from regen.client.stream import StreamAccumulator
-from regen.errors import RegenError
+from regen.core.errors import RegenError
 
 #: bytes of an answer that is not the protocol read to name it
 PROBE_BYTES = 4096

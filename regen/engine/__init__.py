@@ -4,7 +4,7 @@
 - :mod:`regen.engine.worker`: ``SampleWorker`` (clients, router, C slots, rows) in one actor.
 - :mod:`regen.engine.actor`: the Ray actor around it.
 - :mod:`regen.engine.tracker`: counters → the progress file.
-- :mod:`regen.engine.preflight`: configuration checks before anything starts (fail fast).
+- :mod:`regen.engine.failfast`: configuration checks before anything starts (fail fast).
 - :mod:`regen.plan.session`: the session's plan and its record.
 - :mod:`regen.engine.pool`: ``WorkerPool`` (Ray actors, or SampleWorkers in this process).
 - :mod:`regen.engine.dispatch`: the dispatch loop (feed, requeue, respawn) over a pool.

@@ -34,7 +34,7 @@ worker's slots). Unset (the default), the limits are automatic: the server's slo
 :data:`DEFAULT_CONCURRENCY` split over the endpoints when a server reports none.
 :func:`describe_limit` is the start-up line's account of which limit won.
 
-**The server's own queue**, where its ``/metrics`` page is read (regen.client.metrics, every
+**The server's own queue**, where its ``/metrics`` page is read (regen.client.server_load, every
 few seconds off the request path): each reading moves the limit so that the server's batch
 is full and its queue, every client's requests included, holds :func:`target_queue` requests
 (a small, non-empty queue: a finished request's slot is refilled at the server's next step,

@@ -17,7 +17,7 @@ run, objects on an event loop in unit tests):
 - a worker with no endpoint left (every one refused: 401, 403, 404, not the protocol) answers
   its samples ``unsent`` (not recorded: not the samples' fault): the loop feeds no more,
   records what the workers still finish (answers already streaming, rows being built) for up
-  to ``DRAIN_S``, then cancels the rest and raises :class:`~regen.errors.NoEndpointLeftError`
+  to ``DRAIN_S``, then cancels the rest and raises :class:`~regen.core.errors.NoEndpointLeftError`
   (a rerun continues);
 - ``stop`` set: cancel what is in flight and return ``"interrupted"``.
 """
@@ -30,11 +30,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from regen.core.errors import ConfigError, NoEndpointLeftError, RunIncompleteError
 from regen.engine.pool import Worker, WorkerPool
 from regen.engine.schedule import WorkQueue
 from regen.engine.wire import PackedOutcome
 from regen.engine.worker import SampleOutcome
-from regen.errors import ConfigError, NoEndpointLeftError, RunIncompleteError
 
 log = logging.getLogger(__name__)
 

@@ -3,12 +3,12 @@
 Files (through :mod:`regen.store`; names in :mod:`regen.store.layout`): the lock (held for the
 session), run.json and manifest.yaml (:func:`regen.store.run.prepare_run`), plan.json
 and plan/ (:mod:`regen.plan.session`, :mod:`regen.store.planned`), checks.json
-(:mod:`regen.engine.preflight`), journal/, parts/ and their records, quarantine/
+(:mod:`regen.engine.failfast`), journal/, parts/ and their records, quarantine/
 (:mod:`regen.store.segments`, :mod:`regen.store.parts`, :mod:`regen.store.doneset`),
 failures/ (:mod:`regen.store.failures`), schedule.json, progress.json
 (:class:`regen.engine.tracker.ProgressTracker`, every ~2 s and once at the end).
 
-Flow: fail-fast checks (:mod:`regen.engine.preflight`: the run directory's path, source paths,
+Flow: fail-fast checks (:mod:`regen.engine.failfast`: the run directory's path, source paths,
 tokenizer, one render per source, the last two only when checks.json does not hold their key;
 then the endpoints, :func:`check_serving`; before the run directory is written, Ray or any
 actor) → lock → fingerprint → fold leftover journals → done-set from the verified parts (damaged
@@ -41,6 +41,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from regen.core.errors import ConfigError, RegenError, RunIncompleteError
+from regen.core.sample import Sample
 from regen.engine.adaptive import DEFAULT_CONCURRENCY, describe_limit
 from regen.engine.dispatch import Dispatcher
 from regen.engine.pool import RayWorkerPool
@@ -48,12 +50,10 @@ from regen.engine.schedule import LengthModel, WorkQueue, schedule_record
 from regen.engine.tracker import ProgressTracker
 from regen.engine.wire import PackedOutcome
 from regen.engine.worker import SampleOutcome, worker_slots
-from regen.errors import ConfigError, RegenError, RunIncompleteError
 from regen.manifest import Endpoint, Manifest, public_url
 from regen.plan.attempts import RetryFlagged, select
 from regen.plan.packed import QueueItems
 from regen.plan.session import SessionPlan, plan_session, write_plan
-from regen.sample import Sample
 from regen.store import layout
 from regen.store.completed import CompletedSample
 from regen.store.counts import SourceCounts, output_tokens
@@ -286,7 +286,7 @@ class _Session:
     # -- recording (regen.engine.dispatch.Recorder) --------------------------------------
     def store_native(self, sample: Sample) -> None:
         """A native sample's row, stored as it is (it never goes to a server)."""
-        from regen.rows import native_row
+        from regen.engine.rows import native_row
 
         rows = [native_row(sample, self.m.target.family)]
         self.keep(CompletedSample(sample.id, sample.source, rows), output_tokens(rows))
@@ -392,7 +392,7 @@ class _Session:
 
     def _announce_endpoints(self, snaps: list[dict[str, Any]]) -> None:
         """One line per endpoint a worker took out for an endpoint-wide fault, and one each
-        time an endpoint's streams stalled (regen.router, regen.engine.stall)."""
+        time an endpoint's streams stalled (regen.engine.router, regen.engine.stall)."""
         stalled: dict[str, str] = {}
         for snap in snaps:
             for url, ep in snap.get("endpoints", {}).items():
@@ -619,7 +619,7 @@ def run_job(manifest: Manifest, rd: RunDir, options: RunOptions | None = None) -
     Configuration problems (the run directory's path, source paths, tokenizer, template, then
     the endpoints: given, reachable, serving the target) are found before any source is read
     whole, before the run directory is touched and before Ray or any actor starts
-    (:func:`regen.engine.preflight.preflight`, :func:`check_serving`; the tokenizer and
+    (:func:`regen.engine.failfast.preflight`, :func:`check_serving`; the tokenizer and
     template checks are skipped when an earlier session passed the same, the endpoint check
     when the last session finished and nothing asks for more).
     """
@@ -630,7 +630,7 @@ def run_job(manifest: Manifest, rd: RunDir, options: RunOptions | None = None) -
     serving: Serving | None = None
     passed = _passed_checks(rd)
     if opts.preflight:
-        from regen.engine.preflight import check_run_dir, preflight
+        from regen.engine.failfast import check_run_dir, preflight
 
         check_run_dir(rd)
         checked = preflight(manifest, passed=passed)

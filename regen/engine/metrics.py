@@ -243,7 +243,7 @@ class RunMetrics:
     def publish_once(self) -> bool:
         """Read the run directory and publish; False while it cannot be read yet (a run that
         is starting) or on an error (said once, never raised: metrics are advice)."""
-        from regen.errors import RegenError
+        from regen.core.errors import RegenError
         from regen.status import RunView
 
         try:

@@ -54,8 +54,8 @@ from typing import Any
 
 import numpy as np
 
+from regen.core.sample import Sample
 from regen.plan.packed import Bodies, PackedSample, QueueItem, QueueItems
-from regen.sample import Sample
 from regen.store.layout import ScheduleRecord
 
 log = logging.getLogger(__name__)

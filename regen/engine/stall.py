@@ -13,8 +13,8 @@ this watch is. One :class:`StallWatch` per worker (regen.engine.worker), on its 
   the last ``GAP_WINDOW_S`` seconds (as the watch saw them: at its tick's resolution), never
   below ``engine.stall_min_s``;
 - **a stream** that has sent something and then nothing for its endpoint's stall timeout is
-  cancelled: its request fails with :class:`~regen.errors.StallError` (the worker retries the
-  sample on another endpoint: :meth:`regen.router.EndpointRouter.avoid`), and the endpoint is
+  cancelled: its request fails with :class:`~regen.core.errors.StallError` (the worker retries the
+  sample on another endpoint: :meth:`regen.engine.router.EndpointRouter.avoid`), and the endpoint is
   checked;
 - **an endpoint** with requests in flight of which none has made progress (a piece or an
   answer) for the stall timeout is checked too (a hung server sends no first byte either);
@@ -24,7 +24,7 @@ this watch is. One :class:`StallWatch` per worker (regen.engine.worker), on its 
   clients' work, or a long prefill: its queue holds ours), not hung. Without such readings
   the probe is asked (``/health_generate``, which generates a token: a hung scheduler fails
   it) within ``confirm_s``. A hung endpoint leaves rotation as ``stalled`` (one warning:
-  :meth:`regen.router.EndpointRouter.stall`) and every request it holds is cancelled with a
+  :meth:`regen.engine.router.EndpointRouter.stall`) and every request it holds is cancelled with a
   ``StallError``, so each is retried elsewhere at once.
 
 Every sample of a hung server thus finishes within about two stall timeouts of the hang
@@ -43,7 +43,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from regen.errors import StallError
+from regen.core.errors import StallError
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +55,10 @@ GAP_WINDOW_S = 600.0
 CONFIRM_PART = 0.5
 CONFIRM_MIN_S, CONFIRM_MAX_S = 2.0, 20.0
 
-#: async (url) -> True when the endpoint generates (regen.router.ProbeFn)
+#: async (url) -> True when the endpoint generates (regen.engine.router.ProbeFn)
 Probe = Callable[[str], Awaitable[bool]]
-#: (url, why) -> True when the endpoint just left rotation (regen.router.EndpointRouter.stall)
+#: (url, why) -> True when the endpoint just left rotation
+#: (regen.engine.router.EndpointRouter.stall)
 OnHung = Callable[[str, str], bool]
 
 
@@ -152,7 +153,7 @@ class StallWatch:
                 ep.progress_at = self._clock()
 
     def read_metrics(self, url: str, load: Any) -> None:
-        """One reading of the server's ``/metrics`` (a regen.client.metrics.ServerLoad; None:
+        """One reading of the server's ``/metrics`` (a regen.client.server_load.ServerLoad; None:
         none fresh): notes when its generation counter moved."""
         ep = self._eps.get(url)
         if load is None or load.generation_tokens is None or ep is None:

@@ -16,9 +16,9 @@ import statistics
 import time
 from typing import Any
 
+from regen.engine.router import worse
 from regen.engine.worker import SampleOutcome
 from regen.manifest import public_url
-from regen.router import worse
 from regen.store import layout
 from regen.store.counts import SourceCounts
 from regen.store.doneset import DoneSet

@@ -30,8 +30,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from regen.result import TurnResult
-from regen.sample import Message, Sample, ToolCall
+from regen.core.result import TurnResult
+from regen.core.sample import Message, Sample, ToolCall
 
 #: (request messages, tools) -> the regenerated turn
 Complete = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], Awaitable[TurnResult]]

@@ -44,8 +44,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from regen.core.errors import RegenError
 from regen.engine.worker import SampleOutcome
-from regen.errors import RegenError
 from regen.plan.packed import unpacked
 from regen.store.completed import CompletedSample
 from regen.store.counts import SourceCounts, count_rows, output_tokens

@@ -2,9 +2,9 @@
 
 Owns no files. A :class:`SampleWorker` lives inside a Ray actor (see :mod:`regen.engine.actor`)
 or, in unit tests, on a plain event loop. It holds one :class:`~regen.client.ChatClient` per
-endpoint and one :class:`~regen.router.EndpointRouter`; every try of every request takes a lease
-from the router (least outstanding, sample affinity, health), so all turns of a sample go to the
-same endpoint while it is healthy, and a failing endpoint leaves rotation between retries.
+endpoint and one :class:`~regen.engine.router.EndpointRouter`; every try of every request takes a
+lease from the router (least outstanding, sample affinity, health), so all turns of a sample go to
+the same endpoint while it is healthy, and a failing endpoint leaves rotation between retries.
 
 A sample holds one of the worker's slots from its first request to its last, so multi-turn
 chains are not starved by newer samples (a sample has one request in flight at a time, so
@@ -16,7 +16,7 @@ TTFT and overload (503/429) signals, never past ``concurrency`` when the user se
 cap per worker: regen.engine.adaptive). Rows are built (tokenized) off the event loop.
 
 Where an endpoint's engine serves a ``/metrics`` page regen reads (SGLang with
-``--enable-metrics``, vLLM), a :class:`~regen.client.metrics.MetricsPoller` reads it every few
+``--enable-metrics``, vLLM), a :class:`~regen.client.server_load.MetricsPoller` reads it every few
 seconds in a task of its own, off the request path; each reading goes to the router (what the
 server holds from other clients weighs in routing) and to the endpoint's limit (which then
 follows the server's own queue: :meth:`regen.engine.adaptive.AdaptiveLimit.follow`). The
@@ -30,7 +30,7 @@ for the stall timeout is cancelled and its sample retried on another endpoint, a
 whose requests all stop leaves rotation as ``stalled`` (its metrics readings go to the watch
 too).
 
-An endpoint-wide fault (:class:`regen.errors.EndpointFaultError`: 401, 403, 404, not the
+An endpoint-wide fault (:class:`regen.core.errors.EndpointFaultError`: 401, 403, 404, not the
 protocol) is never the sample's: the router takes that endpoint out and the request is sent
 again elsewhere at once (not counted as a try). With no endpoint left the sample's outcome is
 ``unsent``: not failed, not recorded; the dispatch stops the session (regen.engine.dispatch).
@@ -46,16 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from regen.engine.adaptive import (
-    DEFAULT_CONCURRENCY,
-    AdaptiveLimit,
-    capped,
-    room,
-    target_queue,
-)
-from regen.engine.stall import StallWatch
-from regen.engine.turns import DoneTurn, regenerate
-from regen.errors import (
+from regen.core.errors import (
     EndpointFaultError,
     NoEndpointLeftError,
     OverloadedError,
@@ -65,15 +56,25 @@ from regen.errors import (
     StallError,
     TransientError,
 )
+from regen.core.result import TurnResult
+from regen.core.sample import Sample
+from regen.engine.adaptive import (
+    DEFAULT_CONCURRENCY,
+    AdaptiveLimit,
+    capped,
+    room,
+    target_queue,
+)
+from regen.engine.stall import StallWatch
+from regen.engine.turns import DoneTurn, regenerate
 from regen.manifest import Endpoint, Manifest
 from regen.plan.attempts import attempt_seed
-from regen.result import TurnResult
-from regen.sample import Sample
 from regen.store.progress import ErrorInfo
 
 log = logging.getLogger(__name__)
 
-#: (sample, done turns) -> rows; default: regen.rows.build_turn_row with the manifest's renderer
+#: (sample, done turns) -> rows; default: regen.engine.rows.build_turn_row with the manifest's
+#: renderer
 RowBuilder = Callable[[Sample, list[DoneTurn]], list[dict[str, Any]]]
 
 
@@ -111,11 +112,11 @@ class WorkerStats:
 
 
 def default_row_builder(manifest: Manifest) -> RowBuilder:
-    """Rows through regen.rows.build_rows with the manifest's Kimi renderer (one batch of
+    """Rows through regen.engine.rows.build_rows with the manifest's Kimi renderer (one batch of
     tokenizer work per sample); every turn's quality is checked there (the manifest's
     ``quality`` thresholds, docs/quality.md), and every row records the manifest's settings
     id (``Manifest.settings_id``)."""
-    from regen.rows import build_rows
+    from regen.engine.rows import build_rows
     from regen.template.render import Renderer
 
     renderer = Renderer.from_manifest(manifest)
@@ -241,9 +242,9 @@ class SampleWorker:
         :func:`starting_limits`). ``server_metrics``: read the servers' ``/metrics`` pages
         (False: schedule by regen's own counts only, as without a page; None: the manifest's
         ``engine.server_metrics``); every
-        ``metrics_interval_s`` (None: regen.client.metrics.SCRAPE_INTERVAL_S)."""
+        ``metrics_interval_s`` (None: regen.client.server_load.SCRAPE_INTERVAL_S)."""
         from regen.client import ChatClient, RetryPolicy, auth_headers, resolve_api_key
-        from regen.router import EndpointRouter, keyed_probe
+        from regen.engine.router import EndpointRouter, keyed_probe
 
         self.manifest = manifest
         self.retry = retry or RetryPolicy.from_engine(manifest.engine)
@@ -300,7 +301,7 @@ class SampleWorker:
     ) -> None:
         """One poller per endpoint whose engine has a page regen reads."""
         from regen.client.endpoints import server_root
-        from regen.client.metrics import SCRAPE_INTERVAL_S, MetricsPoller, PageClient
+        from regen.client.server_load import SCRAPE_INTERVAL_S, MetricsPoller, PageClient
 
         self.pages = PageClient()
         self.pollers: dict[str, MetricsPoller] = {}
@@ -342,7 +343,7 @@ class SampleWorker:
         servers hold from other clients: a shared server's limit starts below its slots."""
         if self._first_read.is_set():
             return
-        from regen.client.metrics import SCRAPE_TIMEOUT_S
+        from regen.client.server_load import SCRAPE_TIMEOUT_S
 
         try:
             async with asyncio.timeout(SCRAPE_TIMEOUT_S + 1.0):
@@ -388,7 +389,7 @@ class SampleWorker:
         round trip when that is longer (requests sent now take about as long to reach a slow
         or busy server, and a reading before they arrive would count them as room), doubled
         after a reading that did not let the limit grow."""
-        from regen.client.metrics import SOON_S
+        from regen.client.server_load import SOON_S
 
         page = self._pages[url]
         last, page.soon_s = page.soon_s, None

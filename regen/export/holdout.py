@@ -11,9 +11,9 @@ from collections import defaultdict
 import pyarrow as pa
 from pydantic import ValidationError
 
+from regen.core.sample import stable_hash
 from regen.export.select import Part
 from regen.export.write import read_rows
-from regen.sample import stable_hash
 from regen.store import layout
 from regen.store.holdout import BenchPrompt, prompt_line
 from regen.store.layout import ExportStats

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from regen.errors import ConfigError, RunDirError
+from regen.core.errors import ConfigError, RunDirError
 from regen.export.settings import DATA_COLUMNS, ExportSettings
 from regen.store import layout
 from regen.store.layout import ExportStats, FlagStats, SourceExportStats
@@ -26,7 +26,8 @@ from regen.store.schema import ADDED_COLUMNS, ANSWER_COLUMNS, SCHEMA
 log = logging.getLogger(__name__)
 
 
-#: token_check values that are not a problem (regen.rows); every other value is counted as one
+#: token_check values that are not a problem (regen.engine.rows); every other value is counted as
+#: one
 TOKEN_CHECKS_OK = frozenset({"match", "count_match", "server_only"})
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from regen.errors import RegenError
+from regen.core.errors import RegenError
 from regen.manifest import Export, config_error
 from regen.store.run import read_manifest_data
 from regen.store.rundir import RunDir

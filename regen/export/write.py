@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from regen.errors import RunDirError
+from regen.core.errors import RunDirError
 from regen.export.select import Part, with_added_columns
 from regen.export.settings import DATA_COLUMNS
 from regen.store import layout

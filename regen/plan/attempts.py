@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from regen.sample import ATTEMPT_META, Sample
+from regen.core.sample import ATTEMPT_META, Sample
 from regen.store.doneset import DoneSet
 
 

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from regen.errors import SourceError
+from regen.core.errors import SourceError
+from regen.core.sample import Rejection, Sample
 from regen.manifest import Source
 from regen.plan.index import sample_from_json
 from regen.plan.packed import PICKLE_PROTOCOL, Spill
-from regen.sample import Rejection, Sample
 from regen.sources.locate import (
     LineReader,
     read_parquet_rows,

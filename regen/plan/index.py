@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from regen import __version__
-from regen.errors import RegenError
+from regen.core.errors import RegenError
+from regen.core.sample import Message, Sample
 from regen.manifest import Manifest
-from regen.sample import Message, Sample
 from regen.sources.locate import (
     locate_parquet_row,
     parquet_row_starts,
@@ -54,7 +54,7 @@ def native_check(manifest: Manifest) -> Callable[[Sample], str | None] | None:
     source)."""
     if not any(s.mode == "native" for s in manifest.sources):
         return None
-    from regen.native import VocabInfo, validate_native
+    from regen.sources.native import VocabInfo, validate_native
 
     vocab = VocabInfo.from_dir(
         manifest.resolve(manifest.target.tokenizer),

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
-from regen.sample import Sample
+from regen.core.sample import Sample
 
 PICKLE_PROTOCOL = 5
 

@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from regen.core.sample import Sample
 from regen.plan.bodies import IndexBodies
 from regen.plan.packed import PackedSample, QueueItems
-from regen.sample import Sample
 from regen.store.planned import PlanIndex, source_codes
 
 

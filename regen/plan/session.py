@@ -28,12 +28,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from regen.core.sample import Sample
 from regen.manifest import Manifest
 from regen.plan.bodies import IndexBodies
 from regen.plan.index import IndexBuilder, iter_planned
 from regen.plan.packed import PackedSample, QueueItems, Spill
 from regen.plan.select import select
-from regen.sample import Sample
 from regen.store import layout
 from regen.store.failures import FailureRecord
 from regen.store.layout import PlanEntry, PlanRecord

@@ -4,7 +4,7 @@
 the answer's reasoning, content, tool calls and ``finish_reason`` — and returns a
 :class:`Quality`: ``flags`` (names from :data:`FLAGS`) plus the measures behind them, shaped as
 row columns (:data:`COLUMNS` of :mod:`.columns`, :meth:`Quality.columns`). :func:`check_row` does
-the same for a row dict of :mod:`regen.rows` (JSON columns as stored). Thresholds live in
+the same for a row dict of :mod:`regen.engine.rows` (JSON columns as stored). Thresholds live in
 :class:`QualityConfig` (:mod:`.config`, the manifest's ``quality:`` section); their defaults were
 chosen on measured corpora (docs/quality.md).
 
@@ -155,7 +155,7 @@ def check_row(
     think_closed: bool | None = None,
     config: QualityConfig = DEFAULT_CONFIG,
 ) -> Quality:
-    """:func:`check_turn` on a row of :mod:`regen.rows` (``messages``, ``tools`` and
+    """:func:`check_turn` on a row of :mod:`regen.engine.rows` (``messages``, ``tools`` and
     ``tool_calls`` as stored JSON text); a native row (no ``finish_reason``) is not checked."""
     if row.get("finish_reason") is None:
         return NOT_CHECKED

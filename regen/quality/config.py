@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
 
 #: every flag, in the order a row lists them (docs/quality.md)
 FLAGS = (

@@ -1,8 +1,8 @@
 """Repetition measures of an answer: the longest back-to-back run of one n-gram, and how well the
 text compresses.
 
-``longest_repeat(text)``: over the words of :func:`regen.text.words`, the longest stretch made of
-two or more back-to-back copies of one n-gram (``n`` ≤ ``max_ngram``), as ``(words, n)``. A model
+``longest_repeat(text)``: over the words of :func:`regen.core.text.words`, the longest stretch made
+of two or more back-to-back copies of one n-gram (``n`` ≤ ``max_ngram``), as ``(words, n)``. A model
 that loops ("Wait, let me check. Wait, let me check. ...") makes a long stretch with a small
 ``n``; a legitimate list or refrain rarely repeats itself word for word more than a few times.
 A period-``n`` stretch is found where ``word[i] == word[i + n]`` holds for consecutive ``i``:
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import zlib
 
-from regen.text import words
+from regen.core.text import words
 
 
 def longest_repeat(text: str, max_ngram: int) -> tuple[int, int]:

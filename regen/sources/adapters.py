@@ -1,9 +1,9 @@
 """The ten source adapters, registered by the names in :data:`regen.manifest.ADAPTERS`.
 
-An adapter turns one raw row into a :class:`~regen.sample.Sample` or a
-:class:`~regen.sample.Rejection`. :func:`iter_source` runs a source's adapter over its raw rows
+An adapter turns one raw row into a :class:`~regen.core.sample.Sample` or a
+:class:`~regen.core.sample.Rejection`. :func:`iter_source` runs a source's adapter over its raw rows
 and gives every sample its stable id, a function of the row alone (never of its position).
-A sample whose text is not valid Unicode (:meth:`regen.sample.Sample.invalid_text`: a lone
+A sample whose text is not valid Unicode (:meth:`regen.core.sample.Sample.invalid_text`: a lone
 surrogate, e.g. from a JSON string column such as xLAM's ``tools`` that the adapter decodes) is
 rejected as ``invalid_unicode``, like a raw row holding one (regen.sources.reader). Ids:
 
@@ -26,9 +26,8 @@ import logging
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from regen.errors import RowError
-from regen.manifest import Manifest, Source
-from regen.sample import (
+from regen.core.errors import RowError
+from regen.core.sample import (
     Message,
     Rejection,
     Sample,
@@ -36,6 +35,7 @@ from regen.sample import (
     normalized_message,
     stable_hash,
 )
+from regen.manifest import Manifest, Source
 from regen.sources import shapes
 from regen.sources.reader import RawRow, iter_raw
 
@@ -126,8 +126,8 @@ def iter_source(
 ) -> Iterator[Sample | Rejection]:
     """Every row of ``source`` as a sample with a stable id, or a rejection with a reason.
 
-    ``native_check`` (from regen.native) is asked about each structurally valid native row and
-    returns a rejection reason or None. Raises SourceError when the source cannot be read.
+    ``native_check`` (from regen.sources.native) is asked about each structurally valid native row
+    and returns a rejection reason or None. Raises SourceError when the source cannot be read.
     """
     seen: dict[str, str] = {}  # id → content hash of its first row
     for raw in iter_raw(manifest, source):

@@ -7,8 +7,8 @@ purpose: a changed system prompt is one of the near-duplicates this finds, and o
 prompt (OpenThoughts puts the same long one on every row) would otherwise make unrelated short
 questions look alike. Native (pre-tokenized) samples are not compared.
 
-Words are :func:`regen.text.words` (NFKC, case folded, punctuation dropped, each CJK character a
-word of its own). Shingles are ``dedup.shingle``
+Words are :func:`regen.core.text.words` (NFKC, case folded, punctuation dropped, each CJK character
+a word of its own). Shingles are ``dedup.shingle``
 consecutive words (a text with fewer words is one shingle); a text with no word is left to the
 exact dedup.
 
@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 import rensa
 
+from regen.core.sample import Sample
+from regen.core.text import words
 from regen.manifest import Dedup
-from regen.sample import Sample
-from regen.text import words
 
 #: MinHash seed (part of the algorithm: changing it changes which near-duplicates are found)
 SEED = 1

@@ -8,11 +8,11 @@ is read line by line (a line longer than ``MAX_ROW_BYTES`` is rejected as ``too_
 being held whole), Parquet in record batches, hub datasets as a stream.
 
 A row that cannot be decoded (invalid UTF-8, malformed JSON, not an object) is a
-:class:`~regen.sample.Rejection`, and so is a row holding text that is not valid Unicode
+:class:`~regen.core.sample.Rejection`, and so is a row holding text that is not valid Unicode
 (``invalid_unicode``: a lone surrogate from a JSON escape such as ``"\\ud800"``, in any field,
-the field named; regen.sample says why such text is never passed on). A source that cannot be
+the field named; regen.core.sample says why such text is never passed on). A source that cannot be
 read at all (missing file, unknown file type, unreachable hub id) raises
-:class:`~regen.errors.SourceError` naming the source and the manifest field (``sources.N.path``
+:class:`~regen.core.errors.SourceError` naming the source and the manifest field (``sources.N.path``
 or ``sources.N.hub``).
 """
 
@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from regen.errors import SourceError
+from regen.core.errors import SourceError
+from regen.core.sample import Rejection, unencodable_field
 from regen.manifest import Manifest, Source
-from regen.sample import Rejection, unencodable_field
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
 """The seven row shapes of the source datasets (CONTRACTS §5), parsed into messages.
 
 Each parser takes one raw row (a dict) and returns a :class:`Parsed` conversation, or raises
-:class:`~regen.errors.RowError` with a short stable reason code and the offending field:
+:class:`~regen.core.errors.RowError` with a short stable reason code and the offending field:
 
     missing_field  wrong_type  unknown_role  empty_turn  empty_prompt  no_user_turn
     assistant_first  bad_tool_json  malformed_chat
-    native rows (same codes as regen.native): id_type  empty  length_mismatch  mask_value
+    native rows (same codes as regen.sources.native): id_type  empty  length_mismatch  mask_value
     id_out_of_vocab  mask_all_zero
 
 Owns no files.
@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from regen.errors import RowError
-from regen.sample import Message, ToolCall
+from regen.core.errors import RowError
+from regen.core.sample import Message, ToolCall
 
 #: upstream role names → regen roles
 ROLE_MAP: dict[str, str] = {

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from regen.core.sample import Rejection, Sample
 from regen.manifest import Filters, Manifest
-from regen.sample import Rejection, Sample
 from regen.sources.adapters import NativeCheck, iter_source
 from regen.sources.neardup import NearDuplicates, NearReport, near_text
 

@@ -76,7 +76,7 @@ class SourceCounts(CountsModel):
     #: regen.engine.turns: a regenerated tool call that does not match the original's);
     #: written only when some sample ended, so a file without any reads as before it existed
     ended: dict[str, int] = Field(default_factory=dict, exclude_if=lambda v: not v)
-    #: samples per settings id of their rows (the rows' ``settings`` column, regen.rows:
+    #: samples per settings id of their rows (the rows' ``settings`` column, regen.engine.rows:
     #: ``Manifest.settings_id()`` of the session that answered; native rows and rows written
     #: before the column have none); written only when some sample has one
     settings: dict[str, int] = Field(default_factory=dict, exclude_if=lambda v: not v)

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from regen.errors import RunDirError
+from regen.core.errors import RunDirError
 from regen.store import layout
 from regen.store.layout import FailureRecord
 from regen.store.rundir import RunDir

@@ -5,7 +5,7 @@
 one JSON object per line, one request each::
 
     {"source": "xlam",                      manifest source name
-     "sample_id": "xlam:123",               the sample's stable id (regen.sample.Sample.id)
+     "sample_id": "xlam:123",               the sample's stable id (regen.core.sample.Sample.id)
      "turn": 0,                             which assistant turn the request asks for
      "messages": [{"role": ..., ...}],      OpenAI chat messages sent as they are (ends with
                                             the user or tool message the answer follows)
@@ -25,9 +25,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
+from regen.core.sample import ROLES, Message, Sample
 from regen.manifest import config_error
-from regen.sample import ROLES, Message, Sample
 from regen.store.layout import EXPORT_DIR, HOLDOUT
 
 #: the held-out prompts' file name inside an export directory (the layout's)

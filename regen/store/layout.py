@@ -33,7 +33,7 @@ code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI
                                          the sources (first session, or the index is stale)
       checks.json       ChecksRecord     the key of the configuration checks an earlier session
                                          passed (tokenizer files, template, sources, versions);
-                                         driver (regen.engine.preflight), when it changes
+                                         driver (regen.engine.failfast), when it changes
       progress.json     ProgressSnapshot the dashboard's counters (regen.store.progress);
                                          driver (regen.engine.tracker), every ~2 s and at the end
       schedule.json     ScheduleRecord   what the dispatch order learned; driver, with each part
@@ -42,7 +42,7 @@ code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI
                                          filesystems only (object stores cannot append)
       parts/SESSION-SEQ.parquet          the rows of one segment (store.schema.SCHEMA), written as
                                          parts/.tmp-* and renamed; key-value metadata
-                                         ``regen.samples`` / ``regen.rows``
+                                         ``regen.samples`` / ``regen.engine.rows``
       parts/_SESSION-SEQ.json            PartRecord: row and sample counts, size and sha256 of
                                          the part's bytes, per-source counters; written right
                                          after its part (a part without one is verified by
@@ -65,12 +65,12 @@ code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI
                         preflight.json (PreflightRecord), control/   regen.train
       train/cpu/        ``regen demo --train`` only: run.yaml, features/, eval-features/
                         (SpecForge offline hidden states), train.log, curve.json
-                        (CpuCurveRecord), checkpoints/   regen.train.cpu_demo
+                        (CpuCurveRecord), checkpoints/   regen.devkit.cpu_train
 
 Any export directory (``regen export --out DIR``) has the export's shard and stats names.
 
 Readers return ``None`` for a missing file. A file that exists but does not parse or does not
-match its record is a :class:`regen.errors.RunDirError` naming the file, except for the
+match its record is a :class:`regen.core.errors.RunDirError` naming the file, except for the
 snapshots that are only estimates or shortcuts (``schedule.json``, ``checks.json``), which read as
 ``None`` with a warning.
 Writers replace the file atomically (:meth:`regen.store.rundir.RunDir.write_bytes_atomic`).
@@ -86,7 +86,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from regen.errors import RunDirError
+from regen.core.errors import RunDirError
 from regen.store.counts import SourceCounts
 from regen.store.progress import ProgressSnapshot
 from regen.store.rundir import TMP_PREFIX, RunDir
@@ -369,9 +369,9 @@ class PlanIndexRecord(Record):
 
 
 class ChecksRecord(Record):
-    """``checks.json``: the configuration checks a session passed (regen.engine.preflight)."""
+    """``checks.json``: the configuration checks a session passed (regen.engine.failfast)."""
 
-    #: regen.engine.preflight.checks_key of what was checked
+    #: regen.engine.failfast.checks_key of what was checked
     key: str
     #: epoch seconds
     checked_at: float = 0.0

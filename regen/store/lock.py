@@ -51,7 +51,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
-from regen.errors import LockHeldError, RunDirError
+from regen.core.errors import LockHeldError, RunDirError
 from regen.store import layout
 from regen.store.layout import LockRecord
 from regen.store.rundir import RunDir

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from regen.errors import RunDirError
+from regen.core.errors import RunDirError
 from regen.store import layout
 from regen.store.completed import CompletedSample
 from regen.store.counts import SourceCounts, count_rows

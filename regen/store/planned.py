@@ -48,9 +48,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from regen import __version__
-from regen.errors import RegenError, RunDirError
+from regen.core.errors import RegenError, RunDirError
+from regen.core.sample import stable_hash
 from regen.manifest import Manifest, Source
-from regen.sample import stable_hash
 from regen.sources.locate import (
     FileSignature,
     dir_signature,

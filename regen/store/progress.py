@@ -42,7 +42,7 @@ each holds: that is how a reader notices a part that vanished, see regen.status)
 without it (an older writer) reads it as None: unknown. ``stale`` counts the stored answers
 the latest plan no longer wants (regen.store.stale: their source row was edited or left the
 plan): they are in the parts but not in the counters above, and never exported; written only
-when there is one. ``settings`` counts done samples per settings id (regen.rows).
+when there is one. ``settings`` counts done samples per settings id (regen.engine.rows).
 ``requests``, ``errors``, each endpoint's ``ok`` and ``errors``, and ``output_tokens_hist``
 cover the whole run (a session starts from what the last one wrote; an endpoint it is still
 given but has not reported keeps its record as last seen, one it is no longer given is gone);
@@ -55,7 +55,7 @@ length). A reader also accepts ``len(edges) == len(counts) + 1`` (closed bins, v
 last edge counted in the last bin).
 
 Reading is strict about what it knows (a wrong version, state or type, a missing field is a
-:class:`regen.errors.RunDirError` naming the field) and tolerant of what it does not: fields a
+:class:`regen.core.errors.RunDirError` naming the field) and tolerant of what it does not: fields a
 file written before them lacks read as 0 (empty), and keys a newer writer added are ignored,
 so a dashboard of another regen version still reads the file.
 """
@@ -187,7 +187,7 @@ class EndpointProgress(ProgressModel):
     url: str
     in_flight: int = 0
     healthy: bool = True
-    #: the router's state (regen.router; the worst any worker reports); None: an older writer
+    #: the router's state (regen.engine.router; the worst any worker reports); None: an older writer
     health: str | None = None
     stalls: int = 0  #: requests cancelled as stalled (regen.engine.stall)
     latency_p50_s: float | None = None

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from regen.errors import RegenError, RunDirError
+from regen.core.errors import RegenError, RunDirError
 from regen.manifest import Manifest
 from regen.store import layout
 from regen.store.counts import SourceCounts

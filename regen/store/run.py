@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 import regen
-from regen.errors import ConfigError, FingerprintMismatchError, RunDirError
+from regen.core.errors import ConfigError, FingerprintMismatchError, RunDirError
 from regen.manifest import Manifest, changed_fields, flat_fields, parse_manifest, public_url
 from regen.store import layout
 from regen.store.layout import EngineRecord, RunRecord

@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from regen.errors import RunDirError
+from regen.core.errors import RunDirError
 
 log = logging.getLogger(__name__)
 

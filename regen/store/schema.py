@@ -1,7 +1,7 @@
 """The schema of a training row: the columns of every Parquet part under ``RUN_DIR/parts/``.
 
 Written by ``regen.store``, read by ``regen.export`` and the monitor; built by
-:mod:`regen.rows`; docs/format.md explains it for users; ``regen.store.layout`` owns the
+:mod:`regen.engine.rows`; docs/format.md explains it for users; ``regen.store.layout`` owns the
 files. Row dicts are JSON-native (they also travel as journal lines), one key per column:
 
 =================  ==================  ========================================================
@@ -105,7 +105,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from regen.errors import RowError
+from regen.core.errors import RowError
 from regen.quality import COLUMNS as QUALITY_COLUMNS
 from regen.quality import check_row
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from regen.errors import RunDirError
+from regen.core.errors import RunDirError
 from regen.store import layout
 from regen.store.completed import CompletedSample
 from regen.store.layout import PartRecord

@@ -7,7 +7,8 @@ done sample's latest answer is stale when
 - ``unplanned``: its sample is not in that plan. Its source row was edited (most adapters'
   ids hash the conversation, so an edited row is a new sample with a new id), removed, or
   filtered out, or a later session planned a smaller ``--limit``;
-- ``changed``: its rows' ``content_hash`` (regen.rows) differs from the plan's for the same id:
+- ``changed``: its rows' ``content_hash`` (regen.engine.rows) differs from the plan's for the same
+id:
   an adapter whose ids are the dataset's own unique ids (xlam, kimi_native) and a row edited in
   place. Rows written before the column have no hash: unknown, never stale by content.
 

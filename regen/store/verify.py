@@ -41,7 +41,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from regen.errors import RunDirError
+from regen.core.errors import RunDirError
 from regen.store import layout
 from regen.store.counts import SourceCounts
 from regen.store.doneset import DoneSet, fold_part, replaced_samples

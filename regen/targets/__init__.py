@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
 from regen.targets.deepseek import DEEPSEEK_V3
 from regen.targets.family import Family, Parsers, TokenizerFacts
 from regen.targets.glm import GLM45

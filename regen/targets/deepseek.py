@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from regen.sample import ToolCall
+from regen.core.sample import ToolCall
 from regen.targets.family import Family, Parsers, TokenizerFacts
 
 EOS = "<｜end▁of▁sentence｜>"

@@ -39,8 +39,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from regen.errors import TemplateError
-from regen.sample import ToolCall
+from regen.core.errors import TemplateError
+from regen.core.sample import ToolCall
 
 ThinkState = Literal["open", "closed", "none"]
 #: why a locally rendered response may hold tokens the model did not produce as rendered

@@ -25,8 +25,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from regen.errors import TemplateError
-from regen.sample import ToolCall
+from regen.core.errors import TemplateError
+from regen.core.sample import ToolCall
 from regen.targets.family import Family, Parsers, ThinkState, arguments_json
 
 USER = "<|user|>"

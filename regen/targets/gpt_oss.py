@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from regen.sample import ToolCall
+from regen.core.sample import ToolCall
 from regen.targets.family import Family, Parsers, RenderFlag, ThinkState
 
 START = "<|start|>"

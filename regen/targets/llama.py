@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from regen.sample import ToolCall
+from regen.core.sample import ToolCall
 from regen.targets.family import Family, Parsers
 
 BOT = "<|begin_of_text|>"

@@ -22,7 +22,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from regen.sample import ToolCall
+from regen.core.sample import ToolCall
 from regen.targets.family import Family, Parsers, TokenizerFacts, arguments_json
 from regen.targets.qwen3 import (
     CALL_CLOSE,

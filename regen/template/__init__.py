@@ -2,8 +2,9 @@
 
 - ``regen.template.render.Renderer``: renders a turn's prompt with the target tokenizer's own
   chat template and tokenizes prompt and response separately.
-- ``regen.template.tiny.build_tiny_tokenizer``: the tiny Kimi-format tokenizer for tests and the
+- ``regen.devkit.tokenizers.tiny.build_tiny_tokenizer``: the tiny Kimi-format tokenizer for tests
+and the
   demo (committed under ``manifests/demo/tokenizer/``).
-- ``regen.template.demo_native``: the demo's pre-tokenized rows
+- ``regen.devkit.tokenizers.demo_native``: the demo's pre-tokenized rows
   (``manifests/demo/kimi_native.jsonl``).
 """

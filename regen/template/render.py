@@ -12,7 +12,7 @@ variant). A target of no known family renders prompts but cannot assemble a resp
 for it raises a TemplateError that says so (server ids make such a target work).
 
 Flags (``think_inserted``, ``content_has_think``: the family module explains them) travel in
-:attr:`RenderedTurn.flag`; ``regen.rows`` puts them in the row's ``token_check`` so they are
+:attr:`RenderedTurn.flag`; ``regen.engine.rows`` puts them in the row's ``token_check`` so they are
 counted at export, never hidden. A truncated turn (``finish_reason == "length"``) gets no end
 token, and when it stopped inside the reasoning no close marker either: only what the model
 produced (unless the server's completion token count shows the cut came right after it).
@@ -39,8 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from regen.errors import TemplateError
-from regen.sample import Message, ToolCall, stable_hash
+from regen.core.errors import TemplateError
+from regen.core.sample import Message, ToolCall, stable_hash
 from regen.targets import Family, recognise_dir
 from regen.targets.family import RenderFlag, ThinkState
 from regen.template.codec import TokenCodec

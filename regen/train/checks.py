@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from regen.errors import ConfigError, TrapError
+from regen.core.errors import ConfigError, TrapError
 from regen.targets import Family
 from regen.train import traps
 from regen.train.config import TrainConfig

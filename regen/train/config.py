@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
 from regen.manifest import read_yaml_file
 from regen.targets import FAMILIES, Family, target_family, valid_name
 

@@ -22,7 +22,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from regen.errors import ConfigError, RunDirError
+from regen.core.errors import ConfigError, RunDirError
 from regen.export import ExportSettings, export_run
 from regen.export.select import check_drop_share
 from regen.store import RunDir

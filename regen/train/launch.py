@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from regen.errors import ConfigError, EndpointError
+from regen.core.errors import ConfigError, EndpointError
 from regen.store import RunDir
 from regen.store import layout as store_layout
 from regen.store.verify import refuse_damaged

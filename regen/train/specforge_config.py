@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
 from regen.store.layout import SpecForgePlanRecord
 from regen.train.config import TrainConfig
 

@@ -4,7 +4,7 @@ A run is regenerated with one tokenizer (the run manifest's ``target.tokenizer``
 is trained against the checkpoint of train.yaml's ``target.path``. When the two differ, every
 id of the training data means another token to the target: SpecForge trains on it without a
 word. Three facts decide, checked in this order and refused with one line naming the field
-and both values (:class:`regen.errors.TrapError`, trap ``run-vs-target-tokenizer``):
+and both values (:class:`regen.core.errors.TrapError`, trap ``run-vs-target-tokenizer``):
 
 1. **vocab size** — ``len(tokenizer)`` of the run's tokenizer against the target's own
    tokenizer, else train.yaml's ``target.tokenizer_size`` (it must also fit in
@@ -28,7 +28,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from regen.errors import RunDirError, TrapError
+from regen.core.errors import RunDirError, TrapError
 from regen.store import RunDir
 from regen.store import layout as L
 from regen.store.layout import TokenizerRecord

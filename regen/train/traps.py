@@ -1,7 +1,7 @@
 """The traps that silently ruin an EAGLE-3 draft, each refused with a TrapError.
 
 Every check is a pure function over numbers (or one pass over the exported JSONL) and raises
-:class:`regen.errors.TrapError` with ``trap`` set to one of the names below, a message that
+:class:`regen.core.errors.TrapError` with ``trap`` set to one of the names below, a message that
 says what was found, and the fix. Owns no files.
 
 Layer numbering: SpecForge id ``i`` is the output of decoder layer ``i``; SGLang's capture id is
@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from itertools import compress
 from pathlib import Path
 
-from regen.errors import TrapError
+from regen.core.errors import TrapError
 
 EAGLE3 = "EAGLE3"
 
 #: an average acceptance length at or below this means the draft is not helping (a working
 #: EAGLE-3 draft for K2.5 reached ~2.1; the EAGLE-vs-EAGLE3 trap gave ~1.0); the same line
-#: for SGLang's and vLLM's servers (regen.train.serving, regen.train.vllm_serving)
+#: for SGLang's and vLLM's servers (regen.serve.sglang, regen.serve.vllm)
 LOW_ACCEPT_LENGTH = 1.1
 
 TRAP_ALGORITHM = "eagle-vs-eagle3"

@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from regen.errors import ConfigError, TrapError
+from regen.core.errors import ConfigError, TrapError
 from regen.store import RunDir
 from regen.store import layout as L
 from regen.train import traps

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from _bench_common import SIM, SPEC
 
-from regen.simulate.testing import RunningSimulator, running_simulator
+from regen.devkit.simulate.testing import RunningSimulator, running_simulator
 
 
 @pytest.fixture(scope="session")

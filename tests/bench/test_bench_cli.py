@@ -11,7 +11,7 @@ import yaml
 from _bench_common import SIM, SPEC, prompts_file, regen_cli
 
 from regen.bench.report import read_report
-from regen.simulate.testing import RunningSimulator, running_simulator
+from regen.devkit.simulate.testing import RunningSimulator, running_simulator
 
 KEY = "sk-cli-bench-secret-987"
 MIX = {"sharegpt": 3, "xlam": 3, "magicoder": 3, "extra": 5}

@@ -21,9 +21,9 @@ from regen.bench.report import BenchReport, BenchSettings, read_report
 from regen.bench.runner import BenchOptions, run_bench
 from regen.bench.summary import summarize
 from regen.cli.main import main as regen_main
+from regen.devkit.simulate.speculative import SpeedModel
+from regen.devkit.simulate.testing import RunningSimulator, running_simulator
 from regen.manifest import Sampling
-from regen.simulate.speculative import SpeedModel
-from regen.simulate.testing import RunningSimulator, running_simulator
 
 pytestmark = pytest.mark.timeout(240)
 

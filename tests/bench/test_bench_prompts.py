@@ -10,8 +10,8 @@ import pytest
 from _bench_common import TOOL, prompts
 
 from regen.bench.prompts import per_source
-from regen.errors import ConfigError
-from regen.sample import Message, Sample, ToolCall
+from regen.core.errors import ConfigError
+from regen.core.sample import Message, Sample, ToolCall
 from regen.store.holdout import HOLDOUT_FILE, BenchPrompt, holdout_path, read_prompts, write_prompts
 
 

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from regen.bench.console import print_report
 from regen.bench.report import BenchReport, read_report, write_report
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
 
 REFERENCE = {1: (90.0, 144.0), 4: (340.0, 480.0), 16: (1200.0, 1250.0), 64: (4000.0, 3640.0)}
 

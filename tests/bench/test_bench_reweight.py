@@ -15,7 +15,7 @@ from _bench_common import regen_cli as _cli
 
 from regen.bench.report import write_report
 from regen.bench.reweight import overlay_yaml, reason, reweight
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
 from regen.manifest import load_manifest
 
 DEMO = REPO / "manifests" / "demo.yaml"

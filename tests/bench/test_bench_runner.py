@@ -14,10 +14,10 @@ from _bench_common import DRAFT, SIM, SPEC, STEP_S, prompts
 from regen.bench.report import BenchSettings
 from regen.bench.runner import BenchOptions, BenchRun, run_bench
 from regen.bench.summary import summarize
-from regen.errors import ConfigError, EndpointError
+from regen.core.errors import ConfigError, EndpointError
+from regen.devkit.simulate.speculative import SpeedModel
+from regen.devkit.simulate.testing import RunningSimulator, running_simulator
 from regen.manifest import Sampling
-from regen.simulate.speculative import SpeedModel
-from regen.simulate.testing import RunningSimulator, running_simulator
 
 MIX = {"sharegpt": 4, "xlam": 4, "magicoder": 4}
 MAX_TOKENS = 24

@@ -20,7 +20,7 @@ from regen.bench.stats import (
     speedup,
     steady_tokens,
 )
-from regen.simulate.speculative import SpecCounters, SpecRequest, SpeedModel
+from regen.devkit.simulate.speculative import SpecCounters, SpecRequest, SpeedModel
 
 
 def rec(**kw) -> RequestRecord:

@@ -12,8 +12,8 @@ import pytest
 
 from regen.cli.main import EXIT_CONFIG, EXIT_DONE, EXIT_INTERRUPTED, EXIT_LEFT, invoke, main
 from regen.cli.run import exit_code
+from regen.core.errors import ConfigError, NoEndpointLeftError, RunIncompleteError
 from regen.engine import JobSummary
-from regen.errors import ConfigError, NoEndpointLeftError, RunIncompleteError
 from regen.store.progress import SourceProgress
 
 

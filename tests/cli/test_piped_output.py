@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from monitor.synthetic import make_snapshot, write_run_dir
 from regen.cli.main import main
+from regen.devkit.synthetic import make_snapshot, write_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "manifests" / "demo.yaml"

@@ -13,7 +13,7 @@ import pytest
 from pipelines.regenerate import main as job_main
 from regen.cli._args import RAY_JOB_CONFIG_ENV, absolute_run_dir
 from regen.cli.main import EXIT_CONFIG
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
 from regen.store import RunDir
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,9 +11,9 @@ import pytest
 from regen.cli.main import build_parser
 from regen.cli.run import with_endpoint_keys
 from regen.client import check_endpoints
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
+from regen.devkit.simulate.testing import simulator_in_thread
 from regen.manifest import parse_manifest
-from regen.simulate.testing import simulator_in_thread
 
 MODEL = "keyed-target"
 

@@ -26,7 +26,7 @@ from _chat_fakes import (
 from _scripted import Reply, json_reply
 
 from regen.client import resolve_api_key
-from regen.errors import (
+from regen.core.errors import (
     ConfigError,
     ConnectError,
     ContextLengthError,

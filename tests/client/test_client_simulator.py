@@ -1,7 +1,7 @@
-"""ChatClient and the start checks against the simulated SGLang server (regen.simulate).
+"""ChatClient and the start checks against the simulated SGLang server (regen.devkit.simulate).
 
 The simulator answers deterministically from the request, so stored content is compared with
-``regen.simulate.answer.answer(request)`` byte for byte. Servers run in a thread (cheap).
+``regen.devkit.simulate.answer.answer(request)`` byte for byte. Servers run in a thread (cheap).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import pytest
 from _chat_fakes import FixedRandom, SleepRecorder
 
 from regen.client import ChatClient, RetryPolicy, check_endpoints
-from regen.errors import EndpointError, PermanentError, RequestTimeoutError
+from regen.core.errors import EndpointError, PermanentError, RequestTimeoutError
+from regen.devkit.simulate.answer import answer
+from regen.devkit.simulate.testing import simulator_in_thread
 from regen.manifest import Endpoint, Sampling
-from regen.simulate.answer import answer
-from regen.simulate.testing import simulator_in_thread
 from regen.targets.kimi import KIMI
 
 pytestmark = pytest.mark.timeout(120)

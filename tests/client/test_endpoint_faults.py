@@ -20,7 +20,7 @@ from _chat_fakes import (
 )
 from _scripted import Reply
 
-from regen.errors import (
+from regen.core.errors import (
     EndpointFaultError,
     InvalidTextError,
     NotProtocolError,

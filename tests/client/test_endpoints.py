@@ -9,7 +9,7 @@ import httpx2
 import pytest
 
 from regen.client import check_endpoints, server_root
-from regen.errors import EndpointError
+from regen.core.errors import EndpointError
 from regen.manifest import Endpoint
 
 GOOD = "http://10.0.0.1:30000/v1"
@@ -129,16 +129,16 @@ def test_the_start_up_line_of_an_endpoint_reads_as_a_sentence() -> None:
 
 def test_a_hung_sglang_is_left_out_at_start_not_taken_for_a_plain_openai_server() -> None:
     """A hung SGLang lists its model (the HTTP server answers) but not /server_info (the
-    scheduler does): regen.simulate's hang, as SGLang 0.5.23 behaves."""
+    scheduler does): regen.devkit.simulate's hang, as SGLang 0.5.23 behaves."""
     import asyncio
     import time
 
     import httpx2
 
     from regen.client.endpoints import check_endpoints
-    from regen.errors import EndpointError
+    from regen.core.errors import EndpointError
+    from regen.devkit.simulate.testing import simulator_in_thread
     from regen.manifest import Endpoint
-    from regen.simulate.testing import simulator_in_thread
 
     with (
         simulator_in_thread(model_name="m", hang_at_s=1.0) as hung,

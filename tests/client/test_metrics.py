@@ -15,7 +15,8 @@ import httpx2
 import pytest
 from aiohttp import web
 
-from regen.client.metrics import (
+from regen.client.profiles import SGLANG, VLLM
+from regen.client.server_load import (
     MetricsPoller,
     Scrape,
     ServerLoad,
@@ -24,10 +25,9 @@ from regen.client.metrics import (
     read_load,
     scrape,
 )
-from regen.client.profiles import SGLANG, VLLM
-from regen.errors import MetricsPageError
-from regen.simulate.loadgen import run_load
-from regen.simulate.testing import simulator_in_thread
+from regen.core.errors import MetricsPageError
+from regen.devkit.simulate.testing import simulator_in_thread
+from tests._loadgen import run_load
 
 
 async def _scrape(root: str, names=SGLANG.metrics, **kw) -> Scrape:

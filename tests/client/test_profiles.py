@@ -14,9 +14,9 @@ import pytest
 from regen.client import ChatClient, check_endpoint
 from regen.client.endpoints import engine_records
 from regen.client.profiles import OPENAI, PROFILES, SGLANG, VLLM, profile_named
-from regen.errors import PermanentError
+from regen.core.errors import PermanentError
+from regen.devkit.simulate.testing import running_simulator
 from regen.manifest import Endpoint, Sampling
-from regen.simulate.testing import running_simulator
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "tokenizer"
 MSGS = [{"role": "user", "content": "hello there"}]

@@ -22,7 +22,7 @@ from _chat_fakes import (
 )
 
 from regen.client import RetryPolicy, parse_retry_after
-from regen.errors import (
+from regen.core.errors import (
     ConnectError,
     OverloadedError,
     PermanentError,

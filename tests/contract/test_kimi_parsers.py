@@ -24,7 +24,7 @@ from types import ModuleType
 
 import pytest
 
-from regen.sample import ToolCall
+from regen.core.sample import ToolCall
 from regen.targets.kimi import KIMI
 
 response_text = KIMI.response_text

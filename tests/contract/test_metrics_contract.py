@@ -21,9 +21,9 @@ import _metric_source as src
 import _sglang
 import pytest
 
-from regen.client.metrics import MetricNames, parse_page, read_load
 from regen.client.profiles import SGLANG, VLLM
-from regen.simulate.testing import EAGLE3_OPTIONS, simulator_in_thread
+from regen.client.server_load import MetricNames, parse_page, read_load
+from regen.devkit.simulate.testing import EAGLE3_OPTIONS, simulator_in_thread
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -105,7 +105,7 @@ def sglang_declared(sglang_collector: Path) -> dict[str, src.Declared]:
 
 
 def test_sglang_label_dicts_are_what_the_simulator_sets(sglang_collector: Path) -> None:
-    from regen.simulate.metrics import SGLANG_SCHEDULER_LABELS, SGLANG_TOKENIZER_LABELS
+    from regen.devkit.simulate.metrics_page import SGLANG_SCHEDULER_LABELS, SGLANG_TOKENIZER_LABELS
 
     assert src.dict_keys(sglang_collector, "init_new") == SGLANG_SCHEDULER_LABELS
     assert src.dict_keys(sglang_collector, "tokenizer_metric_labels") == SGLANG_TOKENIZER_LABELS

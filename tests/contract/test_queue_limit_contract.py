@@ -17,8 +17,8 @@ import _sglang
 
 from regen.client.endpoints import check_endpoints
 from regen.client.profiles.sglang import identity_of, queue_limit
+from regen.devkit.simulate.testing import simulator_in_thread
 from regen.manifest import Endpoint
-from regen.simulate.testing import simulator_in_thread
 
 MODEL = "moonshotai/Kimi-K2.5"  #: the simulator's default served model
 

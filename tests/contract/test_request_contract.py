@@ -16,8 +16,8 @@ import pytest
 from pydantic import BaseModel
 
 from regen.client import ChatClient
+from regen.core.sample import Message, ToolCall
 from regen.manifest import Endpoint, Sampling
-from regen.sample import Message, ToolCall
 
 TOOLS = [
     {

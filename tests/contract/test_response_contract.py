@@ -19,7 +19,7 @@ from _scripted import Reply, ScriptedServer
 from _sse import assert_same
 
 from regen.client import ChatClient, RetryPolicy
-from regen.errors import OverloadedError, PermanentError, ServerError
+from regen.core.errors import OverloadedError, PermanentError, ServerError
 from regen.manifest import Endpoint, Sampling
 
 MODEL = "moonshotai/Kimi-K2.5"

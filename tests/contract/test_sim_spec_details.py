@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from regen.simulate.testing import EAGLE3_OPTIONS, simulator_in_thread
+from regen.devkit.simulate.testing import EAGLE3_OPTIONS, simulator_in_thread
 
 MODEL = "moonshotai/Kimi-K2.5"
 

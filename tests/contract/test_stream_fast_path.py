@@ -19,7 +19,7 @@ import pytest
 from _sse import assert_same
 from test_response_contract import Stream
 
-from regen.simulate.testing import simulator_in_thread
+from regen.devkit.simulate.testing import simulator_in_thread
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "tokenizer"
 

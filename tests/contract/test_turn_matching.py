@@ -15,9 +15,9 @@ import json
 import pytest
 from test_kimi_parsers import ARGS, BEGIN, CALL, CALL_END, END, parse_streamed, parse_whole
 
+from regen.core.result import TurnResult
+from regen.core.sample import Message, Sample, ToolCall
 from regen.engine.turns import TOOL_CALL_ARGUMENTS, TOOL_CALL_NAME, regenerate
-from regen.result import TurnResult
-from regen.sample import Message, Sample, ToolCall
 
 #: what the model writes each turn after the prompt's open <think>
 PRODUCED = (

@@ -23,13 +23,13 @@ import pytest
 from _runs import check_answers, check_ids_once, stored_rows, wait_until
 
 from regen.cli.main import main as regen_main
+from regen.core.errors import FingerprintMismatchError, LockHeldError
+from regen.devkit.procs import kill_group
+from regen.devkit.simulate import conversation_key
+from regen.devkit.simulate.testing import running_simulator
 from regen.engine import RunOptions, run_job
-from regen.errors import FingerprintMismatchError, LockHeldError
 from regen.manifest import load_manifest
 from regen.plan.index import native_check as _native_check
-from regen.procs import kill_group
-from regen.simulate import conversation_key
-from regen.simulate.testing import running_simulator
 from regen.sources import read_samples
 from regen.store import RunDir
 from regen.store.doneset import read_done

@@ -24,8 +24,8 @@ import pytest
 from _runs import DEMO, check_answers, check_ids_once, inputs, regen_cmd, stored_rows
 
 from regen.cli.main import main as regen_main
+from regen.devkit.simulate.testing import running_simulator
 from regen.manifest import load_manifest
-from regen.simulate.testing import running_simulator
 from regen.store import RunDir, layout
 from regen.store.completed import CompletedSample
 from regen.store.parts import list_parts

@@ -15,13 +15,13 @@ import pytest
 from _local_pool import LocalWorkerPool
 
 from regen.client import RetryPolicy
+from regen.core.errors import ConfigError, NoEndpointLeftError, RegenError, RunIncompleteError
+from regen.core.sample import Message, Sample
+from regen.devkit.simulate.testing import simulator_in_thread
 from regen.engine.dispatch import Dispatcher
 from regen.engine.schedule import WorkQueue
 from regen.engine.worker import SampleOutcome, SampleWorker
-from regen.errors import ConfigError, NoEndpointLeftError, RegenError, RunIncompleteError
 from regen.manifest import Endpoint, parse_manifest
-from regen.sample import Message, Sample
-from regen.simulate.testing import simulator_in_thread
 
 
 def samples(n: int) -> list[Sample]:

@@ -112,7 +112,7 @@ import logging, sys
 from regen.cli.main import invoke
 from regen.engine import RunOptions, run_job
 from regen.manifest import load_manifest
-from regen.simulate.testing import simulator_in_thread
+from regen.devkit.simulate.testing import simulator_in_thread
 from regen.store import RunDir
 
 # the in-thread simulator logs a client that went away before its headers (an actor killed

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from regen.devkit.simulate.testing import simulator_in_thread
 from regen.engine import RunOptions, run_job
 from regen.manifest import load_manifest
-from regen.simulate.testing import simulator_in_thread
 from regen.store import RunDir
 from regen.store.doneset import read_done
 from regen.store.failures import read_failures

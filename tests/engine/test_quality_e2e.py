@@ -26,13 +26,13 @@ import pytest
 import yaml
 from _runs import check_answers, check_ids_once, regen_cmd, request_body, stored_rows, wait_until
 
+from regen.devkit.procs import kill_group
+from regen.devkit.simulate.answer import degenerate_kind
+from regen.devkit.simulate.testing import running_simulator
 from regen.export import ExportSettings, export_run
 from regen.manifest import load_manifest
 from regen.plan.index import native_check
-from regen.procs import kill_group
 from regen.quality import DEFAULT_DROP_FLAGS
-from regen.simulate.answer import degenerate_kind
-from regen.simulate.testing import running_simulator
 from regen.sources import read_samples
 from regen.status import read_numbers
 from regen.store import RunDir, layout

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 from _runs import DEMO, regen_cmd, wait_until
 
-from regen.client.metrics import counter_total, parse_page
+from regen.client.server_load import counter_total, parse_page
+from regen.devkit.procs import kill_group, stop_group
+from regen.devkit.simulate.testing import running_simulator
 from regen.engine.metrics import METRICS, RAY_PREFIX, RunMetrics
-from regen.procs import kill_group, stop_group
-from regen.simulate.testing import running_simulator
 
 pytestmark = pytest.mark.ray
 

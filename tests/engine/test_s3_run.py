@@ -24,9 +24,9 @@ import pytest
 from _runs import DEMO, check_answers, check_ids_once, inputs, regen_cmd, stored_rows
 from _s3 import moto_s3
 
+from regen.devkit.procs import kill_group
+from regen.devkit.simulate.testing import running_simulator
 from regen.manifest import load_manifest
-from regen.procs import kill_group
-from regen.simulate.testing import running_simulator
 from regen.store import RunDir, layout
 from regen.store.doneset import read_done
 

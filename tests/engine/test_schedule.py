@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pytest
 
+from regen.core.sample import Message, Sample, ToolCall
 from regen.engine.schedule import (
     DEFAULT_TOKENS_PER_TURN,
     PRIOR_SLOPE,
@@ -18,7 +19,6 @@ from regen.engine.schedule import (
     WorkQueue,
 )
 from regen.plan.packed import PackedSample, Spill, unpacked
-from regen.sample import Message, Sample, ToolCall
 from regen.store import RunDir
 from regen.store.completed import CompletedSample
 from regen.store.doneset import read_done

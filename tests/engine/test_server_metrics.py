@@ -11,10 +11,10 @@ import time
 
 from regen.client import RetryPolicy
 from regen.client.endpoints import EndpointInfo
+from regen.core.sample import Message, Sample
+from regen.devkit.simulate.testing import simulator_in_thread
 from regen.engine.worker import SampleWorker
 from regen.manifest import parse_manifest
-from regen.sample import Message, Sample
-from regen.simulate.testing import simulator_in_thread
 
 SLOTS = 8
 #: a server of SLOTS slots whose other client holds half of them for the whole test
@@ -224,7 +224,7 @@ def test_without_a_page_the_worker_schedules_as_before_and_says_so_once(caplog) 
         w = worker([sim.url])
 
         async def go():
-            with caplog.at_level("INFO", logger="regen.client.metrics"):
+            with caplog.at_level("INFO", logger="regen.client.server_load"):
                 for _ in range(3):
                     await read_all(w)
                     w.pollers[sim.url].absent_every = 1  # ask every round: still 404

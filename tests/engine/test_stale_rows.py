@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from _runs import check_answers, copy_demo, inputs, regen_cmd, stored_rows
 
+from regen.devkit.simulate.testing import running_simulator
 from regen.manifest import load_manifest
-from regen.simulate.testing import running_simulator
 from regen.store import RunDir, layout
 
 pytestmark = pytest.mark.ray

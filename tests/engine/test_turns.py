@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from regen.core.result import TurnResult
+from regen.core.sample import Message, Sample, ToolCall
 from regen.engine import turns as T
 from regen.engine.turns import call_mismatch, regenerate
-from regen.result import TurnResult
-from regen.sample import Message, Sample, ToolCall
 
 
 class FakeServer:

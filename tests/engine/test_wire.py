@@ -11,9 +11,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from regen.core.sample import Message, Sample
 from regen.engine.wire import Mailbox, PackedOutcome, Reply, pack, unpack_reply
 from regen.engine.worker import SampleOutcome
-from regen.sample import Message, Sample
 from regen.store import RunDir, layout
 from regen.store.completed import CompletedSample
 from regen.store.counts import count_rows

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 
 from regen.client import RetryPolicy
+from regen.core.sample import Message, Sample
+from regen.devkit.simulate.testing import simulator_in_thread
 from regen.engine.worker import SampleWorker
 from regen.manifest import Endpoint, parse_manifest
-from regen.sample import Message, Sample
-from regen.simulate.testing import simulator_in_thread
 
 
 async def no_sleep(_s: float) -> None:
@@ -130,7 +130,7 @@ def test_503_overload_backs_the_limit_off_and_never_takes_the_endpoint_out(caplo
             await w.aclose()
             return out, snap
 
-        with caplog.at_level("WARNING", logger="regen.router"):
+        with caplog.at_level("WARNING", logger="regen.engine.router"):
             out, snap = asyncio.run(go())
     assert out.status == "done" and out.rows[0]["attempts"] == 9
     assert set(w.stats.errors) == {"overloaded"}

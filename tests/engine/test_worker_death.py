@@ -11,10 +11,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from regen.core.errors import RegenError
+from regen.devkit.simulate.testing import simulator_in_thread
 from regen.engine import RunOptions, run_job
-from regen.errors import RegenError
 from regen.manifest import load_manifest
-from regen.simulate.testing import simulator_in_thread
 from regen.store import RunDir
 from regen.store.doneset import read_done
 from regen.store.layout import LOCK as LOCK_FILE

@@ -29,7 +29,7 @@ import json
 import shutil
 from pathlib import Path
 
-from regen.template.tiny import build_tiny_tokenizer
+from regen.devkit.tokenizers.tiny import build_tiny_tokenizer
 
 #: the tool call the scripted target makes after </think>: name "lookup", arguments {"q": 7}
 TOOL_NAME = "lookup"

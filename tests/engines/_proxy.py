@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, web
 
-from regen.serving.server import free_port
+from regen.devkit.servers.transformers import free_port
 
 HOP = {"content-length", "transfer-encoding", "connection", "content-encoding"}
 

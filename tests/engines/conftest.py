@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _models import build_eagle3_draft, build_scripted_target
 from _vllm_env import vllm_python_or_skip
 
-from regen.serving.vllm import VllmServer
+from regen.devkit.servers.vllm import VllmServer
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -60,7 +60,7 @@ def vllm_python() -> Path:
 @pytest.fixture(scope="session")
 def engine_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The scripted target, an untrained draft (SpecForge numbering) and its vLLM copy."""
-    from regen.train.vllm_serving import write_vllm_draft
+    from regen.serve.vllm import write_vllm_draft
 
     root = tmp_path_factory.mktemp("engine-models")
     target = build_scripted_target(root / "target")
@@ -92,7 +92,7 @@ def vllm_server(
 def vllm_spec_server(
     vllm_python: Path, engine_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[VllmServer]:
-    from regen.train.vllm_serving import speculative_config
+    from regen.serve.vllm import speculative_config
 
     logs = tmp_path_factory.mktemp("vllm-spec-logs")
     spec = speculative_config(str(engine_models["draft_vllm"]), NUM_SPEC_TOKENS)

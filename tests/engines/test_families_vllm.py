@@ -1,12 +1,12 @@
 """`regen run` on a Qwen3, a DeepSeek-V3.1 and a Kimi target served by real vLLM 0.32 (CPU).
 
-Per family: its demo target (regen.serving.demo_target, built once per checkout under
+Per family: its demo target (regen.devkit.demo_target, built once per checkout under
 ``.cache/demo-model-FAMILY``; Kimi's is the ``demo_target`` fixture's ``.cache/demo-model``)
 is served by one vLLM server with that family's parsers (``Family.vllm``), and ``regen run``
 regenerates a short slice of the family's demo manifest (a few samples of every source, the
 tool-call sources xlam, glaive and swe_gym included). No sample fails permanently (DeepSeek's
 requests with a tool call in their history included: its demo target is served with the
-template fix a real V3.1 needs, regen.serving.demo_target.SERVED_TEMPLATE_EDITS). On the rows
+template fix a real V3.1 needs, regen.devkit.demo_target.SERVED_TEMPLATE_EDITS). On the rows
 of the run's parts:
 
 - every finished row holds the server's own ids (``token_source == "server"``);
@@ -71,9 +71,9 @@ def family_run(
 ) -> Iterator[dict[str, Any]]:  # fmt: skip
     """One family's run: its demo target served by one vLLM server with its parsers."""
     from regen.cli.main import main as regen_main
+    from regen.devkit.servers import build_demo_target
+    from regen.devkit.servers.vllm import VllmServer
     from regen.manifest import load_manifest
-    from regen.serving import build_demo_target
-    from regen.serving.vllm import VllmServer
     from regen.targets import FAMILIES
 
     name = request.param

@@ -19,7 +19,7 @@ from _models import TOOL_ARGS, TOOL_NAME
 from regen.client import ChatClient, check_endpoint
 from regen.client.profiles import SGLANG, VLLM
 from regen.client.stream import StreamAccumulator
-from regen.errors import OverloadedError, PermanentError
+from regen.core.errors import OverloadedError, PermanentError
 from regen.manifest import Endpoint, Sampling
 from regen.targets.kimi import KIMI
 
@@ -215,7 +215,7 @@ def keys(value: Any) -> set[str]:
 
 @pytest.fixture(scope="module")
 def vllm_sim():
-    from regen.simulate.testing import running_simulator
+    from regen.devkit.simulate.testing import running_simulator
 
     tok = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "tokenizer"
     with running_simulator(engine="vllm", tokenizer=str(tok), model_name="demo-target",
@@ -262,7 +262,7 @@ def test_the_simulators_vllm_errors_have_the_servers_shape(vllm_server, vllm_sim
         real, simulated = (json.loads(g[1]) for g in got)
         assert shape(real) == shape(simulated)
         assert real["error"]["param"] == simulated["error"]["param"]
-    from regen.simulate.testing import running_simulator
+    from regen.devkit.simulate.testing import running_simulator
 
     with running_simulator(engine="vllm", model_name="demo-target", instant=True,
                            fault_sequence="503") as over:  # fmt: skip

@@ -21,7 +21,7 @@ from _models import build_eagle1_draft
 
 from regen.bench.report import read_report
 from regen.cli.main import main as regen_main
-from regen.serving.vllm import VllmServer
+from regen.devkit.servers.vllm import VllmServer
 
 pytestmark = pytest.mark.vllm
 

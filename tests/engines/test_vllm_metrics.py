@@ -10,9 +10,9 @@ import time
 import httpx2
 import pytest
 
-from regen.client.metrics import parse_page, scrape
 from regen.client.profiles import VLLM
-from regen.simulate.testing import EAGLE3_OPTIONS, simulator_in_thread
+from regen.client.server_load import parse_page, scrape
+from regen.devkit.simulate.testing import EAGLE3_OPTIONS, simulator_in_thread
 
 pytestmark = pytest.mark.vllm
 

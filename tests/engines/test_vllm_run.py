@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 from _proxy import RecordingProxy
 
-from regen.client.metrics import counter_total, parse_metrics
 from regen.client.profiles.vllm import ADMISSION_REJECTIONS
+from regen.client.server_load import counter_total, parse_metrics
+from regen.devkit.procs import kill_group
 from regen.engine import RunOptions, run_job
 from regen.manifest import load_manifest, public_url
-from regen.procs import kill_group
 from regen.store import RunDir, layout
 from regen.store.doneset import read_done
 from regen.store.segments import read_journal_lines

@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from regen.bench.report import read_report
-from regen.loop import record
-from regen.loop.record import LoopRecord
+from regen.devkit.loop import record
+from regen.devkit.loop.record import LoopRecord
 
 #: bound on the whole loop (two vLLM starts per round, two CPU trainings)
 LOOP_TIMEOUT_S = 3600
@@ -63,7 +63,7 @@ def loop(
 
 
 def _columns(rec: LoopRecord) -> list[tuple[str, Any]]:
-    from regen.loop.summary import columns
+    from regen.devkit.loop.summary import columns
 
     return columns(rec)
 

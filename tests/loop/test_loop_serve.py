@@ -1,4 +1,5 @@
-"""regen.loop.serve: a draft vLLM would serve wrong is refused before any server process starts.
+"""regen.devkit.loop.servers: a draft vLLM would serve wrong is refused before any server process
+starts.
 
 The drafts are SpecForge's own EAGLE-3 class saved as its exporter saves one
 (tests/engines/_models.py), and the vLLM copy is written by `regen serve-command`'s own code.
@@ -18,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines"))
 
 from _models import build_eagle1_draft, build_eagle3_draft, build_scripted_target
 
-from regen.errors import EndpointError, TrapError
-from regen.loop.serve import speculative_server, vllm_python
-from regen.train.vllm_serving import write_vllm_draft
+from regen.core.errors import EndpointError, TrapError
+from regen.devkit.loop.servers import speculative_server, vllm_python
+from regen.serve.vllm import write_vllm_draft
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +105,7 @@ def test_the_vllm_copy_is_served(models, marking_python, tmp_path) -> None:
 
 
 def test_no_vllm_environment_is_one_clear_error(tmp_path) -> None:
-    from regen.errors import ConfigError
+    from regen.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="run `bash scripts/vllm-env` first"):
         vllm_python(tmp_path / "none")

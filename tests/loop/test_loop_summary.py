@@ -1,11 +1,11 @@
-"""regen.loop.summary: the side-by-side table and the findings, from a loop record (pure)."""
+"""regen.devkit.loop.summary: the side-by-side table and the findings, from a loop record (pure)."""
 
 from __future__ import annotations
 
 from rich.console import Console
 
-from regen.loop.record import BenchRecord, GreedyRecord, LevelRecord, LoopRecord, RoundRecord
-from regen.loop.summary import findings, summary_table
+from regen.devkit.loop.record import BenchRecord, GreedyRecord, LevelRecord, LoopRecord, RoundRecord
+from regen.devkit.loop.summary import findings, summary_table
 
 
 def bench(accept: float, sources: dict[str, float], *, same: int = 4, verdicts=()) -> BenchRecord:

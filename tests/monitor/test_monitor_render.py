@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from monitor.render import Histogram, fmt_duration, fmt_len, fmt_tokens, progress_bar, render_text
-from monitor.synthetic import ENDPOINTS, make_snapshot, write_run_dir
 from regen.cli.main import main
+from regen.devkit.synthetic import ENDPOINTS, make_snapshot, write_run_dir
 from regen.status import read_numbers
 
 NOW = 1_800_000_000.0
@@ -187,7 +187,7 @@ def tmp_dir_numbers_stopped(live_dir: Path):
     import shutil
     import tempfile
 
-    from monitor.synthetic import write_run_dir
+    from regen.devkit.synthetic import write_run_dir
 
     d = Path(tempfile.mkdtemp(prefix="regen-stopped-"))
     try:

@@ -14,8 +14,8 @@ import pytest
 
 from benchmarks import chaos
 from regen.cli.main import main as regen_main
+from regen.devkit.simulate.testing import simulator_in_thread
 from regen.engine.metrics import values
-from regen.simulate.testing import simulator_in_thread
 from regen.status import read_numbers
 
 pytestmark = pytest.mark.ray

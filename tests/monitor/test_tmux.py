@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from regen.simulate import testing
+from regen.devkit.simulate import testing
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 

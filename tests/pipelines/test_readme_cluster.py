@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.simulate.testing import running_simulator
+from regen.devkit.simulate.testing import running_simulator
 
 pytestmark = pytest.mark.ray
 

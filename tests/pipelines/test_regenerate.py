@@ -9,8 +9,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from regen.devkit.simulate.testing import running_simulator
 from regen.manifest import load_manifest
-from regen.simulate.testing import running_simulator
 from regen.store import RunDir
 from regen.store.doneset import read_done
 

@@ -24,11 +24,11 @@ from _quota_fs import QuotaDisk
 from _reliability import chaos
 
 from regen.cli.main import main as regen_main
+from regen.core.errors import RunDirError
+from regen.devkit.procs import kill_group
+from regen.devkit.simulate.testing import running_simulator, simulator_in_thread
 from regen.engine import RunOptions, run_job
-from regen.errors import RunDirError
 from regen.manifest import load_manifest
-from regen.procs import kill_group
-from regen.simulate.testing import running_simulator, simulator_in_thread
 from regen.store import RunDir
 from regen.store import parts as jn
 from regen.store.doneset import read_done

@@ -17,7 +17,7 @@ from _reliability import chaos
 
 from regen.cli.main import EXIT_DONE, EXIT_LEFT, main
 from regen.client.endpoints import server_root
-from regen.simulate.testing import running_simulator
+from regen.devkit.simulate.testing import running_simulator
 from regen.store import RunDir
 from regen.store.doneset import read_done
 from regen.store.failures import read_failures

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from _reliability import REPO, chaos
 
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
 from regen.manifest import load_manifest
 
 #: made at run time, so no copy of this file (e.g. a Ray working_dir upload) holds it
@@ -102,7 +102,7 @@ def test_key_from_a_file_reaches_the_server_and_nowhere_else(
 
 
 def chaos_sim(**options: Any):
-    from regen.simulate.testing import running_simulator
+    from regen.devkit.simulate.testing import running_simulator
 
     opts = {"model_name": chaos.MODEL, "instant": True, "mean_tokens": 16, "api_key": SECRET}
     return running_simulator(**{**opts, **options})

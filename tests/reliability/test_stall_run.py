@@ -33,7 +33,7 @@ from _reliability import chaos
 from rich.console import Console
 
 from regen.client.endpoints import server_root
-from regen.simulate.testing import running_simulator
+from regen.devkit.simulate.testing import running_simulator
 
 pytestmark = pytest.mark.ray
 

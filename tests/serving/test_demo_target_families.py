@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from regen.errors import ConfigError
-from regen.serving.demo_target import (
+from regen.core.errors import ConfigError
+from regen.devkit.demo_target import (
     DEEPSEEK_V3_RESPONSE,
     QWEN3_RESPONSE,
     SERVED_TEMPLATE_EDITS,

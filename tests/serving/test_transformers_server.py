@@ -14,11 +14,11 @@ import httpx2
 import pytest
 
 from regen.client import ChatClient, RetryPolicy, check_endpoints
-from regen.errors import ConfigError, EndpointError, PermanentError
+from regen.core.errors import ConfigError, EndpointError, PermanentError
+from regen.devkit.demo_target import CONTENT, MARKER, OLD_MARKERS, REASONING, DemoTargetSpec
+from regen.devkit.servers import TransformersServer, build_demo_target
+from regen.engine.router import EndpointRouter
 from regen.manifest import Endpoint, Sampling
-from regen.router import EndpointRouter
-from regen.serving import TransformersServer, build_demo_target
-from regen.serving.demo_target import CONTENT, MARKER, OLD_MARKERS, REASONING, DemoTargetSpec
 
 # the module's first test of a fresh checkout builds the demo target (demo_target: about two
 # CPU minutes, several more with both cores busy); every request after it is small

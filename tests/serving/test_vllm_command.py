@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from regen.serving.vllm import KIMI_PARSER_ARGS, VllmServer, parser_args
+from regen.devkit.servers.vllm import KIMI_PARSER_ARGS, VllmServer, parser_args
 from regen.targets.family import Parsers
 from regen.targets.kimi import KIMI
 

@@ -1,6 +1,6 @@
 """Options shared by the simulator tests (tests recompute answers with ANSWER)."""
 
-from regen.simulate import AnswerConfig
+from regen.devkit.simulate import AnswerConfig
 
 MODEL = "moonshotai/Kimi-K2.5"
 #: answer options of the protocol simulators (tests recompute answers with these)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from _sim_common import PROTOCOL_OPTIONS
 
-from regen.simulate.testing import RunningSimulator, running_simulator
+from regen.devkit.simulate.testing import RunningSimulator, running_simulator
 
 
 @pytest.fixture(scope="session")

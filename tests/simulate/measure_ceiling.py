@@ -2,7 +2,7 @@
 
     .venv/bin/python tests/simulate/measure_ceiling.py
 
-Starts `regen simulate` subprocesses, drives them with regen.simulate.loadgen from this process
+Starts `regen simulate` subprocesses, drives them with tests._loadgen from this process
 (raw SSE reads, the cheapest client), and prints one JSON line per scenario: achieved tok/s and
 req/s, the share of capacity reached, the server's CPU use (cores) and its late steps.
 """
@@ -15,8 +15,8 @@ import os
 import time
 from typing import Any
 
-from regen.simulate.loadgen import run_load
-from regen.simulate.testing import running_simulator
+from regen.devkit.simulate.testing import running_simulator
+from tests._loadgen import run_load
 
 
 def cpu_s(pid: int) -> float:

@@ -4,7 +4,7 @@ import statistics
 import pytest
 from _sim_common import TOOLS
 
-from regen.simulate import AnswerConfig, answer, conversation_key, count_tokens, request_key
+from regen.devkit.simulate import AnswerConfig, answer, conversation_key, count_tokens, request_key
 
 
 def req(i: int = 0, **extra):

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from regen.simulate.loadgen import run_load
-from regen.simulate.testing import RunningSimulator, running_simulator
+from regen.devkit.simulate.testing import RunningSimulator, running_simulator
+from tests._loadgen import run_load
 
 pytestmark = pytest.mark.timeout(60)
 

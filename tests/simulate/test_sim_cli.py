@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.simulate.testing import options_to_args, running_simulator, simulator_in_thread
+from regen.devkit.simulate.testing import options_to_args, running_simulator, simulator_in_thread
 
 pytestmark = pytest.mark.timeout(60)
 

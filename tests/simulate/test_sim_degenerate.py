@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from _sim_common import MODEL, TOOLS
 
-from regen.simulate import AnswerConfig, answer
-from regen.simulate.answer import DEGENERATE_KINDS, degenerate_kind
-from regen.simulate.config import SimConfig
-from regen.simulate.testing import simulator_in_thread
+from regen.devkit.simulate import AnswerConfig, answer
+from regen.devkit.simulate.answer import DEGENERATE_KINDS, degenerate_kind
+from regen.devkit.simulate.config import SimConfig
+from regen.devkit.simulate.testing import simulator_in_thread
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "tokenizer"
 RATE = 0.1
@@ -114,7 +114,7 @@ def test_a_language_switch_answers_in_another_script() -> None:
 
 def test_it_is_a_simulator_flag() -> None:
     assert SimConfig.from_flat({"degenerate_rate": 0.25}).answer.degenerate_rate == 0.25
-    from regen.errors import ConfigError
+    from regen.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="degenerate_rate"):
         SimConfig.from_flat({"degenerate_rate": 1.5})

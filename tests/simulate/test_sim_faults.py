@@ -3,8 +3,8 @@ import collections
 import pytest
 from pydantic import ValidationError
 
-from regen.errors import ConfigError
-from regen.simulate.faults import Fault, FaultConfig, parse_sequence
+from regen.core.errors import ConfigError
+from regen.devkit.simulate.faults import Fault, FaultConfig, parse_sequence
 
 
 def test_rates_are_kept_over_many_keys():

@@ -13,9 +13,9 @@ import aiohttp
 import pytest
 from _sim_common import MODEL
 
-from regen.simulate import AnswerConfig, answer, conversation_key, request_key
-from regen.simulate.faults import Fault, FaultConfig
-from regen.simulate.testing import RunningSimulator, running_simulator
+from regen.devkit.simulate import AnswerConfig, answer, conversation_key, request_key
+from regen.devkit.simulate.faults import Fault, FaultConfig
+from regen.devkit.simulate.testing import RunningSimulator, running_simulator
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,12 +12,12 @@ import urllib.request
 
 import pytest
 
-from regen.client.metrics import counter_total, parse_page, read_load
 from regen.client.profiles import SGLANG, VLLM
-from regen.errors import ConfigError
-from regen.simulate.config import SimConfig
-from regen.simulate.loadgen import make_body, run_load
-from regen.simulate.testing import simulator_in_thread
+from regen.client.server_load import counter_total, parse_page, read_load
+from regen.core.errors import ConfigError
+from regen.devkit.simulate.config import SimConfig
+from regen.devkit.simulate.testing import simulator_in_thread
+from tests._loadgen import make_body, run_load
 
 #: requests of a background client that never end while a test looks at the server
 FOREVER = 1_000_000

@@ -21,8 +21,8 @@ import pytest
 from _sim_common import MODEL
 from prometheus_client.parser import text_string_to_metric_families
 
-from regen.simulate import AnswerConfig, answer, request_key
-from regen.simulate.testing import RunningSimulator, running_simulator, simulator_in_thread
+from regen.devkit.simulate import AnswerConfig, answer, request_key
+from regen.devkit.simulate.testing import RunningSimulator, running_simulator, simulator_in_thread
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -360,8 +360,8 @@ def test_overload_window_refuses_new_requests_as_a_full_queue(tmp_path: Path):
 
 
 def test_outage_options_need_their_start():
-    from regen.errors import ConfigError
-    from regen.simulate.config import SimConfig
+    from regen.core.errors import ConfigError
+    from regen.devkit.simulate.config import SimConfig
 
     with pytest.raises(ConfigError, match="--hang-for-s needs"):
         SimConfig.from_flat({"hang_for_s": 1.0})
@@ -391,8 +391,8 @@ def test_overload_after_n_requests_starts_the_storm_at_the_nth():
 
 
 def test_health_timeout_is_sglangs_variable_unless_given(monkeypatch: pytest.MonkeyPatch):
-    from regen.errors import ConfigError
-    from regen.simulate.config import SimConfig
+    from regen.core.errors import ConfigError
+    from regen.devkit.simulate.config import SimConfig
 
     monkeypatch.delenv("SGLANG_HEALTH_CHECK_TIMEOUT", raising=False)
     assert SimConfig().health_timeout_s == 20.0

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from _sim_common import TOOLS
 
-from regen.errors import ConfigError
-from regen.simulate import AnswerConfig, answer
-from regen.simulate.answer import prompt_z, request_prompt_z
+from regen.core.errors import ConfigError
+from regen.devkit.simulate import AnswerConfig, answer
+from regen.devkit.simulate.answer import prompt_z, request_prompt_z
 
 #: requests and what the simulator answered them before prompt_share existed:
 #: (completion tokens, reasoning tokens, finish reason, digest of the whole answer)
@@ -221,7 +221,7 @@ def test_config_rejects_a_share_outside_0_1():
 def test_cli_flag_reaches_the_answer_config():
     import argparse
 
-    from regen.cli import simulate
+    from regen.devkit.commands import simulate
 
     parser = argparse.ArgumentParser()
     simulate.add_arguments(parser)
@@ -273,10 +273,10 @@ def test_workload_prompt_z_is_the_one_of_the_request_regen_sends(workload, tmp_p
     """Every turn's request (built as benchmarks/_eventsim.chains builds it, through regen's
     adapter, turn logic and client) has the prompt draw of the row's user text."""
     from regen.client import ChatClient
+    from regen.core.result import TurnResult
+    from regen.core.sample import ToolCall
     from regen.engine.turns import regenerate
     from regen.manifest import Endpoint, load_manifest
-    from regen.result import TurnResult
-    from regen.sample import ToolCall
     from regen.sources import read_samples
 
     path = workload.write_workload(tmp_path, 60, multi=0.6, length_corr=0.5)

@@ -12,7 +12,7 @@ import openai
 import pytest
 from _sim_common import ANSWER, MODEL
 
-from regen.simulate import answer, conversation_key, count_tokens, request_key
+from regen.devkit.simulate import answer, conversation_key, count_tokens, request_key
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from _sim_common import MODEL
 
-from regen.errors import ConfigError
-from regen.simulate.config import SimConfig
-from regen.simulate.testing import simulator_in_thread
+from regen.core.errors import ConfigError
+from regen.devkit.simulate.config import SimConfig
+from regen.devkit.simulate.testing import simulator_in_thread
 
 pytestmark = pytest.mark.timeout(60)
 

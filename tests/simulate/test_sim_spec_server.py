@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from _sim_common import MODEL
 
-from regen.errors import ConfigError
-from regen.simulate.config import SimConfig
-from regen.simulate.loadgen import run_load
-from regen.simulate.speculative import SpeedModel
-from regen.simulate.testing import EAGLE3_OPTIONS, running_simulator, simulator_in_thread
+from regen.core.errors import ConfigError
+from regen.devkit.simulate.config import SimConfig
+from regen.devkit.simulate.speculative import SpeedModel
+from regen.devkit.simulate.testing import EAGLE3_OPTIONS, running_simulator, simulator_in_thread
+from tests._loadgen import run_load
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -120,7 +120,7 @@ def test_streamed_details_in_the_sglext_chunk_before_usage() -> None:
         n = chunks[usage[0]]["usage"]["completion_tokens"]
         assert decode_accept(d, n) == pytest.approx(2.6, rel=0.03)
         # one chunk per speculative step: at most num_steps + 1 tokens of text each
-        from regen.simulate.tokens import count_tokens
+        from regen.devkit.simulate.tokens import count_tokens
 
         texts = [
             e["choices"][0]["delta"].get("reasoning_content") or e["choices"][0]["delta"].get(

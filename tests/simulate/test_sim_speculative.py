@@ -1,5 +1,5 @@
-"""The speculative speed model (regen.simulate.speculative): closed forms, the reference case,
-per-request steps and SGLang's spec_tokens_details, acceptance per prompt, the EAGLE trap."""
+"""The speculative speed model (regen.devkit.simulate.speculative): closed forms, the reference
+case, per-request steps and SGLang's spec_tokens_details, acceptance per prompt, the EAGLE trap."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from regen.errors import ConfigError
-from regen.simulate.speculative import (
+from regen.core.errors import ConfigError
+from regen.devkit.simulate.speculative import (
     BROKEN_ACCEPT_LENGTH,
     AcceptanceMap,
     SpecCounters,

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from _sim_common import MODEL
 
-from regen.simulate import AnswerConfig, answer
-from regen.simulate.testing import RunningSimulator, simulator_in_thread
+from regen.devkit.simulate import AnswerConfig, answer
+from regen.devkit.simulate.testing import RunningSimulator, simulator_in_thread
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "tokenizer"
 pytestmark = [

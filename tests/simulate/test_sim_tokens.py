@@ -1,4 +1,4 @@
-from regen.simulate.tokens import count_tokens, prompt_tokens, split_pieces
+from regen.devkit.simulate.tokens import count_tokens, prompt_tokens, split_pieces
 
 
 def test_word_pieces():

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from _sources_helpers import one_source
 
+from regen.core.sample import Message, Rejection, Sample, ToolCall
 from regen.manifest import ADAPTERS
-from regen.sample import Message, Rejection, Sample, ToolCall
 from regen.sources import NATIVE_ADAPTERS, PARSERS, iter_source
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from _sources_helpers import manifest_for, write_jsonl
 
+from regen.core.sample import Message, Sample, ToolCall
+from regen.core.text import words
 from regen.manifest import Dedup
-from regen.sample import Message, Sample, ToolCall
 from regen.sources import ReadStats, neardup, read_samples
 from regen.sources.neardup import (
     NearDuplicates,
@@ -18,7 +19,6 @@ from regen.sources.neardup import (
     near_text,
     shingles,
 )
-from regen.text import words
 
 VOCAB = [f"w{i}" for i in range(20_000)]
 

@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from _sources_helpers import manifest_for, write_jsonl
 
-from regen.errors import SourceError
-from regen.sample import Rejection
+from regen.core.errors import SourceError
+from regen.core.sample import Rejection
 from regen.sources import RawRow, iter_raw, reader
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from _sources_helpers import manifest_for, write_jsonl
 
-from regen.sample import Sample
+from regen.core.sample import Sample
 from regen.sources.adapters import iter_source
 
 

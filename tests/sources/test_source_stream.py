@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from _sources_helpers import manifest_for, write_jsonl
 
-from regen.errors import SourceError
+from regen.core.errors import SourceError
 from regen.manifest import load_manifest
 from regen.sources import ReadStats, iter_source, read_samples
 

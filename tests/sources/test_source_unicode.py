@@ -1,7 +1,7 @@
 """Text that is not valid Unicode is never fatal: one rule for every adapter and every field.
 
 A JSON escape such as ``"\\ud800"`` (scraped ShareGPT dumps hold them) decodes to a lone
-surrogate, which no UTF-8 encoder accepts. The rule (regen.sample): such a row is skipped as
+surrogate, which no UTF-8 encoder accepts. The rule (regen.core.sample): such a row is skipped as
 ``invalid_unicode``, with the field that holds it, like any other unusable row, and every
 other row is read. These tests generate such rows from a good row of every adapter, once per
 string in it (and inside the JSON-string columns the adapters decode), the way a JSON writer
@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from _sources_helpers import one_source
 
+from regen.core.sample import Rejection, Sample
 from regen.manifest import ADAPTERS
 from regen.plan.report import build_plan
-from regen.sample import Rejection, Sample
 from regen.sources import iter_source, read_samples
 from regen.sources.stream import ReadStats
 

@@ -142,8 +142,8 @@ def test_a_run_with_new_attempts_is_read_whole(tmp_path: Path) -> None:
 
 def _native_run(tmp_path: Path, n: int = 12, per_part: int = 4) -> RunDir:
     """Parts of real rows (regen.store.schema.SCHEMA: native rows) with their records."""
-    from regen.rows import native_row
-    from regen.sample import Sample
+    from regen.core.sample import Sample
+    from regen.engine.rows import native_row
 
     rd = RunDir.open(tmp_path / "run")
     j = Journal(rd, "S")

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from regen.errors import RunDirError
+from regen.core.errors import RunDirError
 from regen.store import RunDir
 from regen.store.completed import CompletedSample
 from regen.store.doneset import read_done

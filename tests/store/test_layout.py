@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.errors import RunDirError
+from regen.core.errors import RunDirError
 from regen.store import RunDir, layout
 from regen.store.layout import PartRecord, PlanEntry, PlanRecord, RunRecord
 

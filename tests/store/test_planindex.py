@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from _runs import copy_demo
 
+from regen.core.errors import SourceError
 from regen.engine.schedule import WorkQueue
-from regen.errors import SourceError
 from regen.manifest import Manifest, load_manifest, parse_manifest
 from regen.plan.index import iter_planned
 from regen.plan.packed import unpacked

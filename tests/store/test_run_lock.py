@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.errors import FingerprintMismatchError, LockHeldError
+from regen.core.errors import FingerprintMismatchError, LockHeldError
 from regen.manifest import parse_manifest
 from regen.store import RunDir, layout
 from regen.store.layout import LockRecord
@@ -181,7 +181,7 @@ def test_a_marker_left_by_a_dead_taker_is_cleared(tmp_path) -> None:
 
 RACE = """
 import sys, time
-from regen.errors import LockHeldError
+from regen.core.errors import LockHeldError
 from regen.store import RunDir
 from regen.store.lock import RunLock
 rd = RunDir.open(sys.argv[1])

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from _s3 import moto_s3
 
-from regen.errors import LockHeldError
+from regen.core.errors import LockHeldError
 from regen.store import RunDir, layout
 from regen.store.completed import CompletedSample
 from regen.store.doneset import read_done

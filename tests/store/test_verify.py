@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from regen.errors import LockHeldError, RunDirError
+from regen.core.errors import LockHeldError, RunDirError
 from regen.plan.index import rebuild
 from regen.store import RunDir, layout
 from regen.store.completed import CompletedSample
@@ -150,8 +150,8 @@ def test_ids_not_in_the_plan_are_stale_not_lost(tmp_path: Path) -> None:
 def _native_run(tmp_path: Path, n: int = 8) -> RunDir:
     """Parts of real rows (native rows: regen.store.schema.SCHEMA) and the progress file counting
     them: a directory verify finds clean (plan checks aside)."""
-    from regen.rows import native_row
-    from regen.sample import Sample
+    from regen.core.sample import Sample
+    from regen.engine.rows import native_row
 
     rd = RunDir.open(tmp_path / "run")
     j = Journal(rd, "S1")

@@ -38,8 +38,8 @@ import pyarrow.parquet as pq
 import pytest
 from _runs import DEMO, regen_cmd
 
+from regen.devkit.simulate.testing import running_simulator
 from regen.plan.index import rebuild
-from regen.simulate.testing import running_simulator
 from regen.status import read_numbers
 from regen.store import RunDir, layout
 from regen.store.completed import CompletedSample

@@ -21,7 +21,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers
 
-from regen.sample import ToolCall
+from regen.core.sample import ToolCall
 from regen.targets.family import Family, ThinkState
 
 HERE = Path(__file__).resolve().parent

@@ -2,7 +2,7 @@
 
 Per family: a tokenizer holding its special tokens (the committed tiny one where it has one,
 else the tiny Kimi BPE with the family's tokens added) and its REAL chat template
-(regen/template/templates/, Kimi's own for Kimi); the demo manifest's samples (tool-call
+(regen/devkit/tokenizers/templates/, Kimi's own for Kimi); the demo manifest's samples (tool-call
 sources included) answered in the family's format (reasoning where it reasons, the sample's
 own tool calls where tools are declared) and built into rows by regen's row builder; the rows
 written as a part of a run directory, exported, and read by SpecForge's own
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from regen.errors import TemplateError
+from regen.core.errors import TemplateError
+from regen.core.result import TurnResult
+from regen.core.sample import Sample, ToolCall
+from regen.engine.rows import build_rows
 from regen.export import ExportSettings, export_run
 from regen.manifest import load_manifest
-from regen.result import TurnResult
-from regen.rows import build_rows
-from regen.sample import Sample, ToolCall
 from regen.sources import read_samples
 from regen.store import RunDir
 from regen.store.completed import CompletedSample
@@ -32,7 +32,7 @@ from regen.train.preflight import prompt_tasks
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "manifests" / "demo.yaml"
-TEMPLATES = REPO / "regen" / "template" / "templates"
+TEMPLATES = REPO / "regen" / "devkit" / "tokenizers" / "templates"
 TINY = {
     "kimi": REPO / "manifests" / "demo" / "tokenizer",
     "qwen3": REPO / "manifests" / "demo-qwen3" / "tokenizer",

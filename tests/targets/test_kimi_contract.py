@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from _engines import Case, check, vllm_parse
 
-from regen.sample import ToolCall
+from regen.core.sample import ToolCall
 from regen.targets.kimi import (
     CALL_ARGS,
     CALL_BEGIN,

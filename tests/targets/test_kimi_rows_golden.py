@@ -16,10 +16,10 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from regen.core.result import TurnResult
+from regen.core.sample import ATTEMPT_META, Message, Sample, ToolCall
+from regen.engine.rows import build_turn_row
 from regen.manifest import load_manifest
-from regen.result import TurnResult
-from regen.rows import build_turn_row
-from regen.sample import ATTEMPT_META, Message, Sample, ToolCall
 from regen.template.render import Renderer
 
 REPO = Path(__file__).resolve().parents[2]

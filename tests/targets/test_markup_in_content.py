@@ -58,7 +58,7 @@ def test_transformers_serve_counts_the_rows_prompt_tokens_with_markup_in_history
 ) -> None:
     import httpx2
 
-    from regen.serving import TransformersServer
+    from regen.devkit.servers import TransformersServer
 
     renderer = Renderer.from_dir(REPO / "manifests" / "demo" / "tokenizer",
                                  template_kwargs={"thinking": True})  # fmt: skip

@@ -12,12 +12,12 @@ import pytest
 import yaml
 
 from regen.cli.main import main as regen_main
-from regen.engine.preflight import check_family
-from regen.errors import ConfigError, TemplateError, TrapError
+from regen.core.errors import ConfigError, TemplateError, TrapError
+from regen.core.result import TurnResult
+from regen.core.sample import Message, Sample, stable_hash
+from regen.engine.failfast import check_family
+from regen.engine.rows import build_turn_row
 from regen.manifest import load_manifest, parse_manifest
-from regen.result import TurnResult
-from regen.rows import build_turn_row
-from regen.sample import Message, Sample, stable_hash
 from regen.targets import FAMILIES, UNKNOWN, family_named, recognise_dir
 from regen.template.render import Renderer, load_tokenizer
 from regen.train.checks import check_train_config

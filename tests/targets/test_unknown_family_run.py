@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from regen.cli.main import main as regen_main
-from regen.simulate.testing import running_simulator
+from regen.devkit.simulate.testing import running_simulator
 from regen.targets import recognise_dir
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]

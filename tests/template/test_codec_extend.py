@@ -12,7 +12,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from benchmarks._workload import make_rows
-from regen.sample import Message, ToolCall
+from regen.core.sample import Message, ToolCall
 from regen.targets.kimi import KIMI
 from regen.template.codec import PROBES, TokenCodec
 from regen.template.extend import Boundaries

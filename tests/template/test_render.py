@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from regen.errors import TemplateError
-from regen.sample import Message, ToolCall
+from regen.core.errors import TemplateError
+from regen.core.sample import Message, ToolCall
 from regen.targets.kimi import KIMI
 from regen.template.render import Renderer
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.template.tiny import (
+from regen.devkit.tokenizers.tiny import (
     BASE_VOCAB,
     SPECIAL_TOKENS,
     TEMPLATES_DIR,

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from train_fixtures import REPO, demo_train_config
 
-from regen.simulate.testing import running_simulator
+from regen.devkit.simulate.testing import running_simulator
 
 DEMO = REPO / "manifests" / "demo.yaml"
 

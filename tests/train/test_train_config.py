@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from train_fixtures import REPO, kimi_config
 
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
 from regen.train import config as config_mod
 from regen.train.checks import check_train_config
 from regen.train.config import load_train_config, parse_train_config

@@ -71,8 +71,8 @@ def test_the_demo_targets_answers_finish_like_a_real_targets(demo_run: Path) -> 
     Later turns of a tool conversation are not matched: their history holds the tool-call ids
     transformers serve made up (``REQUEST_tool_call_N``, where Kimi's parser gives
     ``functions.NAME:N``), a prompt the demo target never saw."""
+    from regen.devkit.demo_target import training_turns
     from regen.manifest import load_manifest
-    from regen.serving.demo_target import training_turns
 
     rows = [r for p in sorted((demo_run / L.PARTS_DIR).glob("*.parquet"))
             for r in pq.read_table(p).to_pylist() if r["token_source"] != "native"]  # fmt: skip
@@ -244,7 +244,7 @@ def test_specforge_cli_plans_the_production_config(
 def test_specforge_trains_the_draft_on_cpu_and_the_held_out_loss_falls(
     run_copy: Path, demo_target: Path
 ) -> None:
-    from regen.train.cpu_demo import train_on_cpu
+    from regen.devkit.cpu_train import train_on_cpu
 
     result = train_on_cpu(
         run_copy, REPO / "manifests" / "demo-train.yaml", steps=CPU_STEPS,

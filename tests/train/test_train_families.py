@@ -1,7 +1,7 @@
 """`regen train` for a target that is not Kimi: a real Qwen3-format run, SpecForge's own code.
 
 One run of ``manifests/demo-qwen3.yaml`` against ``transformers serve`` of the Qwen3 demo
-target (regen.serving.demo_target, built once per checkout under ``.cache/demo-model-qwen3``),
+target (regen.devkit.demo_target, built once per checkout under ``.cache/demo-model-qwen3``),
 as ``regen demo --target qwen3`` runs it. On it:
 
 - ``regen export`` and SpecForge 0.2.0's ``prepare_prompt_tasks`` accept every row, ids and
@@ -36,7 +36,7 @@ RUN_TIMEOUT_S = 600
 
 @pytest.fixture(scope="module")
 def qwen3_target() -> Path:
-    from regen.serving import build_demo_target
+    from regen.devkit.servers import build_demo_target
 
     return build_demo_target(REPO / ".cache" / "demo-model-qwen3", MANIFEST)
 
@@ -93,7 +93,7 @@ def test_train_dry_run_holds_the_qwen3_run_against_its_targets(run_copy: Path, c
 def test_specforge_trains_a_draft_on_the_qwen3_export_and_the_held_out_loss_falls(
     run_copy: Path, qwen3_target: Path
 ) -> None:
-    from regen.train.cpu_demo import train_on_cpu
+    from regen.devkit.cpu_train import train_on_cpu
 
     result = train_on_cpu(run_copy, TRAIN, steps=CPU_STEPS, target_path=str(qwen3_target))
     (s0, first), (s_end, last) = result.curve.held_out[0], result.curve.held_out[-1]

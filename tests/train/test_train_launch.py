@@ -10,7 +10,7 @@ import pytest
 from train_fixtures import good_rows, kimi_config, kimi_row, write_export
 
 from regen.cli.main import main as regen_main
-from regen.errors import TrapError
+from regen.core.errors import TrapError
 from regen.train import data
 from regen.train.launch import launch_training, prepare_training
 from regen.train.preflight import count_prepared, preflight
@@ -87,8 +87,8 @@ def test_preflight_refuses_a_config_changed_after_launch(run_dir: Path, write_tr
 def _write_parts(run_dir: Path, rows: list[dict], first_id: int = 0) -> None:
     import pyarrow.parquet as pq
 
-    from regen.rows import native_row
-    from regen.sample import Sample
+    from regen.core.sample import Sample
+    from regen.engine.rows import native_row
     from regen.store.schema import rows_to_table
 
     table = rows_to_table(
@@ -128,7 +128,7 @@ def test_run_without_export_is_exported_then_reexported_when_stale(
 def test_preflight_refuses_a_capture_server_running_eagle(
     tmp_path: Path, run_dir: Path, write_train_yaml
 ):
-    from regen.simulate.testing import simulator_in_thread
+    from regen.devkit.simulate.testing import simulator_in_thread
 
     with simulator_in_thread(
         instant=True, speculative_algorithm="EAGLE", speculative_draft_model_path="/d"
@@ -181,7 +181,7 @@ def test_submission_retries_a_refusal_without_sleeping(
 
 
 def test_submission_gives_up_with_a_config_error(monkeypatch, run_dir: Path, write_train_yaml):
-    from regen.errors import ConfigError
+    from regen.core.errors import ConfigError
     from regen.train import launch
 
     fake = _FlakyJobClient(refusals=99)

@@ -15,9 +15,9 @@ import pytest
 from train_fixtures import PRODUCTION_TRAIN
 
 from regen.cli.main import main as regen_main
-from regen.errors import TrapError
-from regen.simulate.testing import running_simulator
-from regen.train.serving import verify_server
+from regen.core.errors import TrapError
+from regen.devkit.simulate.testing import running_simulator
+from regen.serve.sglang import verify_server
 
 DRAFT = "/drafts/kimi-k25-eagle3"
 #: answers of the speculative simulators: 400 tokens, cut by SERVED_TOKENS

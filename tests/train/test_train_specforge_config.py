@@ -8,7 +8,7 @@ import pytest
 import yaml
 from train_fixtures import kimi_config
 
-from regen.errors import ConfigError
+from regen.core.errors import ConfigError
 from regen.train.checks import check_train_config
 from regen.train.config import parse_train_config
 from regen.train.specforge_config import (

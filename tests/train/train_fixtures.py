@@ -87,7 +87,7 @@ def served_run(
 ) -> Path:
     """``regen run MANIFEST`` against ``transformers serve`` of ``target``, as ``regen demo``
     runs it (one worker, eight in flight): the run directory ``tmp/run``."""
-    from regen.serving import TransformersServer
+    from regen.devkit.servers import TransformersServer
 
     out = tmp / "run"
     with TransformersServer(target, log_path=tmp / "serve.log") as srv:

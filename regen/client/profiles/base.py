@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from regen.client.metrics import MetricNames
+from regen.client.server_load import MetricNames
 
 if TYPE_CHECKING:
     from regen.client.stream import StreamAccumulator

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from regen.client.metrics import MetricNames
 from regen.client.profiles.base import EngineProfile, Identity, Ids, TokenPath, get_json, id_list
+from regen.client.server_load import MetricNames
 
 if TYPE_CHECKING:
     from regen.client.stream import StreamAccumulator

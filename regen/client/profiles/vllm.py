@@ -22,14 +22,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from regen.client.metrics import (
-    MetricNames,
-    MetricSample,
-    counter_total,
-    has_prefix,
-    label_values,
-    parse_metrics,
-)
 from regen.client.profiles.base import (
     EngineProfile,
     Identity,
@@ -38,6 +30,14 @@ from regen.client.profiles.base import (
     get_json,
     get_text,
     id_list,
+)
+from regen.client.server_load import (
+    MetricNames,
+    MetricSample,
+    counter_total,
+    has_prefix,
+    label_values,
+    parse_metrics,
 )
 
 if TYPE_CHECKING:

@@ -1,0 +1,1 @@
+"""The foundation: errors, record types, a request's result, words."""

@@ -1,0 +1,1 @@
+"""`regen demo` and `regen simulate` (entry points regen.commands)."""

