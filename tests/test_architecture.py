@@ -1,11 +1,12 @@
 """Fitness checks of the house's layers, computed from the code's own imports (ast).
 
 - no import circle among the modules of regen/, monitor/ and pipelines/ (every import counts:
-  at the top, inside a function, under ``if TYPE_CHECKING``);
-- the store (regen/store) imports nothing from the layers above it: regen.engine, regen.cli,
-  regen.status, monitor;
-- the layers of docs/architecture.md ("which package may import which"): a package imports only
-  the foundation and the packages its row of that table lists.
+  at the top, inside a function, under ``if TYPE_CHECKING``), nor among their packages;
+- the floors of docs/architecture.md ("Layers: floors"): a package imports only from its own
+  floor or lower ones, and every package has a floor;
+- production code (all but regen.devkit) never imports the devkit;
+- imports sit at the top of a module: inside functions only the heavy dependencies that
+  docs/architecture.md lists ("Heavy dependencies"), and the rest under 5% of all imports.
 
 (The third check of the house, no run-directory file name spelled outside
 regen/store/layout.py, is tests/store/test_layout.py.)
@@ -28,8 +29,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 #: the code whose imports are checked
 ROOTS = ("regen", "monitor", "pipelines")
-#: packages the store may never import (it is below all of them)
-ABOVE_THE_STORE = ("regen.engine", "regen.cli", "regen.status", "monitor")
+#: the developer kit: no other package imports it
+DEVKIT = "regen.devkit"
+#: the most imports inside functions, beside the heavy dependencies (share of all imports)
+MAX_IN_FUNCTION = 0.05
 ARCHITECTURE = REPO / "docs" / "architecture.md"
 
 
@@ -113,57 +116,93 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def upward_imports(graph: dict[str, set[str]]) -> list[str]:
-    """``store_module -> imported`` for every import of the store from above it."""
-
-    def above(m: str) -> bool:
-        return any(m == p or m.startswith(p + ".") for p in ABOVE_THE_STORE)
-
-    return sorted(f"{m} -> {t}" for m, ts in graph.items()
-                  if m == "regen.store" or m.startswith("regen.store.")
-                  for t in ts if above(t))  # fmt: skip
-
-
 def package(module: str) -> str:
     """``regen.store.layout`` -> ``regen.store``; ``monitor.live`` -> ``monitor``."""
     parts = module.split(".")
     return ".".join(parts[:2]) if parts[0] == "regen" and len(parts) > 1 else parts[0]
 
 
-def allowed_imports(doc: str) -> tuple[set[str], dict[str, set[str]]]:
-    """The foundation and ``{package: packages it may import}`` from the "Layers" section of
-    docs/architecture.md (its sentence naming the foundation, and its table)."""
-    section = doc.split("## Layers", 1)[1].split("\n## ", 1)[0]
-    para = section.split("The foundation", 1)[1].split("\n\n", 1)[0]
-    foundation = set(re.findall(r"`([\w.]+)`", para))
-    table: dict[str, set[str]] = {}
-    for line in section.splitlines():
+def section(doc: str, title: str) -> str:
+    return doc.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+
+
+def floors(doc: str) -> dict[str, int]:
+    """``{package: floor}`` from the table of docs/architecture.md's "Layers: floors"."""
+    out: dict[str, int] = {}
+    for line in section(doc, "Layers: floors").splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 2 and cells[0].startswith("`"):
-            table[cells[0].strip("`")] = set(re.findall(r"`([\w.]+)`", cells[1]))
-    return foundation, table
+        if len(cells) == 2 and cells[0].isdigit():
+            for name in re.findall(r"`([\w.]+)`", cells[1]):
+                out[name] = int(cells[0])
+    return out
 
 
-def layer_violations(graph: dict[str, set[str]], doc: str) -> list[str]:
-    """``module -> imported`` for every import between packages that the table does not
-    allow (a package missing from the table may import only the foundation)."""
-    foundation, table = allowed_imports(doc)
-    out = []
+def heavy(doc: str) -> set[str]:
+    """The dependencies that may be imported inside a function ("Heavy dependencies")."""
+    paragraphs = [x for x in section(doc, "Heavy dependencies").split("\n\n") if x.strip()]
+    return set(re.findall(r"`([\w.]+)`", paragraphs[-1]))
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {package(m): set() for m in graph}
     for mod, targets in graph.items():
-        mine = package(mod)
-        ok = foundation | (set() if mine in foundation else table.get(mine, set()))
-        for t in sorted(targets):
-            theirs = package(t)
-            if theirs != mine and theirs not in ok:
-                out.append(f"{mod} -> {t}")
-    return sorted(out)
+        out[package(mod)] |= {package(t) for t in targets} - {package(mod)}
+    return out
+
+
+def floor_violations(graph: dict[str, set[str]], doc: str) -> tuple[list[str], list[str]]:
+    """(``module -> imported`` for every import to a higher floor, packages without a floor)."""
+    floor = floors(doc)
+    unknown = sorted({package(m) for m in graph} - set(floor))
+    up = [f"{mod} -> {t}" for mod, ts in graph.items() for t in sorted(ts)
+          if floor.get(package(t), -1) > floor.get(package(mod), 99)]  # fmt: skip
+    return sorted(up), unknown
+
+
+def devkit_imports(graph: dict[str, set[str]]) -> list[str]:
+    def kit(m: str) -> bool:
+        return m == DEVKIT or m.startswith(DEVKIT + ".")
+
+    return sorted(f"{m} -> {t}" for m, ts in graph.items() if not kit(m) for t in ts if kit(t))
+
+
+def in_function_imports(repo: Path, allowed: set[str]) -> tuple[int, list[str]]:
+    """(import statements in all, ``module:line name`` of those inside a function that import
+    anything but ``allowed``)."""
+    total, inside = 0, []
+    for r in ROOTS:
+        for path in sorted((repo / r).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+            funcs = [n for n in ast.walk(tree)
+                     if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]  # fmt: skip
+            nested = {id(x) for f in funcs for x in ast.walk(f) if x is not f}
+            seen: set[int] = set()
+            for f in funcs:
+                if id(f) in nested:
+                    continue
+                for n in ast.walk(f):
+                    if isinstance(n, ast.Import | ast.ImportFrom) and id(n) not in seen:
+                        seen.add(id(n))
+                        names = (
+                            [a.name for a in n.names]
+                            if isinstance(n, ast.Import)
+                            else [n.module or "."]
+                        )
+                        if not any(x.split(".")[0] in allowed for x in names):
+                            inside.append(f"{module_name(path, repo)}:{n.lineno} {names[0]}")
+            total += sum(isinstance(n, ast.Import | ast.ImportFrom) for n in ast.walk(tree))
+    return total, inside
 
 
 def check(repo: Path = REPO, doc: str | None = None) -> dict[str, list]:
     graph = import_graph(repo)
     text = ARCHITECTURE.read_text(encoding="utf-8") if doc is None else doc
-    return {"modules": [len(graph)], "circles": circles(graph), "upward": upward_imports(graph),
-            "layers": layer_violations(graph, text)}  # fmt: skip
+    up, unknown = floor_violations(graph, text)
+    total, inside = in_function_imports(repo, heavy(text))
+    return {"modules": [len(graph)], "circles": circles(graph),
+            "package_circles": circles(package_graph(graph)), "upward": up,
+            "no_floor": unknown, "devkit": devkit_imports(graph),
+            "imports": [total], "in_function": inside}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -186,28 +225,36 @@ def test_no_import_circle_in_the_package(found) -> None:
     assert found["circles"] == [], "import circles:\n" + "\n".join(map(str, found["circles"]))
 
 
-def test_the_store_imports_nothing_above_it(found) -> None:
-    assert found["upward"] == [], "the store imports upward:\n" + "\n".join(found["upward"])
+def test_no_import_circle_between_packages(found) -> None:
+    assert found["package_circles"] == [], found["package_circles"]
 
 
-def test_packages_import_only_what_the_architecture_allows(found) -> None:
-    assert found["layers"] == [], (
-        "imports docs/architecture.md's layers do not allow (move the code, or change the "
-        "table on purpose):\n" + "\n".join(found["layers"])
+def test_no_import_goes_up_the_floors(found) -> None:
+    assert found["upward"] == [], (
+        "imports up docs/architecture.md's floors (move the code, or change the table on "
+        "purpose):\n" + "\n".join(found["upward"])
     )
 
 
-def test_every_package_has_a_row_in_the_layers_table() -> None:
-    foundation, table = allowed_imports(ARCHITECTURE.read_text(encoding="utf-8"))
-    packages = {"monitor", "pipelines", *(
-        f"regen.{p.stem if p.is_file() else p.name}" for p in (REPO / "regen").iterdir()
-        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()
-    )}  # fmt: skip
-    assert packages - {"regen"} <= (foundation | set(table)), packages - foundation - set(table)
+def test_every_package_has_a_floor(found) -> None:
+    assert found["no_floor"] == [], found["no_floor"]
+
+
+def test_production_never_imports_the_devkit(found) -> None:
+    assert found["devkit"] == [], "\n".join(found["devkit"])
+
+
+def test_imports_sit_at_the_top_but_the_heavy_ones(found) -> None:
+    total, inside = found["imports"][0], found["in_function"]
+    assert len(inside) <= MAX_IN_FUNCTION * total, (
+        f"{len(inside)} of {total} imports inside functions ({len(inside) / total:.1%}), "
+        f"beside the heavy dependencies:\n" + "\n".join(inside)
+    )
 
 
 def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
-    """A deliberate circle and a deliberate upward import are found (the checks can fail)."""
+    """A deliberate circle, an import up the floors, a production import of the devkit and an
+    import inside a function are found (the checks can fail)."""
     for mod, text in {
         "regen/__init__.py": "",
         "regen/store/__init__.py": "",
@@ -215,17 +262,26 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
         "regen/store/rundir.py": "def f():\n    from regen.store.layout import X\n",
         "regen/store/verify.py": "from ..engine import planning\n",
         "regen/engine/__init__.py": "",
-        "regen/engine/planning.py": "from regen.store.layout import Y\n",
+        "regen/engine/planning.py": "from regen.store.layout import Y\nimport regen.devkit.sim\n",
+        "regen/devkit/__init__.py": "",
+        "regen/devkit/sim.py": "from regen.store import layout\n",
         "monitor/__init__.py": "",
         "pipelines/__init__.py": "",
     }.items():
         (tmp_path / mod).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / mod).write_text(text)
     doc = (
-        "## Layers\n\nThe foundation: `regen`.\n\n| package | may import |\n|---|---|\n"
-        "| `regen.engine` | `regen.store` |\n| `regen.store` | — |\n"
+        "## Layers: floors\n\n| floor | packages |\n|---|---|\n| 0 | `regen` |\n"
+        "| 1 | `regen.store` |\n| 2 | `regen.engine` |\n| 3 | `regen.devkit` |\n\n"
+        "## Heavy dependencies\n\nsome words\n\n`torch`\n\n## More\n"
     )
     got = check(tmp_path, doc)
     assert got["circles"] == [["regen.store.layout", "regen.store.rundir"]]
-    assert got["upward"] == ["regen.store.verify -> regen.engine.planning"]
-    assert got["layers"] == ["regen.store.verify -> regen.engine.planning"]
+    assert got["upward"] == [
+        "regen.engine.planning -> regen.devkit.sim",
+        "regen.store.verify -> regen.engine.planning",
+    ]
+    assert got["no_floor"] == ["monitor", "pipelines"]
+    assert got["devkit"] == ["regen.engine.planning -> regen.devkit.sim"]
+    assert got["package_circles"] == [["regen.devkit", "regen.engine", "regen.store"]]
+    assert got["in_function"] == ["regen.store.rundir:2 regen.store.layout"]
