@@ -7,7 +7,9 @@ validated by the same models, so they fail exactly like a bad file would.
 
 from __future__ import annotations
 
+import difflib
 import json
+import typing
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -564,7 +566,6 @@ def config_error(
 
 def _closest(loc: tuple[Any, ...], errors: list[Any], model: type[BaseModel] | None) -> str:
     """``; did you mean 'adapter'?`` for an unknown key at ``loc`` ("" when nothing is close)."""
-    import difflib
 
     parent = tuple(loc[:-1])
     valid = {str(x["loc"][-1]) for x in errors
@@ -594,7 +595,6 @@ def _fields_at(model: Any, loc: tuple[Any, ...]) -> list[str]:
 
 def _model_of(annotation: Any) -> Any:
     """The pydantic model in ``annotation`` (itself, a list's items, an Optional's arm)."""
-    import typing
 
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation

@@ -11,6 +11,7 @@ from rich.console import Console, Group
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from regen.bench.load import ProgressHook, level_size
 from regen.bench.report import BenchReport
@@ -96,7 +97,6 @@ def sources_table(report: BenchReport) -> Table:
 
 
 def verdict_lines(report: BenchReport) -> Group:
-    from rich.text import Text
 
     lines = []
     for v in report.verdicts:

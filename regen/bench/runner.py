@@ -44,8 +44,9 @@ from regen.client import ChatClient, check_endpoint, resolve_api_key, server_roo
 from regen.client.chat import NO_KEY
 from regen.client.endpoints import served_models
 from regen.client.transport import ChatTransport
-from regen.core.errors import ConfigError, EndpointError
+from regen.core.errors import ConfigError, EndpointError, RegenError
 from regen.manifest import Endpoint, Sampling, public_url
+from regen.serve.vllm import read_counters
 from regen.store.holdout import BenchPrompt
 
 log = logging.getLogger(__name__)
@@ -91,8 +92,6 @@ class BenchRun:
 
 def _counters_or_none(url: str, api_key: str | None) -> Any:
     """vLLM's speculative counters now (None: unreadable or not speculating)."""
-    from regen.core.errors import RegenError
-    from regen.serve.vllm import read_counters
 
     try:
         return read_counters(url, api_key=api_key)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -59,7 +60,6 @@ RAY_WORKING_DIR_FILES = "working_dir_files"
 def ray_job_working_dir() -> Path | None:
     """The temporary directory Ray unpacked this job's ``--working-dir`` into (the entrypoint
     runs in it), or None outside such a job."""
-    import json
 
     cwd = Path.cwd()
     if RAY_WORKING_DIR_FILES in cwd.parts:

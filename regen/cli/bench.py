@@ -4,10 +4,15 @@ verdicts in plain words, bench.json and bench.html (docs/bench.md)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pydantic import ValidationError
 from rich.markup import escape
+
+from regen.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from regen.manifest import Manifest
@@ -119,15 +124,11 @@ def _run_manifest(run_dir: str) -> Manifest | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
-    import logging
 
     from monitor.render import make_console
 
     # one line per HTTP request from the endpoint check is noise next to the tables
     logging.getLogger("httpx2").setLevel(max(logging.WARNING, logging.getLogger().level))
-
-    from pydantic import ValidationError
 
     from regen.bench.console import print_report, progress_bar
     from regen.bench.html import BENCH_HTML, write_html
@@ -136,7 +137,6 @@ def run(args: argparse.Namespace) -> int:
     from regen.bench.report import BENCH_JSON, BenchSettings, write_report
     from regen.bench.runner import BenchOptions, check_options, run_bench
     from regen.bench.summary import summarize
-    from regen.core.errors import ConfigError
     from regen.manifest import Sampling, config_error, load_manifest
     from regen.store.holdout import holdout_path, read_prompts
 

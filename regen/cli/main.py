@@ -22,6 +22,7 @@ from importlib.metadata import entry_points
 from types import ModuleType
 
 from rich.console import Console
+from rich.logging import RichHandler
 from rich.markup import escape
 
 import regen
@@ -77,7 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def setup_logging(level: str) -> None:
-    from rich.logging import RichHandler
 
     handler: logging.Handler
     if sys.stderr.isatty():

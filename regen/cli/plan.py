@@ -4,6 +4,8 @@ with ``--reweight bench.json``, the next round's per-source limits (regen.bench.
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -101,8 +103,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _reweight(args: argparse.Namespace, plan: PlanReport, console: Console) -> int:
     """``--reweight``: the proposal as a table (or JSON) and the overlay file."""
-    import json
-    from pathlib import Path
 
     from regen.bench.report import read_report
     from regen.bench.reweight import overlay_yaml, reason, reweight

@@ -14,6 +14,7 @@ from regen.cli._args import (
     api_key_fields,
 )
 from regen.cli.main import EXIT_DONE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_LEFT
+from regen.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from regen.engine import JobSummary, RunOptions
@@ -107,7 +108,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
-    from regen.core.errors import ConfigError
     from regen.engine import RunOptions
     from regen.quality import parse_flags
 
@@ -137,7 +137,6 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
 def with_endpoint_keys(manifest: Manifest, args: argparse.Namespace) -> Manifest:
     """The manifest with ``--endpoint`` URLs as endpoints carrying the ``--api-key-env`` /
     ``--api-key-file`` key (the driver takes endpoints given by URL from the manifest)."""
-    from regen.core.errors import ConfigError
     from regen.manifest import Endpoint
 
     keys = api_key_fields(args)
@@ -236,7 +235,6 @@ def execute(args: argparse.Namespace, *, view: bool = True) -> int:
 
 def _start_metrics(out: str, port: int | None):  # -> RunMetrics
     """regen's metrics for the run in ``out`` (through Ray; on 127.0.0.1:``port`` too)."""
-    from regen.core.errors import ConfigError
     from regen.engine.metrics import start_run_metrics
 
     if port is not None and not 0 <= port <= 65535:

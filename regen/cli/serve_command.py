@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
+
+from regen.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from regen.targets import Family
@@ -59,7 +62,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from monitor.render import make_console
-    from regen.core.errors import ConfigError
     from regen.serve.sglang import check_draft_dir, serve_argv
     from regen.train.config import ServingSpec, load_train_config
 
@@ -124,9 +126,6 @@ def run(args: argparse.Namespace) -> int:
 def _require_draft(draft_dir: str) -> None:
     """DRAFT_DIR is a directory here: a command for a draft that does not exist is refused
     (run serve-command where the checkpoint is; the vLLM command needs it to write its copy)."""
-    from pathlib import Path
-
-    from regen.core.errors import ConfigError
 
     path = Path(draft_dir).expanduser()
     if not path.is_dir():

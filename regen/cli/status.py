@@ -9,6 +9,8 @@ import argparse
 import json
 from typing import Any
 
+from rich.text import Text
+
 NAME = "status"
 HELP = "samples done/failed/truncated/flagged, tokens, tok/s, ETA and state of a run directory"
 
@@ -22,7 +24,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.text import Text
 
     from monitor.plain import log_line
     from monitor.render import fmt_tokens, make_console, sources_table

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
+from regen.cli.export import print_export
+
 if TYPE_CHECKING:
     from regen.train.launch import TrainPlan
 
@@ -85,7 +87,6 @@ def run(args: argparse.Namespace) -> int:
 
 def print_plan(out: Console, plan: TrainPlan) -> None:
     """What was exported, the vocab mapping, run.yaml and the exact command."""
-    from regen.cli.export import print_export
 
     export = plan.export
     if export.stats is not None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from rich.markup import escape
+
 NAME = "verify"
 HELP = "check a run directory's parts, journal, plan and counters (--repair fixes them)"
 
@@ -33,7 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.markup import escape
 
     from monitor.render import make_console
     from regen.plan.index import rebuild

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from regen.client.chat import auth_headers, resolve_api_key
+from regen.client.chat import auth_headers, resolve_api_key, token_path
 from regen.client.errors import url_hint
-from regen.client.profiles import identify
+from regen.client.profiles import identify, profile_named
 from regen.core.errors import EndpointError
 from regen.manifest import Endpoint, Sampling, public_url
 
@@ -169,8 +169,6 @@ def engine_records(
 ) -> dict[str, dict[str, Any]]:
     """What run.json's ``engines`` records for the usable endpoints: public URL -> engine,
     version, token_path (where the rows' ids come from), session."""
-    from regen.client.chat import token_path
-    from regen.client.profiles import profile_named
 
     return {
         public_url(i.url): {

@@ -39,12 +39,15 @@ Files (names from :mod:`regen.store.layout`, under ``RUN_DIR/train/cpu/``)::
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,8 +56,11 @@ from typing import Any
 import yaml
 
 from regen.core.errors import ConfigError
+from regen.manifest import read_yaml_file
 from regen.store import RunDir
 from regen.store import layout as L
+from regen.train.data import open_local
+from regen.train.launch import prepare_training
 
 log = logging.getLogger(__name__)
 
@@ -147,12 +153,6 @@ def train_on_cpu(
 ) -> CpuTrainResult:
     """Prepare the run as ``regen train --dry-run`` does, capture its features and train the
     draft with SpecForge on CPU for ``steps`` steps; the loss curve lands in curve.json."""
-    import shutil
-    import tempfile
-
-    from regen.manifest import read_yaml_file
-    from regen.train.data import open_local
-    from regen.train.launch import prepare_training
 
     raw = read_yaml_file(Path(config_path), "train config")
     if not isinstance(raw, dict) or not isinstance(raw.get("target"), dict):
@@ -269,7 +269,6 @@ def _install_cpu_shims() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
 
     parser = argparse.ArgumentParser(prog="python -m regen.devkit.cpu_train")
     parser.add_argument("run_yaml", help=f"the CPU run config (RUN_DIR/{L.CPU_RUN_YAML})")

@@ -61,6 +61,12 @@ from pathlib import Path
 from typing import Any
 
 from regen.core.errors import ConfigError
+from regen.core.result import TurnResult
+from regen.core.sample import ToolCall
+from regen.engine.turns import regenerate
+from regen.manifest import load_manifest
+from regen.sources.stream import read_samples
+from regen.template.render import Renderer
 
 log = logging.getLogger(__name__)
 
@@ -228,8 +234,6 @@ def demo_answer(request: list[dict[str, Any]], tools: Any, original: Any) -> Any
     """The demo target's answer (a TurnResult) to one request; ``original`` is the source's own
     assistant message for that turn (or None): its tool calls are repeated when tools are
     offered."""
-    from regen.core.result import TurnResult
-    from regen.core.sample import ToolCall
 
     del request  # the answer depends on the offer and the source's answer only
     calls: tuple[ToolCall, ...] = ()
@@ -250,9 +254,6 @@ def demo_answer(request: list[dict[str, Any]], tools: Any, original: Any) -> Any
 
 def training_turns(manifest: Any) -> list[TrainingTurn]:
     """Every turn the demo will regenerate, answered by :func:`demo_answer` and tokenized."""
-    from regen.engine.turns import regenerate
-    from regen.sources.stream import read_samples
-    from regen.template.render import Renderer
 
     renderer = Renderer.from_manifest(manifest)
     turns: list[TrainingTurn] = []
@@ -350,7 +351,6 @@ def build_demo_target(
 ) -> Path:
     """Build (or reuse) the demo target for ``manifest_path``'s sources and tokenizer; returns
     its absolute path."""
-    from regen.manifest import load_manifest
 
     out = Path(out_dir).resolve()
     manifest = load_manifest(manifest_path)

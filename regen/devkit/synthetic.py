@@ -10,13 +10,18 @@ Everything is deterministic: a given ``now`` and arguments give the same bytes.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import socket
+import time
 from typing import Literal
 
 import yaml
 
+from regen.store import RunDir, layout
+from regen.store.counts import count_rows
+from regen.store.parts import make_record, part_bytes
 from regen.store.progress import (
     SERIES_STEP_S,
     SERIES_WINDOW_S,
@@ -165,7 +170,6 @@ def write_run_dir(
     output_tokens: dict[str, tuple[int, int]] | None = None,
 ) -> None:
     """Write run.json, manifest.yaml, lock.json and progress.json for ``snapshot``."""
-    from regen.store import RunDir, layout
 
     rd = RunDir.open(uri)
     name = snapshot.name if snapshot else "synthetic"
@@ -228,10 +232,6 @@ def write_parts(uri: str | os.PathLike[str], rows: int, *, rows_per_part: int = 
     """Write ``rows`` small Kimi-format-shaped rows as Parquet parts; returns the part count."""
     import pyarrow as pa
 
-    from regen.store import RunDir, layout
-    from regen.store.counts import count_rows
-    from regen.store.parts import make_record, part_bytes
-
     rd = RunDir.open(uri)
     ids = pa.array([[163587, 1, 2, 3, 163601, 4, 5, 163586]] * rows_per_part, pa.list_(pa.int32()))
     mask = pa.array([[0, 0, 0, 0, 0, 1, 1, 1]] * rows_per_part, pa.list_(pa.int8()))
@@ -267,8 +267,6 @@ def write_parts(uri: str | os.PathLike[str], rows: int, *, rows_per_part: int = 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m regen.devkit.synthetic RUN_DIR``: write a production-like running run there."""
-    import argparse
-    import time
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("run_dir")

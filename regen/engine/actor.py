@@ -19,6 +19,7 @@ import os
 import threading
 from typing import Any
 
+from regen.core.errors import TemplateError
 from regen.core.sample import Sample
 from regen.engine.wire import Mailbox
 from regen.engine.worker import RowBuilder, SampleWorker, default_row_builder
@@ -67,8 +68,6 @@ class LazyRows:
     def __call__(self, sample: Sample, turns: list[Any]) -> list[dict[str, Any]]:
         self._ready.wait()
         if self._built is None:
-            from regen.core.errors import TemplateError
-
             raise TemplateError(f"the row builder could not start: {self.error}")
         return self._built(sample, turns)
 

@@ -41,11 +41,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from regen.client import check_endpoints
+from regen.client.endpoints import engine_records
 from regen.core.errors import ConfigError, RegenError, RunIncompleteError
 from regen.core.sample import Sample
 from regen.engine.adaptive import DEFAULT_CONCURRENCY, describe_limit
 from regen.engine.dispatch import Dispatcher
+from regen.engine.failfast import check_run_dir, preflight
 from regen.engine.pool import RayWorkerPool
+from regen.engine.rows import native_row
 from regen.engine.schedule import LengthModel, WorkQueue, schedule_record
 from regen.engine.tracker import ProgressTracker
 from regen.engine.wire import PackedOutcome
@@ -60,7 +64,7 @@ from regen.store.counts import SourceCounts, output_tokens
 from regen.store.doneset import DoneSet, read_done
 from regen.store.failures import FailureLog, FailureRecord, read_failures
 from regen.store.lock import RunLock
-from regen.store.planned import open_index
+from regen.store.planned import open_index, recorded_plan
 from regen.store.progress import ProgressSnapshot, SourceProgress
 from regen.store.run import new_session_id, prepare_run, record_engines
 from regen.store.rundir import RunDir
@@ -149,8 +153,6 @@ class Serving:
 def check_serving(m: Manifest, session: str) -> Serving:
     """Check the endpoints (given, reachable, serving the target model) and that their rows
     can be built; raises the :class:`RegenError` that says what is wrong."""
-    from regen.client import check_endpoints
-    from regen.client.endpoints import engine_records
 
     infos = asyncio.run(
         check_endpoints(m.endpoints, m.target.model, base_dir=m.base_dir, seed=m.sampling.seed)
@@ -286,7 +288,6 @@ class _Session:
     # -- recording (regen.engine.dispatch.Recorder) --------------------------------------
     def store_native(self, sample: Sample) -> None:
         """A native sample's row, stored as it is (it never goes to a server)."""
-        from regen.engine.rows import native_row
 
         rows = [native_row(sample, self.m.target.family)]
         self.keep(CompletedSample(sample.id, sample.source, rows), output_tokens(rows))
@@ -446,7 +447,6 @@ class _Session:
         """The stored answers the plan just made no longer wants (regen.store.stale); a sample
         whose source row changed in place is planned again, as a new attempt one above its
         stale answer's (the plan is made again with it: its body is read from the sources)."""
-        from regen.store.planned import recorded_plan
 
         planned, why = recorded_plan(self.rd)
         if planned is None:
@@ -630,8 +630,6 @@ def run_job(manifest: Manifest, rd: RunDir, options: RunOptions | None = None) -
     serving: Serving | None = None
     passed = _passed_checks(rd)
     if opts.preflight:
-        from regen.engine.failfast import check_run_dir, preflight
-
         check_run_dir(rd)
         checked = preflight(manifest, passed=passed)
         if any(s.mode == "regenerate" for s in manifest.sources) and likely_work(rd, opts):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,10 @@ from regen import __version__
 from regen.core.errors import ConfigError, RegenError, SourceError
 from regen.core.sample import Rejection, Sample, stable_hash
 from regen.manifest import Manifest
+from regen.sources import iter_source
+from regen.sources.locate import dir_signature, file_signature
 from regen.store.rundir import RunDir
+from regen.template.render import Renderer
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +86,6 @@ def check_run_dir(rd: RunDir) -> None:
 
 def checks_key(manifest: Manifest) -> str:
     """A hash of what checks 2 and 3 depend on (stat calls only: no file is read whole)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    from regen.sources.locate import dir_signature, file_signature
 
     def pkg(name: str) -> str:
         try:
@@ -152,8 +153,6 @@ def check_family(manifest: Manifest) -> None:
 
 
 def _check_template(manifest: Manifest) -> None:
-    from regen.sources import iter_source
-    from regen.template.render import Renderer
 
     tok = manifest.resolve(manifest.target.tokenizer)
     try:

@@ -32,6 +32,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from regen.core.errors import RegenError
+from regen.status import RunView
+
 if TYPE_CHECKING:
     from regen.status import RunNumbers
 
@@ -243,8 +246,6 @@ class RunMetrics:
     def publish_once(self) -> bool:
         """Read the run directory and publish; False while it cannot be read yet (a run that
         is starting) or on an error (said once, never raised: metrics are advice)."""
-        from regen.core.errors import RegenError
-        from regen.status import RunView
 
         try:
             if self._view is None:

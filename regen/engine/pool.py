@@ -19,8 +19,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from regen.engine.actor import actor_class
+from regen.engine.adaptive import split
 from regen.engine.wire import Reply, unpack_reply
-from regen.engine.worker import SampleOutcome
+from regen.engine.worker import SampleOutcome, worker_slots
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +150,6 @@ class RayWorkerPool:
         log_level: str = "INFO",
         secrets: dict[str, str] | None = None,
     ) -> None:
-        from regen.engine.actor import actor_class
 
         self.session = session
         self.infos = infos
@@ -163,7 +164,6 @@ class RayWorkerPool:
 
     def shares(self, index: int) -> dict[str, int]:
         """Worker ``index``'s starting share of each server's batch slots (when reported)."""
-        from regen.engine.adaptive import split
 
         return {
             i.url: split(i.max_running_requests, self.n_workers, index)
@@ -172,7 +172,6 @@ class RayWorkerPool:
         }
 
     def start(self, index: int, generation: int) -> Worker:
-        from regen.engine.worker import worker_slots
 
         name = f"regen-{self.session}-w{index}-{generation}"
         shares = self.shares(index)

@@ -61,6 +61,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from regen.client.endpoints import server_root
 from regen.core.errors import (
     EndpointError,
     EndpointFaultError,
@@ -601,8 +602,6 @@ async def http_probe(
     A server without that route (404/405, e.g. ``transformers serve``) is asked
     ``GET {url}/models`` instead, with ``headers`` (the API key)."""
     import aiohttp
-
-    from regen.client.endpoints import server_root
 
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as http:

@@ -49,6 +49,7 @@ from regen.engine.worker import SampleOutcome
 from regen.plan.packed import unpacked
 from regen.store.completed import CompletedSample
 from regen.store.counts import SourceCounts, count_rows, output_tokens
+from regen.store.schema import rows_to_table
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,6 @@ def unpack_reply(reply: Reply) -> list[SampleOutcome]:
 
 
 def default_to_table(rows: list[dict[str, Any]]) -> Any:
-    from regen.store.schema import rows_to_table
 
     return rows_to_table(rows)
 

@@ -46,6 +46,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from regen.client import ChatClient, RetryPolicy, auth_headers, resolve_api_key
+from regen.client.endpoints import server_root
+from regen.client.server_load import (
+    SCRAPE_INTERVAL_S,
+    SCRAPE_TIMEOUT_S,
+    SOON_S,
+    MetricsPoller,
+    PageClient,
+)
 from regen.core.errors import (
     EndpointFaultError,
     NoEndpointLeftError,
@@ -65,11 +74,14 @@ from regen.engine.adaptive import (
     room,
     target_queue,
 )
+from regen.engine.router import EndpointRouter, keyed_probe
+from regen.engine.rows import build_rows
 from regen.engine.stall import StallWatch
 from regen.engine.turns import DoneTurn, regenerate
 from regen.manifest import Endpoint, Manifest
 from regen.plan.attempts import attempt_seed
 from regen.store.progress import ErrorInfo
+from regen.template.render import Renderer
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +128,6 @@ def default_row_builder(manifest: Manifest) -> RowBuilder:
     tokenizer work per sample); every turn's quality is checked there (the manifest's
     ``quality`` thresholds, docs/quality.md), and every row records the manifest's settings
     id (``Manifest.settings_id``)."""
-    from regen.engine.rows import build_rows
-    from regen.template.render import Renderer
 
     renderer = Renderer.from_manifest(manifest)
     quality = manifest.quality
@@ -243,8 +253,6 @@ class SampleWorker:
         (False: schedule by regen's own counts only, as without a page; None: the manifest's
         ``engine.server_metrics``); every
         ``metrics_interval_s`` (None: regen.client.server_load.SCRAPE_INTERVAL_S)."""
-        from regen.client import ChatClient, RetryPolicy, auth_headers, resolve_api_key
-        from regen.engine.router import EndpointRouter, keyed_probe
 
         self.manifest = manifest
         self.retry = retry or RetryPolicy.from_engine(manifest.engine)
@@ -300,8 +308,6 @@ class SampleWorker:
         interval_s: float | None,
     ) -> None:
         """One poller per endpoint whose engine has a page regen reads."""
-        from regen.client.endpoints import server_root
-        from regen.client.server_load import SCRAPE_INTERVAL_S, MetricsPoller, PageClient
 
         self.pages = PageClient()
         self.pollers: dict[str, MetricsPoller] = {}
@@ -343,7 +349,6 @@ class SampleWorker:
         servers hold from other clients: a shared server's limit starts below its slots."""
         if self._first_read.is_set():
             return
-        from regen.client.server_load import SCRAPE_TIMEOUT_S
 
         try:
             async with asyncio.timeout(SCRAPE_TIMEOUT_S + 1.0):
@@ -389,7 +394,6 @@ class SampleWorker:
         round trip when that is longer (requests sent now take about as long to reach a slow
         or busy server, and a reading before they arrive would count them as room), doubled
         after a reading that did not let the limit grow."""
-        from regen.client.server_load import SOON_S
 
         page = self._pages[url]
         last, page.soon_s = page.soon_s, None

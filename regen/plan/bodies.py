@@ -28,6 +28,7 @@ from regen.core.sample import Rejection, Sample
 from regen.manifest import Source
 from regen.plan.index import sample_from_json
 from regen.plan.packed import PICKLE_PROTOCOL, Spill
+from regen.sources.adapters import adapt_row
 from regen.sources.locate import (
     LineReader,
     read_parquet_rows,
@@ -76,7 +77,6 @@ class IndexBodies:
 
     # -- JSONL: one pread per sample -----------------------------------------------------
     def _jsonl(self, e: _Entry) -> Sample:
-        from regen.sources.adapters import adapt_row
 
         source = self.m.source(e.source)
         reader = self._lines.get(e.source)

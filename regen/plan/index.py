@@ -27,10 +27,12 @@ from regen import __version__
 from regen.core.errors import RegenError
 from regen.core.sample import Message, Sample
 from regen.manifest import Manifest
+from regen.sources import read_samples
 from regen.sources.locate import (
     locate_parquet_row,
     parquet_row_starts,
 )
+from regen.sources.native import VocabInfo, validate_native
 from regen.store import layout
 from regen.store.layout import IndexedFile, PlanIndexRecord
 from regen.store.planned import (
@@ -54,7 +56,6 @@ def native_check(manifest: Manifest) -> Callable[[Sample], str | None] | None:
     source)."""
     if not any(s.mode == "native" for s in manifest.sources):
         return None
-    from regen.sources.native import VocabInfo, validate_native
 
     vocab = VocabInfo.from_dir(
         manifest.resolve(manifest.target.tokenizer),
@@ -66,7 +67,6 @@ def native_check(manifest: Manifest) -> Callable[[Sample], str | None] | None:
 
 def iter_planned(manifest: Manifest, limit: int | None) -> Iterator[Sample]:
     """Every sample of the manifest in plan order (what a session without a valid index reads)."""
-    from regen.sources import read_samples
 
     samples: Iterator[Sample] = read_samples(manifest, None, native_check(manifest))
     return itertools.islice(samples, limit) if limit is not None else samples

@@ -29,6 +29,7 @@ from regen.core.errors import ConfigError
 from regen.core.sample import Sample
 from regen.manifest import Dedup, Manifest
 from regen.sources import NativeCheck, ReadStats, SourceStats, read_samples
+from regen.sources.native import VocabInfo, validate_native
 from regen.sources.neardup import NearReport, lsh_params
 from regen.targets import Family
 
@@ -201,7 +202,6 @@ def tokenizer_counter(tokenizer: Any) -> Counter:
 def native_check_for(tokenizer: Any, family: Family | None) -> NativeCheck:
     """regen.sources.native's vocabulary check of native rows against the target tokenizer (of the
     model ``family``)."""
-    from regen.sources.native import VocabInfo, validate_native
 
     vocab = VocabInfo.from_tokenizer(tokenizer, family)
     return lambda sample: validate_native(sample, vocab)

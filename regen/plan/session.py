@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from regen.core.sample import Sample
 from regen.manifest import Manifest
+from regen.plan.attempts import as_attempt
 from regen.plan.bodies import IndexBodies
 from regen.plan.index import IndexBuilder, iter_planned
 from regen.plan.packed import PackedSample, QueueItems, Spill
@@ -103,7 +104,6 @@ def plan_session(
     missing or stale (module docstring); ``opened``: what
     :func:`regen.store.planned.open_index` returned for it, when the caller opened it
     already (while it read the done-set)."""
-    from regen.plan.attempts import as_attempt
 
     redo = redo or {}
     skip = set() if retry_failed else {k for k, f in failures.items() if f.permanent}

@@ -24,6 +24,7 @@ from typing import Any
 
 from regen.client.server_info import fetch_server_info
 from regen.core.errors import ConfigError, TrapError
+from regen.serve import vllm as vllm_serving
 from regen.targets import Family
 from regen.train import traps
 from regen.train.config import ServingSpec
@@ -140,7 +141,6 @@ def verify_any(
 ) -> Any:
     """:func:`verify_server` for SGLang, :func:`regen.serve.vllm.verify_vllm_server`
     for vLLM (a ServerCheck or a VllmCheck), by the engine the server is."""
-    from regen.serve import vllm as vllm_serving
 
     if not draft_dir:
         raise ConfigError("--draft is required", field="draft")

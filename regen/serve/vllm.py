@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.client.endpoints import server_root
+from regen.client.profiles import identify
 from regen.client.profiles.vllm import (
     SPEC_ACCEPTED,
     SPEC_ACCEPTED_PER_POS,
@@ -386,8 +387,6 @@ def _same_path(a: str, b: str) -> bool:
 
 async def _identify(url: str, api_key: str | None, timeout: float) -> Any:
     import httpx2
-
-    from regen.client.profiles import identify
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with httpx2.AsyncClient(timeout=timeout) as http:

@@ -45,6 +45,7 @@ from regen.store.completed import CompletedSample
 from regen.store.counts import SourceCounts, count_rows
 from regen.store.layout import PartRecord
 from regen.store.rundir import RunDir
+from regen.store.schema import rows_to_table
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,6 @@ META_ROWS = b"regen.rows"
 
 
 def _default_to_table(rows: list[dict[str, Any]]) -> pa.Table:
-    from regen.store.schema import rows_to_table
 
     return rows_to_table(rows)
 

@@ -38,8 +38,11 @@ from regen.store import layout
 from regen.store.counts import SourceCounts
 from regen.store.doneset import DoneSet, read_done
 from regen.store.failures import read_failures
+from regen.store.lock import RunLock
 from regen.store.parts import PartState, quarantine
+from regen.store.planned import recorded_plan
 from regen.store.progress import ProgressSnapshot, SourceProgress
+from regen.store.run import new_session_id, read_manifest, read_manifest_data
 from regen.store.rundir import RunDir
 from regen.store.segments import recover
 from regen.store.stale import current_counts, planned_totals, stale_answers
@@ -69,8 +72,6 @@ def repair(rd: RunDir, found: Findings, rebuild_plan: RebuildPlan | None = None)
     writes plan/ again from the sources (:func:`regen.plan.index.rebuild`, which the store
     does not import: the plan sits above it); without it a damaged index is left to the next
     session, which rebuilds it."""
-    from regen.store.lock import RunLock
-    from regen.store.run import new_session_id
 
     session = new_session_id()
     out: list[str] = []
@@ -104,7 +105,6 @@ def _set_aside(rd: RunDir, rel: str) -> str:
 
 
 def _rebuild_index(rd: RunDir, why: str, rebuild: RebuildPlan | None) -> str:
-    from regen.store.run import read_manifest
 
     if rebuild is None:
         return f"{layout.PLAN_INDEX} ({why}) not rebuilt here: the next session rebuilds it"
@@ -134,7 +134,6 @@ def rewrite_progress(rd: RunDir, done: DoneSet, *, session: str) -> str:
     samples less the stale ones (counted as ``stale``), the plan's totals, the permanent
     failures of planned samples not done; nothing pending, nothing in flight. A damaged file is
     moved to quarantine/ and rebuilt (name and model from run.json). Returns what it did."""
-    from regen.store.planned import recorded_plan
 
     planned, _ = recorded_plan(rd)
     stale = stale_answers(rd, done, planned)
@@ -200,8 +199,6 @@ def _fresh_snapshot(rd: RunDir, session: str) -> ProgressSnapshot:
     if run is not None:
         name, model, started = run.name, run.model, run.created_at
     else:
-        from regen.store.run import read_manifest_data
-
         try:
             data = read_manifest_data(rd) or {}
         except RunDirError:

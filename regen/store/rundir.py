@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pyarrow.fs as pafs
 
@@ -39,7 +40,6 @@ OBJECT_STORES = frozenset({"S3FileSystem", "GcsFileSystem", "AzureFileSystem"})
 def public_uri(uri: str) -> str:
     """``uri`` as regen may print or write it: without user:password (pyarrow reads S3 keys
     from ``s3://KEY:SECRET@bucket/...``) and without key query parameters."""
-    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
     if "://" not in uri:
         return uri

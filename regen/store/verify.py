@@ -45,11 +45,14 @@ from regen.core.errors import RunDirError
 from regen.store import layout
 from regen.store.counts import SourceCounts
 from regen.store.doneset import DoneSet, fold_part, replaced_samples
+from regen.store.lock import read_lock, why_gone
 from regen.store.parts import PartState, footer_problem, inspect_part, list_parts
-from regen.store.planned import recorded_plan
+from regen.store.planned import open_index, recorded_plan
 from regen.store.repair import Findings, RebuildPlan
+from regen.store.repair import repair as fix
 from regen.store.run import read_manifest
 from regen.store.rundir import RunDir
+from regen.store.schema import ADDED_COLUMNS, LATER_COLUMNS, SCHEMA
 from regen.store.segments import scan_journal
 from regen.store.stale import StaleSet, current_counts, stale_answers
 
@@ -133,7 +136,6 @@ def refuse_damaged(rd: RunDir, what: str) -> None:
 
 
 def _schema_problem(st: PartState) -> str:
-    from regen.store.schema import LATER_COLUMNS, SCHEMA
 
     if st.schema is None:
         return ""
@@ -171,8 +173,6 @@ def verify_run(
     repair converged)."""
     rep, found = _check(rd, check_plan=check_plan)
     if repair and (rep.problems or found.bad_parts or rep.missing_records):
-        from regen.store.repair import repair as fix
-
         rep.repaired = fix(rd, found, rebuild_plan)
         after, _ = _check(rd, check_plan=check_plan)
         rep.found = rep.problems
@@ -183,7 +183,6 @@ def verify_run(
 
 def _check(rd: RunDir, *, check_plan: bool) -> tuple[VerifyReport, Findings]:
     """The checks, writing nothing: the report, and what a repair would fix."""
-    from regen.store.schema import ADDED_COLUMNS
 
     rep = VerifyReport(run_dir=rd.uri)
     found = Findings()
@@ -298,7 +297,6 @@ def _check_plan(
 ) -> None:
     """The recorded plan (plan/, ``planned``; ``why`` not, when None): intact, the stored
     answers it no longer wants (``stale``), and whether the sources changed since."""
-    from regen.store.planned import open_index
 
     if planned is None:
         try:
@@ -353,7 +351,6 @@ def _check_counts(
     stored: bool,
 ) -> None:
     """progress.json against what is stored: per source, samples done, flagged and stale."""
-    from regen.store.lock import read_lock, why_gone
 
     try:
         snap = layout.PROGRESS_FILE.read(rd)

@@ -33,7 +33,7 @@ import time
 from typing import Any
 
 from regen.client.server_info import fetch_server_info
-from regen.core.errors import ConfigError, RegenError, TrapError
+from regen.core.errors import ConfigError, EndpointError, RegenError, TrapError
 from regen.store import RunDir
 from regen.store import layout as store_layout
 from regen.train import data, traps
@@ -103,7 +103,6 @@ def check_capture_servers(urls: list[str], *, timeout: float = 5.0) -> None:
     A server that is not reachable yet is only logged (SpecForge waits for it); one that
     reports ``EAGLE`` (or any other algorithm) would feed the draft the last layer only.
     """
-    from regen.core.errors import EndpointError
 
     for url in urls:
         try:

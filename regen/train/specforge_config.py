@@ -22,7 +22,9 @@ target checkpoint nor the draft config, the data or the vocab mapping.
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -142,8 +144,6 @@ def specforge_available() -> bool:
 def plan_with_specforge(run_yaml: str | Path, *, where: str) -> SpecForgePlanRecord:
     """SpecForge's own planning of run.yaml (what ``specforge train --config run.yaml --plan``
     runs); ConfigError with SpecForge's reason when it refuses the run."""
-    import json
-    import time
 
     from specforge.application import resolve_run
     from specforge.config import load_config

@@ -35,6 +35,7 @@ from regen.store.layout import TokenizerRecord
 from regen.store.run import read_manifest
 from regen.targets import Family
 from regen.train import traps
+from regen.train.checks import load_tokenizer
 from regen.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,6 @@ def tokenizer_record(
     """What the checks compare of the tokenizer in ``path`` (of the model ``family``); None
     when it is not loadable. The probe renders with the template's defaults on both sides
     (template kwargs are a serving choice, not a property of the tokenizer)."""
-    from regen.train.checks import load_tokenizer
 
     tok = load_tokenizer(str(path), trust_remote_code=trust_remote_code)
     if tok is None:

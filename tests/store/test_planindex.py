@@ -303,7 +303,8 @@ def test_the_recorded_plan_is_read_from_the_index_alone(demo, tmp_path, monkeypa
     def no_reading(*a, **k):  # type: ignore[no-untyped-def]
         raise AssertionError("the sources were read")
 
-    monkeypatch.setattr("regen.sources.read_samples", no_reading)
+    for where in ("regen.sources.read_samples", "regen.plan.index.read_samples"):
+        monkeypatch.setattr(where, no_reading)  # wherever the planned stream reads them from
     first = m.resolve(m.sources[0].path)
     first.write_bytes(first.read_bytes().replace(b"Paris", b"Rome"))
     table, why = recorded_plan(rd)

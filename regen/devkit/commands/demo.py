@@ -20,10 +20,16 @@ each builds its own demo target under ``.cache/demo-model-FAMILY`` and runs into
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 from typing import Any
 
 from regen.cli._args import add_override_argument
+from regen.cli.bench import _levels
+from regen.cli.export import print_export_warnings
+from regen.cli.main import EXIT_DONE
+from regen.cli.run import exit_code, run_with_view
+from regen.core.errors import ConfigError
 
 NAME = "demo"
 #: ``--target``: each family's demo manifest and the cache folder of its demo target
@@ -110,13 +116,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import contextlib
 
     from monitor.render import make_console
-    from regen.cli.export import print_export_warnings
-    from regen.cli.main import EXIT_DONE
-    from regen.cli.run import exit_code, run_with_view
-    from regen.core.errors import ConfigError
     from regen.devkit.servers import TransformersServer, build_demo_target
     from regen.engine import RunOptions
     from regen.engine.actor import quiet_http_logs
@@ -236,7 +237,6 @@ def _train(console: Any, args: argparse.Namespace, model_dir: Path) -> int:
 
 def _loop(console: Any, args: argparse.Namespace) -> int:
     """``--loop``: regen.devkit.loop, then its summary; exit 1 when greedy answers changed."""
-    from regen.cli.bench import _levels
     from regen.cli.main import EXIT_DONE, EXIT_FAILED
     from regen.devkit.loop import LoopSettings, run_loop
     from regen.devkit.loop.record import LOOP_JSON

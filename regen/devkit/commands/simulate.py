@@ -7,7 +7,9 @@ The flags are generated from :class:`regen.devkit.simulate.config.SimConfig`
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import signal
 
 NAME = "simulate"
 HELP = "Run a simulated SGLang server (deterministic answers, capacity model, faults)."
@@ -26,8 +28,6 @@ def build_config(args: argparse.Namespace):  # -> SimConfig
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
-    import signal
 
     from monitor.render import make_console
     from regen.devkit.simulate.server import serve

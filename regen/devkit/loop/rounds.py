@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import shlex
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,12 +31,16 @@ import yaml
 
 from regen.bench.prompts import per_source
 from regen.bench.report import BENCH_JSON, BenchReport, read_report
-from regen.core.errors import ConfigError
+from regen.cli.main import EXIT_DONE, build_parser
+from regen.core.errors import ConfigError, RunIncompleteError
+from regen.devkit.cpu_train import train_on_cpu
 from regen.devkit.loop import drafts, record
 from regen.devkit.loop.greedy import compare_greedy
 from regen.devkit.loop.record import BenchRecord, LevelRecord, LoopRecord, RoundRecord
 from regen.devkit.loop.servers import MAX_NUM_SEQS, speculative_server, target_server, vllm_python
+from regen.devkit.servers import build_demo_target
 from regen.devkit.servers.vllm import VllmServer
+from regen.manifest import load_manifest, read_yaml_file
 from regen.store import RunDir
 from regen.store import layout as L
 from regen.store.holdout import holdout_path, read_prompts
@@ -101,7 +107,6 @@ class Loop:
     """One ``regen demo --loop``: :meth:`run` does it all."""
 
     def __init__(self, settings: LoopSettings, console: Any) -> None:
-        from regen.manifest import load_manifest
 
         settings.check()
         self.s = settings
@@ -131,7 +136,6 @@ class Loop:
             return self._run()
 
     def _run(self) -> LoopRecord:
-        from regen.devkit.servers import build_demo_target
 
         t0 = time.monotonic()
         self.out.mkdir(parents=True, exist_ok=True)
@@ -214,9 +218,6 @@ class Loop:
     # ---- the steps ------------------------------------------------------------------------
 
     def regenerate(self, run_dir: Path, target: VllmServer, overrides: list[str]) -> None:
-        from regen.cli.main import EXIT_DONE
-        from regen.core.errors import RunIncompleteError
-
         argv = ["run", self.s.manifest, "--out", str(run_dir), "--endpoint", target.url,
                 *_o(overrides)]  # fmt: skip
         for flag, value in (("--workers", self.s.workers), ("--address", self.s.address),
@@ -233,7 +234,6 @@ class Loop:
             )
 
     def train(self, run_dir: Path) -> CpuTrainResult:
-        from regen.devkit.cpu_train import train_on_cpu
 
         with self.console.status(f"training ({self.s.train_steps} steps on CPU)..."):
             result = train_on_cpu(run_dir, self.train_yaml, steps=self.s.train_steps,
@@ -305,7 +305,6 @@ class Loop:
 
     def write_train_config(self) -> None:
         """--train-config with :data:`LOOP_TRAINING` and the target built here."""
-        from regen.manifest import read_yaml_file
 
         raw = read_yaml_file(Path(self.s.train_config), "train config")
         if not isinstance(raw, dict) or not isinstance(raw.get("training"), dict):
@@ -316,7 +315,6 @@ class Loop:
 
     def regen(self, argv: list[str]) -> int:
         """Run ``regen ARGV`` here, as typed (printed first); a regen error propagates."""
-        from regen.cli.main import build_parser
 
         self.show(shlex.join(["regen", *argv]))
         args = build_parser().parse_args(argv)
@@ -336,8 +334,6 @@ class Loop:
 def _sigterm_interrupts() -> Iterator[None]:
     """SIGTERM raises KeyboardInterrupt here (main thread only), so the servers' ``finally``
     blocks run; the previous handler comes back after."""
-    import signal
-    import threading
 
     if threading.current_thread() is not threading.main_thread():
         yield

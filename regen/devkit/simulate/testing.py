@@ -29,6 +29,8 @@ from typing import Any
 
 from regen.core.errors import EndpointError
 from regen.devkit.procs import kill_group, stop_group
+from regen.devkit.simulate.config import SimConfig
+from regen.devkit.simulate.server import serve
 
 #: seconds a simulator may take to start answering /health
 START_TIMEOUT_S = 30.0
@@ -91,7 +93,6 @@ def options_to_args(options: dict[str, Any]) -> list[str]:
     """``{"max_running_requests": 8, "instant": True}`` → ``["--max-running-requests", "8",
     "--instant"]`` (None is left out; False is ``--no-NAME`` for a switch on by default, else
     left out)."""
-    from regen.devkit.simulate.config import SimConfig
 
     args: list[str] = []
     for key, value in options.items():
@@ -172,8 +173,6 @@ def simulator_in_thread(
     *, start_timeout: float = START_TIMEOUT_S, **options: Any
 ) -> Iterator[RunningSimulator]:
     """The same server on an event loop in a daemon thread of this process."""
-    from regen.devkit.simulate.config import SimConfig
-    from regen.devkit.simulate.server import serve
 
     config = SimConfig.from_flat(options)
     loop = asyncio.new_event_loop()
