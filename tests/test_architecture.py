@@ -285,3 +285,17 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     assert got["devkit"] == ["regen.engine.planning -> regen.devkit.sim"]
     assert got["package_circles"] == [["regen.devkit", "regen.engine", "regen.store"]]
     assert got["in_function"] == ["regen.store.rundir:2 regen.store.layout"]
+
+
+def test_regen_help_imports_none_of_the_heavy_dependencies() -> None:
+    """What the heavy list is for: building `regen`'s parser (every command's module, the
+    devkit's through their entry points) imports none of them."""
+    code = (
+        "import json, sys; from regen.cli.main import build_parser; build_parser(); "
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    loaded = {m.split(".")[0] for m in json.loads(out.stdout)}
+    assert loaded & heavy(ARCHITECTURE.read_text(encoding="utf-8")) == set()
