@@ -168,7 +168,10 @@ def test_the_servers_metrics_decide_before_any_probe(tokens, prompt, expect_hung
             for t, p in zip(tokens, prompt, strict=True):
                 await asyncio.sleep(0.15)
                 watch.read_metrics(A, Load(at=loop.time(), generation_tokens=t, prompt_tokens=p))
-            await asyncio.sleep(0.5)
+            # a hang is waited for (the watch's ticks come late on a busy machine), at most 10 s
+            deadline = loop.time() + (10.0 if expect_hung else 0.5)
+            while not hung and loop.time() < deadline:
+                await asyncio.sleep(0.05)
 
     asyncio.run(main())
     assert bool(hung) is expect_hung
