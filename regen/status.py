@@ -755,8 +755,3 @@ def shown(name: str, sp: SourceProgress, gap: SourceCounts | None) -> SourceNumb
     counts = sp.less(*([gap] if gap is not None else []))
     counts.flags, counts.ended = _by_count(counts.flags), _by_count(counts.ended)
     return SourceNumbers(**{**dict(sp), **dict(counts), "name": name, "pending": None})
-
-
-def read_numbers(uri: str | os.PathLike[str], now: float | None = None, **kw: Any) -> RunNumbers:
-    """Open the run directory at ``uri`` and compute its numbers once."""
-    return RunView(uri).numbers(now, **kw)

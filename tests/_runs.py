@@ -18,6 +18,7 @@ from regen.manifest import Manifest
 from regen.plan.attempts import attempt_seed
 from regen.plan.index import native_check
 from regen.sources import read_samples
+from regen.status import RunNumbers, RunView
 from regen.store import RunDir, layout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,3 +112,8 @@ def wait_until(pred, timeout_s: float, step_s: float = 0.2) -> bool:
             return True
         time.sleep(step_s)
     return pred()
+
+
+def read_numbers(uri: Any, now: float | None = None, **kw: Any) -> RunNumbers:
+    """The run directory's numbers, computed once (what `regen status` shows)."""
+    return RunView(uri).numbers(now, **kw)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,10 +19,15 @@ from regen.engine.rows import (
     build_turn_row,
     count_check,
     native_row,
-    token_check_counts,
 )
 from regen.store.schema import COLUMNS, SCHEMA, rows_to_table
 from regen.template.render import Renderer
+
+
+def token_check_counts(rows: list[dict]) -> Counter[str]:
+    """How many rows have each token_check value."""
+    return Counter(r["token_check"] for r in rows if r.get("token_check") is not None)
+
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "manifests" / "demo" / "tokenizer"
 CALL = ToolCall(id="functions.get_weather:0", name="get_weather", arguments='{"city": "Oslo"}')

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _runs import read_numbers
 
 from regen.core.errors import RunDirError
 from regen.devkit.synthetic import make_snapshot, write_run_dir
@@ -21,7 +22,6 @@ from regen.status import (
     compute,
     last_growth_at,
     length_cv,
-    read_numbers,
     window_rate,
 )
 from regen.store.counts import SourceCounts

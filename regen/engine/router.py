@@ -212,9 +212,6 @@ class EndpointRouter:
     def urls(self) -> list[str]:
         return list(self._eps)
 
-    def healthy_urls(self) -> list[str]:
-        return [u for u, s in self._eps.items() if s.state == UP]
-
     def in_flight(self, url: str) -> int:
         return self._eps[url].in_flight
 

@@ -34,7 +34,6 @@ content is split at ``</think>``, see regen.template.render).
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -339,8 +338,3 @@ def native_row(sample: Sample, family: str | None = None) -> dict[str, Any]:
         "settings": None,
         "family": family,
     }
-
-
-def token_check_counts(rows: Sequence[dict[str, Any]]) -> Counter[str]:
-    """How many rows have each token_check value (mismatches are counted, never hidden)."""
-    return Counter(r["token_check"] for r in rows if r.get("token_check") is not None)

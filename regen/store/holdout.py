@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from regen.core.errors import ConfigError
-from regen.core.sample import ROLES, Message, Sample
+from regen.core.sample import ROLES
 from regen.manifest import config_error
 from regen.store.layout import EXPORT_DIR, HOLDOUT
 
@@ -65,29 +65,6 @@ class BenchPrompt(BaseModel):
     @property
     def has_tools(self) -> bool:
         return bool(self.tools)
-
-    @classmethod
-    def from_sample(cls, sample: Sample, turn: int = 0) -> BenchPrompt:
-        """The request for assistant turn ``turn`` of ``sample`` (messages before it)."""
-        seen = -1
-        for i, m in enumerate(sample.messages):
-            if m.role == "assistant":
-                seen += 1
-                if seen == turn:
-                    return cls._of(sample, turn, sample.messages[:i])
-        if turn == seen + 1 and sample.messages and sample.messages[-1].role != "assistant":
-            return cls._of(sample, turn, sample.messages)
-        raise ConfigError(f"sample {sample.id}: no assistant turn {turn} to hold out")
-
-    @classmethod
-    def _of(cls, sample: Sample, turn: int, messages: list[Message]) -> BenchPrompt:
-        return cls(
-            source=sample.source,
-            sample_id=sample.id,
-            turn=turn,
-            messages=[m.to_openai() for m in messages],
-            tools=sample.tools,
-        )
 
 
 def read_prompts(path: str | Path) -> list[BenchPrompt]:

@@ -83,10 +83,6 @@ class TrainPlan:
         """The run directory's path (what the cluster reads)."""
         return self.rd.root
 
-    @property
-    def specforge_validated(self) -> bool:
-        return self.specforge_plan is not None
-
 
 @dataclass(slots=True)
 class LaunchResult:

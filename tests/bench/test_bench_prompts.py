@@ -11,8 +11,7 @@ from _bench_common import TOOL, prompts
 
 from regen.bench.prompts import per_source
 from regen.core.errors import ConfigError
-from regen.core.sample import Message, Sample, ToolCall
-from regen.store.holdout import HOLDOUT_FILE, BenchPrompt, holdout_path, read_prompts, write_prompts
+from regen.store.holdout import HOLDOUT_FILE, holdout_path, read_prompts, write_prompts
 
 
 def test_write_then_read(tmp_path: Path) -> None:
@@ -92,29 +91,3 @@ def test_holdout_path_in_the_run_or_the_export(tmp_path: Path) -> None:
     write_prompts(tmp_path / "export" / HOLDOUT_FILE, prompts({"a": 1}))
     assert holdout_path(tmp_path) == tmp_path / "export" / HOLDOUT_FILE
     assert holdout_path(tmp_path / "export") == tmp_path / "export" / HOLDOUT_FILE
-
-
-def test_prompt_from_a_sample_turn() -> None:
-    call = ToolCall(id="functions.get_weather:0", name="get_weather", arguments='{"city": "Oslo"}')
-    sample = Sample(
-        id="xlam:7",
-        source="xlam",
-        messages=[
-            Message("system", "be brief"),
-            Message("user", "weather in Oslo?"),
-            Message("assistant", "", tool_calls=(call,)),
-            Message("tool", "12C", tool_call_id="functions.get_weather:0"),
-            Message("assistant", "It is 12C."),
-        ],
-        tools=[TOOL],
-    )
-    first = BenchPrompt.from_sample(sample, 0)
-    assert [m["role"] for m in first.messages] == ["system", "user"]
-    second = BenchPrompt.from_sample(sample, 1)
-    assert [m["role"] for m in second.messages] == ["system", "user", "assistant", "tool"]
-    assert second.messages[2]["tool_calls"][0]["function"]["name"] == "get_weather"
-    assert (second.turn, second.tools, second.sample_id) == (1, [TOOL], "xlam:7")
-    with pytest.raises(ConfigError, match="no assistant turn 3"):
-        BenchPrompt.from_sample(sample, 3)
-    open_ended = Sample(id="u:1", source="u", messages=[Message("user", "hi")])
-    assert BenchPrompt.from_sample(open_ended, 0).messages == [{"role": "user", "content": "hi"}]

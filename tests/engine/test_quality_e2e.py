@@ -24,7 +24,15 @@ from typing import Any
 
 import pytest
 import yaml
-from _runs import check_answers, check_ids_once, regen_cmd, request_body, stored_rows, wait_until
+from _runs import (
+    check_answers,
+    check_ids_once,
+    read_numbers,
+    regen_cmd,
+    request_body,
+    stored_rows,
+    wait_until,
+)
 
 from regen.devkit.procs import kill_group
 from regen.devkit.simulate.answer import degenerate_kind
@@ -34,7 +42,6 @@ from regen.manifest import load_manifest
 from regen.plan.index import native_check
 from regen.quality import DEFAULT_DROP_FLAGS
 from regen.sources import read_samples
-from regen.status import read_numbers
 from regen.store import RunDir, layout
 from regen.store.doneset import read_done
 from regen.store.segments import read_journal_lines

@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from _runs import read_numbers
 from rich.console import Console
 
 from monitor.live import Ticker, _log_tick, run_in_thread, watch
 from monitor.plain import log_line
 from regen.devkit.synthetic import make_snapshot, write_run_dir
-from regen.status import read_numbers
 
 NOW = 1_800_000_000.0
 

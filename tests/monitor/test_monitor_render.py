@@ -7,11 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
+from _runs import read_numbers
 
 from monitor.render import Histogram, fmt_duration, fmt_len, fmt_tokens, progress_bar, render_text
 from regen.cli.main import main
 from regen.devkit.synthetic import ENDPOINTS, make_snapshot, write_run_dir
-from regen.status import read_numbers
 
 NOW = 1_800_000_000.0
 

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _runs import read_numbers
 
 from benchmarks import chaos
 from regen.cli.main import main as regen_main
 from regen.devkit.simulate.testing import simulator_in_thread
 from regen.engine.metrics import values
-from regen.status import read_numbers
 
 pytestmark = pytest.mark.ray
 

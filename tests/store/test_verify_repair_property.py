@@ -36,11 +36,10 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from _runs import DEMO, regen_cmd
+from _runs import DEMO, read_numbers, regen_cmd
 
 from regen.devkit.simulate.testing import running_simulator
 from regen.plan.index import rebuild
-from regen.status import read_numbers
 from regen.store import RunDir, layout
 from regen.store.completed import CompletedSample
 from regen.store.parts import list_parts

@@ -26,7 +26,7 @@ def test_dry_run_writes_validated_config_and_exact_command(run_dir: Path, write_
     assert plan.argv == ["specforge", "train", "--config", str(run_yaml)]
     assert plan.exec_argv == ["echo", *plan.argv]
     assert plan.gpus == 1  # demo: nproc_per_node 1
-    assert plan.specforge_validated
+    assert plan.specforge_plan is not None
     # two shards are concatenated into one prompts file (SpecForge takes one path)
     assert plan.prompts_path == run_dir / "train" / "prompts.jsonl"
     assert plan.scan.rows == 6
