@@ -262,10 +262,10 @@ def _then_train(args: argparse.Namespace, console) -> int:
     `regen status`-style following is `regen train ... ` or Ray's own `ray job logs`."""
     from regen.store import layout
     from regen.train.data import open_local
-    from regen.train.launch import launch_training
+    from regen.train.launch import LaunchOptions, launch_training
 
-    result = launch_training(open_local(args.out), args.then_train, address=args.train_address,
-                             follow=False)  # fmt: skip
+    options = LaunchOptions(address=args.train_address, follow=False)
+    result = launch_training(open_local(args.out), args.then_train, options)
     console.print(
         f"training job {result.submission_id} submitted ({result.state}); its record: "
         f"{args.out.rstrip('/')}/{layout.JOB}",

@@ -51,12 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from monitor.render import make_console
     from regen.train.data import open_local
-    from regen.train.launch import launch_training
+    from regen.train.launch import LaunchOptions, launch_training
 
     out = make_console()
-    result = launch_training(
-        open_local(args.run_dir),
-        args.config,
+    options = LaunchOptions(
         address=args.address,
         gpus=args.gpus,
         dry_run=args.dry_run,
@@ -68,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         poll_s=args.poll,
         on_state=lambda s: out.print(f"job state: [bold]{s}[/]"),
     )
+    result = launch_training(open_local(args.run_dir), args.config, options)
     plan = result.plan
     print_plan(out, plan)
     if args.dry_run:

@@ -1,11 +1,11 @@
 """Launch draft training as a Ray job: export, write and validate the run config, submit, follow.
 
-``launch_training(rd, train_yaml)`` (``rd`` from :func:`regen.train.data.open_local`, opened
-once by the entry point and passed on) is the one path used by ``regen train``,
-``pipelines/train_draft.py`` and ``regen run --then-train``. The Ray job's entrypoint is
-``python -m regen.train.preflight --run-dir RUN_DIR``: on the cluster it re-checks everything
-and then executes the exact argv ``specforge train --config RUN_DIR/train/run.yaml`` (prefixed
-by a launcher wrapper only when one is configured: ``--launcher-cmd`` or
+``launch_training(rd, train_yaml, LaunchOptions(...))`` (``rd`` from
+:func:`regen.train.data.open_local`, opened once by the entry point and passed on) is the one path
+used by ``regen train``, ``pipelines/train_draft.py`` and ``regen run --then-train``. The Ray job's
+entrypoint is ``python -m regen.train.preflight --run-dir RUN_DIR``: on the cluster it re-checks
+everything and then executes the exact argv ``specforge train --config RUN_DIR/train/run.yaml``
+(prefixed by a launcher wrapper only when one is configured: ``--launcher-cmd`` or
 ``$REGEN_TRAIN_LAUNCHER``, for tests and dry runs on machines without SpecForge's GPU stack).
 Files written are listed in :mod:`regen.train.data`.
 """
@@ -84,6 +84,34 @@ class TrainPlan:
         return self.rd.root
 
 
+@dataclass(slots=True, frozen=True)
+class LaunchOptions:
+    """How a training job is prepared, submitted and followed: everything but the run
+    directory and its train.yaml (``regen train``'s flags)."""
+
+    #: Ray's dashboard address (None: RAY_ADDRESS, else a local Ray)
+    address: str | None = None
+    #: GPUs of the job (None: the config's nproc_per_node)
+    gpus: int | None = None
+    #: prepare and check everything, submit nothing
+    dry_run: bool = False
+    #: the command put before ``specforge train`` (None: $REGEN_TRAIN_LAUNCHER)
+    launcher: str | None = None
+    #: the Python the job's preflight runs with (None: the cluster's ``python``)
+    python: str | None = None
+    #: Ray runtime_env working_dir that ships regen's code with the job
+    working_dir: str | None = None
+    #: train even when the export drops more than ``export.max_drop_share``
+    allow_drops: bool = False
+    #: follow the job to its end (False: return once it is submitted)
+    follow: bool = True
+    poll_s: float = 5.0
+    #: stop following after this long (None: never)
+    timeout_s: float | None = None
+    #: told every new job state while following
+    on_state: Callable[[str], None] | None = None
+
+
 @dataclass(slots=True)
 class LaunchResult:
     """What launch_training did."""
@@ -106,17 +134,12 @@ def _launcher(launcher: str | None) -> list[str]:
 
 
 def prepare_training(
-    rd: RunDir,
-    config_path: str | Path,
-    *,
-    gpus: int | None = None,
-    launcher: str | None = None,
-    python: str | None = None,
-    working_dir: str | None = None,
-    allow_drops: bool = False,
+    rd: RunDir, config_path: str | Path, options: LaunchOptions | None = None
 ) -> TrainPlan:
     """Check the config and the run against the target, export if needed, scan the data,
-    write the vocab mapping and run.yaml, and plan the run with SpecForge's own planner."""
+    write the vocab mapping and run.yaml, and plan the run with SpecForge's own planner
+    (``options``: gpus, launcher, python, working_dir, allow_drops)."""
+    o = options if options is not None else LaunchOptions()
     cfg = load_train_config(config_path)
     refuse_damaged(rd, "training")  # once: the export below does not check again
     aux = check_train_config(cfg)
@@ -124,7 +147,7 @@ def prepare_training(
     tokenizer = run_tokenizer(rd)
     check_run_against_target(tokenizer, target_tokenizer(cfg), cfg)
 
-    export = data.ensure_export(rd, cfg, allow_drops=allow_drops)
+    export = data.ensure_export(rd, cfg, allow_drops=o.allow_drops)
     prompts = data.prompts_file(rd, export.shards)
     scan = scan_prompts([prompts], turn_open_ids(cfg))
     check_loss_masks(scan)
@@ -166,10 +189,10 @@ def prepare_training(
         log.warning("SpecForge is not importable here; %s is planned on the cluster", run_yaml)
 
     argv = specforge_argv(run_yaml)
-    exec_argv = [*_launcher(launcher), *argv]
-    py = python or os.environ.get(PYTHON_ENV, "python")
+    exec_argv = [*_launcher(o.launcher), *argv]
+    py = o.python or os.environ.get(PYTHON_ENV, "python")
     entrypoint = shlex.join([py, "-m", "regen.train.preflight", "--run-dir", rd.root])
-    n_gpus = gpus if gpus is not None else cfg.gpus
+    n_gpus = o.gpus if o.gpus is not None else cfg.gpus
     store_layout.COMMAND_FILE.write(
         rd,
         store_layout.CommandRecord(
@@ -196,7 +219,7 @@ def prepare_training(
         vocab=vocab,
         specforge_plan=plan,
         tokenizer=tokenizer,
-        runtime_env={"working_dir": working_dir} if working_dir else None,
+        runtime_env={"working_dir": o.working_dir} if o.working_dir else None,
     )
 
 
@@ -334,43 +357,23 @@ def follow_job(
 
 
 def launch_training(
-    rd: RunDir,
-    config_path: str | Path,
-    *,
-    address: str | None = None,
-    gpus: int | None = None,
-    dry_run: bool = False,
-    launcher: str | None = None,
-    python: str | None = None,
-    working_dir: str | None = None,
-    allow_drops: bool = False,
-    follow: bool = True,
-    poll_s: float = 5.0,
-    timeout_s: float | None = None,
-    on_state: Callable[[str], None] | None = None,
+    rd: RunDir, config_path: str | Path, options: LaunchOptions | None = None
 ) -> LaunchResult:
-    """Prepare, then (unless dry_run) submit the training job and follow it."""
-    plan = prepare_training(
-        rd,
-        config_path,
-        gpus=gpus,
-        launcher=launcher,
-        python=python,
-        working_dir=working_dir,
-        allow_drops=allow_drops,
-    )
+    """Prepare, then (unless ``options.dry_run``) submit the training job and follow it."""
+    o = options if options is not None else LaunchOptions()
+    plan = prepare_training(rd, config_path, o)
     result = LaunchResult(plan=plan)
-    if dry_run:
+    if o.dry_run:
         return result
-    result.submission_id = submit_training(plan, address=address)
+    result.submission_id = submit_training(plan, address=o.address)
     result.state = "PENDING"
-    if follow:
+    if o.follow:
         result.state, result.message, result.states = follow_job(
             plan.rd,
             result.submission_id,
-            address=address,
-            poll_s=poll_s,
-            timeout_s=timeout_s,
-            on_state=on_state,
+            address=o.address,
+            poll_s=o.poll_s,
+            timeout_s=o.timeout_s,
+            on_state=o.on_state,
         )
     return result

@@ -12,13 +12,13 @@ from train_fixtures import good_rows, kimi_config, kimi_row, write_export
 from regen.cli.main import main as regen_main
 from regen.core.errors import TrapError
 from regen.train import data
-from regen.train.launch import launch_training, prepare_training
+from regen.train.launch import LaunchOptions, launch_training, prepare_training
 from regen.train.preflight import count_prepared, preflight
 
 
 def test_dry_run_writes_validated_config_and_exact_command(run_dir: Path, write_train_yaml):
     result = launch_training(
-        data.open_local(run_dir), write_train_yaml(), dry_run=True, launcher="echo"
+        data.open_local(run_dir), write_train_yaml(), LaunchOptions(dry_run=True, launcher="echo")
     )
     plan = result.plan
     run_yaml = run_dir / "train" / "run.yaml"
@@ -63,7 +63,9 @@ def test_bad_export_is_refused_before_submitting(tmp_path: Path, write_train_yam
 
 def test_preflight_runs_specforge_prompt_builder(run_dir: Path, write_train_yaml):
     prepare_training(
-        data.open_local(run_dir), write_train_yaml(), launcher="echo", python=sys.executable
+        data.open_local(run_dir),
+        write_train_yaml(),
+        LaunchOptions(launcher="echo", python=sys.executable),
     )
     record = preflight(str(run_dir))
     assert record["ok"] and record["rows"] == 6 and record["prepared"] == 6
@@ -171,7 +173,7 @@ def test_submission_retries_a_refusal_without_sleeping(
     fake = _FlakyJobClient(refusals, lands)
     monkeypatch.setattr(launch, "_client", lambda address: fake)
     slept: list[float] = []
-    plan = prepare_training(data.open_local(run_dir), write_train_yaml(), gpus=8)
+    plan = prepare_training(data.open_local(run_dir), write_train_yaml(), LaunchOptions(gpus=8))
     sid = launch.submit_training(plan, sleep=slept.append)
     assert fake.calls == calls and sid in fake.jobs
     assert slept == [0.5, 1.0][: calls - 1]

@@ -10,7 +10,13 @@ import pytest
 from train_fixtures import kimi_row
 
 from regen.train import data
-from regen.train.launch import follow_job, launch_training, prepare_training, submit_training
+from regen.train.launch import (
+    LaunchOptions,
+    follow_job,
+    launch_training,
+    prepare_training,
+    submit_training,
+)
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
@@ -29,13 +35,15 @@ def test_job_runs_preflight_on_cluster_then_the_exact_specforge_argv(
     result = launch_training(
         data.open_local(run_dir),
         write_train_yaml(),
-        address=address,
-        gpus=8,
-        launcher="echo LAUNCH",
-        python=sys.executable,
-        poll_s=0.5,
-        timeout_s=180,
-        on_state=states.append,
+        LaunchOptions(
+            address=address,
+            gpus=8,
+            launcher="echo LAUNCH",
+            python=sys.executable,
+            poll_s=0.5,
+            timeout_s=180,
+            on_state=states.append,
+        ),
     )
     run_yaml = str(run_dir / "train" / "run.yaml")
     expected = ["specforge", "train", "--config", run_yaml]
@@ -69,9 +77,7 @@ def test_cluster_preflight_refuses_data_changed_after_submit(
     plan = prepare_training(
         data.open_local(run_dir),
         write_train_yaml(),
-        gpus=8,
-        launcher="echo LAUNCH",
-        python=sys.executable,
+        LaunchOptions(gpus=8, launcher="echo LAUNCH", python=sys.executable),
     )
     bad = kimi_row([1], [2])
     bad["loss_mask"] = [0] * len(bad["input_ids"])
