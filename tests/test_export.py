@@ -563,25 +563,28 @@ def test_train_uses_the_shards_only_and_a_re_export_keeps_the_holdout(
 ) -> None:
     from regen.store import RunDir
     from regen.train.config import ExportSpec
-    from regen.train.data import default_holdout, export_is_stale, export_shards
+    from regen.train.data import default_holdout, export_is_stale, export_shards, read_export_stats
+
+    def holdout_of(rd: RunDir, out: Path) -> int:
+        return default_holdout(ExportSettings.of_run(rd), read_export_stats(out))
 
     rd = RunDir.open(str(holdout_run))
     out = tmp_path / "export"
-    assert default_holdout(rd, out) == 2  # no export yet: the manifest's export.holdout
+    assert holdout_of(rd, out) == 2  # no export yet: the manifest's export.holdout
     export_run(
         RunDir.open(holdout_run, create=False), str(out), ExportSettings.build(seed=7, holdout=3)
     )
     assert layout.HOLDOUT not in {p.name for p in export_shards(out)}
     assert export_shards(out) and all(p.name.startswith("shard-") for p in export_shards(out))
     assert not export_is_stale(rd, out)
-    assert default_holdout(rd, out) == 3  # what the export being replaced held out
+    assert holdout_of(rd, out) == 3  # what the export being replaced held out
     # regen train's re-export: that holdout unless the train config says
-    assert ExportSpec().overrides(default_holdout(rd, out))["holdout"] == 3
+    assert ExportSpec().overrides(holdout_of(rd, out))["holdout"] == 3
     assert ExportSpec(holdout=0).overrides(3)["holdout"] == 0
     (out / layout.EXPORT_STATS).write_text("{broken")
-    assert default_holdout(rd, out) == 2
+    assert holdout_of(rd, out) == 2
     bare = RunDir.open(str(tmp_path / "bare"), create=True)
-    assert default_holdout(bare, tmp_path / "none") == 0
+    assert holdout_of(bare, tmp_path / "none") == 0
 
 
 def test_cli_holdout_and_bench_finds_it(

@@ -28,7 +28,6 @@ from regen.export.select import check_drop_share
 from regen.store import RunDir
 from regen.store import layout as L
 from regen.store.layout import ExportStats
-from regen.store.run import read_manifest_data
 from regen.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -94,24 +93,20 @@ def export_is_stale(rd: RunDir, out: Path) -> bool:
     return not stats.exists() or newest > stats.stat().st_mtime
 
 
-def default_holdout(rd: RunDir, out: Path) -> int:
-    """Samples per source an export by ``regen train`` holds out when its config does not say:
-    as many as the export in ``out`` did (a re-export never trains on the bench's prompts),
-    else the run manifest's ``export.holdout``, else 0."""
+def read_export_stats(out: Path) -> ExportStats | None:
+    """The stats of the export in ``out`` (None when it has no readable stats.json)."""
     try:
-        record = L.EXPORT_STATS_FILE.read(RunDir.open(str(out), create=False))
+        return L.EXPORT_STATS_FILE.read(RunDir.open(str(out), create=False))
     except RunDirError as e:
-        log.warning("%s: %s; taking the holdout from the manifest", out, e)
-        record = None
-    if record is not None:
-        return record.holdout
-    try:
-        data = read_manifest_data(rd) or {}
-    except RunDirError:
-        return 0
-    export = data.get("export")
-    value = export.get("holdout") if isinstance(export, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+        log.warning("%s: %s", out, e)
+        return None
+
+
+def default_holdout(base: ExportSettings, previous: ExportStats | None) -> int:
+    """Samples per source an export by ``regen train`` holds out when its config does not say:
+    as many as the ``previous`` export did (a re-export never trains on the bench's prompts),
+    else the run manifest's ``export.holdout`` (``base``: :meth:`ExportSettings.of_run`)."""
+    return previous.holdout if previous is not None else base.holdout
 
 
 @dataclass(slots=True)
@@ -126,11 +121,16 @@ class TrainExport:
     reason: str
 
 
-def export_options(rd: RunDir, cfg: TrainConfig, out: Path) -> ExportSettings:
+def export_options(rd: RunDir, cfg: TrainConfig, previous: ExportStats | None) -> ExportSettings:
     """The settings of ``regen export RUN_DIR`` (the manifest's export section) with the
     train config's overrides, as a pretokenized export; rows longer than
-    ``training.max_length`` are dropped when neither sets a ``max_length``."""
-    settings = ExportSettings.of_run(rd, **cfg.export.overrides(default_holdout(rd, out)))
+    ``training.max_length`` are dropped when neither sets a ``max_length``. ``previous``: the
+    stats of the export being replaced (its holdout is kept)."""
+    base = ExportSettings.of_run(rd)
+    overrides = cfg.export.overrides(default_holdout(base, previous))
+    settings = ExportSettings.build(
+        **{**base.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
+    )
     if settings.max_length is None:
         settings = settings.model_copy(update={"max_length": cfg.training.max_length})
     return settings
@@ -143,10 +143,10 @@ def ensure_export(rd: RunDir, cfg: TrainConfig, *, allow_drops: bool = False) ->
     The caller has run the damage check on ``rd`` (regen.store.verify.refuse_damaged).
     """
     out = export_dir(rd, cfg)
-    settings = export_options(rd, cfg, out)
+    stats = read_export_stats(out)
+    settings = export_options(rd, cfg, stats)
     max_share = None if allow_drops else cfg.export.max_drop_share
     shards = export_shards(out)
-    stats = _read_stats(out)
     reason = ""
     if not shards:
         reason = "there is no export yet"
@@ -169,16 +169,6 @@ def ensure_export(rd: RunDir, cfg: TrainConfig, *, allow_drops: bool = False) ->
     if not shards:
         raise ConfigError(f"the export of {rd.uri} wrote no JSONL shards into {out}")
     return TrainExport(out, shards, stats, reason)
-
-
-def _read_stats(out: Path) -> ExportStats | None:
-    """The stats of the export in ``out`` (None when it has no readable stats.json)."""
-    try:
-        record = L.EXPORT_STATS_FILE.read(RunDir.open(str(out), create=False))
-    except RunDirError as e:
-        log.warning("%s: %s", out, e)
-        return None
-    return record
 
 
 def prompts_file(rd: RunDir, shards: list[Path]) -> Path:
