@@ -1,12 +1,7 @@
 """The driver: one session of a job over one run directory.
 
-Files (through :mod:`regen.store`; names in :mod:`regen.store.layout`): the lock (held for the
-session), run.json and manifest.yaml (:func:`regen.store.run.prepare_run`), plan.json
-and plan/ (:mod:`regen.plan.session`, :mod:`regen.store.planned`), checks.json
-(:mod:`regen.engine.failfast`), journal/, parts/ and their records, quarantine/
-(:mod:`regen.store.segments`, :mod:`regen.store.parts`, :mod:`regen.store.doneset`),
-failures/ (:mod:`regen.store.failures`), schedule.json, progress.json
-(:class:`regen.engine.tracker.ProgressTracker`, every ~2 s and once at the end).
+Writes the run directory only through :mod:`regen.store` (every file, its name and its record:
+:mod:`regen.store.layout`).
 
 Flow: fail-fast checks (:mod:`regen.engine.failfast`: the run directory's path, source paths,
 tokenizer, one render per source, the last two only when checks.json does not hold their key;
