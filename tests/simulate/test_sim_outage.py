@@ -46,26 +46,26 @@ def text_of(data: bytes) -> tuple[str, bool]:
     return text, data.endswith(b"data: [DONE]\n\n")
 
 
-def get(url: str, timeout: float = 10.0) -> int:
-    """The status of a GET (an HTTP error's too)."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            r.read()
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-
-
-def post(url: str, payload: dict[str, Any], timeout: float = 10.0) -> int:
-    """The status of a chat completion's POST to ``url`` (an OpenAI base URL)."""
-    req = urllib.request.Request(f"{url}/chat/completions", data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})  # fmt: skip
+def status_of(req: str | urllib.request.Request, timeout: float = 10.0) -> int:
+    """The status of a request (an HTTP error's too)."""
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             r.read()
             return r.status
     except urllib.error.HTTPError as e:
         return e.code
+
+
+def get(url: str, timeout: float = 10.0) -> int:
+    """The status of a GET."""
+    return status_of(url, timeout)
+
+
+def post(url: str, payload: dict[str, Any], timeout: float = 10.0) -> int:
+    """The status of a chat completion's POST to ``url`` (an OpenAI base URL)."""
+    req = urllib.request.Request(f"{url}/chat/completions", data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    return status_of(req, timeout)
 
 
 def timed_get(url: str, timeout: float) -> tuple[int | None, float]:
