@@ -1,8 +1,8 @@
 """A minimal load generator for the simulator: N concurrent raw streaming requests.
 
 It reads the SSE bytes without parsing them (so it costs the client as little as possible) and
-is used by the capacity tests and by ``tests/simulate/measure_ceiling.py`` (the simulator's own
-ceiling, docs/simulate.md). Owns no files.
+is used by the capacity tests and by ``tests/devkit/simulate/measure_ceiling.py`` (the simulator's
+own ceiling, docs/simulate.md). Owns no files.
 """
 
 from __future__ import annotations

@@ -54,10 +54,10 @@ SLOW = (
     "bench/test_bench_reweight.py::test_plan_reweight_writes_an_overlay_that_plan_loads",
     "bench/test_bench_reweight.py::test_plan_reweight_refuses_a_bad_bench",
     "contract/test_sglang_wheel.py",
-    "simulate/test_sim_capacity.py",
-    "simulate/test_sim_cli.py",
-    "simulate/test_sim_faults_server.py",
-    "simulate/test_sim_spec_server.py",
+    "devkit/simulate/test_sim_capacity.py",
+    "devkit/simulate/test_sim_cli.py",
+    "devkit/simulate/test_sim_faults_server.py",
+    "devkit/simulate/test_sim_spec_server.py",
     "store/test_run_lock.py::test_two_processes_racing_for_a_stale_lock_one_wins",
     "store/test_s3_store.py",
     # vLLM's own parsers, in a subprocess of its environment (one per module)
@@ -82,7 +82,7 @@ NOT_FAST = ("ray", "server", "vllm", "slow")
 FIXTURE_MARKERS = {"ray_head": "ray", "vllm_python": "vllm"}
 #: the longest modules (minutes each: the whole loop with vLLM and SpecForge; the reference
 #: job rehearsed at CI size), started first, one per xdist worker, the rest beside them
-LONGEST = ("loop/test_demo_loop.py", "reliability/test_rehearsal.py")
+LONGEST = ("devkit/loop/test_demo_loop.py", "reliability/test_rehearsal.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -31,7 +31,7 @@ def demo_run(tmp_path_factory, ray_head, demo_target: Path) -> dict:
     tmp = tmp_path_factory.mktemp("demo")
     out, export = tmp / "run", tmp / "export"
     # the checkout's demo target (built once, outside any test's timeout): its build is
-    # tests/serving's and scripts/test's, not a 300 s setup of its own here
+    # tests/devkit/servers's and scripts/test's, not a 300 s setup of its own here
     rc = regen_main(["demo", "--manifest", str(DEMO), "--out", str(out), "--export", str(export),
                      "--cache", str(demo_target.parent), "--servers", "2", "--workers", "2",
                      "--address", ray_head.address, "--no-view"])  # fmt: skip

@@ -1,5 +1,5 @@
 """Where the tests find vLLM's own environment (``scripts/vllm-env``), and why they skip when
-it is not there: shared by tests/engines and tests/loop."""
+it is not there: shared by tests/engines and tests/devkit/loop."""
 
 from __future__ import annotations
 

@@ -29,8 +29,9 @@ repository, path and commit). Each loads with ``AutoTokenizer.from_pretrained(ou
 Nothing is added around encoded text (no BOS post-processor).
 
 The build is deterministic: rebuilding reproduces the committed copies byte for byte (checked
-by tests/template/test_tiny.py). The corpus is generated from fixed word lists below (written
-for this project). ``python -m regen.devkit.tokenizers.tiny [FAMILY [OUT_DIR]]`` rebuilds one.
+by tests/devkit/tokenizers/test_tiny.py). The corpus is generated from fixed word lists below
+(written for this project). ``python -m regen.devkit.tokenizers.tiny [FAMILY [OUT_DIR]]`` rebuilds
+one.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from regen.manifest import Endpoint, Sampling
 # CPU minutes, several more with both cores busy); every request after it is small
 pytestmark = [pytest.mark.server, pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"
 DEMO = REPO / "manifests" / "demo.yaml"
 MSGS = [{"role": "user", "content": "Tell me about the tiny model."}]

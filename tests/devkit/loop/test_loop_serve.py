@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engines"))
 
 from _models import build_eagle1_draft, build_eagle3_draft, build_scripted_target
 

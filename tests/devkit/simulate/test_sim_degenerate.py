@@ -18,7 +18,7 @@ from regen.devkit.simulate.answer import DEGENERATE_KINDS, degenerate_kind
 from regen.devkit.simulate.config import SimConfig
 from regen.devkit.simulate.testing import simulator_in_thread
 
-TOKENIZER = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "tokenizer"
+TOKENIZER = Path(__file__).resolve().parents[3] / "manifests" / "demo" / "tokenizer"
 RATE = 0.1
 N = 3000
 

@@ -16,7 +16,7 @@ from regen.devkit.tokenizers.tiny import (
     tiny_info,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 COMMITTED = REPO / "manifests" / "demo" / "tokenizer"
 
 

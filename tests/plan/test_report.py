@@ -17,7 +17,7 @@ from regen.manifest import load_manifest, parse_manifest
 from regen.plan.report import build_plan, limits_band
 from regen.sources import read_samples
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "manifests" / "demo.yaml"
 PROD = REPO / "manifests" / "kimi-k25-eagle3.yaml"
 

@@ -27,7 +27,7 @@ from regen.devkit.demo_target import (
     served_chat_template,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 #: DemoTargetSpec's fields at BUILD_VERSION 4 (a Kimi build's key hashes exactly these)
 V4_FIELDS = {"hidden", "layers", "heads", "head_dim", "intermediate", "seed", "steps", "batch",
              "lr", "tool_repeats", "threads", "shard_size"}  # fmt: skip

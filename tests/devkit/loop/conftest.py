@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engines"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "engines"))
 
 from _vllm_env import vllm_python_or_skip
 

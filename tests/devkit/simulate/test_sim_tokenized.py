@@ -14,7 +14,7 @@ from _sim_common import MODEL
 from regen.devkit.simulate import AnswerConfig, answer
 from regen.devkit.simulate.testing import RunningSimulator, simulator_in_thread
 
-TOKENIZER = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "tokenizer"
+TOKENIZER = Path(__file__).resolve().parents[3] / "manifests" / "demo" / "tokenizer"
 pytestmark = [
     pytest.mark.timeout(60),
     pytest.mark.skipif(not TOKENIZER.is_dir(), reason="manifests/demo/tokenizer not built yet"),

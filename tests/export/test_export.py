@@ -21,7 +21,7 @@ from regen.store.schema import rows_to_table as table_of
 from regen.targets.kimi import KIMI
 from regen.template.render import Renderer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"
 NATIVE = REPO / "manifests" / "demo" / "kimi_native.jsonl"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
@@ -31,7 +31,7 @@ def rows_to_table(rows: list[dict]):
     """The rows as a server that returns its own ids makes them (token_source server,
     token_check match): these tests are about what export keeps for other reasons; locally
     rendered rows whose tokens are unproven have their own tests (test_unproven_* in
-    tests/test_export.py)."""
+    tests/export/test_export.py)."""
     for row in rows:
         if row["token_source"] == "local":
             row.update(token_source="server", token_check="match")

@@ -1,6 +1,6 @@
 """Measure the simulator's own ceiling on this machine (not a test; see docs/simulate.md).
 
-    .venv/bin/python tests/simulate/measure_ceiling.py
+    .venv/bin/python tests/devkit/simulate/measure_ceiling.py
 
 Starts `regen simulate` subprocesses, drives them with tests._loadgen from this process
 (raw SSE reads, the cheapest client), and prints one JSON line per scenario: achieved tok/s and

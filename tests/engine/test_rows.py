@@ -29,7 +29,7 @@ def token_check_counts(rows: list[dict]) -> Counter[str]:
     return Counter(r["token_check"] for r in rows if r.get("token_check") is not None)
 
 
-TOKENIZER = Path(__file__).resolve().parents[1] / "manifests" / "demo" / "tokenizer"
+TOKENIZER = Path(__file__).resolve().parents[2] / "manifests" / "demo" / "tokenizer"
 CALL = ToolCall(id="functions.get_weather:0", name="get_weather", arguments='{"city": "Oslo"}')
 
 

@@ -29,7 +29,7 @@ LOOP_TIMEOUT_S = 3600
 
 pytestmark = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.timeout(LOOP_TIMEOUT_S + 300)]
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 LEVELS = [1, 2]
 STEPS = 60
 #: "a clear margin": the trained draft accepts this much more per step than the untrained one

@@ -14,7 +14,7 @@ from regen.devkit.tokenizers.tiny import VOCAB_SIZE
 from regen.sources.native import VocabInfo, validate_native
 from regen.targets.kimi import KIMI
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"
 DEMO = REPO / "manifests" / "demo" / "kimi_native.jsonl"
 
