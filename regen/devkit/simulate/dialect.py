@@ -48,6 +48,34 @@ class Dialect:
     queue_full_type: str  #: its error type
     owned_by: str  #: /v1/models' owned_by
     null_empty_content: bool  #: a non-streamed empty content is null (else "")
+    #: /metrics is always served (vLLM); else only with --enable-metrics (SGLang)
+    metrics_always: bool = False
+    #: /health runs the generating check (SGLang 0.5.23's default); else a plain 200
+    health_generates: bool = True
+    #: the waiting-queue limit counts the running requests too and is not per data-parallel
+    #: rank (vLLM's --max-num-seqs admission); else queued ones per rank (SGLang)
+    queue_counts_running: bool = False
+    #: token ids are asked with return_token_ids, streamed or not, and come back as
+    #: top-level prompt_token_ids and per-choice token_ids (vLLM); else on the choice, and
+    #: through sglext for streams (SGLang)
+    vllm_ids: bool = False
+    #: answers carry SGLang's ``sglext`` (spec details, stream ids)
+    sglext: bool = True
+    #: the wording of a prompt longer than the context: (message, its ``param``)
+    long_prompt: str = (
+        "The input ({n} tokens) is longer than the model's context length ({ctx} tokens)."
+    )
+    long_prompt_param: str | None = None
+    #: /server_info and /model_info (SGLang's; else /version)
+    server_info: bool = True
+    #: the stream's status line and headers wait for the first token (SGLang's handler awaits
+    #: the generator's first item); else they go at once (vLLM's StreamingResponse)
+    status_with_first_token: bool = True
+    #: an unknown model's 404 lists the valid aliases, with ``param`` "model" (vLLM)
+    model_404_aliases: bool = False
+
+    def long_prompt_error(self, n_prompt: int, ctx: int) -> tuple[str, str | None]:
+        return self.long_prompt.format(n=n_prompt, ctx=ctx, over=ctx + 1), self.long_prompt_param
 
     def error_body(self, status: int, message: str, err_type: str, param: str | None = None):
         err = {"message": message, "type": err_type, "param": param, "code": status}
@@ -87,5 +115,20 @@ VLLM = Dialect(
     "Service Unavailable",
     "vllm",
     True,
+    metrics_always=True,
+    health_generates=False,
+    queue_counts_running=True,
+    vllm_ids=True,
+    sglext=False,
+    long_prompt=(
+        "This model's maximum context length is {ctx} tokens. However, your prompt contains "
+        "at least {over} input tokens, which exceeds this limit even without any output "
+        "tokens. Please reduce the length of the input prompt. (parameter=input_tokens, "
+        "value={n})"
+    ),
+    long_prompt_param="input_tokens",
+    server_info=False,
+    status_with_first_token=False,
+    model_404_aliases=True,
 )
 DIALECTS: dict[str, Dialect] = {"sglang": SGLANG, "vllm": VLLM}

@@ -82,12 +82,6 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def error_response(status: int, message: str, err_type: str, **headers: str) -> web.Response:
-    """An error in the OpenAI/SGLang shape."""
-    body = {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
-    return web.Response(status=status, body=_dumps(body), content_type=_JSON, headers=headers)
-
-
 class _ClientGone(Exception):
     """The client hung up; ``response`` is the prepared response to hand back to aiohttp."""
 
@@ -160,14 +154,14 @@ class SimServer:
         r.add_get("/health", self.health)
         r.add_get("/health_generate", self.health_generate)
         r.add_get("/v1/models", self.models)
-        if self.dialect.name == "sglang":
+        if self.dialect.server_info:
             for path in ("/model_info", "/get_model_info"):
                 r.add_get(path, self.model_info)
             for path in ("/server_info", "/get_server_info"):
                 r.add_get(path, self.server_info)
         else:
             r.add_get("/version", self.version)
-        if self.dialect.name == "vllm" or self.config.enable_metrics:
+        if self.dialect.metrics_always or self.config.enable_metrics:
             r.add_get("/metrics", self.metrics_page)
         r.add_post("/v1/chat/completions", self.chat)
         r.add_get("/stats", self.stats_view)
@@ -217,7 +211,7 @@ class SimServer:
         """SGLang 0.5.23 serves ``/health`` with the ``/health_generate`` handler unless
         ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION`` is off (``--no-health-endpoint-
         generation``); the simulator's vLLM dialect answers 200."""
-        if self.dialect.name == "vllm" or not self.config.health_endpoint_generation:
+        if not self.dialect.health_generates or not self.config.health_endpoint_generation:
             return web.Response(status=200)
         return await self._health_check(generate=False)
 
@@ -446,7 +440,7 @@ class SimServer:
         if model not in (self.config.model_name, self.model_path):
             raise _Invalid(
                 self._error(404, f"The model `{model}` does not exist.", "NotFoundError")
-                if self.dialect.name == "sglang"
+                if not self.dialect.model_404_aliases
                 else self._error(
                     404,
                     f"The model `{model}` does not exist. Valid aliases: {self.config.model_name}.",
@@ -461,19 +455,8 @@ class SimServer:
     def _context_check(self, n_prompt: int, max_tokens: int | None) -> None:
         ctx = self.config.context_length
         if n_prompt >= ctx:
-            msg = (
-                f"The input ({n_prompt} tokens) is longer than the model's context length "
-                f"({ctx} tokens)."
-            )
-            if self.dialect.name == "vllm":  # vLLM's wording and its structured param
-                msg = (
-                    f"This model's maximum context length is {ctx} tokens. However, your "
-                    f"prompt contains at least {ctx + 1} input tokens, which exceeds this limit "
-                    "even without any output tokens. Please reduce the length of the input "
-                    f"prompt. (parameter=input_tokens, value={n_prompt})"
-                )
-                raise _Invalid(self._error(400, msg, "BadRequestError", "input_tokens"))
-            raise _Invalid(self._error(400, msg, "BadRequestError"))
+            msg, param = self.dialect.long_prompt_error(n_prompt, ctx)
+            raise _Invalid(self._error(400, msg, "BadRequestError", param))
         if max_tokens is not None and n_prompt + max_tokens > ctx:
             msg = (
                 f"Requested token count exceeds the model's maximum context length of {ctx} "
@@ -494,7 +477,7 @@ class SimServer:
         if limit is None or self.config.instant:
             return False
         held = self.scheduler.n_queued
-        if self.dialect.name == "vllm":
+        if self.dialect.queue_counts_running:
             held += self.scheduler.n_running
         else:
             limit *= self.config.dp_size
@@ -519,7 +502,7 @@ class SimServer:
             stream = bool(body.get("stream"))
             want_prompt_ids = bool(body.get("return_prompt_token_ids"))
             want_ids = bool(body.get("return_token_ids"))
-            if self.dialect.name == "vllm":  # return_token_ids streams too; needs ids
+            if self.dialect.vllm_ids:  # return_token_ids streams too; needs ids
                 want_prompt_ids, want_ids = self.dialect.asks_ids(body, stream)
             elif (want_ids or want_prompt_ids) and stream:
                 raise _Invalid(
@@ -763,7 +746,7 @@ class SimServer:
         out = self._whole(message, ans.finish_reason, matched, usage)
         choice = out["choices"][0]
         want_prompt, want_output = self.dialect.asks_ids(body, False)
-        if ids is not None and self.dialect.name == "vllm":  # vLLM: prompt at the top level
+        if ids is not None and self.dialect.vllm_ids:  # vLLM: prompt at the top level
             if want_output:
                 out["prompt_token_ids"] = ids.prompt
                 choice["token_ids"] = ids.output
@@ -810,7 +793,7 @@ class SimServer:
         speculative server, once it had a verify step), and, for streams, the ids asked with
         return_{input,output}_ids_in_sglext (``ids``). vLLM has none."""
         ext: dict[str, Any] = {}
-        if self.dialect.name == "vllm":
+        if not self.dialect.sglext:
             return ext
         asked = body.get("return_spec_tokens_details") and self.config.spec_tokens_details
         if asked and self.spec is not None and job.spec is not None:
@@ -889,9 +872,7 @@ class SimServer:
         # vLLM's return_token_ids: each chunk carries the ids of its tokens (the text chunks a
         # proportional share of the answer's ids, the finish chunk the rest); the role chunk
         # carries the prompt's at the top level
-        vllm_ids = (
-            ids if self.dialect.name == "vllm" and self.dialect.asks_ids(body, True)[1] else None
-        )
+        vllm_ids = ids if self.dialect.vllm_ids and self.dialect.asks_ids(body, True)[1] else None
         given = 0
 
         def chunk_ids(upto: int) -> bytes:
@@ -913,7 +894,7 @@ class SimServer:
         # SGLang sends the status and headers with the first chunk, once the first token is
         # made (serving_chat.py _handle_streaming_request awaits the generator's first item);
         # vLLM returns its StreamingResponse at once, and Starlette sends the headers first
-        while self.dialect.name == "sglang" and job.produced == 0 and not job.done:
+        while self.dialect.status_with_first_token and job.produced == 0 and not job.done:
             await job.progress()
         await self.hang.wait_resumed()
         resp = web.StreamResponse(headers=SSE_HEADERS)
