@@ -491,36 +491,7 @@ class SimServer:
         self.overload.request()  # ... and the overload_after-th the 503 storm
         hangs_before, hung_before = hang.count, hang.hung
         try:
-            raw = await request.read()
-            try:
-                body = json.loads(raw)
-            except ValueError:
-                raise _Invalid(
-                    self._error(400, "request body is not valid JSON", "BadRequestError")
-                ) from None
-            self._validate(body)
-            stream = bool(body.get("stream"))
-            want_prompt_ids = bool(body.get("return_prompt_token_ids"))
-            want_ids = bool(body.get("return_token_ids"))
-            if self.dialect.vllm_ids:  # return_token_ids streams too; needs ids
-                want_prompt_ids, want_ids = self.dialect.asks_ids(body, stream)
-            elif (want_ids or want_prompt_ids) and stream:
-                raise _Invalid(
-                    self._error(
-                        400,
-                        "return_token_ids/return_prompt_token_ids are not supported with "
-                        "streaming. Please set stream=false.",
-                        "BadRequestError",
-                    )
-                )
-            if (want_ids or want_prompt_ids) and self.tokenizer is None:
-                raise _Invalid(
-                    self._error(
-                        400,
-                        "token ids need a tokenizer: start the simulator with --tokenizer DIR",
-                        "BadRequestError",
-                    )
-                )
+            body, stream = await self._read_request(request)
         except _Invalid as e:
             stats.counters.received += 1
             stats.counters.errors[str(e.response.status)] += 1
@@ -555,12 +526,82 @@ class SimServer:
         storm = self.overload.active()
         if storm:  # a scheduled 503 storm refuses every new request as Fault.OVERLOAD does
             fault = Fault.OVERLOAD
-        if fault is Fault.FAIL:
+        refused = await self._refuse(request, body, fault, storm, n_prompt, record)
+        if refused is not None:
+            return refused
+        job = self._admit(body, ans, n_prompt, received_at)
+        usage = self._usage(ans, ids, n_prompt)
+        done = functools.partial(self._finished, ans=ans, job=job, fault=fault, usage=usage,
+                                 stream=stream, received_at=received_at,
+                                 record=record)  # fmt: skip
+        if fault in (Fault.DISCONNECT, Fault.RETRACT, Fault.ABORT):  # counted up front
             stats.counters.failed[fault.value] += 1
+            self.metrics.aborted()
+            status = 503 if fault is Fault.RETRACT and not stream else 200
+            record(status=status, fault=fault.value)
+        try:
+            if stream:
+                return await self._stream(request, body, ans, ids, job, fault, usage, done)
+            return await self._complete(request, body, ans, ids, job, fault, usage, done)
+        except (_ClientGone, asyncio.CancelledError) as e:
+            job.cancelled = True
+            self._gone(request, record)
+            if isinstance(e, _ClientGone):
+                return e.response
+            raise
+
+    async def _read_request(self, request: web.Request) -> tuple[dict[str, Any], bool]:
+        """The request's body, validated, and whether it streams (_Invalid: its 400)."""
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise _Invalid(
+                self._error(400, "request body is not valid JSON", "BadRequestError")
+            ) from None
+        self._validate(body)
+        stream = bool(body.get("stream"))
+        want_prompt_ids = bool(body.get("return_prompt_token_ids"))
+        want_ids = bool(body.get("return_token_ids"))
+        if self.dialect.vllm_ids:  # return_token_ids streams too; needs ids
+            want_prompt_ids, want_ids = self.dialect.asks_ids(body, stream)
+        elif (want_ids or want_prompt_ids) and stream:
+            raise _Invalid(
+                self._error(
+                    400,
+                    "return_token_ids/return_prompt_token_ids are not supported with "
+                    "streaming. Please set stream=false.",
+                    "BadRequestError",
+                )
+            )
+        if (want_ids or want_prompt_ids) and self.tokenizer is None:
+            raise _Invalid(
+                self._error(
+                    400,
+                    "token ids need a tokenizer: start the simulator with --tokenizer DIR",
+                    "BadRequestError",
+                )
+            )
+        return body, stream
+
+    async def _refuse(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        fault: Fault | None,
+        storm: bool,
+        n_prompt: int,
+        record: Callable[..., None],
+    ) -> web.StreamResponse | None:
+        """The answer of a request refused before any token (a drawn 500, 429 or 503, the
+        storm, a full queue); None when it is admitted."""
+        counters = self.stats.counters
+        if fault is Fault.FAIL:
+            counters.failed[fault.value] += 1
             record(status=500, fault=fault.value)
             return self._error(500, "simulated internal server error", "InternalServerError")
         if fault is Fault.RATE_LIMIT:
-            stats.counters.failed[fault.value] += 1
+            counters.failed[fault.value] += 1
             record(status=429, fault=fault.value)
             retry = f"{self.config.faults.retry_after:g}"
             return self._error(
@@ -570,19 +611,25 @@ class SimServer:
                 **{"Retry-After": retry},
             )
         full = fault is None and self._queue_full()
-        if fault is Fault.OVERLOAD or full:  # the queue is full, refused before any token
-            if full:
-                stats.counters.queue_full += 1
-                label = "queue_full"
-            else:
-                label = OVERLOAD_WINDOW if storm else Fault.OVERLOAD.value
-                stats.counters.failed[label] += 1
-            record(status=503, fault=label)
-            self.metrics.refused()
-            d = self.dialect
-            if stream:
-                return await self._stream_error(request, body, d.queue_full, n_prompt)
-            return self._error(503, d.queue_full, d.queue_full_type)  # SGLang: str(status)
+        if fault is not Fault.OVERLOAD and not full:
+            return None
+        if full:  # the queue is full, refused before any token
+            counters.queue_full += 1
+            label = "queue_full"
+        else:
+            label = OVERLOAD_WINDOW if storm else Fault.OVERLOAD.value
+            counters.failed[label] += 1
+        record(status=503, fault=label)
+        self.metrics.refused()
+        d = self.dialect
+        if body.get("stream"):
+            return await self._stream_error(request, body, d.queue_full, n_prompt)
+        return self._error(503, d.queue_full, d.queue_full_type)  # SGLang: str(status)
+
+    def _admit(
+        self, body: dict[str, Any], ans: SimAnswer, n_prompt: int, received_at: float
+    ) -> Job:
+        """The request's job, in the scheduler (or made whole at once with --instant)."""
         job = Job(total=ans.completion_tokens, prompt=n_prompt)
         self.metrics.admitted(n_prompt)
         if self.spec is not None:
@@ -596,51 +643,43 @@ class SimServer:
             self.scheduler.tokens_total += job.total
         else:
             self.scheduler.submit(job)
-        usage = self._usage(ans, ids, n_prompt)
+        return job
 
-        def done() -> None:
-            """Count a full answer; called just before its last bytes are written, so a client
-            that has read them finds it counted."""
-            c = stats.counters
-            c.completed += 1
-            c.stalled += fault is Fault.STALL
-            c.prompt_tokens += usage["prompt_tokens"]
-            c.completion_tokens += usage["completion_tokens"]
-            record(
-                status=200,
-                fault=fault.value if fault else None,
-                stream=stream,
-                prompt_tokens=usage["prompt_tokens"],
-                completion_tokens=usage["completion_tokens"],
-                finish_reason=ans.finish_reason,
-            )
-            self.metrics.finished(
-                stream=stream,
-                prompt_tokens=usage["prompt_tokens"],
-                completion_tokens=usage["completion_tokens"],
-                finish_reason=ans.finish_reason,
-                received_at=received_at,
-                first_token_at=job.first_at,
-                finished_at=time.monotonic(),
-            )
-
-        if fault in (Fault.DISCONNECT, Fault.RETRACT, Fault.ABORT):  # counted up front
-            stats.counters.failed[fault.value] += 1
-            self.metrics.aborted()
-            status = 503 if fault is Fault.RETRACT and not stream else 200
-            record(status=status, fault=fault.value)
-        try:
-            if stream:
-                resp = await self._stream(request, body, ans, ids, job, fault, usage, done)
-            else:
-                resp = await self._complete(request, body, ans, ids, job, fault, usage, done)
-        except (_ClientGone, asyncio.CancelledError) as e:
-            job.cancelled = True
-            self._gone(request, record)
-            if isinstance(e, _ClientGone):
-                return e.response
-            raise
-        return resp
+    def _finished(
+        self,
+        *,
+        ans: SimAnswer,
+        job: Job,
+        fault: Fault | None,
+        usage: dict[str, Any],
+        stream: bool,
+        received_at: float,
+        record: Callable[..., None],
+    ) -> None:
+        """Count a full answer; called just before its last bytes are written, so a client
+        that has read them finds it counted."""
+        c = self.stats.counters
+        c.completed += 1
+        c.stalled += fault is Fault.STALL
+        c.prompt_tokens += usage["prompt_tokens"]
+        c.completion_tokens += usage["completion_tokens"]
+        record(
+            status=200,
+            fault=fault.value if fault else None,
+            stream=stream,
+            prompt_tokens=usage["prompt_tokens"],
+            completion_tokens=usage["completion_tokens"],
+            finish_reason=ans.finish_reason,
+        )
+        self.metrics.finished(
+            stream=stream,
+            prompt_tokens=usage["prompt_tokens"],
+            completion_tokens=usage["completion_tokens"],
+            finish_reason=ans.finish_reason,
+            received_at=received_at,
+            first_token_at=job.first_at,
+            finished_at=time.monotonic(),
+        )
 
     def _gone(self, request: web.Request, record: Callable[..., None]) -> None:
         """The client hung up before its answer ended: logged with the status its response
