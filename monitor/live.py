@@ -23,6 +23,7 @@ from monitor.plain import log_line
 from monitor.render import frame, make_console
 from regen.core.errors import RegenError
 from regen.status import STALL_AFTER_S, RunNumbers, RunView
+from regen.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +31,12 @@ log = logging.getLogger(__name__)
 class Ticker:
     """Reads and renders one tick at a time; remembers the last good numbers."""
 
-    def __init__(self, run_dir: str | os.PathLike[str], *, stall_after_s: float = STALL_AFTER_S):
-        self.run_dir = os.fspath(run_dir)
+    def __init__(
+        self, run_dir: RunDir | str | os.PathLike[str], *, stall_after_s: float = STALL_AFTER_S
+    ):
+        #: what is read: the handle its command opened, or a path opened at the first tick
+        self.target = run_dir
+        self.run_dir = run_dir.uri if isinstance(run_dir, RunDir) else os.fspath(run_dir)
         self.stall_after_s = stall_after_s
         self.view: RunView | None = None
         self.last: RunNumbers | None = None
@@ -41,7 +46,7 @@ class Ticker:
         """Refresh the numbers; on a read error keep the previous ones and remember the error."""
         try:
             if self.view is None:
-                self.view = RunView(self.run_dir)
+                self.view = RunView(self.target)
             self.last = self.view.numbers(now, stall_after_s=self.stall_after_s)
             self.error = ""
         except (RegenError, OSError) as e:
@@ -110,7 +115,7 @@ def _log_tick(ticker: Ticker) -> None:
 
 
 def run_in_thread(
-    run_dir: str | os.PathLike[str],
+    run_dir: RunDir | str | os.PathLike[str],
     stop_event: threading.Event,
     *,
     refresh_s: float = 2.0,

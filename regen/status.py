@@ -114,10 +114,13 @@ class RunView:
     """A read-only view of a run directory, opened once and read every tick."""
 
     def __init__(
-        self, uri: str | os.PathLike[str], *, reconcile_every_s: float = RECONCILE_EVERY_S
+        self, uri: RunDir | str | os.PathLike[str], *, reconcile_every_s: float = RECONCILE_EVERY_S
     ) -> None:
-        """``reconcile_every_s``: how often reads list parts/ (the first read always does)."""
-        self.rd = RunDir.open(os.fspath(uri), create=False).require()
+        """``uri``: the run directory, or the handle its command opened (passed on, not opened
+        again). ``reconcile_every_s``: how often reads list parts/ (the first read always
+        does)."""
+        rd = uri if isinstance(uri, RunDir) else RunDir.open(os.fspath(uri), create=False)
+        self.rd = rd.require()
         self.uri = self.rd.uri  #: a local path made absolute (every message names it so)
         self.reconcile_every_s = reconcile_every_s
         self._assumptions: dict[str, tuple[int, int]] | None = None

@@ -19,6 +19,7 @@ from regen.core.errors import ConfigError
 if TYPE_CHECKING:
     from regen.engine import JobSummary, RunOptions
     from regen.manifest import Manifest
+    from regen.store import RunDir
 
 NAME = "run"
 HELP = "regenerate the manifest's samples into a run directory (running it again resumes)"
@@ -152,13 +153,11 @@ def with_endpoint_keys(manifest: Manifest, args: argparse.Namespace) -> Manifest
     return manifest.model_copy(update={"endpoints": eps})
 
 
-def run_with_view(manifest: Manifest, out: str, opts: RunOptions, *, view: bool) -> JobSummary:
-    """``run_job`` on the run directory ``out`` (opened here, once) with the live dashboard in a
-    thread of this process when ``view`` (shared with ``regen demo``); returns the job summary."""
+def run_with_view(manifest: Manifest, rd: RunDir, opts: RunOptions, *, view: bool) -> JobSummary:
+    """``run_job`` on the run directory ``rd`` (its command's one opening) with the live
+    dashboard in a thread of this process when ``view`` (shared with ``regen demo``), reading
+    the same handle; returns the job summary."""
     from regen.engine import run_job
-    from regen.store import RunDir
-
-    rd = RunDir.open(out, create=False)
 
     stop_view = threading.Event()
     thread = None
@@ -167,7 +166,7 @@ def run_with_view(manifest: Manifest, out: str, opts: RunOptions, *, view: bool)
 
         started = threading.Event()
         opts.on_progress = _also(opts.on_progress, lambda _snap: started.set())
-        thread = run_in_thread(out, stop_view, log_every_s=30.0, started=started)
+        thread = run_in_thread(rd, stop_view, log_every_s=30.0, started=started)
     try:
         return run_job(manifest, rd, opts)
     finally:
@@ -202,9 +201,12 @@ def execute(args: argparse.Namespace, *, view: bool = True) -> int:
     manifest = with_endpoint_keys(load_manifest(args.manifest, args.override), args)
     opts = options_from_args(args)
     view = view and not getattr(args, "no_view", False)
-    metrics = _start_metrics(args.out, getattr(args, "metrics_port", None))
+    from regen.store import RunDir
+
+    rd = RunDir.open(args.out, create=False)  # the command's one opening, passed on
+    metrics = _start_metrics(rd, getattr(args, "metrics_port", None))
     try:
-        summary = run_with_view(manifest, args.out, opts, view=view)
+        summary = run_with_view(manifest, rd, opts, view=view)
     finally:
         metrics.stop()
     console.print(
@@ -229,18 +231,18 @@ def execute(args: argparse.Namespace, *, view: bool = True) -> int:
             console.print("training not submitted: the run is not complete", highlight=False)
         return code
     if args.then_train:
-        return _then_train(args, console)
+        return _then_train(args, rd, console)
     return EXIT_DONE
 
 
-def _start_metrics(out: str, port: int | None):  # -> RunMetrics
-    """regen's metrics for the run in ``out`` (through Ray; on 127.0.0.1:``port`` too)."""
+def _start_metrics(rd: RunDir, port: int | None):  # -> RunMetrics
+    """regen's metrics for the run in ``rd`` (through Ray; on 127.0.0.1:``port`` too)."""
     from regen.engine.metrics import start_run_metrics
 
     if port is not None and not 0 <= port <= 65535:
         raise ConfigError(f"--metrics-port {port} is not a port", field="--metrics-port")
     try:
-        return start_run_metrics(out, port)
+        return start_run_metrics(rd, port)
     except OSError as e:
         raise ConfigError(
             f"--metrics-port: cannot listen on 127.0.0.1:{port}: {e}", field="--metrics-port"
@@ -257,7 +259,7 @@ def exit_code(summary: JobSummary) -> int:
     return EXIT_DONE
 
 
-def _then_train(args: argparse.Namespace, console) -> int:
+def _then_train(args: argparse.Namespace, rd: RunDir, console) -> int:
     """Submit the training job (regen train's path) and return: it runs for hours on the GPUs;
     `regen status`-style following is `regen train ... ` or Ray's own `ray job logs`."""
     from regen.store import layout
@@ -265,7 +267,7 @@ def _then_train(args: argparse.Namespace, console) -> int:
     from regen.train.launch import LaunchOptions, launch_training
 
     options = LaunchOptions(address=args.train_address, follow=False)
-    result = launch_training(open_local(args.out), args.then_train, options)
+    result = launch_training(open_local(rd), args.then_train, options)
     console.print(
         f"training job {result.submission_id} submitted ({result.state}); its record: "
         f"{args.out.rstrip('/')}/{layout.JOB}",

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from regen.core.errors import RegenError
 from regen.status import RunView
+from regen.store.rundir import RunDir
 
 if TYPE_CHECKING:
     from regen.status import RunNumbers
@@ -231,7 +232,7 @@ class RunMetrics:
     (:attr:`port` says which)."""
 
     def __init__(
-        self, run_dir: str, *, port: int | None = None, every_s: float = PUBLISH_EVERY_S
+        self, run_dir: RunDir | str, *, port: int | None = None, every_s: float = PUBLISH_EVERY_S
     ) -> None:
         self.run_dir, self.every_s = run_dir, every_s
         self.ray = RayMetrics()
@@ -289,7 +290,7 @@ class RunMetrics:
             self.page.close()
 
 
-def start_run_metrics(run_dir: str, port: int | None = None) -> RunMetrics:
+def start_run_metrics(run_dir: RunDir | str, port: int | None = None) -> RunMetrics:
     """Start publishing ``run_dir``'s numbers (the CLI's one call)."""
     metrics = RunMetrics(run_dir, port=port).start()
     if metrics.port is not None:

@@ -47,10 +47,11 @@ EXPORT_DIR = L.EXPORT_DIR
 EXPORT_STATS = L.EXPORT_STATS
 
 
-def open_local(run_dir: str | Path) -> RunDir:
+def open_local(run_dir: RunDir | str | Path) -> RunDir:
     """Open a run directory the training cluster can read by path (the entry points' one
-    opening: the RunDir is passed on from here)."""
-    rd = RunDir.open(run_dir, create=False)
+    opening: the RunDir is passed on from here), or check that the handle a command opened
+    is one."""
+    rd = run_dir if isinstance(run_dir, RunDir) else RunDir.open(run_dir, create=False)
     if not rd.is_local:
         raise RunDirError(
             f"{rd.uri}: training needs the run directory on a local or shared filesystem "

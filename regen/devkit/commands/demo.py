@@ -164,14 +164,14 @@ def run(args: argparse.Namespace) -> int:
             force=args.force,
             address=args.address,
         )
-        summary = run_with_view(manifest, args.out, opts, view=not args.no_view)
+        rd = RunDir.open(args.out, create=False)  # the command's one opening, passed on
+        summary = run_with_view(manifest, rd, opts, view=not args.no_view)
     code = exit_code(summary)  # 0 only when every sample is done or permanently failed
     if code != EXIT_DONE:
         console.print(f"[yellow]{summary.state}[/]: {summary.done}/{summary.total} samples "
                       f"stored in {args.out} ({summary.failed_transient} left for the next "
                       "run); run the same command again to resume")  # fmt: skip
         return code
-    rd = RunDir.open(args.out, create=False)
     stats = export_run(rd, export_dir, ExportSettings.of_run(rd))
     console.print(
         f"[bold green]done[/]: {summary.done}/{summary.total} samples "

@@ -976,21 +976,7 @@ class SimServer:
                         parts += (head, c_key, _text_json(text), b"}", text_tail(b))
                     a = b
                 if produced >= job.total and ans.tool_calls:
-                    for i, call in enumerate(ans.tool_calls):
-                        opening = {
-                            "tool_calls": [
-                                {
-                                    "index": i,
-                                    "id": call.id,
-                                    "type": "function",
-                                    "function": {"name": call.name, "arguments": ""},
-                                }
-                            ]
-                        }
-                        args = {
-                            "tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]
-                        }
-                        parts += (head, _dumps(opening), tail, head, _dumps(args), tail)
+                    parts += _tool_chunks(head, tail, ans)
                 sent = produced
             if parts:
                 await write(b"".join(parts))
@@ -1013,6 +999,26 @@ class SimServer:
                 break
             await job.progress()
 
+        rest = vllm_ids.output[given:] if vllm_ids is not None else None
+        done()
+        await write(self._stream_last(base, body, ans, job, ids, usage, rest))
+        with contextlib.suppress(ConnectionError):
+            await resp.write_eof()
+        return resp
+
+    def _stream_last(
+        self,
+        base: bytes,
+        body: Mapping[str, Any],
+        ans: SimAnswer,
+        job: Job,
+        ids: TokenIds | None,
+        usage: dict[str, Any],
+        rest_ids: list[int] | None,
+    ) -> bytes:
+        """A finished stream's last events: the finish chunk (vLLM's with the rest of the ids,
+        ``rest_ids``: the tool section, <|im_end|>), SGLang's sglext chunk, usage when asked,
+        [DONE]."""
         finish: dict[str, Any] = {
             "index": 0,
             "delta": {},
@@ -1020,10 +1026,10 @@ class SimServer:
             "finish_reason": ans.finish_reason,
             "matched_stop": IM_END_ID if ans.finish_reason == "stop" else None,
         }
-        if vllm_ids is not None:  # the rest of the ids (the tool section, <|im_end|>)
+        if rest_ids is not None:
             del finish["matched_stop"]
             finish["stop_reason"] = None
-            finish["token_ids"] = vllm_ids.output[given:]
+            finish["token_ids"] = rest_ids
         last = b',"choices":[' + _dumps(finish) + b"]"
         if self.config.usage_shape == "finish":
             last += b',"usage":' + _dumps(usage)
@@ -1035,11 +1041,7 @@ class SimServer:
         if self.config.usage_shape == "sglang" and opts.get("include_usage"):
             out += [base, b',"choices":[],"usage":', _dumps(usage), b"}\n\n"]
         out.append(b"data: [DONE]\n\n")
-        done()
-        await write(b"".join(out))
-        with contextlib.suppress(ConnectionError):
-            await resp.write_eof()
-        return resp
+        return b"".join(out)
 
     def _stream_end(
         self, base: bytes, body: Mapping[str, Any], fault: Fault, sent: int, usage: dict[str, Any]
@@ -1061,6 +1063,18 @@ class SimServer:
             out.append(self._usage_event(part))
         out.append(b"data: [DONE]\n\n")
         return b"".join(out)
+
+
+def _tool_chunks(head: bytes, tail: bytes, ans: SimAnswer) -> list[bytes]:
+    """The stream chunks of the answer's tool calls: each opens (id, name), then its
+    arguments."""
+    out: list[bytes] = []
+    for i, call in enumerate(ans.tool_calls):
+        opening = {"tool_calls": [{"index": i, "id": call.id, "type": "function",
+                                   "function": {"name": call.name, "arguments": ""}}]}  # fmt: skip
+        args = {"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]}
+        out += (head, _dumps(opening), tail, head, _dumps(args), tail)
+    return out
 
 
 def _partial(ans: SimAnswer, n: int) -> tuple[str, str]:
