@@ -24,4 +24,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    try:  # regen's quick exit (regen.cli.main.exit_now), when its environment is there
+        from regen.cli.main import exit_now
+    except ImportError:  # nothing native was loaded
+        sys.exit(code)
+    exit_now(code)

@@ -1,5 +1,3 @@
-import sys
+from regen.cli.main import console
 
-from regen.cli.main import main
-
-sys.exit(main())
+console()
