@@ -165,6 +165,7 @@ class Poller:
         self.endpoints = endpoints
         self.interval = interval
         self.readings: list[Reading] = []
+        self._storms: dict[int, float] = {}  #: endpoint -> its storm's start (first reading)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rehearsal-poller", daemon=True)
@@ -196,6 +197,8 @@ class Poller:
             t = time.monotonic()
             storm = s.get("overload_started_s")
             storm_start = None if storm is None else t - float(s["uptime_s"]) + float(storm)
+            if storm_start is not None:
+                self._storms.setdefault(ep.index, storm_start)
             got.append(Reading(t, ep.index, inc, int(s["tokens_generated"]),
                                int(s["received"]), int(s["completed"]), int(s["running"]),
                                int(s["queued"]), int(bg), bool(s.get("hung")),
@@ -216,11 +219,18 @@ class Poller:
         """Requests completed by every incarnation of every endpoint so far."""
         return sum(r.completed for r in self.latest().values())
 
+    def restore(self, readings: list[Reading]) -> Poller:
+        """A poller of a finished run, from its saved readings (``--remeasure``)."""
+        self.readings = list(readings)
+        for r in self.readings:
+            if r.storm_start is not None:
+                self._storms.setdefault(r.endpoint, r.storm_start)
+        return self
+
     def storm_start(self, endpoint: int) -> float | None:
-        """When the endpoint's 503 storm began (monotonic), as its /stats said; None: not yet."""
-        with self._lock:
-            starts = [r.storm_start for r in self.readings if r.endpoint == endpoint]
-        return next((t for t in starts if t is not None), None)
+        """When the endpoint's 503 storm began (monotonic), as its /stats first said; None:
+        not yet."""
+        return self._storms.get(endpoint)
 
     def received(self) -> int:
         return sum(r.received for r in self.latest().values())

@@ -353,8 +353,7 @@ class Rehearsal:
         for k in cls.RAW:
             if k in raw:
                 setattr(reh, k, raw[k])
-        reh.poller = Poller([], 1.0)
-        reh.poller.readings = raw["readings"]
+        reh.poller = Poller([], 1.0).restore(raw["readings"])
         interval, procs, busy_t, busy, roots = raw["sampler"]
         reh.sampler = ProcSampler(interval)
         reh.sampler.procs, reh.sampler.busy_t, reh.sampler.busy = procs, busy_t, busy

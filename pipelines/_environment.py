@@ -5,6 +5,7 @@ Standard library only: it must work exactly where the rest cannot be imported.""
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 #: the exit code of a configuration error (regen.cli.main.EXIT_CONFIG; not imported: it is the
 #: import that failed)
@@ -20,3 +21,13 @@ def missing_environment(error: ModuleNotFoundError, prog: str) -> int:
         "README 'On a cluster')\n"
     )
     return EXIT_CONFIG
+
+
+def exit_with(code: int) -> NoReturn:
+    """End an entrypoint with ``code``: through regen's own exit (regen.cli.main.exit_now)
+    when regen's environment is there, else as Python does (nothing native was loaded)."""
+    try:
+        from regen.cli.main import exit_now
+    except ImportError:
+        sys.exit(code)
+    exit_now(code)

@@ -9,9 +9,7 @@ error such as a bad manifest (one line on stderr), 130 interrupted.
 
 from __future__ import annotations
 
-import sys
-
-from pipelines._environment import missing_environment
+from pipelines._environment import exit_with, missing_environment
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,9 +22,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    try:  # regen's quick exit (regen.cli.main.exit_now), when its environment is there
-        from regen.cli.main import exit_now
-    except ImportError:  # nothing native was loaded
-        sys.exit(code)
-    exit_now(code)
+    exit_with(main())

@@ -7,9 +7,7 @@ training job failed or stopped, 2 a regen error such as a trap (one line on stde
 
 from __future__ import annotations
 
-import sys
-
-from pipelines._environment import missing_environment
+from pipelines._environment import exit_with, missing_environment
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,9 +20,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    try:  # regen's quick exit (regen.cli.main.exit_now), when its environment is there
-        from regen.cli.main import exit_now
-    except ImportError:  # nothing native was loaded
-        sys.exit(code)
-    exit_now(code)
+    exit_with(main())

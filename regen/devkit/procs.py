@@ -30,14 +30,16 @@ def group_alive(pgid: int) -> bool:
     """Whether a live process of the group ``pgid`` is left. A zombie is not: killed, it waits
     for whoever adopted it to reap it, which it cannot stop (on Linux, read from /proc;
     elsewhere any process of the group counts)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False  # no process of the group at all: no need to look further
+    except PermissionError:  # one we may not signal: it is there
+        pass
     proc = Path("/proc")
     if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
         return True
-    for entry in proc.iterdir():
+    for entry in proc.iterdir():  # some are left: are they all zombies?
         if not entry.name.isdigit():
             continue
         try:

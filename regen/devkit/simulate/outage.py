@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from regen.devkit.simulate.metrics_page import SimMetrics
 from regen.devkit.simulate.scheduler import Scheduler
@@ -31,7 +32,40 @@ from regen.devkit.simulate.scheduler import Scheduler
 log = logging.getLogger(__name__)
 
 
-class Hang:
+class _Scheduled:
+    """When an outage starts: ``at_s`` seconds after the server began serving (armed by
+    :meth:`serving`), and when the ``after``-th chat request arrives (:meth:`request`); each
+    trigger calls :meth:`start` once. Its timers are cancelled by :meth:`close`."""
+
+    def __init__(self, at_s: float | None, after: int | None) -> None:
+        self.at_s, self.after = at_s, after
+        self.received = 0  #: chat requests received (what ``after`` counts)
+        self._timers: list[asyncio.TimerHandle] = []
+
+    def start(self, why: str) -> None:
+        raise NotImplementedError
+
+    def serving(self) -> None:
+        """The server listens: arm ``at_s``."""
+        if self.at_s is not None:
+            self._later(self.at_s, self.start, f"at {self.at_s:g} s")
+
+    def request(self) -> None:
+        """A chat request arrived: the ``after``-th starts the outage (it meets it too)."""
+        self.received += 1
+        if self.after is not None and self.received == self.after:
+            self.start(f"after {self.after} requests")
+
+    def _later(self, delay: float, fn: Callable[..., object], *args: object) -> None:
+        self._timers.append(asyncio.get_running_loop().call_later(delay, fn, *args))
+
+    def close(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        self._timers = []
+
+
+class Hang(_Scheduled):
     """The hang of one server: its triggers, its state, and the wait for its end."""
 
     def __init__(
@@ -43,27 +77,13 @@ class Hang:
         after: int | None = None,
         for_s: float | None = None,
     ) -> None:
-        self.scheduler, self.metrics = scheduler, metrics
-        self.at_s, self.after, self.for_s = at_s, after, for_s
+        super().__init__(at_s, after)
+        self.scheduler, self.metrics, self.for_s = scheduler, metrics, for_s
         self.hung = False
         self.count = 0  #: hangs started so far
-        self.received = 0  #: chat requests received (what ``after`` counts)
         self.started_at: float | None = None  #: monotonic start of the current/last hang
         self._resumed = asyncio.Event()
         self._resumed.set()
-        self._timers: list[asyncio.TimerHandle] = []
-
-    def serving(self) -> None:
-        """The server listens: arm ``at_s``."""
-        if self.at_s is not None:
-            loop = asyncio.get_running_loop()
-            self._timers.append(loop.call_later(self.at_s, self.start, f"at {self.at_s:g} s"))
-
-    def request(self) -> None:
-        """A chat request arrived: the ``after``-th starts the hang."""
-        self.received += 1
-        if self.after is not None and self.received == self.after:
-            self.start(f"after {self.after} requests")
 
     def start(self, why: str = "") -> None:
         if self.hung:
@@ -79,8 +99,7 @@ class Hang:
         until = f"for {self.for_s:g} s" if self.for_s is not None else "until stopped"
         log.warning("simulated hang %d: the scheduler stops (%s), %s", self.count, why, until)
         if self.for_s is not None:
-            loop = asyncio.get_running_loop()
-            self._timers.append(loop.call_later(self.for_s, self.end))
+            self._later(self.for_s, self.end)
 
     def end(self) -> None:
         if not self.hung:
@@ -105,32 +124,15 @@ class Hang:
             return False
         return True
 
-    def close(self) -> None:
-        for timer in self._timers:
-            timer.cancel()
-        self._timers = []
 
-
-class OverloadWindow:
+class OverloadWindow(_Scheduled):
     """``for_s`` seconds of SGLang's full-queue 503: from ``at_s`` after the server began
     serving, or from the arrival of the ``after``-th chat request (each trigger fires once)."""
 
     def __init__(self, at_s: float | None, for_s: float, after: int | None = None) -> None:
-        self.at_s, self.for_s, self.after = at_s, for_s, after
-        self.received = 0  #: chat requests received (what ``after`` counts)
+        super().__init__(at_s, after)
+        self.for_s = for_s
         self.started_at: float | None = None  #: monotonic start of the storm
-        self._timers: list[asyncio.TimerHandle] = []
-
-    def serving(self) -> None:
-        if self.at_s is not None:
-            loop = asyncio.get_running_loop()
-            self._timers.append(loop.call_later(self.at_s, self.start, f"at {self.at_s:g} s"))
-
-    def request(self) -> None:
-        """A chat request arrived: the ``after``-th starts the storm (it is refused too)."""
-        self.received += 1
-        if self.after is not None and self.received == self.after:
-            self.start(f"after {self.after} requests")
 
     def start(self, why: str) -> None:
         if self.started_at is not None:
@@ -138,13 +140,7 @@ class OverloadWindow:
         self.started_at = time.monotonic()
         log.warning("simulated overload (%s): every new request gets SGLang's 503 for %g s",
                     why, self.for_s)  # fmt: skip
-        loop = asyncio.get_running_loop()
-        self._timers.append(loop.call_later(self.for_s, log.warning, "simulated overload ends"))
-
-    def close(self) -> None:
-        for timer in self._timers:
-            timer.cancel()
-        self._timers = []
+        self._later(self.for_s, log.warning, "simulated overload ends")
 
     def active(self) -> bool:
         if self.started_at is None:
