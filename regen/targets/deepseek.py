@@ -33,8 +33,12 @@ CALLS_END = "<｜tool▁calls▁end｜>"
 CALL_BEGIN = "<｜tool▁call▁begin｜>"
 CALL_END = "<｜tool▁call▁end｜>"
 CALL_SEP = "<｜tool▁sep｜>"
-#: the V3.2 call format (DSML) is another family's
+#: DeepSeek-V3.2 is not this family, though its tokenizer holds the same special tokens: its
+#: calls are DSML blocks (SGLang ``deepseekv32``, vLLM ``deepseek_v32``) and it publishes no
+#: chat template (both engines render its prompts with their own Python encoder). Its
+#: ``config.json`` model type, a template holding DSML, or none at all tells it apart.
 DSML_MARK = "DSML"
+V32_MODEL_TYPES = ("deepseek_v32",)
 
 #: published ids of the DeepSeek-V3 tokenizer (vocab 129280). The think tokens (128798/128799
 #: in V3.1) are left out: the one source naming them disagrees with its own docs.
@@ -63,8 +67,13 @@ class DeepSeekFamily(Family):
         return f"{CALLS_BEGIN}{body}{CALLS_END}"
 
     def recognises(self, facts: TokenizerFacts) -> bool:
-        """DeepSeek's tokens and a template without V3.2's DSML calls."""
-        return super().recognises(facts) and DSML_MARK not in facts.chat_template
+        """DeepSeek's tokens and a V3.1 template: not V3.2 (:data:`DSML_MARK`)."""
+        return (
+            super().recognises(facts)
+            and bool(facts.chat_template)
+            and DSML_MARK not in facts.chat_template
+            and facts.model_type not in V32_MODEL_TYPES
+        )
 
 
 DEEPSEEK_V3 = DeepSeekFamily(

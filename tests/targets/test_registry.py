@@ -49,6 +49,28 @@ def test_a_folder_without_a_tokenizer_is_of_no_known_family(tmp_path: Path) -> N
     assert recognise_dir(tmp_path) is None
 
 
+@pytest.mark.parametrize("case", ["model_type", "no_template", "dsml_template"])
+def test_a_deepseek_v32_tokenizer_is_not_taken_for_v31(case: str, tmp_path: Path) -> None:
+    """V3.2 holds V3.1's special tokens but writes DSML calls and has no chat template: it is
+    of no known family (server ids only), never assembled in V3.1's call format."""
+    import json
+    import shutil
+
+    folder = tmp_path / "tok"
+    shutil.copytree(TINY["deepseek_v3"], folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    if case == "model_type":
+        (folder / "config.json").write_text(json.dumps({"model_type": "deepseek_v32"}))
+    elif case == "no_template":
+        config.pop("chat_template", None)
+        (folder / "chat_template.jinja").unlink(missing_ok=True)
+    else:
+        config["chat_template"] = "{{ '<｜DSML｜function_calls>' }}"
+        (folder / "chat_template.jinja").unlink(missing_ok=True)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    assert recognise_dir(folder) is None
+
+
 def test_target_family_names_a_known_family_or_unknown(tmp_path: Path) -> None:
     base = {"name": "t", "target": {"model": "m", "tokenizer": str(KIMI_TOKENIZER)},
             "sources": [{"name": "s", "adapter": "sharegpt", "path": "x.jsonl"}]}  # fmt: skip

@@ -97,5 +97,7 @@ def test_specforge_trains_a_draft_on_the_qwen3_export_and_the_held_out_loss_fall
 
     result = train_on_cpu(run_copy, TRAIN, steps=CPU_STEPS, target_path=str(qwen3_target))
     (s0, first), (s_end, last) = result.curve.held_out[0], result.curve.held_out[-1]
+    ratio = last / first
+    print(f"\nqwen3 held-out loss: step {s0} {first:.4f}, step {s_end} {last:.4f} ({ratio:.3f}x)")
     assert (s0, s_end) == (0, CPU_STEPS)
     assert last < 0.95 * first, result.curve.held_out
