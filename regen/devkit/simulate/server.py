@@ -898,35 +898,11 @@ class SimServer:
         usage: dict[str, Any],
         done: Callable[[], None],
     ) -> web.StreamResponse:
-        cid = f"chatcmpl-{os.urandom(8).hex()}"
-        base = self._chunk_base(cid)
-        head = base + b',"choices":[{"index":0,"delta":'
-        tail = b',"logprobs":null,"finish_reason":null}]}\n\n'
-        separate = bool(body.get("separate_reasoning", True))
-        r_key = f'{{"{self.dialect.reasoning_key}":'.encode() if separate else b'{"content":'
-        c_key = b'{"content":'
-        pieces = ans.reasoning_pieces + ans.content_pieces
-        nr = len(ans.reasoning_pieces)
-        text_end = len(pieces)
-        # vLLM's return_token_ids: each chunk carries the ids of its tokens (the text chunks a
-        # proportional share of the answer's ids, the finish chunk the rest); the role chunk
-        # carries the prompt's at the top level
+        base = self._chunk_base(f"chatcmpl-{os.urandom(8).hex()}")
+        # vLLM's return_token_ids: each chunk carries the ids of its tokens
         vllm_ids = ids if self.dialect.vllm_ids and self.dialect.asks_ids(body, True)[1] else None
-        given = 0
-
-        def chunk_ids(upto: int) -> bytes:
-            nonlocal given
-            if vllm_ids is None:
-                return b""
-            end = len(vllm_ids.output) * upto // max(1, job.total)
-            part, given = vllm_ids.output[given:end], max(given, end)
-            return b',"token_ids":' + _dumps(part)
-
-        def text_tail(upto: int) -> bytes:
-            if vllm_ids is None:
-                return tail
-            return b',"logprobs":null,"finish_reason":null' + chunk_ids(upto) + b"}]}\n\n"
-
+        separate = bool(body.get("separate_reasoning", True))
+        chunks = _Chunker(base, self.dialect.reasoning_key, separate, ans, vllm_ids, job.total)
         # one chunk per step: K tokens, or what a speculative step can keep
         k = self.config.tokens_per_step if self.spec is None else self.spec.max_step_tokens
 
@@ -948,11 +924,7 @@ class SimServer:
             except ConnectionError:
                 raise _ClientGone(resp) from None
 
-        parts = [head, b'{"role":"assistant","content":""}', tail]
-        if vllm_ids is not None:
-            parts = [head, b'{"role":"assistant","content":""}',
-                     b',"logprobs":null,"finish_reason":null}],"prompt_token_ids":',
-                     _dumps(vllm_ids.prompt), b"}\n\n"]  # fmt: skip
+        parts = chunks.role()
         sent = 0
         halfway = (Fault.DISCONNECT, Fault.STALL, Fault.RETRACT, Fault.ABORT)
         cut_at = job.total // 2 if fault in halfway else -1
@@ -961,22 +933,9 @@ class SimServer:
             if cut_at >= 0 and produced >= cut_at:
                 produced = max(sent, cut_at)
             if produced > sent:
-                a, end = sent, min(produced, text_end)
-                while a < end:  # one chunk per step (K tokens) and channel
-                    b = min(a + k, end)
-                    if a < nr:
-                        m = min(b, nr)
-                        text = pieces[a] if m - a == 1 else "".join(pieces[a:m])
-                        if not separate and m == nr:
-                            text += "</think>"
-                        parts += (head, r_key, _text_json(text), b"}", text_tail(m))
-                        a = m
-                    if b > a:
-                        text = pieces[a] if b - a == 1 else "".join(pieces[a:b])
-                        parts += (head, c_key, _text_json(text), b"}", text_tail(b))
-                    a = b
+                parts += chunks.text(sent, produced, k)
                 if produced >= job.total and ans.tool_calls:
-                    parts += _tool_chunks(head, tail, ans)
+                    parts += _tool_chunks(chunks.head, chunks.tail, ans)
                 sent = produced
             if parts:
                 await write(b"".join(parts))
@@ -999,9 +958,8 @@ class SimServer:
                 break
             await job.progress()
 
-        rest = vllm_ids.output[given:] if vllm_ids is not None else None
         done()
-        await write(self._stream_last(base, body, ans, job, ids, usage, rest))
+        await write(self._stream_last(base, body, ans, job, ids, usage, chunks.rest()))
         with contextlib.suppress(ConnectionError):
             await resp.write_eof()
         return resp
@@ -1063,6 +1021,72 @@ class SimServer:
             out.append(self._usage_event(part))
         out.append(b"data: [DONE]\n\n")
         return b"".join(out)
+
+
+class _Chunker:
+    """The text chunks of one streamed answer: one per step (K tokens) and channel, the
+    reasoning under the dialect's key (or, not separated, as content closed by ``</think>``).
+    With vLLM's ``return_token_ids`` (``ids``) each text chunk carries a proportional share of
+    the answer's ids and the role chunk the prompt's; :meth:`rest` is what the finish chunk
+    carries."""
+
+    __slots__ = ("given", "head", "ids", "nr", "pieces", "r_key", "separate", "tail", "total")
+
+    def __init__(
+        self,
+        base: bytes,
+        reasoning_key: str,
+        separate: bool,
+        ans: SimAnswer,
+        ids: TokenIds | None,
+        total: int,
+    ) -> None:
+        self.head = base + b',"choices":[{"index":0,"delta":'
+        self.tail = b',"logprobs":null,"finish_reason":null}]}\n\n'
+        self.separate = separate
+        self.r_key = f'{{"{reasoning_key}":'.encode() if separate else b'{"content":'
+        self.pieces = ans.reasoning_pieces + ans.content_pieces
+        self.nr = len(ans.reasoning_pieces)
+        self.ids, self.total, self.given = ids, total, 0
+
+    def role(self) -> list[bytes]:
+        """The first chunk: the assistant's role (and vLLM's prompt ids)."""
+        if self.ids is None:
+            return [self.head, b'{"role":"assistant","content":""}', self.tail]
+        return [self.head, b'{"role":"assistant","content":""}',
+                b',"logprobs":null,"finish_reason":null}],"prompt_token_ids":',
+                _dumps(self.ids.prompt), b"}\n\n"]  # fmt: skip
+
+    def text(self, a: int, produced: int, k: int) -> list[bytes]:
+        """The chunks of tokens ``a`` up to ``produced``, ``k`` per chunk."""
+        out: list[bytes] = []
+        pieces, nr, head = self.pieces, self.nr, self.head
+        end = min(produced, len(pieces))
+        while a < end:
+            b = min(a + k, end)
+            if a < nr:
+                m = min(b, nr)
+                text = pieces[a] if m - a == 1 else "".join(pieces[a:m])
+                if not self.separate and m == nr:
+                    text += "</think>"
+                out += (head, self.r_key, _text_json(text), b"}", self._tail(m))
+                a = m
+            if b > a:
+                text = pieces[a] if b - a == 1 else "".join(pieces[a:b])
+                out += (head, b'{"content":', _text_json(text), b"}", self._tail(b))
+            a = b
+        return out
+
+    def _tail(self, upto: int) -> bytes:
+        if self.ids is None:
+            return self.tail
+        end = len(self.ids.output) * upto // max(1, self.total)
+        part, self.given = self.ids.output[self.given : end], max(self.given, end)
+        return b',"logprobs":null,"finish_reason":null,"token_ids":' + _dumps(part) + b"}]}\n\n"
+
+    def rest(self) -> list[int] | None:
+        """The answer's ids no chunk carried yet (vLLM: the finish chunk's)."""
+        return None if self.ids is None else self.ids.output[self.given :]
 
 
 def _tool_chunks(head: bytes, tail: bytes, ans: SimAnswer) -> list[bytes]:
