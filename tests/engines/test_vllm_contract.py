@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -171,10 +172,17 @@ def test_both_overload_shapes_are_overload(vllm_spec_server) -> None:
         return raw(vllm_spec_server, body(stream, max_completion_tokens=64))
 
     seen: dict[str, tuple[int, str]] = {}
-    for _ in range(6):  # bursts, until both shapes were seen (bounded)
+    streams = [True] * 8 + [False] * 4
+    for burst in range(10):  # bursts, until both shapes were seen (bounded)
         with concurrent.futures.ThreadPoolExecutor(12) as ex:
-            got = list(ex.map(one, [True] * 8 + [False] * 4))
-        for (status, text), stream in zip(got, [True] * 8 + [False] * 4, strict=True):
+            # 8 streams at once (several pass the preflight together: the engine refuses
+            # them, an error event), then the 4 others a moment later, when odd bursts find
+            # the queue already full (the preflight refuses them: a plain 503)
+            futures = [ex.submit(one, True) for _ in range(8)]
+            time.sleep(0.3 * (burst % 2))
+            futures += [ex.submit(one, False) for _ in range(4)]
+            got = [f.result() for f in futures]
+        for (status, text), stream in zip(got, streams, strict=True):
             if status == 503:
                 seen.setdefault("plain", (status, text))
             elif stream and '"error"' in text:
