@@ -5,7 +5,9 @@ commands per family."""
 from __future__ import annotations
 
 import itertools
+import json
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -53,9 +55,6 @@ def test_a_folder_without_a_tokenizer_is_of_no_known_family(tmp_path: Path) -> N
 def test_a_deepseek_v32_tokenizer_is_not_taken_for_v31(case: str, tmp_path: Path) -> None:
     """V3.2 holds V3.1's special tokens but writes DSML calls and has no chat template: it is
     of no known family (server ids only), never assembled in V3.1's call format."""
-    import json
-    import shutil
-
     folder = tmp_path / "tok"
     shutil.copytree(TINY["deepseek_v3"], folder)
     config = json.loads((folder / "tokenizer_config.json").read_text())
