@@ -225,7 +225,7 @@ def run_arm(name: str, sims: list[RunningSimulator], samples: int, interval_s: f
                 "answered": by_endpoint[s.url],
                 "503": refused[i],
                 "backlog_occupancy": _round(backlog_occupancy(stats, i)),
-                "limit_end": sum(w.limits[s.url].current for w in workers),
+                "limit_end": sum(w.lanes[s.url].limit.current for w in workers),
             }
             for i, s in enumerate(sims)
         ],

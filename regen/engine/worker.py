@@ -219,14 +219,25 @@ def slot_share(info: Any, shares: dict[str, int] | None) -> int | None:
 
 
 @dataclass(slots=True)
-class _Page:
-    """What a worker keeps of one endpoint whose ``/metrics`` page it reads."""
+class Page:
+    """What a worker keeps of an endpoint whose ``/metrics`` page it reads."""
 
+    poller: MetricsPoller
     slots: int | None  #: the server's batch slots (None: not reported)
     share: float  #: this worker's part of them (0-1)
     queue: int | None  #: requests its queue holds before a 503 (None: not reported)
     followed_at: float | None = None  #: the reading the limit last followed
     soon_s: float | None = None  #: the last wait asked while the queue paces the limit
+
+
+@dataclass(slots=True)
+class Lane:
+    """What a worker keeps of one endpoint: its client, its in-flight limit, and its metrics
+    page when regen reads one (the router keeps the endpoint's health and leases)."""
+
+    client: ChatClient
+    limit: AdaptiveLimit
+    page: Page | None = None
 
 
 class SampleWorker:
@@ -256,50 +267,49 @@ class SampleWorker:
 
         self.manifest = manifest
         self.retry = retry or RetryPolicy.from_engine(manifest.engine)
+        self.concurrency = concurrency  #: the user's cap per worker (None: automatic)
+        self._clock = clock
         by_url = {e.url: e for e in manifest.endpoints}
-        self.clients: dict[str, Any] = {}
+        starts = starting_limits(endpoints, concurrency, shares)
         headers: dict[str, dict[str, str]] = {}
+        #: per endpoint URL, what this worker keeps of it
+        self.lanes: dict[str, Lane] = {}
         for info in endpoints:
             ep = by_url.get(info.url) or (info if isinstance(info, Endpoint) else None)
             ep = ep or Endpoint(url=info.url, weight=getattr(info, "weight", 1.0))
             # an EndpointInfo names the engine the start check recognised; a bare Endpoint
             # (unit tests) is taken for SGLang, the production engine
-            self.clients[info.url] = ChatClient.from_manifest(
+            client = ChatClient.from_manifest(
                 manifest,
                 ep,
                 retry=self.retry,
                 engine=getattr(info, "engine", None),
                 engine_version=getattr(info, "version", None),
             )
+            start = starts[info.url]
+            most = capped(max(2 * start, start + 8), concurrency)
+            limit = AdaptiveLimit(start=start, maximum=most, slots=slot_share(info, shares))
+            self.lanes[info.url] = Lane(client, limit)
             headers[info.url] = auth_headers(resolve_api_key(ep, manifest.base_dir))
         probe = probe if probe is not None else keyed_probe(headers)
         self.router = EndpointRouter.from_engine(endpoints, manifest.engine, probe=probe)
-        self._clock = clock
         eng = manifest.engine
         self.watch = StallWatch([info.url for info in endpoints], timeout_s=eng.stall_timeout_s,
                                 min_s=eng.stall_min_s, probe=probe, on_hung=self.router.stall,
                                 clock=clock)  # fmt: skip
-        starts = starting_limits(endpoints, concurrency, shares)
-        slots = {info.url: slot_share(info, shares) for info in endpoints}
-        self.concurrency = concurrency  #: the user's cap per worker (None: automatic)
-        most = {url: capped(max(2 * n, n + 8), concurrency) for url, n in starts.items()}
-        self.limits = {
-            url: AdaptiveLimit(start=n, maximum=most[url], slots=slots.get(url))
-            for url, n in starts.items()
-        }
-        for url, ctl in self.limits.items():
-            self.router.set_limit(url, ctl.current)
+        for url, lane in self.lanes.items():
+            self.router.set_limit(url, lane.limit.current)
         self.slots = Slots(self._capacity())
         if server_metrics is None:
             server_metrics = manifest.engine.server_metrics
-        self._pollers(endpoints, headers, shares, server_metrics, metrics_interval_s)
+        self._add_pages(endpoints, headers, shares, server_metrics, metrics_interval_s)
         self.stats = WorkerStats()
         self._rows = row_builder or default_row_builder(manifest)
         self._probe_stop = asyncio.Event()
         self._probe_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
 
-    def _pollers(
+    def _add_pages(
         self,
         endpoints: list[Any],
         headers: dict[str, dict[str, str]],
@@ -307,40 +317,43 @@ class SampleWorker:
         enabled: bool,
         interval_s: float | None,
     ) -> None:
-        """One poller per endpoint whose engine has a page regen reads."""
+        """A page (and its poller) for each endpoint whose engine has one regen reads."""
 
         self.pages = PageClient()
-        self.pollers: dict[str, MetricsPoller] = {}
         self._poll_tasks: list[asyncio.Task[None]] = []
-        self._pages: dict[str, _Page] = {}  #: per endpoint read: what its readings act on
         self._first_read = asyncio.Event()  #: every page has had its first round
         for info in endpoints:
-            names = self.clients[info.url].profile.metrics
+            client = self.lanes[info.url].client
+            names = client.profile.metrics
             if not enabled or names is None:
-                profile = self.clients[info.url].profile.name
-                why = f"{profile} has none" if enabled else "engine.server_metrics: false"
+                why = (
+                    f"{client.profile.name} has none" if enabled else "engine.server_metrics: false"
+                )
                 log.info("%s: no server metrics read (%s): scheduling by regen's own counts",
-                         self.clients[info.url].url, why)  # fmt: skip
+                         client.url, why)  # fmt: skip
                 continue
             total = getattr(info, "max_running_requests", None)
             mine = slot_share(info, shares)
             share = min(1.0, mine / total) if total and mine else 1.0
-            self._pages[info.url] = _Page(total, share, getattr(info, "max_queued_requests", None))
-            self.pollers[info.url] = MetricsPoller(
+            poller = MetricsPoller(
                 self.pages, server_root(info.url), names, headers.get(info.url),
                 interval_s=interval_s or SCRAPE_INTERVAL_S,
             )  # fmt: skip
-        self._unread = set(self.pollers)  #: pages whose first round has not come
+            queue = getattr(info, "max_queued_requests", None)
+            self.lanes[info.url].page = Page(poller, total, share, queue)
+        #: pages whose first round has not come
+        self._unread = {url for url, lane in self.lanes.items() if lane.page is not None}
 
     def _ensure_probes(self) -> None:
         if self._probe_task is None:
             loop = asyncio.get_running_loop()
             self._probe_task = loop.create_task(self.router.run_probes(self._probe_stop))
             self._watch_task = loop.create_task(self.watch.run(self._probe_stop))
-            for url, poller in self.pollers.items():
-                task = loop.create_task(poller.run(lambda url=url: self.read_server(url)))
-                self._poll_tasks.append(task)
-            if not self.pollers:
+            for url, lane in self.lanes.items():
+                if lane.page is not None:
+                    read = lane.page.poller.run(lambda url=url: self.read_server(url))
+                    self._poll_tasks.append(loop.create_task(read))
+            if not self._poll_tasks:
                 self._first_read.set()
 
     async def _first_readings(self) -> None:
@@ -366,14 +379,16 @@ class SampleWorker:
         self._unread.discard(url)
         if not self._unread:
             self._first_read.set()
-        load = self.pollers[url].latest
+        lane = self.lanes[url]
+        page, ctl = lane.page, lane.limit
+        if page is None:  # only a page's poller calls this
+            return None
+        load = page.poller.latest
         self.router.set_server_load(url, load)
         self.watch.read_metrics(url, load)
-        ctl = self.limits[url]
         if load is None or load.queued is None:
             ctl.unfollow()
             return None
-        page = self._pages[url]
         if page.followed_at == load.at:  # a failed round: that reading was followed
             return None
         page.followed_at = load.at
@@ -386,20 +401,19 @@ class SampleWorker:
         if new is not None:
             self.router.set_limit(url, new)
             self.slots.resize(self._capacity())
-        return self._pace(url, ctl.paced, grew=new is not None and new > before,
-                          took_s=self.pollers[url].took_s)  # fmt: skip
+        return self._pace(page, ctl.paced, grew=new is not None and new > before)
 
-    def _pace(self, url: str, paced: bool, *, grew: bool, took_s: float = 0.0) -> float | None:
+    @staticmethod
+    def _pace(page: Page, paced: bool, *, grew: bool) -> float | None:
         """The wait to the next reading of a paced endpoint: SOON_S, or twice the page's last
         round trip when that is longer (requests sent now take about as long to reach a slow
         or busy server, and a reading before they arrive would count them as room), doubled
         after a reading that did not let the limit grow."""
 
-        page = self._pages[url]
         last, page.soon_s = page.soon_s, None
         if not paced:
             return None
-        soon = max(SOON_S, 2 * took_s)
+        soon = max(SOON_S, 2 * page.poller.took_s)
         page.soon_s = soon if grew or last is None else max(soon, 2 * last)
         return page.soon_s
 
@@ -423,7 +437,7 @@ class SampleWorker:
                 t0 = time.monotonic()
                 try:
                     async with self.watch.watch(lease.url) as beat:
-                        res = await self.clients[lease.url].complete_once(
+                        res = await self.lanes[lease.url].client.complete_once(
                             messages, tools, sample_id=sample_id, seed=seed, beat=beat
                         )
                 except StallError:  # its retry goes to another endpoint while one is up
@@ -431,7 +445,7 @@ class SampleWorker:
                     raise
                 except OverloadedError as e:  # 503 (SGLang) or 429: back off, never "down";
                     self.router.avoid(sample_id, lease.url)  # its retry goes elsewhere
-                    limit = self.limits[lease.url]
+                    limit = self.lanes[lease.url].limit
                     limit.record_throttled(
                         self._clock(), rate_limited=isinstance(e, RateLimitedError)
                     )
@@ -443,7 +457,8 @@ class SampleWorker:
                 lat.append(time.monotonic() - t0)
                 if len(lat) > 256:
                     del lat[:128]
-                self.limits[lease.url].record(self._clock(), res.completion_tokens or 0, res.ttft_s)
+                limit = self.lanes[lease.url].limit
+                limit.record(self._clock(), res.completion_tokens or 0, res.ttft_s)
                 self._adapt(lease.url)
                 return res
 
@@ -463,7 +478,7 @@ class SampleWorker:
         return result
 
     def _adapt(self, url: str) -> None:
-        ctl = self.limits[url]
+        ctl = self.lanes[url].limit
         if self.slots.waiting:
             ctl.note_demand()
         new = ctl.update(self._clock())
@@ -473,7 +488,7 @@ class SampleWorker:
 
     def _capacity(self) -> int:
         """The worker's slots: its endpoints' limits, never past the user's cap."""
-        return capped(sum(c.current for c in self.limits.values()), self.concurrency)
+        return capped(sum(lane.limit.current for lane in self.lanes.values()), self.concurrency)
 
     async def process(self, sample: Sample) -> SampleOutcome:
         """All turns of one sample, then its rows; failures become an outcome, not an error."""
@@ -482,8 +497,8 @@ class SampleWorker:
         out = SampleOutcome(sample.id, sample.source)
         try:
             if await self.slots.acquire():
-                for ctl in self.limits.values():
-                    ctl.note_demand()
+                for lane in self.lanes.values():
+                    lane.limit.note_demand()
             seed = attempt_seed(self.manifest.sampling.seed, sample.attempt)
             try:
                 conv = await regenerate(
@@ -524,7 +539,7 @@ class SampleWorker:
             "endpoints": self.router.snapshot(),
             "latencies": {u: list(v[-64:]) for u, v in st.latencies.items()},
             "slots": self.slots.capacity,
-            "limits": {u: c.current for u, c in self.limits.items()},
+            "limits": {u: lane.limit.current for u, lane in self.lanes.items()},
         }
 
     async def aclose(self) -> None:
@@ -537,8 +552,8 @@ class SampleWorker:
             task.cancel()
         await asyncio.gather(*self._poll_tasks, return_exceptions=True)
         await self.pages.aclose()
-        for c in self.clients.values():
+        for lane in self.lanes.values():
             try:
-                await c.aclose()
+                await lane.client.aclose()
             except Exception as e:  # closing is best effort
                 log.debug("closing client: %s", e)

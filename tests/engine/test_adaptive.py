@@ -174,7 +174,8 @@ def sample_worker(endpoints, concurrency, clock):
 def grow(w, clock, windows: int = 200) -> None:
     """Windows of full demand, rising throughput and no queueing: every limit wants to grow."""
     for n in range(windows):
-        for url, ctl in w.limits.items():
+        for url, lane in w.lanes.items():
+            ctl = lane.limit
             ctl.note_demand()
             for _ in range(8):
                 ctl.record(clock.t, 100 * (n + 1), 0.01)
@@ -193,7 +194,7 @@ class FakeClock:
 def test_concurrency_caps_a_worker_below_the_servers_slots() -> None:
     clock = FakeClock()
     w = sample_worker([info("http://a/v1", 64)], 4, clock)
-    assert w.slots.capacity == 4 and w.limits["http://a/v1"].maximum == 4
+    assert w.slots.capacity == 4 and w.lanes["http://a/v1"].limit.maximum == 4
     grow(w, clock)
     assert w.slots.capacity == 4 and w.router.limit("http://a/v1") <= 4
 
@@ -204,7 +205,7 @@ def test_concurrency_is_one_bound_over_all_endpoints() -> None:
     assert w.slots.capacity == 6
     grow(w, clock)
     assert w.slots.capacity == 6
-    assert all(ctl.maximum <= 6 for ctl in w.limits.values())
+    assert all(lane.limit.maximum <= 6 for lane in w.lanes.values())
 
 
 def test_without_a_user_limit_the_servers_slots_decide_and_may_grow() -> None:
@@ -212,7 +213,7 @@ def test_without_a_user_limit_the_servers_slots_decide_and_may_grow() -> None:
     w = sample_worker([info("http://a/v1", 64)], None, clock)
     assert w.slots.capacity == 72  # 64 + 1/8
     grow(w, clock)
-    assert 72 < w.slots.capacity <= w.limits["http://a/v1"].maximum
+    assert 72 < w.slots.capacity <= w.lanes["http://a/v1"].limit.maximum
 
 
 def test_a_user_limit_above_the_slots_does_not_raise_the_start() -> None:

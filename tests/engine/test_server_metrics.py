@@ -61,9 +61,10 @@ def wait_running(sim, n: int) -> None:
 
 
 async def read_all(w: SampleWorker) -> None:
-    for url, poller in w.pollers.items():
-        await poller.poll()
-        w.read_server(url)
+    for url, lane in w.lanes.items():
+        if lane.page is not None:
+            await lane.page.poller.poll()
+            w.read_server(url)
 
 
 def test_a_server_busy_with_another_client_gets_less_of_regens_work() -> None:
@@ -75,7 +76,7 @@ def test_a_server_busy_with_another_client_gets_less_of_regens_work() -> None:
     ):  # fmt: skip
         wait_running(shared, SLOTS // 2)
         w = worker([free.url, shared.url])
-        start = {u: w.limits[u].current for u in (free.url, shared.url)}
+        start = {u: w.lanes[u].limit.current for u in (free.url, shared.url)}
 
         async def go():
             await read_all(w)  # nothing of regen's in flight: the other client's 4
@@ -143,7 +144,9 @@ def test_the_limit_follows_the_servers_queue_with_others_in_it() -> None:
         async def go():
             tasks = [asyncio.create_task(w.process(Sample(f"s:{i}", "s", [Message("user", "hi")])))
                      for i in range(40)]  # fmt: skip
-            await until(lambda: all(w.router.in_flight(u) >= w.limits[u].current for u in urls))
+            await until(
+                lambda: all(w.router.in_flight(u) >= w.lanes[u].limit.current for u in urls)
+            )
             full = {u: w.router.in_flight(u) for u in urls}
             await until(lambda: shared.stats()["running"] == SLOTS)
             queued_start = shared.stats()["queued"]
@@ -151,7 +154,7 @@ def test_the_limit_follows_the_servers_queue_with_others_in_it() -> None:
             await until(lambda: shared.stats()["queued"] >= queued_start + 4)
             queued = shared.stats()["queued"]
             await read_all(w)
-            limits = {u: w.limits[u].current for u in urls}
+            limits = {u: w.lanes[u].limit.current for u in urls}
             for t in [*tasks, *others]:
                 t.cancel()
             await asyncio.gather(*tasks, *others, closed, return_exceptions=True)
@@ -186,12 +189,12 @@ def test_the_start_fills_the_slots_in_bursts_the_servers_queue_takes() -> None:
                      for i in range(20)]  # fmt: skip
             seen = []
             deadline = time.monotonic() + 30
-            while not w.pollers[sim.url].scrapes and time.monotonic() < deadline:
+            while not w.lanes[sim.url].page.poller.scrapes and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)  # the first reading, before any request
             while w.router.in_flight(sim.url) < SLOTS + 1 and time.monotonic() < deadline:
-                seen.append(w.limits[sim.url].current)
+                seen.append(w.lanes[sim.url].limit.current)
                 await asyncio.sleep(0.01)
-            scrapes = w.pollers[sim.url].scrapes
+            scrapes = w.lanes[sim.url].page.poller.scrapes
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -208,15 +211,17 @@ def test_the_start_fills_the_slots_in_bursts_the_servers_queue_takes() -> None:
 
 def test_a_paced_limit_asks_for_the_next_reading_soon_and_backs_off_without_progress() -> None:
     w = worker(["http://127.0.0.1:9/v1"])
-    url = "http://127.0.0.1:9/v1"
-    assert w._pace(url, False, grew=False) is None  # not paced: the interval
-    assert w._pace(url, True, grew=True) == 0.1
-    assert [w._pace(url, True, grew=False) for _ in range(3)] == [0.2, 0.4, 0.8]
-    assert w._pace(url, True, grew=True) == 0.1  # it grew again: soon again
-    assert w._pace(url, False, grew=False) is None
-    assert w._pace(url, True, grew=False) == 0.1  # a new pacing starts soon
+    page = w.lanes["http://127.0.0.1:9/v1"].page
+    assert page is not None
+    assert w._pace(page, False, grew=False) is None  # not paced: the interval
+    assert w._pace(page, True, grew=True) == 0.1
+    assert [w._pace(page, True, grew=False) for _ in range(3)] == [0.2, 0.4, 0.8]
+    assert w._pace(page, True, grew=True) == 0.1  # it grew again: soon again
+    assert w._pace(page, False, grew=False) is None
+    assert w._pace(page, True, grew=False) == 0.1  # a new pacing starts soon
     # a page that took 0.3 s to answer: requests take about as long to arrive
-    assert w._pace(url, True, grew=True, took_s=0.3) == 0.6
+    page.poller.took_s = 0.3
+    assert w._pace(page, True, grew=True) == 0.6
 
 
 def test_without_a_page_the_worker_schedules_as_before_and_says_so_once(caplog) -> None:
@@ -227,7 +232,7 @@ def test_without_a_page_the_worker_schedules_as_before_and_says_so_once(caplog) 
             with caplog.at_level("INFO", logger="regen.client.server_load"):
                 for _ in range(3):
                     await read_all(w)
-                    w.pollers[sim.url].absent_every = 1  # ask every round: still 404
+                    w.lanes[sim.url].page.poller.absent_every = 1  # ask every round: still 404
             outs = await asyncio.gather(*(w.process(Sample(f"s:{i}", "s",
                                                            [Message("user", "hi")]))
                                           for i in range(6)))  # fmt: skip
@@ -238,7 +243,7 @@ def test_without_a_page_the_worker_schedules_as_before_and_says_so_once(caplog) 
     assert all(o.status == "done" for o in outs)
     said = [r.getMessage() for r in caplog.records if "no metrics page" in r.getMessage()]
     assert len(said) == 1 and "scheduling without it" in said[0]
-    assert w.router.others(sim.url) == 0 and not w.limits[sim.url].server_led
+    assert w.router.others(sim.url) == 0 and not w.lanes[sim.url].limit.server_led
     assert w.router.snapshot()[sim.url]["server"] is None
 
 
@@ -253,7 +258,11 @@ def test_server_metrics_off_reads_no_page(caplog) -> None:
             by_manifest = SampleWorker(off, [info(sim.url)], None, row_builder=stub_rows)
         for x in (w, on, by_manifest):
             asyncio.run(x.aclose())
-    assert w.pollers == {} and by_manifest.pollers == {} and list(on.pollers) == [sim.url]
+
+    def read(x: SampleWorker) -> list[str]:
+        return [url for url, lane in x.lanes.items() if lane.page is not None]
+
+    assert read(w) == read(by_manifest) == [] and read(on) == [sim.url]
     assert "no server metrics read (engine.server_metrics: false)" in caplog.text
 
 
@@ -270,7 +279,7 @@ def test_concurrency_stays_a_hard_cap_whatever_the_server_says() -> None:
             for _ in range(5):
                 await asyncio.sleep(0.1)
                 await read_all(w)
-                seen.append((w.limits[sim.url].current, w.router.in_flight(sim.url),
+                seen.append((w.lanes[sim.url].limit.current, w.router.in_flight(sim.url),
                              w.slots.capacity))  # fmt: skip
             for t in tasks:
                 t.cancel()
@@ -280,7 +289,7 @@ def test_concurrency_stays_a_hard_cap_whatever_the_server_says() -> None:
 
         seen = asyncio.run(go())
     assert all(limit <= 3 and n <= 3 and cap <= 3 for limit, n, cap in seen)
-    assert w.limits[sim.url].server_led
+    assert w.lanes[sim.url].limit.server_led
 
 
 def test_the_servers_side_reaches_the_progress_file(tmp_path) -> None:
@@ -327,19 +336,19 @@ def test_a_short_queue_raises_the_limit_once_per_reading() -> None:
             tasks = [asyncio.create_task(w.process(Sample(f"s:{i}", "s", [Message("user", "hi")])))
                      for i in range(20)]  # fmt: skip
             for _ in range(500):  # until the limit is full (bounded)
-                if w.router.in_flight(sim.url) >= w.limits[sim.url].current:
+                if w.router.in_flight(sim.url) >= w.lanes[sim.url].limit.current:
                     break
                 await asyncio.sleep(0.02)
             deadline = time.monotonic() + 30
             while (sim.stats()["running"] < w.router.in_flight(sim.url)
                    and time.monotonic() < deadline):  # fmt: skip
                 await asyncio.sleep(0.02)  # admitted: nothing waits in the server
-            assert w.pollers[sim.url].scrapes == 1  # the first round, before any request
-            start = w.limits[sim.url].current
+            assert w.lanes[sim.url].page.poller.scrapes == 1  # the first round, before any request
+            start = w.lanes[sim.url].limit.current
             await read_all(w)
-            grown = w.limits[sim.url].current
+            grown = w.lanes[sim.url].limit.current
             w.read_server(sim.url)  # the same reading again (a failed round)
-            again = w.limits[sim.url].current
+            again = w.lanes[sim.url].limit.current
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -121,7 +121,7 @@ def test_503_overload_backs_the_limit_off_and_never_takes_the_endpoint_out(caplo
         w = SampleWorker(m, [Endpoint(url=sim.url)], None, row_builder=stub_rows,
                          retry=RetryPolicy.from_engine(m.engine, sleep=no_sleep),
                          shares={sim.url: 8})  # fmt: skip
-        start = w.limits[sim.url].current
+        start = w.lanes[sim.url].limit.current
 
         async def go():
             out = await w.process(Sample("s:busy", "s", [Message("user", "hi")]))
@@ -136,7 +136,7 @@ def test_503_overload_backs_the_limit_off_and_never_takes_the_endpoint_out(caplo
     assert set(w.stats.errors) == {"overloaded"}
     assert (snap["state"], snap["failures"], snap["throttled"]) == ("up", 0, 8)
     assert "out of rotation" not in caplog.text
-    assert w.limits[sim.url].current < start  # backed off (x0.7 per overload window)
+    assert w.lanes[sim.url].limit.current < start  # backed off (x0.7 per overload window)
 
 
 # ---- endpoint-wide faults: never the sample's ----------------------------------------------
