@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from regen.core.errors import RegenError
-from regen.manifest import Export, config_error
+from regen.manifest import Export, Manifest, config_error
 from regen.store.run import read_manifest_data
 from regen.store.rundir import RunDir
 
@@ -72,17 +72,13 @@ class ExportSettings(Export):
             raise config_error(e, "export settings", model=cls) from None
 
     @classmethod
-    def of_run(cls, rd: RunDir, **overrides: Any) -> ExportSettings:
-        """The ``export:`` section of the run directory's manifest (its defaults where the
-        section or the manifest is missing or unreadable, with a warning for the latter), then
-        every override that is not None."""
-        try:
-            section = (read_manifest_data(rd) or {}).get("export") or {}
-            base = Export.model_validate(section).model_dump()
-        except (OSError, RegenError, ValidationError, AttributeError) as e:
-            log.warning("%s: the manifest's export section is not readable (%s); using the "
-                        "defaults", rd.uri, e)  # fmt: skip
-            base = Export().model_dump()
+    def of_run(
+        cls, rd: RunDir, manifest: Manifest | None = None, **overrides: Any
+    ) -> ExportSettings:
+        """The ``export:`` section of the run directory's manifest (``manifest`` when the caller
+        has read it; its defaults where the section or the manifest is missing or unreadable,
+        with a warning for the latter), then every override that is not None."""
+        base = manifest.export.model_dump() if manifest is not None else _export_section(rd)
         return cls.build(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
 
     def row_difference(self, stats: Any) -> str:
@@ -96,3 +92,15 @@ class ExportSettings(Export):
             flagged = " of flagged rows" if stats.only_flagged else ""
             return f"it is a {stats.format} export{flagged}"
         return ""
+
+
+def _export_section(rd: RunDir) -> dict[str, Any]:
+    """The ``export:`` section of ``rd``'s manifest.yaml as settings (the defaults where it is
+    missing; a warning and the defaults where it is unreadable)."""
+    try:
+        section = (read_manifest_data(rd) or {}).get("export") or {}
+        return Export.model_validate(section).model_dump()
+    except (OSError, RegenError, ValidationError, AttributeError) as e:
+        log.warning("%s: the manifest's export section is not readable (%s); using the "
+                    "defaults", rd.uri, e)  # fmt: skip
+        return Export().model_dump()

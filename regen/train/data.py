@@ -25,6 +25,7 @@ from pathlib import Path
 from regen.core.errors import ConfigError, RunDirError
 from regen.export import ExportSettings, export_run
 from regen.export.select import check_drop_share
+from regen.manifest import Manifest
 from regen.store import RunDir
 from regen.store import layout as L
 from regen.store.layout import ExportStats
@@ -122,12 +123,15 @@ class TrainExport:
     reason: str
 
 
-def export_options(rd: RunDir, cfg: TrainConfig, previous: ExportStats | None) -> ExportSettings:
+def export_options(
+    rd: RunDir, cfg: TrainConfig, previous: ExportStats | None, manifest: Manifest | None = None
+) -> ExportSettings:
     """The settings of ``regen export RUN_DIR`` (the manifest's export section) with the
     train config's overrides, as a pretokenized export; rows longer than
     ``training.max_length`` are dropped when neither sets a ``max_length``. ``previous``: the
-    stats of the export being replaced (its holdout is kept)."""
-    base = ExportSettings.of_run(rd)
+    stats of the export being replaced (its holdout is kept); ``manifest``: the run's, when
+    the caller has read it."""
+    base = ExportSettings.of_run(rd, manifest)
     overrides = cfg.export.overrides(default_holdout(base, previous))
     settings = ExportSettings.build(
         **{**base.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
@@ -137,7 +141,9 @@ def export_options(rd: RunDir, cfg: TrainConfig, previous: ExportStats | None) -
     return settings
 
 
-def ensure_export(rd: RunDir, cfg: TrainConfig, *, allow_drops: bool = False) -> TrainExport:
+def ensure_export(
+    rd: RunDir, cfg: TrainConfig, manifest: Manifest | None = None, *, allow_drops: bool = False
+) -> TrainExport:
     """The export's shards, exported first when missing, stale, made with other settings, or
     forced. Refuses (ConfigError) an export that drops more than ``export.max_drop_share`` of
     the rows it could train on, unless ``allow_drops``: a new one before it writes anything.
@@ -145,7 +151,7 @@ def ensure_export(rd: RunDir, cfg: TrainConfig, *, allow_drops: bool = False) ->
     """
     out = export_dir(rd, cfg)
     stats = read_export_stats(out)
-    settings = export_options(rd, cfg, stats)
+    settings = export_options(rd, cfg, stats, manifest)
     max_share = None if allow_drops else cfg.export.max_drop_share
     shards = export_shards(out)
     reason = ""

@@ -37,7 +37,12 @@ from regen.train.specforge_config import (
     specforge_available,
     write_yaml,
 )
-from regen.train.target import check_run_against_target, run_tokenizer, target_tokenizer
+from regen.train.target import (
+    check_run_against_target,
+    run_manifest,
+    run_tokenizer,
+    target_tokenizer,
+)
 from regen.train.traps import PromptScan, check_loss_masks, check_vocab, scan_prompts
 from regen.train.vocab import write_vocab_mapping
 
@@ -144,10 +149,11 @@ def prepare_training(
     refuse_damaged(rd, "training")  # once: the export below does not check again
     aux = check_train_config(cfg)
     check_target_files(cfg)
-    tokenizer = run_tokenizer(rd)
+    manifest = run_manifest(rd)
+    tokenizer = run_tokenizer(manifest)
     check_run_against_target(tokenizer, target_tokenizer(cfg), cfg)
 
-    export = data.ensure_export(rd, cfg, allow_drops=o.allow_drops)
+    export = data.ensure_export(rd, cfg, manifest, allow_drops=o.allow_drops)
     prompts = data.prompts_file(rd, export.shards)
     scan = scan_prompts([prompts], turn_open_ids(cfg))
     check_loss_masks(scan)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.core.errors import RunDirError, TrapError
+from regen.manifest import Manifest
 from regen.store import RunDir
 from regen.store import layout as L
 from regen.store.layout import TokenizerRecord
@@ -105,9 +106,10 @@ def tokenizer_record(
     )
 
 
-def run_tokenizer(rd: RunDir) -> TokenizerRecord | None:
-    """The run's tokenizer (its manifest's ``target.tokenizer``), or None when the run has no
-    manifest or the tokenizer is not loadable here."""
+def run_manifest(rd: RunDir) -> Manifest | None:
+    """The run's manifest, its paths resolved from where the run was planned (``regen train``
+    reads it once, for the tokenizer check and the export's settings); None, with a warning
+    that the run's tokenizer is not checked, when it is missing or does not parse."""
     try:
         manifest = read_manifest(rd)
         plan = L.PLAN_FILE.read(rd)
@@ -120,6 +122,14 @@ def run_tokenizer(rd: RunDir) -> TokenizerRecord | None:
         return None
     if plan is not None and plan.manifest_dir:
         manifest = manifest.model_copy(update={"base_dir": plan.manifest_dir})
+    return manifest
+
+
+def run_tokenizer(manifest: Manifest | None) -> TokenizerRecord | None:
+    """The run's tokenizer (its manifest's ``target.tokenizer``, from :func:`run_manifest`), or
+    None when the run has no manifest or the tokenizer is not loadable here."""
+    if manifest is None:
+        return None
     path = manifest.resolve(manifest.target.tokenizer)
     record = tokenizer_record(path, trust_remote_code=manifest.target.trust_remote_code,
                               family=manifest.family())  # fmt: skip

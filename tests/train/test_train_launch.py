@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from train_fixtures import good_rows, kimi_config, kimi_row, write_export
+from train_fixtures import REPO, good_rows, kimi_config, kimi_row, write_export
 
 from regen.cli.main import main as regen_main
 from regen.core.errors import TrapError
@@ -125,6 +125,35 @@ def test_run_without_export_is_exported_then_reexported_when_stale(
     os.utime(stats, (past, past))
     _write_parts(rd, good_rows(6)[4:], first_id=4)
     assert prepare_training(data.open_local(rd), cfg).scan.rows == 6
+
+
+def test_the_run_manifest_is_read_once_and_its_export_section_is_followed(
+    tmp_path: Path, write_train_yaml, monkeypatch
+) -> None:
+    """`regen train` reads manifest.yaml once: the run's tokenizer and the export's settings
+    both come from that one reading."""
+    import yaml
+
+    from regen.store import layout
+    from regen.store.rundir import RunDir
+
+    rd = tmp_path / "fresh"
+    _write_parts(rd, good_rows(4))
+    manifest = yaml.safe_load((REPO / "manifests" / "demo.yaml").read_text())
+    manifest["export"] = {"keep_unproven": True}
+    (rd / layout.MANIFEST).write_text(yaml.safe_dump(manifest))
+    reads: list[str] = []
+    read_text = RunDir.read_text
+
+    def counted(self: RunDir, rel: str) -> str | None:
+        reads.append(rel)
+        return read_text(self, rel)
+
+    monkeypatch.setattr(RunDir, "read_text", counted)
+    prepare_training(data.open_local(rd), write_train_yaml())
+    assert reads.count(layout.MANIFEST) == 1
+    stats = json.loads((rd / "export" / "stats.json").read_text())
+    assert stats["keep_unproven"] is True
 
 
 def test_preflight_refuses_a_capture_server_running_eagle(
