@@ -83,6 +83,19 @@ FIXTURE_MARKERS = {"ray_head": "ray", "vllm_python": "vllm"}
 #: the longest modules (minutes each: the whole loop with vLLM and SpecForge; the reference
 #: job rehearsed at CI size), started first, one per xdist worker, the rest beside them
 LONGEST = ("devkit/loop/test_demo_loop.py", "reliability/test_rehearsal.py")
+#: the longest modules of the fast tier (5-20 s each, measured with --durations: outages that
+#: last seconds, subprocesses, lock races), first among the modules that start no server, so
+#: the two workers end together there too
+LONGEST_FAST = (
+    "devkit/simulate/test_sim_outage.py",
+    "reliability/test_secrets.py",
+    "store/test_run_lock.py",
+    "plan/test_report.py",
+    "plan/test_index.py",
+    "engine/test_stall.py",
+    "bench/test_bench_reweight.py",
+    "targets/test_markup_in_content.py",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -90,8 +103,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     :data:`FIXTURE_MARKERS` with its marker, and every test without a :data:`NOT_FAST` marker
     ``fast`` (a SLOW entry that matches no test is an error: the list stays true), then put
     the modules with a ``ray``, ``server`` or ``vllm`` test first (in collection order
-    otherwise): the longest run first, so two xdist workers (``--dist loadfile``) end
-    together."""
+    otherwise): the longest run first (:data:`LONGEST`, then :data:`LONGEST_FAST` among the
+    rest), so two xdist workers (``--dist loadfile``) end together."""
     here = Path(__file__).resolve().parent
     matched: set[str] = set()
     for item in items:
@@ -110,15 +123,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         i.path for i in items if any(i.get_closest_marker(m) for m in ("ray", "server", "vllm"))
     }
 
-    def rank(item: pytest.Item) -> tuple[bool, bool]:
+    def rank(item: pytest.Item) -> tuple[bool, bool, int]:
         rel = Path(str(item.path)).resolve().relative_to(here).as_posix()
-        return rel not in LONGEST, item.path not in heavy
+        fast_first = LONGEST_FAST.index(rel) if rel in LONGEST_FAST else len(LONGEST_FAST)
+        return rel not in LONGEST, item.path not in heavy, fast_first
 
     items.sort(key=rank)  # stable: the order within each group stays
     ran_all = {Path(str(i.path)).resolve().relative_to(here).as_posix() for i in items}
     stale = [e for e in SLOW if e not in matched and e.split("::", 1)[0] in ran_all]
+    stale += [m for m in (*LONGEST, *LONGEST_FAST) if not (here / m).is_file()]
     if stale:
-        raise pytest.UsageError(f"tests/conftest.py SLOW names no test: {stale}")
+        raise pytest.UsageError(f"tests/conftest.py SLOW or LONGEST names no test: {stale}")
 
 
 class RayHead(NamedTuple):
