@@ -83,6 +83,11 @@ FIXTURE_MARKERS = {"ray_head": "ray", "vllm_python": "vllm"}
 #: the longest modules (minutes each: the whole loop with vLLM and SpecForge; the reference
 #: job rehearsed at CI size), started first, one per xdist worker, the rest beside them
 LONGEST = ("devkit/loop/test_demo_loop.py", "reliability/test_rehearsal.py")
+#: modules that share session fixtures costly to start, by the prefix of their path: each
+#: group is one xdist work unit (:func:`pytest_xdist_make_scheduler`), run on one worker one
+#: module after the other, so its servers start once in the suite (tests/engines/conftest.py
+#: stops them when the group is done); the groups start right after :data:`LONGEST`
+SHARED = {"engines/test_vllm_": "the vLLM session servers (tests/engines/conftest.py)"}
 #: the longest modules of the fast tier (5-20 s each, measured with --durations: outages that
 #: last seconds, subprocesses, lock races), first among the modules that start no server, so
 #: the two workers end together there too
@@ -123,10 +128,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         i.path for i in items if any(i.get_closest_marker(m) for m in ("ray", "server", "vllm"))
     }
 
-    def rank(item: pytest.Item) -> tuple[bool, bool, int]:
+    def rank(item: pytest.Item) -> tuple[bool, bool, bool, int]:
         rel = Path(str(item.path)).resolve().relative_to(here).as_posix()
         fast_first = LONGEST_FAST.index(rel) if rel in LONGEST_FAST else len(LONGEST_FAST)
-        return rel not in LONGEST, item.path not in heavy, fast_first
+        shared = shared_group(rel) is None
+        return rel not in LONGEST, shared, item.path not in heavy, fast_first
 
     items.sort(key=rank)  # stable: the order within each group stays
     ran_all = {Path(str(i.path)).resolve().relative_to(here).as_posix() for i in items}
@@ -134,6 +140,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     stale += [m for m in (*LONGEST, *LONGEST_FAST) if not (here / m).is_file()]
     if stale:
         raise pytest.UsageError(f"tests/conftest.py SLOW or LONGEST names no test: {stale}")
+
+
+def shared_group(rel: str) -> str | None:
+    """The :data:`SHARED` group of the module at ``rel`` (below tests/), None when none."""
+    return next((prefix for prefix in SHARED if rel.startswith(prefix)), None)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadfile`` with each :data:`SHARED` group as one work unit (one file each
+    otherwise); any other mode is xdist's own."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedScopes(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            group = shared_group(scope.removeprefix("tests/"))
+            return f"tests/{group}*" if group is not None else scope
+
+    return SharedScopes(config, log)
 
 
 class RayHead(NamedTuple):
