@@ -7,10 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from train_fixtures import REPO, good_rows, kimi_config, kimi_row, write_export
 
 from regen.cli.main import main as regen_main
 from regen.core.errors import TrapError
+from regen.store import layout
+from regen.store.rundir import RunDir
 from regen.train import data
 from regen.train.launch import LaunchOptions, launch_training, prepare_training
 from regen.train.preflight import count_prepared, preflight
@@ -132,11 +135,6 @@ def test_the_run_manifest_is_read_once_and_its_export_section_is_followed(
 ) -> None:
     """`regen train` reads manifest.yaml once: the run's tokenizer and the export's settings
     both come from that one reading."""
-    import yaml
-
-    from regen.store import layout
-    from regen.store.rundir import RunDir
-
     rd = tmp_path / "fresh"
     _write_parts(rd, good_rows(4))
     manifest = yaml.safe_load((REPO / "manifests" / "demo.yaml").read_text())
