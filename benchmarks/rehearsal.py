@@ -130,9 +130,10 @@ class Config:
         """The CI size: short outages (Schedule.ci), a quarter of the fleet's tokens per second
         (half the batch slots, steps twice as long), four workers (production's eight, each an
         actor process, cost the two cores 174 CPU-s where four cost 80), a small S3 run, no
-        openai pool. The run's requests then take ~250 s: the faults' own costs (a session's start-up, an endpoint's,
-        the hang) do not shrink with the run, and on a machine with both cores busy they take
-        twice as long; a faster fleet finished the run before the last faults came."""
+        openai pool. The run's requests then take ~250 s: the faults' own costs (a session's
+        start-up, an endpoint's, the hang) do not shrink with the run, and on a machine with
+        both cores busy they take twice as long; a faster fleet finished the run before the
+        last faults came."""
         base: dict[str, Any] = {"samples": samples, "schedule": Schedule.ci(), "slots": 12,
                                 "queue": 6, "step_ms": 96.0, "workers": 4, "s3_samples": 200,
                                 "pool_samples": 0, "timeout_s": 1800.0}  # fmt: skip
