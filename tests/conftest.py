@@ -109,7 +109,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ``fast`` (a SLOW entry that matches no test is an error: the list stays true), then put
     the modules with a ``ray``, ``server`` or ``vllm`` test first (in collection order
     otherwise): the longest run first (:data:`LONGEST`, then :data:`LONGEST_FAST` among the
-    rest), so two xdist workers (``--dist loadfile``) end together."""
+    rest), so the xdist workers (``--dist loadfile``) end together."""
     here = Path(__file__).resolve().parent
     matched: set[str] = set()
     for item in items:
