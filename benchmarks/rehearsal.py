@@ -121,6 +121,7 @@ class Config:
     schedule: Schedule = field(default_factory=Schedule)
     engine: dict[str, Any] = field(default_factory=dict)  #: manifest engine overrides
     s3_samples: int | None = None  #: None: 2% of the samples (at least 300); 0: no S3 run
+    s3_endpoints: int = 2  #: the S3 run's own simulated endpoints
     pool_samples: int = 1500  #: samples the openai pool sends (0: none)
     timeout_s: float = 5400.0
     disk_mb: int = 0  #: the tmpfs's size (0: from the data's size)
@@ -129,14 +130,15 @@ class Config:
     def ci(cls, samples: int = 3000, **kw: Any) -> Config:
         """The CI size: short outages (Schedule.ci), a quarter of the fleet's tokens per second
         (half the batch slots, steps twice as long), four workers (production's eight, each an
-        actor process, cost the two cores 174 CPU-s where four cost 80), a small S3 run, no
-        openai pool. The run's requests then take ~250 s: the faults' own costs (a session's
-        start-up, an endpoint's, the hang) do not shrink with the run, and on a machine with
-        both cores busy they take twice as long; a faster fleet finished the run before the
-        last faults came."""
+        actor process, cost the two cores 174 CPU-s where four cost 80), a small S3 run on 4
+        endpoints (on 2 it took 114 s), no openai pool. The run's requests then take ~250 s: the
+        faults' own costs (a session's start-up, an endpoint's, the hang) do not shrink with the
+        run, and on a machine with both cores busy they take twice as long; a faster fleet
+        finished the run before the last faults came."""
         base: dict[str, Any] = {"samples": samples, "schedule": Schedule.ci(), "slots": 12,
                                 "queue": 6, "step_ms": 96.0, "workers": 4, "s3_samples": 200,
-                                "pool_samples": 0, "timeout_s": 1800.0}  # fmt: skip
+                                "s3_endpoints": 4, "pool_samples": 0,
+                                "timeout_s": 1800.0}  # fmt: skip
         return cls(**{**base, **kw})
 
     @property
@@ -673,7 +675,7 @@ class Rehearsal:
         engine = {"workers": 2, "part_interval_s": 5, **cfg.engine}
         data = data_mod.make_data(work, n, scale=cfg.scale, seed=cfg.seed + 1, engine=engine)
         res: dict[str, Any] = {"samples": data.samples, "requests": data.requests}
-        with moto_s3() as s3, fleet(2, work / "sims", cfg.sim_options(), {},
+        with moto_s3() as s3, fleet(cfg.s3_endpoints, work / "sims", cfg.sim_options(), {},
                                     on_start=lambda pid, i: self.sampler.register(
                                         pid, f"s3sim:{i}")) as eps:  # fmt: skip
             bucket = s3.bucket()
