@@ -79,7 +79,12 @@ class ExportSettings(Export):
         has read it; its defaults where the section or the manifest is missing or unreadable,
         with a warning for the latter), then every override that is not None."""
         base = manifest.export.model_dump() if manifest is not None else _export_section(rd)
-        return cls.build(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
+        return cls.build(**base).overridden(**overrides)
+
+    def overridden(self, **overrides: Any) -> ExportSettings:
+        """These settings with every override that is not None (validated again)."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return self.build(**{**self.model_dump(), **given}) if given else self
 
     def row_difference(self, stats: Any) -> str:
         """'' when the export ``stats`` (regen.store.layout.ExportStats) was made with these

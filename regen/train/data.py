@@ -133,9 +133,7 @@ def export_options(
     the caller has read it."""
     base = ExportSettings.of_run(rd, manifest)
     overrides = cfg.export.overrides(default_holdout(base, previous))
-    settings = ExportSettings.build(
-        **{**base.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
-    )
+    settings = base.overridden(**overrides)
     if settings.max_length is None:
         settings = settings.model_copy(update={"max_length": cfg.training.max_length})
     return settings
