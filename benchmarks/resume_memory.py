@@ -136,13 +136,12 @@ def write_first_session_plan(m, manifest: Path, run: Path) -> float:
     plan = plan_session(m, set(), {}, rd=RunDir.open(str(run)))
     plan.spill.close()
     code = (
-        "import sys, time\n"
+        "import sys\n"
         "from regen.engine.failfast import preflight\n"
         "from regen.manifest import load_manifest\n"
         "from regen.store import RunDir, layout\n"
-        "key = preflight(load_manifest(sys.argv[1], sys.argv[3:]))\n"
-        "layout.CHECKS_FILE.write(RunDir.open(sys.argv[2]),"
-        " layout.ChecksRecord(key=key, checked_at=time.time()))\n"
+        "checked = preflight(load_manifest(sys.argv[1], sys.argv[3:]))\n"
+        "layout.CHECKS_FILE.write(RunDir.open(sys.argv[2]), checked)\n"
     )
     subprocess.run([sys.executable, "-c", code, str(manifest), str(run), *NO_NEAR_DUP],
                    check=True)  # fmt: skip

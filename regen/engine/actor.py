@@ -37,17 +37,17 @@ def quiet_http_logs() -> None:
 class LazyRows:
     """A row builder loaded in a thread; calls wait for it. ``error`` says why it failed."""
 
-    def __init__(self, manifest: Manifest) -> None:
+    def __init__(self, manifest: Manifest, tokenizer_class: str | None = None) -> None:
         self._built: RowBuilder | None = None
         self.error = ""
         self._ready = threading.Event()
         self._waiter: asyncio.Future[bool] | None = None
-        threading.Thread(target=self._load, args=(manifest,), name="regen-rows-load",
-                         daemon=True).start()  # fmt: skip
+        threading.Thread(target=self._load, args=(manifest, tokenizer_class),
+                         name="regen-rows-load", daemon=True).start()  # fmt: skip
 
-    def _load(self, manifest: Manifest) -> None:
+    def _load(self, manifest: Manifest, tokenizer_class: str | None) -> None:
         try:
-            self._built = default_row_builder(manifest)
+            self._built = default_row_builder(manifest, tokenizer_class)
         except Exception as e:  # any failure to start is reported as a failed start
             self.error = f"{type(e).__name__}: {e}"
             log.error("the row builder could not start: %s", self.error)
@@ -83,12 +83,16 @@ class WorkerActor:
         log_level: str = "INFO",
         secrets: dict[str, str] | None = None,
         shares: dict[str, int] | None = None,
+        tokenizer_class: str | None = None,
     ) -> None:
+        """``tokenizer_class``: the target tokenizer's class as the driver's check resolved it
+        (:func:`regen.template.tokenizer.class_spec`: loaded without AutoTokenizer's model
+        config, hence without torch); None: AutoTokenizer resolves it here."""
         logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
         quiet_http_logs()
         for name, value in (secrets or {}).items():  # API keys by env var name; never logged
             os.environ.setdefault(name, value)
-        self.rows = rows = LazyRows(manifest)
+        self.rows = rows = LazyRows(manifest, tokenizer_class)
         self.worker = SampleWorker(manifest, endpoints, concurrency, shares=shares,
                                    row_builder=rows)  # fmt: skip
         self.mailbox = Mailbox(self.worker, problem=rows.problem)

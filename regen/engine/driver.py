@@ -256,10 +256,13 @@ class _Session:
         opts: RunOptions,
         session: str,
         serving: Serving | None = None,
+        tokenizer_class: str | None = None,
     ) -> None:
         self.m = manifest
         #: the endpoint check run_job made before the run directory was touched (else None)
         self.serving = serving
+        #: the target tokenizer's class, for the actors (checks.json; None: AutoTokenizer's)
+        self.tokenizer_class = tokenizer_class
         self.rd = rd
         self.opts = opts
         self.session = session
@@ -489,7 +492,8 @@ class _Session:
         conc = m.engine.concurrency
         level = logging.getLevelName(logging.getLogger("regen").getEffectiveLevel())
         warm.pool = RayWorkerPool(self.session, m, warm.infos, conc, m.engine.workers,
-                                  log_level=level, secrets=_secrets(m))  # fmt: skip
+                                  log_level=level, secrets=_secrets(m),
+                                  tokenizer_class=self.tokenizer_class)  # fmt: skip
         prefetch = (self.opts.prefetch if self.opts.prefetch is not None
                     else max(2, (conc or DEFAULT_CONCURRENCY) // 4))  # fmt: skip
         warm.dispatcher = Dispatcher(warm.pool, m.engine.workers, prefetch=prefetch,
@@ -620,7 +624,7 @@ def run_job(manifest: Manifest, rd: RunDir, options: RunOptions | None = None) -
     """
     opts = options or RunOptions()
     manifest = _apply_options(manifest, opts).with_family()
-    checked: str | None = None
+    checked: layout.ChecksRecord | None = None
     session = new_session_id()
     serving: Serving | None = None
     passed = _passed_checks(rd)
@@ -630,15 +634,16 @@ def run_job(manifest: Manifest, rd: RunDir, options: RunOptions | None = None) -
         if any(s.mode == "regenerate" for s in manifest.sources) and likely_work(rd, opts):
             serving = check_serving(manifest, session)
     rd.create()
-    sess = _Session(manifest, rd, opts, session, serving)
+    tokenizer_class = checked.tokenizer_class if checked is not None else None
+    sess = _Session(manifest, rd, opts, session, serving, tokenizer_class)
     lock = RunLock(rd, session, on_lost=sess.on_lock_lost)
     lock.acquire()
     lock.start_heartbeat()
     restore = _install_signal_handlers(sess.stop) if opts.handle_signals else None
     state = "failed"
     try:
-        if checked is not None and checked != passed:
-            layout.CHECKS_FILE.write(rd, layout.ChecksRecord(key=checked, checked_at=time.time()))
+        if checked is not None and checked is not passed:
+            layout.CHECKS_FILE.write(rd, checked)
         state = sess.run().state
     finally:
         try:
@@ -663,14 +668,13 @@ def _last_progress(rd: RunDir) -> ProgressSnapshot | None:
         return None
 
 
-def _passed_checks(rd: RunDir) -> str | None:
-    """The key of the checks an earlier session passed (checks.json), read without creating
-    or locking anything; None when there is none."""
+def _passed_checks(rd: RunDir) -> layout.ChecksRecord | None:
+    """The checks an earlier session passed (checks.json), read without creating or locking
+    anything; None when there is none."""
     try:
-        rec = layout.CHECKS_FILE.read(rd)
+        return layout.CHECKS_FILE.read(rd)
     except (RegenError, OSError):
         return None
-    return rec.key if rec is not None else None
 
 
 def _install_signal_handlers(stop: threading.Event) -> Callable[[], None] | None:

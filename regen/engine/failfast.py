@@ -17,13 +17,17 @@ Loading the tokenizer imports transformers (and torch with it: ~4 CPU-s, most of
 start). A session that passed 2 and 3 records :func:`checks_key` in the run directory
 (``checks.json``, :class:`regen.store.layout.ChecksRecord`); a later session whose key is the
 same (the same tokenizer files, target and template settings, regenerated sources and their
-files, regen and transformers versions) checks only 1, and says so in one line.
+files, regen and transformers versions) checks only 1, and says so in one line. The record
+also names the tokenizer's class as ``AutoTokenizer`` resolved it
+(:func:`regen.template.tokenizer.class_spec`): the actors load that class directly, without
+transformers' model config and torch.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -34,8 +38,10 @@ from regen.core.sample import Rejection, Sample, stable_hash
 from regen.manifest import Manifest
 from regen.sources import iter_source
 from regen.sources.locate import dir_signature, file_signature
+from regen.store.layout import ChecksRecord
 from regen.store.rundir import RunDir
 from regen.template.render import Renderer
+from regen.template.tokenizer import class_spec
 
 log = logging.getLogger(__name__)
 
@@ -118,19 +124,21 @@ def checks_key(manifest: Manifest) -> str:
     )
 
 
-def preflight(manifest: Manifest, *, passed: str | None = None) -> str:
+def preflight(manifest: Manifest, *, passed: ChecksRecord | None = None) -> ChecksRecord:
     """Check paths, load the tokenizer and render one request per regenerated source; returns
-    :func:`checks_key`. When ``passed`` (the key an earlier session recorded) is that key, only
-    the paths are checked."""
+    what passed: :func:`checks_key` and the tokenizer's class as AutoTokenizer resolved it.
+    When ``passed`` (what an earlier session recorded) has that key, only the paths are
+    checked, and ``passed`` is returned."""
     check_paths(manifest)
     check_family(manifest)
     key = checks_key(manifest)
-    if passed == key:
+    if passed is not None and passed.key == key:
         log.info("tokenizer and template checks passed in an earlier session with the same "
                  "files and settings: not repeated")  # fmt: skip
-        return key
-    _check_template(manifest)
-    return key
+        return passed
+    renderer = _check_template(manifest)
+    return ChecksRecord(key=key, checked_at=time.time(),
+                        tokenizer_class=class_spec(renderer.tokenizer))  # fmt: skip
 
 
 def check_family(manifest: Manifest) -> None:
@@ -152,7 +160,7 @@ def check_family(manifest: Manifest) -> None:
     )
 
 
-def _check_template(manifest: Manifest) -> None:
+def _check_template(manifest: Manifest) -> Renderer:
 
     tok = manifest.resolve(manifest.target.tokenizer)
     try:
@@ -181,3 +189,4 @@ def _check_template(manifest: Manifest) -> None:
                 f"{src.name!r} (sources.{i}), sample {sample.id}: {e}",
                 field="target.tokenizer",
             ) from None
+    return renderer

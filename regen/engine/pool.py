@@ -149,6 +149,7 @@ class RayWorkerPool:
         *,
         log_level: str = "INFO",
         secrets: dict[str, str] | None = None,
+        tokenizer_class: str | None = None,
     ) -> None:
 
         self.session = session
@@ -157,6 +158,7 @@ class RayWorkerPool:
         self.n_workers = n_workers
         self._cls = actor_class()
         self._args = (manifest, infos, concurrency, log_level, secrets or {})
+        self._tokenizer_class = tokenizer_class  #: regen.template.tokenizer.class_spec
         self.spawned: list[Any] = []
         self.hold_for_rows = False
         self._r = Replies()
@@ -176,7 +178,7 @@ class RayWorkerPool:
         name = f"regen-{self.session}-w{index}-{generation}"
         shares = self.shares(index)
         actor = self._cls.options(scheduling_strategy="SPREAD", name=name).remote(
-            *self._args, shares
+            *self._args, shares, self._tokenizer_class
         )
         self.spawned.append(actor)
         slots = worker_slots(self.infos, self.concurrency, shares)

@@ -123,13 +123,14 @@ class WorkerStats:
         self.errors.setdefault(kind, ErrorInfo()).add(message, time.time())
 
 
-def default_row_builder(manifest: Manifest) -> RowBuilder:
+def default_row_builder(manifest: Manifest, tokenizer_class: str | None = None) -> RowBuilder:
     """Rows through regen.engine.rows.build_rows with the manifest's Kimi renderer (one batch of
-    tokenizer work per sample); every turn's quality is checked there (the manifest's
+    tokenizer work per sample; its tokenizer loaded by ``tokenizer_class`` when known,
+    :mod:`regen.template.tokenizer`); every turn's quality is checked there (the manifest's
     ``quality`` thresholds, docs/quality.md), and every row records the manifest's settings
     id (``Manifest.settings_id``)."""
 
-    renderer = Renderer.from_manifest(manifest)
+    renderer = Renderer.from_manifest(manifest, tokenizer_class)
     quality = manifest.quality
     settings = manifest.settings_id()
 

@@ -32,6 +32,7 @@ from regen.sources import NativeCheck, ReadStats, SourceStats, read_samples
 from regen.sources.native import VocabInfo, validate_native
 from regen.sources.neardup import NearReport, lsh_params
 from regen.targets import Family
+from regen.template.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -172,18 +173,14 @@ def chars_counter(texts: list[str]) -> list[int]:
     return [-(-len(t) // CHARS_PER_TOKEN) for t in texts]
 
 
-def load_tokenizer(manifest: Manifest) -> Any | None:
+def target_tokenizer(manifest: Manifest) -> Any | None:
     """The target tokenizer when ``target.tokenizer`` is an existing directory, else None."""
     path = manifest.resolve(manifest.target.tokenizer)
     if not Path(path).is_dir():
         log.debug("no tokenizer directory at %s: prompt tokens are a chars/4 estimate", path)
         return None
-    from transformers import AutoTokenizer
-
     try:
-        return AutoTokenizer.from_pretrained(
-            str(path), trust_remote_code=manifest.target.trust_remote_code
-        )
+        return load_tokenizer(path, manifest.target.trust_remote_code)
     except Exception as e:  # transformers raises OSError, ValueError, ImportError, ...
         msg = " ".join(str(e).split())[:200]
         raise ConfigError(
@@ -215,7 +212,7 @@ def build_plan(
     ``row_warnings``: log each rejected row (off when the caller prints them, `regen plan`)."""
     if tok_per_s <= 0:
         raise ConfigError("--tok-per-s must be > 0", field="tok_per_s")
-    tokenizer = load_tokenizer(manifest)
+    tokenizer = target_tokenizer(manifest)
     counter = tokenizer_counter(tokenizer) if tokenizer is not None else chars_counter
     natives = any(s.mode == "native" for s in manifest.sources)
     native_check = native_check_for(tokenizer, manifest.family()) if tokenizer and natives else None

@@ -18,6 +18,7 @@ from numbers import Integral
 from regen.core.errors import TemplateError
 from regen.core.sample import Sample
 from regen.targets import Family
+from regen.template.tokenizer import load_tokenizer
 
 
 @dataclass(slots=True, frozen=True)
@@ -52,13 +53,7 @@ class VocabInfo:
         trust_remote_code: bool = False,
     ) -> VocabInfo:
         """Load the tokenizer directory (transformers) and read its vocabulary facts."""
-        from transformers import AutoTokenizer
-
-        try:
-            tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-        except (OSError, ValueError) as e:
-            raise TemplateError(f"cannot load tokenizer from {str(path)!r}: {e}") from e
-        return cls.from_tokenizer(tok, family)
+        return cls.from_tokenizer(load_tokenizer(path, trust_remote_code), family)
 
 
 def validate_native(sample: Sample, vocab_info: VocabInfo) -> str | None:

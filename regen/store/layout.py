@@ -32,7 +32,8 @@ code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI
                                          (JSON); driver (regen.store.planned), when it reads
                                          the sources (first session, or the index is stale)
       checks.json       ChecksRecord     the key of the configuration checks an earlier session
-                                         passed (tokenizer files, template, sources, versions);
+                                         passed (tokenizer files, template, sources, versions)
+                                         and the tokenizer's resolved class, for the actors;
                                          driver (regen.engine.failfast), when it changes
       progress.json     ProgressSnapshot the dashboard's counters (regen.store.progress);
                                          driver (regen.engine.tracker), every ~2 s and at the end
@@ -375,6 +376,9 @@ class ChecksRecord(Record):
     key: str
     #: epoch seconds
     checked_at: float = 0.0
+    #: the target tokenizer's class as AutoTokenizer resolved it
+    #: (regen.template.tokenizer.class_spec; None: not known): the actors load it by its class
+    tokenizer_class: str | None = None
 
 
 class ScheduleSource(Record):

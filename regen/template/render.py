@@ -45,6 +45,7 @@ from regen.targets import Family, recognise_dir
 from regen.targets.family import RenderFlag, ThinkState
 from regen.template.codec import TokenCodec
 from regen.template.extend import Boundaries, PromptIds
+from regen.template.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -186,11 +187,12 @@ class Renderer:
         return cls(load_tokenizer(path, trust_remote_code), template_kwargs, family)
 
     @classmethod
-    def from_manifest(cls, manifest: Any) -> Renderer:
+    def from_manifest(cls, manifest: Any, tokenizer_class: str | None = None) -> Renderer:
         """The renderer a manifest asks for: its target tokenizer, template kwargs and family
-        (None where the manifest's target is of no known family)."""
+        (None where the manifest's target is of no known family); ``tokenizer_class``: the
+        tokenizer's class as resolved before (:func:`regen.template.tokenizer.class_spec`)."""
         tok = load_tokenizer(manifest.resolve(manifest.target.tokenizer),
-                             manifest.target.trust_remote_code)  # fmt: skip
+                             manifest.target.trust_remote_code, tokenizer_class)  # fmt: skip
         return cls(tok, manifest.template_kwargs(), manifest.family())
 
     # -- text and ids -------------------------------------------------------------------
@@ -335,17 +337,6 @@ class Renderer:
         server's count) is given and says so, ``</think>`` is kept.
         """
         return self.tokenize([self.render_text(messages, tools, **response)])[0]
-
-
-def load_tokenizer(path: str | os.PathLike[str], trust_remote_code: bool = False) -> Any:
-    """A local tokenizer directory loaded with transformers (remote code only when allowed)."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as e:
-        hint = "" if trust_remote_code else " (does it need target.trust_remote_code: true?)"
-        raise TemplateError(f"cannot load tokenizer from {str(path)!r}: {e}{hint}") from e
 
 
 def messages_json(messages: Sequence[Message | dict[str, Any]]) -> str:

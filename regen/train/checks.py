@@ -14,6 +14,7 @@ from typing import Any
 
 from regen.core.errors import ConfigError, TrapError
 from regen.targets import Family
+from regen.template.tokenizer import load_tokenizer as load_target_tokenizer
 from regen.train import traps
 from regen.train.config import TrainConfig
 
@@ -90,9 +91,7 @@ def load_tokenizer(path: str, *, trust_remote_code: bool) -> Any | None:
     if not any((Path(path) / f).exists() for f in TOKENIZER_FILES):
         return None
     try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        return load_target_tokenizer(path, trust_remote_code)
     except Exception as e:  # any loader failure only skips the checks that need it
         log.warning("tokenizer of %s not loadable here (%s); not checked with it", path, e)
         return None

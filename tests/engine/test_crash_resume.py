@@ -31,7 +31,7 @@ from regen.engine import RunOptions, run_job
 from regen.manifest import load_manifest
 from regen.plan.index import native_check as _native_check
 from regen.sources import read_samples
-from regen.store import RunDir
+from regen.store import RunDir, layout
 from regen.store.doneset import read_done
 from regen.store.layout import LOCK as LOCK_FILE
 from regen.store.segments import read_journal_lines
@@ -135,6 +135,11 @@ def test_crash_left_a_partial_run(crashed) -> None:
     assert crashed["journal_left"] >= 1  # the killed session's journal was recovered
     assert crashed["rd"].list("journal") == []
     assert not crashed["rd"].exists(LOCK_FILE)
+    # the resumed session's actors loaded the tokenizer by the class the first one resolved
+    # (regen.template.tokenizer): the rows below are theirs
+    checks = layout.CHECKS_FILE.read(crashed["rd"])
+    assert checks is not None
+    assert checks.tokenizer_class == "transformers.tokenization_utils_tokenizers:TokenizersBackend"
 
 
 def test_output_ids_equal_input_ids_without_duplicates(crashed) -> None:

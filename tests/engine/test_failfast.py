@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,37 +28,53 @@ def demo(tmp_path: Path) -> Path:
 
 def test_a_passed_key_skips_the_tokenizer_and_template(demo, monkeypatch, caplog) -> None:
     m = load_manifest(demo)
-    key = pf.preflight(m)
-    assert key == pf.checks_key(load_manifest(demo))  # stable
+    checked = pf.preflight(m)
+    assert checked.key == pf.checks_key(load_manifest(demo))  # stable
 
     def no_load(*a, **k):  # type: ignore[no-untyped-def]
         raise AssertionError("the tokenizer was loaded")
 
     monkeypatch.setattr("regen.template.render.Renderer.from_manifest", no_load)
     caplog.set_level(logging.INFO, logger="regen.engine.failfast")
-    assert pf.preflight(m, passed=key) == key
+    assert pf.preflight(m, passed=checked) is checked
     assert "not repeated" in caplog.text
     with pytest.raises(AssertionError, match="tokenizer was loaded"):
-        pf.preflight(m, passed="another key")
+        pf.preflight(m, passed=checked.model_copy(update={"key": "another key"}))
+
+
+def test_the_record_names_the_tokenizer_class_and_rows_build_by_it_without_torch(demo) -> None:
+    checked = pf.preflight(load_manifest(demo))
+    assert checked.tokenizer_class == "transformers.tokenization_utils_tokenizers:TokenizersBackend"
+    # what an actor does with it (regen.engine.actor.LazyRows), in a fresh interpreter
+    code = (
+        "import sys\n"
+        "from regen.engine.worker import default_row_builder\n"
+        "from regen.manifest import load_manifest\n"
+        "default_row_builder(load_manifest(sys.argv[1]), sys.argv[2])\n"
+        "print('torch' in sys.modules)\n"
+    )
+    got = subprocess.run([sys.executable, "-c", code, str(demo), checked.tokenizer_class],
+                         capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
+    assert got.stdout.split() == ["False"]
 
 
 def test_paths_are_always_checked(demo) -> None:
     m = load_manifest(demo)
-    key = pf.preflight(m)
+    checked = pf.preflight(m)
     (demo.parent / "demo" / "xlam.jsonl").unlink()
     with pytest.raises(ConfigError, match=r"sources\.\d+\.path: source file not found"):
-        pf.preflight(m, passed=key)
+        pf.preflight(m, passed=checked)
 
 
 def test_a_changed_template_is_checked_again(demo) -> None:
     m = load_manifest(demo)
-    key = pf.preflight(m)
+    checked = pf.preflight(m)
     cfg = demo.parent / "demo" / "tokenizer" / "tokenizer_config.json"
     data = json.loads(cfg.read_text())
     data["chat_template"] = "{% for m in messages %}{{ m.content | no_such_filter }}{% endfor %}"
     cfg.write_text(json.dumps(data))
     with pytest.raises(ConfigError, match=r"target\.tokenizer"):
-        pf.preflight(m, passed=key)
+        pf.preflight(m, passed=checked)
 
 
 def _append_blank_line(path: Path) -> None:

@@ -27,7 +27,8 @@ from regen.store import RunDir
 from regen.store.completed import CompletedSample
 from regen.store.parts import write_part
 from regen.targets import FAMILIES, Family
-from regen.template.render import Renderer, load_tokenizer
+from regen.template.render import Renderer
+from regen.template.tokenizer import load_tokenizer
 from regen.train.preflight import prompt_tasks
 
 REPO = Path(__file__).resolve().parents[2]

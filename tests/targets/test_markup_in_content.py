@@ -17,7 +17,8 @@ import pytest
 from test_family_exports import family_tokenizer
 
 from regen.targets import FAMILIES
-from regen.template.render import Renderer, load_tokenizer
+from regen.template.render import Renderer
+from regen.template.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 

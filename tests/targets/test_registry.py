@@ -21,7 +21,8 @@ from regen.engine.failfast import check_family
 from regen.engine.rows import build_turn_row
 from regen.manifest import load_manifest, parse_manifest
 from regen.targets import FAMILIES, UNKNOWN, family_named, recognise_dir
-from regen.template.render import Renderer, load_tokenizer
+from regen.template.render import Renderer
+from regen.template.tokenizer import load_tokenizer
 from regen.train.checks import check_train_config
 from regen.train.config import load_train_config
 

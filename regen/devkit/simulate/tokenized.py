@@ -18,6 +18,7 @@ from typing import Any
 
 from regen.core.errors import TemplateError
 from regen.devkit.simulate.answer import SimAnswer
+from regen.template.tokenizer import load_tokenizer
 
 
 @dataclass(slots=True, frozen=True)
@@ -31,10 +32,8 @@ class AnswerTokenizer:
     """Renders requests and answers into the token ids of one tokenizer directory."""
 
     def __init__(self, path: Path) -> None:
-        from transformers import AutoTokenizer
-
         try:
-            self.tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=True)
+            self.tok = load_tokenizer(path, trust_remote_code=True)
         except Exception as e:  # transformers raises many types for a bad dir
             raise TemplateError(f"cannot load tokenizer from {path}: {e}") from e
         vocab = self.tok.get_vocab()
