@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.devkit.procs import kill_group, stop_group
-from regen.devkit.simulate.testing import options_to_args
+from regen.devkit.simulate.testing import options_to_args, with_tokenizer_class
 
 START_TIMEOUT_S = 60.0
 
@@ -92,7 +92,7 @@ class Endpoint:
         opts = {**self.options, **extra, "port": self.port, "ready_file": ready,
                 "request_log": log}  # fmt: skip
         argv = [sys.executable, "-m", "regen", "--log-level", "WARNING", "simulate",
-                *options_to_args(opts)]  # fmt: skip
+                *options_to_args(with_tokenizer_class(opts))]  # fmt: skip
         launched = time.monotonic()
         with (self.folder / f"ep{self.index}-{n}.log").open("wb") as err:
             proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err,

@@ -87,6 +87,12 @@ class SimConfig(BaseModel):
         description="tokenizer dir: enables token ids (on the choice, and in sglext when streamed)",
         **_group("server"),
     )
+    tokenizer_class: str | None = Field(
+        None,
+        description="the class AutoTokenizer resolves for --tokenizer "
+        "(regen.template.tokenizer.class_spec): loaded directly, without torch",
+        **_group("server"),
+    )
     context_length: int = Field(
         262144, ge=1, description="prompt + max_tokens limit", **_group("server")
     )

@@ -172,7 +172,9 @@ class SimServer:
 
     async def _startup(self, _app: web.Application) -> None:
         if self.config.tokenizer is not None:
-            self.tokenizer = await asyncio.to_thread(AnswerTokenizer, self.config.tokenizer)
+            self.tokenizer = await asyncio.to_thread(
+                AnswerTokenizer, self.config.tokenizer, self.config.tokenizer_class
+            )
         if not self.config.instant:
             self.scheduler.start()
         if self.background is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -27,10 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from regen.core.errors import EndpointError
+from regen.core.errors import EndpointError, TemplateError
 from regen.devkit.procs import kill_group, stop_group
 from regen.devkit.simulate.config import SimConfig
 from regen.devkit.simulate.server import serve
+from regen.template.tokenizer import class_spec, load_tokenizer
 
 #: seconds a simulator may take to start answering /health
 START_TIMEOUT_S = 30.0
@@ -89,6 +91,31 @@ class RunningSimulator:
             kill_group(self.process)
 
 
+def with_tokenizer_class(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with the ``tokenizer_class`` of their ``tokenizer`` resolved here (once per
+    directory and process): each simulator then loads its tokenizer by that class, without
+    AutoTokenizer's model config and torch (:mod:`regen.template.tokenizer`)."""
+    tok = options.get("tokenizer")
+    if tok is None or options.get("tokenizer_class"):
+        return options
+    path = Path(tok)
+    try:
+        stamp = (path / "tokenizer_config.json").stat().st_mtime_ns
+    except OSError:
+        return options  # the simulator says what is wrong with it
+    return {**options, "tokenizer_class": _resolved_class(str(path.resolve()), stamp)}
+
+
+@functools.lru_cache(maxsize=32)
+def _resolved_class(path: str, stamp: int) -> str | None:
+    """:func:`regen.template.tokenizer.class_spec` of the directory (``stamp``: its config's
+    mtime, so an edited directory is resolved again)."""
+    try:
+        return class_spec(load_tokenizer(path, trust_remote_code=True))
+    except TemplateError:
+        return None  # the simulator loads it with AutoTokenizer, and says why it fails
+
+
 def options_to_args(options: dict[str, Any]) -> list[str]:
     """``{"max_running_requests": 8, "instant": True}`` → ``["--max-running-requests", "8",
     "--instant"]`` (None is left out; False is ``--no-NAME`` for a switch on by default, else
@@ -143,7 +170,7 @@ def running_simulator(
             "simulate",
             "--ready-file",
             str(ready),
-            *options_to_args(options),
+            *options_to_args(with_tokenizer_class(options)),
         ]
         with log_path.open("wb") as log_file:
             proc = subprocess.Popen(

@@ -31,9 +31,9 @@ class TokenIds:
 class AnswerTokenizer:
     """Renders requests and answers into the token ids of one tokenizer directory."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, tokenizer_class: str | None = None) -> None:
         try:
-            self.tok = load_tokenizer(path, trust_remote_code=True)
+            self.tok = load_tokenizer(path, trust_remote_code=True, spec=tokenizer_class)
         except Exception as e:  # transformers raises many types for a bad dir
             raise TemplateError(f"cannot load tokenizer from {path}: {e}") from e
         vocab = self.tok.get_vocab()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -13,8 +14,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from _sim_common import MODEL
 
-from regen.devkit.simulate.testing import options_to_args, running_simulator, simulator_in_thread
+from regen.devkit.simulate.testing import (
+    options_to_args,
+    running_simulator,
+    simulator_in_thread,
+    with_tokenizer_class,
+)
+from regen.template.tokenizer import class_spec, load_tokenizer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -92,3 +100,34 @@ def test_options_to_args():
     assert options_to_args(
         {"max_running_requests": 8, "instant": True, "tokenizer": None, "x": False}
     ) == ["--max-running-requests", "8", "--instant"]
+
+
+TOKENIZER = Path(__file__).resolve().parents[3] / "manifests" / "demo" / "tokenizer"
+
+
+@pytest.mark.skipif(not TOKENIZER.is_dir(), reason="manifests/demo/tokenizer not built yet")
+def test_the_harness_hands_the_simulator_its_tokenizer_class(tmp_path: Path):
+    opts = with_tokenizer_class({"tokenizer": TOKENIZER, "instant": True})
+    assert opts["tokenizer_class"] == class_spec(load_tokenizer(TOKENIZER))
+    given = {"tokenizer": TOKENIZER, "tokenizer_class": "x:Y"}
+    assert with_tokenizer_class(given) is given  # a class the caller chose stays
+    missing = {"tokenizer": tmp_path / "none"}
+    assert with_tokenizer_class(missing) is missing  # the simulator says what is wrong
+    with running_simulator(instant=True, tokenizer=TOKENIZER) as sim:
+        assert sim.process is not None
+        maps = Path(f"/proc/{sim.process.pid}/maps").read_text()
+        assert "libtorch" not in maps  # loaded by its class: no model config, no torch
+        body = json.dumps({
+            "model": MODEL, "max_tokens": 8, "return_prompt_token_ids": True,
+            "messages": [{"role": "user", "content": "hi"}],
+        }).encode()  # fmt: skip
+        req = urllib.request.Request(
+            sim.url + "/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=20) as r:
+            choice = json.loads(r.read())["choices"][0]
+    tok = load_tokenizer(TOKENIZER)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
+    assert choice["prompt_token_ids"] == tok.encode(prompt, add_special_tokens=False)
