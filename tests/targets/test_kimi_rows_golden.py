@@ -21,6 +21,7 @@ from regen.core.sample import ATTEMPT_META, Message, Sample, ToolCall
 from regen.engine.rows import build_turn_row
 from regen.manifest import load_manifest
 from regen.template.render import Renderer
+from regen.template.tokenizer import class_spec, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "data" / "demo-rows-e7974ea.parquet"
@@ -56,9 +57,15 @@ def golden() -> list[dict[str, Any]]:
     return [r for r in pq.read_table(GOLDEN).to_pylist() if r["token_source"] != "native"]
 
 
-def test_every_regenerated_demo_row_is_rebuilt_byte_for_byte(golden) -> None:
+@pytest.mark.parametrize("by_class", [False, True], ids=["autotokenizer", "by_class"])
+def test_every_regenerated_demo_row_is_rebuilt_byte_for_byte(golden, by_class: bool) -> None:
+    """Both ways a worker loads the tokenizer: AutoTokenizer, and the class preflight recorded
+    in checks.json (regen.template.tokenizer), which the actors load without torch."""
     manifest = load_manifest(REPO / "manifests" / "demo.yaml")
-    renderer = Renderer.from_manifest(manifest)
+    tokenizer = manifest.resolve(manifest.target.tokenizer)
+    spec = class_spec(load_tokenizer(tokenizer)) if by_class else None
+    assert spec is not None or not by_class
+    renderer = Renderer.from_manifest(manifest, spec)
     assert len(golden) == 80 and renderer.family is not None and renderer.family.name == "kimi"
     differ: dict[str, list[str]] = {}
     for row in golden:
