@@ -10,6 +10,7 @@ the engine's (set on a sample's last row after the builder) and ``family`` did n
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +59,18 @@ def golden() -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("by_class", [False, True], ids=["autotokenizer", "by_class"])
-def test_every_regenerated_demo_row_is_rebuilt_byte_for_byte(golden, by_class: bool) -> None:
+def test_every_regenerated_demo_row_is_rebuilt_byte_for_byte(
+    golden, by_class: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     """Both ways a worker loads the tokenizer: AutoTokenizer, and the class preflight recorded
     in checks.json (regen.template.tokenizer), which the actors load without torch."""
     manifest = load_manifest(REPO / "manifests" / "demo.yaml")
     tokenizer = manifest.resolve(manifest.target.tokenizer)
     spec = class_spec(load_tokenizer(tokenizer)) if by_class else None
     assert spec is not None or not by_class
-    renderer = Renderer.from_manifest(manifest, spec)
+    with caplog.at_level(logging.INFO, logger="regen.template.tokenizer"):
+        renderer = Renderer.from_manifest(manifest, spec)
+    assert "resolving it again" not in caplog.text  # loaded by the class, not by the fallback
     assert len(golden) == 80 and renderer.family is not None and renderer.family.name == "kimi"
     differ: dict[str, list[str]] = {}
     for row in golden:

@@ -27,6 +27,7 @@ from regen.template.tokenizer import class_spec, load_tokenizer
 pytestmark = pytest.mark.timeout(60)
 
 REGEN = [sys.executable, "-m", "regen", "--log-level", "WARNING", "simulate"]
+TOKENIZER = Path(__file__).resolve().parents[3] / "manifests" / "demo" / "tokenizer"
 
 
 def refused(base: str) -> bool:
@@ -100,9 +101,6 @@ def test_options_to_args():
     assert options_to_args(
         {"max_running_requests": 8, "instant": True, "tokenizer": None, "x": False}
     ) == ["--max-running-requests", "8", "--instant"]
-
-
-TOKENIZER = Path(__file__).resolve().parents[3] / "manifests" / "demo" / "tokenizer"
 
 
 @pytest.mark.skipif(not TOKENIZER.is_dir(), reason="manifests/demo/tokenizer not built yet")
