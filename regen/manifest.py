@@ -62,8 +62,13 @@ class Target(Strict):
     #: local directory holding the target's tokenizer and chat template
     tokenizer: str = Field(min_length=1)
     #: template flavour recorded in the fingerprint (e.g. "kimi-k2.5"); the tokenizer's own
-    #: chat template is what renders
+    #: chat template is what renders, unless chat_template names another
     template: str = "kimi-k2.5"
+    #: the chat template file the servers run with (their --chat-template), relative to the
+    #: manifest; unset: the tokenizer's own. A family whose published template cannot take what
+    #: the engines hand it (DeepSeek-V3.1: tool-call arguments as objects) is served with a
+    #: fixed one, and the local render must use the same (docs/targets.md)
+    chat_template: str | None = None
     #: allow the tokenizer directory's own Python code (Kimi's tiktoken tokenizer needs it)
     trust_remote_code: bool = False
     #: the model family (docs/targets.md: kimi, qwen3, ...; "unknown": none regen knows, server
@@ -331,6 +336,18 @@ class Manifest(Strict):
         directory (None: no family regen knows)."""
         return target_family(self.target.family, self.resolve(self.target.tokenizer))
 
+    def served_template(self) -> str | None:
+        """The text of ``target.chat_template`` (None: unset); ConfigError when it is not a
+        readable file."""
+        if self.target.chat_template is None:
+            return None
+        path = self.resolve(self.target.chat_template)
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"target.chat_template: cannot read {path}: {e}",
+                              field="target.chat_template") from None  # fmt: skip
+
     def with_family(self) -> Manifest:
         """This manifest with ``target.family`` set to what :meth:`family` finds (a run records
         the family it ran with)."""
@@ -375,6 +392,8 @@ class Manifest(Strict):
         answered."""
         target = self.target.model_dump(mode="json")
         del target["family"]
+        if target["chat_template"] is None:  # unset: the payload of before the field existed
+            del target["chat_template"]
         # the family counts where it assembles rows other than a run made before families
         # (all Kimi) did: a Kimi target, or one of no known family (its rows are the server's
         # ids), keeps the payload it had then, so such runs resume

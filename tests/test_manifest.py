@@ -279,7 +279,7 @@ def test_dedup_defaults_and_fingerprint(tmp_path: Path) -> None:
     before = {k: off.model_dump(mode="json")[k] for k in ("target", "sampling", "sources")}
     # a target of no known family (its tokenizer is not there) or a Kimi one: the payload
     # from before families (tests/targets/test_family_fingerprint.py)
-    del before["target"]["family"]
+    del before["target"]["family"], before["target"]["chat_template"]  # fields added since
     assert off.fingerprint() == stable_hash(before, n=32)
 
 
@@ -312,7 +312,8 @@ def test_a_run_made_before_near_dup_resumes_with_near_off(tmp_path: Path) -> Non
     old = load_manifest(path, ["dedup.near=false"])
     rd = RunDir.open(tmp_path / "run")
     before = {k: old.model_dump(mode="json")[k] for k in ("target", "sampling", "sources")}
-    del before["target"]["family"]  # the manifest of that time had no family
+    # the manifest of that time had no family nor chat_template
+    del before["target"]["family"], before["target"]["chat_template"]
     old_fp = stable_hash(before, n=32)
     layout.RUN_FILE.write(
         rd,

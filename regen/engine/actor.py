@@ -24,6 +24,7 @@ from regen.core.sample import Sample
 from regen.engine.wire import Mailbox
 from regen.engine.worker import RowBuilder, SampleWorker, default_row_builder
 from regen.manifest import Manifest
+from regen.template.render import RenderSetup
 
 log = logging.getLogger(__name__)
 
@@ -37,17 +38,17 @@ def quiet_http_logs() -> None:
 class LazyRows:
     """A row builder loaded in a thread; calls wait for it. ``error`` says why it failed."""
 
-    def __init__(self, manifest: Manifest, tokenizer_class: str | None = None) -> None:
+    def __init__(self, manifest: Manifest, setup: RenderSetup | None = None) -> None:
         self._built: RowBuilder | None = None
         self.error = ""
         self._ready = threading.Event()
         self._waiter: asyncio.Future[bool] | None = None
-        threading.Thread(target=self._load, args=(manifest, tokenizer_class),
+        threading.Thread(target=self._load, args=(manifest, setup),
                          name="regen-rows-load", daemon=True).start()  # fmt: skip
 
-    def _load(self, manifest: Manifest, tokenizer_class: str | None) -> None:
+    def _load(self, manifest: Manifest, setup: RenderSetup | None) -> None:
         try:
-            self._built = default_row_builder(manifest, tokenizer_class)
+            self._built = default_row_builder(manifest, setup)
         except Exception as e:  # any failure to start is reported as a failed start
             self.error = f"{type(e).__name__}: {e}"
             log.error("the row builder could not start: %s", self.error)
@@ -83,16 +84,17 @@ class WorkerActor:
         log_level: str = "INFO",
         secrets: dict[str, str] | None = None,
         shares: dict[str, int] | None = None,
-        tokenizer_class: str | None = None,
+        setup: RenderSetup | None = None,
     ) -> None:
-        """``tokenizer_class``: the target tokenizer's class as the driver's check resolved it
-        (:func:`regen.template.tokenizer.class_spec`: loaded without AutoTokenizer's model
-        config, hence without torch); None: AutoTokenizer resolves it here."""
+        """``setup``: how the rows' renderer loads and renders (the target tokenizer's class as
+        the driver's check resolved it, :func:`regen.template.tokenizer.class_spec`: loaded
+        without AutoTokenizer's model config, hence without torch; how the run renders history
+        arguments); None: AutoTokenizer resolves the class here, arguments render as objects."""
         logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
         quiet_http_logs()
         for name, value in (secrets or {}).items():  # API keys by env var name; never logged
             os.environ.setdefault(name, value)
-        self.rows = rows = LazyRows(manifest, tokenizer_class)
+        self.rows = rows = LazyRows(manifest, setup)
         self.worker = SampleWorker(manifest, endpoints, concurrency, shares=shares,
                                    row_builder=rows)  # fmt: skip
         self.mailbox = Mailbox(self.worker, problem=rows.problem)

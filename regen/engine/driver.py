@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -65,6 +65,7 @@ from regen.store.run import new_session_id, prepare_run, record_engines
 from regen.store.rundir import RunDir
 from regen.store.segments import Journal, recover
 from regen.store.stale import StaleSet, stale_answers
+from regen.template.render import RenderSetup
 
 log = logging.getLogger(__name__)
 
@@ -261,8 +262,9 @@ class _Session:
         self.m = manifest
         #: the endpoint check run_job made before the run directory was touched (else None)
         self.serving = serving
-        #: the target tokenizer's class, for the actors (checks.json; None: AutoTokenizer's)
-        self.tokenizer_class = tokenizer_class
+        #: how the actors' renderers load (the target tokenizer's class, checks.json; None:
+        #: AutoTokenizer's) and render (run.json's ``render``, set once it is read)
+        self.setup = RenderSetup(tokenizer_class)
         self.rd = rd
         self.opts = opts
         self.session = session
@@ -493,7 +495,7 @@ class _Session:
         level = logging.getLevelName(logging.getLogger("regen").getEffectiveLevel())
         warm.pool = RayWorkerPool(self.session, m, warm.infos, conc, m.engine.workers,
                                   log_level=level, secrets=_secrets(m),
-                                  tokenizer_class=self.tokenizer_class)  # fmt: skip
+                                  setup=self.setup)  # fmt: skip
         prefetch = (self.opts.prefetch if self.opts.prefetch is not None
                     else max(2, (conc or DEFAULT_CONCURRENCY) // 4))  # fmt: skip
         warm.dispatcher = Dispatcher(warm.pool, m.engine.workers, prefetch=prefetch,
@@ -504,6 +506,12 @@ class _Session:
     def run(self) -> JobSummary:
         rd, m = self.rd, self.m
         run_info = prepare_run(rd, m, [e.url for e in m.endpoints], force=self.opts.force)
+        if run_info.render != self.setup.arguments:
+            log.warning("%s: this run started when regen rendered history tool-call arguments "
+                        "as %s and keeps doing so; a new run renders them as %s, as the "
+                        "engines hand them to the template (docs/targets.md)", rd.uri,
+                        run_info.render, self.setup.arguments)  # fmt: skip
+            self.setup = replace(self.setup, arguments=run_info.render)
         warm: _Warm | None = None
         with ThreadPoolExecutor(1, thread_name_prefix="regen-plan") as ex:
             reading = ex.submit(self._read_state)

@@ -23,6 +23,7 @@ from regen.engine.actor import actor_class
 from regen.engine.adaptive import split
 from regen.engine.wire import Reply, unpack_reply
 from regen.engine.worker import SampleOutcome, worker_slots
+from regen.template.render import RenderSetup
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ class RayWorkerPool:
         *,
         log_level: str = "INFO",
         secrets: dict[str, str] | None = None,
-        tokenizer_class: str | None = None,
+        setup: RenderSetup | None = None,
     ) -> None:
 
         self.session = session
@@ -158,7 +159,7 @@ class RayWorkerPool:
         self.n_workers = n_workers
         self._cls = actor_class()
         self._args = (manifest, infos, concurrency, log_level, secrets or {})
-        self._tokenizer_class = tokenizer_class  #: regen.template.tokenizer.class_spec
+        self._setup = setup  #: how the actors' renderers load and render
         self.spawned: list[Any] = []
         self.hold_for_rows = False
         self._r = Replies()
@@ -178,7 +179,7 @@ class RayWorkerPool:
         name = f"regen-{self.session}-w{index}-{generation}"
         shares = self.shares(index)
         actor = self._cls.options(scheduling_strategy="SPREAD", name=name).remote(
-            *self._args, shares, self._tokenizer_class
+            *self._args, shares, self._setup
         )
         self.spawned.append(actor)
         slots = worker_slots(self.infos, self.concurrency, shares)

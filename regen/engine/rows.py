@@ -116,6 +116,7 @@ def prepare_turns(
                 tool_calls=res.tool_calls,
                 finish_reason=res.finish_reason,
                 completion_tokens=res.completion_tokens,
+                engine=res.engine,
             )
             out.append(PreparedTurn(text))
         except TemplateError as e:

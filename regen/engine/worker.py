@@ -81,7 +81,7 @@ from regen.engine.turns import DoneTurn, regenerate
 from regen.manifest import Endpoint, Manifest
 from regen.plan.attempts import attempt_seed
 from regen.store.progress import ErrorInfo
-from regen.template.render import Renderer
+from regen.template.render import Renderer, RenderSetup
 
 log = logging.getLogger(__name__)
 
@@ -123,14 +123,14 @@ class WorkerStats:
         self.errors.setdefault(kind, ErrorInfo()).add(message, time.time())
 
 
-def default_row_builder(manifest: Manifest, tokenizer_class: str | None = None) -> RowBuilder:
-    """Rows through regen.engine.rows.build_rows with the manifest's Kimi renderer (one batch of
-    tokenizer work per sample; its tokenizer loaded by ``tokenizer_class`` when known,
-    :mod:`regen.template.tokenizer`); every turn's quality is checked there (the manifest's
-    ``quality`` thresholds, docs/quality.md), and every row records the manifest's settings
-    id (``Manifest.settings_id``)."""
+def default_row_builder(manifest: Manifest, setup: RenderSetup | None = None) -> RowBuilder:
+    """Rows through regen.engine.rows.build_rows with the manifest's renderer (one batch of
+    tokenizer work per sample; loaded and rendering as the run's ``setup`` says,
+    :class:`regen.template.render.RenderSetup`); every turn's quality is checked there (the
+    manifest's ``quality`` thresholds, docs/quality.md), and every row records the manifest's
+    settings id (``Manifest.settings_id``)."""
 
-    renderer = Renderer.from_manifest(manifest, tokenizer_class)
+    renderer = Renderer.from_manifest(manifest, setup)
     quality = manifest.quality
     settings = manifest.settings_id()
 

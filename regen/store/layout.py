@@ -255,6 +255,10 @@ class RunRecord(Record):
     #: ``Manifest.settings_id()``) -> those settings as dotted fields (``sampling.temperature``:
     #: 0.6, ...): what each id of a ``--force`` mix stands for
     settings: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    #: how the local render hands history tool-call arguments to the chat template:
+    #: ``objects``, as the engines do (every run made since regen rendered so), ``strings``,
+    #: as regen did before (a run.json without the field): a run keeps what it started with
+    render: Literal["objects", "strings"] = "strings"
 
 
 class LockRecord(Record):

@@ -67,6 +67,7 @@ def prepare_run(
             created_at=time.time(),
             regen_version=regen.__version__,
             endpoints=[public_url(u) for u in endpoints],
+            render="objects",
         )
     sid = manifest.settings_id()
     if sid not in info.settings:  # a run.json from before the record, or a new setting

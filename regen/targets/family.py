@@ -50,6 +50,10 @@ RenderFlag = Literal["think_inserted", "content_has_think"]
 #: delegates to it); +1 to each always (Llama, Qwen3, GLM loaders); +1 to each unless the
 #: largest id equals the layer count, then none (SGLang 0.5.23 gpt_oss.py, GPT-OSS loader)
 AuxShift = Literal["first_is_one", "always", "unless_max_is_layers"]
+#: what an engine does with a history tool call's arguments that are not a JSON object
+#: (regen.template.prepare): ``empty`` renders ``{}`` (vLLM), ``refuse`` refuses the request
+#: (SGLang), ``keep`` renders the text as it came (SGLang's lenient encoders)
+ArgumentsRule = Literal["empty", "refuse", "keep"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +111,10 @@ class Family:
     model_types: tuple[str, ...] = ()
     #: its published tokenizer runs its own Python code (servers need --trust-remote-code)
     remote_code: bool = False
+    #: what SGLang does with a history call's arguments that are not a JSON object: its Jinja
+    #: path refuses the request; the encoders of some families keep the text
+    #: (``serving_chat.py`` ``strict_tool_call_arguments``)
+    sglang_arguments: ArgumentsRule = "refuse"
 
     def __repr__(self) -> str:
         return f"Family({self.name!r})"
@@ -120,6 +128,24 @@ class Family:
         """Top-level request fields that switch thinking besides ``chat_template_kwargs``
         ({}: none; an engine that renders the family's prompt itself may read only these)."""
         return {}
+
+    # -- the prompt ---------------------------------------------------------------------------
+    @property
+    def encodes_prompts(self) -> bool:
+        """Whether the engines render this family's prompts with a Python encoder of their own
+        instead of a Jinja template (then :meth:`encode_prompt` is regen's)."""
+        return False
+
+    def encode_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        kwargs: Mapping[str, Any],
+        engine: str,
+    ) -> str:
+        """The generation prompt as the engine called ``engine`` encodes it, from the messages
+        and tools as it prepared them (regen.template.prepare) and the template kwargs."""
+        raise TemplateError(f"the {self.title} family renders its prompts with a chat template")
 
     def sglang_flags(self) -> list[str]:
         """SGLang's server flags for the family's parsers."""

@@ -2,8 +2,13 @@
 
 Owns no files. The prompt half is rendered by the target tokenizer's OWN chat template
 (``apply_chat_template(messages, tools=..., add_generation_prompt=True, **template_kwargs)``),
-so history turns look exactly as the server showed them (for Kimi including the "trap" of
-CONTRACTS §1: reasoning of history turns is dropped by the template, as at serving time).
+or by the template the server was started with (``target.chat_template``: ``--chat-template``),
+or, for a family whose engines encode its prompts in Python (no Jinja template), by the
+family's own encoder (:meth:`regen.targets.family.Family.encode_prompt`). The messages and tools
+reach it as the engine that answered hands them over (:mod:`regen.template.prepare`: a history
+call's arguments as the JSON object they hold, ...), so history turns look exactly as the server
+showed them (for Kimi including the "trap" of CONTRACTS §1: reasoning of history turns is dropped
+by the template, as at serving time).
 
 The response half is reassembled from what the server returned by the target's model family
 (:class:`regen.targets.family.Family`: its think markers, tool-call text and end token), after
@@ -45,9 +50,21 @@ from regen.targets import Family, recognise_dir
 from regen.targets.family import RenderFlag, ThinkState
 from regen.template.codec import TokenCodec
 from regen.template.extend import Boundaries, PromptIds
+from regen.template.prepare import SGLANG, RenderArguments, loops_over_content, preparation
 from regen.template.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RenderSetup:
+    """What a run's renderers follow besides its manifest, as the driver found it: the
+    tokenizer's class as resolved before (:func:`regen.template.tokenizer.class_spec`; None:
+    AutoTokenizer resolves it) and how the run renders history tool-call arguments (run.json's
+    ``render``: ``strings`` for a run started before they rendered as objects)."""
+
+    tokenizer_class: str | None = None
+    arguments: RenderArguments = "objects"
 
 
 @dataclass(slots=True)
@@ -111,24 +128,31 @@ class TurnText:
 
 
 class Renderer:
-    """Renders and tokenizes turns with a target tokenizer, its own chat template and its
-    model family (None: a family regen does not know, whose prompts render but whose responses
-    cannot be assembled)."""
+    """Renders and tokenizes turns with a target tokenizer, its own chat template (or
+    ``chat_template``: the one the server runs) and its model family (None: a family regen
+    does not know, whose prompts render but whose responses cannot be assembled).
+    ``arguments``: how history tool-call arguments reach the template (``objects``, as the
+    engines hand them; ``strings``, as a run started before regen did so keeps rendering)."""
 
     def __init__(
         self,
         tokenizer: Any,
         template_kwargs: dict[str, Any] | None = None,
         family: Family | None = None,
+        *,
+        chat_template: str | None = None,
+        arguments: RenderArguments = "objects",
     ) -> None:
         self.tokenizer = tokenizer
         self.family = family
         self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
-        template = getattr(tokenizer, "chat_template", None)
+        self.arguments: RenderArguments = arguments
+        #: the template given in place of the tokenizer's (``--chat-template``; None: none)
+        self.served_template = chat_template
+        encoder = family is not None and family.encodes_prompts
+        template = f"encoder:{family.name}" if encoder else self.chat_template  # type: ignore[union-attr]
         if not template:
             raise TemplateError("the tokenizer has no chat template")
-        if isinstance(template, dict):  # named templates: the default one renders
-            template = template.get("default") or next(iter(template.values()))
         eos = getattr(tokenizer, "eos_token_id", None)
         if family is not None:
             end = self._token_id(family.end_of_turn)
@@ -156,6 +180,15 @@ class Renderer:
         self.codec = TokenCodec(tokenizer)
         self._prompts: PromptIds | None = None
 
+    @property
+    def chat_template(self) -> str:
+        """The Jinja template that renders prompts: the served one, else the tokenizer's (its
+        default where it names several; '' when it has none)."""
+        template = self.served_template or getattr(self.tokenizer, "chat_template", None)
+        if isinstance(template, dict):  # named templates: the default one renders
+            template = template.get("default") or next(iter(template.values()))
+        return template or ""
+
     def _token_id(self, token: str) -> int | None:
         """The id of a special token, None when the tokenizer lacks it."""
         found = self.tokenizer.convert_tokens_to_ids(token)
@@ -180,20 +213,25 @@ class Renderer:
         trust_remote_code: bool = False,
         template_kwargs: dict[str, Any] | None = None,
         family: Family | None = None,
+        *,
+        chat_template: str | None = None,
     ) -> Renderer:
         """Load a local tokenizer directory (transformers; remote code only when allowed);
         ``family``: the target's, else the one the directory is recognised as."""
         family = family if family is not None else recognise_dir(path)
-        return cls(load_tokenizer(path, trust_remote_code), template_kwargs, family)
+        return cls(load_tokenizer(path, trust_remote_code), template_kwargs, family,
+                   chat_template=chat_template)  # fmt: skip
 
     @classmethod
-    def from_manifest(cls, manifest: Any, tokenizer_class: str | None = None) -> Renderer:
-        """The renderer a manifest asks for: its target tokenizer, template kwargs and family
-        (None where the manifest's target is of no known family); ``tokenizer_class``: the
-        tokenizer's class as resolved before (:func:`regen.template.tokenizer.class_spec`)."""
+    def from_manifest(cls, manifest: Any, setup: RenderSetup | None = None) -> Renderer:
+        """The renderer a manifest asks for: its target tokenizer, the template the server runs
+        (``target.chat_template``, else the tokenizer's), template kwargs and family (None where
+        the manifest's target is of no known family), loaded and rendering as ``setup`` says."""
+        setup = setup or RenderSetup()
         tok = load_tokenizer(manifest.resolve(manifest.target.tokenizer),
-                             manifest.target.trust_remote_code, tokenizer_class)  # fmt: skip
-        return cls(tok, manifest.template_kwargs(), manifest.family())
+                             manifest.target.trust_remote_code, setup.tokenizer_class)  # fmt: skip
+        return cls(tok, manifest.template_kwargs(), manifest.family(),
+                   chat_template=manifest.served_template(), arguments=setup.arguments)  # fmt: skip
 
     # -- text and ids -------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -208,13 +246,27 @@ class Renderer:
         self,
         messages: Sequence[Message | dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
+        engine: str | None = None,
     ) -> str:
-        """The generation prompt for the next assistant turn, as the template renders it."""
-        msgs = [m.to_openai() if isinstance(m, Message) else m for m in messages]
+        """The generation prompt for the next assistant turn, as the template (or the family's
+        encoder) renders it on the engine called ``engine`` (regen.template.prepare; None: no
+        engine known). ArgumentsError where that engine refuses the request."""
+        prep = preparation(engine, self.arguments)
+        fam = self.family
+        rule = fam.sglang_arguments if fam is not None and prep.name == SGLANG else None
+        template = "" if fam is not None and fam.encodes_prompts else self.chat_template
+        content = "openai" if template and loops_over_content(template) else "string"
+        msgs = prep.messages(messages, content, rule)
+        served_tools = prep.tools(tools)
+        if not template:  # the family's encoder renders (Renderer checked it has one)
+            return fam.encode_prompt(msgs, served_tools, self.template_kwargs, prep.name)  # type: ignore[union-attr]
+        if self.served_template and prep.name == SGLANG:  # how SGLang reads --chat-template
+            template = template.strip("\n").replace("\\n", "\n")
         try:
             text = self.tokenizer.apply_chat_template(
                 msgs,
-                tools=tools or None,
+                tools=served_tools,
+                chat_template=template,
                 add_generation_prompt=True,
                 tokenize=False,
                 **self.template_kwargs,
@@ -235,15 +287,17 @@ class Renderer:
         tool_calls: Sequence[ToolCall] = (),
         finish_reason: str = "stop",
         completion_tokens: int | None = None,
+        engine: str | None = None,
     ) -> TurnText:
-        """Prompt (template) + reassembled response, as text (see :meth:`render_turn`)."""
+        """Prompt (template) + reassembled response, as text (see :meth:`render_turn`);
+        ``engine``: the engine that answered (how it hands the template the request)."""
         fam = self.family
         if fam is None:
             raise TemplateError(
                 "the target's model family is unknown: its responses cannot be assembled here "
                 "(docs/targets.md: set target.family, or serve it with token ids)"
             )
-        prompt = self.render_prompt(messages, tools)
+        prompt = self.render_prompt(messages, tools, engine)
         state = fam.think_state(prompt)
         reasoning, content, flag = fam.split_response(state, reasoning, content)
         if flag is not None:

@@ -50,7 +50,8 @@ def test_the_record_names_the_tokenizer_class_and_rows_build_by_it_without_torch
         "import sys\n"
         "from regen.engine.worker import default_row_builder\n"
         "from regen.manifest import load_manifest\n"
-        "default_row_builder(load_manifest(sys.argv[1]), sys.argv[2])\n"
+        "from regen.template.render import RenderSetup\n"
+        "default_row_builder(load_manifest(sys.argv[1]), RenderSetup(sys.argv[2]))\n"
         "print('torch' in sys.modules)\n"
     )
     got = subprocess.run([sys.executable, "-c", code, str(demo), checked.tokenizer_class],

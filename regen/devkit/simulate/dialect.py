@@ -73,6 +73,9 @@ class Dialect:
     status_with_first_token: bool = True
     #: an unknown model's 404 lists the valid aliases, with ``param`` "model" (vLLM)
     model_404_aliases: bool = False
+    #: a history tool call's arguments that are not a JSON object refuse the request (400),
+    #: as SGLang's Jinja path does; vLLM renders them as {} (regen.template.prepare)
+    strict_arguments: bool = False
 
     def long_prompt_error(self, n_prompt: int, ctx: int) -> tuple[str, str | None]:
         return self.long_prompt.format(n=n_prompt, ctx=ctx, over=ctx + 1), self.long_prompt_param
@@ -106,7 +109,7 @@ class Dialect:
 
 
 SGLANG = Dialect("sglang", "reasoning_content", "The request queue is full.", "503", "sglang",
-                 False)  # fmt: skip
+                 False, strict_arguments=True)  # fmt: skip
 VLLM = Dialect(
     "vllm",
     "reasoning",

@@ -45,6 +45,7 @@ from regen.devkit.simulate.scheduler import Job, Scheduler
 from regen.devkit.simulate.stats import RequestStats
 from regen.devkit.simulate.tokenized import AnswerTokenizer, TokenIds
 from regen.devkit.simulate.tokens import prompt_tokens as sim_prompt_tokens
+from regen.template.prepare import ArgumentsError, parse_arguments
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,10 @@ class SimServer:
     async def _startup(self, _app: web.Application) -> None:
         if self.config.tokenizer is not None:
             self.tokenizer = await asyncio.to_thread(
-                AnswerTokenizer, self.config.tokenizer, self.config.tokenizer_class
+                AnswerTokenizer,
+                self.config.tokenizer,
+                self.config.tokenizer_class,
+                self.dialect.name,
             )
         if not self.config.instant:
             self.scheduler.start()
@@ -453,6 +457,23 @@ class SimServer:
         n = body.get("n")
         if n not in (None, 1):
             raise _Invalid(self._error(400, "the simulator supports n=1 only", "BadRequestError"))
+        if self.dialect.strict_arguments:
+            self._check_history_arguments(messages)
+
+    def _check_history_arguments(self, messages: list[dict[str, Any]]) -> None:
+        """SGLang's 400 for a history tool call whose arguments are not a JSON object
+        (``serving_chat.py`` ``normalize_assistant_tool_call_arguments``, strict)."""
+        for m in messages:
+            if m.get("role") != "assistant" or not isinstance(m.get("tool_calls"), list):
+                continue
+            for call in m["tool_calls"]:
+                fn = call.get("function") if isinstance(call, dict) else None
+                if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+                    try:
+                        parse_arguments(fn["arguments"], "refuse")
+                    except ArgumentsError as e:
+                        message = str(e).split(" (tool call", 1)[0]
+                        raise _Invalid(self._error(400, message, "BadRequest")) from None
 
     def _context_check(self, n_prompt: int, max_tokens: int | None) -> None:
         ctx = self.config.context_length

@@ -1,7 +1,9 @@
 """Real token ids for simulated answers, from a tokenizer directory (``--tokenizer DIR``).
 
 The prompt is rendered by the directory's own chat template (``add_generation_prompt``, the
-request's ``tools`` and ``chat_template_kwargs``) and encoded without adding special tokens.
+request's ``tools`` and ``chat_template_kwargs``), from the messages and tools as the simulated
+engine prepares them (:mod:`regen.template.prepare`: history tool-call arguments as objects,
+...), and encoded without adding special tokens.
 The output ids encode what the model would have generated after that prompt: if the rendered
 prompt already ends with ``<think></think>`` only the content; if it ends with ``<think>`` the
 reasoning, ``</think>`` and the content; otherwise ``<think>reasoning</think>content`` (thinking
@@ -18,6 +20,7 @@ from typing import Any
 
 from regen.core.errors import TemplateError
 from regen.devkit.simulate.answer import SimAnswer
+from regen.template.prepare import loops_over_content, preparation
 from regen.template.tokenizer import load_tokenizer
 
 
@@ -31,7 +34,11 @@ class TokenIds:
 class AnswerTokenizer:
     """Renders requests and answers into the token ids of one tokenizer directory."""
 
-    def __init__(self, path: Path, tokenizer_class: str | None = None) -> None:
+    def __init__(
+        self, path: Path, tokenizer_class: str | None = None, engine: str | None = None
+    ) -> None:
+        #: how the simulated engine hands the template a request (regen.template.prepare)
+        self.prep = preparation(engine)
         try:
             self.tok = load_tokenizer(path, trust_remote_code=True, spec=tokenizer_class)
         except Exception as e:  # transformers raises many types for a bad dir
@@ -41,10 +48,12 @@ class AnswerTokenizer:
 
     def render_prompt(self, request: Mapping[str, Any]) -> str:
         kwargs = dict(request.get("chat_template_kwargs") or {})
+        template = self.tok.chat_template if isinstance(self.tok.chat_template, str) else ""
+        content = "openai" if template and loops_over_content(template) else "string"
         try:
             return self.tok.apply_chat_template(
-                list(request.get("messages") or ()),
-                tools=request.get("tools") or None,
+                self.prep.messages(list(request.get("messages") or ()), content),
+                tools=self.prep.tools(request.get("tools") or None),
                 add_generation_prompt=True,
                 tokenize=False,
                 **kwargs,

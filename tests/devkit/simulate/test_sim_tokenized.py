@@ -1,8 +1,10 @@
-"""Server token ids rendered with the tiny Kimi tokenizer's own chat template."""
+"""Server token ids rendered with the tiny Kimi tokenizer's own chat template, from the request
+as SGLang hands it to the template (its own code: tests/contract/_served.py)."""
 
 from __future__ import annotations
 
 import json
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ from regen.devkit.simulate import AnswerConfig, answer
 from regen.devkit.simulate.testing import RunningSimulator, simulator_in_thread
 
 TOKENIZER = Path(__file__).resolve().parents[3] / "manifests" / "demo" / "tokenizer"
+CONTRACT = Path(__file__).resolve().parents[2] / "contract"
 pytestmark = [
     pytest.mark.timeout(60),
     pytest.mark.skipif(not TOKENIZER.is_dir(), reason="manifests/demo/tokenizer not built yet"),
@@ -29,6 +32,14 @@ def sim() -> Iterator[RunningSimulator]:
         instant=True, tokenizer=TOKENIZER, mean_tokens=30, tool_call_rate=1.0
     ) as s:  # fmt: skip
         yield s
+
+
+def sglang_inputs(body: dict[str, Any], template: str) -> tuple[list[Any], list[Any] | None]:
+    """The messages and tools SGLang hands the template (its own code, tests/contract)."""
+    sys.path.insert(0, str(CONTRACT))
+    from _served import sglang_inputs as inputs
+
+    return inputs(body, template)
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +77,9 @@ def test_prompt_and_output_ids(sim, tok, thinking, tools):
         body["tools"] = tools
     res = post(sim.url, body)
     ans = answer(body, CFG)
+    messages, served_tools = sglang_inputs(body, tok.chat_template)
     prompt = tok.apply_chat_template(
-        body["messages"], tools=tools, add_generation_prompt=True, tokenize=False, thinking=thinking
+        messages, tools=served_tools, add_generation_prompt=True, tokenize=False, thinking=thinking
     )
     choice = res["choices"][0]  # SGLang puts both lists on the choice
     assert "prompt_token_ids" not in res
@@ -119,7 +131,8 @@ def test_streamed_ids_arrive_in_the_sglext_chunk_before_usage(sim, tok):
     usage_at = next(i for i, e in enumerate(events) if e.get("usage"))
     assert finish_at < ext_at < usage_at and events[ext_at]["choices"] == []
     ext = events[ext_at]["sglext"]
-    prompt = tok.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=False)
+    messages, _ = sglang_inputs(body, tok.chat_template)
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert ext["input_ids"] == tok.encode(prompt, add_special_tokens=False)
     (out,) = ext["output_ids"]  # one list per choice
     assert len(out) == events[usage_at]["usage"]["completion_tokens"]
