@@ -90,8 +90,10 @@ class Sampling(Strict):
     #: maximum completion tokens per turn
     max_tokens: int = Field(default=4096, gt=0)
     #: thinking on or off (sent as the target family's chat-template switch, docs/targets.md:
-    #: Kimi's chat_template_kwargs.thinking, Qwen3's enable_thinking, ...)
-    thinking: bool = True
+    #: Kimi's chat_template_kwargs.thinking, Qwen3's enable_thinking, ...), or an effort level
+    #: of a family whose thinking takes one (Kimi K3: low, high, max; GPT-OSS: low, medium,
+    #: high; ...; true asks for the family's default level)
+    thinking: bool | str = True
     #: extra chat_template_kwargs sent to the server and used for the local render (they win
     #: over the thinking switch)
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -361,14 +363,27 @@ class Manifest(Strict):
         """Top-level request fields of the family's thinking switch (besides the template
         kwargs; GPT-OSS's ``reasoning_effort``); {} for most families."""
         fam = self.family()
-        return fam.request_fields(self.sampling.thinking) if fam is not None else {}
+        return fam.request_fields(self._thinking(fam)) if fam is not None else {}
 
     def template_kwargs(self) -> dict[str, Any]:
         """The ``chat_template_kwargs`` of every request and of the local render: the family's
         thinking switch, then ``sampling.chat_template_kwargs``."""
         fam = self.family()
-        switch = fam.template_kwargs(self.sampling.thinking) if fam is not None else {}
+        switch = fam.template_kwargs(self._thinking(fam)) if fam is not None else {}
         return {**switch, **self.sampling.chat_template_kwargs}
+
+    def _thinking(self, fam: Family | None) -> bool | str:
+        """``sampling.thinking``, checked against the family's effort levels (ConfigError)."""
+        thinking = self.sampling.thinking
+        try:
+            if fam is not None:
+                fam.effort(thinking)
+            elif isinstance(thinking, str):
+                raise ValueError("an effort level needs a family that takes one; the target's "
+                                 "family is unknown")  # fmt: skip
+        except ValueError as e:
+            raise ConfigError(f"sampling.thinking: {e}", field="sampling.thinking") from None
+        return thinking
 
     def fingerprint(self) -> str:
         """What must not change under a resumed run: sources, dedup, model, sampling, template.

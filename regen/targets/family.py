@@ -7,7 +7,10 @@ Owns no files. The rest of regen asks the family and never names a family's toke
   has none (:meth:`Family.response_text`);
 - the end-of-turn token(s) (:attr:`Family.end_of_turn`, :meth:`Family.end_tokens`);
 - its reasoning and tool-call markers (:attr:`Family.think`, :attr:`Family.call_markers`);
-- the chat-template keyword that switches thinking (:meth:`Family.template_kwargs`);
+- the chat-template keyword that switches thinking, and the effort levels it takes where the
+  family's thinking is an effort (:meth:`Family.template_kwargs`, :attr:`Family.efforts`);
+- how its prompts are rendered where the engines encode them in Python rather than with a
+  Jinja template (:meth:`Family.encode_prompt`);
 - its special tokens (the run-vs-target check; the boundaries of prompt-id reuse) and the
   tokens that open a turn (a trained one means the loss mask covers the prompt);
 - the SGLang and vLLM parser names (:attr:`Family.sglang`, :attr:`Family.vllm`);
@@ -48,8 +51,13 @@ RenderFlag = Literal["think_inserted", "content_has_think"]
 #: how SGLang's model loader turns the draft's ``eagle_aux_hidden_state_layer_ids`` into the
 #: layers it captures: +1 to each only when the first id is 1 (DeepSeek-V2 loader, Kimi-K2.5
 #: delegates to it); +1 to each always (Llama, Qwen3, GLM loaders); +1 to each unless the
-#: largest id equals the layer count, then none (SGLang 0.5.23 gpt_oss.py, GPT-OSS loader)
-AuxShift = Literal["first_is_one", "always", "unless_max_is_layers"]
+#: largest id equals the layer count, then none (SGLang 0.5.23 gpt_oss.py, GPT-OSS loader);
+#: ``unsupported``: the loader captures no EAGLE-3 states at all (SGLang 0.5.23's DeepSeek-V4
+#: and Kimi K3 models have no ``set_eagle3_layers_to_capture``: the server refuses to start)
+AuxShift = Literal["first_is_one", "always", "unless_max_is_layers", "unsupported"]
+#: thinking as a run asks for it (``sampling.thinking``): on or off, or one of the family's
+#: effort levels (:attr:`Family.efforts`)
+Thinking = bool | str
 #: what an engine does with a history tool call's arguments that are not a JSON object
 #: (regen.template.prepare): ``empty`` renders ``{}`` (vLLM), ``refuse`` refuses the request
 #: (SGLang), ``keep`` renders the text as it came (SGLang's lenient encoders)
@@ -115,16 +123,32 @@ class Family:
     #: path refuses the request; the encoders of some families keep the text
     #: (``serving_chat.py`` ``strict_tool_call_arguments``)
     sglang_arguments: ArgumentsRule = "refuse"
+    #: the effort levels its thinking takes, the default (``thinking: true``) first; () where
+    #: thinking is only on or off
+    efforts: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return f"Family({self.name!r})"
 
     # -- serving ------------------------------------------------------------------------------
-    def template_kwargs(self, thinking: bool) -> dict[str, Any]:
-        """``chat_template_kwargs`` that switch thinking on or off ({} without a switch)."""
-        return {} if self.thinking_kwarg is None else {self.thinking_kwarg: thinking}
+    def effort(self, thinking: Thinking) -> str | None:
+        """The effort level ``thinking`` asks for: the level it names, the default level for
+        ``True``, None for ``False`` or a family without levels; ValueError naming the levels
+        for a level the family does not take."""
+        if isinstance(thinking, bool):
+            return self.efforts[0] if thinking and self.efforts else None
+        if thinking not in self.efforts:
+            known = ", ".join(self.efforts) or "none: thinking is on or off"
+            raise ValueError(f"{thinking!r} is not a thinking effort of {self.title} ({known})")
+        return thinking
 
-    def request_fields(self, thinking: bool) -> dict[str, Any]:
+    def template_kwargs(self, thinking: Thinking) -> dict[str, Any]:
+        """``chat_template_kwargs`` that switch thinking on or off ({} without a switch); an
+        effort level (:meth:`effort`) switches it on."""
+        self.effort(thinking)  # a level the family does not take is refused here
+        return {} if self.thinking_kwarg is None else {self.thinking_kwarg: bool(thinking)}
+
+    def request_fields(self, thinking: Thinking) -> dict[str, Any]:
         """Top-level request fields that switch thinking besides ``chat_template_kwargs``
         ({}: none; an engine that renders the family's prompt itself may read only these)."""
         return {}
@@ -167,7 +191,8 @@ class Family:
 
     # -- recognition --------------------------------------------------------------------------
     def recognises(self, facts: TokenizerFacts) -> bool:
-        """Whether a tokenizer is of this family: its own tokens are all there."""
+        """Whether a tokenizer is of this family: its own tokens are all there (a family that
+        shares its tokens with another also reads the template or ``model_type``)."""
         return set(self.special_tokens) <= facts.tokens
 
     # -- the response -------------------------------------------------------------------------

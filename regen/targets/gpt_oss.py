@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from regen.core.sample import ToolCall
-from regen.targets.family import Family, Parsers, RenderFlag, ThinkState
+from regen.targets.family import Family, Parsers, RenderFlag, Thinking, ThinkState
 
 START = "<|start|>"
 CHANNEL = "<|channel|>"
@@ -84,12 +84,12 @@ def call_header(name: str) -> str:
 class HarmonyFamily(Family):
     """The harmony channels (module docstring)."""
 
-    def template_kwargs(self, thinking: bool) -> dict[str, Any]:
-        """``reasoning_effort``: medium with thinking on, low with it off (harmony cannot
-        switch reasoning off)."""
-        return {"reasoning_effort": EFFORT_ON if thinking else EFFORT_OFF}
+    def template_kwargs(self, thinking: Thinking) -> dict[str, Any]:
+        """``reasoning_effort``: the level asked for; medium with thinking on, low with it off
+        (harmony cannot switch reasoning off)."""
+        return {"reasoning_effort": self.effort(thinking) or EFFORT_OFF}
 
-    def request_fields(self, thinking: bool) -> dict[str, Any]:
+    def request_fields(self, thinking: Thinking) -> dict[str, Any]:
         """The same effort as a top-level field: vLLM renders harmony itself from it and
         ignores the template kwarg (module docstring)."""
         return self.template_kwargs(thinking)
@@ -171,6 +171,7 @@ GPT_OSS = HarmonyFamily(
     # SGLang's GptOssDetector's own markers: what opens and closes the analysis message
     think=(ANALYSIS, END),
     thinking_kwarg="reasoning_effort",
+    efforts=(EFFORT_ON, "low", "high"),
     other_ends=(CALL,),
     published_ids=PUBLISHED_IDS,
     published_vocab=VOCAB_SIZE,
