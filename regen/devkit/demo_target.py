@@ -40,8 +40,10 @@ learn. A Kimi build's key is what it was before families (same inputs, same mode
 Per family (:data:`FAMILY_SPECS`): Qwen3 and DeepSeek-V3.1 train on batches of distinct turns
 with a short warmup (final loss about 0.005, every turn's greedy answer exact, where Kimi's
 default reaches 0.08); Kimi keeps the default. A family whose real template cannot render what
-servers hand it is served with the fix a real deployment uses (:data:`SERVED_TEMPLATE_EDITS`:
-DeepSeek-V3.1's history call arguments); the manifest's tokenizer keeps the real template.
+servers hand it is served with the fix a real deployment uses: the manifest's
+``target.chat_template`` (DeepSeek-V3.1's history call arguments,
+``manifests/demo-deepseek/served-template.jinja``) becomes the served copy's template; the
+manifest's tokenizer keeps the real one.
 """
 
 from __future__ import annotations
@@ -147,22 +149,6 @@ DEEPSEEK_V3_RESPONSE: dict[str, Any] = {
         "content": {"close": "<｜end▁of▁sentence｜>", "content": "text"},
     },
 }
-#: DeepSeek-V3.1's template splices a history call's ``arguments`` in as a string, but vLLM,
-#: SGLang and ``transformers serve`` all hand templates a dict (``json.loads`` of the string):
-#: every request with a tool call in its history fails ("can only concatenate str (not
-#: \"dict\") to str"), as it does on the real model unless it is served with a fixed
-#: template. The demo target is served with that fix: a dict is written back with ``tojson``
-#: (HF's ``json.dumps``, ``", "``/``": "`` separators, as the demo's arguments are written);
-#: a string renders as before. The manifest's tokenizer, which the local render uses, keeps
-#: the real template.
-_DEEPSEEK_ARGS = "tool['function']['arguments']"
-#: per family: (text, replacement) edits of the served chat template (see above)
-SERVED_TEMPLATE_EDITS: dict[str, tuple[tuple[str, str], ...]] = {
-    "deepseek_v3": (
-        (f"+ {_DEEPSEEK_ARGS} +",
-         f"+ ({_DEEPSEEK_ARGS} if {_DEEPSEEK_ARGS} is string else {_DEEPSEEK_ARGS} | tojson) +"),
-    ),
-}  # fmt: skip
 #: the ``response_template`` a demo target of each family gets, by family name
 RESPONSE_TEMPLATES: dict[str, dict[str, Any]] = {
     "kimi": KIMI_RESPONSE,
@@ -440,9 +426,9 @@ def _build(
             shutil.copy2(p, out / p.name)
     tok_config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
     tok_config["response_template"] = response
-    edits = SERVED_TEMPLATE_EDITS.get(manifest.family().name, ())
-    if edits:
-        tok_config["chat_template"] = served_chat_template(tok_config["chat_template"], edits)
+    served = manifest.served_template()
+    if served is not None:  # what the servers run with (--chat-template): the served copy's own
+        tok_config["chat_template"] = served
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2), encoding="utf-8")
     tail = losses[-20:]
     return {
@@ -457,17 +443,6 @@ def _build(
     }
 
 
-def served_chat_template(template: str, edits: tuple[tuple[str, str], ...]) -> str:
-    """``template`` with ``edits`` applied (ConfigError: one of them does not apply: the
-    vendored template is not the one the edit was written for)."""
-    for old, new in edits:
-        if old not in template:
-            raise ConfigError(f"the chat template has no {old!r} to replace: the demo target "
-                              "cannot be served with it", field="target.tokenizer")  # fmt: skip
-        template = template.replace(old, new)
-    return template
-
-
 def build_key(
     manifest: Any,
     manifest_path: Path,
@@ -475,16 +450,14 @@ def build_key(
     spec: DemoTargetSpec,
     response: dict[str, Any] = KIMI_RESPONSE,
 ) -> str:
-    """Hash of everything the build reads: the spec, the family's response template and
-    served-template edits (a Kimi build's key is the one of before families), the manifest,
-    its tokenizer, its sources."""
-    fam = manifest.family()
-    edits = SERVED_TEMPLATE_EDITS.get(fam.name if fam is not None else "", ())
+    """Hash of everything the build reads: the spec, the family's response template (a Kimi
+    build's key is the one of before families), the manifest, its served template, its
+    tokenizer, its sources."""
     parts: list[Any] = [BUILD_VERSION, key_fields(spec), response]
-    if edits:  # none for Kimi: its key is unchanged
-        parts.append([list(e) for e in edits])
     h = hashlib.sha256(json.dumps(parts).encode())
     files = [manifest_path.resolve(), *sorted(p for p in tok_dir.iterdir() if p.is_file())]
+    if manifest.target.chat_template is not None:
+        files.append(manifest.resolve(manifest.target.chat_template))
     files += [manifest.resolve(s.path) for s in manifest.sources if s.path]
     for p in files:
         h.update(p.name.encode())

@@ -7,7 +7,7 @@ chat_template_kwargs). For each: the request validated by vLLM's ``ChatCompletio
 its messages through ``parse_chat_messages`` under the content format ``_detect_content_format``
 finds for the template, its tools' ``model_dump()``, then ``apply_chat_template`` with
 ``add_generation_prompt`` as ``renderers/hf.py`` calls it. Writes a JSON list: per job
-``{"prompt", "format"}``, or ``{"error"}`` where vLLM refuses the request.
+``{"prompt", "format"}``, or ``{"error", "format"}`` where vLLM refuses the request.
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from vllm.renderers.chat_utils import parse_chat_messages
 from vllm.renderers.hf import _detect_content_format
 
 
-def render(tok: Any, job: dict[str, Any]) -> dict[str, Any]:
+def render(tok: Any, job: dict[str, Any], fmt: str) -> dict[str, Any]:
     request = ChatCompletionRequest.model_validate(job["body"])
-    fmt = _detect_content_format(job["template"], default="string")
     config = types.SimpleNamespace(enable_prompt_embeds=False, multimodal_config=None)
     conversation, _, _ = parse_chat_messages(request.messages, config, fmt)
     tools = [t.model_dump() for t in request.tools] if request.tools else None
@@ -47,10 +46,11 @@ def main() -> None:
         if path not in tokenizers:
             tokenizers[path] = AutoTokenizer.from_pretrained(path)
         tok = tokenizers[path]
+        fmt = _detect_content_format(job["template"], default="string")
         try:
-            out.append(render(tok, job))
+            out.append(render(tok, job, fmt))
         except Exception as e:  # vLLM answers these with a 400
-            out.append({"error": f"{type(e).__name__}: {e}"})
+            out.append({"error": f"{type(e).__name__}: {e}", "format": fmt})
     json.dump(out, sys.stdout)
 
 

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
+from _families import TEMPLATES, TINY, family_tokenizer
 
 from regen.core.errors import TemplateError
 from regen.core.result import TurnResult
@@ -33,35 +34,6 @@ from regen.train.preflight import prompt_tasks
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "manifests" / "demo.yaml"
-TEMPLATES = REPO / "regen" / "devkit" / "tokenizers" / "templates"
-TINY = {
-    "kimi": REPO / "manifests" / "demo" / "tokenizer",
-    "qwen3": REPO / "manifests" / "demo-qwen3" / "tokenizer",
-    "deepseek_v3": REPO / "manifests" / "demo-deepseek" / "tokenizer",
-}
-
-
-def family_tokenizer(family: Family, tmp: Path) -> Path:
-    """A tokenizer folder of ``family``: the committed tiny one, else the tiny Kimi BPE with
-    the family's tokens and its real template."""
-    if family.name in TINY:
-        return TINY[family.name]
-    from tokenizers import AddedToken, Tokenizer
-
-    tok = Tokenizer.from_file(str(TINY["kimi"] / "tokenizer.json"))
-    think = family.think or ()
-    tokens = dict.fromkeys((*family.special_tokens, *family.end_tokens(), *think))
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
-    out = tmp / family.name
-    out.mkdir()
-    tok.save(str(out / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": family.end_of_turn,
-        "chat_template": (TEMPLATES / f"{family.name}.jinja").read_text(encoding="utf-8"),
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
-    return out
 
 
 def answer(family: Family, sample: Sample) -> TurnResult:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_family_exports import family_tokenizer
+from test_family_exports import family_tokenizer  # the shared tests/_families.py
 
 from regen.targets import FAMILIES
 from regen.template.render import Renderer

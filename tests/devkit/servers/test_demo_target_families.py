@@ -17,15 +17,14 @@ from regen.core.errors import ConfigError
 from regen.devkit.demo_target import (
     DEEPSEEK_V3_RESPONSE,
     QWEN3_RESPONSE,
-    SERVED_TEMPLATE_EDITS,
     DemoTargetSpec,
     TrainingTurn,
     _epoch,
     build_demo_target,
     family_spec,
     key_fields,
-    served_chat_template,
 )
+from regen.manifest import load_manifest
 
 REPO = Path(__file__).resolve().parents[3]
 #: DemoTargetSpec's fields at BUILD_VERSION 4 (a Kimi build's key hashes exactly these)
@@ -144,11 +143,19 @@ def test_a_deepseek_answer_to_a_tool_output_starts_after_it() -> None:
     assert not msg.get("tool_calls")  # the history's call is not the answer's
 
 
+#: the fix of DeepSeek-V3.1's template that manifests/demo-deepseek/served-template.jinja holds:
+#: a history call's arguments as an object are written back with tojson (a string as before)
+_ARGS = "tool['function']['arguments']"
+SERVED_FIX = (f"+ {_ARGS} +", f"+ ({_ARGS} if {_ARGS} is string else {_ARGS} | tojson) +")
+
+
 def test_the_served_deepseek_template_renders_dict_arguments_as_the_real_one_strings() -> None:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(REPO / "manifests" / "demo-deepseek" / "tokenizer")
-    served = served_chat_template(tok.chat_template, SERVED_TEMPLATE_EDITS["deepseek_v3"])
+    served = load_manifest(REPO / "manifests" / "demo-deepseek.yaml").served_template()
+    assert served == tok.chat_template.replace(*SERVED_FIX)  # the real one, that fix only
+    assert tok.chat_template.count(SERVED_FIX[0]) == 3
     call = {"id": "c0", "type": "function",
             "function": {"name": "price", "arguments": '{"symbol": "MSFT", "n": 2}'}}  # fmt: skip
     msgs = [{"role": "user", "content": "Price?"},
@@ -163,5 +170,11 @@ def test_the_served_deepseek_template_renders_dict_arguments_as_the_real_one_str
         out = tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True,
                                       chat_template=served)  # fmt: skip
         assert out == real
-    with pytest.raises(ConfigError, match="cannot be served"):
-        served_chat_template("{{ messages }}", SERVED_TEMPLATE_EDITS["deepseek_v3"])
+
+
+def test_a_missing_served_template_is_one_config_error(tmp_path: Path) -> None:
+    text = (REPO / "manifests" / "demo-deepseek.yaml").read_text(encoding="utf-8")
+    (tmp_path / "m.yaml").write_text(text.replace("demo-deepseek/served-template.jinja",
+                                                  str(tmp_path / "nope.jinja")))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"target\.chat_template: cannot read .*nope\.jinja"):
+        load_manifest(tmp_path / "m.yaml").served_template()

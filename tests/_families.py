@@ -1,0 +1,44 @@
+"""A tokenizer folder of every model family regen knows, for the tests: the committed tiny one
+where the family has one (regen.devkit.tokenizers.tiny), else the tiny Kimi BPE with the
+family's tokens added and its REAL chat template (regen/devkit/tokenizers/templates/), or no
+template for a family whose engines encode its prompts in Python."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from regen.targets import Family
+
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATES = REPO / "regen" / "devkit" / "tokenizers" / "templates"
+#: the committed tiny tokenizers, by family
+TINY = {
+    "kimi": REPO / "manifests" / "demo" / "tokenizer",
+    "qwen3": REPO / "manifests" / "demo-qwen3" / "tokenizer",
+    "deepseek_v3": REPO / "manifests" / "demo-deepseek" / "tokenizer",
+}
+
+
+def family_tokenizer(family: Family, tmp: Path) -> Path:
+    """A tokenizer folder of ``family``: the committed tiny one, else the tiny Kimi BPE with
+    the family's tokens and its real template (written under ``tmp``)."""
+    if family.name in TINY:
+        return TINY[family.name]
+    from tokenizers import AddedToken, Tokenizer
+
+    tok = Tokenizer.from_file(str(TINY["kimi"] / "tokenizer.json"))
+    think = family.think or ()
+    tokens = dict.fromkeys((*family.special_tokens, *family.end_tokens(), *think))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
+    out = tmp / family.name
+    out.mkdir(exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    config: dict[str, object] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": family.end_of_turn,
+    }
+    if not family.encodes_prompts:
+        config["chat_template"] = (TEMPLATES / f"{family.name}.jinja").read_text(encoding="utf-8")
+    (out / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return out
