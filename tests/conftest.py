@@ -72,6 +72,8 @@ SLOW = (
     "targets/test_llama3_contract.py::test_vllm_round_trip",
     "targets/test_qwen3_coder_contract.py::test_vllm_round_trip",
     "targets/test_qwen3_contract.py::test_vllm_round_trip",
+    # vLLM's own request preparation and template render, in a subprocess of its environment
+    "template/test_served_render.py::test_vllm_renders_what_regen_renders",
     "train/test_train_pipeline.py",
     "train/test_train_serving.py",
 )
