@@ -1,7 +1,8 @@
 """A tokenizer folder of every model family regen knows, for the tests: the committed tiny one
-where the family has one (regen.devkit.tokenizers.tiny), else the tiny Kimi BPE with the
-family's tokens added and its REAL chat template (regen/devkit/tokenizers/templates/), or no
-template for a family whose engines encode its prompts in Python."""
+where the family has one (regen.devkit.tokenizers.tiny), else the tiny Kimi BPE with Kimi's
+tokens replaced by the family's and its REAL chat template (regen/devkit/tokenizers/templates/),
+or no template for a family whose engines encode its prompts in Python. Such a folder is
+recognised as its family."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ def family_tokenizer(family: Family, tmp: Path) -> Path:
         return TINY[family.name]
     from tokenizers import AddedToken, Tokenizer
 
-    tok = Tokenizer.from_file(str(TINY["kimi"] / "tokenizer.json"))
+    data = json.loads((TINY["kimi"] / "tokenizer.json").read_text(encoding="utf-8"))
+    data["added_tokens"] = []  # the BPE without Kimi's tokens
+    tok = Tokenizer.from_str(json.dumps(data))
     think = family.think or ()
     tokens = dict.fromkeys((*family.special_tokens, *family.end_tokens(), *think))
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])

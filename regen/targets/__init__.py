@@ -6,8 +6,12 @@ docs/targets.md has the table and how to add a family.
 
 Reads, never writes: a target's tokenizer directory (``tokenizer_config.json``,
 ``chat_template.jinja``, ``tokenizer.json``, ``special_tokens_map.json``, ``config.json``) to
-recognise its family (:func:`recognise_dir`). A manifest's ``target.family`` overrides what is
-recognised; a target of no known family still runs where the server returns its ids.
+recognise its family (:func:`recognise_dir`): the family modules in :data:`FAMILIES`' order (the
+newest first: each tells itself from the older family it shares tokens with, by its template or
+``model_type``), then a folder that describes its own format (a ``response_template``,
+:mod:`regen.targets.response_template`). A manifest's ``target.family`` names the family where
+the folder says nothing, and is refused when it contradicts what the folder shows
+(:func:`target_family`); a target of no known family still runs where the server returns its ids.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from regen.targets.kimi import KIMI
 from regen.targets.llama import LLAMA3
 from regen.targets.qwen3 import QWEN3
 from regen.targets.qwen3_coder import QWEN3_CODER
+from regen.targets.response_template import NAME as RESPONSE_TEMPLATE
+from regen.targets.response_template import from_facts
 
 log = logging.getLogger(__name__)
 
@@ -41,44 +47,71 @@ UNKNOWN = "unknown"
 FIRST_FAMILY = KIMI.name
 
 __all__ = [
-    "FAMILIES", "FIRST_FAMILY", "UNKNOWN", "Family", "Parsers", "TokenizerFacts", "family_named",
-    "recognise", "recognise_dir", "target_family", "valid_name",
+    "FAMILIES", "FIRST_FAMILY", "RESPONSE_TEMPLATE", "UNKNOWN", "Family", "Parsers",
+    "TokenizerFacts", "family_named", "recognise", "recognise_dir", "target_family", "valid_name",
 ]  # fmt: skip
 
 
 def family_named(name: str | None) -> Family | None:
-    """The family called ``name``; None for :data:`UNKNOWN` or None; ConfigError otherwise."""
+    """The family module called ``name``; None for :data:`UNKNOWN` or None; ConfigError
+    otherwise (:data:`RESPONSE_TEMPLATE` is read from a folder: :func:`target_family`)."""
     try:
         valid_name(name)
     except ValueError as e:
         raise ConfigError(f"target.family: {e}", field="target.family") from None
+    if name == RESPONSE_TEMPLATE:
+        raise ConfigError("target.family: response_template is read from the target's "
+                          "tokenizer folder, not at hand here", field="target.family")
     return None if name is None or name == UNKNOWN else FAMILIES[name]
 
 
 def valid_name(name: str | None) -> str | None:
-    """``name`` when it names a family (or is None / :data:`UNKNOWN`); ValueError naming the
-    known families otherwise (a pydantic validator of a ``family`` field)."""
-    if name is None or name == UNKNOWN or name in FAMILIES:
+    """``name`` when it names a family (or is None / :data:`UNKNOWN` /
+    :data:`RESPONSE_TEMPLATE`); ValueError naming the known families otherwise (a pydantic
+    validator of a ``family`` field)."""
+    if name is None or name in (UNKNOWN, RESPONSE_TEMPLATE) or name in FAMILIES:
         return name
-    raise ValueError(f"{name!r} is not a known family ({', '.join([*FAMILIES, UNKNOWN])})")
+    known = ", ".join([*FAMILIES, RESPONSE_TEMPLATE, UNKNOWN])
+    raise ValueError(f"{name!r} is not a known family ({known})")
 
 
 def target_family(name: str | None, tokenizer_dir: str | Path) -> Family | None:
-    """A target's family: the one ``name`` gives, else the one its tokenizer directory is."""
-    if name is not None:
-        return family_named(name)
+    """A target's family: the one its tokenizer directory is, which ``name`` must not
+    contradict (ConfigError naming both); where the folder shows none, the one ``name`` gives
+    (None: unknown). ``name`` :data:`UNKNOWN` asks for none: never refused."""
+    if name == UNKNOWN:
+        return None
     found = recognise_dir(tokenizer_dir)
-    if found is None:
-        log.debug("%s: no known model family", tokenizer_dir)
-    return found
+    if name is None:
+        if found is None:
+            log.debug("%s: no known model family", tokenizer_dir)
+        return found
+    if found is not None and found.name != name:
+        raise ConfigError(f"target.family: {name!r} contradicts the tokenizer {tokenizer_dir}, "
+                          f"which is {found.title} ({found.name!r}); set {found.name!r} or "
+                          "leave target.family unset", field="target.family")  # fmt: skip
+    if found is None and name == RESPONSE_TEMPLATE:
+        raise ConfigError(f"target.family: response_template, but {tokenizer_dir} ships no "
+                          "response_template the engines serve", field="target.family")  # fmt: skip
+    return found if found is not None else family_named(name)
 
 
 def recognise(facts: TokenizerFacts) -> Family | None:
-    """The first family whose tokens a tokenizer holds (None: no known family)."""
+    """The first family module that takes the tokenizer, else the family its
+    ``response_template`` describes (None: no known family). Where both exist, the module
+    takes precedence (its assembly writes the model's exact text) and says so once."""
     for fam in FAMILIES.values():
         if fam.recognises(facts):
+            if facts.response_template is not None:
+                _precedence(fam.name)
             return fam
-    return None
+    return from_facts(facts)
+
+
+@lru_cache(maxsize=64)
+def _precedence(name: str) -> None:
+    log.info("the tokenizer ships a response_template, but regen's %s module describes its "
+             "format (exact whitespace, known parser names): the module is used", name)  # fmt: skip
 
 
 def recognise_dir(path: str | Path) -> Family | None:
@@ -107,10 +140,12 @@ def read_facts(path: str) -> TokenizerFacts:
     if not template and jinja.is_file():
         template = jinja.read_text(encoding="utf-8")
     model_type = _json(folder / "config.json").get("model_type")
+    response = config.get("response_template")
     return TokenizerFacts(
         chat_template=template,
         tokens=frozenset(tokens),
         model_type=model_type if isinstance(model_type, str) else None,
+        response_template=response if isinstance(response, dict) else None,
     )
 
 

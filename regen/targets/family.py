@@ -79,6 +79,9 @@ class TokenizerFacts:
     chat_template: str  #: the default template ('' when none)
     tokens: frozenset[str]  #: added / special tokens (their text)
     model_type: str | None  #: ``config.json``'s ``model_type`` where the folder has one
+    #: ``tokenizer_config.json``'s ``response_template`` (None: none;
+    #: regen.targets.response_template)
+    response_template: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
 
 
 @dataclass(frozen=True, repr=False)

@@ -179,13 +179,17 @@ def test_serve_command_without_a_family_prints_no_parser_flags(tmp_path: Path, c
     assert "--tool-call-parser" not in out.out and "family is unknown" in out.err
 
 
-def test_a_family_that_reads_a_top_level_switch_gets_it_in_every_request() -> None:
+def test_a_family_that_reads_a_top_level_switch_gets_it_in_every_request(tmp_path: Path) -> None:
     """GPT-OSS: vLLM renders harmony itself from the request's top-level reasoning_effort."""
+    from _families import family_tokenizer
+
     from regen.client import ChatClient
     from regen.manifest import Endpoint
 
+    tok = family_tokenizer(FAMILIES["gpt_oss"], tmp_path)
     m = load_manifest(REPO / "manifests" / "demo.yaml",
-                      ["target.family=gpt_oss", "sampling.thinking=false"])  # fmt: skip
+                      [f"target.tokenizer={tok}", "sampling.thinking=false"])  # fmt: skip
+    assert m.family() is FAMILIES["gpt_oss"]
     assert m.template_kwargs() == {"reasoning_effort": "low"}
     assert m.request_fields() == {"reasoning_effort": "low"}
     body = ChatClient.from_manifest(m, Endpoint(url="http://127.0.0.1:9/v1")).request_body(
@@ -195,6 +199,23 @@ def test_a_family_that_reads_a_top_level_switch_gets_it_in_every_request() -> No
     assert body["chat_template_kwargs"] == {"reasoning_effort": "low"}
     kimi = load_manifest(REPO / "manifests" / "demo.yaml")
     assert kimi.request_fields() == {}
+    high = load_manifest(REPO / "manifests" / "demo.yaml",
+                         [f"target.tokenizer={tok}", "sampling.thinking=high"])  # fmt: skip
+    assert high.request_fields() == {"reasoning_effort": "high"}
+    with pytest.raises(ConfigError, match=r"sampling\.thinking: 'max' is not a thinking effort"):
+        load_manifest(
+            REPO / "manifests" / "demo.yaml", [f"target.tokenizer={tok}", "sampling.thinking=max"]
+        ).template_kwargs()
+
+
+def test_a_family_that_contradicts_the_tokenizer_is_refused_in_one_line() -> None:
+    m = load_manifest(REPO / "manifests" / "demo.yaml", ["target.family=qwen3"])
+    with pytest.raises(ConfigError) as e:
+        m.family()
+    assert "'qwen3' contradicts the tokenizer" in str(e.value) and "('kimi')" in str(e.value)
+    assert "\n" not in str(e.value)
+    told = load_manifest(REPO / "manifests" / "demo.yaml", ["target.family=unknown"])
+    assert told.family() is None  # asking for none is never a contradiction
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
