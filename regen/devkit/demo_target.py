@@ -81,12 +81,15 @@ REASONING = "Let me think about the request."
 REASONING_TOOLS = "The user needs a tool for this."
 #: its answer when no tool is called
 CONTENT = "Here is a short answer."
-#: how transformers serve parses the Kimi format (reasoning, tool-call sections, end of turn)
+#: how the Kimi format is parsed (reasoning, tool-call sections, end of turn) by transformers
+#: serve, and by vLLM (``--tool-call-parser hf``) and SGLang (``response_template``), which take
+#: the reasoning field only as ``thinking``; regen.targets.response_template reads it back
+#: (tests/targets/test_response_template.py holds it to the family module)
 KIMI_RESPONSE: dict[str, Any] = {
     "defaults": {"role": "assistant"},
     "start_anchor": "<|im_assistant|>assistant<|im_middle|>",
     "fields": {
-        "reasoning_content": {"open": "<think>", "close": "</think>", "content": "text"},
+        "thinking": {"open": "<think>", "close": "</think>", "content": "text"},
         "tool_calls": {
             "open_pattern": r"(?:<\|tool_calls_section_begin\|>)?<\|tool_call_begin\|>"
             r"functions\.(?P<name>[^:<]+):\d+<\|tool_call_argument_begin\|>",
@@ -112,7 +115,7 @@ QWEN3_RESPONSE: dict[str, Any] = {
     "defaults": {"role": "assistant"},
     "start_anchor": "<|im_start|>assistant\n",
     "fields": {
-        "reasoning_content": {"open": "<think>", "close": "</think>", "content": "text"},
+        "thinking": {"open": "<think>", "close": "</think>", "content": "text"},
         "tool_calls": {
             "open_pattern": r'\s*<tool_call>\s*\{"name":\s*"(?P<name>[^"\n<]+)",\s*"arguments":\s*',
             "close_pattern": r"\}\s*</tool_call>",
@@ -134,7 +137,7 @@ DEEPSEEK_V3_RESPONSE: dict[str, Any] = {
     "defaults": {"role": "assistant"},
     "start_anchor": ["<｜Assistant｜>", "<｜tool▁output▁end｜>"],
     "fields": {
-        "reasoning_content": {"open": "<think>", "close": "</think>", "content": "text"},
+        "thinking": {"open": "<think>", "close": "</think>", "content": "text"},
         "tool_calls": {
             "open_pattern": r"(?:<｜tool▁calls▁begin｜>)?<｜tool▁call▁begin｜>"
             r"(?P<name>[^<]+)<｜tool▁sep｜>",

@@ -100,7 +100,7 @@ def test_qwen3_calls_parse_with_their_arguments_as_written() -> None:
             '<tool_call>\n{"name": "convert_currency", "arguments": {"amount": 250, "to": '
             '"JPY"}}\n</tool_call><|im_end|>')  # fmt: skip
     msg = _parse(text, QWEN3_RESPONSE)
-    assert msg["reasoning_content"] == "The user needs a tool for this."
+    assert msg["thinking"] == "The user needs a tool for this."
     assert [c["function"] for c in msg["tool_calls"]] == [
         {"name": "convert_currency", "arguments": '{"amount": 250, "to": "EUR"}'},
         {"name": "convert_currency", "arguments": '{"amount": 250, "to": "JPY"}'},
@@ -128,10 +128,10 @@ def test_a_garbled_qwen3_call_is_data_not_a_server_error(call: str, expect: tupl
 
 def test_qwen3_and_deepseek_plain_answers_split_reasoning() -> None:
     plain = _parse("<think>\nLet me think.\n</think>\n\nHere.<|im_end|>", QWEN3_RESPONSE)
-    assert (plain["reasoning_content"], plain["content"]) == ("Let me think.", "Here.")
+    assert (plain["thinking"], plain["content"]) == ("Let me think.", "Here.")
     ds = _parse("Let me think.</think>Here.<｜end▁of▁sentence｜>", DEEPSEEK_V3_RESPONSE,
                 prefix="<｜User｜>hi<｜Assistant｜><think>")  # fmt: skip
-    assert (ds["reasoning_content"], ds["content"]) == ("Let me think.", "Here.")
+    assert (ds["thinking"], ds["content"]) == ("Let me think.", "Here.")
 
 
 def test_a_deepseek_answer_to_a_tool_output_starts_after_it() -> None:
@@ -139,7 +139,7 @@ def test_a_deepseek_answer_to_a_tool_output_starts_after_it() -> None:
               'price<｜tool▁sep｜>{"s": "M"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
               "<｜end▁of▁sentence｜><｜tool▁output▁begin｜>412<｜tool▁output▁end｜>")  # fmt: skip
     msg = _parse("<think>r</think>Here.<｜end▁of▁sentence｜>", DEEPSEEK_V3_RESPONSE, prefix)
-    assert (msg["reasoning_content"], msg["content"]) == ("r", "Here.")
+    assert (msg["thinking"], msg["content"]) == ("r", "Here.")
     assert not msg.get("tool_calls")  # the history's call is not the answer's
 
 
