@@ -8,6 +8,7 @@ type (and, for HTTP, by status code carried on the exception), never by message 
     ├── SourceError                 a source cannot be read at all (names the source)
     ├── RowError                    one input row is unusable (source, row, field, reason)
     ├── TemplateError               chat template / tokenizer problem
+    │   └── ArgumentsError          history tool-call arguments the engine refuses
     ├── RunDirError                 run directory problems
     │   ├── LockHeldError           another live run holds the directory
     │   └── FingerprintMismatchError  the directory was made by a different manifest
@@ -89,6 +90,11 @@ class TemplateError(RegenError):
     """The chat template or tokenizer cannot produce a training row."""
 
     kind = "template"
+
+
+class ArgumentsError(TemplateError):
+    """A history tool call's arguments the answering engine refuses (SGLang: not a JSON
+    object); the request, hence the sample, fails, never the run (regen.template.prepare)."""
 
 
 class RunDirError(RegenError):

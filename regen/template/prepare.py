@@ -48,7 +48,6 @@ engine profile's name (:func:`preparation`); each says where it was read:
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -56,8 +55,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
-from regen.core.errors import TemplateError
+from regen.core.errors import ArgumentsError, TemplateError
 from regen.core.sample import Message
+from regen.core.tools import sglang_tools, vllm_tools
 from regen.targets.family import ArgumentsRule
 
 log = logging.getLogger(__name__)
@@ -70,10 +70,6 @@ ContentFormat = Literal["string", "openai"]
 RenderArguments = Literal["objects", "strings"]
 #: the engine names a preparation is kept for (the engine profiles' names)
 VLLM, SGLANG = "vllm", "sglang"
-
-
-class ArgumentsError(TemplateError):
-    """A history tool call's arguments an engine refuses: not a JSON object (SGLang)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,18 +143,7 @@ class Vllm(Preparation):
         return out
 
     def tools(self, tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
-        if not tools:
-            return None
-        out = []
-        for t in tools:
-            fn = t.get("function") or {}
-            spec = {k: fn.get(k) for k in ("name", "description", "parameters")}
-            spec.update({k: fn[k] for k in ("strict", "defer_loading") if fn.get(k) is not None})
-            tool: dict[str, Any] = {"type": t.get("type", "function"), "function": spec}
-            if t.get("defer_loading") is not None:
-                tool["defer_loading"] = t["defer_loading"]
-            out.append(tool)
-        return out
+        return vllm_tools(tools)
 
 
 #: the fields of SGLang's message model besides role and content, in its order
@@ -186,29 +171,7 @@ class Sglang(Preparation):
         return out
 
     def tools(self, tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
-        if not tools:
-            return None
-        out = []
-        for t in tools:
-            fn = dict(t.get("function") or {})
-            spec = {
-                k: v
-                for k, v in fn.items()
-                if k in ("name", "description", "parameters", "strict", "defer_loading")
-            }
-            spec = {k: v for k, v in spec.items()
-                    if k not in ("strict", "defer_loading") or v is not None}  # fmt: skip
-            for k in ("description", "parameters"):
-                spec.setdefault(k, None)
-            if spec.get("parameters") is not None:
-                spec["parameters"] = copy.deepcopy(spec["parameters"])
-                schema_types(spec["parameters"])
-            defer = t.get("defer_loading")
-            if defer is not None and spec.get("defer_loading") is None:
-                spec["defer_loading"] = defer
-            out.append({"type": t.get("type", "function"), "function": spec,
-                        "defer_loading": defer})  # fmt: skip
-        return out
+        return sglang_tools(tools)
 
 
 LEGACY = Legacy("legacy", "keep")
@@ -290,72 +253,6 @@ def _sglang_call(call: Mapping[str, Any], rule: ArgumentsRule) -> dict[str, Any]
         args = parse_arguments(args, rule, str(fn.get("name")))
     return {"id": call.get("id"), "index": call.get("index"), "type": call.get("type", "function"),
             "function": {"name": fn.get("name"), "arguments": args}}  # fmt: skip
-
-
-# -- SGLang's JSON Schema type names (function_call/utils.py normalize_json_schema_types) -------
-_STANDARD_TYPES = frozenset({"null", "boolean", "object", "array", "number", "string", "integer"})
-_TYPE_ALIASES = {
-    **dict.fromkeys(("str", "text", "varchar", "char", "enum", "uuid", "date", "datetime", "time",
-                     "timestamp", "binary", "blob", "bytea", "bytes", "varbinary"), "string"),
-    "bool": "boolean",
-    **dict.fromkeys(("bigint", "smallint", "tinyint"), "integer"),
-    **dict.fromkeys(("double", "decimal", "real", "numeric"), "number"),
-    **dict.fromkeys(("arr", "tuple", "set"), "array"),
-    "map": "object",
-}  # fmt: skip
-_TYPE_PREFIXES = (
-    (("int", "uint", "long", "short", "unsigned"), "integer"),
-    (("num", "float"), "number"),
-    (("list",), "array"),
-    (("dict",), "object"),
-)
-_PREFIX_BOUNDARY = frozenset("0123456789[<( \t")
-_NESTED_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_NESTED_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_NESTED = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
-           "propertyNames", "unevaluatedItems", "unevaluatedProperties")  # fmt: skip
-
-
-def schema_types(schema: Any) -> None:
-    """Rewrite, in place, a JSON Schema's non-standard ``type`` names to JSON Schema's own, as
-    SGLang does before rendering (unknown names stay)."""
-    if isinstance(schema, list):
-        for item in schema:
-            schema_types(item)
-        return
-    if not isinstance(schema, dict):
-        return
-    t = schema.get("type")
-    if isinstance(t, str):
-        schema["type"] = _standard_type(t)
-    elif isinstance(t, list):
-        schema["type"] = list(dict.fromkeys(_standard_type(x) for x in t))
-    for key in _NESTED_MAPS:
-        if isinstance(nested := schema.get(key), dict):
-            for v in nested.values():
-                schema_types(v)
-    for key in _NESTED_LISTS:
-        if isinstance(nested := schema.get(key), list):
-            for v in nested:
-                schema_types(v)
-    for key in _NESTED:
-        if key in schema:
-            schema_types(schema[key])
-
-
-def _standard_type(raw: Any) -> Any:
-    if not isinstance(raw, str) or raw in _STANDARD_TYPES:
-        return raw
-    base = raw.split("(", 1)[0].strip().lower()
-    if base in _STANDARD_TYPES:
-        return base
-    if base in _TYPE_ALIASES:
-        return _TYPE_ALIASES[base]
-    for prefixes, target in _TYPE_PREFIXES:
-        if any(base == p or (base.startswith(p) and len(base) > len(p)
-                             and base[len(p)] in _PREFIX_BOUNDARY) for p in prefixes):  # fmt: skip
-            return target
-    return raw
 
 
 # -- vLLM's content format (renderers/hf.py _detect_content_format) -----------------------------

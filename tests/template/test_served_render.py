@@ -23,14 +23,14 @@ import sys
 from typing import Any
 
 import pytest
-from _families import REPO, family_tokenizer
+from _families import REPO, family_tokenizer, has_template
 
-from regen.core.errors import TemplateError
+from regen.core.errors import ArgumentsError, TemplateError
 from regen.core.sample import Message, ToolCall
 from regen.manifest import load_manifest
 from regen.sources import read_samples
 from regen.targets import FAMILIES, Family
-from regen.template.prepare import ArgumentsError, loops_over_content
+from regen.template.prepare import loops_over_content
 from regen.template.render import Renderer
 from regen.template.tokenizer import load_tokenizer
 
@@ -62,7 +62,7 @@ BAD = {"not json": "{city: Oslo}", "a list": "[1, 2]", "empty": ""}
 
 
 def jinja_families() -> list[str]:
-    return sorted(n for n, f in FAMILIES.items() if not f.encodes_prompts)
+    return sorted(n for n, f in FAMILIES.items() if not f.encodes_prompts and has_template(f))
 
 
 def demo_conversations() -> list[tuple[list[Message], list[dict[str, Any]] | None]]:

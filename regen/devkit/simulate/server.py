@@ -31,7 +31,7 @@ from typing import Any
 
 from aiohttp import web
 
-from regen.core.errors import RegenError
+from regen.core.errors import ArgumentsError, RegenError
 from regen.devkit.simulate.answer import SimAnswer, answer, requested_max_tokens, thinking_enabled
 from regen.devkit.simulate.background import BackgroundClient
 from regen.devkit.simulate.config import SIM_VERSION, SimConfig
@@ -45,7 +45,7 @@ from regen.devkit.simulate.scheduler import Job, Scheduler
 from regen.devkit.simulate.stats import RequestStats
 from regen.devkit.simulate.tokenized import AnswerTokenizer, TokenIds
 from regen.devkit.simulate.tokens import prompt_tokens as sim_prompt_tokens
-from regen.template.prepare import ArgumentsError, parse_arguments
+from regen.template.prepare import parse_arguments
 
 log = logging.getLogger(__name__)
 
