@@ -61,21 +61,23 @@ def sglang(name: str) -> ModuleType:
     return _sglang.load(f"sglang.srt.{name}")
 
 
-def sglang_tools() -> list:
-    """:data:`TOOLS` as SGLang's protocol objects."""
+def sglang_tools(tools: list[dict] | None = None) -> list:
+    """``tools`` (:data:`TOOLS`) as SGLang's protocol objects."""
     protocol = sglang("entrypoints.openai.protocol")
     return [
         protocol.Tool(function=protocol.Function(
             name=t["function"]["name"], parameters=t["function"]["parameters"]))
-        for t in TOOLS
+        for t in (TOOLS if tools is None else tools)
     ]  # fmt: skip
 
 
 def sglang_parse(
-    text: str, reasoning: str | None, detector: Any, force: bool = False
-) -> tuple[str | None, str, list[ToolCall]]:
+    text: str, reasoning: str | None, detector: Any, force: bool = False,
+    tools: list[dict] | None = None,
+) -> tuple[str | None, str, list[ToolCall]]:  # fmt: skip
     """serving_chat's non-streamed path: the reasoning parser (``reasoning``: its name), then
-    the tool detector on the normal text; calls named ``call_{i}``."""
+    the tool detector on the normal text; calls named ``call_{i}``; ``tools``: the request's
+    tools (:data:`TOOLS`)."""
     thought: str | None = None
     normal = text
     if reasoning is not None:
@@ -86,23 +88,29 @@ def sglang_parse(
         normal = normal or ""
     calls: list[ToolCall] = []
     if detector is not None and detector.has_tool_call(normal):
-        res = detector.detect_and_parse(normal, sglang_tools())
+        res = detector.detect_and_parse(normal, sglang_tools(tools))
         if res.calls:
             normal = res.normal_text
             calls = [ToolCall(f"call_{i}", c.name, c.parameters) for i, c in enumerate(res.calls)]
     return thought, normal, calls
 
 
-def vllm_parse(family: Family, cases: Sequence[Case], special: Sequence[str]) -> list[dict]:
+def vllm_parse(
+    family: Family, cases: Sequence[Case], special: Sequence[str], *, composed: bool = False,
+    tools: list[dict] | None = None, added: Sequence[str] = (),
+) -> list[dict]:  # fmt: skip
     """Every case through vLLM's parsers for ``family``, in one subprocess (skips when the
-    vLLM environment is missing)."""
+    vLLM environment is missing); ``composed``: through the parser vLLM's chat serving composes
+    from the two names (_vllm_parse.py); ``tools``: the request's tools (:data:`TOOLS`);
+    ``added``: the tokenizer's added tokens that are not special."""
     py = vllm_python_or_skip()
     job = {
         "special": list(special),
-        "tools": TOOLS,
+        "added": list(added),
+        "tools": TOOLS if tools is None else tools,
         "cases": [
             {"text": strip_end(family, c.text), "reasoning": family.vllm.reasoning,
-             "tool": family.vllm.tool, "kwargs": c.kwargs}
+             "tool": family.vllm.tool, "kwargs": c.kwargs, "composed": composed}
             for c in cases
         ],
     }  # fmt: skip
