@@ -22,12 +22,13 @@ and return the arguments as JSON, so the rebuild writes the template's whitespac
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from regen.core.errors import TemplateError
 from regen.core.sample import ToolCall
-from regen.targets.family import Family, Parsers, ThinkState, arguments_json
+from regen.targets.family import Family, Parsers, ThinkState, TokenizerFacts, arguments_json
 
 USER = "<|user|>"
 ASSISTANT = "<|assistant|>"
@@ -54,6 +55,11 @@ SPECIAL_TOKENS = (
 )  # fmt: skip
 
 
+#: what a GLM-4.7 template writes and a GLM-4.5 one does not: the call's name right after
+#: ``<tool_call>`` (SGLang 0.5.23 ``template_detection.py`` ``_is_glm47``; regen.targets.glm47)
+GLM47_CALL_RULE = re.compile(r"\{\{[-\s]*['\"]<tool_call>['\"]\s*[+~]\s*tc\.name")
+
+
 def value_text(value: Any) -> str:
     """An argument value as the template writes it (strings as they are, else JSON)."""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
@@ -72,6 +78,15 @@ class GlmFamily(Family):
             for k, v in (args.items() if isinstance(args, dict) else ())
         )
         return f"\n<tool_call>{call.name}\n{pairs}</tool_call>"
+
+    def recognises(self, facts: TokenizerFacts) -> bool:
+        """GLM's tokens, a model type of its own (or none), and not a GLM-4.7 template (which
+        writes the call's name right after ``<tool_call>``: regen.targets.glm47)."""
+        return (
+            Family.recognises(self, facts)
+            and facts.model_type in (None, *self.model_types)
+            and not GLM47_CALL_RULE.search(facts.chat_template)
+        )
 
     def end_text(self, calls: Sequence[ToolCall]) -> str:
         """The role token the model writes next: ``<|observation|>`` after calls."""
