@@ -17,8 +17,16 @@ TEMPLATES = REPO / "regen" / "devkit" / "tokenizers" / "templates"
 TINY = {
     "kimi": REPO / "manifests" / "demo" / "tokenizer",
     "qwen3": REPO / "manifests" / "demo-qwen3" / "tokenizer",
+    "qwen3_coder": REPO / "manifests" / "demo-qwen3-coder" / "tokenizer",
     "deepseek_v3": REPO / "manifests" / "demo-deepseek" / "tokenizer",
+    "glm45": REPO / "manifests" / "demo-glm45" / "tokenizer",
 }
+
+
+def has_template(family: Family) -> bool:
+    """Whether the family renders with a real template regen holds (not: a family its engines
+    encode in Python, or one that publishes none, MiniMax-M3)."""
+    return family.name in TINY or (TEMPLATES / f"{family.name}.jinja").is_file()
 
 
 def family_tokenizer(family: Family, tmp: Path) -> Path:
@@ -31,7 +39,8 @@ def family_tokenizer(family: Family, tmp: Path) -> Path:
     data = json.loads((TINY["kimi"] / "tokenizer.json").read_text(encoding="utf-8"))
     data["added_tokens"] = []  # the BPE without Kimi's tokens
     tok = Tokenizer.from_str(json.dumps(data))
-    think = family.think or ()
+    # a think marker is one token, unless it is written with the family's tokens (K3, GPT-OSS)
+    think = [t for t in family.think or () if not any(s in t for s in family.special_tokens)]
     tokens = dict.fromkeys((*family.special_tokens, *family.end_tokens(), *think))
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
     out = tmp / family.name
@@ -41,7 +50,10 @@ def family_tokenizer(family: Family, tmp: Path) -> Path:
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": family.end_of_turn,
     }
-    if not family.encodes_prompts:
+    if has_template(family):
         config["chat_template"] = (TEMPLATES / f"{family.name}.jinja").read_text(encoding="utf-8")
     (out / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    if family.model_types:  # as a checkpoint's folder says which model it is
+        model = {"model_type": family.model_types[0]}
+        (out / "config.json").write_text(json.dumps(model), encoding="utf-8")
     return out

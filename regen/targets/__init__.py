@@ -24,11 +24,20 @@ from typing import Any
 
 from regen.core.errors import ConfigError
 from regen.targets.deepseek import DEEPSEEK_V3
+from regen.targets.deepseek_v4 import DEEPSEEK_V4
+from regen.targets.deepseek_v32 import DEEPSEEK_V32
+from regen.targets.deepseek_v41 import DEEPSEEK_V41
 from regen.targets.family import Family, Parsers, TokenizerFacts
+from regen.targets.gemma4 import GEMMA4
 from regen.targets.glm import GLM45
+from regen.targets.glm47 import GLM47
 from regen.targets.gpt_oss import GPT_OSS
 from regen.targets.kimi import KIMI
+from regen.targets.kimi_k3 import KIMI_K3
 from regen.targets.llama import LLAMA3
+from regen.targets.minimax_m2 import MINIMAX_M2
+from regen.targets.minimax_m3 import MINIMAX_M3
+from regen.targets.mistral import MISTRAL
 from regen.targets.qwen3 import QWEN3
 from regen.targets.qwen3_coder import QWEN3_CODER
 from regen.targets.response_template import NAME as RESPONSE_TEMPLATE
@@ -36,10 +45,17 @@ from regen.targets.response_template import from_facts
 
 log = logging.getLogger(__name__)
 
-#: every known family by name, in the order recognition tries them (the most specific first)
+#: every known family by name, in the order recognition tries them: the most specific first,
+#: and of two that share their tokens the newer first (K3 before K2, GLM-4.7 before GLM-4.5,
+#: DeepSeek-V4.1, V4, V3.2 before V3.1, MiniMax-M3 before M2: each newer one tells itself apart
+#: by its template, its tokens or its model type)
 FAMILIES: dict[str, Family] = {
-    f.name: f for f in (KIMI, QWEN3_CODER, QWEN3, GLM45, DEEPSEEK_V3, LLAMA3, GPT_OSS)
-}
+    f.name: f
+    for f in (
+        KIMI_K3, KIMI, QWEN3_CODER, QWEN3, GLM47, GLM45, DEEPSEEK_V41, DEEPSEEK_V4,
+        DEEPSEEK_V32, DEEPSEEK_V3, MINIMAX_M3, MINIMAX_M2, GEMMA4, MISTRAL, LLAMA3, GPT_OSS,
+    )
+}  # fmt: skip
 #: ``target.family`` for a target of no known family (server ids only)
 UNKNOWN = "unknown"
 #: the family of every run made before families existed: a manifest of this family leaves it

@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from regen.core.errors import TemplateError
 from regen.core.sample import ToolCall
@@ -130,6 +130,11 @@ class Family:
     #: thinking is only on or off
     efforts: tuple[str, ...] = ()
 
+    #: the ``--tokenizer-mode`` vLLM serves the family with (None: its default, the HF
+    #: tokenizer and its Jinja template): the families it encodes in Python, and Mistral's
+    #: ``hf`` (else mistral_common renders, without the template)
+    vllm_tokenizer_mode: ClassVar[str | None] = None
+
     def __repr__(self) -> str:
         return f"Family({self.name!r})"
 
@@ -152,8 +157,9 @@ class Family:
         return {} if self.thinking_kwarg is None else {self.thinking_kwarg: bool(thinking)}
 
     def request_fields(self, thinking: Thinking) -> dict[str, Any]:
-        """Top-level request fields that switch thinking besides ``chat_template_kwargs``
-        ({}: none; an engine that renders the family's prompt itself may read only these)."""
+        """Top-level request fields the family needs besides ``chat_template_kwargs`` ({}:
+        none): the thinking switch where an engine reads it only there, and
+        ``skip_special_tokens: false`` where its markers are special tokens a parser needs."""
         return {}
 
     # -- the prompt ---------------------------------------------------------------------------
@@ -179,8 +185,11 @@ class Family:
         return _parser_flags(self.sglang, auto_tool_choice=False)
 
     def vllm_flags(self) -> list[str]:
-        """vLLM's server flags for the family's parsers (tool calls need auto tool choice)."""
-        return _parser_flags(self.vllm, auto_tool_choice=True)
+        """vLLM's server flags for the family's parsers (tool calls need auto tool choice), and
+        its tokenizer mode where it has one (:attr:`vllm_tokenizer_mode`)."""
+        mode = self.vllm_tokenizer_mode
+        tokenizer = [] if mode is None else ["--tokenizer-mode", mode]
+        return [*_parser_flags(self.vllm, auto_tool_choice=True), *tokenizer]
 
     def end_tokens(self) -> tuple[str, ...]:
         """Every token that ends an answer."""

@@ -29,7 +29,10 @@ def check_train_config(cfg: TrainConfig) -> list[int]:
     aux = traps.check_aux_layer_ids(
         cfg.draft.aux_layer_ids, cfg.draft.layer_numbering, cfg.target.num_layers
     )
-    if aux_shift_applies(cfg.target.model_family()):
+    family = cfg.target.model_family()
+    if family is not None and family.aux_shift == "unsupported":
+        traps.check_capture(family.title)
+    if aux_shift_applies(family):
         traps.check_aux_shift(aux)
     traps.check_fc_width(aux, cfg.target.hidden_size, cfg.draft.fc_input_size)
     traps.check_draft_hidden(cfg.draft.hidden_size, cfg.target.hidden_size)

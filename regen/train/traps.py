@@ -47,6 +47,7 @@ TRAP_MALFORMED_DATA = "malformed-training-data"
 TRAP_VOCAB_MAPPING = "vocab-mapping"
 TRAP_TOKENIZER = "run-vs-target-tokenizer"
 TRAP_EXPORT_DROPS = "export-drops"
+TRAP_NO_CAPTURE = "no-eagle3-capture"
 
 #: SpecForge's EAGLE-3 fc fuses exactly this many target layers
 SPECFORGE_AUX_LAYERS = 3
@@ -141,6 +142,20 @@ def check_aux_shift(specforge_ids: Sequence[int]) -> None:
         "without an error.",
         "choose aux layers whose first id is 1 in SpecForge numbering (the default: "
         "[1, L // 2 - 1, L - 4], e.g. [1, 29, 57] for 61 layers).",
+    )
+
+
+def check_capture(family_title: str) -> None:
+    """Refuse a target whose SGLang loader captures no EAGLE-3 hidden states (SGLang 0.5.23:
+    DeepSeek-V4/V4.1, Kimi K3; ``Family.aux_shift`` ``unsupported``): SpecForge's online
+    training captures through SGLang, whose server refuses to start with such a draft."""
+    raise TrapError(
+        TRAP_NO_CAPTURE,
+        f"the target is {family_title}, whose SGLang 0.5.23 loader implements no EAGLE-3 "
+        "capture (no set_eagle3_layers_to_capture): SpecForge's capture servers refuse the "
+        "draft at start, after the GPUs are allocated.",
+        "train this target's draft with vLLM's hidden-state capture, or a target SGLang "
+        "captures (docs/targets.md).",
     )
 
 

@@ -55,7 +55,7 @@ def test_a_folder_without_a_tokenizer_is_of_no_known_family(tmp_path: Path) -> N
 @pytest.mark.parametrize("case", ["model_type", "no_template", "dsml_template"])
 def test_a_deepseek_v32_tokenizer_is_not_taken_for_v31(case: str, tmp_path: Path) -> None:
     """V3.2 holds V3.1's special tokens but writes DSML calls and has no chat template: it is
-    of no known family (server ids only), never assembled in V3.1's call format."""
+    recognised as V3.2 (regen.targets.deepseek_v32), never assembled in V3.1's call format."""
     folder = tmp_path / "tok"
     shutil.copytree(TINY["deepseek_v3"], folder)
     config = json.loads((folder / "tokenizer_config.json").read_text())
@@ -68,7 +68,8 @@ def test_a_deepseek_v32_tokenizer_is_not_taken_for_v31(case: str, tmp_path: Path
         config["chat_template"] = "{{ '<｜DSML｜function_calls>' }}"
         (folder / "chat_template.jinja").unlink(missing_ok=True)
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    assert recognise_dir(folder) is None
+    found = recognise_dir(folder)
+    assert found is not None and found.name == "deepseek_v32"
 
 
 def test_target_family_names_a_known_family_or_unknown(tmp_path: Path) -> None:
