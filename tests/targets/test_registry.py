@@ -36,6 +36,7 @@ TINY = {
 }
 QWEN_TRAIN = REPO / "manifests" / "train-qwen3-235b-eagle3.yaml"
 KIMI_TRAIN = REPO / "manifests" / "train-kimi-k25-eagle3.yaml"
+DSV32_TRAIN = REPO / "manifests" / "train-deepseek-v32-eagle3.yaml"
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
@@ -155,6 +156,7 @@ def test_the_qwen3_production_config_passes_the_checks_without_the_kimi_aux_trap
     [
         (KIMI_TRAIN, ("kimi_k2", "kimi_k2"), ("kimi_k2", "kimi_k2"), True),
         (QWEN_TRAIN, ("qwen25", "qwen3"), ("hermes", "qwen3"), False),
+        (DSV32_TRAIN, ("deepseekv32", "deepseek-v3"), ("deepseek_v32", "deepseek_v3"), False),
     ],
 )
 def test_serve_command_prints_the_familys_parser_flags(
@@ -171,6 +173,8 @@ def test_serve_command_prints_the_familys_parser_flags(
         assert (pairs["--tool-call-parser"], pairs["--reasoning-parser"]) == (tool, reasoning)
         assert ("--trust-remote-code" in argv) is remote
     assert "--enable-auto-tool-choice" in vl
+    if config == DSV32_TRAIN:  # vLLM encodes V3.2's prompts in Python: its tokenizer mode
+        assert dict(itertools.pairwise(vl))["--tokenizer-mode"] == "deepseek_v32"
 
 
 def test_serve_command_without_a_family_prints_no_parser_flags(tmp_path: Path, capsys) -> None:

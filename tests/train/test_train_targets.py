@@ -78,3 +78,32 @@ def test_a_target_sglang_cannot_capture_is_refused(name: str, tmp_path: Path) ->
     with pytest.raises(TrapError, match="no-eagle3-capture") as e:
         check_train_config(cfg)  # type: ignore[arg-type]
     assert FAMILIES[name].title in str(e.value)
+
+
+def test_the_deepseek_v32_production_config_is_planned_by_specforge(tmp_path: Path) -> None:
+    """manifests/train-deepseek-v32-eagle3.yaml (DeepSeek-V3.2's published shapes, 8 GPUs,
+    disaggregated): regen's checks pass (first aux id 1: SGLang's DeepSeek-V2 loader captures
+    [2, 30, 58]), and SpecForge 0.2.0's own planner accepts the run.yaml regen writes for it."""
+    from regen.train.config import load_train_config
+    from regen.train.specforge_config import (
+        draft_config,
+        plan_with_specforge,
+        run_config,
+        write_yaml,
+    )
+
+    cfg = load_train_config(REPO / "manifests" / "train-deepseek-v32-eagle3.yaml")
+    assert cfg.target.model_family() is FAMILIES["deepseek_v32"]
+    aux = check_train_config(cfg)
+    assert aux == [1, 29, 57]
+    draft = tmp_path / "draft_config.json"
+    draft.write_text(json.dumps(draft_config(cfg, aux)))
+    (tmp_path / "vocab_mapping.pt").write_bytes(b"")
+    run = run_config(cfg, aux_ids_specforge=aux, draft_config_path=str(draft),
+                     prompts_path=str(tmp_path / "prompts.jsonl"), run_id=cfg.run_id,
+                     control_dir=str(tmp_path / "control"),
+                     vocab_mapping_path=str(tmp_path / "vocab_mapping.pt"))  # fmt: skip
+    write_yaml(tmp_path / "run.yaml", run)
+    plan = plan_with_specforge(tmp_path / "run.yaml", where="here")
+    labels = [c["label"] for c in plan.plan["commands"]]
+    assert labels == ["producer", "consumer"], plan.plan
