@@ -130,5 +130,3 @@ def _standard_type(raw: Any) -> Any:
                              and base[len(p)] in _PREFIX_BOUNDARY) for p in prefixes):  # fmt: skip
             return target
     return raw
-
-

@@ -197,11 +197,13 @@ _NEWER_FIELDS = {"warmup": 0, "distinct_batches": False}
 #: ``# Tools`` boilerplate, a distractor ``{"name": <function-name>`` right before the answer's
 #: call) left the default at a final loss of 0.65 in 400 steps, garbling names and ``</think>``;
 #: distinct batches with a warmup reach < 0.01 (every turn's greedy answer exact) at the same
-#: steps and fewer tokens per epoch
+#: steps and fewer tokens per epoch. Every family added since trains so (Qwen3-Coder's default
+#: build ended at 0.54)
 FAMILY_SPECS: dict[str, DemoTargetSpec] = {
-    "qwen3": DemoTargetSpec(tool_repeats=4, warmup=20, distinct_batches=True),
-    "deepseek_v3": DemoTargetSpec(tool_repeats=4, warmup=20, distinct_batches=True),
-}
+    name: DemoTargetSpec(tool_repeats=4, warmup=20, distinct_batches=True)
+    for name in ("qwen3", "deepseek_v3", "qwen3_coder", "glm45", "glm47", "deepseek_v32",
+                 "deepseek_v4", "response_template")
+}  # fmt: skip
 
 
 def family_spec(family: str) -> DemoTargetSpec:
@@ -370,20 +372,20 @@ def build_demo_target(
     return out
 
 
-def response_template(manifest: Any) -> dict[str, Any]:
-    """The ``response_template`` of the manifest's target family (ConfigError: no demo target
-    for that family)."""
+def response_template(manifest: Any) -> dict[str, Any] | None:
+    """The ``response_template`` the demo target of the manifest's family gets
+    (:data:`RESPONSE_TEMPLATES`; None: none is added: the family's demo target is served by
+    vLLM's own parsers, or its tokenizer ships its own). ConfigError: no family, no demo
+    target."""
     fam = manifest.family()
-    found = RESPONSE_TEMPLATES.get(fam.name) if fam is not None else None
-    if found is None:
-        name = fam.name if fam is not None else "unknown"
-        raise ConfigError(f"no demo target for the model family {name!r} (known: "
-                          f"{', '.join(RESPONSE_TEMPLATES)})", field="target.family")  # fmt: skip
-    return found
+    if fam is None:
+        raise ConfigError("no demo target for a target of no known model family",
+                          field="target.family")  # fmt: skip
+    return RESPONSE_TEMPLATES.get(fam.name)
 
 
 def _build(
-    out: Path, manifest: Any, tok_dir: Path, spec: DemoTargetSpec, response: dict[str, Any]
+    out: Path, manifest: Any, tok_dir: Path, spec: DemoTargetSpec, response: dict[str, Any] | None
 ) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -391,6 +393,7 @@ def _build(
     started = time.monotonic()
     tok = AutoTokenizer.from_pretrained(tok_dir)
     turns = training_turns(manifest)
+    eos = end_ids(tok, manifest.family())
     config = LlamaConfig(
         vocab_size=len(tok),
         hidden_size=spec.hidden,
@@ -401,7 +404,7 @@ def _build(
         head_dim=spec.head_dim,
         max_position_embeddings=4096,
         bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
+        eos_token_id=eos,
         pad_token_id=tok.pad_token_id,
         tie_word_embeddings=False,
     )
@@ -415,7 +418,7 @@ def _build(
         torch.set_num_threads(threads)
     model.generation_config = GenerationConfig(
         bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
+        eos_token_id=eos,
         pad_token_id=tok.pad_token_id,
         do_sample=True,
         temperature=0.6,
@@ -428,7 +431,8 @@ def _build(
         if p.is_file():
             shutil.copy2(p, out / p.name)
     tok_config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
-    tok_config["response_template"] = response
+    if response is not None:
+        tok_config["response_template"] = response
     served = manifest.served_template()
     if served is not None:  # what the servers run with (--chat-template): the served copy's own
         tok_config["chat_template"] = served
@@ -446,12 +450,23 @@ def _build(
     }
 
 
+def end_ids(tok: Any, family: Any) -> int | list[int]:
+    """The ids generation stops at: the tokenizer's eos, and where the family's answers end
+    with another token (GLM: the next role token), every end token of the family as well (the
+    real checkpoints' generation_config does the same)."""
+    end = tok.convert_tokens_to_ids(family.end_of_turn) if family.end_of_turn else None
+    if end is None or end == tok.eos_token_id:
+        return int(tok.eos_token_id)
+    ids = [tok.convert_tokens_to_ids(t) for t in family.end_tokens()]
+    return sorted({int(tok.eos_token_id), *(int(i) for i in ids if i is not None)})
+
+
 def build_key(
     manifest: Any,
     manifest_path: Path,
     tok_dir: Path,
     spec: DemoTargetSpec,
-    response: dict[str, Any] = KIMI_RESPONSE,
+    response: dict[str, Any] | None = KIMI_RESPONSE,
 ) -> str:
     """Hash of everything the build reads: the spec, the family's response template (a Kimi
     build's key is the one of before families), the manifest, its served template, its

@@ -76,8 +76,11 @@ def family_named(name: str | None) -> Family | None:
     except ValueError as e:
         raise ConfigError(f"target.family: {e}", field="target.family") from None
     if name == RESPONSE_TEMPLATE:
-        raise ConfigError("target.family: response_template is read from the target's "
-                          "tokenizer folder, not at hand here", field="target.family")
+        raise ConfigError(
+            "target.family: response_template is read from the target's "
+            "tokenizer folder, not at hand here",
+            field="target.family",
+        )
     return None if name is None or name == UNKNOWN else FAMILIES[name]
 
 

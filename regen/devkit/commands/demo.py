@@ -32,11 +32,12 @@ from regen.cli.run import exit_code, run_with_view
 from regen.core.errors import ConfigError
 
 NAME = "demo"
-#: ``--target``: each family's demo manifest and the cache folder of its demo target
-TARGETS: dict[str, tuple[str, str]] = {
-    "kimi": ("manifests/demo.yaml", "demo-model"),
-    "qwen3": ("manifests/demo-qwen3.yaml", "demo-model-qwen3"),
-    "deepseek_v3": ("manifests/demo-deepseek.yaml", "demo-model-deepseek_v3"),
+#: ``--target``: each family's demo manifest, the cache folder of its demo target, and its
+#: train config for ``--train`` / ``--loop`` (None: the demo trains Kimi's only)
+TARGETS: dict[str, tuple[str, str, str | None]] = {
+    "kimi": ("manifests/demo.yaml", "demo-model", "manifests/demo-train.yaml"),
+    "qwen3": ("manifests/demo-qwen3.yaml", "demo-model-qwen3", "manifests/demo-train-qwen3.yaml"),
+    "deepseek_v3": ("manifests/demo-deepseek.yaml", "demo-model-deepseek_v3", None),
 }
 HELP = (
     "run the demo end to end: demo target, transformers serve, regen run, export [, train]; "
@@ -49,8 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--target",
         choices=sorted(TARGETS),
         default="kimi",
-        help="the demo target's model family (default: %(default)s; qwen3 and deepseek_v3 run "
-        "their own demo manifest and demo target)",
+        help="the demo target's model family (default: %(default)s; the others run their own "
+        "demo manifest and demo target; --loop and --train: kimi and qwen3)",
     )
     p.add_argument(
         "--manifest",
@@ -87,7 +88,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="then train an EAGLE-3 draft with SpecForge on this CPU (a few minutes)",
     )
     p.add_argument(
-        "--train-config", default="manifests/demo-train.yaml", help="(default: %(default)s)"
+        "--train-config",
+        default=None,
+        help="(default: the target's demo train config, manifests/demo-train.yaml for kimi)",
     )
     p.add_argument(
         "--train-steps", type=int, default=None, metavar="N", help="(default: 30; --loop: 100)"
@@ -127,13 +130,14 @@ def run(args: argparse.Namespace) -> int:
 
     console = make_console()
     quiet_http_logs()
-    target_manifest, model_folder = TARGETS[args.target]
+    target_manifest, model_folder, train_config = TARGETS[args.target]
     args.manifest = args.manifest or target_manifest
-    if args.target != "kimi" and (args.loop or args.train):
-        raise ConfigError(f"--target {args.target}: --loop and --train run on the Kimi demo only",
-                          field="--target")  # fmt: skip
+    args.train_config = args.train_config or train_config
+    if (args.loop or args.train) and args.train_config is None:
+        raise ConfigError(f"--target {args.target}: --loop and --train need a train config of its "
+                          "demo target (--train-config)", field="--train-config")  # fmt: skip
     if args.loop:
-        return _loop(console, args)
+        return _loop(console, args, model_folder)
     args.out = args.out or ("runs/demo" if args.target == "kimi" else f"runs/demo-{args.target}")
     args.train_steps = 30 if args.train_steps is None else args.train_steps
     if args.servers < 1:
@@ -235,7 +239,7 @@ def _train(console: Any, args: argparse.Namespace, model_dir: Path) -> int:
     return 0 if curve.checkpoint else 1
 
 
-def _loop(console: Any, args: argparse.Namespace) -> int:
+def _loop(console: Any, args: argparse.Namespace, model_folder: str) -> int:
     """``--loop``: regen.devkit.loop, then its summary; exit 1 when greedy answers changed."""
     from regen.cli.main import EXIT_DONE, EXIT_FAILED
     from regen.devkit.loop import LoopSettings, run_loop
@@ -250,8 +254,10 @@ def _loop(console: Any, args: argparse.Namespace) -> int:
 
         raise ConfigError(f"--bench-concurrency: {e}", field="--bench-concurrency") from None
     settings = LoopSettings(
-        manifest=args.manifest, train_config=args.train_config,
-        out=Path(args.out or "runs/demo-loop"), cache=Path(args.cache), rounds=args.rounds,
+        manifest=args.manifest, train_config=args.train_config, model_folder=model_folder,
+        out=Path(args.out or ("runs/demo-loop" if args.target == "kimi"
+                              else f"runs/demo-loop-{args.target}")),
+        cache=Path(args.cache), rounds=args.rounds,
         train_steps=LOOP_STEPS if args.train_steps is None else args.train_steps,
         concurrency=levels,
         overrides=list(args.override), workers=args.workers, run_concurrency=args.concurrency,

@@ -69,6 +69,8 @@ class LoopSettings:
 
     manifest: str = "manifests/demo.yaml"
     train_config: str = "manifests/demo-train.yaml"
+    #: the demo target's folder under ``cache`` (each family's demo target has its own)
+    model_folder: str = "demo-model"
     out: Path = Path("runs/demo-loop")
     cache: Path = Path(".cache")
     rounds: int = 2
@@ -113,9 +115,11 @@ class Loop:
         self.console = console
         self.out = settings.out
         self.python = vllm_python(settings.vllm_venv)
-        # a bad manifest stops here; the servers serve its model name
-        self.served = load_manifest(settings.manifest, settings.overrides).target.model
-        self.model_dir = (settings.cache / "demo-model").resolve()  # built by run()
+        # a bad manifest stops here; the servers serve its model name, with its family's flags
+        manifest = load_manifest(settings.manifest, settings.overrides)
+        self.served = manifest.target.model
+        self.family = manifest.family()
+        self.model_dir = (settings.cache / settings.model_folder).resolve()  # built by run()
         self.train_yaml = self.out / record.TRAIN_YAML  # written by run()
         self.record = LoopRecord(
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -144,7 +148,8 @@ class Loop:
         self.write_train_config()
         self.step("vLLM serves the demo target")
         target = target_server(self.python, self.model_dir, served_name=self.served,
-                               log_path=record.log_file(self.out, "vllm-target"))  # fmt: skip
+                               log_path=record.log_file(self.out, "vllm-target"),
+                               family=self.family)  # fmt: skip
         with self.console.status("starting vLLM (the target alone)..."):
             target.start()
         try:
@@ -272,7 +277,7 @@ class Loop:
             spec = speculative_server(
                 self.python, self.model_dir, copy, served_name=self.served,
                 num_speculative_tokens=NUM_SPECULATIVE_TOKENS,
-                log_path=record.log_file(self.out, f"vllm-{name}"),
+                log_path=record.log_file(self.out, f"vllm-{name}"), family=self.family,
             )  # fmt: skip
             with self.console.status("starting vLLM (target + draft)..."):
                 spec.start()

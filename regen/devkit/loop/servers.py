@@ -18,6 +18,7 @@ from pathlib import Path
 from regen.core.errors import ConfigError
 from regen.devkit.servers.vllm import VllmServer
 from regen.serve.vllm import VLLM_EAGLE3, check_method, check_vllm_draft, speculative_config
+from regen.targets import Family
 
 #: sequences each server runs at once (the bench's highest level should not exceed it)
 MAX_NUM_SEQS = 8
@@ -41,10 +42,13 @@ def vllm_python(venv: str | Path | None = None) -> Path:
     return py
 
 
-def target_server(python: Path, model_dir: Path, *, served_name: str, log_path: Path) -> VllmServer:
-    """vLLM serving the target alone (regeneration, and the bench's baseline)."""
+def target_server(
+    python: Path, model_dir: Path, *, served_name: str, log_path: Path, family: Family | None
+) -> VllmServer:
+    """vLLM serving the target alone (regeneration, and the bench's baseline), with its
+    family's flags."""
     return VllmServer(python, model_dir, served_name=served_name, max_num_seqs=MAX_NUM_SEQS,
-                      log_path=log_path)  # fmt: skip
+                      log_path=log_path, family=family)  # fmt: skip
 
 
 def speculative_server(
@@ -55,6 +59,7 @@ def speculative_server(
     served_name: str,
     num_speculative_tokens: int,
     log_path: Path,
+    family: Family | None,
     method: str = VLLM_EAGLE3,
 ) -> VllmServer:
     """vLLM serving the target with the draft in ``draft_dir`` (its vLLM copy), refused before
@@ -63,4 +68,4 @@ def speculative_server(
     check_vllm_draft(draft_dir)
     spec = {**speculative_config(str(draft_dir), num_speculative_tokens), "method": method}
     return VllmServer(python, model_dir, served_name=served_name, max_num_seqs=MAX_NUM_SEQS,
-                      speculative_config=spec, log_path=log_path)  # fmt: skip
+                      speculative_config=spec, log_path=log_path, family=family)  # fmt: skip

@@ -10,7 +10,9 @@ loopback port; :meth:`VllmServer.start` waits (bounded) until ``GET /health`` an
 Flags (docs/engines.md has the runbook): ``--dtype float32`` (otherwise bf16, emulated on
 CPU), ``--enforce-eager``, ``--max-model-len``, ``--max-num-seqs``, the target family's vLLM
 parsers (``Family.vllm``: ``--enable-auto-tool-choice --tool-call-parser X`` and
-``--reasoning-parser Y``, each left out when the family has none; Kimi's ``kimi_k2`` by default),
+``--reasoning-parser Y``, each left out when the family has none; Kimi's ``kimi_k2`` by default;
+given the family, all its flags, ``Family.vllm_flags``: a tokenizer mode where vLLM encodes the
+family's prompts in Python),
 optionally ``--max-num-queued-reqs N`` (overload answers 503 past N unfinished requests) and
 ``--speculative-config JSON`` (EAGLE-3: ``{"method": "eagle3", "model": DRAFT_DIR,
 "num_speculative_tokens": K}``). ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sizes the KV cache.
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.devkit.servers.local import LocalServer
-from regen.targets.family import Parsers
+from regen.targets.family import Family, Parsers
 from regen.targets.kimi import KIMI
 
 
@@ -78,6 +80,7 @@ class VllmServer(LocalServer):
         speculative_config: dict[str, Any] | None = None,
         kimi_parsers: bool = True,
         parsers: Parsers | None = None,
+        family: Family | None = None,
         kv_cache_gib: int = 1,
         extra_args: Sequence[str] = (),
         startup_timeout_s: float = 600.0,
@@ -101,8 +104,10 @@ class VllmServer(LocalServer):
         self.max_num_batched_tokens = max_num_batched_tokens or max_num_seqs * max_model_len
         self.speculative_config = speculative_config
         #: the parser flags' names: ``parsers`` (a family's ``vllm``), else Kimi's unless
-        #: ``kimi_parsers`` is False (then none)
+        #: ``kimi_parsers`` is False (then none); ``family``: all of that family's vLLM flags
+        #: (its parsers, and e.g. the tokenizer mode of a family vLLM encodes in Python)
         self.parsers = parsers if parsers is not None else (KIMI.vllm if kimi_parsers else None)
+        self.family = family
         self.kv_cache_gib = kv_cache_gib
         self.extra_args = tuple(extra_args)
         self.env_defaults.update(VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib), VLLM_NO_USAGE_STATS="1")
@@ -120,7 +125,7 @@ class VllmServer(LocalServer):
             "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs),
             "--max-num-batched-tokens", str(self.max_num_batched_tokens),
         ]  # fmt: skip
-        argv += parser_args(self.parsers)
+        argv += self.family.vllm_flags() if self.family is not None else parser_args(self.parsers)
         if self.max_num_queued_reqs is not None:
             argv += ["--max-num-queued-reqs", str(self.max_num_queued_reqs)]
         if self.speculative_config is not None:

@@ -41,7 +41,9 @@ import os
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
+from typing import Any
 
+from regen.devkit.tokenizers.ember import EMBER_RESPONSE, EMBER_TEMPLATE, EMBER_TOKENS
 from regen.devkit.tokenizers.kimi_template import KIMI_K25_TEMPLATE
 
 #: Kimi special tokens (CONTRACTS §1) in Kimi id order, with their ids in the real tokenizer
@@ -85,6 +87,18 @@ QWEN3_TOKENS: tuple[tuple[str, bool], ...] = (
     ("<think>", False),
     ("</think>", False),
 )
+#: GLM-4.5 / 4.6 / 4.7's chat and tool tokens in id order (151329...; the media, box and code
+#: tokens are left out), with the real tokenizer's ``special`` flag: the framing tokens are
+#: special, the reasoning, call and argument tokens are not (SGLang skips special tokens in an
+#: answer to a request without tools: a special ``</think>`` would be dropped)
+GLM_TOKENS: tuple[tuple[str, bool], ...] = (
+    *((t, True) for t in ("<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>",
+                          "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")),
+    *((t, False) for t in ("<think>", "</think>", "<tool_call>", "</tool_call>",
+                           "<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>",
+                           "<arg_value>", "</arg_value>")),
+    ("/nothink", True),
+)  # fmt: skip
 #: DeepSeek-V3.1's tokens in id order (0, 1, 2, then 128798...), with the ``special`` flag
 DEEPSEEK_V3_TOKENS: tuple[tuple[str, bool], ...] = (
     ("<｜begin▁of▁sentence｜>", True),
@@ -107,6 +121,21 @@ DEEPSEEK_V3_TOKENS: tuple[tuple[str, bool], ...] = (
 )
 
 
+#: DeepSeek-V4's tokens in id order (0, 1, 2, then 128803...; research copies, not published
+#: by DeepSeek), the special flag; its prompts are encoded in Python (no chat template)
+DEEPSEEK_V4_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<｜begin▁of▁sentence｜>", True),
+    ("<｜end▁of▁sentence｜>", True),
+    ("<｜▁pad▁｜>", True),
+    ("<｜User｜>", False),
+    ("<｜Assistant｜>", False),
+    ("<think>", False),
+    ("</think>", False),
+    ("｜DSML｜", False),
+    ("<｜latest_reminder｜>", False),
+)
+
+
 @dataclass(slots=True, frozen=True)
 class TinyFamily:
     """What a family's tiny tokenizer holds besides the shared BPE corpus."""
@@ -116,8 +145,12 @@ class TinyFamily:
     bos: str | None
     eos: str  #: the end of a turn: where chat generation stops
     pad: str
-    template: str  #: ``kimi`` (regen's own) or a file name under :data:`TEMPLATES_DIR`
+    #: ``kimi`` / ``ember`` (regen's own), a file under :data:`TEMPLATES_DIR`, or '' for a
+    #: family whose engines encode its prompts in Python (no chat template)
+    template: str
     committed: Path  #: the committed copy, relative to the repository root
+    #: the ``response_template`` its tokenizer_config.json ships (None: none)
+    response: dict[str, Any] | None = None
 
     @property
     def base_vocab(self) -> int:
@@ -125,8 +158,12 @@ class TinyFamily:
         return VOCAB_SIZE - len(self.tokens)
 
     def chat_template(self) -> str:
+        if not self.template:
+            return ""
         if self.template == "kimi":
             return KIMI_K25_TEMPLATE
+        if self.template == "ember":
+            return EMBER_TEMPLATE
         return (TEMPLATES_DIR / self.template).read_text(encoding="utf-8")
 
 
@@ -141,6 +178,17 @@ TINY_FAMILIES: dict[str, TinyFamily] = {
         TinyFamily("deepseek_v3", DEEPSEEK_V3_TOKENS, "<｜begin▁of▁sentence｜>",
                    "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>", "deepseek_v3.jinja",
                    Path("manifests/demo-deepseek/tokenizer")),
+        TinyFamily("qwen3_coder", QWEN3_TOKENS, None, "<|im_end|>", "<|endoftext|>",
+                   "qwen3_coder.jinja", Path("manifests/demo-qwen3-coder/tokenizer")),
+        TinyFamily("glm45", GLM_TOKENS, None, "<|endoftext|>", "<|endoftext|>", "glm45.jinja",
+                   Path("manifests/demo-glm45/tokenizer")),
+        TinyFamily("response_template", tuple((t, True) for t in EMBER_TOKENS), None, "<|end|>",
+                   "<|pad|>", "ember", Path("manifests/demo-ember/tokenizer"), EMBER_RESPONSE),
+        TinyFamily("glm47", GLM_TOKENS, None, "<|endoftext|>", "<|endoftext|>", "glm47.jinja",
+                   Path("manifests/demo-glm47/tokenizer")),
+        TinyFamily("deepseek_v4", DEEPSEEK_V4_TOKENS, "<｜begin▁of▁sentence｜>",
+                   "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>", "",
+                   Path("manifests/demo-deepseek-v4/tokenizer")),
     )
 }  # fmt: skip
 
@@ -264,7 +312,7 @@ def build_tiny_tokenizer(
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(json.loads(tok.to_str()), ensure_ascii=False, indent=1, sort_keys=True)
     (out / "tokenizer.json").write_text(text + "\n", encoding="utf-8")
-    config = {
+    config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": fam.bos,
         "eos_token": fam.eos,
@@ -272,8 +320,11 @@ def build_tiny_tokenizer(
         "model_max_length": 32768,
         "clean_up_tokenization_spaces": False,
         "model_input_names": ["input_ids", "attention_mask"],
-        "chat_template": fam.chat_template(),
     }
+    if fam.template:
+        config["chat_template"] = fam.chat_template()
+    if fam.response is not None:
+        config["response_template"] = fam.response
     (out / "tokenizer_config.json").write_text(
         json.dumps(config, ensure_ascii=False, indent=2, sort_keys=True) + "\n", encoding="utf-8"
     )

@@ -45,7 +45,8 @@ def marking_python(tmp_path: Path) -> tuple[Path, Path]:
 
 def _serve(models: dict[str, Path], py: Path, draft: Path, tmp: Path, **kw):
     return speculative_server(py, models["target"], draft, served_name="t",
-                              num_speculative_tokens=3, log_path=tmp / "v.log", **kw)  # fmt: skip
+                              num_speculative_tokens=3, log_path=tmp / "v.log", family=None,
+                              **kw)  # fmt: skip
 
 
 def test_the_specforge_export_as_is_is_refused_before_it_serves(

@@ -64,7 +64,10 @@ def test_loads_with_auto_tokenizer_without_remote_code() -> None:
     assert all(0 <= i < VOCAB_SIZE for i in ids)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "deepseek_v3"])
+@pytest.mark.parametrize(
+    "family",
+    ["qwen3", "deepseek_v3", "qwen3_coder", "glm45", "glm47", "deepseek_v4", "response_template"],
+)
 def test_other_families_rebuild_byte_for_byte(family: str, tmp_path: Path) -> None:
     committed = REPO / tiny_family(family).committed
     build_tiny_tokenizer(tmp_path, family)
@@ -78,10 +81,14 @@ def test_other_families_rebuild_byte_for_byte(family: str, tmp_path: Path) -> No
         ("qwen3", "<|im_end|>", None, "<tool_call>", "qwen3.jinja"),
         ("deepseek_v3", "<｜end▁of▁sentence｜>", "<｜begin▁of▁sentence｜>",
          "<｜tool▁calls▁begin｜>", "deepseek_v3.jinja"),
+        ("qwen3_coder", "<|im_end|>", None, "<tool_call>", "qwen3_coder.jinja"),
+        ("glm45", "<|endoftext|>", None, "<tool_call>", "glm45.jinja"),
+        ("glm47", "<|endoftext|>", None, "<tool_call>", "glm47.jinja"),
+        ("deepseek_v4", "<｜end▁of▁sentence｜>", "<｜begin▁of▁sentence｜>", "｜DSML｜", None),
     ],
 )  # fmt: skip
 def test_other_families_hold_their_real_tokens_and_template(
-    family: str, eos: str, bos: str | None, calls_begin: str, template_file: str
+    family: str, eos: str, bos: str | None, calls_begin: str, template_file: str | None
 ) -> None:
     from transformers import AutoTokenizer
 
@@ -93,8 +100,11 @@ def test_other_families_hold_their_real_tokens_and_template(
     # the family's tokens sit on top of the learned vocab, in the real tokenizer's id order
     info = tiny_info(committed)
     assert [info.special_ids[t] for t, _ in fam.tokens] == list(range(fam.base_vocab, VOCAB_SIZE))
-    # the chat template is the vendored real one, byte for byte
-    assert tok.chat_template == (TEMPLATES_DIR / template_file).read_text(encoding="utf-8")
+    # the chat template is the vendored real one, byte for byte (none: encoded in Python)
+    if template_file is None:
+        assert not tok.chat_template
+    else:
+        assert tok.chat_template == (TEMPLATES_DIR / template_file).read_text(encoding="utf-8")
     for marker in ("<think>", "</think>", calls_begin):
         ids = tok.encode(f"a{marker}b", add_special_tokens=False)
         assert tok.convert_tokens_to_ids(marker) in ids
@@ -106,5 +116,4 @@ def test_other_families_hold_their_real_tokens_and_template(
     # the family of regen.targets recognises the tokenizer, when it is there
     from regen.targets import FAMILIES, recognise_dir
 
-    if family in FAMILIES:
-        assert recognise_dir(committed) is FAMILIES[family]
+    assert recognise_dir(committed) is FAMILIES[family]
