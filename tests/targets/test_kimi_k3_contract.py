@@ -69,23 +69,19 @@ from regen.devkit.tokenizers.tiny import TEMPLATES_DIR
 from regen.targets import FAMILIES, read_facts
 from regen.targets import kimi as k2
 from regen.targets.family import TokenizerFacts
-from regen.targets.kimi_k3 import (
+from regen.targets.kimi_k3 import KIMI_K3, PUBLISHED_IDS, SPECIAL_TOKENS, VOCAB_SIZE, KimiK3Family
+from regen.targets.kimi_k3_xtml import (
     CLOSE,
     END_OF_MSG,
-    KIMI_K3,
     MESSAGE_END,
     OPEN,
-    PUBLISHED_IDS,
     RESPONSE_CLOSE,
     RESPONSE_OPEN,
     SEP,
-    SPECIAL_TOKENS,
     THINK_CLOSE,
     THINK_OPEN,
     TOOLS_CLOSE,
     TOOLS_OPEN,
-    VOCAB_SIZE,
-    KimiK3Family,
 )
 from regen.template.render import Renderer
 
@@ -558,10 +554,18 @@ def without_xgrammar() -> None:
         return
     root, tags = types.ModuleType("xgrammar"), types.ModuleType("xgrammar.structural_tag")
     root.__path__ = []  # type: ignore[attr-defined]
-    tags.__getattr__ = lambda name: type(name, (), {})  # type: ignore[method-assign]
+    tags.__getattr__ = _stand_in  # type: ignore[method-assign]
     root.StructuralTag = type("StructuralTag", (), {})  # type: ignore[attr-defined]
     root.structural_tag = tags  # type: ignore[attr-defined]
     sys.modules.update({"xgrammar": root, "xgrammar.structural_tag": tags})
+
+
+def _stand_in(name: str) -> type:
+    """An empty class for any structural-tag name; a module's own dunders (``__file__``, which
+    torch and inspect look up on every module) stay absent, as on a real module."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return type(name, (), {})
 
 
 def sglang_result(case: Case, detector) -> tuple:
