@@ -165,20 +165,24 @@ def build_turn_row(
         token_source = "server"
         close = renderer.think_close_id
         think_closed = None if close is None else close in result.output_token_ids
+        response_text = None  # the rendered response the server's ids spell, when one does
         if local is None:
             # a target of no known family has no local render to hold the ids against
             token_check = "server_only" if renderer.family is None else "render_error"
         else:
             assert prepared.decoded is not None
             p_ok = local.prompt_text == prepared.decoded[0]
-            r_ok = local.response_text == prepared.decoded[1]
+            response_text = local.response_text
+            if response_text != prepared.decoded[1]:  # the engine's default form, if it has one
+                response_text = renderer.served_response(local, result)
+            r_ok = response_text == prepared.decoded[1]
             token_check = {
                 (True, True): "match",
                 (False, True): "prompt_mismatch",
                 (True, False): "response_mismatch",
                 (False, False): "mismatch",
             }[(p_ok, r_ok)]
-        text = local.text if token_check == "match" and local else None
+        text = local.prompt_text + response_text if token_check == "match" and local else None
         if text is None:
             text = renderer.decode(prompt_ids + response_ids)
     else:

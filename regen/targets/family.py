@@ -191,6 +191,14 @@ class Family:
         tokenizer = [] if mode is None else ["--tokenizer-mode", mode]
         return [*_parser_flags(self.vllm, auto_tool_choice=True), *tokenizer]
 
+    def served_variant(self, engine: str | None) -> Family | None:
+        """The family as the engine called ``engine`` makes the model write it by default, where
+        that differs from the model's own format (None: it does not). vLLM 0.32 constrains
+        tool calls with a grammar of its parser's format (``VLLM_ENFORCE_STRICT_TOOL_CALLING``,
+        on by default), which is not always the model's own (GLM-4.5: GLM-4.7's calls). A
+        server row's cross-check accepts either form: the server's setting is not visible."""
+        return None
+
     def end_tokens(self) -> tuple[str, ...]:
         """Every token that ends an answer."""
         return (self.end_of_turn, *self.other_ends)

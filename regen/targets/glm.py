@@ -17,6 +17,15 @@ vLLM 0.32 ``tool_parsers/glm47_moe_tool_parser.py`` over ``parser/glm47_moe.py``
 
 SGLang strips the content before a call (vLLM does not); both read values by the tool's schema
 and return the arguments as JSON, so the rebuild writes the template's whitespace and values.
+
+vLLM 0.32 serves ``--tool-call-parser glm45`` with its GLM-4.7 parser (``tool_parsers/
+__init__.py``), and constrains tool calls by default (``VLLM_ENFORCE_STRICT_TOOL_CALLING``)
+with that parser's grammar (``tool_parsers/structural_tag_registry.py`` ``_glm_4_7_tool_tag``:
+``<tool_call>NAME`` then ``<arg_key>k</arg_key><arg_value>v</arg_value>`` pairs, no newlines):
+a GLM-4.5 model served so writes GLM-4.7's calls (measured with the demo target:
+tests/engines/test_families_vllm.py). The rows are the server's ids, what the served model
+writes; the cross-check takes that form too (:meth:`GlmFamily.served_variant`). Serve it with
+``VLLM_ENFORCE_STRICT_TOOL_CALLING=0`` for the model's own calls.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
 
 from regen.core.errors import TemplateError
@@ -65,6 +75,17 @@ def value_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
+def compact_call_text(call: ToolCall) -> str:
+    """A call in GLM-4.7's form, without separators:
+    ``<tool_call>NAME<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>``."""
+    args = arguments_json(call.arguments)
+    pairs = "".join(
+        f"<arg_key>{k}</arg_key><arg_value>{value_text(v)}</arg_value>"
+        for k, v in (args.items() if isinstance(args, dict) else ())
+    )
+    return f"<tool_call>{call.name}{pairs}</tool_call>"
+
+
 class GlmFamily(Family):
     """GLM's answer framing (module docstring)."""
 
@@ -78,6 +99,14 @@ class GlmFamily(Family):
             for k, v in (args.items() if isinstance(args, dict) else ())
         )
         return f"\n<tool_call>{call.name}\n{pairs}</tool_call>"
+
+    def served_variant(self, engine: str | None) -> Family | None:
+        """On vLLM, GLM-4.5's calls in GLM-4.7's form: vLLM 0.32's ``glm45`` parser is its
+        GLM-4.7 parser, whose strict tool-call grammar (on by default) has the model write
+        ``<tool_call>NAME<arg_key>…`` without the newlines (module docstring)."""
+        if engine != "vllm" or type(self) is not GlmFamily:
+            return None
+        return GLM45_ON_VLLM
 
     def recognises(self, facts: TokenizerFacts) -> bool:
         """GLM's tokens, a model type of its own (or none), and not a GLM-4.7 template (which
@@ -120,6 +149,14 @@ class GlmFamily(Family):
         return f"{head}{chr(10) + body if body else ''}{self.tool_calls_text(tool_calls)}{end}"
 
 
+class _VllmGlmCalls(GlmFamily):
+    """GLM-4.5 as vLLM 0.32's strict tool calling has it write: its framing, and each call in
+    GLM-4.7's form after the newline the model writes before it (outside the grammar)."""
+
+    def tool_calls_text(self, calls: Sequence[ToolCall], content: str = "") -> str:
+        return "".join(f"\n{compact_call_text(c)}" for c in calls)
+
+
 GLM45 = GlmFamily(
     name="glm45",
     title="GLM-4.5 / GLM-4.6",
@@ -136,3 +173,5 @@ GLM45 = GlmFamily(
     published_vocab=VOCAB_SIZE,
     model_types=("glm4_moe",),
 )
+#: GLM-4.5 on vLLM 0.32 with strict tool calling (GlmFamily.served_variant)
+GLM45_ON_VLLM = _VllmGlmCalls(**{f.name: getattr(GLM45, f.name) for f in fields(GLM45)})

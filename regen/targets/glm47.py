@@ -53,7 +53,6 @@ from regen.targets.family import (
     Parsers,
     ThinkState,
     TokenizerFacts,
-    arguments_json,
 )
 from regen.targets.glm import (
     ASSISTANT,
@@ -68,7 +67,7 @@ from regen.targets.glm import (
     USER,
     VOCAB_SIZE,
     GlmFamily,
-    value_text,
+    compact_call_text,
 )
 
 CALL_OPEN = "<tool_call>"
@@ -87,12 +86,7 @@ class Glm47Family(GlmFamily):
     """GLM-4.7's answer framing (module docstring)."""
 
     def call_text(self, call: ToolCall) -> str:
-        args = arguments_json(call.arguments)
-        pairs = "".join(
-            f"<arg_key>{k}</arg_key><arg_value>{value_text(v)}</arg_value>"
-            for k, v in (args.items() if isinstance(args, dict) else ())
-        )
-        return f"{CALL_OPEN}{call.name}{pairs}{CALL_CLOSE}"
+        return compact_call_text(call)
 
     def response_text(
         self,

@@ -315,6 +315,16 @@ class Renderer:
         return TurnText(prompt, response, state, reasoning, content, flag, cut, completion_tokens,
                         closer or "")  # fmt: skip
 
+    def served_response(self, turn: TurnText, result: Any) -> str | None:
+        """The response in the form the answering engine makes the family write by default,
+        where that differs from its own (:meth:`regen.targets.family.Family.served_variant`;
+        None: it does not): a server row's cross-check accepts either."""
+        fam = self.family.served_variant(result.engine) if self.family is not None else None
+        if fam is None:
+            return None
+        return fam.response_text(turn.think_state, turn.reasoning, turn.content,
+                                 result.tool_calls, result.finish_reason)  # fmt: skip
+
     def settle_text(self, turn: TurnText) -> TurnText:
         """``turn`` with the ``</think>`` a cut in the reasoning may have produced appended, as
         :meth:`tokenize` does, for callers that need the text only (encodes such a response)."""
