@@ -3,6 +3,8 @@ and a stop request (what SIGINT/SIGTERM set) that leaves a clean, resumable dire
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -68,7 +70,7 @@ def test_permanent_failures_skipped_until_retry_failed(
     assert SECRET not in captured.out + captured.err
 
 
-def test_stop_writes_a_part_releases_the_lock_and_resumes(ray_head, tmp_path) -> None:
+def test_stop_writes_a_part_releases_the_lock_and_resumes(ray_head, tmp_path, caplog) -> None:
     m = load_manifest(DEMO, ["engine.part_size=1000", "engine.part_interval_s=1000"])
     out = tmp_path / "run"
     rd = RunDir.open(out)
@@ -97,12 +99,18 @@ def test_stop_writes_a_part_releases_the_lock_and_resumes(ray_head, tmp_path) ->
         assert rd.list("journal") == []  # folded into a part on the way out
         assert len(read_done(rd)) == summary.done == summary.completed_now
         assert rd.read_json("progress.json")["state"] == "interrupted"
+        info = rd.read_json("run.json")
+        assert info.pop("render") == "objects"  # a new run's; without it, a run of before
+        rd.write_text_atomic("run.json", json.dumps(info))
 
-        rest = run_job(
-            m,
-            RunDir.open(out, create=False),
-            RunOptions(endpoints=[sim.url], address=ray_head.address, handle_signals=False),
-        )
+        with caplog.at_level(logging.WARNING, logger="regen.engine.driver"):
+            rest = run_job(
+                m,
+                RunDir.open(out, create=False),
+                RunOptions(endpoints=[sim.url], address=ray_head.address, handle_signals=False),
+            )
+        said = [r for r in caplog.records if "keeps doing so" in r.getMessage()]
+        assert len(said) == 1 and "as strings" in said[0].getMessage()
         assert rest.state == "finished" and rest.done == rest.total
         assert rest.completed_now == rest.total - summary.done
         learned = rd.read_json("schedule.json")["sources"]  # the order's estimate, saved
