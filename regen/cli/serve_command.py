@@ -90,7 +90,12 @@ def run(args: argparse.Namespace) -> int:
     out = make_console()
     family = _family(args, cfg, target)
     remote = cfg.target.trust_remote_code if cfg else bool(family and family.remote_code)
-    if args.engine in ("all", "sglang"):
+    no_sglang = _no_sglang_draft(family)
+    if no_sglang and args.engine == "sglang":
+        raise ConfigError(f"{no_sglang}: use --engine vllm", field="--engine")
+    if no_sglang and args.engine == "all":
+        Console(stderr=True).print(f"# SGLang: no command: {no_sglang}", highlight=False)
+    if args.engine in ("all", "sglang") and not no_sglang:
         argv = serve_argv(
             args.draft_dir, target=target, serving=serving, host=args.host, port=args.port,
             family=family, trust_remote_code=remote,
@@ -121,6 +126,15 @@ def run(args: argparse.Namespace) -> int:
                       highlight=False, soft_wrap=True)  # fmt: skip
         out.print(escape(shlex.join(argv)), highlight=False, soft_wrap=True)
     return 0
+
+
+def _no_sglang_draft(family: Family | None) -> str:
+    """Why SGLang cannot serve an EAGLE-3 draft for ``family`` ('' where it can): its loader
+    captures no aux hidden states (``Family.aux_shift`` unsupported: Kimi K3, DeepSeek-V4)."""
+    if family is None or family.aux_shift != "unsupported":
+        return ""
+    return (f"SGLang 0.5.23 serves no EAGLE-3 draft for {family.title} (its loader captures no "
+            "aux hidden states)")  # fmt: skip
 
 
 def _require_draft(draft_dir: str) -> None:

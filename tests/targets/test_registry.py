@@ -226,6 +226,19 @@ def test_a_family_that_contradicts_the_tokenizer_is_refused_in_one_line() -> Non
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_serve_command_prints_each_familys_own_parsers(name: str, tmp_path: Path, capsys) -> None:
     family = FAMILIES[name]
+    if family.aux_shift == "unsupported":  # SGLang 0.5.23 has no EAGLE-3 for it: vLLM's only
+        assert regen_main(["serve-command", str(tmp_path), "--target", "/models/t", "--family",
+                           name, "--engine", "sglang"]) == 2  # fmt: skip
+        assert "use --engine vllm" in capsys.readouterr().err
+        draft = {"architectures": ["LlamaForCausalLMEagle3"],
+                 "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}  # fmt: skip
+        (tmp_path / "config.json").write_text(json.dumps(draft))
+        assert regen_main(["serve-command", str(tmp_path), "--target", "/models/t", "--family",
+                           name, "--engine", "vllm", "--vllm-draft-dir",
+                           str(tmp_path / "vllm")]) == 0  # fmt: skip
+        argv = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
+        assert argv[argv.index("--tokenizer-mode") + 1] == family.vllm_tokenizer_mode
+        return
     assert regen_main(["serve-command", str(tmp_path), "--target", "/models/t", "--family",
                        name, "--engine", "sglang"]) == 0  # fmt: skip
     argv = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
