@@ -9,7 +9,7 @@ regen.template.prepare.
   ``normalize_assistant_tool_call_arguments``, ``normalize_tool_content``), compiled from that
   file's own source (the module itself imports the whole server). :func:`sglang_inputs`
   follows ``_apply_jinja_template``'s default (Jinja) path.
-- vLLM 0.32, in a subprocess of the vLLM environment (``_served_vllm.py``): the request
+- vLLM 0.32, in the vLLM environment's worker process (``_served_vllm.py``): the request
   validated by its ``ChatCompletionRequest``, ``renderers/chat_utils.py``
   ``parse_chat_messages`` under the content format ``renderers/hf.py``
   ``_detect_content_format`` finds, the tools' ``model_dump()``, then the tokenizer's
@@ -21,9 +21,6 @@ from __future__ import annotations
 import ast
 import copy
 import functools
-import json
-import os
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -32,7 +29,7 @@ from typing import Any
 import _sglang
 
 HERE = Path(__file__).resolve().parent
-#: seconds the vLLM subprocess may take (its imports take about 5 s)
+#: seconds a vLLM worker call may take (the worker's first call imports vLLM: about 10 s)
 VLLM_TIMEOUT_S = 180
 _SERVING_CHAT_FUNCTIONS = (
     "parse_tool_call_arguments", "normalize_assistant_tool_call_arguments",
@@ -106,17 +103,11 @@ def sglang_inputs(
 
 def vllm_prompts(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each job (``tokenizer``: a folder, ``template``: the Jinja text, ``body``: a request,
-    ``kwargs``: chat_template_kwargs) rendered as vLLM 0.32 renders it, in one subprocess of
-    the vLLM environment: ``{"prompt", "format"}`` or ``{"error"}`` each (skips where the
+    ``kwargs``: chat_template_kwargs) rendered as vLLM 0.32 renders it, in one call of the vLLM
+    environment's worker: ``{"prompt", "format"}`` or ``{"error"}`` each (skips where the
     environment is missing)."""
-    sys.path.insert(0, str(HERE.parent / "engines"))
-    from _vllm_env import vllm_python_or_skip
+    if str(HERE.parent) not in sys.path:
+        sys.path.insert(0, str(HERE.parent))
+    from _vllm_call import vllm_call
 
-    py = vllm_python_or_skip()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    done = subprocess.run(
-        [str(py), str(HERE / "_served_vllm.py")], input=json.dumps(jobs), capture_output=True,
-        text=True, timeout=VLLM_TIMEOUT_S, env=env,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout)
+    return vllm_call(HERE / "_served_vllm.py", jobs, timeout_s=VLLM_TIMEOUT_S)

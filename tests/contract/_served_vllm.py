@@ -8,6 +8,8 @@ its messages through ``parse_chat_messages`` under the content format ``_detect_
 finds for the template, its tools' ``model_dump()``, then ``apply_chat_template`` with
 ``add_generation_prompt`` as ``renderers/hf.py`` calls it. Writes a JSON list: per job
 ``{"prompt", "format"}``, or ``{"error", "format"}`` where vLLM refuses the request.
+``handle(job)`` gives that list: the tests run it in the vLLM environment's long-lived
+worker (``tests/_vllm_call.py``); run as a script, it reads stdin and writes stdout.
 """
 
 from __future__ import annotations
@@ -37,11 +39,11 @@ def render(tok: Any, job: dict[str, Any], fmt: str) -> dict[str, Any]:
     return {"prompt": prompt, "format": fmt}
 
 
-def main() -> None:
-    logging.disable(logging.WARNING)
+def handle(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The results of the jobs (the JSON list described above)."""
     tokenizers: dict[str, Any] = {}
     out = []
-    for job in json.load(sys.stdin):
+    for job in jobs:
         path = job["tokenizer"]
         if path not in tokenizers:
             tokenizers[path] = AutoTokenizer.from_pretrained(path)
@@ -51,7 +53,12 @@ def main() -> None:
             out.append(render(tok, job, fmt))
         except Exception as e:  # vLLM answers these with a 400
             out.append({"error": f"{type(e).__name__}: {e}", "format": fmt})
-    json.dump(out, sys.stdout)
+    return out
+
+
+def main() -> None:
+    logging.disable(logging.WARNING)
+    json.dump(handle(json.load(sys.stdin)), sys.stdout)
 
 
 if __name__ == "__main__":

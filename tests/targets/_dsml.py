@@ -1,7 +1,7 @@
 """Shared by the DeepSeek-V3.2 / V4 / V4.1 (DSML) contract tests: a tiny tokenizer folder with
 the DeepSeek tokens and no chat template, the engines' own prompt paths (SGLang in this
-process, vLLM in a subprocess of its environment), regen's render through the Renderer, and the
-conversations every encoder test renders.
+process, vLLM in its environment's worker process, ``_vllm_call.py``), regen's render through
+the Renderer, and the conversations every encoder test renders.
 
 - SGLang 0.5.23, V3.2: ``serving_chat.py`` ``_apply_jinja_template``'s dsv32 branch, step by
   step over the wheel's own protocol models and functions (:mod:`_served` compiles the
@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,7 @@ from regen.template.tokenizer import load_tokenizer
 
 sys.path.insert(0, str(HERE.parent / "contract"))
 import _served
-from _vllm_env import vllm_python_or_skip
+from _vllm_call import vllm_call
 
 #: the DeepSeek tokens of the tiny tokenizer in the real tokenizers' id order (0, 1, 2, then
 #: the 1288xx block), with their ``special`` flag
@@ -283,17 +281,11 @@ def sglang_recipe_parse(adapter: Any, hf: Any, text: str, kwargs: dict, tools: l
 
 # -- vLLM -------------------------------------------------------------------------------------
 def vllm_renders(folder: Path, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each job (``mode``, ``body``) rendered by vLLM's server path, in one subprocess:
-    ``{"prompt", "ids"}`` or ``{"error"}`` each (skips where the vLLM environment is missing)."""
-    py = vllm_python_or_skip()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    done = subprocess.run(
-        [str(py), str(HERE / "_vllm_dsml_render.py")],
-        input=json.dumps({"model": str(folder), "jobs": jobs}, ensure_ascii=False),
-        capture_output=True, text=True, timeout=VLLM_TIMEOUT_S, env=env,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout)
+    """Each job (``mode``, ``body``) rendered by vLLM's server path, in one call of the vLLM
+    environment's worker: ``{"prompt", "ids"}`` or ``{"error"}`` each (skips where the vLLM
+    environment is missing)."""
+    job = {"model": str(folder), "jobs": jobs}
+    return vllm_call(HERE / "_vllm_dsml_render.py", job, timeout_s=VLLM_TIMEOUT_S)
 
 
 def recipe_round_trip(family: Family, case: Any, adapter: Any, hf: Any, tools: list) -> str:

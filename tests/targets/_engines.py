@@ -1,6 +1,6 @@
 """Shared by the family contract tests: SGLang's parsers loaded from the wheel, vLLM's parsers
-run in a subprocess of the vLLM environment, a tiny tokenizer holding a family's special
-tokens, and one case record.
+run by the vLLM environment's worker process (``_vllm_call.py``), a tiny tokenizer holding a
+family's special tokens, and one case record.
 
 A case is the text a model writes after its generation prompt; each test sends it through an
 engine's own parsers (reasoning first, then tool calls, as the servers do), rebuilds the text
@@ -9,9 +9,6 @@ with the family's ``response_text`` and compares.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,7 +26,7 @@ sys.path.insert(0, str(HERE.parent / "contract"))
 sys.path.insert(0, str(HERE.parent / "engines"))
 
 import _sglang  # noqa: E402
-from _vllm_env import vllm_python_or_skip  # noqa: E402
+from _vllm_call import vllm_call  # noqa: E402
 
 #: the tool every case may call, and a second one
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -37,7 +34,7 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "properties": {"zone": {"type": "string"}}}}}  # fmt: skip
 TOOLS = [WEATHER, TIME]
-#: seconds the vLLM subprocess may take (its imports take about 5 s)
+#: seconds a vLLM worker call may take (the worker's first call imports vLLM: about 10 s)
 VLLM_TIMEOUT_S = 180
 
 
@@ -99,11 +96,10 @@ def vllm_parse(
     family: Family, cases: Sequence[Case], special: Sequence[str], *, composed: bool = False,
     tools: list[dict] | None = None, added: Sequence[str] = (),
 ) -> list[dict]:  # fmt: skip
-    """Every case through vLLM's parsers for ``family``, in one subprocess (skips when the
-    vLLM environment is missing); ``composed``: through the parser vLLM's chat serving composes
-    from the two names (_vllm_parse.py); ``tools``: the request's tools (:data:`TOOLS`);
-    ``added``: the tokenizer's added tokens that are not special."""
-    py = vllm_python_or_skip()
+    """Every case through vLLM's parsers for ``family``, in one call of the vLLM environment's
+    worker (skips when that environment is missing); ``composed``: through the parser vLLM's
+    chat serving composes from the two names (_vllm_parse.py); ``tools``: the request's tools
+    (:data:`TOOLS`); ``added``: the tokenizer's added tokens that are not special."""
     job = {
         "special": list(special),
         "added": list(added),
@@ -114,13 +110,7 @@ def vllm_parse(
             for c in cases
         ],
     }  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    done = subprocess.run(
-        [str(py), str(HERE / "_vllm_parse.py")],
-        input=json.dumps(job), capture_output=True, text=True, timeout=VLLM_TIMEOUT_S, env=env,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout)
+    return vllm_call(HERE / "_vllm_parse.py", job, timeout_s=VLLM_TIMEOUT_S)
 
 
 def sglang_round_trip(family: Family, case: Case, detector: Any) -> str:
@@ -135,7 +125,7 @@ def sglang_round_trip(family: Family, case: Case, detector: Any) -> str:
 
 
 def vllm_round_trip(family: Family, case: Case, result: dict) -> str:
-    """A vLLM subprocess result for the case, rebuilt."""
+    """A vLLM worker result for the case, rebuilt."""
     assert "error" not in result, result
     calls = vllm_calls(result)
     assert len(calls) == case.calls or case.vllm_differs, result

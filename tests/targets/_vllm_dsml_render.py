@@ -10,6 +10,8 @@ tools' ``model_dump()``, chat and tokenize params built as ``online_renderer.py`
 ``preprocess_chat`` builds them, then ``render_chat``: the prompt text and the ids the server
 feeds the engine. Writes a JSON list: per job ``{"prompt", "ids"}``, or ``{"error"}`` where
 vLLM refuses the request.
+``handle(job)`` gives that list: the tests run it in the vLLM environment's long-lived
+worker (``tests/_vllm_call.py``); run as a script, it reads stdin and writes stdout.
 """
 
 from __future__ import annotations
@@ -41,9 +43,8 @@ def render(renderer: Any, config: ModelConfig, body: dict[str, Any]) -> dict[str
     return {"prompt": prompt, "ids": ids}
 
 
-def main() -> None:
-    logging.disable(logging.WARNING)
-    job = json.load(sys.stdin)
+def handle(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The results of a job (the JSON object described above)."""
     renderers: dict[str, tuple[Any, ModelConfig]] = {}
     out = []
     for item in job["jobs"]:
@@ -56,7 +57,12 @@ def main() -> None:
             out.append(render(renderer, config, item["body"]))
         except Exception as e:  # vLLM answers these with a 400
             out.append({"error": f"{type(e).__name__}: {e}"})
-    json.dump(out, sys.stdout, ensure_ascii=False)
+    return out
+
+
+def main() -> None:
+    logging.disable(logging.WARNING)
+    json.dump(handle(json.load(sys.stdin)), sys.stdout, ensure_ascii=False)
 
 
 if __name__ == "__main__":

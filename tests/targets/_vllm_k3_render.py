@@ -13,6 +13,8 @@ format, ``_normalize_k3_tool_messages``, ``_apply_chat_template``: the thinking 
 tokenizer) with the stand-in K3 tokenizer of ``_k3_stand.py``. Writes a JSON list: per request
 ``{"prompt", "kwargs"}`` (the text, and what reached the tokenizer), or ``{"error"}`` where vLLM
 refuses it.
+``handle(job)`` gives that list: the tests run it in the vLLM environment's long-lived
+worker (``tests/_vllm_call.py``); run as a script, it reads stdin and writes stdout.
 """
 
 from __future__ import annotations
@@ -53,9 +55,8 @@ def render(stand: K3Tokenizer, body: dict[str, Any]) -> dict[str, Any]:
     return {"prompt": stand.rendered, "kwargs": kwargs}
 
 
-def main() -> None:
-    logging.disable(logging.WARNING)
-    job = json.load(sys.stdin)
+def handle(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The results of a job (the JSON object described above)."""
     hf = AutoTokenizer.from_pretrained(job["tokenizer"])
     stand = K3Tokenizer(hf, Path(job["template"]).read_text(encoding="utf-8"))
     out = []
@@ -64,7 +65,12 @@ def main() -> None:
             out.append(render(stand, body))
         except Exception as e:  # vLLM answers these with a 400
             out.append({"error": f"{type(e).__name__}: {e}"})
-    json.dump(out, sys.stdout, default=str)
+    return out
+
+
+def main() -> None:
+    logging.disable(logging.WARNING)
+    json.dump(handle(json.load(sys.stdin)), sys.stdout, default=str)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ null, ``kwargs``: the parsers' ``chat_template_kwargs``). Writes
 one JSON list on stdout: per case ``reasoning``, ``content`` and ``calls`` (name, arguments),
 or ``error``. The order is the server's: the reasoning parser first, the tool parser on what
 it left as content.
+``handle(job)`` gives that list: the tests run it in the vLLM environment's long-lived
+worker (``tests/_vllm_call.py``); run as a script, it reads stdin and writes stdout.
 
 A case with ``harmony: true`` (GPT-OSS) goes instead where vLLM sends a gpt_oss model's output:
 ``vllm.parser.harmony.HarmonyParser`` (the ``openai`` tool parser and ``openai_gptoss``
@@ -141,8 +143,8 @@ def parse_harmony(tools: list, case: dict) -> dict:
     }
 
 
-def main() -> None:
-    job = json.load(sys.stdin)
+def handle(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The results of a job (the JSON object described above)."""
     tok = tokenizer(job["special"], job.get("added"))
     out = []
     for case in job["cases"]:
@@ -155,7 +157,11 @@ def main() -> None:
                 out.append(parse(tok, job["tools"], case))
         except Exception as exc:
             out.append({"error": f"{type(exc).__name__}: {exc}"})
-    json.dump(out, sys.stdout)
+    return out
+
+
+def main() -> None:
+    json.dump(handle(json.load(sys.stdin)), sys.stdout)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,6 @@ and must come back the same.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-
 import pytest
 from _engines import (
     HERE,
@@ -31,7 +27,7 @@ from _engines import (
     strip_end,
     vllm_calls,
 )
-from _vllm_env import vllm_python_or_skip
+from _vllm_call import vllm_call
 
 from regen.targets import FAMILIES
 from regen.targets.family import TokenizerFacts
@@ -121,8 +117,7 @@ def test_sglang_returns_a_first_message_call_as_flagged_content(detector) -> Non
 @pytest.fixture(scope="module")
 def vllm_results() -> dict[str, tuple[dict, dict]]:
     """Per case vLLM's result for the ids with the end token and without it, in one
-    subprocess; and one more entry: the ids of the special tokens alone."""
-    py = vllm_python_or_skip()
+    call of the vLLM worker; and one more entry: the ids of the special tokens alone."""
     texts = [t for c in CASES.values() for t in (c.text, strip_end(GPT_OSS, c.text))]
     texts.append("".join(PUBLISHED_IDS))
     job = {
@@ -131,14 +126,9 @@ def vllm_results() -> dict[str, tuple[dict, dict]]:
         "cases": [{"text": t, "reasoning": GPT_OSS.vllm.reasoning, "tool": GPT_OSS.vllm.tool,
                    "harmony": True} for t in texts],
     }  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    env.pop("TIKTOKEN_ENCODINGS_BASE", None)  # the encoding's vocab is built into openai_harmony
-    done = subprocess.run(
-        [str(py), str(HERE / "_vllm_parse.py")],
-        input=json.dumps(job), capture_output=True, text=True, timeout=VLLM_TIMEOUT_S, env=env,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    out = json.loads(done.stdout)
+    # the encoding's vocab is built into openai_harmony
+    env = {"TIKTOKEN_ENCODINGS_BASE": None}
+    out = vllm_call(HERE / "_vllm_parse.py", job, timeout_s=VLLM_TIMEOUT_S, env=env)
     pairs = {name: (out[2 * i], out[2 * i + 1]) for i, name in enumerate(CASES)}
     pairs["<specials>"] = (out[-1], out[-1])
     return pairs

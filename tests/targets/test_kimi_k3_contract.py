@@ -6,7 +6,7 @@
   vendored llama.cpp port of the encoder (templates/kimi_k3.jinja) through transformers'
   ``apply_chat_template``, behind a stand-in with the tokenizer's defaults (_k3_stand.py):
 
-  - vLLM 0.32 in a subprocess of its environment (_vllm_k3_render.py): its request validation,
+  - vLLM 0.32 in its environment's worker process (_vllm_k3_render.py): its request validation,
     tool dump, chat params and ``KimiK3Renderer.render_messages`` itself;
   - SGLang 0.5.23 in process: its request model, schema-type rewrite, lenient argument parse,
     and ``OpenAIServingChat._prepare_kimi_k3_messages`` / ``_encode_messages`` /
@@ -20,7 +20,7 @@
   engines parse those first: what reaches it is an object, or text that holds no JSON).
 - **The answer.** The text the model writes → SGLang's ``kimi_k3`` reasoning parser and
   detector (in process; the text trimmed at ``<|close|>tools<|sep|>``, SGLang's stop string for
-  K3 requests with tools) or vLLM's composed ``KimiK3Parser`` (subprocess) → ``response_text``
+  K3 requests with tools) or vLLM's composed ``KimiK3Parser`` (the vLLM worker) → ``response_text``
   → the same text, and the same ids.
 - **Recognition**: K3's tokens and model type against K2.6's.
 """
@@ -34,9 +34,7 @@ import functools
 import importlib.util
 import json
 import logging
-import os
 import string
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -59,7 +57,7 @@ from _engines import (
 )
 from _k3_stand import K3Tokenizer
 from _served import _serving_chat
-from _vllm_env import vllm_python_or_skip
+from _vllm_call import vllm_call
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -316,20 +314,14 @@ def test_sglang_prompt(tokenizer, conv: str, kw: str) -> None:
     assert regen_prompt(tokenizer, conv, kw, "sglang") == expected
 
 
-# -- vLLM's K3 prompt path, in a subprocess -----------------------------------------------------
+# -- vLLM's K3 prompt path, in the vLLM worker --------------------------------------------------
 @pytest.fixture(scope="module")
 def vllm_prompts(k3_folder) -> dict[tuple[str, str], dict]:
-    py = vllm_python_or_skip()
     jobs = [*PROMPTS, ("parallel calls, results out of order", "medium")]
     job = {"tokenizer": str(k3_folder), "template": str(TEMPLATE),
            "bodies": [vllm_body(c, k) for c, k in jobs]}  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    done = subprocess.run(
-        [str(py), str(HERE / "_vllm_k3_render.py")], input=json.dumps(job),
-        capture_output=True, text=True, timeout=VLLM_TIMEOUT_S, env=env,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    return dict(zip(jobs, json.loads(done.stdout), strict=True))
+    out = vllm_call(HERE / "_vllm_k3_render.py", job, timeout_s=VLLM_TIMEOUT_S)
+    return dict(zip(jobs, out, strict=True))
 
 
 def vllm_body(conv: str, kw: str) -> dict[str, Any]:
