@@ -8,8 +8,8 @@
 - The prompt: regen's Renderer (the engine's preparation, then the family's encoder) gives the
   text and ids each engine renders for the same request: SGLang's dsv32 path
   (``encoding_dsv32``) in this process, vLLM's server renderer (``--tokenizer-mode
-  deepseek_v32``) in a subprocess; the engines disagree on a request with a system message and
-  tools, and regen follows each.
+  deepseek_v32``) in the vLLM environment's worker (tests/_vllm_call.py); the engines disagree
+  on a request with a system message and tools, and regen follows each.
 - Recognition against V3.1, V4 and V4.1 tokenizers.
 """
 

@@ -7,7 +7,8 @@
 - The prompt: regen's Renderer gives the text and ids each engine renders for the same
   request, thinking on (effort ``high``), off, ``low`` and ``max``: SGLang's adapter over
   deepseek-recipe in this process, vLLM's server renderer (``--tokenizer-mode deepseek_v41``) in
-  a subprocess; where the two part ways (:data:`_dsml.EDGES`) regen follows each.
+  the vLLM environment's worker (tests/_vllm_call.py); where the two part ways
+  (:data:`_dsml.EDGES`) regen follows each.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ parameter types), thinking on and off: ``Renderer.render_prompt(..., engine)`` e
 prompt that engine renders, as its own code prepares the request (tests/contract/_served.py):
 
 - vLLM 0.32: the request through its protocol model and ``parse_chat_messages`` (content format
-  by its own AST check), then the template, in a subprocess of its environment;
+  by its own AST check), then the template, in its environment's worker (tests/_vllm_call.py);
 - SGLang 0.5.23: the request through its protocol models and ``serving_chat.py``'s argument
   and content normalisation, from the wheel, then the template.
 

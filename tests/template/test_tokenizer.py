@@ -20,6 +20,8 @@ import pytest
 
 from regen.core.errors import TemplateError
 from regen.devkit.tokenizers.tiny import TINY_FAMILIES
+from regen.targets import recognise_dir
+from regen.template.render import Renderer
 from regen.template.tokenizer import class_spec, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,9 +39,11 @@ MESSAGES = [
 BY_SPEC = """
 import json, sys
 from regen.template.tokenizer import load_tokenizer
+from regen.template.render import Renderer
+from regen.targets import recognise_dir
 tok = load_tokenizer(sys.argv[1], sys.argv[3] == "1", sys.argv[2])
 msgs = json.loads(sys.argv[4])
-text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+text = Renderer(tok, family=recognise_dir(sys.argv[1])).render_prompt(msgs)
 print(json.dumps({"class": type(tok).__qualname__, "text": text,
                   "ids": tok.encode(text, add_special_tokens=False),
                   "special": sorted(tok.all_special_tokens), "torch": "torch" in sys.modules}))
@@ -77,7 +81,8 @@ def test_by_spec_is_autotokenizers_tokenizer_without_torch(family: str) -> None:
     auto = load_tokenizer(path)
     spec = class_spec(auto)
     assert spec == "transformers.tokenization_utils_tokenizers:TokenizersBackend"
-    text = auto.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    # the template's render (the family's encoder's, for a family without one: DeepSeek-V4)
+    text = Renderer(auto, family=recognise_dir(path)).render_prompt(MESSAGES)
     got = by_spec(path, spec, remote=False)
     assert got == {"class": type(auto).__qualname__, "text": text,
                    "ids": auto.encode(text, add_special_tokens=False),
@@ -91,7 +96,7 @@ def test_a_class_of_the_directorys_own_code_is_named_and_loaded_by_spec(tmp_path
     spec = class_spec(auto)
     assert spec == "remote:tokenization_tiny_remote.TinyRemoteTokenizer"
     got = by_spec(path, spec, remote=True)
-    text = auto.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    text = Renderer(auto, family=recognise_dir(path)).render_prompt(MESSAGES)
     assert (got["class"], got["text"], got["torch"]) == ("TinyRemoteTokenizer", text, False)
     assert got["ids"] == auto.encode(text, add_special_tokens=False)
 
