@@ -181,7 +181,10 @@ def test_the_local_render_matches_the_server(family_run: dict[str, Any]) -> None
 def test_tool_calls_parse_into_declared_tools(family_run: dict[str, Any]) -> None:
     fam = family_run["family"]
     done = [r for r in family_run["rows"] if r["token_source"] == "server"]
-    tool_rows = [r for r in done if r["finish_reason"] == "tool_calls" or _calls(r)]
+    # a call cut by max_tokens parses into what was written of it (Qwen3-Coder's verbose XML
+    # calls: a second call's name cut short): the finished ones are held to the declared tools
+    tool_rows = [r for r in done if not r["truncated"]
+                 and (r["finish_reason"] == "tool_calls" or _calls(r))]  # fmt: skip
     assert len(tool_rows) >= 4, "the demo target calls the offered tools"
     for r in tool_rows:
         calls = _calls(r)

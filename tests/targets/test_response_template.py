@@ -24,7 +24,14 @@ import pytest
 from regen.core.errors import ConfigError
 from regen.core.sample import ToolCall
 from regen.devkit.demo_target import RESPONSE_TEMPLATES
-from regen.targets import FAMILIES, RESPONSE_TEMPLATE, TokenizerFacts, recognise, target_family
+from regen.targets import (
+    FAMILIES,
+    RESPONSE_TEMPLATE,
+    TokenizerFacts,
+    _precedence,
+    recognise,
+    target_family,
+)
 from regen.targets.response_template import ResponseTemplateFamily, delimiters, from_facts
 
 CALLS = (ToolCall("functions.get_weather:0", "get_weather", '{"city": "Oslo"}'),
@@ -146,6 +153,7 @@ def test_a_template_the_engines_do_not_serve_is_no_family(caplog) -> None:
 
 def test_a_family_module_takes_precedence(tmp_path: Path, caplog) -> None:
     kimi_tokens = frozenset(FAMILIES["kimi"].special_tokens)
+    _precedence.cache_clear()  # said once per family and process: this test's own saying
     with caplog.at_level(logging.INFO, logger="regen.targets"):
         assert recognise(facts(EMBER, kimi_tokens)) is FAMILIES["kimi"]
     assert "the module is used" in caplog.text
