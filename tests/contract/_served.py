@@ -18,7 +18,6 @@ regen.template.prepare.
 
 from __future__ import annotations
 
-import ast
 import copy
 import functools
 import sys
@@ -40,14 +39,10 @@ _SERVING_CHAT_FUNCTIONS = (
 @functools.cache
 def _serving_chat() -> dict[str, Any]:
     """The module-level functions of SGLang's serving_chat.py that prepare messages."""
-    path = _sglang.wheel_root() / "srt" / "entrypoints" / "openai" / "serving_chat.py"
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    path = "srt/entrypoints/openai/serving_chat.py"
     ns: dict[str, Any] = {"orjson": __import__("orjson"), "Any": Any}
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name in _SERVING_CHAT_FUNCTIONS:
-            exec(compile(ast.Module([node], []), str(path), "exec"), ns)
-    missing = set(_SERVING_CHAT_FUNCTIONS) - ns.keys()
-    assert not missing, f"serving_chat.py no longer defines {missing}"
+    for source in _sglang.wheel_defs(path, _SERVING_CHAT_FUNCTIONS).values():
+        exec(compile(source, str(_sglang.wheel_root() / path), "exec"), ns)
     return ns
 
 

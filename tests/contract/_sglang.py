@@ -20,7 +20,9 @@ import importlib.machinery
 import importlib.metadata
 import importlib.util
 import json
+import subprocess
 import sys
+import textwrap
 import types
 from pathlib import Path
 from typing import Any
@@ -90,3 +92,54 @@ def load(name: str) -> types.ModuleType:
     module = importlib.import_module(name)
     assert module.__file__ is not None and Path(module.__file__).is_relative_to(root)
     return module
+
+
+#: prints, as JSON, the source of the named definitions of a file (argv: path, names; a name is a
+#: top-level function or assigned name, or ``Class.method``), decorators included, in file order
+_DEFS_SCRIPT = r"""
+import ast, json, sys
+path, names = sys.argv[1], set(sys.argv[2:])
+lines = open(path, encoding="utf-8").read().splitlines()
+def names_of(node):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, ast.Assign):
+        return {t.id for t in node.targets if isinstance(t, ast.Name)}
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return {node.target.id}
+    return set()
+def text(node):
+    first = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
+    return "\n".join(lines[first - 1 : node.end_lineno])
+found = {}
+for node in ast.parse("\n".join(lines)).body:
+    for name in names_of(node) & names:
+        found[name] = text(node)
+    if isinstance(node, ast.ClassDef):
+        for sub in node.body:
+            for name in {f"{node.name}.{n}" for n in names_of(sub)} & names:
+                found[name] = text(sub)
+print(json.dumps(found))
+"""
+
+
+@functools.cache
+def wheel_defs(relpath: str, names: tuple[str, ...]) -> dict[str, str]:
+    """The source text of ``names`` in the wheel's file ``relpath`` (under ``sglang/``): each
+    top-level function or assignment, or ``Class.method`` (dedented), in file order, to compile
+    one by one.
+
+    The file is parsed in a fresh interpreter: in a process where other tests have run,
+    CPython 3.11.7's ``ast.parse`` can raise "AST constructor recursion depth mismatch"
+    (compiling text, as the callers do, builds no Python AST objects and is not affected).
+    A name the file no longer defines fails the test, naming it."""
+    path = wheel_root() / relpath
+    out = subprocess.run(
+        [sys.executable, "-c", _DEFS_SCRIPT, str(path), *names],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    found: dict[str, str] = json.loads(out.stdout)
+    missing = set(names) - found.keys()
+    if missing:
+        pytest.fail(f"{relpath} no longer defines {sorted(missing)}")
+    return {name: textwrap.dedent(text) for name, text in found.items()}

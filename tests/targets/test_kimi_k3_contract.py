@@ -28,7 +28,6 @@
 from __future__ import annotations
 import __future__
 
-import ast
 import copy
 import functools
 import importlib.util
@@ -256,29 +255,17 @@ def sglang_serving() -> type:
     source with the module-level names they use."""
     import _sglang  # on the path _engines sets
 
-    path = _sglang.wheel_root() / "srt" / "entrypoints" / "openai" / "serving_chat.py"
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    path = "srt/entrypoints/openai/serving_chat.py"
+    names = (*_MODULE_NAMES, *(f"OpenAIServingChat.{m}" for m in _METHODS))
     protocol = sglang("entrypoints.openai.protocol")
     ns: dict[str, Any] = {"Any": Any, "logger": logging.getLogger("sglang.k3"),
                           "ChatCompletionMessageGenericParam":
                               protocol.ChatCompletionMessageGenericParam}  # fmt: skip
-    nodes: list[ast.stmt] = []
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.Assign) and _defines(node, _MODULE_NAMES):
-            nodes.append(node)
-        if isinstance(node, ast.ClassDef) and node.name == "OpenAIServingChat":
-            nodes += [f for f in node.body if isinstance(f, ast.FunctionDef) and f.name in _METHODS]
     flags = __future__.annotations.compiler_flag
-    exec(compile(ast.Module(nodes, []), str(path), "exec", flags=flags, dont_inherit=True), ns)
-    missing = {*_METHODS, *_MODULE_NAMES} - ns.keys()
-    assert not missing, f"serving_chat.py no longer defines {missing}"
+    filename = str(_sglang.wheel_root() / path)
+    for source in _sglang.wheel_defs(path, names).values():
+        exec(compile(source, filename, "exec", flags=flags, dont_inherit=True), ns)
     return type("K3Serving", (), {name: ns[name] for name in _METHODS})
-
-
-def _defines(node: ast.stmt, names: tuple[str, ...]) -> bool:
-    if isinstance(node, ast.FunctionDef):
-        return node.name in names
-    return any(isinstance(t, ast.Name) and t.id in names for t in node.targets)  # type: ignore[attr-defined]
 
 
 def sglang_prompt(hf, b: dict[str, Any]) -> str:
