@@ -95,11 +95,7 @@ SLOW = (
     "targets/test_deepseek_v4_contract.py::test_the_prompt_is_vllms",
     "targets/test_deepseek_v4_contract.py::test_where_the_engines_part_ways",
     "targets/test_deepseek_v4_contract.py::test_plain_and_legacy_render_as_vllm",
-    "targets/test_deepseek_v41_contract.py::test_vllm_round_trip",
-    "targets/test_deepseek_v41_contract.py::test_the_prompt_is_vllms",
-    "targets/test_deepseek_v41_contract.py::test_where_the_engines_part_ways",
-    "targets/test_deepseek_v41_contract.py::test_plain_and_legacy_render_as_vllm",
-    "targets/test_deepseek_v41_contract.py::test_the_effort_is_a_budget_line",
+    "targets/test_deepseek_v4_contract.py::test_v41s_effort_is_a_budget_line",
     # vLLM's own request preparation and template render, in a subprocess of its environment
     "template/test_served_render.py::test_vllm_renders_what_regen_renders",
     "train/test_train_pipeline.py",

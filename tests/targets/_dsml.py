@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,38 @@ TOKENS: tuple[tuple[str, bool], ...] = (
 )
 BOS, EOS, PAD = (t for t, _ in TOKENS[:3])
 VLLM_TIMEOUT_S = 240
+
+
+@dataclass(frozen=True, slots=True)
+class Markup:
+    """How a DSML version writes its calls: each tag is ``｜DSML｜`` + ``sep`` + its name, in a
+    block named ``block`` (V3.2 ``function_calls``, V4 ``tool_calls``, V4.1 ``calls`` and a
+    space after the marker)."""
+
+    block: str
+    sep: str = ""
+
+    def invoke(self, name: str, *params: tuple[str, str, str]) -> str:
+        """A call as the model writes it; ``params``: (key, string flag, value)."""
+        tag = f"｜DSML｜{self.sep}"
+        body = "\n".join(
+            f'<{tag}parameter name="{k}" string="{flag}">{v}</{tag}parameter>'
+            for k, flag, v in params
+        )
+        return f'<{tag}invoke name="{name}">\n{body}\n</{tag}invoke>'
+
+    def calls(self, *invokes: str) -> str:
+        """The block of ``invokes``."""
+        tag = f"｜DSML｜{self.sep}{self.block}"
+        return f"<{tag}>\n" + "\n".join(invokes) + f"\n</{tag}>"
+
+
+V32_MARKUP, V4_MARKUP, V41_MARKUP = (
+    Markup("function_calls"),
+    Markup("tool_calls"),
+    Markup("calls", " "),
+)
+
 
 # -- the conversations ------------------------------------------------------------------------
 WEATHER = {"type": "function", "function": {

@@ -23,6 +23,7 @@ from _dsml import (
     SYSTEM,
     TOKENS,
     TOOLS,
+    V32_MARKUP,
     assistant,
     build_tokenizer,
     call,
@@ -47,19 +48,7 @@ ON = {"thinking": True, "enable_thinking": True}
 OFF = {"thinking": False, "enable_thinking": False}
 
 
-def invoke(name: str, *params: tuple[str, str, str]) -> str:
-    """A call as the model writes it; ``params``: (key, string flag, value)."""
-    body = "\n".join(
-        f'<｜DSML｜parameter name="{k}" string="{flag}">{v}</｜DSML｜parameter>'
-        for k, flag, v in params
-    )
-    return f'<｜DSML｜invoke name="{name}">\n{body}\n</｜DSML｜invoke>'
-
-
-def block(*invokes: str) -> str:
-    return "<｜DSML｜function_calls>\n" + "\n".join(invokes) + "\n</｜DSML｜function_calls>"
-
-
+invoke, block = V32_MARKUP.invoke, V32_MARKUP.calls
 W = invoke("get_weather", ("city", "true", "Zürich"), ("days", "false", "2"),
            ("options", "false", '{"units": "°C", "list": [1, 2.5, null, true]}'))  # fmt: skip
 T = invoke("get_time", ("zone", "true", "CET"))
