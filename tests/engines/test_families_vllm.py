@@ -97,8 +97,7 @@ def family_run(
     tmp = tmp_path_factory.mktemp(f"family-{name}")
     served = load_manifest(manifest).target.model
     srv = VllmServer(vllm_python, model, served_name=served, family=fam,
-                     max_model_len=4096, max_num_seqs=8, in_process=True,
-                     log_path=tmp / "vllm.log")  # fmt: skip
+                     max_model_len=4096, max_num_seqs=8, log_path=tmp / "vllm.log")  # fmt: skip
     with srv:
         out = tmp / "run"
         argv = ["run", str(manifest), "--out", str(out), "--endpoint", srv.url,

@@ -17,10 +17,6 @@ optionally ``--max-num-queued-reqs N`` (overload answers 503 past N unfinished r
 ``--speculative-config JSON`` (EAGLE-3: ``{"method": "eagle3", "model": DRAFT_DIR,
 "num_speculative_tokens": K}``). ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sizes the KV cache.
 The model's attention head dimension must be one the CPU kernels support (32, 64, 80, ...).
-``in_process=True`` runs the engine core inside the API server's process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``): one process, one model load, about 40% less CPU for a
-lightly loaded server (a short run at a few concurrent requests); under load the API server and
-the engine then share one interpreter and answer slower, so the default keeps them apart.
 
 A trap of the CPU build: a seeded request (``seed`` set, as regen sends ``sampling.seed``)
 whose prompt is prefilled in chunks kills the engine (``RuntimeError: CPU Generator does not
@@ -87,7 +83,6 @@ class VllmServer(LocalServer):
         family: Family | None = None,
         kv_cache_gib: int = 1,
         extra_args: Sequence[str] = (),
-        in_process: bool = False,
         startup_timeout_s: float = 600.0,
         log_path: str | Path | None = None,
         env: dict[str, str] | None = None,
@@ -111,14 +106,11 @@ class VllmServer(LocalServer):
         #: the parser flags' names: ``parsers`` (a family's ``vllm``), else Kimi's unless
         #: ``kimi_parsers`` is False (then none); ``family``: all of that family's vLLM flags
         #: (its parsers, and e.g. the tokenizer mode of a family vLLM encodes in Python)
-        self.in_process = in_process
         self.parsers = parsers if parsers is not None else (KIMI.vllm if kimi_parsers else None)
         self.family = family
         self.kv_cache_gib = kv_cache_gib
         self.extra_args = tuple(extra_args)
         self.env_defaults.update(VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib), VLLM_NO_USAGE_STATS="1")
-        if in_process:
-            self.env_defaults["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
     @property
     def listed_name(self) -> str:
