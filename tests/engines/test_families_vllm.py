@@ -82,7 +82,8 @@ def family_run(
     request: pytest.FixtureRequest, vllm_python: Path, ray_head: Any,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, Any]]:  # fmt: skip
-    """One family's run: its demo target served by one vLLM server with its parsers."""
+    """One family's run: its demo target served by one vLLM server with its parsers (the uni
+    executor: a short run without a draft, VllmServer's docstring)."""
     from regen.cli.main import main as regen_main
     from regen.devkit.servers import build_demo_target
     from regen.devkit.servers.vllm import VllmServer
@@ -97,7 +98,8 @@ def family_run(
     tmp = tmp_path_factory.mktemp(f"family-{name}")
     served = load_manifest(manifest).target.model
     srv = VllmServer(vllm_python, model, served_name=served, family=fam,
-                     max_model_len=4096, max_num_seqs=8, log_path=tmp / "vllm.log")  # fmt: skip
+                     max_model_len=4096, max_num_seqs=8, uni_executor=True,
+                     log_path=tmp / "vllm.log")  # fmt: skip
     with srv:
         out = tmp / "run"
         argv = ["run", str(manifest), "--out", str(out), "--endpoint", srv.url,

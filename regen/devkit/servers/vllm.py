@@ -20,12 +20,14 @@ The model's attention head dimension must be one the CPU kernels support (32, 64
 
 Processes: the API server and its engine core are two processes whatever the settings; by
 default the CPU build adds a third, the model's worker (the "mp" executor). ``uni_executor``
-(the default) sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, which the CPU platform reads
-(``platforms/cpu.py``) to keep the "uni" executor: the model runs in the engine core's process.
-Measured on the Kimi demo target (2026-12-06, this 2-core machine): a start takes 14 s and
-15 CPU-s instead of 20 s and 22 CPU-s; 48 streamed answers of 200 tokens at 8 concurrent cost
-the server 10.3-10.9 CPU-s either way. vLLM's API server itself does not read the variable
-(only the offline ``LLMEngine`` does).
+sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, which the CPU platform reads (``platforms/cpu.py``)
+to keep the "uni" executor: the model runs in the engine core's process. Measured here
+(2026-12-06, Kimi demo target): a start takes 14 s and 15 CPU-s instead of 20 s and 22 CPU-s,
+and 48 streamed 200-token answers at 8 concurrent cost the same CPU on a quiet machine; but
+with a speculative draft on two busy cores the loop's bench and greedy phases took 3-7 times
+longer (91 s against 21, 43 s against 6). So it is for short, lightly loaded servers without a
+draft (the family runs of tests/engines), off by default. vLLM's API server itself does not
+read the variable (only the offline ``LLMEngine`` does).
 
 A trap of the CPU build: a seeded request (``seed`` set, as regen sends ``sampling.seed``)
 whose prompt is prefilled in chunks kills the engine (``RuntimeError: CPU Generator does not
@@ -92,7 +94,7 @@ class VllmServer(LocalServer):
         family: Family | None = None,
         kv_cache_gib: int = 1,
         extra_args: Sequence[str] = (),
-        uni_executor: bool = True,
+        uni_executor: bool = False,
         startup_timeout_s: float = 600.0,
         log_path: str | Path | None = None,
         env: dict[str, str] | None = None,
