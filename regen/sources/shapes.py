@@ -77,6 +77,14 @@ def _str(value: Any, where: str) -> str:
     return value
 
 
+def _opt_str(value: Any, where: str) -> str | None:
+    """An optional text field: None when absent, null or empty, else its text (wrong_type when
+    it is not text)."""
+    if value is None or value == "":
+        return None
+    return _str(value, where)
+
+
 def _list(value: Any, where: str) -> list[Any]:
     if not isinstance(value, list):
         raise RowError("wrong_type", f"expected a list, got {type(value).__name__}", field=where)
@@ -212,15 +220,17 @@ def parse_messages(row: dict[str, Any]) -> Parsed:
             raw_calls = m.get("tool_calls")
             calls = _tool_calls(raw_calls, f"{where}.tool_calls") if raw_calls else ()
             text, reasoning = split_reasoning(content)
-            reasoning = m.get("reasoning_content") or reasoning
+            reasoning = (
+                _opt_str(m.get("reasoning_content"), f"{where}.reasoning_content") or reasoning
+            )
             messages.append(Message("assistant", text, reasoning=reasoning, tool_calls=calls))
         elif role == "tool":
             messages.append(
                 Message(
                     "tool",
                     content,
-                    tool_call_id=m.get("tool_call_id") or None,
-                    name=m.get("name") or None,
+                    tool_call_id=_opt_str(m.get("tool_call_id"), f"{where}.tool_call_id"),
+                    name=_opt_str(m.get("name"), f"{where}.name"),
                 )
             )
         else:
@@ -470,8 +480,24 @@ def parse_native(row: dict[str, Any]) -> Tokens:
     return Tokens(list(ids), list(mask), _upstream_id(row, "id"))
 
 
+def check_texts(messages: list[Message]) -> None:
+    """Every text field of the messages is a ``str`` (optional ones may be None): a value of
+    another type that a shape let through is a ``wrong_type`` rejection naming its field, here
+    at the door, before anything reads it as text (hashing, normalising, rendering)."""
+    for i, m in enumerate(messages):
+        _str(m.content, f"messages[{i}].content")
+        for name in ("reasoning", "tool_call_id", "name"):
+            if (value := getattr(m, name)) is not None:
+                _str(value, f"messages[{i}].{name}")
+        for j, c in enumerate(m.tool_calls):
+            for name in ("id", "name", "arguments"):
+                _str(getattr(c, name), f"messages[{i}].tool_calls[{j}].{name}")
+
+
 def check_conversation(messages: list[Message]) -> None:
-    """Checks every regenerate-mode conversation must pass, whatever its shape."""
+    """Checks every regenerate-mode conversation must pass, whatever its shape (first: every
+    text it holds is text, :func:`check_texts`)."""
+    check_texts(messages)
     if not any(m.role == "user" for m in messages):
         raise RowError("no_user_turn", "the conversation has no user turn", field=None)
     if not any(m.content.strip() for m in messages if m.role != "assistant"):

@@ -480,3 +480,57 @@ def test_kimi_native_check_hook_rejects_with_its_reason(tmp_path: Path) -> None:
     assert isinstance(a, Rejection) and (a.reason, a.row) == ("id_out_of_vocab", 1)
     assert isinstance(b, Sample) and b.id == "kimi_native:b"
     assert seen == ["kimi_native:a", "kimi_native:b"]
+
+
+# --- every text typed at the door (issue 42's crashes: an int or a list in a text field) -------
+def _swe(tool_msg: dict[str, Any], assistant: dict[str, Any] | None = None) -> dict[str, Any]:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    return {"instance_id": "x", "messages": [
+        {"role": "user", "content": "go"},
+        assistant or {"role": "assistant", "content": "", "tool_calls": [call]},
+        tool_msg,
+        {"role": "assistant", "content": "done"},
+    ]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("row", "field"),
+    [
+        (_swe({"role": "tool", "content": "ok", "tool_call_id": 7}), "messages[2].tool_call_id"),
+        (_swe({"role": "tool", "content": "ok", "name": ["f"]}), "messages[2].name"),
+        (_swe({"role": "tool", "content": "ok", "name": 2.5}), "messages[2].name"),
+        (_swe({"role": "tool", "content": "ok"},
+              {"role": "assistant", "content": "", "reasoning_content": {"a": 1}}),
+         "messages[1].reasoning_content"),
+    ],
+)  # fmt: skip
+def test_a_wrong_type_in_an_optional_text_is_a_rejection_naming_it(
+    tmp_path: Path, row: dict[str, Any], field: str
+) -> None:
+    r = rejection(run(tmp_path, "swe_gym", [row]))
+    assert (r.reason, r.field) == ("wrong_type", field), r
+
+
+def test_empty_optional_texts_stay_absent(tmp_path: Path) -> None:
+    row = _swe({"role": "tool", "content": "ok", "tool_call_id": "", "name": None})
+    s = only_sample(run(tmp_path, "swe_gym", [row]))
+    assert (s.messages[2].tool_call_id, s.messages[2].name) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("message", "field"),
+    [
+        (Message("user", 5), "messages[0].content"),  # type: ignore[arg-type]
+        (Message("user", "hi", name=3), "messages[0].name"),  # type: ignore[arg-type]
+        (Message("tool", "r", tool_call_id=["c"]), "messages[0].tool_call_id"),  # type: ignore[arg-type]
+        (Message("assistant", "", tool_calls=(ToolCall("c", "f", {"a": 1}),)),  # type: ignore[arg-type]
+         "messages[0].tool_calls[0].arguments"),
+    ],
+)  # fmt: skip
+def test_check_texts_names_the_first_field_that_is_not_text(message: Message, field: str) -> None:
+    from regen.core.errors import RowError
+    from regen.sources.shapes import check_texts
+
+    with pytest.raises(RowError) as e:
+        check_texts([message])
+    assert (e.value.reason, e.value.field) == ("wrong_type", field)
