@@ -60,7 +60,7 @@ SLOW = (
     "devkit/simulate/test_sim_spec_server.py",
     "store/test_run_lock.py::test_two_processes_racing_for_a_stale_lock_one_wins",
     "store/test_s3_store.py",
-    # vLLM's own parsers, in a subprocess of its environment (one per module)
+    # vLLM's own parsers, in its environment's worker process (tests/_vllm_call.py)
     "targets/test_deepseek_v3_contract.py::test_vllm_round_trip",
     "targets/test_deepseek_v3_contract.py::test_vllm_loses_a_call_whose_arguments_hold_a_newline",
     "targets/test_glm45_contract.py::test_vllm_round_trip",
@@ -96,7 +96,7 @@ SLOW = (
     "targets/test_deepseek_v4_contract.py::test_where_the_engines_part_ways",
     "targets/test_deepseek_v4_contract.py::test_plain_and_legacy_render_as_vllm",
     "targets/test_deepseek_v4_contract.py::test_v41s_effort_is_a_budget_line",
-    # vLLM's own request preparation and template render, in a subprocess of its environment
+    # vLLM's own request preparation and template render, in its environment's worker process
     "template/test_served_render.py::test_vllm_renders_what_regen_renders",
     "train/test_train_pipeline.py",
     "train/test_train_serving.py",

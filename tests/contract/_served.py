@@ -17,6 +17,7 @@ regen.template.prepare.
 """
 
 from __future__ import annotations
+import __future__
 
 import copy
 import functools
@@ -39,10 +40,10 @@ _SERVING_CHAT_FUNCTIONS = (
 @functools.cache
 def _serving_chat() -> dict[str, Any]:
     """The module-level functions of SGLang's serving_chat.py that prepare messages."""
-    path = "srt/entrypoints/openai/serving_chat.py"
     ns: dict[str, Any] = {"orjson": __import__("orjson"), "Any": Any}
-    for source in _sglang.wheel_defs(path, _SERVING_CHAT_FUNCTIONS).values():
-        exec(compile(source, str(_sglang.wheel_root() / path), "exec"), ns)
+    # annotations deferred, as the file itself has them
+    _sglang.wheel_exec("srt/entrypoints/openai/serving_chat.py", _SERVING_CHAT_FUNCTIONS, ns,
+                       flags=__future__.annotations.compiler_flag)  # fmt: skip
     return ns
 
 

@@ -143,3 +143,11 @@ def wheel_defs(relpath: str, names: tuple[str, ...]) -> dict[str, str]:
     if missing:
         pytest.fail(f"{relpath} no longer defines {sorted(missing)}")
     return {name: textwrap.dedent(text) for name, text in found.items()}
+
+
+def wheel_exec(relpath: str, names: tuple[str, ...], ns: dict[str, Any], flags: int = 0) -> None:
+    """Define ``names`` of the wheel's file ``relpath`` in the namespace ``ns`` (their source by
+    :func:`wheel_defs`, compiled one by one with the compiler ``flags``, under the file's name)."""
+    filename = str(wheel_root() / relpath)
+    for source in wheel_defs(relpath, names).values():
+        exec(compile(source, filename, "exec", flags=flags, dont_inherit=True), ns)

@@ -255,16 +255,13 @@ def sglang_serving() -> type:
     source with the module-level names they use."""
     import _sglang  # on the path _engines sets
 
-    path = "srt/entrypoints/openai/serving_chat.py"
     names = (*_MODULE_NAMES, *(f"OpenAIServingChat.{m}" for m in _METHODS))
     protocol = sglang("entrypoints.openai.protocol")
     ns: dict[str, Any] = {"Any": Any, "logger": logging.getLogger("sglang.k3"),
                           "ChatCompletionMessageGenericParam":
                               protocol.ChatCompletionMessageGenericParam}  # fmt: skip
-    flags = __future__.annotations.compiler_flag
-    filename = str(_sglang.wheel_root() / path)
-    for source in _sglang.wheel_defs(path, names).values():
-        exec(compile(source, filename, "exec", flags=flags, dont_inherit=True), ns)
+    _sglang.wheel_exec("srt/entrypoints/openai/serving_chat.py", names, ns,
+                       flags=__future__.annotations.compiler_flag)  # fmt: skip
     return type("K3Serving", (), {name: ns[name] for name in _METHODS})
 
 
