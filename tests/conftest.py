@@ -33,11 +33,23 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from regen.devkit.procs import stop_group
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
+
+#: Hypothesis (the property tests, tests/_hostile.py): no deadline (two busy cores), no example
+#: database written under the checkout, a fixed budget per test: ``ci`` (the default) draws the
+#: same examples on every run (derandomised); ``long`` (``REGEN_HYPOTHESIS=long``, README's
+#: "Property tests") draws new ones, 5,000 a test, for a local hunt
+_QUIET = dict(deadline=None, database=None, print_blob=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                     HealthCheck.filter_too_much])  # fmt: skip
+settings.register_profile("ci", max_examples=100, derandomize=True, **_QUIET)
+settings.register_profile("long", max_examples=5000, **_QUIET)
+settings.load_profile(os.environ.get("REGEN_HYPOTHESIS", "ci"))
 
 #: seconds the head may take to answer the job API
 RAY_START_TIMEOUT_S = 120.0
