@@ -25,11 +25,11 @@ assistant turn. A prompt-only sample (no assistant turn) gets one turn in either
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from regen.core import jsontext
 from regen.core.result import TurnResult
 from regen.core.sample import Message, Sample, ToolCall
 
@@ -81,7 +81,7 @@ def reply_message(result: TurnResult) -> Message:
 def _arguments(text: str) -> Any:
     """Arguments as parsed JSON (a string that does not parse stays the string)."""
     try:
-        return ("json", json.loads(text))
+        return ("json", jsontext.loads(text))
     except ValueError:
         return ("text", text)
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from regen.core import jsontext
 from regen.core.errors import SourceError
 from regen.core.sample import Rejection, unencodable_field
 from regen.manifest import Manifest, Source
@@ -110,7 +111,7 @@ def _iter_jsonl(name: str, path: Path) -> Iterator[RawRow | Rejection]:
                 yield Rejection(name, lineno, "invalid_utf8", f"byte {e.start}: {e.reason}")
                 continue
             try:
-                data = json.loads(text)
+                data = jsontext.loads(text)
             except json.JSONDecodeError as e:
                 yield Rejection(name, lineno, "malformed_json", f"{e.msg} (column {e.colno})")
                 continue

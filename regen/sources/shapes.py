@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from regen.core import jsontext
 from regen.core.errors import RowError
 from regen.core.sample import Message, ToolCall
 
@@ -109,7 +110,7 @@ def _json_arg(raw: Any, where: str) -> str:
     """Tool-call arguments as a JSON string (a dict is dumped, a string must parse)."""
     if isinstance(raw, str):
         try:
-            json.loads(raw)
+            jsontext.loads(raw)
         except json.JSONDecodeError as e:
             raise RowError("bad_tool_json", f"arguments: {e.msg}", field=where) from None
         return raw
@@ -198,12 +199,41 @@ def _tools_column(raw: Any, where: str) -> list[dict[str, Any]] | None:
         return None
     if isinstance(raw, str):
         try:
-            raw = json.loads(raw)
+            raw = jsontext.loads(raw)
         except json.JSONDecodeError as e:
             raise RowError("bad_tool_json", e.msg, field=where) from None
     if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):
         raise RowError("bad_tool_json", "tools must be a list of objects", field=where)
-    return raw
+    return check_tools(raw, where)
+
+
+def check_tools(tools: list[dict[str, Any]], where: str = "tools") -> list[dict[str, Any]]:
+    """``tools`` when each is a declaration both engines' protocol models take (SGLang's
+    ``Tool``/``Function``, vLLM's ``ChatCompletionToolsParam``/``FunctionDefinition``): ``type``
+    "function" or absent, ``function`` an object with a non-empty text ``name``, a text
+    ``description`` and an object ``parameters`` where given (null allowed), ``strict`` a bool;
+    else ``bad_tool_json`` naming the field."""
+    for i, t in enumerate(tools):
+        w = f"{where}[{i}]"
+        if t.get("type", "function") != "function":
+            raise RowError("bad_tool_json", "a tool's type is not 'function'", field=f"{w}.type")
+        fn = t.get("function")
+        if not isinstance(fn, dict):
+            raise RowError(
+                "bad_tool_json", "a tool without a function object", field=f"{w}.function"
+            )
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise RowError("bad_tool_json", "a function without a name", field=f"{w}.function.name")
+        for key, kind, ok in _FUNCTION_FIELDS:
+            if fn.get(key) is not None and not isinstance(fn[key], ok):
+                detail = f"{key} is {type(fn[key]).__name__}, not {kind}"
+                raise RowError("bad_tool_json", detail, field=f"{w}.function.{key}")
+    return tools
+
+
+#: a function declaration's optional fields: (key, what it must be, its type)
+_FUNCTION_FIELDS = (("description", "text", str), ("parameters", "an object", dict),
+                    ("strict", "a bool", bool))  # fmt: skip
 
 
 def parse_messages(row: dict[str, Any]) -> Parsed:
@@ -317,7 +347,7 @@ def _json_column(row: dict[str, Any], key: str) -> Any:
     raw = _get(row, key)
     if isinstance(raw, str):
         try:
-            return json.loads(raw)
+            return jsontext.loads(raw)
         except json.JSONDecodeError as e:
             raise RowError("bad_tool_json", f"{e.msg} at column {e.colno}", field=key) from None
     return raw
@@ -362,7 +392,6 @@ def _glaive_functions(system: str) -> tuple[str, list[dict[str, Any]] | None]:
     if start < 0:
         return text, None
     prose, rest = text[:start].strip(), text[start:]
-    decoder = json.JSONDecoder()
     tools: list[dict[str, Any]] = []
     pos = 0
     while pos < len(rest):
@@ -371,14 +400,14 @@ def _glaive_functions(system: str) -> tuple[str, list[dict[str, Any]] | None]:
         if pos >= len(rest):
             break
         try:
-            obj, pos = decoder.raw_decode(rest, pos)
+            obj, pos = jsontext.raw_decode(rest, pos)
         except json.JSONDecodeError as e:
             detail = f"function definition: {e.msg}"
             raise RowError("bad_tool_json", detail, field="system") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             raise RowError("bad_tool_json", "function definition without a name", field="system")
         tools.append({"type": "function", "function": obj})
-    return prose, tools or None
+    return prose, check_tools(tools, "system.functions") if tools else None
 
 
 def _glaive_call(body: str, index: int) -> ToolCall:
@@ -387,7 +416,7 @@ def _glaive_call(body: str, index: int) -> ToolCall:
     if m:  # Glaive quotes the arguments object with single quotes: not JSON as written
         text = text[: m.start()] + m.group(1) + json.dumps(m.group(2)) + m.group(3)
     try:
-        obj = json.loads(text)
+        obj = jsontext.loads(text)
     except json.JSONDecodeError as e:
         raise RowError("bad_tool_json", f"function call: {e.msg}", field="chat") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):

@@ -31,10 +31,10 @@ by vLLM.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
+from regen.core import jsontext
 from regen.core.errors import TemplateError
 from regen.targets.deepseek_v4 import (
     VOCAB_SIZE,
@@ -86,7 +86,7 @@ def lenient_arguments(call: Mapping[str, Any]) -> Mapping[str, Any]:
     args = call_arguments(call)
     if isinstance(args, str):
         with contextlib.suppress(ValueError):
-            args = json.loads(args)
+            args = jsontext.loads(args)
     return args if isinstance(args, dict) else {"arguments": raw}
 
 

@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from regen.core import jsontext
 from regen.core.errors import TemplateError
 from regen.core.sample import ToolCall
 from regen.targets.family import Family, Thinking, TokenizerFacts, arguments_json
@@ -175,7 +176,7 @@ def call_arguments(call: Mapping[str, Any]) -> Any:
     args = (call.get("function") or {}).get("arguments")
     if isinstance(args, str):
         try:
-            return json.loads(args)
+            return jsontext.loads(args)
         except ValueError:
             return args
     return args

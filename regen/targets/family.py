@@ -37,11 +37,11 @@ not have written it is flagged ``content_has_think``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from regen.core import jsontext
 from regen.core.errors import TemplateError
 from regen.core.sample import ToolCall
 
@@ -314,6 +314,6 @@ def _parser_flags(parsers: Parsers, *, auto_tool_choice: bool) -> list[str]:
 def arguments_json(arguments: str) -> Any:
     """A call's arguments as JSON data (the string itself when it is not JSON)."""
     try:
-        return json.loads(arguments)
+        return jsontext.loads(arguments)
     except ValueError:
         return arguments

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from regen.core import jsontext
 from regen.core.errors import ArgumentsError, TemplateError
 from regen.targets.kimi_k3_xtml import END_OF_MSG, Segments
 
@@ -318,7 +319,7 @@ def read_arguments(args: Any, name: Any) -> tuple[dict[str, Any], str | None]:
     if not args.strip():
         return {}, None
     try:
-        value = json.loads(args)
+        value = jsontext.loads(args)
     except ValueError:
         return {}, args
     if not isinstance(value, dict):

@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from regen.core import jsontext
 from regen.core.errors import TemplateError
 from regen.core.sample import ToolCall
 from regen.targets.family import Family, Parsers, TokenizerFacts
@@ -338,7 +339,7 @@ class ResponseTemplateFamily(Family):
 def _dumped(arguments: str) -> str:
     """Arguments as the engines return a JSON body: ``json.dumps`` of the parsed value."""
     try:
-        return json.dumps(json.loads(arguments), ensure_ascii=False)
+        return json.dumps(jsontext.loads(arguments), ensure_ascii=False)
     except ValueError:
         return arguments
 

@@ -48,13 +48,13 @@ engine profile's name (:func:`preparation`); each says where it was read:
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
+from regen.core import jsontext
 from regen.core.errors import ArgumentsError, TemplateError
 from regen.core.sample import Message
 from regen.core.tools import sglang_tools, vllm_tools
@@ -196,7 +196,7 @@ def parse_arguments(text: Any, rule: ArgumentsRule, name: str = "") -> Any:
     if not text and rule == "empty":
         return {}
     try:
-        value = json.loads(text) if isinstance(text, str) else text
+        value = jsontext.loads(text) if isinstance(text, str) else text
     except ValueError:
         value = _NOT_JSON
     if isinstance(value, dict):
