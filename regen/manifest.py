@@ -474,7 +474,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         parts = [p for p in key.strip().split(".") if p]
         if not parts:
             raise ConfigError(f"override {item!r} has an empty key", field=item)
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw, f"override {key!r}", field=key) if raw.strip() else ""
         node: Any = data
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
@@ -503,10 +503,18 @@ def read_yaml_file(path: str | Path, what: str, *, field: str | None = None) -> 
     except (OSError, UnicodeDecodeError) as e:
         why = getattr(e, "strerror", None) or e
         raise ConfigError(f"cannot read {what} {str(p)!r}: {why}", field=field) from None
+    return load_yaml(text, f"{what} {p}", field=field)
+
+
+def load_yaml(text: str, what: str, *, field: str | None = None) -> Any:
+    """``yaml.safe_load(text)``; one ConfigError line naming ``what`` when it is not YAML."""
     try:
         return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{what} {p}: not valid YAML: {e}", field=field) from None
+    except (yaml.YAMLError, ValueError, RecursionError) as e:
+        # PyYAML's messages span lines (the problem, then where); a date that is no date
+        # (2001-02-30) is its ValueError, text nested too deeply a RecursionError
+        why = " ".join(str(e).split()) or type(e).__name__
+        raise ConfigError(f"{what}: not valid YAML: {why}", field=field) from None
 
 
 def _read_overlay(path: str) -> dict[str, Any]:
@@ -583,8 +591,10 @@ def config_error(
     errors = e.errors()
     err = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
     loc = [str(x) for x in err["loc"]]
-    # pydantic puts the union/literal tag in the location; keep only real path parts
-    path = ".".join(x for x in loc if not x.startswith(("function-", "literal[")))
+    # pydantic puts the union/literal tag in the location; keep only real path parts (a key
+    # that is not printable text, a line break or a lone surrogate in it, shown as JSON)
+    path = ".".join(x if x.isprintable() else json.dumps(x)
+                    for x in loc if not x.startswith(("function-", "literal[")))  # fmt: skip
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
         msg = "unknown key (not allowed here)" + _closest(err["loc"], errors, model)
