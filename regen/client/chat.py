@@ -39,7 +39,7 @@ from typing import Any
 from regen.client.errors import not_protocol
 from regen.client.profiles import EngineProfile, profile_named
 from regen.client.retry import FailureHook, RetryPolicy
-from regen.client.stream import StreamAccumulator, usage_fields
+from regen.client.stream import StreamAccumulator, typed, usage_fields
 from regen.client.transport import ChatTransport
 from regen.core.errors import (
     ConfigError,
@@ -95,23 +95,31 @@ def auth_headers(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def _reasoning_of(msg: dict[str, Any]) -> str | None:
+def _reasoning_of(msg: dict[str, Any], url: str) -> str | None:
     value = msg.get("reasoning_content")
     if value is None:
         value = msg.get("reasoning")
-    return value if isinstance(value, str) else None
+    return typed(value, str, "message.reasoning_content", url)
 
 
-def _tool_calls_of(msg: dict[str, Any]) -> tuple[ToolCall, ...]:
+def _tool_calls_of(msg: dict[str, Any], url: str) -> tuple[ToolCall, ...]:
+    """The calls of a whole answer's message (:class:`MalformedAnswerError` for a field of
+    the wrong type; arguments sent as an object are dumped)."""
     calls = []
-    for c in msg.get("tool_calls") or ():
-        fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict):
+    for i, c in enumerate(typed(msg.get("tool_calls"), list, "message.tool_calls", url) or ()):
+        where = f"message.tool_calls[{i}]"
+        c = typed(c, dict, where, url) or {}
+        fn = typed(c.get("function"), dict, f"{where}.function", url)
+        if fn is None:
             continue
         args = fn.get("arguments")
-        if not isinstance(args, str):
-            args = json.dumps(args) if args is not None else ""
-        calls.append(ToolCall(id=c.get("id") or "", name=fn.get("name") or "", arguments=args))
+        if isinstance(args, dict):
+            args = json.dumps(args)
+        calls.append(ToolCall(
+            id=typed(c.get("id"), str, f"{where}.id", url) or "",
+            name=typed(fn.get("name"), str, f"{where}.function.name", url) or "",
+            arguments=typed(args, str, f"{where}.function.arguments", url) or "",
+        ))  # fmt: skip
     return tuple(calls)
 
 
@@ -312,22 +320,24 @@ class ChatClient:
         if not choices or not isinstance(choices[0], dict):
             raise PermanentError(f"response from {self.url} has no choices", endpoint=self.url)
         choice = choices[0]
-        msg = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        url = self.url
+        msg = typed(choice.get("message"), dict, "message", url) or {}
+        finish = typed(choice.get("finish_reason"), str, "finish_reason", url)
         prompt_ids, output_ids = self.profile.whole_ids(data, choice)
         return TurnResult(
-            content=msg.get("content") or "",
-            reasoning=_reasoning_of(msg),
-            tool_calls=_tool_calls_of(msg),
-            finish_reason=_check_finish(choice.get("finish_reason"), self.url),
-            model=data.get("model") or self.model,
-            endpoint=self.url,
+            content=typed(msg.get("content"), str, "message.content", url) or "",
+            reasoning=_reasoning_of(msg, url),
+            tool_calls=_tool_calls_of(msg, url),
+            finish_reason=_check_finish(finish, url),
+            model=typed(data.get("model"), str, "model", url) or self.model,
+            endpoint=url,
             prompt_token_ids=prompt_ids,
             output_token_ids=output_ids,
             latency_s=end - start,
             ttft_s=None,
             engine=self.profile.name,
             engine_version=self.engine_version,
-            **usage_fields(data.get("usage")),
+            **usage_fields(data.get("usage"), url),
         )
 
     async def aclose(self) -> None:

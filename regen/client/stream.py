@@ -5,7 +5,11 @@ would spend more CPU there than anywhere else, so the stream is read as raw line
 ``data:`` line is decoded with ``json.loads``. One ``data:`` line is one event (every
 OpenAI-compatible server writes one JSON object per line); ``data: [DONE]`` ends the stream;
 comments, ``event:`` and ``id:`` lines are ignored. A chunk carrying ``error`` raises the
-matching regen error (see :func:`regen.client.errors.stream_error`).
+matching regen error (see :func:`regen.client.errors.stream_error`). A ``data:`` line that is
+not a JSON object, or a field read here of the wrong type (text that is a number, a delta that
+is a list, a count that is text), raises :class:`~regen.core.errors.MalformedAnswerError`
+naming the field (:func:`typed`): no row is built from such an answer. Ids of the wrong type
+are the profile's business (``id_list``: not ids).
 
 The fast path: SGLang streams one token per chunk, and all the text chunks of one stream are
 the same bytes around the token's JSON string (same id, created, model, keys). The first chunk
@@ -52,6 +56,7 @@ from json.decoder import scanstring
 from typing import Any
 
 from regen.client.errors import stream_error
+from regen.core.errors import MalformedAnswerError
 from regen.core.sample import ToolCall
 
 
@@ -129,9 +134,14 @@ class StreamAccumulator:
         if payload == done_marker:
             self.done = True
             return None
-        data = json.loads(payload)  # str or bytes alike
-        if not isinstance(data, dict):
-            return None
+        try:
+            data = json.loads(payload)  # str or bytes alike
+        except (ValueError, RecursionError):
+            raise MalformedAnswerError(
+                f"answer from {self.endpoint}: an event that is not JSON: {_excerpt(payload)}",
+                endpoint=self.endpoint,
+            ) from None
+        data = self._typed(data, dict, "an event")
         if data.get("error") is not None:
             raise stream_error(data["error"], endpoint=self.endpoint)
         self.add(data)
@@ -222,53 +232,65 @@ class StreamAccumulator:
         )
 
     def add(self, data: dict[str, Any]) -> None:
-        """One decoded chunk."""
+        """One decoded chunk (:class:`MalformedAnswerError` for a field of the wrong type)."""
         self.chunks += 1
-        model = data.get("model")
+        model = self._typed(data.get("model"), str, "model")
         if model:
             self.model = model
-        usage = data.get("usage")
+        usage = self._typed(data.get("usage"), dict, "usage")
         if usage:
             self.usage = usage
-        ext = data.get("sglext")
+        ext = self._typed(data.get("sglext"), dict, "sglext")
         if ext:
             self._sglext(ext)
         top = data.get("prompt_token_ids")
         if isinstance(top, list):
             self.top_prompt_ids = top
-        for choice in data.get("choices") or ():
-            if choice.get("index", 0) not in (0, None):
+        for choice in self._typed(data.get("choices"), list, "choices") or ():
+            choice = self._typed(choice, dict, "choices[]")
+            if choice is None or choice.get("index", 0) not in (0, None):
                 continue
             ids = choice.get("token_ids")
             if isinstance(ids, list):
                 if self.choice_ids is None:
                     self.choice_ids = []
                 self.choice_ids.extend(ids)
-            delta = choice.get("delta") or {}
+            delta = self._typed(choice.get("delta"), dict, "delta") or {}
             got = False
-            text = delta.get("content")
+            text = self._typed(delta.get("content"), str, "delta.content")
             if text:
                 self.content.append(text)
                 got = True
             thought = delta.get("reasoning_content") or delta.get("reasoning")
-            if isinstance(thought, str) and thought:
+            if self._typed(thought, str, "delta.reasoning_content"):
                 self.reasoning.append(thought)
                 got = True
-            for tc in delta.get("tool_calls") or ():
-                parts = self.tools.setdefault(tc.get("index") or 0, _ToolCallParts())
-                if tc.get("id"):
-                    parts.id = tc["id"]
-                fn = tc.get("function") or {}
-                if fn.get("name"):
-                    parts.name += fn["name"]
-                args = fn.get("arguments")
-                if args:
-                    parts.arguments.append(args if isinstance(args, str) else json.dumps(args))
+            for tc in self._typed(delta.get("tool_calls"), list, "delta.tool_calls") or ():
+                self._tool_call_delta(self._typed(tc, dict, "delta.tool_calls[]") or {})
                 got = True
             if got and self.first_token_at is None:
                 self.first_token_at = self.clock()
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
+            finish = self._typed(choice.get("finish_reason"), str, "finish_reason")
+            if finish:
+                self.finish_reason = finish
+
+    def _tool_call_delta(self, tc: dict[str, Any]) -> None:
+        index = self._typed(tc.get("index"), int, "tool_calls[].index") or 0
+        parts = self.tools.setdefault(index, _ToolCallParts())
+        if call_id := self._typed(tc.get("id"), str, "tool_calls[].id"):
+            parts.id = call_id
+        fn = self._typed(tc.get("function"), dict, "tool_calls[].function") or {}
+        if name := self._typed(fn.get("name"), str, "tool_calls[].function.name"):
+            parts.name += name
+        args = fn.get("arguments")
+        if isinstance(args, dict):  # some servers send the object itself
+            args = json.dumps(args, ensure_ascii=False)
+        if args := self._typed(args, str, "tool_calls[].function.arguments"):
+            parts.arguments.append(args)
+
+    def _typed(self, value: Any, kind: type, where: str) -> Any:
+        """``value`` when it is None or a ``kind`` (:func:`typed`)."""
+        return typed(value, kind, where, self.endpoint)
 
     def _sglext(self, ext: dict[str, Any]) -> None:
         ids = ext.get("input_ids")
@@ -290,21 +312,42 @@ class StreamAccumulator:
         )
 
     def usage_fields(self) -> dict[str, int | None]:
-        return usage_fields(self.usage)
+        return usage_fields(self.usage, self.endpoint)
 
 
-def usage_fields(usage: dict[str, Any] | None) -> dict[str, int | None]:
-    """TurnResult's usage fields from a usage mapping (OpenAI and SGLang spellings)."""
+def usage_fields(usage: Any, endpoint: str | None = None) -> dict[str, int | None]:
+    """TurnResult's usage fields from a usage mapping (OpenAI and SGLang spellings;
+    :class:`MalformedAnswerError` for a count that is not an int)."""
     if not usage:
         return {}
-    details = usage.get("completion_tokens_details") or {}
-    reasoning = details.get("reasoning_tokens")
+    usage = typed(usage, dict, "usage", endpoint)
+
+    def details(key: str) -> dict[str, Any]:
+        return typed(usage.get(key), dict, f"usage.{key}", endpoint) or {}
+
+    reasoning = details("completion_tokens_details").get("reasoning_tokens")
     if reasoning is None:
         reasoning = usage.get("reasoning_tokens")
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-    return {
+    counts = {
         "prompt_tokens": usage.get("prompt_tokens"),
         "completion_tokens": usage.get("completion_tokens"),
         "reasoning_tokens": reasoning,
-        "cached_tokens": cached,
+        "cached_tokens": details("prompt_tokens_details").get("cached_tokens"),
     }
+    return {k: typed(v, int, f"usage.{k}", endpoint) for k, v in counts.items()}
+
+
+def _excerpt(payload: str | bytes) -> str:
+    text = payload if isinstance(payload, str) else payload.decode("utf-8", "replace")
+    return repr(text[:80]) + ("..." if len(text) > 80 else "")
+
+
+def typed(value: Any, kind: type, where: str, endpoint: str | None) -> Any:
+    """``value`` when it is None or a ``kind`` (a bool is not an int); otherwise the answer is
+    malformed (:class:`MalformedAnswerError` naming the field)."""
+    if value is None or (isinstance(value, kind) and not (kind is int and isinstance(value, bool))):
+        return value
+    raise MalformedAnswerError(
+        f"answer from {endpoint}: {where} is {type(value).__name__}, not {kind.__name__}",
+        endpoint=endpoint,
+    )

@@ -9,8 +9,9 @@ in ``Authorization: Bearer`` and nowhere else. Owns no files.
 
 Errors map to the regen taxonomy (:mod:`regen.client.errors`): an HTTP status →
 ``status_error`` (503 → OverloadedError, 429 → RateLimitedError, ...); a connection that fails
-before any chunk → ConnectError, after → StreamCutError; a read that stalls longer than the
-timeout → RequestTimeoutError; an ``error`` object inside a stream → ``stream_error`` (raised by
+before any chunk → ConnectError, after → StreamCutError (so does a stream that ends inside its
+last line); a read that stalls longer than the timeout → RequestTimeoutError; an ``error``
+object inside a stream → ``stream_error`` (raised by
 the accumulator). An answer that is not the protocol → ``NotProtocolError`` (an endpoint fault,
 named with its content type and an excerpt): HTTP 200 to a streamed request whose body is no
 server-sent event stream (an HTML page; the body decides, so a stream sent with another content
@@ -24,7 +25,7 @@ from typing import Any
 
 from regen.client.errors import body_message, map_error, not_protocol, status_error, stream_error
 from regen.client.stream import StreamAccumulator
-from regen.core.errors import RegenError
+from regen.core.errors import MalformedAnswerError, RegenError, StreamCutError
 
 #: bytes of an answer that is not the protocol read to name it
 PROBE_BYTES = 4096
@@ -116,8 +117,12 @@ class ChatTransport:
                         feed(line)
                         if acc.done:  # nothing after [DONE] is read
                             return
-                if buf:
-                    feed(buf)
+                if buf:  # the last line had no line break: whole, or cut with the stream
+                    try:
+                        feed(buf)
+                    except MalformedAnswerError:
+                        raise StreamCutError(f"stream from {self.endpoint} ended mid-line",
+                                             endpoint=self.endpoint) from None  # fmt: skip
                 if not acc.chunks and _not_sse(head, whole=len(head) < PROBE_BYTES):
                     await self._not_stream(resp, ctype, head)
         except RegenError:

@@ -29,6 +29,7 @@ type (and, for HTTP, by status code carried on the exception), never by message 
     │   │                           choices, HTTP 200 with another content type)
     │   └── PermanentError          recorded, not retried: other 4xx, context too long
     │       ├── ContextLengthError
+    │       ├── MalformedAnswerError  an answer with a field of the wrong type
     │       └── InvalidTextError    an answer whose text is not valid Unicode
     ├── RunIncompleteError          the session stopped with samples left for the next run
     │   └── NoEndpointLeftError     every endpoint left rotation for an endpoint-wide fault
@@ -206,6 +207,14 @@ class ContextLengthError(PermanentError):
     """The prompt (plus max_tokens) does not fit the server's context."""
 
     kind = "context_length"
+
+
+class MalformedAnswerError(PermanentError):
+    """The answer is the protocol's shape, but a field of it has the wrong type (a number where
+    text belongs, a list of ids that are not all integers, a chunk that is not an object): no
+    row is built from it. The sample fails with the field's name; retried only on request."""
+
+    kind = "malformed_answer"
 
 
 class InvalidTextError(PermanentError):
