@@ -342,18 +342,19 @@ def lock_store(rd: RunDir) -> LockStore:
     return ReadBackLockStore(rd)
 
 
-def _parse(data: bytes) -> LockRecord | None:
+def _parse(data: bytes, level: int = logging.WARNING) -> LockRecord | None:
     try:
         return layout.LOCK_FILE.parse(data)
     except RunDirError as e:  # a torn or foreign lock file holds nobody
-        log.warning("%s", e)
+        log.log(level, "%s", e)
         return None
 
 
 def read_lock(rd: RunDir) -> LockRecord | None:
-    """The lock record (None when there is none or it is unreadable)."""
+    """The lock record (None when there is none or it is unreadable: a reader's question, so
+    a damaged one is logged at debug level; ``regen verify`` names it)."""
     data = rd.read_bytes(layout.LOCK)
-    return None if data is None else _parse(data)
+    return None if data is None else _parse(data, logging.DEBUG)
 
 
 class RunLock:

@@ -16,11 +16,16 @@ import time
 import uuid
 from typing import Any
 
-import yaml
-
 import regen
 from regen.core.errors import ConfigError, FingerprintMismatchError, RunDirError
-from regen.manifest import Manifest, changed_fields, flat_fields, parse_manifest, public_url
+from regen.manifest import (
+    Manifest,
+    changed_fields,
+    flat_fields,
+    load_yaml,
+    parse_manifest,
+    public_url,
+)
 from regen.store import layout
 from regen.store.layout import EngineRecord, RunRecord
 from regen.store.rundir import RunDir
@@ -153,23 +158,27 @@ def write_manifest(rd: RunDir, manifest: Manifest) -> None:
 
 def read_manifest(rd: RunDir) -> Manifest | None:
     """``manifest.yaml`` as a Manifest; None when missing; RunDirError when it does not parse."""
-    text = rd.read_text(layout.MANIFEST)
-    if text is None:
+    data = read_manifest_data(rd, raw=True)
+    if data is _MISSING:
         return None
     try:
-        return parse_manifest(yaml.safe_load(text), origin=f"{rd.uri}/{layout.MANIFEST}")
-    except (yaml.YAMLError, ConfigError) as e:
+        return parse_manifest(data, origin=f"{rd.uri}/{layout.MANIFEST}")
+    except ConfigError as e:
         raise RunDirError(f"{layout.MANIFEST} is damaged: {e}") from None
 
 
-def read_manifest_data(rd: RunDir) -> dict[str, Any] | None:
+_MISSING = object()
+
+
+def read_manifest_data(rd: RunDir, *, raw: bool = False) -> Any:
     """``manifest.yaml`` as plain data, not validated (for a reader that needs one section
-    and must not fail on the rest); None when missing; RunDirError when it is not YAML."""
+    and must not fail on the rest): a mapping or None (missing, or not a mapping; ``raw``: the
+    YAML document as it is, a sentinel when missing); RunDirError when it is not YAML."""
     text = rd.read_text(layout.MANIFEST)
     if text is None:
-        return None
+        return _MISSING if raw else None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise RunDirError(f"{layout.MANIFEST} is damaged: {e}") from None
-    return data if isinstance(data, dict) else None
+        data = load_yaml(text, f"{layout.MANIFEST} is damaged")
+    except ConfigError as e:
+        raise RunDirError(str(e)) from None
+    return data if raw or isinstance(data, dict) else None

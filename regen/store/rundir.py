@@ -188,8 +188,14 @@ class RunDir:
             return None
 
     def read_text(self, rel: str) -> str | None:
+        """``rel`` as UTF-8 text (None when missing; RunDirError when it is not UTF-8)."""
         data = self.read_bytes(rel)
-        return None if data is None else data.decode("utf-8")
+        if data is None:
+            return None
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RunDirError(f"{rel} is damaged: not UTF-8 text (byte {e.start})") from None
 
     @contextlib.contextmanager
     def atomic_writer(self, rel: str) -> Iterator[Any]:

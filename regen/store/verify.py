@@ -22,7 +22,10 @@ beside a live run), then checks again: a repair converges, and never discards in
   and stale equal what the parts (plus unfolded journal lines) hold, stale answers apart;
 - every journal segment parseable (``journal_cut``, ``journal_unreadable``: a cut last line is
   an in-flight sample: named, not lost);
-- checks.json parses (``checks``).
+- checks.json parses (``checks``);
+- manifest.yaml is a manifest and lock.json a lock record (``manifest``, ``lock``): no repair
+  rebuilds either from the parts, so a damaged one stays a problem for a person to decide
+  (``--repair`` refuses to start beside a damaged lock: it cannot tell whose it is).
 
 ``repair`` fixes each (regen.store.repair): damaged parts quarantined (their samples are
 requested again by the next run), records, the plan index and progress.json rebuilt from what
@@ -79,7 +82,8 @@ class Problem:
     """One thing wrong with a run directory."""
 
     kind: str  #: part_damaged, part_missing, record_damaged, schema, duplicate, plan_index,
-    #: progress, counts, journal_cut, journal_unreadable, checks (module docstring)
+    #: progress, counts, journal_cut, journal_unreadable, checks, manifest, lock (module
+    #: docstring)
     path: str  #: the file it is about (relative to the run directory)
     message: str
 
@@ -172,6 +176,8 @@ def verify_run(
     ``rebuild_plan``) and check again: ``problems`` are then what is left (empty when the
     repair converged)."""
     rep, found = _check(rd, check_plan=check_plan)
+    if repair and (why := damaged_lock(rd)) is not None:
+        raise RunDirError(f"{rd.uri}/{layout.LOCK}: {why}; --repair takes the lock, so {LOCK_FIX}")
     if repair and (rep.problems or found.bad_parts or rep.missing_records):
         rep.repaired = fix(rd, found, rebuild_plan)
         after, _ = _check(rd, check_plan=check_plan)
@@ -249,7 +255,43 @@ def _check(rd: RunDir, *, check_plan: bool) -> tuple[VerifyReport, Findings]:
         _check_plan(rd, rep, planned, why, stale, found)
     _check_counts(rd, rep, current_counts(done, stale), stale, journal, bool(states))
     found.checks = _check_checks(rd, rep)
+    _check_for_a_person(rd, rep)
     return rep, found
+
+
+def _check_for_a_person(rd: RunDir, rep: VerifyReport) -> None:
+    """manifest.yaml and lock.json: what no repair rebuilds from the parts (a damaged one is a
+    problem a person decides; ``manifest``, ``lock``)."""
+    try:
+        read_manifest(rd)
+    except RunDirError as e:
+        rep.problems.append(Problem("manifest", layout.MANIFEST, f"{e}; {MANIFEST_FIX}"))
+    if (why := damaged_lock(rd)) is not None:
+        rep.problems.append(Problem("lock", layout.LOCK, f"{why}; {LOCK_FIX}"))
+
+
+#: what a person does about a damaged manifest.yaml (no repair rebuilds it)
+MANIFEST_FIX = (
+    "no repair rebuilds it, a person decides: the next `regen run MANIFEST --out RUN` writes "
+    "it again from the manifest given (or restore it from a copy)"
+)
+#: ... and about a damaged lock.json
+LOCK_FIX = (
+    "no repair rebuilds it, a person decides: regen cannot tell whose it is; once no run "
+    "uses the directory, delete it"
+)
+
+
+def damaged_lock(rd: RunDir) -> str | None:
+    """Why lock.json is not a lock record (None: absent or intact)."""
+    data = rd.read_bytes(layout.LOCK)
+    if data is None:
+        return None
+    try:
+        layout.LOCK_FILE.parse(data)
+    except RunDirError as e:
+        return str(e)
+    return None
 
 
 def _check_journals(rd: RunDir, rep: VerifyReport, pending: dict[str, SourceCounts]) -> bool:
