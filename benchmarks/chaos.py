@@ -491,6 +491,20 @@ def work_dir(keep: Path | None) -> Iterator[Path]:
         yield Path(tmp)
 
 
+@contextlib.contextmanager
+def work_with_head(keep: Path | None) -> Iterator[tuple[Path, RayNode, dict[str, str]]]:
+    """A work directory (``keep``, else a temporary one) with a loopback Ray head of its own
+    under it, stopped at the end: (the directory, the head, the environment to talk to it)."""
+    with work_dir(keep) as work:
+        env = ray_env(work / "home")
+        (work / "home").mkdir(exist_ok=True)
+        head = start_ray_node(work / "ray-head", env)
+        try:
+            yield work, head, env
+        finally:
+            head.stop()
+
+
 def chaos(
     work: Path,
     address: str,
@@ -524,16 +538,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=float, default=1200.0, help="bound on the whole run")
     ap.add_argument("--keep", type=Path, help="work directory to keep (default: a temp dir)")
     args = ap.parse_args(argv)
-    with work_dir(args.keep) as work:
-        env = ray_env(work / "home")
-        (work / "home").mkdir(exist_ok=True)
-        head = start_ray_node(work / "ray-head", env)
-        try:
-            runs, verdict, stats = chaos(work, head.address, env, samples=args.samples,
-                                         kills=args.kills, seed=args.seed,
-                                         timeout_s=args.timeout_s)  # fmt: skip
-        finally:
-            head.stop()
+    with work_with_head(args.keep) as (work, head, env):
+        runs, verdict, stats = chaos(work, head.address, env, samples=args.samples,
+                                     kills=args.kills, seed=args.seed,
+                                     timeout_s=args.timeout_s)  # fmt: skip
         report = {
             "samples": args.samples,
             "kills": [(k.session, round(k.after_s, 2), k.stored) for k in runs.kills],

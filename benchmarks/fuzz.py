@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.chaos import ray_env, start_ray_node, work_dir
+from benchmarks.chaos import work_with_head
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "manifests" / "demo.yaml"
@@ -63,21 +63,22 @@ SIM = {"model_name": "demo-target", "instant": True, "mean_tokens": 24.0}
 # ---- mutants ---------------------------------------------------------------------------------
 
 
-def _paths(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+def json_paths(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """The path of every node of a JSON tree (the root's: ``()``), depth first."""
     out = [path]
     if isinstance(node, dict):
         for k, v in node.items():
-            out += _paths(v, (*path, k))
+            out += json_paths(v, (*path, k))
     elif isinstance(node, list):
         for i, v in enumerate(node):
-            out += _paths(v, (*path, i))
+            out += json_paths(v, (*path, i))
     return out
 
 
 def _mutate_tree(tree: dict[str, Any], rng: random.Random) -> Any:
     tree = copy.deepcopy(tree)
     for _ in range(rng.randint(1, 4)):
-        paths = [p for p in _paths(tree) if p]
+        paths = [p for p in json_paths(tree) if p]
         if not paths:
             break
         path = rng.choice(paths)
@@ -284,14 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, help="work directory to keep (default: a temp dir)")
     ap.add_argument("--json", action="store_true", help="print the reports as JSON")
     args = ap.parse_args(argv)
-    with work_dir(args.keep) as work:
-        env = ray_env(work / "home")
-        (work / "home").mkdir(exist_ok=True)
-        head = start_ray_node(work / "ray-head", env)
-        try:
-            reports = fuzz(work, list(range(1, args.seeds + 1)), args.mutants, head.address, env)
-        finally:
-            head.stop()
+    with work_with_head(args.keep) as (work, head, env):
+        reports = fuzz(work, list(range(1, args.seeds + 1)), args.mutants, head.address, env)
     if args.json:
         sys.stdout.write(json.dumps([asdict(r) for r in reports], indent=1) + "\n")
     else:

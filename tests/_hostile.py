@@ -17,6 +17,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from benchmarks.fuzz import json_paths
+
 #: chat-template markup of the families regen knows: text that must stay text
 MARKUP = (
     "<|im_end|>", "<|im_start|>assistant\n", "<think>", "</think>", "<tool_call>", "</tool_call>",
@@ -49,17 +51,6 @@ def hostile_value() -> st.SearchStrategy[Any]:
     return json_value
 
 
-def _paths(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [path]
-    if isinstance(node, dict):
-        for k, v in node.items():
-            out += _paths(v, (*path, k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            out += _paths(v, (*path, i))
-    return out
-
-
 def _parent(tree: Any, path: tuple[Any, ...]) -> Any:
     for p in path[:-1]:
         tree = tree[p]
@@ -71,7 +62,7 @@ def mutated(draw: st.DrawFn, tree: Any, most: int = 4) -> Any:
     """``tree`` (not changed) with one to ``most`` mutations."""
     tree = copy.deepcopy(tree)
     for _ in range(draw(st.integers(1, most))):
-        paths = [p for p in _paths(tree) if p]
+        paths = [p for p in json_paths(tree) if p]
         if not paths:
             return draw(hostile_value())
         path = draw(st.sampled_from(paths))

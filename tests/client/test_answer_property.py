@@ -42,16 +42,11 @@ def server() -> Iterator[ScriptedServer]:
         yield script
 
 
-def _chunk(delta: dict[str, Any], finish: str | None = None, **top: Any) -> dict[str, Any]:
-    choice = {"index": 0, "delta": delta, "finish_reason": finish}
-    return {
-        "id": "c",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "m",
-        "choices": [choice],
-        **top,
-    }
+def _chunk(delta: dict[str, Any] | None, finish: str | None = None, **top: Any) -> dict[str, Any]:
+    """A chunk of one choice with ``delta`` (None: a chunk without choices, SGLang's last ones)."""
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    return {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": choices, **top}  # fmt: skip
 
 
 @st.composite
@@ -99,30 +94,9 @@ def answers(draw: st.DrawFn, engine: str) -> list[dict[str, Any]]:
             c["choices"][0]["token_ids"] = draw(st.lists(st.integers(0, 2000), max_size=2))
     out.append(_chunk({}, finish))
     if not vllm:
-        out.append(
-            {
-                "id": "c",
-                "object": "chat.completion.chunk",
-                "created": 1,
-                "model": "m",
-                "choices": [],
-                "sglext": {"input_ids": ids, "output_ids": [ids[:3]]},
-            }
-        )
-    out.append(
-        {
-            "id": "c",
-            "object": "chat.completion.chunk",
-            "created": 1,
-            "model": "m",
-            "choices": [],
-            "usage": {
-                "prompt_tokens": len(ids),
-                "completion_tokens": 3,
-                "total_tokens": len(ids) + 3,
-            },
-        }
-    )
+        out.append(_chunk(None, sglext={"input_ids": ids, "output_ids": [ids[:3]]}))
+    usage = {"prompt_tokens": len(ids), "completion_tokens": 3, "total_tokens": len(ids) + 3}
+    out.append(_chunk(None, usage=usage))
     return out
 
 

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _hostile import _paths, hostile_value, mutated, text
+from _hostile import hostile_value, mutated, text
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.fuzz import json_paths
 from regen.core.sample import Rejection, Sample, normalized_message
 from regen.manifest import Dedup, Source, parse_manifest
 from regen.sources.adapters import NATIVE_ADAPTERS, PARSERS, adapt_row
@@ -379,7 +380,7 @@ def test_every_field_of_a_row_swapped_for_each_kind(adapter: str) -> None:
     @settings(max_examples=20)  # each example is ~12 rows a field
     @given(ROWS[adapter])
     def prop(row: dict[str, Any]) -> None:
-        for path in _paths(row):
+        for path in json_paths(row):
             if not path:
                 continue
             for value in (*EACH_KIND, _DROP):
