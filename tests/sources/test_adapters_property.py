@@ -193,15 +193,17 @@ ROWS: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     "ultrachat": st.fixed_dictionaries(
         {"messages": messages()}, optional={"prompt_id": upstream_id}
     ),
+    # the messages shape with its tools column (as a list or as JSON text): every field of a
+    # declaration is then swapped by the exhaustive test (ultrachat's rows have none)
     "swe_gym": st.fixed_dictionaries(
-        {"messages": messages()},
-        optional={
-            "instance_id": upstream_id,
+        {
+            "messages": messages(),
             "tools": st.one_of(
                 st.lists(tool_decl, min_size=1, max_size=2),
                 st.lists(tool_decl, min_size=1, max_size=2).map(json.dumps),
             ),
         },
+        optional={"instance_id": upstream_id},
     ),
     "opencodereasoning": st.fixed_dictionaries(
         {"input": prose},
