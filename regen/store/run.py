@@ -158,8 +158,8 @@ def write_manifest(rd: RunDir, manifest: Manifest) -> None:
 
 def read_manifest(rd: RunDir) -> Manifest | None:
     """``manifest.yaml`` as a Manifest; None when missing; RunDirError when it does not parse."""
-    data = read_manifest_data(rd, raw=True)
-    if data is _MISSING:
+    found, data = _manifest_document(rd)
+    if not found:
         return None
     try:
         return parse_manifest(data, origin=f"{rd.uri}/{layout.MANIFEST}")
@@ -167,18 +167,21 @@ def read_manifest(rd: RunDir) -> Manifest | None:
         raise RunDirError(f"{layout.MANIFEST} is damaged: {e}") from None
 
 
-_MISSING = object()
-
-
-def read_manifest_data(rd: RunDir, *, raw: bool = False) -> Any:
+def read_manifest_data(rd: RunDir) -> dict[str, Any] | None:
     """``manifest.yaml`` as plain data, not validated (for a reader that needs one section
-    and must not fail on the rest): a mapping or None (missing, or not a mapping; ``raw``: the
-    YAML document as it is, a sentinel when missing); RunDirError when it is not YAML."""
+    and must not fail on the rest); None when missing or not a mapping; RunDirError when it is
+    not YAML."""
+    data = _manifest_document(rd)[1]
+    return data if isinstance(data, dict) else None
+
+
+def _manifest_document(rd: RunDir) -> tuple[bool, Any]:
+    """(whether ``manifest.yaml`` exists, its YAML document); RunDirError, one line, when it is
+    not UTF-8 YAML."""
     text = rd.read_text(layout.MANIFEST)
     if text is None:
-        return _MISSING if raw else None
+        return False, None
     try:
-        data = load_yaml(text, f"{layout.MANIFEST} is damaged")
+        return True, load_yaml(text, f"{layout.MANIFEST} is damaged")
     except ConfigError as e:
         raise RunDirError(str(e)) from None
-    return data if raw or isinstance(data, dict) else None
