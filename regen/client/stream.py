@@ -56,6 +56,7 @@ from json.decoder import scanstring
 from typing import Any
 
 from regen.client.errors import stream_error
+from regen.core import jsontext
 from regen.core.errors import MalformedAnswerError
 from regen.core.sample import ToolCall
 
@@ -135,8 +136,8 @@ class StreamAccumulator:
             self.done = True
             return None
         try:
-            data = json.loads(payload)  # str or bytes alike
-        except (ValueError, RecursionError):
+            data = jsontext.loads(payload)  # str or bytes alike
+        except ValueError:
             raise MalformedAnswerError(
                 f"answer from {self.endpoint}: an event that is not JSON: {_excerpt(payload)}",
                 endpoint=self.endpoint,
@@ -343,9 +344,10 @@ def _excerpt(payload: str | bytes) -> str:
 
 
 def typed(value: Any, kind: type, where: str, endpoint: str | None) -> Any:
-    """``value`` when it is None or a ``kind`` (a bool is not an int); otherwise the answer is
-    malformed (:class:`MalformedAnswerError` naming the field)."""
-    if value is None or (isinstance(value, kind) and not (kind is int and isinstance(value, bool))):
+    """``value`` when it is None or exactly a ``kind`` (decoded JSON holds no subclasses, and
+    so a bool is no int); otherwise the answer is malformed (:class:`MalformedAnswerError`
+    naming the field)."""
+    if value is None or type(value) is kind:
         return value
     raise MalformedAnswerError(
         f"answer from {endpoint}: {where} is {type(value).__name__}, not {kind.__name__}",

@@ -357,6 +357,18 @@ def read_lock(rd: RunDir) -> LockRecord | None:
     return None if data is None else _parse(data, logging.DEBUG)
 
 
+def lock_damage(rd: RunDir) -> str | None:
+    """Why lock.json is not a lock record (None: absent or intact)."""
+    data = rd.read_bytes(layout.LOCK)
+    if data is None:
+        return None
+    try:
+        layout.LOCK_FILE.parse(data)
+    except RunDirError as e:
+        return str(e)
+    return None
+
+
 class RunLock:
     """The lock of one session on a run directory, with a heartbeat thread."""
 

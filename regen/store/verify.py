@@ -48,7 +48,7 @@ from regen.core.errors import RunDirError
 from regen.store import layout
 from regen.store.counts import SourceCounts
 from regen.store.doneset import DoneSet, fold_part, replaced_samples
-from regen.store.lock import read_lock, why_gone
+from regen.store.lock import lock_damage, read_lock, why_gone
 from regen.store.parts import PartState, footer_problem, inspect_part, list_parts
 from regen.store.planned import open_index, recorded_plan
 from regen.store.repair import Findings, RebuildPlan
@@ -176,7 +176,7 @@ def verify_run(
     ``rebuild_plan``) and check again: ``problems`` are then what is left (empty when the
     repair converged)."""
     rep, found = _check(rd, check_plan=check_plan)
-    if repair and (why := damaged_lock(rd)) is not None:
+    if repair and (why := lock_damage(rd)) is not None:
         raise RunDirError(f"{rd.uri}/{layout.LOCK}: {why}; --repair takes the lock, so {LOCK_FIX}")
     if repair and (rep.problems or found.bad_parts or rep.missing_records):
         rep.repaired = fix(rd, found, rebuild_plan)
@@ -266,7 +266,7 @@ def _check_for_a_person(rd: RunDir, rep: VerifyReport) -> None:
         read_manifest(rd)
     except RunDirError as e:
         rep.problems.append(Problem("manifest", layout.MANIFEST, f"{e}; {MANIFEST_FIX}"))
-    if (why := damaged_lock(rd)) is not None:
+    if (why := lock_damage(rd)) is not None:
         rep.problems.append(Problem("lock", layout.LOCK, f"{why}; {LOCK_FIX}"))
 
 
@@ -280,18 +280,6 @@ LOCK_FIX = (
     "no repair rebuilds it, a person decides: regen cannot tell whose it is; once no run "
     "uses the directory, delete it"
 )
-
-
-def damaged_lock(rd: RunDir) -> str | None:
-    """Why lock.json is not a lock record (None: absent or intact)."""
-    data = rd.read_bytes(layout.LOCK)
-    if data is None:
-        return None
-    try:
-        layout.LOCK_FILE.parse(data)
-    except RunDirError as e:
-        return str(e)
-    return None
 
 
 def _check_journals(rd: RunDir, rep: VerifyReport, pending: dict[str, SourceCounts]) -> bool:

@@ -42,7 +42,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from regen.core import jsontext
 from regen.core.errors import TemplateError
 from regen.core.sample import ToolCall
 from regen.targets.family import Family, Thinking, TokenizerFacts, arguments_json
@@ -174,12 +173,7 @@ def reasoning_of(message: Mapping[str, Any], engine: str) -> str | None:
 def call_arguments(call: Mapping[str, Any]) -> Any:
     """A history call's ``function.arguments``: the object a JSON text holds, else as it is."""
     args = (call.get("function") or {}).get("arguments")
-    if isinstance(args, str):
-        try:
-            return jsontext.loads(args)
-        except ValueError:
-            return args
-    return args
+    return arguments_json(args) if isinstance(args, str) else args
 
 
 def object_arguments(call: Mapping[str, Any]) -> Mapping[str, Any]:
