@@ -40,9 +40,10 @@ import sys
 import time
 import traceback
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from benchmarks.chaos import work_with_head
 
@@ -75,30 +76,63 @@ def json_paths(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return out
 
 
-def _mutate_tree(tree: dict[str, Any], rng: random.Random) -> Any:
+class Picks(Protocol):
+    """Where a mutation's choices come from: a seeded generator here (:class:`RngPicks`),
+    Hypothesis's draws in the property tests (tests/_hostile.py)."""
+
+    def choice(self, options: Sequence[Any]) -> Any: ...
+    def count(self, low: int, high: int) -> int: ...
+    def value(self) -> Any: ...  #: a hostile value
+    def key(self) -> str: ...  #: a key to add
+
+
+@dataclass(slots=True)
+class RngPicks:
+    rng: random.Random
+
+    def choice(self, options: Sequence[Any]) -> Any:
+        return self.rng.choice(options)
+
+    def count(self, low: int, high: int) -> int:
+        return self.rng.randint(low, high)
+
+    def value(self) -> Any:
+        return copy.deepcopy(self.rng.choice(HOSTILE))
+
+    def key(self) -> str:
+        return f"extra_{self.rng.randrange(10)}"
+
+
+#: what a mutation does at a node, swaps the most often
+OPS = ("swap", "swap", "swap", "drop", "add", "empty", "repeat")
+
+
+def mutate_tree(tree: Any, picks: Picks, most: int = 4) -> Any:
+    """``tree`` (not changed) with one to ``most`` mutations: a node swapped for a hostile
+    value, dropped, a sibling added, emptied (a list, object or text) or repeated (a list); a
+    tree with no node below its root is swapped whole."""
     tree = copy.deepcopy(tree)
-    for _ in range(rng.randint(1, 4)):
+    for _ in range(picks.count(1, most)):
         paths = [p for p in json_paths(tree) if p]
         if not paths:
-            break
-        path = rng.choice(paths)
+            return picks.value()
+        path = picks.choice(paths)
         parent: Any = tree
         for p in path[:-1]:
             parent = parent[p]
-        key = path[-1]
-        op = rng.choice(("swap", "swap", "swap", "drop", "add", "empty", "repeat"))
-        if op == "swap" or (op in ("empty", "repeat") and not isinstance(parent[key], list)):
-            parent[key] = copy.deepcopy(rng.choice(HOSTILE))
-        elif op == "drop":
+        key, op = path[-1], picks.choice(OPS)
+        if op == "drop":
             parent.pop(key)
         elif op == "add" and isinstance(parent, dict):
-            parent[f"extra_{rng.randrange(10)}"] = copy.deepcopy(rng.choice(HOSTILE))
+            parent[picks.key()] = picks.value()
         elif op == "add":
-            parent.insert(key, copy.deepcopy(rng.choice(HOSTILE)))
-        elif op == "empty":
-            parent[key] = []
-        else:
+            parent.insert(key, picks.value())
+        elif op == "empty" and isinstance(parent[key], list | dict | str):
+            parent[key] = type(parent[key])()
+        elif op == "repeat" and isinstance(parent[key], list):
             parent[key] = parent[key] + copy.deepcopy(parent[key])
+        else:
+            parent[key] = picks.value()
     return tree
 
 
@@ -110,7 +144,7 @@ def mutate_line(line: bytes, rng: random.Random) -> bytes:
         tree = None
     if isinstance(tree, dict) and rng.random() < 0.7:
         # ASCII escapes: a lone surrogate is written as JSON writes it (\ud800), not as bytes
-        return json.dumps(_mutate_tree(tree, rng)).encode()
+        return json.dumps(mutate_tree(tree, RngPicks(rng))).encode()
     kind = rng.choice(("cut", "utf8", "bom", "nul", "deep"))
     at = rng.randrange(max(1, len(line)))
     if kind == "cut":

@@ -2,9 +2,8 @@
 
 - :func:`hostile_value`: a JSON value of any type that a field should not hold (a number, a
   bool, null, a list, an object, a lone surrogate, a long string, chat-template markup);
-- :func:`mutated`: a JSON tree with one to four structure-aware mutations (a leaf swapped for a
-  hostile value, a key dropped or added, a list emptied or repeated), as benchmarks/fuzz.py
-  makes them line by line.
+- :func:`mutated`: a JSON tree with one to four structure-aware mutations: the mutations
+  benchmarks/fuzz.py makes line by line (``mutate_tree``), their choices drawn by Hypothesis.
 
 The profile: Hypothesis is configured in tests/conftest.py (``derandomize``, no deadline, no
 example database, a fixed example budget per test; ``REGEN_HYPOTHESIS=long`` for a longer run).
@@ -12,12 +11,13 @@ example database, a fixed example budget per test; ``REGEN_HYPOTHESIS=long`` for
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hypothesis import strategies as st
 
-from benchmarks.fuzz import json_paths
+from benchmarks.fuzz import mutate_tree
 
 #: chat-template markup of the families regen knows: text that must stay text
 MARKUP = (
@@ -51,35 +51,26 @@ def hostile_value() -> st.SearchStrategy[Any]:
     return json_value
 
 
-def _parent(tree: Any, path: tuple[Any, ...]) -> Any:
-    for p in path[:-1]:
-        tree = tree[p]
-    return tree
+@dataclass(slots=True)
+class DrawPicks:
+    """A mutation's choices drawn by Hypothesis (benchmarks.fuzz.Picks)."""
+
+    draw: st.DrawFn
+
+    def choice(self, options: Sequence[Any]) -> Any:
+        return self.draw(st.sampled_from(options))
+
+    def count(self, low: int, high: int) -> int:
+        return self.draw(st.integers(low, high))
+
+    def value(self) -> Any:
+        return self.draw(hostile_value())
+
+    def key(self) -> str:
+        return self.draw(st.text(max_size=8))
 
 
 @st.composite
 def mutated(draw: st.DrawFn, tree: Any, most: int = 4) -> Any:
-    """``tree`` (not changed) with one to ``most`` mutations."""
-    tree = copy.deepcopy(tree)
-    for _ in range(draw(st.integers(1, most))):
-        paths = [p for p in json_paths(tree) if p]
-        if not paths:
-            return draw(hostile_value())
-        path = draw(st.sampled_from(paths))
-        parent, key = _parent(tree, path), path[-1]
-        op = draw(st.sampled_from(("swap", "swap", "drop", "add", "empty", "repeat")))
-        if op == "swap":
-            parent[key] = draw(hostile_value())
-        elif op == "drop" and isinstance(parent, dict):
-            del parent[key]
-        elif op == "drop":
-            parent.pop(key)
-        elif op == "add" and isinstance(parent, dict):
-            parent[draw(st.text(max_size=8))] = draw(hostile_value())
-        elif op == "add":
-            parent.insert(key, draw(hostile_value()))
-        elif op == "empty" and isinstance(parent[key], list | dict | str):
-            parent[key] = type(parent[key])()
-        elif op == "repeat" and isinstance(parent[key], list):
-            parent[key] = parent[key] + copy.deepcopy(parent[key])
-    return tree
+    """``tree`` (not changed) with one to ``most`` mutations (benchmarks.fuzz.mutate_tree)."""
+    return mutate_tree(tree, DrawPicks(draw), most)
