@@ -48,9 +48,11 @@ from regen.core.errors import (
     ServerError,
     StreamCutError,
 )
-from regen.core.result import TurnResult
+from regen.core.result import LOOP, TurnResult
 from regen.core.sample import ToolCall, lone_surrogate
 from regen.manifest import Endpoint, Manifest, Sampling, public_url
+from regen.quality.config import QualityConfig
+from regen.quality.loop import LoopWatch
 
 log = logging.getLogger(__name__)
 
@@ -147,12 +149,14 @@ class ChatClient:
         clock: Callable[[], float] = time.monotonic,
         template_kwargs: dict[str, Any] | None = None,
         request_fields: dict[str, Any] | None = None,
+        quality: QualityConfig | None = None,
     ) -> None:
         """``engine``: the endpoint's profile (or its name; None: SGLang), as the endpoint
         check found it; ``engine_version`` what the server reported; ``template_kwargs``: the
         requests' ``chat_template_kwargs`` (``Manifest.template_kwargs``: the target family's
         thinking switch; None: ``sampling.chat_template_kwargs`` alone); ``request_fields``:
-        top-level fields of that switch (``Manifest.request_fields``)."""
+        top-level fields of that switch (``Manifest.request_fields``); ``quality``: its
+        ``loop_cut`` closes a streamed answer that loops (None: no cut)."""
         self.endpoint = endpoint
         #: the URL regen writes and logs: never the user:password of the configured URL
         self.url = public_url(endpoint.url)
@@ -169,6 +173,10 @@ class ChatClient:
         #: ask for the server's ids (False: the engine has none, or token_ids is local)
         self.server_ids = self.profile.gives_ids and sampling.token_ids != "local"
         self._clock = clock
+        cut = quality.loop_cut if quality is not None else None
+        #: the loop cut of streamed answers (None: off)
+        self.loop_cut = cut if cut is not None and cut.enabled else None
+        self._max_ngram = quality.repeat_max_ngram if quality is not None else 64
         key = resolve_api_key(endpoint, base_dir)
         self._transport = ChatTransport(endpoint.url, key, timeout_s, shown=self.url)
 
@@ -193,6 +201,7 @@ class ChatClient:
             engine_version=engine_version,
             template_kwargs=manifest.template_kwargs(),
             request_fields=manifest.request_fields(),
+            quality=manifest.quality,
         )
 
     @property
@@ -285,8 +294,11 @@ class ChatClient:
 
     async def _stream(self, body: dict[str, Any], start: float, beat: Any = None) -> TurnResult:
         acc = StreamAccumulator(endpoint=self.url, clock=self._clock)
-        await self._transport.stream(body, acc, beat)
+        watch = None if self.loop_cut is None else LoopWatch(self.loop_cut, self._max_ngram)
+        await self._transport.stream(body, acc, beat, watch)
         end = self._clock()
+        if acc.looped:
+            return self._looped(acc, start, end)
         if acc.finish_reason is None:
             raise StreamCutError(
                 f"stream from {self.url} ended without finish_reason after {acc.chunks} chunks",
@@ -308,6 +320,29 @@ class ChatClient:
             engine=self.profile.name,
             engine_version=self.engine_version,
             **acc.usage_fields(),
+        )
+
+    def _looped(self, acc: StreamAccumulator, start: float, end: float) -> TurnResult:
+        """The turn of a stream closed because it looped: what was streamed, finish reason
+        :data:`LOOP`; the usage chunk never came, so the counts are regen's own (the tokens
+        streamed; the prompt's counted by the row builder)."""
+        prompt_ids, output_ids = self.profile.stream_ids(acc) if self.server_ids else (None, None)
+        tokens = acc.tokens()
+        return TurnResult(
+            content="".join(acc.content),
+            reasoning="".join(acc.reasoning) if acc.reasoning else None,
+            tool_calls=acc.tool_calls(),
+            finish_reason=LOOP,
+            model=acc.model or self.model,
+            endpoint=self.url,
+            prompt_token_ids=prompt_ids if output_ids else None,
+            output_token_ids=output_ids if prompt_ids else None,
+            completion_tokens=tokens,
+            latency_s=end - start,
+            ttft_s=None if acc.first_token_at is None else acc.first_token_at - start,
+            engine=self.profile.name,
+            engine_version=self.engine_version,
+            cut_saved=max(0, self.sampling.max_tokens - tokens),
         )
 
     async def _whole(self, body: dict[str, Any], start: float) -> TurnResult:

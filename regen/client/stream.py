@@ -109,6 +109,7 @@ class StreamAccumulator:
     choice_ids: list[int] | None = None  #: the choices' token_ids, concatenated (vLLM)
     fast: bool = True  #: take text chunks of a known shape without a full parse
     fast_chunks: int = 0  #: chunks the fast path took
+    looped: bool = False  #: regen closed the stream: the answer loops (regen.quality.loop)
     _shapes: list[_TextShape] = field(default_factory=list)
     _tries: int = 0
 
@@ -305,6 +306,13 @@ class StreamAccumulator:
             spec = spec[0] if spec else None
         if isinstance(spec, dict):
             self.spec = spec
+
+    def tokens(self) -> int:
+        """Tokens streamed so far, as regen counts them: the ids when the server streams them
+        (vLLM's ``token_ids``), else the text pieces (SGLang sends one token per chunk)."""
+        if self.choice_ids is not None:
+            return len(self.choice_ids)
+        return len(self.reasoning) + len(self.content)
 
     def tool_calls(self) -> tuple[ToolCall, ...]:
         return tuple(

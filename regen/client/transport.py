@@ -26,6 +26,7 @@ from typing import Any
 from regen.client.errors import body_message, map_error, not_protocol, status_error, stream_error
 from regen.client.stream import StreamAccumulator
 from regen.core.errors import MalformedAnswerError, RegenError, StreamCutError
+from regen.quality.loop import LoopWatch
 
 #: bytes of an answer that is not the protocol read to name it
 PROBE_BYTES = 4096
@@ -89,9 +90,17 @@ class ChatTransport:
             body=parsed,
         )
 
-    async def stream(self, body: dict[str, Any], acc: StreamAccumulator, beat: Any = None) -> None:
+    async def stream(
+        self,
+        body: dict[str, Any],
+        acc: StreamAccumulator,
+        beat: Any = None,
+        watch: LoopWatch | None = None,
+    ) -> None:
         """Send one streaming request; feed every line to ``acc`` until [DONE] or the end.
-        ``beat`` (a regen.engine.stall.Beat): its ``n`` counts the pieces received."""
+        ``beat`` (a regen.engine.stall.Beat): its ``n`` counts the pieces received.
+        ``watch``: looks at the answer every few tokens; when it loops the connection is
+        closed (the server aborts the request) and ``acc.looped`` set."""
         session = self._ensure()
         headers = {"Accept": "text/event-stream"}
         try:
@@ -117,6 +126,10 @@ class ChatTransport:
                         feed(line)
                         if acc.done:  # nothing after [DONE] is read
                             return
+                    if watch is not None and watch.due(n := acc.tokens()) and watch.loops(acc, n):
+                        acc.looped = True
+                        resp.close()  # the connection goes: the server aborts the request
+                        return
                 if buf:  # the last line had no line break: whole, or cut with the stream
                     try:
                         feed(buf)

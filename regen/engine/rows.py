@@ -91,7 +91,7 @@ def server_ids(result: TurnResult, renderer: Renderer) -> tuple[list[int], list[
     prompt_ids = list(result.prompt_token_ids or ())
     response_ids = list(result.output_token_ids or ())
     ended = bool(response_ids) and response_ids[-1] in renderer.end_ids
-    if not result.truncated and not ended and renderer.end_id is not None:
+    if not result.unfinished and not ended and renderer.end_id is not None:
         response_ids.append(renderer.end_id)
         return prompt_ids, response_ids, True
     return prompt_ids, response_ids, False
@@ -263,6 +263,7 @@ def build_turn_row(
         "content_hash": sample.content_hash,
         "settings": settings,
         "family": renderer.family.name if renderer.family is not None else UNKNOWN,
+        "cut_saved": result.cut_saved,
     }
 
 
@@ -342,4 +343,5 @@ def native_row(sample: Sample, family: str | None = None) -> dict[str, Any]:
         "content_hash": sample.content_hash,
         "settings": None,
         "family": family,
+        "cut_saved": None,
     }

@@ -16,7 +16,8 @@ match, the tool results are re-addressed to our call ids, in order. Otherwise th
 ends at that turn: the turns done so far are the sample's rows, and :attr:`Regenerated.ended`
 says why (one of :data:`END_REASONS`; the worker writes it on the sample's last row, column
 ``ended``, and the run's counters count it per source). A reply cut by ``max_tokens``
-(``finish_reason: length``) also ends the conversation, counted as truncated, not here.
+(``finish_reason: length``) also ends the conversation, counted as truncated, not here; so does
+a reply regen cut because it looped (``loop``, regen.quality.loop), counted as cut.
 
 ``turns: last`` keeps the original prefix (tool results included) and regenerates the final
 assistant turn. A prompt-only sample (no assistant turn) gets one turn in either mode.
@@ -130,7 +131,7 @@ async def regenerate(sample: Sample, complete: Complete) -> Regenerated:
         out.turns.append(DoneTurn(turn, request, result))
         turn += 1
         history.append(reply_message(result))
-        if result.truncated:
+        if result.unfinished:
             break  # a cut reply: later turns would follow a history no server produces
         why = call_mismatch(m.tool_calls, result.tool_calls)
         if why is not None:

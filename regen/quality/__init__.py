@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from regen.core.result import LOOP, UNFINISHED
 from regen.quality.config import (
     DEFAULT_CONFIG,
     DEFAULT_DROP_FLAGS,
@@ -94,7 +95,7 @@ def check_turn(
     (server token ids); None infers it from ``finish_reason``."""
     flags: set[str] = set()
     reasoning = reasoning or ""
-    truncated = finish_reason == "length"
+    truncated = finish_reason in UNFINISHED  # cut by max_tokens or by regen's loop cut
     answer = f"{reasoning}\n{content}" if reasoning and content else reasoning or content
 
     run, ngram = longest_repeat(answer, config.repeat_max_ngram)
@@ -106,6 +107,8 @@ def check_turn(
         and ratio < config.compression_max
         and raw_bytes >= config.compression_min_bytes
     ):
+        flags.add("repetition")
+    if finish_reason == LOOP:  # the cut found a loop in the stream (regen.quality.loop)
         flags.add("repetition")
 
     no_answer = not content.strip() and not tool_calls

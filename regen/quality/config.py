@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from regen.core.errors import ConfigError
 
@@ -55,6 +55,40 @@ def parse_flags(value: str | Iterable[str], what: str = "flags") -> tuple[str, .
     return tuple(f for f in FLAGS if f in out)
 
 
+class LoopCut(BaseModel):
+    """Cutting an answer that loops while it streams (:mod:`regen.quality.loop`): every
+    ``every`` streamed tokens the last ``window_words`` words of the answer are measured
+    (:func:`regen.quality.repetition.longest_repeat`); a back-to-back run of one n-gram of at
+    least ``min_words`` words in at least ``min_copies`` copies closes the stream. A run
+    records the settings it started with (run.json) and resumes with them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    #: cut looping answers while they stream (False: only flag them once they end)
+    enabled: bool = True
+    #: streamed tokens between two looks at the answer
+    every: int = Field(default=64, ge=1, le=4096)
+    #: words of the answer's tail each look measures
+    window_words: int = Field(default=400, ge=8, le=8192)
+    #: a back-to-back run must cover this many words of the window ...
+    min_words: int = Field(default=200, ge=4)
+    #: ... in at least this many copies of its n-gram
+    min_copies: int = Field(default=4, ge=2)
+
+    @model_validator(mode="after")
+    def _fits(self) -> LoopCut:
+        if self.min_words > self.window_words:
+            raise ValueError(
+                f"loop_cut.min_words ({self.min_words}) is more than the window it is looked "
+                f"for in (loop_cut.window_words {self.window_words})"
+            )
+        return self
+
+
+#: what a run directory made before the cut existed records: no cut
+NO_LOOP_CUT = LoopCut(enabled=False)
+
+
 class QualityConfig(BaseModel):
     """Thresholds of the checks (defaults measured in docs/quality.md)."""
 
@@ -78,6 +112,8 @@ class QualityConfig(BaseModel):
     script_max_share: float = Field(default=0.25, gt=0, le=1)
     #: characters at the opening of the content searched for a refusal phrase
     refusal_window: int = Field(default=160, ge=1)
+    #: cut looping answers while they stream (:class:`LoopCut`)
+    loop_cut: LoopCut = LoopCut()
 
 
 DEFAULT_CONFIG = QualityConfig()

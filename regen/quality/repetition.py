@@ -17,6 +17,7 @@ around 0.35-0.5, code 0.2-0.35; a text that repeats itself, even loosely, falls 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 
 from regen.core.text import words
 
@@ -24,9 +25,13 @@ from regen.core.text import words
 def longest_repeat(text: str, max_ngram: int) -> tuple[int, int]:
     """``(words in the longest back-to-back repetition, its n-gram size)``; ``(0, 0)`` when no
     n-gram follows itself (ties: the smallest n)."""
+    return repeat_in_words(words(text), max_ngram)
+
+
+def repeat_in_words(ws: Sequence[str], max_ngram: int) -> tuple[int, int]:
+    """:func:`longest_repeat` of words already split (:func:`regen.core.text.words`)."""
     import numpy as np  # here, not at import: the manifest imports regen.quality
 
-    ws = words(text)
     n_words = len(ws)
     if n_words < 2:
         return 0, 0

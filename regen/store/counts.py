@@ -11,8 +11,9 @@ counts as the difference from the answer it replaces (:func:`net_counts`: ``done
 gives the totals of the latest answers.
 
 In a file, the first five counters are required; ``flagged``, ``flags``, ``retried``,
-``ended`` and ``settings`` (added later) read as 0 (empty) when a file written before them
-lacks them. Values are strict: ``"40"`` or ``true`` is not a count.
+``ended``, ``settings``, ``loop_cut``, ``cut_saved``, ``cache_prompt_tokens`` and
+``cached_tokens`` (added later) read as 0 (empty) when a file written before them lacks them.
+Values are strict: ``"40"`` or ``true`` is not a count.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+
+from regen.core.result import LOOP
 
 
 class CountsModel(BaseModel):
@@ -80,6 +83,16 @@ class SourceCounts(CountsModel):
     #: ``Manifest.settings_id()`` of the session that answered; native rows and rows written
     #: before the column have none); written only when some sample has one
     settings: dict[str, int] = Field(default_factory=dict, exclude_if=lambda v: not v)
+    #: turns regen cut because they looped while streaming (the rows' ``finish_reason``
+    #: ``loop``, regen.quality.loop), and the tokens those cuts spared the servers (their
+    #: ``cut_saved``); written only when some turn was cut
+    loop_cut: int = Field(default=0, exclude_if=lambda v: not v)
+    cut_saved: int = Field(default=0, exclude_if=lambda v: not v)
+    #: prompt tokens of the rows whose server reported its prefix cache (``cached_tokens`` not
+    #: null), and the cached tokens it reported: the source's cache-hit rate is their ratio;
+    #: written only when some server reported it
+    cache_prompt_tokens: int = Field(default=0, exclude_if=lambda v: not v)
+    cached_tokens: int = Field(default=0, exclude_if=lambda v: not v)
 
     def add(self, other: SourceCounts, sign: int = 1) -> None:
         """Add ``other``'s counters (``sign=-1``: subtract them)."""
@@ -113,6 +126,14 @@ class SourceCounts(CountsModel):
     @property
     def is_zero(self) -> bool:
         return not any(getattr(self, n) for n in (*SCALAR_COUNTS, *MAPPING_COUNTS))
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        """Share of the prompt tokens the servers found in their prefix cache, over the rows
+        whose server reported it (None: none did)."""
+        if not self.cache_prompt_tokens:
+            return None
+        return self.cached_tokens / self.cache_prompt_tokens
 
     @property
     def tokens_per_turn(self) -> float | None:
@@ -151,6 +172,12 @@ def count_rows(rows: Iterable[dict[str, Any]]) -> SourceCounts:
         c.prompt_tokens += int(r.get("prompt_tokens") or 0)
         c.completion_tokens += int(r.get("completion_tokens") or 0)
         trunc = trunc or r.get("finish_reason") == "length"
+        if r.get("finish_reason") == LOOP:
+            c.loop_cut += 1
+            c.cut_saved += int(r.get("cut_saved") or 0)
+        if r.get("cached_tokens") is not None:
+            c.cache_prompt_tokens += int(r.get("prompt_tokens") or 0)
+            c.cached_tokens += int(r["cached_tokens"])
         for flag in r.get("quality_flags") or ():
             c.flags[flag] = c.flags.get(flag, 0) + 1
         if r.get("ended"):

@@ -88,6 +88,7 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from regen.core.errors import RunDirError
+from regen.quality.config import NO_LOOP_CUT, LoopCut
 from regen.store.counts import SourceCounts
 from regen.store.progress import ProgressSnapshot
 from regen.store.rundir import TMP_PREFIX, RunDir
@@ -259,6 +260,9 @@ class RunRecord(Record):
     #: ``objects``, as the engines do (every run made since regen rendered so), ``strings``,
     #: as regen did before (a run.json without the field): a run keeps what it started with
     render: Literal["objects", "strings"] = "strings"
+    #: the loop cut the run started with (``quality.loop_cut``, regen.quality.loop): a run
+    #: keeps it; a run.json from before the cut existed records none (no cut)
+    loop_cut: LoopCut = NO_LOOP_CUT
 
 
 class LockRecord(Record):

@@ -73,6 +73,7 @@ def prepare_run(
             regen_version=regen.__version__,
             endpoints=[public_url(u) for u in endpoints],
             render="objects",
+            loop_cut=manifest.quality.loop_cut,
         )
     sid = manifest.settings_id()
     if sid not in info.settings:  # a run.json from before the record, or a new setting

@@ -17,7 +17,8 @@ tools              string (JSON)/null  the tool declarations sent with the reque
 reasoning          string/null         reasoning the server returned (null: none returned)
 content            string              content the server returned
 tool_calls         string (JSON)       tool calls the server returned (OpenAI shape), ``[]``
-finish_reason      string/null         ``stop``, ``length``, ``tool_calls``, ...; null: native
+finish_reason      string/null         ``stop``, ``length``, ``tool_calls``, ...; ``loop``: regen
+                                       closed the stream, the answer looped; null: native
 truncated          bool                finish_reason == "length"
 text               string/null         the row as Kimi-format text (prompt + response);
                                        null for native rows (no tokenizer at hand)
@@ -87,6 +88,12 @@ family             string/null         the target's model family (regen.targets:
                                        ``qwen3``, ...; ``unknown``: none regen knows, the row
                                        is the server's ids). Null: a part written before the
                                        column (a Kimi run: no other family existed)
+cut_saved          int32/null          a turn regen cut because it looped while it streamed
+                                       (``finish_reason`` ``loop``, regen.quality.loop): the
+                                       tokens the cut spared the server (``max_tokens`` less
+                                       the ``completion_tokens`` streamed, regen's own count:
+                                       the usage chunk never came). Null for every other row
+                                       and parts written before the column
 =================  ==================  ========================================================
 
 ``attempt`` and the quality columns are the :data:`ADDED_COLUMNS`: a part written before them
@@ -95,7 +102,7 @@ such a session, folded on resume) gets them from :func:`upgrade_row` (its turn c
 Likewise the :data:`PROVENANCE_COLUMNS` (engine, engine_version, ended), the
 :data:`ANSWER_COLUMNS` (content_hash, settings) and the :data:`FAMILY_COLUMNS` (family): a
 part written before them lacks them (read as null), and :func:`upgrade_row` gives a row dict
-without them nulls.
+without them nulls; and the :data:`LOOP_COLUMNS` (cut_saved) the same.
 """
 
 from __future__ import annotations
@@ -130,9 +137,11 @@ ANSWER_COLUMNS: pa.Schema = pa.schema(
 )
 #: columns a part written before issue 30 lacks (nullable; see the module docstring)
 FAMILY_COLUMNS: pa.Schema = pa.schema([pa.field("family", pa.string())])
+#: columns a part written before issue 43 lacks (nullable; see the module docstring)
+LOOP_COLUMNS: pa.Schema = pa.schema([pa.field("cut_saved", pa.int32())])
 #: the column groups added after the first schema: a part may lack each group as a whole
 LATER_COLUMNS: tuple[pa.Schema, ...] = (
-    ADDED_COLUMNS, PROVENANCE_COLUMNS, ANSWER_COLUMNS, FAMILY_COLUMNS,
+    ADDED_COLUMNS, PROVENANCE_COLUMNS, ANSWER_COLUMNS, FAMILY_COLUMNS, LOOP_COLUMNS,
 )  # fmt: skip
 SCHEMA: pa.Schema = pa.schema(
     [
@@ -169,6 +178,7 @@ SCHEMA: pa.Schema = pa.schema(
         *PROVENANCE_COLUMNS,
         *ANSWER_COLUMNS,
         *FAMILY_COLUMNS,
+        *LOOP_COLUMNS,
     ]
 )
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
@@ -180,7 +190,10 @@ def upgrade_row(row: dict[str, Any]) -> dict[str, Any]:
     turn checked now (:func:`regen.quality.check_row`; native rows not checked). Rows that have
     them come back as they are. A row without the :data:`PROVENANCE_COLUMNS` or the
     :data:`ANSWER_COLUMNS` gets nulls (unknown)."""
-    nullable = (*PROVENANCE_COLUMNS.names, *ANSWER_COLUMNS.names, *FAMILY_COLUMNS.names)
+    nullable = (
+        *PROVENANCE_COLUMNS.names, *ANSWER_COLUMNS.names, *FAMILY_COLUMNS.names,
+        *LOOP_COLUMNS.names,
+    )  # fmt: skip
     if all(name in row for name in ADDED_COLUMNS.names) and all(name in row for name in nullable):
         return row
     out = dict(row)

@@ -18,9 +18,10 @@ for it raises a TemplateError that says so (server ids make such a target work).
 
 Flags (``think_inserted``, ``content_has_think``: the family module explains them) travel in
 :attr:`RenderedTurn.flag`; ``regen.engine.rows`` puts them in the row's ``token_check`` so they are
-counted at export, never hidden. A truncated turn (``finish_reason == "length"``) gets no end
-token, and when it stopped inside the reasoning no close marker either: only what the model
-produced (unless the server's completion token count shows the cut came right after it).
+counted at export, never hidden. A turn the model did not finish (``finish_reason`` ``length``,
+or regen's ``loop`` cut: :func:`response_finish`) gets no end token, and when it stopped inside
+the reasoning no close marker either: only what the model produced (unless the server's
+completion token count shows the cut came right after it).
 
 Prompt and response are tokenized separately (``add_special_tokens=False``) and concatenated, so
 no token spans the boundary; the loss mask is 1 on the response tokens only. Special-token text
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from regen.core.errors import TemplateError
+from regen.core.result import UNFINISHED
 from regen.core.sample import Message, ToolCall, stable_hash
 from regen.targets import Family, recognise_dir
 from regen.targets.family import RenderFlag, ThinkState
@@ -125,6 +127,13 @@ class TurnText:
             self.cut_in_reasoning = False
             return True
         return False
+
+
+def response_finish(reason: str) -> str:
+    """The finish reason a family's response text is assembled with: a turn the model did not
+    finish (:data:`regen.core.result.UNFINISHED`: cut by ``max_tokens`` or by regen's loop cut)
+    is assembled as one cut by ``max_tokens``: no end-of-turn token."""
+    return "length" if reason in UNFINISHED else reason
 
 
 class Renderer:
@@ -322,8 +331,9 @@ class Renderer:
         fam = self.family.served_variant(result.engine) if self.family is not None else None
         if fam is None:
             return None
+        finish = response_finish(result.finish_reason)
         return fam.response_text(turn.think_state, turn.reasoning, turn.content,
-                                 result.tool_calls, result.finish_reason)  # fmt: skip
+                                 result.tool_calls, finish)  # fmt: skip
 
     def settle_text(self, turn: TurnText) -> TurnText:
         """``turn`` with the ``</think>`` a cut in the reasoning may have produced appended, as
