@@ -41,6 +41,14 @@ DEFAULT_ACCEPT_LENGTH = 2.1
 HEALTH_TIMEOUT_ENV = "SGLANG_HEALTH_CHECK_TIMEOUT"
 DEFAULT_HEALTH_TIMEOUT_S = 20.0
 
+#: prefill cost (µs per uncached prompt token) of a large MoE (DeepSeek-V3 / Kimi-K2 class)
+#: on one node of 8 GPUs: ~50,000 prompt tok/s (docs/simulate.md "Prefill" has the sources)
+LARGE_MOE_PREFILL_US_PER_TOKEN = 20.0
+
+#: SGLang's tokenizer_manager.create_abort_task sleeps this long before aborting a request
+#: whose stream was closed
+SGLANG_ABORT_DELAY_S = 2.0
+
 #: the speed model's defaults (regen.devkit.simulate.speculative.SpeedModel: one spelling)
 _SPEED = SpeedModel()
 
@@ -188,6 +196,57 @@ class SimConfig(BaseModel):
     )
     instant: bool = Field(
         False, description="answer at once (no capacity model)", **_group("capacity model")
+    )
+    prefill_us_per_token: float = Field(
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="prefill cost: microseconds of server time per uncached prompt token, "
+        "added to the step that prefills it (0: prefill is free, the model before issue 43; "
+        f"{LARGE_MOE_PREFILL_US_PER_TOKEN:g} is a large MoE on 8 GPUs, docs/simulate.md)",
+        **_group("prefill and prefix cache"),
+    )
+    chunked_prefill_size: int = Field(
+        8192,
+        ge=1,
+        description="SGLang's --chunked-prefill-size: prompt tokens one step prefills at most "
+        "(a longer prompt takes several steps)",
+        **_group("prefill and prefix cache"),
+    )
+    prefix_cache: bool = Field(
+        True,
+        description="keep a prefix cache (SGLang's radix cache; vLLM's --enable-prefix-caching): "
+        "a prompt's cached prefix is not prefilled; off: every prompt token is",
+        **_group("prefill and prefix cache"),
+    )
+    prefix_cache_tokens: int | None = Field(
+        None,
+        ge=0,
+        description="the prefix cache's capacity in tokens, least recently used evicted first "
+        "(default: the KV pool, --max-total-tokens)",
+        **_group("prefill and prefix cache"),
+    )
+    prefix_cache_block_size: int | None = Field(
+        None,
+        ge=1,
+        description="cached tokens count in whole blocks of this size (default: 1 under "
+        "--engine sglang, SGLang's page size; 16 under vllm, vLLM's block size)",
+        **_group("prefill and prefix cache"),
+    )
+    enable_cache_report: bool = Field(
+        False,
+        description="report cached prompt tokens in usage.prompt_tokens_details.cached_tokens "
+        "(SGLang's --enable-cache-report; vLLM's --enable-prompt-tokens-details)",
+        **_group("prefill and prefix cache"),
+    )
+    abort_delay_s: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="seconds a closed stream's request keeps its batch slot (and generates) "
+        "before the engine aborts it (default: 2 under --engine sglang, whose "
+        "create_abort_task sleeps 2 s; 0 under vllm, which aborts at once)",
+        **_group("prefill and prefix cache"),
     )
     background_requests: int = Field(
         0,
@@ -391,6 +450,26 @@ class SimConfig(BaseModel):
     def kv_tokens(self) -> int:
         """The KV pool in tokens (``max_total_tokens``, default 8192 per batch slot)."""
         return self.max_total_tokens or 8192 * self.slots
+
+    @property
+    def cache_tokens(self) -> int:
+        """The prefix cache's capacity (default: the KV pool)."""
+        if self.prefix_cache_tokens is not None:
+            return self.prefix_cache_tokens
+        return self.kv_tokens
+
+    @property
+    def cache_block_size(self) -> int:
+        if self.prefix_cache_block_size is not None:
+            return self.prefix_cache_block_size
+        return 1 if self.engine == "sglang" else 16
+
+    @property
+    def abort_delay(self) -> float:
+        """Seconds a closed stream's request runs on before the engine aborts it."""
+        if self.abort_delay_s is not None:
+            return self.abort_delay_s
+        return SGLANG_ABORT_DELAY_S if self.engine == "sglang" else 0.0
 
     @property
     def step_s(self) -> float:

@@ -25,6 +25,11 @@ aborted                     ``..num_aborted_requests_total`` ``finished_reason="
 refused (queue full)        (none)                           ``vllm:admission_rejections_total``
 latency histograms          TTFT, end-to-end (is_streaming)  TTFT, end-to-end
 speculation                 ``sglang:spec_accept_length``    ``vllm:spec_decode_num_*_total``
+prefix cache                ``sglang:cache_hit_rate`` (gauge ``vllm:prefix_cache_queries_total``,
+                            over the last 15 s),             ``vllm:prefix_cache_hits_total``,
+                            ``sglang:cached_tokens_total``   ``vllm:prompt_tokens_cached_total``
+                            (``cache_source="device"``, at   (at admission)
+                            finish)
 ==========================  ===============================  ==================================
 
 Labels as each engine sets them: SGLang's scheduler gauges carry ``model_name``,
@@ -70,9 +75,36 @@ VLLM_LABELS = ("model_name", "engine")
 #: seconds gen_throughput looks back over
 THROUGHPUT_WINDOW_S = 5.0
 
+#: seconds sglang:cache_hit_rate looks back over (SGLANG_CACHE_HIT_RATE_WINDOW_SECONDS)
+CACHE_HIT_WINDOW_S = 15.0
+
 #: histogram buckets (s) of the latency histograms (the simulator's own choice)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class _HitRate:
+    """Cached ÷ looked-up prompt tokens over the last :data:`CACHE_HIT_WINDOW_S`, as SGLang's
+    ``_CacheHitRateWindow`` (metrics_reporter.py)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.samples: collections.deque[tuple[float, int, int]] = collections.deque()
+        self.hits = self.total = 0
+
+    def add(self, hits: int, total: int) -> None:
+        if total > 0:
+            self.samples.append((self.clock(), hits, total))
+            self.hits += hits
+            self.total += total
+
+    def __call__(self) -> float:
+        cutoff = self.clock() - CACHE_HIT_WINDOW_S
+        while self.samples and self.samples[0][0] <= cutoff:
+            _, h, t = self.samples.popleft()
+            self.hits -= h
+            self.total -= t
+        return self.hits / self.total if self.total > 0 else 0.0
 
 
 class _Throughput:
@@ -122,6 +154,7 @@ class SimMetrics:
         self.engine = config.engine
         self.registry = CollectorRegistry(auto_describe=True)
         self._throughput = _Throughput(lambda: scheduler.tokens_total, clock)
+        self._hit_rate = _HitRate(clock)
         #: the scheduler's gauges as they stood when a hang began (None: live)
         self.frozen: dict[str, float] | None = None
         if self.engine == "vllm":
@@ -161,6 +194,7 @@ class SimMetrics:
         used = gauge("sglang:num_used_tokens", "The number of used tokens.")
         tput = gauge("sglang:gen_throughput", "The generation throughput (token/s).")
         retracted = gauge("sglang:num_retracted_reqs", "The number of retracted requests.")
+        hit_rate = gauge("sglang:cache_hit_rate", "The prefix cache hit rate.")
         accept = None
         if self.spec is not None:
             accept = gauge("sglang:spec_accept_length", "The average acceptance length of "
@@ -173,6 +207,7 @@ class SimMetrics:
             used.labels(**labels).set_function(self._share(i, self.kv_used))
             tput.labels(**labels).set_function(lambda: self.throughput() / dp)
             retracted.labels(**labels).set(0)
+            hit_rate.labels(**labels).set_function(self._hit_rate)
             if accept is not None:
                 accept.labels(**labels).set_function(self._accept_length)
         tok = list(SGLANG_TOKENIZER_LABELS)
@@ -189,6 +224,10 @@ class SimMetrics:
         self.aborts = Counter("sglang:num_aborted_requests_total", "Number of requests aborted.",
                               labelnames=tok, registry=reg)  # fmt: skip
         self.aborts.labels(**self.tok_labels)
+        self.cached_tokens = Counter("sglang:cached_tokens_total",
+                                     "Number of cached prompt tokens by source "
+                                     "(device/host/storage).",
+                                     labelnames=[*tok, "cache_source"], registry=reg)  # fmt: skip
         self.ttft = Histogram("sglang:time_to_first_token_seconds",
                               "Histogram of time to first token in seconds.",
                               labelnames=streamed, buckets=TTFT_BUCKETS, registry=reg)  # fmt: skip
@@ -216,6 +255,17 @@ class SimMetrics:
                                      labelnames=names, registry=reg)  # fmt: skip
         self.prompt_tokens.labels(*lv)
         reg.register(_VllmTokens(lv, lambda: sched.tokens_total))
+        self.cache_queries = Counter("vllm:prefix_cache_queries",
+                                     "Prefix cache queries, in terms of number of queried "
+                                     "tokens.", labelnames=names, registry=reg)  # fmt: skip
+        self.cache_hits = Counter("vllm:prefix_cache_hits",
+                                  "Prefix cache hits, in terms of number of cached tokens.",
+                                  labelnames=names, registry=reg)  # fmt: skip
+        self.prompt_cached = Counter("vllm:prompt_tokens_cached",
+                                     "Number of cached prompt tokens (local + external).",
+                                     labelnames=names, registry=reg)  # fmt: skip
+        for counter in (self.cache_queries, self.cache_hits, self.prompt_cached):
+            counter.labels(*lv)
         self.success = Counter("vllm:request_success",
                                "Count of successfully processed requests.",
                                labelnames=[*names, "finished_reason"], registry=reg)  # fmt: skip
@@ -311,10 +361,18 @@ class SimMetrics:
 
     # ---- events ----------------------------------------------------------------------------
 
-    def admitted(self, prompt_tokens: int) -> None:
-        """A request entered the server (vLLM counts its prompt when it is scheduled)."""
+    def admitted(self, prompt_tokens: int, cached_tokens: int | None = None) -> None:
+        """A request entered the server (vLLM counts its prompt when it is scheduled);
+        ``cached_tokens``: what the prefix cache held of it (None: no prefix cache)."""
+        if cached_tokens is not None:
+            self._hit_rate.add(cached_tokens, prompt_tokens)
         if self.engine == "vllm":
-            self.prompt_tokens.labels(*self.engine_labels).inc(prompt_tokens)
+            lv = self.engine_labels
+            self.prompt_tokens.labels(*lv).inc(prompt_tokens)
+            if cached_tokens is not None:
+                self.cache_queries.labels(*lv).inc(prompt_tokens)
+                self.cache_hits.labels(*lv).inc(cached_tokens)
+                self.prompt_cached.labels(*lv).inc(cached_tokens)
 
     def finished(
         self,
@@ -326,6 +384,7 @@ class SimMetrics:
         received_at: float,
         first_token_at: float | None,
         finished_at: float,
+        cached_tokens: int = 0,
     ) -> None:
         """A request answered in full."""
         if self.engine == "vllm":
@@ -340,6 +399,8 @@ class SimMetrics:
         self.prompt_tokens.labels(**labels).inc(prompt_tokens)
         self.generation_tokens.labels(**labels).inc(completion_tokens)
         self.requests.labels(**labels).inc()
+        if cached_tokens > 0:
+            self.cached_tokens.labels(**self.tok_labels, cache_source="device").inc(cached_tokens)
         if first_token_at is not None:
             self.ttft.labels(**labels).observe(max(0.0, first_token_at - received_at))
         self.e2e.labels(**labels).observe(max(0.0, finished_at - received_at))

@@ -14,6 +14,22 @@ is a verify step that keeps ``job.spec.step(remaining)`` tokens (its acceptance 
 verify steps go into ``spec``'s running counters (``avg_spec_accept_length``). Without
 ``spec`` the loop is the plain one, unchanged.
 
+Prefill (``prefill_s_per_token`` > 0): a job enters the batch with ``job.prefill`` prompt
+tokens to compute (its prompt less what the prefix cache held,
+:mod:`regen.devkit.simulate.prefix_cache`). Each step first takes up to ``chunk`` of those
+tokens, from the jobs in the order they were admitted (SGLang's chunked prefill: a long prompt
+takes several steps, ``--chunked-prefill-size`` tokens each), and lasts ``step_s`` plus
+``prefill_s_per_token`` per token taken; a job makes its first token in the step its prefill
+ends (the prefill's own token) and decodes from then on.
+The jobs still prefilling hold their slots. This is SGLang's mixed-chunk schedule (a chunk and
+the decode batch in one forward); its default alternates a prefill forward and a decode
+forward, which costs the same server time. At 0 (the default) prefill is free and the loop is
+the one above, unchanged.
+
+A request whose client closed its stream may go on for a while (``job.abort_at``, loop time):
+SGLang aborts it ~2 s later (``create_abort_task``), vLLM at once. Until then it holds its slot
+and generates tokens that count in ``tokens`` (nobody reads them).
+
 :meth:`Scheduler.pause` stops the loop as a hung GPU does (a simulated hang,
 :mod:`regen.devkit.simulate.outage`): no step, no admission, until :meth:`Scheduler.resume`; the
 step in flight when it stopped ends when it resumes, and the missed time is not caught up. Owns no
@@ -51,6 +67,9 @@ class Job:
     finished_at: float | None = None
     first_at: float | None = None  #: when its first token was made (loop time)
     spec: SpecRequest | None = None  #: its verify steps on a speculative server
+    prefill: int = 0  #: prompt tokens still to prefill (0: decoding)
+    cached: int = 0  #: prompt tokens the prefix cache held
+    abort_at: float | None = None  #: loop time the engine aborts it (its stream was closed)
 
     @property
     def done(self) -> bool:
@@ -76,7 +95,9 @@ class SchedulerCounters:
     slot_steps: int = 0  #: sum over steps of running jobs (occupancy numerator)
     tokens: int = 0  #: tokens generated (cancelled jobs included)
     late_steps: int = 0  #: steps run late, in a catch-up (the event loop lagged)
-    busy_s: float = 0.0  #: simulated time of those steps
+    busy_s: float = 0.0  #: simulated time of those steps (prefill included)
+    prefill_tokens: int = 0  #: prompt tokens prefilled (not cached)
+    prefill_s: float = 0.0  #: simulated time spent prefilling them
     since: float = field(default_factory=time.monotonic)
 
 
@@ -89,9 +110,16 @@ class Scheduler:
         step_s: float,
         tokens_per_step: int,
         spec: SpecServer | None = None,
+        *,
+        prefill_s_per_token: float = 0.0,
+        chunk: int = 8192,
     ) -> None:
         if max_running < 1 or step_s <= 0 or tokens_per_step < 1:
             raise ConfigError("need max_running >= 1, step_s > 0, tokens_per_step >= 1")
+        if prefill_s_per_token < 0 or chunk < 1:
+            raise ConfigError("need prefill_s_per_token >= 0 and chunk >= 1")
+        self.prefill_s_per_token = prefill_s_per_token
+        self.chunk = chunk
         self.max_running = max_running
         self.step_s = step_s
         self.tokens_per_step = tokens_per_step
@@ -107,6 +135,8 @@ class Scheduler:
         self.paused = False
         self._unpaused: asyncio.Future[None] | None = None
         self._output_waiters: list[asyncio.Future[None]] = []
+        #: jobs whose closed stream is aborted later (``close``)
+        self._closing = 0
 
     @property
     def capacity_tok_s(self) -> float:
@@ -192,13 +222,19 @@ class Scheduler:
                 next_tick = loop.time()
             self._admit(loop.time())
             step_s = self.step_s if spec is None else spec.step_s(self.step_s, self.n_running)
-            next_tick += step_s
+            chunks = self._plan_prefill() if self.prefill_s_per_token else []
+            prefill_s = sum(n for _, n in chunks) * self.prefill_s_per_token
+            next_tick += step_s + prefill_s
             delay = next_tick - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
             if await self._hold():  # the step in flight ends with the hang, nothing caught up
                 next_tick = loop.time()
             now = loop.time()
+            if chunks:
+                self._prefill(chunks, prefill_s)
+            if self._closing:
+                self._expire(now)
             steps = 1
             if now - next_tick >= step_s:  # lagging: run the missed steps now
                 missed = int((now - next_tick) / step_s)
@@ -207,10 +243,11 @@ class Scheduler:
                 if missed >= MAX_CATCHUP:
                     next_tick = now
             c = self.counters
-            running = [j for j in self.running if not j.cancelled]
+            running = [j for j in self.running if not j.cancelled and not j.prefill]
             c.late_steps += steps - 1
             if spec is not None:
-                self.running = self._speculate(spec, running, steps, now)
+                held = [j for j in self.running if j.prefill and not j.cancelled]
+                self.running = held + self._speculate(spec, running, steps, now)
                 if running:
                     self._output()
                 continue
@@ -231,9 +268,52 @@ class Scheduler:
                 else:
                     still.append(job)
                 job._wake()
+            if chunks or len(running) != len(self.running):  # jobs still prefilling stay
+                still = [j for j in self.running if j.prefill and not j.cancelled] + still
             self.running = still
             if running:
                 self._output()
+
+    def _plan_prefill(self) -> list[tuple[Job, int]]:
+        """This step's chunk: up to ``chunk`` prompt tokens of the jobs still prefilling."""
+        left = self.chunk
+        out: list[tuple[Job, int]] = []
+        for job in self.running:
+            if job.prefill and not job.cancelled:
+                n = min(job.prefill, left)
+                out.append((job, n))
+                left -= n
+                if not left:
+                    break
+        return out
+
+    def _prefill(self, chunks: list[tuple[Job, int]], prefill_s: float) -> None:
+        c = self.counters
+        for job, n in chunks:
+            job.prefill -= n
+            c.prefill_tokens += n
+        c.prefill_s += prefill_s
+        c.busy_s += prefill_s
+
+    def close(self, job: Job, delay_s: float) -> None:
+        """The client closed ``job``'s stream: abort it now, or after ``delay_s`` (SGLang)."""
+        if delay_s <= 0 or job.done:
+            job.cancelled = True
+            return
+        job.abort_at = asyncio.get_running_loop().time() + delay_s
+        self._closing += 1
+
+    def _expire(self, now: float) -> None:
+        """Abort the jobs whose closed stream's delay is over."""
+        pending = 0
+        for job in self.running:
+            if job.abort_at is not None and not job.cancelled and not job.done:
+                if now >= job.abort_at:
+                    job.cancelled = True
+                else:
+                    pending += 1
+        self._closing = pending + sum(j.abort_at is not None and not j.cancelled
+                                      for j in self.queue)  # fmt: skip
 
     def _speculate(self, spec: SpecServer, running: list[Job], steps: int, now: float) -> list[Job]:
         """Up to ``steps`` speculative steps of the batch (a catch-up ends early when every
@@ -275,6 +355,8 @@ class Scheduler:
     def _admit(self, now: float) -> None:
         while self.queue and len(self.running) < self.max_running:
             job = self.queue.popleft()
+            if job.abort_at is not None and now >= job.abort_at:
+                job.cancelled = True
             if job.cancelled:
                 continue
             job.admitted_at = now

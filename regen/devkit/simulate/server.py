@@ -41,9 +41,19 @@ from regen.devkit.simulate.keys import conversation_key, request_key
 from regen.devkit.simulate.metrics_page import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from regen.devkit.simulate.metrics_page import SimMetrics
 from regen.devkit.simulate.outage import Hang, OverloadWindow
+from regen.devkit.simulate.prefix_cache import (
+    PrefixCache,
+    Segment,
+    after_answer,
+    answer_segment,
+    message_segments,
+    salt_of,
+    token_segments,
+)
 from regen.devkit.simulate.scheduler import Job, Scheduler
 from regen.devkit.simulate.stats import RequestStats
 from regen.devkit.simulate.tokenized import AnswerTokenizer, TokenIds
+from regen.devkit.simulate.tokens import GENERATION_PROMPT
 from regen.devkit.simulate.tokens import prompt_tokens as sim_prompt_tokens
 from regen.template.prepare import parse_arguments
 
@@ -104,7 +114,18 @@ class SimServer:
         #: the speed model of a speculative server (None: a plain one)
         self.spec = config.speculation()
         self.scheduler = Scheduler(
-            config.slots, config.step_s, config.tokens_per_step, spec=self.spec
+            config.slots,
+            config.step_s,
+            config.tokens_per_step,
+            spec=self.spec,
+            prefill_s_per_token=config.prefill_us_per_token / 1e6,
+            chunk=config.chunked_prefill_size,
+        )
+        #: the prefix cache (None: --no-prefix-cache), regen.devkit.simulate.prefix_cache
+        self.cache = (
+            PrefixCache(config.cache_tokens, config.cache_block_size)
+            if config.prefix_cache
+            else None
         )
         self.tokenizer: AnswerTokenizer | None = None
         self.created = int(time.time())
@@ -391,6 +412,8 @@ class SimServer:
             "prompt_tokens": rc.prompt_tokens,
             "completion_tokens": rc.completion_tokens,
             "tokens_generated": sc.tokens,
+            "prefill_tokens": sc.prefill_tokens,
+            "prefill_s": sc.prefill_s,
             "steps": sc.steps,
             "late_steps": sc.late_steps,
             "busy_s": busy,
@@ -409,6 +432,14 @@ class SimServer:
             if self.overload.started_at is None
             else self.overload.started_at - self.stats.started,
         }
+        cache = self.cache
+        if cache is not None:
+            cc = cache.counters
+            out["prefix_cache"] = {"queries": cc.queries, "hits": cc.hits,
+                                   "hit_rate": cc.hit_rate, "held_tokens": cache.tokens,
+                                   "capacity_tokens": cache.capacity,
+                                   "block_size": cache.block_size,
+                                   "evicted_tokens": cc.evicted}  # fmt: skip
         bg = self.background
         if bg is not None:
             out["background"] = {"requests": bg.requests, "completed": bg.counters.completed,
@@ -539,7 +570,7 @@ class SimServer:
         except RegenError as e:
             stats.counters.errors["500"] += 1
             return self._error(500, str(e), "InternalServerError")
-        ans, ids, fault = result
+        ans, ids, fault, segments = result
         n_prompt = len(ids.prompt) if ids else ans.prompt_tokens
         try:  # a hung scheduler takes nothing in: the request waits, without a byte sent
             await hang.wait_resumed()
@@ -552,11 +583,12 @@ class SimServer:
         refused = await self._refuse(request, body, fault, storm, n_prompt, record)
         if refused is not None:
             return refused
-        job = self._admit(body, ans, n_prompt, received_at)
-        usage = self._usage(ans, ids, n_prompt)
+        job = self._admit(body, ans, n_prompt, received_at, segments)
+        usage = self._usage(ans, ids, n_prompt, job.cached if self.config.enable_cache_report
+                            else None)  # fmt: skip
         done = functools.partial(self._finished, ans=ans, job=job, fault=fault, usage=usage,
                                  stream=stream, received_at=received_at,
-                                 record=record)  # fmt: skip
+                                 record=record, ids=ids, segments=segments)  # fmt: skip
         if fault in (Fault.DISCONNECT, Fault.RETRACT, Fault.ABORT):  # counted up front
             stats.counters.failed[fault.value] += 1
             self.metrics.aborted()
@@ -567,7 +599,10 @@ class SimServer:
                 return await self._stream(request, body, ans, ids, job, fault, usage, done)
             return await self._complete(request, body, ans, ids, job, fault, usage, done)
         except (_ClientGone, asyncio.CancelledError) as e:
-            job.cancelled = True
+            if stream:  # a closed stream: SGLang aborts it ~2 s later, vLLM at once
+                self.scheduler.close(job, self.config.abort_delay)
+            else:
+                job.cancelled = True
             self._gone(request, record)
             if isinstance(e, _ClientGone):
                 return e.response
@@ -650,11 +685,25 @@ class SimServer:
         return self._error(503, d.queue_full, d.queue_full_type)  # SGLang: str(status)
 
     def _admit(
-        self, body: dict[str, Any], ans: SimAnswer, n_prompt: int, received_at: float
+        self,
+        body: dict[str, Any],
+        ans: SimAnswer,
+        n_prompt: int,
+        received_at: float,
+        segments: list[Segment] | None,
     ) -> Job:
-        """The request's job, in the scheduler (or made whole at once with --instant)."""
+        """The request's job, in the scheduler (or made whole at once with --instant): the
+        prefix cache's hit is looked up, and the prompt held, as it arrives."""
         job = Job(total=ans.completion_tokens, prompt=n_prompt)
-        self.metrics.admitted(n_prompt)
+        cache = self.cache
+        if cache is not None and segments is not None:
+            job.cached = cache.match(segments, n_prompt)
+            cache.insert(segments)
+            self.metrics.admitted(n_prompt, job.cached)
+        else:
+            self.metrics.admitted(n_prompt)
+        if self.config.prefill_us_per_token:
+            job.prefill = max(1, n_prompt - job.cached)
         if self.spec is not None:
             job.spec = self.spec.request(body)
             if self.config.instant:  # no step loop: its verify steps all at once
@@ -678,9 +727,21 @@ class SimServer:
         stream: bool,
         received_at: float,
         record: Callable[..., None],
+        ids: TokenIds | None = None,
+        segments: list[Segment] | None = None,
     ) -> None:
         """Count a full answer; called just before its last bytes are written, so a client
-        that has read them finds it counted."""
+        that has read them finds it counted. The prefix cache now holds the prompt and the
+        answer."""
+        cache = self.cache
+        if cache is not None and segments is not None:
+            if ids is not None:
+                cache.insert(token_segments(ids.prompt + ids.output, cache.block_size,
+                                            salt_of(segments)))  # fmt: skip
+            else:
+                calls = [(c.name, c.arguments) for c in ans.tool_calls]
+                tokens = usage["completion_tokens"] + GENERATION_PROMPT
+                cache.insert(after_answer(segments, answer_segment(ans.content, calls, tokens)))
         c = self.stats.counters
         c.completed += 1
         c.stalled += fault is Fault.STALL
@@ -702,6 +763,7 @@ class SimServer:
             received_at=received_at,
             first_token_at=job.first_at,
             finished_at=time.monotonic(),
+            cached_tokens=job.cached,
         )
 
     def _gone(self, request: web.Request, record: Callable[..., None]) -> None:
@@ -716,14 +778,23 @@ class SimServer:
         body: dict[str, Any],
         key: str,
         attempt: int,
-    ) -> tuple[SimAnswer, TokenIds | None, Fault | None]:
+    ) -> tuple[SimAnswer, TokenIds | None, Fault | None, list[Segment] | None]:
         messages = body["messages"]
         tools = body.get("tools") or None
         tok = self.tokenizer
+        cache = self.cache
+        salt = body.get("cache_salt")
+        salt = salt if isinstance(salt, str) and salt else None
+        segments: list[Segment] | None = None
         if tok is not None:
             prompt_text = await asyncio.to_thread(tok.render_prompt, body)
             prompt_ids = tok.encode(prompt_text)
             n_prompt = len(prompt_ids)
+            if cache is not None:
+                segments = token_segments(prompt_ids, cache.block_size, salt)
+        elif cache is not None:  # its tokens add up to the prompt's count
+            segments = message_segments(messages, tools, salt)
+            n_prompt = sum(t for _, t in segments)
         else:
             n_prompt = sim_prompt_tokens(messages, tools)
         max_tokens = requested_max_tokens(body)
@@ -740,10 +811,14 @@ class SimServer:
         ids: TokenIds | None = None
         if tok is not None:
             ids = tok.token_ids(prompt_text, prompt_ids, ans, thinking_enabled(body))
-        return ans, ids, fault
+        return ans, ids, fault, segments
 
     @staticmethod
-    def _usage(ans: SimAnswer, ids: TokenIds | None, n_prompt: int) -> dict[str, Any]:
+    def _usage(
+        ans: SimAnswer, ids: TokenIds | None, n_prompt: int, cached: int | None = None
+    ) -> dict[str, Any]:
+        """The usage object; ``cached``: the prompt's cached tokens, reported in
+        ``prompt_tokens_details`` (None: not reported, the engines' default)."""
         completion = len(ids.output) if ids else ans.completion_tokens
         reasoning = ids.reasoning_tokens if ids else ans.reasoning_tokens
         return {
@@ -751,7 +826,7 @@ class SimServer:
             "completion_tokens": completion,
             "total_tokens": n_prompt + completion,
             "reasoning_tokens": reasoning,
-            "prompt_tokens_details": None,
+            "prompt_tokens_details": None if cached is None else {"cached_tokens": cached},
             "completion_tokens_details": {"reasoning_tokens": reasoning},
         }
 
