@@ -235,18 +235,35 @@ def message_key(message: Mapping[str, Any]) -> Hashable:
 
 
 def message_segments(
-    messages: Iterable[Mapping[str, Any]], tools: list[Any] | None, salt: str | None = None
+    messages: Iterable[Mapping[str, Any]],
+    tools: list[Any] | None,
+    salt: str | None = None,
+    memo: dict[Hashable, int] | None = None,
 ) -> list[Segment]:
     """A prompt without a tokenizer: one segment per tool list and message, then the
-    generation prompt; the tokens add up to :func:`regen.devkit.simulate.tokens.prompt_tokens`."""
+    generation prompt; the tokens add up to :func:`regen.devkit.simulate.tokens.prompt_tokens`.
+    ``memo`` keeps each message's count by its key (a caller that sends the same history
+    again and again, as a multi-turn client does, counts each message once)."""
     from regen.devkit.simulate.tokens import prompt_tokens
 
     out: list[Segment] = [(("salt", salt), 0)] if salt else []
     if tools:
         text = json.dumps(tools, separators=(",", ":"))
-        out.append((("tools", text), MESSAGE_OVERHEAD + count_tokens(text)))
+        key: Hashable = ("tools", text)
+        n = memo.get(key) if memo is not None else None
+        if n is None:
+            n = MESSAGE_OVERHEAD + count_tokens(text)
+            if memo is not None:
+                memo[key] = n
+        out.append((key, n))
     for m in messages:
-        out.append((message_key(m), prompt_tokens([m], None) - GENERATION_PROMPT))
+        key = message_key(m)
+        n = memo.get(key) if memo is not None else None
+        if n is None:
+            n = prompt_tokens([m], None) - GENERATION_PROMPT
+            if memo is not None:
+                memo[key] = n
+        out.append((key, n))
     out.append((_GEN, GENERATION_PROMPT))
     return out
 

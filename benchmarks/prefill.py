@@ -1,0 +1,248 @@
+"""Benchmark: what regen's routing and order do to server time once prefill costs (issue 43).
+
+Workload: the ten production sources in real shapes and proportions
+(``benchmarks/_rehearsal_data.py``, output scale 1: production's answer lengths, ~1,300
+tokens a turn), every conversation's turns as regen sends them (``regen.engine.turns
+.regenerate``: each turn re-sends the history with our earlier replies), answer lengths from
+the simulator's answer model (``regen.devkit.simulate.answer``, mean 1,300, the prompt's share
+0.5). SWE-Gym is regenerated ``turns: all`` by default (``--swe-turns last`` is the
+production manifest's setting): its trajectories re-send tens of thousands of prompt tokens on
+every turn, the case the prefix cache is for. Tool turns continue as in the original (the
+target is assumed to make the original's calls), so every trajectory runs to its end.
+
+Servers: the simulator's model with prefill on, a large MoE on 8 GPUs (64 slots, 3.2 ms
+decode step = 20,000 tok/s, 20 µs per uncached prompt token, chunks of 8,192, a prefix cache
+of 2M tokens per server; docs/simulate.md "Prefill" has the sources), run as a discrete-event
+model (``benchmarks/prefill_model.py``, the simulator's own PrefixCache) because 24 fleets of
+8 real simulators for hours of virtual time do not fit two cores. ``--validate`` checks that
+model against a real ``regen run`` on ``regen simulate`` servers with the same settings.
+
+Compared, on 1, 4 and 8 endpoints:
+
+- **order**: regen's (``engine/schedule.py`` WorkQueue: longest expected first, prompt weighted
+  by ``PREFILL_WEIGHT``) or plain manifest order;
+- **next turn**: sent as soon as the previous one returns (regen: a sample keeps its slot) or
+  queued behind every sample not yet started (turn by turn);
+- **routing**: ``affinity`` (regen's router: a sample's turns on one endpoint),
+  ``least_loaded`` (each request to the least loaded endpoint, no binding) or ``random`` (each
+  request to a random endpoint with room).
+
+Printed per row: the prefix cache's hit rate (cached ÷ prompt tokens), the prefill's share of
+the servers' busy time, busy server-seconds per 1,000 regenerated tokens, and fleet-seconds per
+1,000 tokens (endpoints × makespan: what the reserved GPUs cost, idle tail included).
+
+Run: ``.venv/bin/python -m benchmarks.prefill`` (~1-2 min on 2 cores; ``--samples N``,
+``--quick`` for 1,000 samples) and ``--validate`` (a 1-endpoint ``regen run`` of ~150 samples
+against one simulator, ~1 min).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from collections.abc import Hashable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _rehearsal_data import PROMPT_SHARE, make_data
+from prefill_model import Conversation, Outcome, ServerParams, Turn, after_segments, run
+
+from regen.core.result import TurnResult
+from regen.core.sample import Sample
+from regen.devkit.simulate import AnswerConfig, answer
+from regen.devkit.simulate.prefix_cache import message_segments
+from regen.engine.schedule import WorkQueue
+from regen.engine.turns import regenerate
+from regen.manifest import Manifest, load_manifest
+from regen.sources import read_samples
+
+#: the simulator's answer lengths at production scale (benchmarks/_rehearsal_data.py)
+MEAN_TOKENS = 1300.0
+
+
+def manifest(work: Path, samples: int, swe_turns: str, seed: int = 0) -> Path:
+    data = make_data(work, samples, scale=1, seed=seed)
+    doc = yaml.safe_load(data.manifest.read_text(encoding="utf-8"))
+    for s in doc["sources"]:
+        if s["name"] == "swe_gym":
+            s["turns"] = swe_turns
+    data.manifest.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return data.manifest
+
+
+def conversations(
+    samples: list[Sample], m: Manifest, config: AnswerConfig, *, continue_tools: bool = True
+) -> list[Conversation]:
+    """Every sample's requests as regen sends them, answered by the simulator's model.
+    ``continue_tools``: a turn makes the original's tool calls (the trajectory goes on);
+    otherwise the simulator's own calls, as ``regen simulate`` answers (most tool
+    conversations then end at their first turn, as against the simulator)."""
+    s = m.sampling
+    memo: dict[Hashable, int] = {}
+
+    async def one(sample: Sample) -> Conversation:
+        assistants = [x for x in sample.messages if x.role == "assistant"]
+        recorded: list[tuple[tuple[Any, ...], int]] = []
+
+        async def complete(msgs: list[dict[str, Any]], tools: Any) -> TurnResult:
+            body = {"messages": msgs, "tools": tools, "seed": s.seed, "max_tokens": s.max_tokens,
+                    "chat_template_kwargs": m.template_kwargs()}  # fmt: skip
+            segments = tuple(message_segments(msgs, tools, memo=memo))
+            a = answer(body, config, prompt_tokens=sum(t for _, t in segments))
+            recorded.append((segments, a.completion_tokens))
+            finish = a.finish_reason
+            if continue_tools:
+                k = len(recorded) - 1 if sample.turns == "all" else -1
+                calls = assistants[k].tool_calls if assistants else ()
+                if finish != "length":
+                    finish = "tool_calls" if calls else "stop"
+            else:
+                from regen.core.sample import ToolCall
+
+                calls = tuple(ToolCall(c.id, c.name, c.arguments) for c in a.tool_calls)
+            return TurnResult(a.content, a.reasoning or None, calls, finish, "m", "e",
+                              completion_tokens=a.completion_tokens)  # fmt: skip
+
+        await regenerate(sample, complete)
+        turns = []
+        for k, (segments, completion) in enumerate(recorded):
+            nxt = recorded[k + 1][0] if k + 1 < len(recorded) else None
+            after = after_segments(segments, nxt, ("answer", sample.id, k), completion)
+            turns.append(Turn(segments, sum(t for _, t in segments), completion, after))
+        return Conversation(sample.source, tuple(turns))
+
+    async def all_() -> list[Conversation]:
+        return [await one(x) for x in samples]
+
+    return asyncio.run(all_())
+
+
+def workload(
+    work: Path, n: int, swe_turns: str, *, continue_tools: bool = True
+) -> tuple[Manifest, list[Sample], list[Conversation], list[int]]:
+    m = load_manifest(manifest(work, n, swe_turns))
+    samples = [x for x in read_samples(m) if x.input_ids is None]
+    config = AnswerConfig(mean_tokens=MEAN_TOKENS, prompt_share=PROMPT_SHARE)
+    convs = conversations(samples, m, config, continue_tools=continue_tools)
+    pos = {x.id: i for i, x in enumerate(samples)}
+    regen_order = [pos[x.id] for x in iter(WorkQueue(samples).pop, None)]
+    return m, samples, convs, regen_order
+
+
+ROWS = (("regen", "at_once"), ("manifest", "at_once"), ("regen", "queued"),
+        ("manifest", "queued"))  # fmt: skip
+
+
+def table(convs: list[Conversation], regen_order: list[int], params: ServerParams,
+          endpoints: tuple[int, ...], routes: tuple[str, ...]) -> list[str]:  # fmt: skip
+    orders = {"regen": regen_order, "manifest": list(range(len(convs)))}
+    head = ["endpoints", "order", "next turn"]
+    for r in routes:
+        head += [f"{r}: hit", f"{r}: prefill", f"{r}: busy s/1k", f"{r}: fleet s/1k"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for e in endpoints:
+        for order, nxt in ROWS:
+            cells = [str(e), order, nxt.replace("_", " ")]
+            for route in routes:
+                o = run(convs, orders[order], endpoints=e, affinity=route, next_turn=nxt,
+                        params=params)  # fmt: skip
+                cells += [f"{o.hit_rate:.3f}", f"{o.prefill_s / o.busy_s:.3f}",
+                          f"{1000 * o.busy_per_token:.3f}",
+                          f"{1000 * o.fleet_per_token:.3f}"]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+            print(lines[-1], flush=True)
+    return lines
+
+
+def describe(convs: list[Conversation]) -> str:
+    reqs = sum(len(c.turns) for c in convs)
+    prompt = sum(t.prompt for c in convs for t in c.turns)
+    out = sum(t.completion for c in convs for t in c.turns)
+    swe = [t.prompt for c in convs if c.source == "swe_gym" for t in c.turns]
+    swe_note = (f"; swe_gym: {len(swe)} requests, mean prompt {sum(swe) / len(swe):,.0f}, "
+                f"max {max(swe):,}") if swe else ""  # fmt: skip
+    return (f"{len(convs)} conversations, {reqs} requests, {prompt:,} prompt tokens "
+            f"({prompt / reqs:,.0f} a request), {out:,} completion tokens{swe_note}")  # fmt: skip
+
+
+# -- validation against regen run + regen simulate ---------------------------------------------
+
+
+def validate(work: Path, n: int, params: ServerParams) -> None:
+    """A real ``regen run`` (1 worker) on one simulator with prefill and the cache, against
+    the model fed the same conversations (the simulator's own tool calls, so they end where the
+    run's do) in regen's order."""
+    from _workload import fleet
+
+    from regen.engine import RunOptions, run_job
+    from regen.store import RunDir
+
+    m, samples, convs, order = workload(work, n, "all", continue_tools=False)
+    sim = {"max_running_requests": params.slots, "step_ms": params.step_s * 1000,
+           "prefill_us_per_token": params.prefill_s_per_token * 1e6,
+           "chunked_prefill_size": params.chunk, "prefix_cache_tokens": params.cache_tokens,
+           "mean_tokens": MEAN_TOKENS, "prompt_share": PROMPT_SHARE,
+           "tool_call_rate": AnswerConfig().tool_call_rate}  # fmt: skip
+    model = run(convs, order, endpoints=1, params=params)
+    print(f"validate: {describe(convs)}")
+    with fleet(1, work, **sim) as f:
+        f.start(len(samples))
+        t0 = time.monotonic()
+        opts = RunOptions(endpoints=f.urls, workers=1, handle_signals=False)
+        summary = run_job(m, RunDir.open(work / "run", create=False), opts)
+        wall = time.monotonic() - t0
+        stats = f.sims[0].stats()
+        f.stop()
+    pc = stats["prefix_cache"]
+    print(f"regen run: {summary.state}, {summary.done} samples in {wall:.1f} s")
+    print("| | requests | prompt tokens | hit rate | completion tokens | busy s | prefill s |")
+    print("|---|---|---|---|---|---|---|")
+    print(f"| model | {model.requests} | {model.prompt:,} | {model.hit_rate:.3f} | "
+          f"{model.completion:,} | {model.busy_s:.2f} | {model.prefill_s:.2f} |")  # fmt: skip
+    print(f"| regen simulate | {stats['received']} | {stats['prompt_tokens']:,} | "
+          f"{pc['hit_rate']:.3f} | {stats['tokens_generated']:,} | {stats['busy_s']:.2f} | "
+          f"{stats['prefill_s']:.2f} |")  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--samples", type=int, default=3000)
+    ap.add_argument("--quick", action="store_true", help="1,000 samples, 1 and 8 endpoints")
+    ap.add_argument("--swe-turns", choices=("all", "last"), default="all")
+    ap.add_argument("--endpoints", type=int, nargs="+", default=[1, 4, 8])
+    ap.add_argument("--routes", nargs="+", default=["affinity", "least_loaded", "random"])
+    ap.add_argument("--cache-tokens", type=int, default=ServerParams().cache_tokens)
+    ap.add_argument("--prefill-us", type=float, default=ServerParams().prefill_s_per_token * 1e6)
+    ap.add_argument("--validate", action="store_true", help="model vs regen run + simulate")
+    ap.add_argument("--validate-samples", type=int, default=150)
+    args = ap.parse_args()
+    params = ServerParams(cache_tokens=args.cache_tokens, prefill_s_per_token=args.prefill_us / 1e6)
+    with tempfile.TemporaryDirectory(prefix="regen-prefill-") as tmp:
+        work = Path(tmp)
+        if args.validate:
+            validate(work, args.validate_samples, params)
+            return 0
+        n = 1000 if args.quick else args.samples
+        endpoints = (1, 8) if args.quick else tuple(args.endpoints)
+        t0 = time.monotonic()
+        _, _, convs, order = workload(work, n, args.swe_turns)
+        print(f"workload ({time.monotonic() - t0:.1f} s to build): {describe(convs)}")
+        print(f"servers: {params}")
+        t0 = time.monotonic()
+        table(convs, order, params, endpoints, tuple(args.routes))
+        print(f"model runs: {time.monotonic() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = ["Outcome", "main"]
