@@ -18,16 +18,20 @@ FLAGS = (
     "language_mismatch",
     "refusal",
     "bad_tool_call",
+    "collapsed",
 )
 #: what ``regen export`` drops unless told otherwise: answers that teach the draft garbage. A
 #: refusal is the target's real behaviour at serving time (short, and worth drafting), so it is
-#: kept by default; ``--drop-flags all`` drops it too
+#: kept by default; ``--drop-flags all`` drops it too. ``collapsed`` (one answer given to many
+#: different prompts, found at export: regen.quality.collapse) would teach the draft one fixed
+#: reply, so it is dropped by default
 DEFAULT_DROP_FLAGS = (
     "repetition",
     "empty_content",
     "reasoning_unclosed",
     "language_mismatch",
     "bad_tool_call",
+    "collapsed",
 )
 
 
@@ -114,6 +118,15 @@ class QualityConfig(BaseModel):
     refusal_window: int = Field(default=160, ge=1)
     #: cut looping answers while they stream (:class:`LoopCut`)
     loop_cut: LoopCut = LoopCut()
+    #: collapsed (at export, across the rows of a source: regen.quality.collapse): an answer
+    #: is flagged when this many distinct prompts of its source got it (exactly, or near)
+    collapse_min_prompts: int = Field(default=8, ge=2)
+    #: ... counted only for answers (reasoning, content and tool calls) of at least this many
+    #: words: real sources share short answers ("Sure!", a bare tool call) on purpose
+    collapse_min_words: int = Field(default=16, ge=1)
+    #: ... where two answers are the same when the estimated Jaccard similarity of their word
+    #: 3-shingles reaches this (1.0: only exact copies; words normalized as in near-dup)
+    collapse_similarity: float = Field(default=0.8, ge=0.5, le=1.0)
 
 
 DEFAULT_CONFIG = QualityConfig()
