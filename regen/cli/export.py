@@ -49,8 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FLAGS",
         default=None,
         help="drop rows carrying any of these quality flags: comma list of repetition, "
-        "empty_content, reasoning_unclosed, language_mismatch, refusal, bad_tool_call; or "
-        "default, all, none (manifest export.drop_flags; default: all but refusal)",
+        "empty_content, reasoning_unclosed, language_mismatch, refusal, bad_tool_call, "
+        "collapsed (one answer to many prompts of a source, found here); or default, all, "
+        "none (manifest export.drop_flags; default: all but refusal)",
     )
     parser.add_argument(
         "--keep-unproven",

@@ -32,21 +32,24 @@ settings) and native rows (no setting makes them) count, the others are dropped 
 part-name order wins); every row of a held-out sample is dropped (below); rows carrying a
 quality flag of ``drop_flags`` are dropped as ``flagged`` (default
 :data:`regen.quality.DEFAULT_DROP_FLAGS`; stats.json counts rows, tokens and loss tokens per
-flag, a row with two such flags under each); a locally rendered row whose ``token_check``
-cannot show it is the model's tokens (not ``count_match``: a rebuilt tool call, a count that
-differs or is unknown, a guessed ``</think>``) is dropped as ``unproven_tokens`` unless
-``keep_unproven`` (server-id rows always are the model's tokens); then truncated rows
-(finish_reason "length") are dropped unless kept, rows longer than ``max_length`` tokens are
-dropped (never cut: a cut row would change its mask), rows without a single loss token are
-dropped (SpecForge would skip them silently). Parts written before the attempt and quality
-columns read as attempt 0 without flags.
+flag, a row with two such flags under each; ``collapsed`` is not stored in rows but decided
+here when ``drop_flags`` holds it: :func:`regen.export.select.collapsed_rows` reads the latest
+answers' text and flags those many distinct prompts of a source share); a locally rendered
+row whose ``token_check`` cannot show it is the model's tokens (not ``count_match``: a rebuilt
+tool call, a count that differs or is unknown, a guessed ``</think>``) is dropped as
+``unproven_tokens`` unless ``keep_unproven`` (server-id rows always are the model's tokens);
+then truncated rows (finish_reason "length") are dropped unless kept, rows longer than
+``max_length`` tokens are dropped (never cut: a cut row would change its mask), rows without
+a single loss token are dropped (SpecForge would skip them silently). Parts written before
+the attempt and quality columns read as attempt 0 without flags.
 
 ``only_flagged`` inverts the flag rule for inspection: only the latest answers' rows carrying a
 flag of ``drop_flags`` are written (nothing else is dropped), and the conversations variant
 writes one record per such row (not per sample), with its ``turn``, ``attempt`` and
-``quality_flags``. Dropped rows always stay in the run directory. The kept rows are sorted by
-(sample_id, turn) and shuffled with ``random.Random(seed)``, so the output depends only on the
-rows and the seed, never on part order. Shards are consecutive slices of that one order:
+``quality_flags`` (``collapsed`` added to those of a collapsed row). Dropped rows always stay
+in the run directory. The kept rows are sorted by (sample_id, turn) and shuffled with
+``random.Random(seed)``, so the output depends only on the rows and the seed, never on part
+order. Shards are consecutive slices of that one order:
 concatenating them in name order gives the single file SpecForge 0.2.0 reads
 (``data.prompts_path`` is one path); ``shard_rows=0`` writes one shard. Native rows come out
 byte-identical to their input ids and mask. Earlier shards of the same format in OUT are removed.
@@ -57,7 +60,10 @@ one Parquet row group at a time and each kept row's JSON line is spilled to a lo
 bucket file by its output position (``WINDOW_ROWS`` positions per bucket), and the shards are
 written bucket by bucket through an output stream (temp name, then rename). Each part is read
 twice (keys, then data) and nothing else (with a holdout, the row groups holding the held-out
-first turns once more, for their messages).
+first turns once more, for their messages; with ``collapsed`` in ``drop_flags``, the row groups
+holding the latest answers of a source with at least ``quality.collapse_min_prompts`` of them
+once more, for their reasoning, content and tool calls only: about 16 bytes per row, plus
+~0.5 KB per distinct long answer, are held for the check).
 
 **Held-out samples** (``holdout`` N): per source, the N samples with the smallest
 :func:`holdout_rank` (a sha256 of the seed and the sample id: the same samples on every machine
@@ -81,6 +87,7 @@ conversations and are counted as ``not_convertible``.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import tempfile
@@ -91,6 +98,7 @@ from regen.export.holdout import choose_holdout, write_holdout
 from regen.export.select import (
     check_drop_share,
     check_setting,
+    collapsed_rows,
     current_plan,
     latest_attempts,
     not_current,
@@ -99,6 +107,7 @@ from regen.export.select import (
 )
 from regen.export.settings import ExportSettings
 from regen.export.write import ordered_lines, remove_old_shards
+from regen.quality.collapse import FLAG as COLLAPSED
 from regen.store import layout
 from regen.store.layout import ExportStats
 from regen.store.rundir import RunDir
@@ -139,6 +148,9 @@ def export_run(
     why_not = not_current(table, planned, s.setting)
     # --only-flagged lists what the export drops: nothing is held out of that listing
     held = {} if s.only_flagged else choose_holdout(table, s.holdout, s.seed, latest, why_not)
+    collapsed: set[int] = set()
+    if COLLAPSED in s.drop_flags:
+        collapsed = collapsed_rows(rd, parts, table, s.quality, latest, why_not)
     order = select_rows(
         table,
         s,
@@ -146,6 +158,7 @@ def export_run(
         held={sid for first in held.values() for sid in first},
         latest=latest,
         why_not=why_not,
+        collapsed=collapsed,
     )
     if s.max_drop_share is not None and not s.only_flagged:
         check_drop_share(stats, s.max_drop_share)
@@ -163,8 +176,11 @@ def export_run(
             rows = order[start : start + size]
             name = layout.shard_name(s.format, n)
             with dest.atomic_writer(name) as f:
-                for _ in rows:
-                    f.write((next(lines) + "\n").encode("utf-8"))
+                for i in rows:
+                    line = next(lines)
+                    if i in collapsed and s.only_flagged and s.format == "conversations":
+                        line = _with_flag(line, COLLAPSED)
+                    f.write((line + "\n").encode("utf-8"))
             tokens = sum(ntok[i] for i in rows)
             stats.shards.append({"file": name, "rows": len(rows), "tokens": tokens})
     write_holdout(rd, dest, parts, held, stats)
@@ -185,3 +201,11 @@ def export_run(
                     "--setting ID", len(made), ", ".join(f"{k} {stats.settings[k]:,} rows"
                                                          for k in made))  # fmt: skip
     return stats
+
+
+def _with_flag(line: str, flag: str) -> str:
+    """An inspection record (one JSON line) with ``flag`` added to its ``quality_flags``: a
+    flag decided at export is in no stored row."""
+    rec = json.loads(line)
+    rec["quality_flags"] = [*(rec.get("quality_flags") or []), flag]
+    return json.dumps(rec, ensure_ascii=False, separators=(",", ":"))

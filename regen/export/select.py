@@ -1,7 +1,9 @@
-"""Which rows an export writes: the latest plan, the settings id, the rows' keys, and the
-drop rules in their order (:func:`select_rows`; regen.export.run's docstring lists them), with
-the stats of what was read, kept and dropped. Reads the run directory's parts (their key
-columns); owns no files.
+"""Which rows an export writes: the latest plan, the settings id, the rows' keys, the answers
+that collapsed (:func:`collapsed_rows`: one answer given to many prompts of a source, the
+``collapsed`` flag, decided here across rows), and the drop rules in their order
+(:func:`select_rows`; regen.export.run's docstring lists them), with the stats of what was read,
+kept and dropped. Reads the run directory's parts (their key columns; for ``collapsed`` the
+answers' reasoning, content and tool calls, one row group at a time); owns no files.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import pyarrow.parquet as pq
 
 from regen.core.errors import ConfigError, RunDirError
 from regen.export.settings import DATA_COLUMNS, ExportSettings
+from regen.quality.collapse import FLAG as COLLAPSED
+from regen.quality.collapse import CollapseFinder, answer_text, prompt_key
+from regen.quality.config import QualityConfig
 from regen.store import layout
 from regen.store.layout import ExportStats, FlagStats, SourceExportStats
 from regen.store.planned import recorded_plan
@@ -207,6 +212,83 @@ def with_added_columns(table: pa.Table) -> pa.Table:
     return table
 
 
+#: columns the collapse check reads of each answer (besides the key columns)
+ANSWER_TEXT_COLUMNS = ["reasoning", "content", "tool_calls"]
+#: collapsed groups named in the log per export
+LOGGED_GROUPS = 5
+
+
+def collapse_candidates(
+    table: pa.Table, latest: dict[str, int], why_not: list[str] | None = None
+) -> list[int]:
+    """The rows the collapse check compares: each sample's latest answer, current
+    (:func:`not_current`), regenerated (native rows have no answer text), the first copy of a
+    (sample, turn, attempt)."""
+    sids = table.column("sample_id").to_pylist()
+    turns = table.column("turn").to_pylist()
+    attempts = table.column("attempt").to_pylist()
+    kinds = table.column("token_source").to_pylist()
+    seen: set[tuple[str, int, int]] = set()
+    out = []
+    for i, sid in enumerate(sids):
+        a = attempts[i] or 0
+        if kinds[i] == "native" or a < latest.get(sid, 0) or (why_not is not None and why_not[i]):
+            continue
+        if (sid, turns[i], a) in seen:
+            continue
+        seen.add((sid, turns[i], a))
+        out.append(i)
+    return out
+
+
+def collapsed_rows(
+    rd: RunDir,
+    parts: list[Part],
+    table: pa.Table,
+    config: QualityConfig,
+    latest: dict[str, int],
+    why_not: list[str] | None = None,
+) -> set[int]:
+    """The rows of :func:`collapse_candidates` whose answer many distinct prompts of their
+    source share (regen.quality.collapse, thresholds of ``config``): read one row group at a
+    time, in part order (the first answer of a near group leads it), and only of the sources
+    with at least ``collapse_min_prompts`` such rows. Logs each source's collapsed groups."""
+    from regen.export.write import read_rows  # write imports this module
+
+    sources = table.column("source").to_pylist()
+    candidates = collapse_candidates(table, latest, why_not)
+    per_source = Counter(sources[i] for i in candidates)
+    # a source with fewer answers than the threshold cannot collapse: its text is not read
+    wanted = {i for i in candidates if per_source[sources[i]] >= config.collapse_min_prompts}
+    if not wanted:
+        return set()
+    sids = table.column("sample_id").to_pylist()
+    turns = table.column("turn").to_pylist()
+    hashes = table.column("content_hash").to_pylist()
+    finder = CollapseFinder(config)
+    for found, rows in read_rows(rd, parts, wanted, ANSWER_TEXT_COLUMNS):
+        cols = {c: rows.column(c).to_pylist() if c in rows.column_names else [None] * len(found)
+                for c in ANSWER_TEXT_COLUMNS}  # fmt: skip
+        for k, i in enumerate(found):
+            text = answer_text(cols["reasoning"][k], cols["content"][k], cols["tool_calls"][k])
+            finder.add(i, sources[i], prompt_key(hashes[i], sids[i], turns[i]), text)
+    groups = finder.groups()
+    out = finder.rows()
+    if groups:
+        log.warning(
+            "%s: %d answer(s) given to %d or more distinct prompts of a source (%d rows, "
+            "flagged %s): %s",
+            rd.uri,
+            len(groups),
+            config.collapse_min_prompts,
+            len(out),
+            COLLAPSED,
+            "; ".join(f"{g.source}: {g.prompts} prompts ({g.variants} variant(s)) {g.example!r}"
+                      for g in groups[:LOGGED_GROUPS]),
+        )  # fmt: skip
+    return out
+
+
 def select_rows(
     table: pa.Table,
     settings: ExportSettings,
@@ -215,11 +297,13 @@ def select_rows(
     held: AbstractSet[str] = frozenset(),
     latest: dict[str, int] | None = None,
     why_not: list[str] | None = None,
+    collapsed: AbstractSet[int] = frozenset(),
 ) -> list[int]:
     """Indices of the rows to write (the rows of ``held`` samples left out); fills the
     read/drop/keep numbers of ``stats``. ``latest``: each sample's latest attempt
     (:func:`latest_attempts`); ``why_not``: per row, why it does not count
-    (:func:`not_current`; "" when it does)."""
+    (:func:`not_current`; "" when it does); ``collapsed``: rows that carry the ``collapsed``
+    flag besides their own (:func:`collapsed_rows`)."""
     fmt, only_flagged = settings.format, settings.only_flagged
     drop_flags = frozenset(settings.drop_flags)
     sids = table.column("sample_id").to_pylist()
@@ -245,7 +329,8 @@ def select_rows(
             if checks[i] not in TOKEN_CHECKS_OK:
                 stats.token_check_problems += 1
         key = (sid, turns[i], attempts[i] or 0)
-        hit = [f for f in row_flags[i] or () if f in drop_flags]
+        flags = [*(row_flags[i] or ()), COLLAPSED] if i in collapsed else row_flags[i] or ()
+        hit = [f for f in flags if f in drop_flags]
         reason = None
         if key[2] < latest.get(sid, 0):
             reason = "superseded"

@@ -1,7 +1,8 @@
 """The settings of an export, one typed model from the manifest to the stage.
 
 :class:`ExportSettings` is the run manifest's ``export:`` section (:class:`regen.manifest.Export`)
-plus what one export decides for itself (format, inspection, drop-share limit, settings id).
+plus what one export decides for itself (format, inspection, drop-share limit, settings id) and
+the manifest's ``quality:`` thresholds (the ``collapsed`` flag is decided at export).
 ``regen export``, ``regen train`` and the demo build it with :meth:`ExportSettings.of_run` (the
 manifest's section, then their overrides) and hand it whole to
 :func:`regen.export.run.export_run`. Owns no files.
@@ -16,6 +17,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from regen.core.errors import RegenError
 from regen.manifest import Export, Manifest, config_error
+from regen.quality.config import QualityConfig
 from regen.store.run import read_manifest_data
 from regen.store.rundir import RunDir
 
@@ -56,6 +58,9 @@ class ExportSettings(Export):
     max_drop_share: float | None = Field(default=None, ge=0.0, le=1.0)
     #: keep only the rows of this settings id, and native rows (run.json lists the run's)
     setting: str | None = None
+    #: the run manifest's ``quality:`` section: its ``collapse_*`` thresholds decide the
+    #: ``collapsed`` flag, found here across the rows of each source (regen.quality.collapse)
+    quality: QualityConfig = Field(default_factory=QualityConfig)
 
     @model_validator(mode="after")
     def _flags_to_look_for(self) -> ExportSettings:
@@ -75,10 +80,14 @@ class ExportSettings(Export):
     def of_run(
         cls, rd: RunDir, manifest: Manifest | None = None, **overrides: Any
     ) -> ExportSettings:
-        """The ``export:`` section of the run directory's manifest (``manifest`` when the caller
-        has read it; its defaults where the section or the manifest is missing or unreadable,
-        with a warning for the latter), then every override that is not None."""
-        base = manifest.export.model_dump() if manifest is not None else _export_section(rd)
+        """The ``export:`` and ``quality:`` sections of the run directory's manifest
+        (``manifest`` when the caller has read it; their defaults where a section or the
+        manifest is missing or unreadable, with a warning for the latter), then every override
+        that is not None."""
+        if manifest is not None:
+            base = {**manifest.export.model_dump(), "quality": manifest.quality}
+        else:
+            base = _sections(rd)
         return cls.build(**base).overridden(**overrides)
 
     def overridden(self, **overrides: Any) -> ExportSettings:
@@ -99,13 +108,23 @@ class ExportSettings(Export):
         return ""
 
 
-def _export_section(rd: RunDir) -> dict[str, Any]:
-    """The ``export:`` section of ``rd``'s manifest.yaml as settings (the defaults where it is
-    missing; a warning and the defaults where it is unreadable)."""
+def _sections(rd: RunDir) -> dict[str, Any]:
+    """The ``export:`` section of ``rd``'s manifest.yaml as settings, with its ``quality:``
+    section (the defaults where one is missing; a warning and the defaults where it is
+    unreadable)."""
     try:
-        section = (read_manifest_data(rd) or {}).get("export") or {}
-        return Export.model_validate(section).model_dump()
+        data = read_manifest_data(rd) or {}
     except (OSError, RegenError, ValidationError, AttributeError) as e:
-        log.warning("%s: the manifest's export section is not readable (%s); using the "
+        log.warning("%s: the manifest is not readable (%s); using the export and quality "
                     "defaults", rd.uri, e)  # fmt: skip
-        return Export().model_dump()
+        return {**Export().model_dump(), "quality": QualityConfig()}
+    out: dict[str, Any] = {}
+    for name, model in (("export", Export), ("quality", QualityConfig)):
+        try:
+            section = data.get(name) or {}
+            out[name] = model.model_validate(section)
+        except (ValidationError, AttributeError) as e:
+            log.warning("%s: the manifest's %s section is not readable (%s); using the "
+                        "defaults", rd.uri, name, e)  # fmt: skip
+            out[name] = model()
+    return {**out["export"].model_dump(), "quality": out["quality"]}
