@@ -68,8 +68,11 @@ MEAN_TOKENS = 1300.0
 
 
 def manifest(work: Path, samples: int, swe_turns: str, seed: int = 0) -> Path:
+    """The rehearsal's sources and production's manifest, SWE-Gym's turns as asked, token
+    ids rendered by regen (``local``: a simulator without a tokenizer serves it)."""
     data = make_data(work, samples, scale=1, seed=seed)
     doc = yaml.safe_load(data.manifest.read_text(encoding="utf-8"))
+    doc["sampling"]["token_ids"] = "local"
     for s in doc["sources"]:
         if s["name"] == "swe_gym":
             s["turns"] = swe_turns
@@ -179,12 +182,13 @@ def validate(work: Path, n: int, params: ServerParams) -> None:
     """A real ``regen run`` (1 worker) on one simulator with prefill and the cache, against
     the model fed the same conversations (the simulator's own tool calls, so they end where the
     run's do) in regen's order."""
-    from _workload import fleet
+    from _rehearsal_data import MODEL
 
+    from regen.devkit.simulate.testing import running_simulator
     from regen.engine import RunOptions, run_job
     from regen.store import RunDir
 
-    m, samples, convs, order = workload(work, n, "all", continue_tools=False)
+    m, _, convs, order = workload(work, n, "all", continue_tools=False)
     sim = {"max_running_requests": params.slots, "step_ms": params.step_s * 1000,
            "prefill_us_per_token": params.prefill_s_per_token * 1e6,
            "chunked_prefill_size": params.chunk, "prefix_cache_tokens": params.cache_tokens,
@@ -192,14 +196,12 @@ def validate(work: Path, n: int, params: ServerParams) -> None:
            "tool_call_rate": AnswerConfig().tool_call_rate}  # fmt: skip
     model = run(convs, order, endpoints=1, params=params)
     print(f"validate: {describe(convs)}")
-    with fleet(1, work, **sim) as f:
-        f.start(len(samples))
+    with running_simulator(model_name=MODEL, **sim) as server:
         t0 = time.monotonic()
-        opts = RunOptions(endpoints=f.urls, workers=1, handle_signals=False)
+        opts = RunOptions(endpoints=[server.url], workers=1, handle_signals=False)
         summary = run_job(m, RunDir.open(work / "run", create=False), opts)
         wall = time.monotonic() - t0
-        stats = f.sims[0].stats()
-        f.stop()
+        stats = server.stats()
     pc = stats["prefix_cache"]
     print(f"regen run: {summary.state}, {summary.done} samples in {wall:.1f} s")
     print("| | requests | prompt tokens | hit rate | completion tokens | busy s | prefill s |")
