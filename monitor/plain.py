@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from monitor.render import fmt_duration, fmt_endpoints, fmt_int, top_flags
+from monitor.render import fmt_duration, fmt_endpoints, fmt_int, fmt_tokens, top_flags
 from regen.status import RunNumbers
 
 
@@ -29,6 +29,12 @@ def log_line(n: RunNumbers) -> str:
         f"failed {fmt_int(o.failed)} trunc {fmt_int(o.truncated)} flagged {fmt_int(o.flagged)}"
         + (f" ({top_flags(o.flags)})" if o.flags else "")
         + (f" new attempts {fmt_int(o.retried)}+{fmt_int(o.retrying)}" if o.retrying else "")
+        + (
+            f" loops cut {fmt_int(o.loop_cut)} ({fmt_tokens(o.cut_saved)} tok spared)"
+            if o.loop_cut
+            else ""
+        )
+        + (f" cache {100 * o.cache_hit_rate:.0f}%" if o.cache_hit_rate is not None else "")
         + " | "
         f"tok/s 1m/5m/15m {rates} | in flight {fmt_int(n.in_flight)} | endpoints {eps} | "
         f"ETA {eta} | errors {fmt_int(errors)}{top}"

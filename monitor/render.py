@@ -247,10 +247,16 @@ def fmt_gauge(x: float | None) -> Text | str:
     return Text("—", style="dim") if x is None else fmt_int(x)
 
 
+def fmt_share(x: float | None) -> Text | str:
+    """A share as a percentage (``—``: not reported)."""
+    return Text("—", style="dim") if x is None else f"{100 * x:.0f}%"
+
+
 def endpoints_panel(n: RunNumbers) -> Panel:
     """Per endpoint: health, regen's requests in flight, then the server's own side from its
-    ``/metrics`` (running, queued, KV-cache usage: every client's, ``—`` without a page),
-    latency and answers."""
+    ``/metrics`` (running, queued, KV-cache usage: every client's, ``—`` without a page), the
+    share of regen's prompt tokens its prefix cache held (``cached_tokens``; ``—``: never
+    reported), latency and answers."""
     t = Table(box=None, pad_edge=False, header_style="bold", expand=True)
     t.add_column("endpoint", overflow="ellipsis", no_wrap=True, ratio=1)
     t.add_column("", no_wrap=True)
@@ -258,6 +264,7 @@ def endpoints_panel(n: RunNumbers) -> Panel:
     t.add_column("run", justify="right")
     t.add_column("queue", justify="right")
     t.add_column("KV", justify="right")
+    t.add_column("cache", justify="right")
     t.add_column("p50", justify="right")
     t.add_column("ok", justify="right")
     t.add_column("err", justify="right")
@@ -275,13 +282,14 @@ def endpoints_panel(n: RunNumbers) -> Panel:
             if e.server_queued is not None
             else fmt_gauge(None),
             Text("—", style="dim") if kv is None else f"{100 * kv:.0f}%",
+            fmt_share(e.cache_hit_rate),
             f"{e.latency_p50_s:.1f}s" if e.latency_p50_s is not None else "—",
             fmt_int(e.ok),
             Text(fmt_int(e.errors), style="red" if e.errors else "dim"),
         )
     if not n.endpoints:
-        t.add_row(Text("none reported", style="dim"), *[""] * 8)
-    title = "endpoints · run, queue, KV: the server's /metrics (all clients)"
+        t.add_row(Text("none reported", style="dim"), *[""] * 9)
+    title = "endpoints · run, queue, KV: the server's /metrics (all clients) · cache: hit rate"
     return Panel(t, title=title, title_align="left", border_style="blue")
 
 
@@ -356,9 +364,24 @@ def _quantile(edges: list[int], counts: list[int], q: float) -> float:
     return float(edges[len(counts) - 1]) if counts else 0.0
 
 
+def loops_line(n: RunNumbers) -> Text | None:
+    """The answers regen cut because they looped while streaming, per source, and the tokens
+    those cuts spared the servers (None: no cut)."""
+    cut = [s for s in n.sources if s.loop_cut]
+    if not cut:
+        return None
+    per = ", ".join(f"{s.name} {fmt_int(s.loop_cut)} ({fmt_tokens(s.cut_saved)} tok)" for s in cut)
+    o = n.overall
+    return Text(f"loops cut while streaming: {fmt_int(o.loop_cut)} answers, "
+                f"{fmt_tokens(o.cut_saved)} tokens spared · {per}", style="yellow")  # fmt: skip
+
+
 def errors_panel(n: RunNumbers) -> Panel:
+    loops = loops_line(n)
     if not n.errors:
-        return Panel(Text("none", style="green"), title="errors", title_align="left")
+        body: RenderableType = Text("none", style="green")
+        return Panel(body if loops is None else Group(body, loops), title="errors",
+                     title_align="left")  # fmt: skip
     t = Table(box=None, pad_edge=False, header_style="bold", expand=True)
     t.add_column("class", no_wrap=True, style="red")
     t.add_column("count", justify="right")
@@ -369,7 +392,8 @@ def errors_panel(n: RunNumbers) -> Panel:
         t.add_row(e.kind, fmt_int(e.count), ago, e.last_message)
     if len(n.errors) > 8:
         t.add_row(Text(f"+{len(n.errors) - 8} more classes", style="dim"), "", "", "")
-    return Panel(t, title="errors by class", title_align="left", border_style="red")
+    body = t if loops is None else Group(t, loops)
+    return Panel(body, title="errors by class", title_align="left", border_style="red")
 
 
 def frame(n: RunNumbers, *, width: int = 120, note: str = "") -> RenderableType:

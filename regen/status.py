@@ -322,11 +322,14 @@ class SourceNumbers(SourceProgress):
     def to_dict(self) -> dict[str, Any]:
         # ``ended`` always (a file leaves it out when empty; a JSON reader wants the key)
         return {"name": self.name, **self.model_dump(exclude={"name", "pending"}),
-                "ended": dict(self.ended), **{k: getattr(self, k) for k in DERIVED}}  # fmt: skip
+                "ended": dict(self.ended),
+                **{k: getattr(self, k) for k in (*ALWAYS, *DERIVED)}}  # fmt: skip
 
 
 #: the derived numbers of a source (and of the whole run) in `regen status --json`
-DERIVED = ("remaining", "tokens_per_turn", "tokens_per_sample")
+DERIVED = ("remaining", "tokens_per_turn", "tokens_per_sample", "cache_hit_rate")
+#: counters a progress file leaves out while 0, always in `regen status --json`
+ALWAYS = ("loop_cut", "cut_saved", "cache_prompt_tokens", "cached_tokens")
 
 
 @dataclass(slots=True)
@@ -352,6 +355,15 @@ class EndpointNumbers:
     #: the router's state: "up", "half_open", "down", "stalled", "refused" (None: not reported)
     health: str | None = None
     stalls: int = 0  #: requests cancelled as stalled
+    #: prompt tokens of the answers whose server reported its prefix cache, and its cached ones
+    cache_prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        """Share of the prompt tokens the server found in its prefix cache (None: it never
+        reported it)."""
+        return self.cached_tokens / self.cache_prompt_tokens if self.cache_prompt_tokens else None
 
     @property
     def label(self) -> str:
@@ -440,6 +452,9 @@ class RunNumbers:
         d.update(self.overall.model_dump(exclude={"pending", "regenerate"}))
         d["flags"] = _by_count(d["flags"])
         d["ended"] = _by_count(self.overall.ended)
+        d.update({k: getattr(self.overall, k) for k in (*ALWAYS, "cache_hit_rate")})
+        for e, ep in zip(d["endpoints"], self.endpoints, strict=True):
+            e["cache_hit_rate"] = ep.cache_hit_rate
         d["remaining"] = self.remaining
         d["sources"] = [s.to_dict() for s in self.sources]
         d["fraction"] = self.fraction
@@ -657,6 +672,8 @@ def compute(
             *((e.server_running, e.server_queued, e.server_kv_usage) if live else (None,) * 3),
             health=e.health,
             stalls=e.stalls,
+            cache_prompt_tokens=e.cache_prompt_tokens,
+            cached_tokens=e.cached_tokens,
         )
         for e in (p.endpoints if p else [])
     ]

@@ -15,10 +15,12 @@ publishes them:
   (``grafana/regen.json``) and one set of alerts serve both.
 
 The metrics (:data:`METRICS`; docs/metrics.md has the table): samples planned, done, failed
-and left per ``source``; completion tokens per ``source``; the run's requests per
+and left per ``source``; completion tokens, loops cut while streaming and the tokens those
+cuts spared per ``source``; the run's requests per
 ``outcome`` and errors per ``kind``; per ``endpoint`` the requests in flight, whether it is in
 rotation, its answers and median latency, and the server's own running and queued requests and
-KV-cache usage as regen last read its ``/metrics``; the ETA; the time tokens last grew; the run's
+KV-cache usage as regen last read its ``/metrics``, and its prefix cache (prompt tokens of the
+answers that reported it, cached tokens, their ratio); the ETA; the time tokens last grew; the run's
 state. Counters are the run directory's running totals (all sessions), so a resumed run's
 counters go on from where they were; Ray's are fed the differences. Owns no files (it only
 reads the run directory).
@@ -71,6 +73,18 @@ METRICS: tuple[Metric, ...] = (
     Metric("regen_samples_left", "gauge", "Samples still to do.", ("source",)),
     Metric("regen_tokens_out", "counter", "Completion tokens stored.", ("source",)),
     Metric(
+        "regen_loops_cut",
+        "counter",
+        "Answers regen cut while they streamed because they looped (quality.loop_cut).",
+        ("source",),
+    ),
+    Metric(
+        "regen_loop_tokens_spared",
+        "counter",
+        "Tokens the loop cuts spared the servers (max_tokens less what was streamed).",
+        ("source",),
+    ),
+    Metric(
         "regen_requests",
         "counter",
         "Requests of the run by outcome (sent, ok, retried, failed).",
@@ -110,6 +124,24 @@ METRICS: tuple[Metric, ...] = (
         "The server's KV-cache usage, 0 to 1 (its /metrics, as regen last read it).",
         ("endpoint",),
     ),
+    Metric(
+        "regen_endpoint_prompt_tokens",
+        "counter",
+        "Prompt tokens of the endpoint's answers whose server reported its prefix cache.",
+        ("endpoint",),
+    ),
+    Metric(
+        "regen_endpoint_cached_tokens",
+        "counter",
+        "Of those, the prompt tokens the server found in its prefix cache (cached_tokens).",
+        ("endpoint",),
+    ),
+    Metric(
+        "regen_endpoint_cache_hit_rate",
+        "gauge",
+        "Cached over prompt tokens of the endpoint's answers, the whole run, 0 to 1.",
+        ("endpoint",),
+    ),
     Metric("regen_eta_seconds", "gauge", "Estimated seconds to the end of the run."),
     Metric(
         "regen_last_progress_timestamp_seconds", "gauge", "Unix time completion tokens last grew."
@@ -132,6 +164,8 @@ def values(n: RunNumbers) -> dict[str, Series]:
         out["regen_samples_failed"].append((tag, s.failed))
         out["regen_samples_left"].append((tag, s.remaining))
         out["regen_tokens_out"].append((tag, s.completion_tokens))
+        out["regen_loops_cut"].append((tag, s.loop_cut))
+        out["regen_loop_tokens_spared"].append((tag, s.cut_saved))
     for outcome, count in n.requests.items():
         out["regen_requests"].append(({"outcome": outcome}, count))
     for e in n.errors:
@@ -151,6 +185,10 @@ def values(n: RunNumbers) -> dict[str, Series]:
                             ("regen_endpoint_server_kv_usage", ep.server_kv_usage)):  # fmt: skip
             if value is not None:
                 out[name].append((tag, value))
+        out["regen_endpoint_prompt_tokens"].append((tag, ep.cache_prompt_tokens))
+        out["regen_endpoint_cached_tokens"].append((tag, ep.cached_tokens))
+        if ep.cache_hit_rate is not None:
+            out["regen_endpoint_cache_hit_rate"].append((tag, ep.cache_hit_rate))
     if n.eta is not None:
         out["regen_eta_seconds"].append(({}, n.eta.seconds))
     if n.last_progress_at is not None:

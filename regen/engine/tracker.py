@@ -199,6 +199,10 @@ class ProgressTracker:
                     cur.server_kv_usage = server.get("kv_usage")
             for url, values in s.get("latencies", {}).items():
                 lats.setdefault(url, []).extend(values)
+            for url, (prompt, cached) in s.get("cache", {}).items():
+                if url in eps:
+                    eps[url].cache_prompt_tokens += prompt
+                    eps[url].cached_tokens += cached
         for url, values in lats.items():
             if url in eps and values:
                 eps[url].latency_p50_s = round(statistics.median(values), 4)
@@ -216,6 +220,8 @@ class ProgressTracker:
             if base is not None:
                 e.ok += base.ok
                 e.errors += base.errors
+                e.cache_prompt_tokens += base.cache_prompt_tokens
+                e.cached_tokens += base.cached_tokens
                 if e.latency_p50_s is None:
                     e.latency_p50_s = base.latency_p50_s
             out[e.url] = e

@@ -118,6 +118,9 @@ class WorkerStats:
     failed: int = 0  #: requests given up (permanent, or transient after max_attempts)
     errors: dict[str, ErrorInfo] = field(default_factory=dict)
     latencies: dict[str, list[float]] = field(default_factory=dict)  #: recent, per endpoint
+    #: per endpoint: [prompt tokens, cached tokens] of the answers whose server reported its
+    #: prefix cache (``cached_tokens``): the endpoint's cache-hit rate
+    cache: dict[str, list[int]] = field(default_factory=dict)
 
     def error(self, kind: str, message: str) -> None:
         self.errors.setdefault(kind, ErrorInfo()).add(message, time.time())
@@ -458,6 +461,10 @@ class SampleWorker:
                 lat.append(time.monotonic() - t0)
                 if len(lat) > 256:
                     del lat[:128]
+                if res.cached_tokens is not None and res.prompt_tokens:
+                    counts = st.cache.setdefault(lease.url, [0, 0])
+                    counts[0] += res.prompt_tokens
+                    counts[1] += res.cached_tokens
                 limit = self.lanes[lease.url].limit
                 limit.record(self._clock(), res.completion_tokens or 0, res.ttft_s)
                 self._adapt(lease.url)
@@ -539,6 +546,7 @@ class SampleWorker:
             "errors": {k: [v.count, v.last_message, v.last_at] for k, v in st.errors.items()},
             "endpoints": self.router.snapshot(),
             "latencies": {u: list(v[-64:]) for u, v in st.latencies.items()},
+            "cache": {u: list(v) for u, v in st.cache.items()},
             "slots": self.slots.capacity,
             "limits": {u: lane.limit.current for u, lane in self.lanes.items()},
         }

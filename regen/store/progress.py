@@ -26,7 +26,8 @@ the driver (and once at the end of a session)::
                      "stalls": int?,                # requests cancelled as stalled
                      "latency_p50_s": float | null, "ok": int, "errors": int,
                      "server_running", "server_queued", "server_kv_usage":
-                         float | null}],                     # the server's /metrics
+                         float | null,                       # the server's /metrics
+                     "cache_prompt_tokens", "cached_tokens": int?}],  # its prefix cache
       "output_tokens_hist": {"edges": [int, ...], "counts": [int, ...]}
     }
 
@@ -197,6 +198,11 @@ class EndpointProgress(ProgressModel):
     server_running: float | None = None
     server_queued: float | None = None
     server_kv_usage: float | None = None  #: 0 to 1
+    #: prompt tokens of the answers whose server reported its prefix cache, and the cached
+    #: tokens it reported (the whole run): the endpoint's cache-hit rate is their ratio;
+    #: written only when the server reported it
+    cache_prompt_tokens: int = Field(default=0, exclude_if=lambda v: not v)
+    cached_tokens: int = Field(default=0, exclude_if=lambda v: not v)
 
 
 class OutputHistogram(ProgressModel):

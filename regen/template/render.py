@@ -306,6 +306,7 @@ class Renderer:
                 "the target's model family is unknown: its responses cannot be assembled here "
                 "(docs/targets.md: set target.family, or serve it with token ids)"
             )
+        finish_reason = response_finish(finish_reason)
         prompt = self.render_prompt(messages, tools, engine)
         state = fam.think_state(prompt)
         reasoning, content, flag = fam.split_response(state, reasoning, content)

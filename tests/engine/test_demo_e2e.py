@@ -62,6 +62,8 @@ def test_usage_is_the_servers(demo_run) -> None:
         RunDir.open(demo_run["out"]).read_json("run.json")["endpoints"]
     )
     assert len({r["endpoint"] for r in regen_rows}) == 2
+    # the loop cut (quality.loop_cut, on by default) cut none of the demo target's answers
+    assert not [r["sample_id"] for r in regen_rows if r["finish_reason"] == "loop"]
     turns_all = {s.name for s in m.sources if s.turns == "all"}
     for r in regen_rows:
         assert r["completion_tokens"] is not None and r["prompt_tokens"] is not None

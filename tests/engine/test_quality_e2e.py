@@ -34,6 +34,7 @@ from _runs import (
     wait_until,
 )
 
+from regen.core.result import LOOP
 from regen.devkit.procs import kill_group
 from regen.devkit.simulate.answer import degenerate_kind
 from regen.devkit.simulate.testing import running_simulator
@@ -288,8 +289,26 @@ def test_degenerate_answers_are_flagged_and_normal_ones_are_not(e2e) -> None:
     assert m["catch_rate"] >= 0.95, m
     assert m["false_rate"] < 0.01, m["false_flags"]
     assert check_answers(e2e["rows_first"], e2e["manifest"], SIM) >= 380
-    # the rows are the server's ids, and </think> was read from them
-    assert {r["token_source"] for r in e2e["rows_first"]} == {"server", "native"}
+    # the rows are the server's ids, and </think> was read from them; a loop cut while it
+    # streamed never got SGLang's ids (they come in the last chunk): it is rendered here
+    rows = e2e["rows_first"]
+    assert {r["token_source"] for r in rows if r["finish_reason"] != LOOP} == {"server", "native"}
+    assert {r["token_source"] for r in rows if r["finish_reason"] == LOOP} <= {"local"}
+
+
+def test_loops_long_enough_for_the_window_are_cut_while_they_stream(e2e) -> None:
+    """max_tokens 256 leaves some of the simulator's loops under the cut's 200 words: those run
+    to max_tokens and are flagged afterwards; the others are cut, each a loop."""
+    rows = [r for r in e2e["rows_first"] if r["token_source"] != "native"]
+    cut = [r for r in rows if r["finish_reason"] == LOOP]
+    loops = [r for r in rows if degenerate_kind(request_body(r, e2e["manifest"]), RATE) == "loop"]
+    assert cut and {r["sample_id"] for r in cut} <= {r["sample_id"] for r in loops}
+    for r in cut:
+        assert "repetition" in r["quality_flags"] and not r["truncated"]
+        assert r["cut_saved"] == 256 - r["completion_tokens"] > 0
+    n = e2e["status_first"]
+    assert n.overall.loop_cut == len(cut)
+    assert n.overall.cut_saved == sum(r["cut_saved"] for r in cut)
 
 
 def test_status_shows_the_flagged_counts_of_the_parts(e2e) -> None:
