@@ -31,9 +31,13 @@ Printed per row: the prefix cache's hit rate (cached ÷ prompt tokens), the pref
 the servers' busy time, busy server-seconds per 1,000 regenerated tokens, and fleet-seconds per
 1,000 tokens (endpoints × makespan: what the reserved GPUs cost, idle tail included).
 
-Run: ``.venv/bin/python -m benchmarks.prefill`` (~1-2 min on 2 cores; ``--samples N``,
-``--quick`` for 1,000 samples) and ``--validate`` (a 1-endpoint ``regen run`` of ~150 samples
-against one simulator, ~1 min).
+A second table tries regen's order with other ``PREFILL_WEIGHT`` values (affinity, next turn
+at once). Each endpoint count gets its own workload of ``--per-endpoint`` samples per endpoint
+(default 1,500), so the tail is the same share of the run on 1, 4 and 8 endpoints.
+
+Run: ``.venv/bin/python -m benchmarks.prefill`` (~4 min on 2 cores; ``--quick``: 300 samples
+per endpoint on 1 and 8) and ``--validate`` (a 1-endpoint ``regen run`` of 100 samples
+against one simulator, ~1.5 min).
 """
 
 from __future__ import annotations
@@ -130,37 +134,78 @@ def conversations(
 def workload(
     work: Path, n: int, swe_turns: str, *, continue_tools: bool = True
 ) -> tuple[Manifest, list[Sample], list[Conversation], list[int]]:
+    """``n`` samples of the ten sources: the manifest, the samples regen regenerates, their
+    conversations and regen's order of them."""
+    work.mkdir(parents=True, exist_ok=True)
     m = load_manifest(manifest(work, n, swe_turns))
-    samples = [x for x in read_samples(m) if x.input_ids is None]
+    samples = [x for x in read_samples(m, row_warnings=False) if x.input_ids is None]
     config = AnswerConfig(mean_tokens=MEAN_TOKENS, prompt_share=PROMPT_SHARE)
     convs = conversations(samples, m, config, continue_tools=continue_tools)
-    pos = {x.id: i for i, x in enumerate(samples)}
-    regen_order = [pos[x.id] for x in iter(WorkQueue(samples).pop, None)]
-    return m, samples, convs, regen_order
+    return m, samples, convs, regen_order(samples)
 
 
 ROWS = (("regen", "at_once"), ("manifest", "at_once"), ("regen", "queued"),
         ("manifest", "queued"))  # fmt: skip
+#: PREFILL_WEIGHT values tried for regen's order (today's is schedule.PREFILL_WEIGHT)
+WEIGHTS = (0.0, 0.00625, 0.02, 0.1, 0.4)
 
 
-def table(convs: list[Conversation], regen_order: list[int], params: ServerParams,
-          endpoints: tuple[int, ...], routes: tuple[str, ...]) -> list[str]:  # fmt: skip
-    orders = {"regen": regen_order, "manifest": list(range(len(convs)))}
-    head = ["endpoints", "order", "next turn"]
-    for r in routes:
-        head += [f"{r}: hit", f"{r}: prefill", f"{r}: busy s/1k", f"{r}: fleet s/1k"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for e in endpoints:
-        for order, nxt in ROWS:
-            cells = [str(e), order, nxt.replace("_", " ")]
-            for route in routes:
-                o = run(convs, orders[order], endpoints=e, affinity=route, next_turn=nxt,
-                        params=params)  # fmt: skip
-                cells += [f"{o.hit_rate:.3f}", f"{o.prefill_s / o.busy_s:.3f}",
-                          f"{1000 * o.busy_per_token:.3f}",
-                          f"{1000 * o.fleet_per_token:.3f}"]  # fmt: skip
-            lines.append("| " + " | ".join(cells) + " |")
-            print(lines[-1], flush=True)
+def regen_order(samples: list[Sample], weight: float | None = None) -> list[int]:
+    """The order regen's WorkQueue pops the samples in (before it learned anything), with
+    ``PREFILL_WEIGHT`` set to ``weight`` (None: today's)."""
+    from regen.engine import schedule
+
+    pos = {x.id: i for i, x in enumerate(samples)}
+    saved = schedule.PREFILL_WEIGHT
+    if weight is not None:
+        schedule.PREFILL_WEIGHT = weight
+    try:
+        return [pos[x.id] for x in iter(WorkQueue(samples).pop, None)]
+    finally:
+        schedule.PREFILL_WEIGHT = saved
+
+
+def _cells(o: Outcome) -> list[str]:
+    return [f"{o.hit_rate:.3f}", f"{o.prefill_s / o.busy_s:.3f}",
+            f"{1000 * o.busy_per_token:.3f}", f"{1000 * o.fleet_per_token:.3f}"]  # fmt: skip
+
+
+def table(convs: list[Conversation], orders: dict[str, list[int]], params: ServerParams,
+          e: int, routes: tuple[str, ...], header: bool) -> list[str]:  # fmt: skip
+    """The rows of one endpoint count: order × next turn, a column group per route."""
+    lines = []
+    if header:
+        head = ["endpoints", "order", "next turn"]
+        for r in routes:
+            head += [f"{r}: hit", "prefill share", "busy s/1k", "fleet s/1k"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        print("\n".join(lines), flush=True)
+    for order, nxt in ROWS:
+        cells = [str(e), order, nxt.replace("_", " ")]
+        for route in routes:
+            o = run(convs, orders[order], endpoints=e, affinity=route, next_turn=nxt,
+                    params=params)  # fmt: skip
+            cells += _cells(o)
+        lines.append("| " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def weights(convs: list[Conversation], samples: list[Sample], params: ServerParams, e: int,
+            header: bool) -> list[str]:  # fmt: skip
+    """Regen's order at each PREFILL_WEIGHT (affinity, next turn at once)."""
+    from regen.engine.schedule import PREFILL_WEIGHT
+
+    lines = []
+    if header:
+        lines += ["| endpoints | PREFILL_WEIGHT | hit | prefill share | busy s/1k | fleet s/1k |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        print("\n".join(lines), flush=True)
+    for w in WEIGHTS:
+        o = run(convs, regen_order(samples, w), endpoints=e, params=params)
+        mark = " (today)" if w == PREFILL_WEIGHT else ""
+        lines.append(f"| {e} | {w:g}{mark} | " + " | ".join(_cells(o)) + " |")
+        print(lines[-1], flush=True)
     return lines
 
 
@@ -215,15 +260,16 @@ def validate(work: Path, n: int, params: ServerParams) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--samples", type=int, default=3000)
-    ap.add_argument("--quick", action="store_true", help="1,000 samples, 1 and 8 endpoints")
+    ap.add_argument("--per-endpoint", type=int, default=1500,
+                    help="samples per endpoint (the workload grows with the fleet)")  # fmt: skip
+    ap.add_argument("--quick", action="store_true", help="300 samples per endpoint, 1 and 8")
     ap.add_argument("--swe-turns", choices=("all", "last"), default="all")
     ap.add_argument("--endpoints", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--routes", nargs="+", default=["affinity", "least_loaded", "random"])
     ap.add_argument("--cache-tokens", type=int, default=ServerParams().cache_tokens)
     ap.add_argument("--prefill-us", type=float, default=ServerParams().prefill_s_per_token * 1e6)
     ap.add_argument("--validate", action="store_true", help="model vs regen run + simulate")
-    ap.add_argument("--validate-samples", type=int, default=150)
+    ap.add_argument("--validate-samples", type=int, default=100)
     args = ap.parse_args()
     params = ServerParams(cache_tokens=args.cache_tokens, prefill_s_per_token=args.prefill_us / 1e6)
     with tempfile.TemporaryDirectory(prefix="regen-prefill-") as tmp:
@@ -231,15 +277,25 @@ def main() -> int:
         if args.validate:
             validate(work, args.validate_samples, params)
             return 0
-        n = 1000 if args.quick else args.samples
+        per = 300 if args.quick else args.per_endpoint
         endpoints = (1, 8) if args.quick else tuple(args.endpoints)
-        t0 = time.monotonic()
-        _, _, convs, order = workload(work, n, args.swe_turns)
-        print(f"workload ({time.monotonic() - t0:.1f} s to build): {describe(convs)}")
         print(f"servers: {params}")
+        built = {}
+        for e in endpoints:
+            t0 = time.monotonic()
+            _, samples, convs, order = workload(work / f"e{e}", per * e, args.swe_turns)
+            built[e] = (samples, convs, order)
+            print(f"{e} endpoint(s): {describe(convs)} ({time.monotonic() - t0:.0f} s to build)")
         t0 = time.monotonic()
-        table(convs, order, params, endpoints, tuple(args.routes))
-        print(f"model runs: {time.monotonic() - t0:.1f} s")
+        for i, e in enumerate(endpoints):
+            samples, convs, order = built[e]
+            orders = {"regen": order, "manifest": list(range(len(convs)))}
+            table(convs, orders, params, e, tuple(args.routes), header=i == 0)
+        print()
+        for i, e in enumerate(endpoints):
+            samples, convs, _ = built[e]
+            weights(convs, samples, params, e, header=i == 0)
+        print(f"model runs: {time.monotonic() - t0:.0f} s")
     return 0
 
 
