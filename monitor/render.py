@@ -289,7 +289,7 @@ def endpoints_panel(n: RunNumbers) -> Panel:
         )
     if not n.endpoints:
         t.add_row(Text("none reported", style="dim"), *[""] * 9)
-    title = "endpoints · run, queue, KV: the server's /metrics (all clients) · cache: hit rate"
+    title = "endpoints · run, queue, KV: server /metrics (all clients) · cache: hit rate"
     return Panel(t, title=title, title_align="left", border_style="blue")
 
 
