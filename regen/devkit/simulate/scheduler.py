@@ -209,7 +209,7 @@ class Scheduler:
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
-        next_tick = 0.0
+        next_tick = loop.time()  # (not 0: a job submitted before the loop ran is not "late")
         k = self.tokens_per_step
         spec = self.spec
         while True:
