@@ -1,9 +1,10 @@
-"""regen.quality.collapse (issue 43, part 5): ``collapsed`` fires on one answer given to many
-prompts of a source — exact copies and the same text with small variations — and on none of
-the answers the repository's real-shaped rows hold: the original assistant turns of the ten
-rehearsal sources (benchmarks/_rehearsal_data.py, their real row shapes through the adapters),
-of every demo manifest, the stored demo run's rows (tests/data), the demo target's answers and
-the simulator's (the quality benchmark's clean corpus). The margin is asserted, not just 0."""
+"""regen.quality.collapse (issue 43, part 5), with the near index the export hands it:
+``collapsed`` fires on one answer given to many prompts of a source — exact copies and the same
+text with small variations — and on none of the answers the repository's real-shaped rows
+hold: the original assistant turns of the ten rehearsal sources (benchmarks/_rehearsal_data.py,
+their real row shapes through the adapters), of every demo manifest, the stored demo run's rows
+(tests/data), the demo target's answers and the simulator's (the quality benchmark's clean
+corpus). The margin is asserted, not just 0."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 
 from regen.core.sample import Sample
 from regen.core.text import words
+from regen.export.select import collapse_finder
 from regen.manifest import load_manifest
 from regen.quality import DEFAULT_DROP_FLAGS, FLAGS, QualityConfig
 from regen.quality.collapse import CollapseFinder, answer_text, prompt_key
@@ -38,7 +40,8 @@ Item = tuple[str, tuple[str, int], str]  # (source, prompt key, answer text)
 
 
 def find(items: list[Item], config: QualityConfig = DEFAULTS) -> CollapseFinder:
-    f = CollapseFinder(config)
+    """The finder export runs (near matching through the prompts' NearDuplicates)."""
+    f = collapse_finder(config)
     for n, (source, prompt, text) in enumerate(items):
         f.add(n, source, prompt, text)
     return f

@@ -33,8 +33,8 @@ part-name order wins); every row of a held-out sample is dropped (below); rows c
 quality flag of ``drop_flags`` are dropped as ``flagged`` (default
 :data:`regen.quality.DEFAULT_DROP_FLAGS`; stats.json counts rows, tokens and loss tokens per
 flag, a row with two such flags under each; ``collapsed`` is not stored in rows but decided
-here when ``drop_flags`` holds it: :func:`regen.export.select.collapsed_rows` reads the latest
-answers' text and flags those many distinct prompts of a source share); a locally rendered
+here when ``drop_flags`` holds it: :func:`regen.export.select.collapsed_rows` compares the
+latest answers' text and flags those many distinct prompts of a source share); a locally rendered
 row whose ``token_check`` cannot show it is the model's tokens (not ``count_match``: a rebuilt
 tool call, a count that differs or is unknown, a guessed ``</think>``) is dropped as
 ``unproven_tokens`` unless ``keep_unproven`` (server-id rows always are the model's tokens);
@@ -96,8 +96,10 @@ from pathlib import Path
 
 from regen.export.holdout import choose_holdout, write_holdout
 from regen.export.select import (
+    ANSWER_TEXT_COLUMNS,
     check_drop_share,
     check_setting,
+    collapse_candidates,
     collapsed_rows,
     current_plan,
     latest_attempts,
@@ -106,7 +108,7 @@ from regen.export.select import (
     select_rows,
 )
 from regen.export.settings import ExportSettings
-from regen.export.write import ordered_lines, remove_old_shards
+from regen.export.write import ordered_lines, read_rows, remove_old_shards
 from regen.quality.collapse import FLAG as COLLAPSED
 from regen.store import layout
 from regen.store.layout import ExportStats
@@ -149,8 +151,11 @@ def export_run(
     # --only-flagged lists what the export drops: nothing is held out of that listing
     held = {} if s.only_flagged else choose_holdout(table, s.holdout, s.seed, latest, why_not)
     collapsed: set[int] = set()
-    if COLLAPSED in s.drop_flags:
-        collapsed = collapsed_rows(rd, parts, table, s.quality, latest, why_not)
+    if COLLAPSED in s.drop_flags:  # the answers' text: one more read of their row groups
+        wanted = collapse_candidates(table, latest, why_not, s.quality.collapse_min_prompts)
+        if wanted:
+            answers = read_rows(rd, parts, wanted, ANSWER_TEXT_COLUMNS)
+            collapsed = collapsed_rows(answers, table, s.quality, rd.uri)
     order = select_rows(
         table,
         s,

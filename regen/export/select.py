@@ -1,15 +1,16 @@
 """Which rows an export writes: the latest plan, the settings id, the rows' keys, the answers
 that collapsed (:func:`collapsed_rows`: one answer given to many prompts of a source, the
-``collapsed`` flag, decided here across rows), and the drop rules in their order
-(:func:`select_rows`; regen.export.run's docstring lists them), with the stats of what was read,
-kept and dropped. Reads the run directory's parts (their key columns; for ``collapsed`` the
-answers' reasoning, content and tool calls, one row group at a time); owns no files.
+``collapsed`` flag, decided here across rows, from the answers' text regen.export.run reads),
+and the drop rules in their order (:func:`select_rows`; regen.export.run's docstring lists
+them), with the stats of what was read, kept and dropped. Reads the run directory's parts
+(their key columns); owns no files.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
@@ -19,8 +20,16 @@ import pyarrow.parquet as pq
 
 from regen.core.errors import ConfigError, RunDirError
 from regen.export.settings import DATA_COLUMNS, ExportSettings
+from regen.manifest import Dedup
 from regen.quality.collapse import FLAG as COLLAPSED
-from regen.quality.collapse import CollapseFinder, answer_text, prompt_key
+from regen.quality.collapse import (
+    NUM_PERM,
+    SHINGLE,
+    CollapseFinder,
+    NearIndex,
+    answer_text,
+    prompt_key,
+)
 from regen.quality.config import QualityConfig
 from regen.store import layout
 from regen.store.layout import ExportStats, FlagStats, SourceExportStats
@@ -219,12 +228,17 @@ LOGGED_GROUPS = 5
 
 
 def collapse_candidates(
-    table: pa.Table, latest: dict[str, int], why_not: list[str] | None = None
-) -> list[int]:
+    table: pa.Table,
+    latest: dict[str, int],
+    why_not: list[str] | None = None,
+    min_prompts: int = 1,
+) -> set[int]:
     """The rows the collapse check compares: each sample's latest answer, current
     (:func:`not_current`), regenerated (native rows have no answer text), the first copy of a
-    (sample, turn, attempt)."""
+    (sample, turn, attempt), of a source with at least ``min_prompts`` such rows (a smaller one
+    cannot collapse: its text is not read)."""
     sids = table.column("sample_id").to_pylist()
+    sources = table.column("source").to_pylist()
     turns = table.column("turn").to_pylist()
     attempts = table.column("attempt").to_pylist()
     kinds = table.column("token_source").to_pylist()
@@ -238,35 +252,40 @@ def collapse_candidates(
             continue
         seen.add((sid, turns[i], a))
         out.append(i)
-    return out
+    per_source = Counter(sources[i] for i in out)
+    return {i for i in out if per_source[sources[i]] >= min_prompts}
+
+
+def collapse_finder(config: QualityConfig) -> CollapseFinder:
+    """A :class:`CollapseFinder` with ``config``'s thresholds whose near matching is the
+    prompts' (:class:`regen.sources.neardup.NearDuplicates`, one index per source)."""
+
+    def near() -> NearIndex:
+        from regen.sources.neardup import NearDuplicates  # numpy and rensa: only when used
+
+        dedup = Dedup(threshold=config.collapse_similarity, shingle=SHINGLE, num_perm=NUM_PERM)
+        return NearDuplicates(dedup)
+
+    return CollapseFinder(config, near)
 
 
 def collapsed_rows(
-    rd: RunDir,
-    parts: list[Part],
+    answers: Iterable[tuple[list[int], pa.Table]],
     table: pa.Table,
     config: QualityConfig,
-    latest: dict[str, int],
-    why_not: list[str] | None = None,
+    where: str = "",
 ) -> set[int]:
-    """The rows of :func:`collapse_candidates` whose answer many distinct prompts of their
-    source share (regen.quality.collapse, thresholds of ``config``): read one row group at a
-    time, in part order (the first answer of a near group leads it), and only of the sources
-    with at least ``collapse_min_prompts`` such rows. Logs each source's collapsed groups."""
-    from regen.export.write import read_rows  # write imports this module
-
-    sources = table.column("source").to_pylist()
-    candidates = collapse_candidates(table, latest, why_not)
-    per_source = Counter(sources[i] for i in candidates)
-    # a source with fewer answers than the threshold cannot collapse: its text is not read
-    wanted = {i for i in candidates if per_source[sources[i]] >= config.collapse_min_prompts}
-    if not wanted:
-        return set()
+    """The rows among ``answers`` (their numbers and :data:`ANSWER_TEXT_COLUMNS`, one row group
+    at a time, in part order: the first answer of a near group leads it; regen.export.write.
+    read_rows of :func:`collapse_candidates`) whose answer many distinct prompts of their
+    source share (regen.quality.collapse, thresholds of ``config``). Logs the collapsed groups
+    (``where``: the run directory)."""
     sids = table.column("sample_id").to_pylist()
+    sources = table.column("source").to_pylist()
     turns = table.column("turn").to_pylist()
     hashes = table.column("content_hash").to_pylist()
-    finder = CollapseFinder(config)
-    for found, rows in read_rows(rd, parts, wanted, ANSWER_TEXT_COLUMNS):
+    finder = collapse_finder(config)
+    for found, rows in answers:
         cols = {c: rows.column(c).to_pylist() if c in rows.column_names else [None] * len(found)
                 for c in ANSWER_TEXT_COLUMNS}  # fmt: skip
         for k, i in enumerate(found):
@@ -278,7 +297,7 @@ def collapsed_rows(
         log.warning(
             "%s: %d answer(s) given to %d or more distinct prompts of a source (%d rows, "
             "flagged %s): %s",
-            rd.uri,
+            where,
             len(groups),
             config.collapse_min_prompts,
             len(out),

@@ -16,12 +16,14 @@ How (:class:`CollapseFinder`, fed one row at a time, then :meth:`CollapseFinder.
    answers on purpose ("Sure!", "You're welcome! If you have any other questions, feel free to
    ask.", a bare ``finish`` tool call, the demo target's one-sentence answer);
 2. **exact**: the other answers are grouped by a 64-bit digest of their words;
-3. **near**: one answer per exact group goes through the near-duplicate machinery of prompts
-   (:class:`regen.sources.neardup.NearDuplicates`: MinHash of word shingles of
-   :data:`SHINGLE` words, LSH) at ``collapse_similarity``; an answer whose estimated Jaccard
-   similarity with an earlier group's first answer reaches it joins that group (the first
-   occurrence leads, as for prompts), so the same text with small variations (a name, a number)
-   is one group;
+3. **near**: one answer per exact group goes through a near index (:class:`NearIndex`), the
+   near-duplicate machinery of prompts: :class:`regen.sources.neardup.NearDuplicates` (MinHash
+   of word shingles of :data:`SHINGLE` words, :data:`NUM_PERM` permutations, LSH) at
+   ``collapse_similarity``, which the export hands in (``regen.export.select.collapse_finder``:
+   sources are floors above this package, docs/architecture.md); an answer whose estimated
+   Jaccard similarity with an earlier group's first answer reaches it joins that group (the
+   first occurrence leads, as for prompts), so the same text with small variations (a name, a
+   number) is one group. Without a near index only exact copies are grouped;
 4. a group answering at least ``collapse_min_prompts`` **distinct prompts** is collapsed, every
    row in it. A prompt is the source conversation (``content_hash``, else the sample id) and
    the turn: the same question asked twice (a duplicate that dedup kept) is one prompt.
@@ -29,7 +31,7 @@ How (:class:`CollapseFinder`, fed one row at a time, then :meth:`CollapseFinder.
 Thresholds are :class:`regen.quality.QualityConfig`'s ``collapse_*`` fields (docs/quality.md
 has the measured margin). Memory: about 16 bytes per row fed plus, per distinct answer of
 ``collapse_min_words`` or more, its digest, first prompt and the near index's ~330 bytes.
-numpy and rensa (through neardup) are imported only when near matching runs. Owns no files.
+Imports nothing heavy. Owns no files.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ import hashlib
 import json
 import logging
 from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from regen.core.text import words
 from regen.quality.config import DEFAULT_CONFIG, QualityConfig
@@ -110,15 +112,30 @@ class CollapseGroup:
         }
 
 
+class Indexed(Protocol):
+    """What a near index returns for a match: the id of the indexed answer."""
+
+    @property
+    def id(self) -> str: ...
+
+
+class NearIndex(Protocol):
+    """Near matching of one source's answers (:class:`regen.sources.neardup.NearDuplicates`
+    has this method): the indexed answer ``text`` is near (its ``id``), or None after
+    indexing ``item`` (an :class:`Answer`) itself."""
+
+    def match_or_add(self, item: Any, text: str) -> Indexed | None: ...
+
+
 @dataclass(slots=True)
 class _Source:
     exact: dict[bytes, int] = field(default_factory=dict)  # digest → exact group number
-    near: Any = None  # NearDuplicates of this source's first answers (near matching on)
+    near: NearIndex | None = None  # this source's first answers (near matching on)
 
 
-class _Answer:
-    """What :class:`NearDuplicates` keeps of an indexed answer: an id (its exact group's
-    number) and its source."""
+class Answer:
+    """What a near index keeps of an indexed answer: an id (its exact group's number) and its
+    source (the fields of a sample :class:`regen.sources.neardup.NearDuplicates` reads)."""
 
     __slots__ = ("id", "source")
 
@@ -129,12 +146,19 @@ class _Answer:
 
 class CollapseFinder:
     """Feed every answer with :meth:`add` (rows in a deterministic order: the first answer of a
-    near group leads it), then read :meth:`groups` and :meth:`rows`."""
+    near group leads it), then read :meth:`groups` and :meth:`rows`. ``near`` makes one near
+    index per source (built for ``config.collapse_similarity``); None, or a similarity of 1.0,
+    groups exact copies only."""
 
-    def __init__(self, config: QualityConfig = DEFAULT_CONFIG) -> None:
+    def __init__(
+        self,
+        config: QualityConfig = DEFAULT_CONFIG,
+        near: Callable[[], NearIndex] | None = None,
+    ) -> None:
         self.min_words = config.collapse_min_words
         self.min_prompts = config.collapse_min_prompts
         self.similarity = config.collapse_similarity
+        self._near = near if self.similarity < 1.0 else None
         self._sources: dict[str, _Source] = {}
         # per exact group: its source, leader (near group), first prompt, rows, words, example
         self._group_source: list[str] = []
@@ -180,15 +204,11 @@ class CollapseFinder:
 
     def _near_leader(self, src: _Source, g: int, source: str, norm: str) -> int:
         """The exact group that leads ``g``'s near group (``g`` itself when it leads)."""
-        if self.similarity >= 1.0:
+        if self._near is None:
             return g
         if src.near is None:
-            from regen.manifest import Dedup
-            from regen.sources.neardup import NearDuplicates
-
-            dedup = Dedup(threshold=self.similarity, shingle=SHINGLE, num_perm=NUM_PERM)
-            src.near = NearDuplicates(dedup)
-        match = src.near.match_or_add(_Answer(str(g), source), norm)  # type: ignore[arg-type]
+            src.near = self._near()
+        match = src.near.match_or_add(Answer(str(g), source), norm)
         return g if match is None else int(match.id)
 
     def _clusters(self) -> dict[int, list[int]]:
