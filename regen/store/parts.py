@@ -28,6 +28,7 @@ part. Parts written before page checksums are checked by their footer and a full
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import time
@@ -50,6 +51,23 @@ from regen.store.schema import rows_to_table
 log = logging.getLogger(__name__)
 
 RowsToTable = Callable[[list[dict[str, Any]]], pa.Table]
+
+#: the errors of a write that a full disk (or a full quota) gave
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether ``error`` (a RunDirError wrapping the OSError, or the OSError itself) is a full
+    disk or quota: the errno of an OSError on its cause/context chain."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
 
 #: Parquet key-value metadata of every part
 META_SAMPLES = b"regen.samples"
@@ -136,6 +154,17 @@ def write_part(
     """Write the rows of ``samples`` as parts/STEM.parquet (temp name, then rename), then its
     record parts/STEM.json. Returns the record, or None when there were no rows. On any failure
     (disk full, ...) the temporary file is removed and no part is left behind."""
+    record = write_part_file(rd, stem, samples, to_table)
+    if record is not None:
+        write_record(rd, record)
+    return record
+
+
+def write_part_file(
+    rd: RunDir, stem: str, samples: list[CompletedSample], to_table: RowsToTable | None = None
+) -> PartRecord | None:
+    """:func:`write_part` without the record: the part is in place when this returns, its
+    record (returned) not yet written (:func:`write_record`)."""
     table = samples_table(samples, to_table or _default_to_table)
     if table is None:
         return None
@@ -153,9 +182,14 @@ def write_part(
             f"{rd.uri}: cannot write part {final}: {why}; the journal is kept, "
             "rerun the same command to resume"
         ) from e
-    record = make_record(stem, data, by_sample, table.num_rows)
-    layout.part_record_file(stem).write(rd, record)
-    return record
+    return make_record(stem, data, by_sample, table.num_rows)
+
+
+def write_record(rd: RunDir, record: PartRecord) -> None:
+    """Write a part's record parts/_STEM.json (RunDirError when it cannot: the part verifies
+    by itself, and a part without its record gets it rebuilt when the run directory is next
+    read, regen.store.doneset)."""
+    layout.part_record_file(record.stem).write(rd, record)
 
 
 _COUNT_COLUMNS = (
