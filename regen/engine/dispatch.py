@@ -19,6 +19,10 @@ run, objects on an event loop in unit tests):
   records what the workers still finish (answers already streaming, rows being built) for up
   to ``DRAIN_S``, then cancels the rest and raises :class:`~regen.core.errors.NoEndpointLeftError`
   (a rerun continues);
+- the recorder holding answers it cannot write (a full disk: regen.engine.diskfull): no new
+  samples are fed while :meth:`Recorder.holding` says so; what the workers hold still
+  completes, and the loop waits (``WAIT_S`` at a time, ticking the recorder, which retries its
+  writes) rather than end with samples still queued;
 - ``stop`` set: cancel what is in flight and return ``"interrupted"``.
 """
 
@@ -59,6 +63,10 @@ class Recorder(Protocol):
 
     def tick(self, snapshots: Callable[[], list[dict[str, Any]]]) -> None:
         """Once per loop: write parts/progress when due (``snapshots`` reads the workers)."""
+
+    def holding(self) -> bool:
+        """True while it holds as many finished answers as it may without writing them (a full
+        disk): feed no new samples."""
 
 
 class Dispatcher:
@@ -149,9 +157,14 @@ class Dispatcher:
                                 or self._clock() - self._unsent_at > DRAIN_S):  # fmt: skip
                 self.pool.cancel(self.live())
                 raise NoEndpointLeftError(self.unsent)
-            self.feed(queue, new=not self.unsent)
+            held_back = recorder.holding()
+            self.feed(queue, new=not self.unsent and not held_back)
             if not any(self.pool.pending(w) for w in self.live()):
-                break  # nothing queued, nothing held
+                if not (held_back and queue):
+                    break  # nothing queued, nothing held
+                self.stop.wait(WAIT_S)  # the recorder cannot write: wait, then retry
+                recorder.tick(snapshots)
+                continue
             for fin in self.pool.wait(WAIT_S):
                 self.replies += 1
                 w = fin.worker

@@ -17,7 +17,9 @@ N actors (started while the plan is read) → the dispatch loop (:mod:`regen.eng
 batches exchanged with the actors) → every completed sample journaled at once; every
 ``part_size`` samples or ``part_interval_s`` the segment becomes a Parquet part.
 SIGINT/SIGTERM stop feeding, write the buffered samples as a part, release the lock and leave
-the state "interrupted"; rerunning the same command resumes.
+the state "interrupted"; rerunning the same command resumes. A full disk pauses the writes, not
+the session (:mod:`regen.engine.diskfull`): the answers wait in memory and the writes are
+retried until space returns or ``engine.disk_full_wait_s`` has passed.
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ import pyarrow.compute as pc
 
 from regen.client import check_endpoints
 from regen.client.endpoints import engine_records
-from regen.core.errors import ConfigError, RegenError, RunIncompleteError
+from regen.core.errors import ConfigError, RegenError, RunDirError, RunIncompleteError
 from regen.core.sample import Sample
 from regen.engine.adaptive import DEFAULT_CONCURRENCY, describe_limit
+from regen.engine.diskfull import HOLD_PARTS, DiskWait
 from regen.engine.dispatch import Dispatcher
 from regen.engine.failfast import check_run_dir, preflight
 from regen.engine.pool import RayWorkerPool
@@ -284,6 +287,11 @@ class _Session:
         self.superseding: set[str] = set()
         self.refused: set[str] = set()  #: endpoints announced as refused (one line each)
         self.stalled: set[str] = set()  #: endpoints announced as stalled, until back in
+        eng = manifest.engine
+        #: a full disk: the pause of the writes (regen.engine.diskfull)
+        self.disk = DiskWait(eng.disk_full_wait_s, HOLD_PARTS * eng.part_size)
+        #: failure records a full disk refused, written again when it has room
+        self.failures_held: list[FailureRecord] = []
 
     # -- recording (regen.engine.dispatch.Recorder) --------------------------------------
     def store_native(self, sample: Sample) -> None:
@@ -295,7 +303,10 @@ class _Session:
     def keep(self, done: CompletedSample, tokens: list[int]) -> None:
         """Journal one completed sample (flushed), count it, write a part when one is due."""
         done.replaces = replaces = self.replaces.pop(done.sample_id, None)
-        self.journal.append(done)
+        try:
+            self.journal.append(done)  # kept in memory even when it raises
+        except RunDirError as e:
+            self._refused(e)
         prev = self.failed_ids.pop(done.sample_id, None)
         assert self.tracker is not None
         stale = done.sample_id in self.superseding
@@ -306,8 +317,10 @@ class _Session:
                                     supersedes=replaces if stale else None)  # fmt: skip
         self.summary.completed_now += 1
         self.summary.retried_now += replaces is not None
+        if self.disk.paused:
+            return  # tick retries the writes
         if self.journal.due(self.m.engine.part_size, self.m.engine.part_interval_s):
-            self.roll()
+            self._roll_or_pause()
 
     def completed(self, out: PackedOutcome, sample: Any) -> None:
         """A sample the workers answered, as they packed it (regen.engine.wire)."""
@@ -321,9 +334,64 @@ class _Session:
         self.tracker.driver_error("worker_died", error[:300])
 
     def tick(self, snapshots: Callable[[], list[dict[str, Any]]]) -> None:
-        if self.journal.due(self.m.engine.part_size, self.m.engine.part_interval_s):
-            self.roll()  # part_interval_s also applies while nothing completes
+        if self.disk.paused:
+            if self.disk.due():
+                self._retry_writes()
+        elif self.journal.due(self.m.engine.part_size, self.m.engine.part_interval_s):
+            self._roll_or_pause()  # part_interval_s also applies while nothing completes
         self.progress(snapshots)
+
+    def holding(self) -> bool:
+        """A full disk holds as many answers in memory as it may: feed no new samples."""
+        return self.disk.holding(self.journal.pending)
+
+    # -- a full disk (regen.engine.diskfull) ----------------------------------------------
+    def _roll_or_pause(self) -> None:
+        try:
+            self.roll()
+        except RunDirError as e:
+            self._refused(e)
+
+    def _refused(self, error: RunDirError) -> None:
+        """A write failed: a full disk pauses the writes (said once), anything else stops;
+        so does a pause past engine.disk_full_wait_s (raises ``error``)."""
+        if not self.disk.refused(error):
+            return
+        held = self.journal.pending
+        log.warning("%s: the disk is full (%s); holding the answers in memory (%d now, no new "
+                    "samples fed past %d) and writing again as soon as it has room, for up to "
+                    "%g s (engine.disk_full_wait_s)", self.rd.uri, error, held,
+                    self.disk.hold_max, self.disk.wait_s)  # fmt: skip
+        if self.tracker is not None:
+            self.tracker.driver_error("disk_full", str(error)[:300])
+
+    def _retry_writes(self) -> None:
+        """While the disk is full: write what waits (the journal's part, failure records,
+        progress.json); the first time all succeed, the pause ends."""
+        assert self.tracker is not None
+        held = self.journal.pending
+        try:
+            if self.journal.pending or self.journal.owed:
+                self.roll()
+            while self.failures_held:
+                self.failure_log.append(self.failures_held[0])
+                self.failures_held.pop(0)
+            self.tracker.write()
+        except RunDirError as e:
+            self._refused(e)
+            return
+        took = self.disk.cleared()
+        log.warning("%s: the disk has room again after %.1f s; %d answers held in memory "
+                    "written, going on", self.rd.uri, took, held)  # fmt: skip
+
+    def _settle(self) -> None:
+        """At the end of a finished session: wait out a full disk (retrying its writes) until
+        they all succeed; raises past engine.disk_full_wait_s, or at once when stopped."""
+        while self.disk.paused:
+            if self.stop.wait(self.disk.left_s()):
+                assert self.disk.error is not None
+                raise self.disk.error
+            self._retry_writes()
 
     def roll(self) -> None:
         """Write the journal's samples as a part; save what the order learned with it."""
@@ -351,7 +419,14 @@ class _Session:
             permanent=out.status == "permanent",
             at=time.time(),
         )
-        self.failure_log.append(rec)
+        if self.failures_held:  # behind those a full disk refused, written with them
+            self.failures_held.append(rec)
+        else:
+            try:
+                self.failure_log.append(rec)
+            except RunDirError as e:
+                self._refused(e)  # raises unless the disk is full
+                self.failures_held.append(rec)
         assert self.tracker is not None
         if out.sample_id in self.superseding:  # its stale answer is not done: a sample's failure
             self.superseding.discard(out.sample_id)
@@ -387,7 +462,13 @@ class _Session:
             snaps = snapshots()
             self.tracker.workers(snaps)
             self._announce_endpoints(snaps)
-        self.tracker.write()
+        if self.disk.paused:
+            pass  # written with the retries of the writes (tick)
+        else:
+            try:
+                self.tracker.write()
+            except RunDirError as e:
+                self._refused(e)
         if self.opts.on_progress is not None:
             self.opts.on_progress(self.tracker.snap)
 
@@ -605,9 +686,12 @@ class _Session:
             warm.close()
 
     def finish(self, state: str) -> None:
-        """Write what is buffered as a part, close the logs, final progress."""
+        """Write what is buffered as a part, close the logs, final progress (a finished
+        session waits out a full disk first: :meth:`_settle`)."""
         try:
             self.summary.parts_written = self.journal.parts_written
+            if state == "finished":
+                self._settle()
             self.journal.close()
             if self.tracker is not None:
                 self.tracker.part_written(self.journal.last_record)

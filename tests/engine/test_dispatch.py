@@ -54,6 +54,9 @@ class Recorder:
         self.ticks += 1
         snapshots()
 
+    def holding(self) -> bool:
+        return False
+
 
 class Scripted:
     """A worker that answers after ``delay_s`` (on the pool's event loop)."""
@@ -248,3 +251,47 @@ def test_past_the_drain_time_what_is_in_flight_is_cancelled() -> None:
     ticks = iter(range(0, 10**6, 1000))  # every look at the clock: 1000 s later
     rec = drain(lambda: float(next(ticks)))
     assert rec.done == [] and rec.failures == []
+
+
+class Holding(Recorder):
+    """A recorder whose disk is full from the 5th answer until 6 ticks later: it holds as many
+    answers as it may (regen.engine.diskfull), so no new sample may be fed meanwhile."""
+
+    def __init__(self, queue: WorkQueue) -> None:
+        super().__init__()
+        self.queue = queue
+        self.popped = 0
+        self.held_ticks = 0
+        self.fed_while_held: list[int] = []  #: samples taken from the queue, at each held look
+        pop = queue.pop
+
+        def counting_pop():
+            self.popped += 1
+            return pop()
+
+        queue.pop = counting_pop  # type: ignore[method-assign]
+
+    def holding(self) -> bool:
+        held = len(self.done) >= 5 and self.held_ticks < 6
+        if held:
+            self.fed_while_held.append(self.popped)
+        return held
+
+    def tick(self, snapshots) -> None:
+        super().tick(snapshots)
+        if len(self.done) >= 5 and self.held_ticks < 6:
+            self.held_ticks += 1
+
+
+def test_a_recorder_holding_answers_stops_the_feed_not_the_loop() -> None:
+    pool = LocalWorkerPool(lambda i, g: Scripted(delay_s=0.0))
+    queue = WorkQueue(samples(40))
+    rec = Holding(queue)
+    try:
+        state = Dispatcher(pool, 2, prefetch=1).run(queue, rec)
+    finally:
+        pool.close()
+    assert state == "finished"  # the loop waited with samples queued instead of ending
+    assert Counter(rec.done) == Counter(s.id for s in samples(40))
+    assert rec.held_ticks == 6 and len(set(rec.fed_while_held)) == 1  # nothing fed meanwhile
+    assert rec.fed_while_held[0] < 40

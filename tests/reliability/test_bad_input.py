@@ -13,6 +13,8 @@ from __future__ import annotations
 import errno
 import json
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from regen.store import parts as jn
 from regen.store.doneset import read_done
 from regen.store.failures import read_failures
 from regen.store.layout import LOCK as LOCK_FILE
+from regen.store.layout import PROGRESS_FILE
 from regen.store.segments import read_journal_lines
 
 pytestmark = pytest.mark.ray
@@ -235,10 +238,38 @@ def test_second_run_on_a_live_run_directory_is_refused(tmp_path, ray_head, ray_e
     assert len(read_done(RunDir.open(out)).ids) == 24  # the first run lost nothing
 
 
-def test_disk_full_mid_run_then_resume_once_space_is_back(tmp_path, ray_head) -> None:
-    """A real size limit (a quota filesystem under the run directory): whichever write hits it
-    (journal line, part, progress.json), the session stops with one RunDirError, leaves no
-    half-written part, and a rerun with space back stores every sample once."""
+def _free_when_full(disk: QuotaDisk, after_s: float) -> threading.Thread:
+    """A thread that gives the disk its space back ``after_s`` after its first refusal (at
+    most 240 s of looking)."""
+
+    def run() -> None:
+        for _ in range(4800):
+            if disk.full_errors:
+                break
+            time.sleep(0.05)
+        time.sleep(after_s)
+        disk.capacity = 10**10
+
+    t = threading.Thread(target=run, name="free-the-disk", daemon=True)
+    t.start()
+    return t
+
+
+def _no_leftovers(rd: RunDir, out: Path) -> None:
+    """No temporary part left, and every part there whole (not the _*.json records)."""
+    assert [n for n in rd.list("parts", include_temp=True) if n.startswith(".tmp-")] == []
+    for part in rd.list("parts"):
+        if not part.startswith("_"):
+            assert pq.read_table(out / "parts" / part).num_rows >= 1
+
+
+def test_disk_full_mid_run_is_a_pause_and_the_run_finishes_once_space_is_back(
+    tmp_path, ray_head
+) -> None:
+    """A real size limit (a quota filesystem under the run directory) that frees up within
+    engine.disk_full_wait_s: whichever write hits it (journal line, part, progress.json), the
+    session holds the answers in memory, says so once (the dashboard's ``disk_full``), retries,
+    and finishes (exit 0) with every sample stored once, in one session."""
     src = chaos.write_sharegpt(tmp_path / "s.jsonl", DISK_SAMPLES)
     engine = {"workers": 1, "part_size": 8, "part_interval_s": 60}
     path = chaos.write_manifest(tmp_path / "m.yaml", src, engine=engine)
@@ -247,17 +278,42 @@ def test_disk_full_mid_run_then_resume_once_space_is_back(tmp_path, ray_head) ->
     disk = QuotaDisk(tmp_path / "disk", DISK_BYTES)
     with simulator_in_thread(**SIM) as s:
         opts = RunOptions(endpoints=[s.url], address=ray_head.address, handle_signals=False)
-        with pytest.raises(RunDirError, match="No space left on device"):
+        freer = _free_when_full(disk, 1.0)
+        summary = run_job(m, disk.rundir(out), opts)
+        freer.join(timeout=10)
+    assert disk.full_errors >= 1  # it did fill up
+    assert summary.state == "finished" and summary.done == DISK_SAMPLES
+    assert summary.completed_now == DISK_SAMPLES  # no second session
+    rd = RunDir.open(out)
+    _no_leftovers(rd, out)
+    assert rd.list("journal") == []
+    snap = PROGRESS_FILE.read(rd)
+    assert snap is not None and snap.errors["disk_full"].count == 1  # said once
+    assert "No space left on device" in snap.errors["disk_full"].last_message
+    v = chaos.verify(path, out, chaos.answer_config(SIM))
+    assert v.problems == [] and v.stored == DISK_SAMPLES and v.duplicates == 0
+
+
+def test_disk_full_past_the_wait_stops_then_resume_once_space_is_back(tmp_path, ray_head) -> None:
+    """The same disk that stays full past engine.disk_full_wait_s: the session stops with one
+    RunDirError (exit 2), leaves no half-written part, and a rerun with space back stores
+    every sample once."""
+    src = chaos.write_sharegpt(tmp_path / "s.jsonl", DISK_SAMPLES)
+    engine = {"workers": 1, "part_size": 8, "part_interval_s": 60, "disk_full_wait_s": 1}
+    path = chaos.write_manifest(tmp_path / "m.yaml", src, engine=engine)
+    m = load_manifest(path)
+    out = tmp_path / "run"
+    disk = QuotaDisk(tmp_path / "disk", DISK_BYTES)
+    with simulator_in_thread(**SIM) as s:
+        opts = RunOptions(endpoints=[s.url], address=ray_head.address, handle_signals=False)
+        with pytest.raises(RunDirError, match=r"cannot .*No space left on device"):
             run_job(m, disk.rundir(out), opts)  # the run directory on the small disk
-        assert disk.full_errors >= 1
+        assert disk.full_errors >= 2  # refused, retried, refused
         rd = RunDir.open(out)
-        assert [n for n in rd.list("parts", include_temp=True) if n.startswith(".tmp-")] == []
-        for part in rd.list("parts"):  # every part there is whole (not the _*.json records)
-            if part.startswith("_"):
-                continue
-            assert pq.read_table(out / "parts" / part).num_rows >= 1
+        _no_leftovers(rd, out)
         stored = read_done(rd).ids | {c.sample_id for c in read_journal_lines(rd)}
         assert 0 < len(stored) < DISK_SAMPLES  # it filled up mid-run
+        assert not rd.exists(LOCK_FILE)
 
         disk.capacity = 10**10  # space is back
         summary = run_job(m, disk.rundir(out), opts)
@@ -266,41 +322,94 @@ def test_disk_full_mid_run_then_resume_once_space_is_back(tmp_path, ray_head) ->
     assert v.problems == []
 
 
-def test_disk_full_while_writing_a_part_then_resume(tmp_path, monkeypatch, ray_head) -> None:
-    """ENOSPC injected into the Parquet writer itself after one good part."""
+def test_disk_full_while_writing_a_part_is_retried_in_the_same_session(
+    tmp_path, monkeypatch, ray_head
+) -> None:
+    """ENOSPC injected into the Parquet writer itself after one good part, twice (half a part
+    written each time): nothing half-written is left, the part is written again from memory,
+    and the session finishes."""
     src = chaos.write_sharegpt(tmp_path / "s.jsonl", 40)
     engine = {"workers": 1, "part_size": 10, "part_interval_s": 60}
     path = chaos.write_manifest(tmp_path / "m.yaml", src, engine=engine)
     m = load_manifest(path)
     out = tmp_path / "run"
     real = jn.pq.write_table
-    calls = {"n": 0}
+    calls = {"n": 0, "refused": 0}
 
     def full_after_one(table, where, **kw):
         if "input_ids" not in table.column_names:  # not a part (the plan index)
             return real(table, where, **kw)
         calls["n"] += 1
-        if calls["n"] == 1:
+        if calls["n"] not in (2, 3):
             return real(table, where, **kw)
+        calls["refused"] += 1
         where.write(b"PAR1 half a part")
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with simulator_in_thread(**SIM) as s:
         opts = RunOptions(endpoints=[s.url], address=ray_head.address, handle_signals=False)
         monkeypatch.setattr(jn.pq, "write_table", full_after_one)
-        with pytest.raises(RunDirError, match="No space left on device") as e:
-            run_job(m, RunDir.open(out, create=False), opts)
-        assert "rerun the same command to resume" in str(e.value)
-        rd = RunDir.open(out)
-        names = [n for n in rd.list("parts", include_temp=True) if not n.startswith("_")]
-        assert len(names) == 1 and not names[0].startswith(".tmp-")  # no half-written part
-        assert pq.read_table(out / "parts" / names[0]).num_rows >= 10  # the good one is whole
-        kept = {c.sample_id for c in read_journal_lines(rd)}
-        assert len(kept) >= 1 and kept.isdisjoint(read_done(rd).ids)  # rest still journaled
-        assert not rd.exists(LOCK_FILE)
-
-        monkeypatch.undo()  # space is back
         summary = run_job(m, RunDir.open(out, create=False), opts)
-    assert summary.state == "finished" and summary.done == 40
+    assert calls["refused"] == 2
+    assert summary.state == "finished" and summary.done == 40 and summary.completed_now == 40
+    rd = RunDir.open(out)
+    _no_leftovers(rd, out)
+    assert not rd.exists(LOCK_FILE)
     v = chaos.verify(path, out, chaos.answer_config(SIM))
-    assert v.problems == []
+    assert v.problems == [] and v.duplicates == 0
+
+
+KILL_IN_PAUSE = """
+import logging, sys
+from pathlib import Path
+sys.path.insert(0, {here!r})
+from _quota_fs import QuotaDisk
+from regen.engine import RunOptions, run_job
+from regen.manifest import load_manifest
+
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
+manifest, out, root, size, url, address = sys.argv[1:]
+disk = QuotaDisk(Path(root), int(size))
+opts = RunOptions(endpoints=[url], address=address, handle_signals=False)
+run_job(load_manifest(manifest), disk.rundir(Path(out)), opts)
+"""
+
+
+def test_sigkill_during_the_disk_full_pause_loses_only_what_was_in_flight(
+    tmp_path, ray_head, ray_env
+) -> None:
+    """`regen run`'s driver SIGKILLed while the disk is full (answers held in memory, the
+    segment sealed): the rerun, with space, folds the segment's whole lines, requests the
+    rest again and stores every sample once."""
+    src = chaos.write_sharegpt(tmp_path / "s.jsonl", DISK_SAMPLES)
+    engine = {"workers": 1, "part_size": 8, "part_interval_s": 60}
+    path = chaos.write_manifest(tmp_path / "m.yaml", src, engine=engine)
+    out = tmp_path / "run"
+    script = tmp_path / "run_on_small_disk.py"
+    script.write_text(KILL_IN_PAUSE.format(here=str(Path(__file__).parent)), encoding="utf-8")
+    with simulator_in_thread(**SIM) as s:
+        argv = [sys.executable, str(script), str(path), str(out), str(tmp_path / "disk"),
+                str(DISK_BYTES), s.url, ray_head.address]  # fmt: skip
+        proc = subprocess.Popen(argv, env=ray_env, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # fmt: skip
+        said: list[str] = []
+        try:
+            assert proc.stderr is not None
+            for line in proc.stderr:  # ends when it exits (it must not: the disk stays full)
+                said.append(line)
+                if "the disk is full" in line:
+                    break
+            assert any("the disk is full" in x for x in said), "".join(said)[-3000:]
+            time.sleep(1.0)  # more answers held in memory meanwhile
+            assert proc.poll() is None  # paused, not stopped
+        finally:
+            kill_group(proc)
+        rd = RunDir.open(out)
+        before = read_done(rd).ids | {c.sample_id for c in read_journal_lines(rd)}
+        assert 0 < len(before) < DISK_SAMPLES
+        m = load_manifest(path)
+        opts = RunOptions(endpoints=[s.url], address=ray_head.address, handle_signals=False)
+        summary = run_job(m, RunDir.open(out), opts)  # space: the real disk
+    assert summary.state == "finished" and summary.done == DISK_SAMPLES
+    v = chaos.verify(path, out, chaos.answer_config(SIM))
+    assert v.problems == [] and v.stored == DISK_SAMPLES and v.duplicates == 0
