@@ -19,7 +19,8 @@ production's ÷ ``--scale`` (default 32: the simulator's mean answer ~1,300 ÷ 3
 Faults on a schedule (benchmarks/_rehearsal_faults.py; shares of the samples done, printed
 with their seconds): a second client on one endpoint for the whole run, a hang of one endpoint
 (longer than production's 30 s stall floor), a 503 storm on another, the disk of the run
-directory full for a few seconds (a tmpfs: root; skipped, and said, without), one endpoint
+directory full for a few seconds (a tmpfs: root; skipped, and said, without; regen pauses its
+writes and goes on, or, past ``engine.disk_full_wait_s``, stops and is started again), one endpoint
 killed and started again on its port, ``regen run``'s process group SIGKILLed at ~40% and
 started again (time to its first request measured at the servers), a Ray actor SIGKILLed.
 Then ``regen status``, ``regen monitor --once``, ``regen verify`` and ``regen export`` on the
@@ -201,6 +202,10 @@ def wall_to_mono(stamp: str, offset: float) -> float | None:
 
 
 LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (\w+) (\S+): (.*)$")
+
+
+#: the driver's line when a full disk's pause ends (regen.engine.driver)
+PAUSED = re.compile(r"the disk has room again after ([0-9.]+) s")
 
 
 def log_notices(logs: list[Path], offset: float) -> list[tuple[float, str]]:
@@ -840,7 +845,10 @@ class Rehearsal:
             if e.name == "second client":
                 continue
             end = e.end or e.start
-            if e.name in ("driver killed", "disk full"):
+            restarted = e.name == "driver killed" or (
+                e.name == "disk full" and "session_exit" in e.details  # it stopped its session
+            )
+            if restarted:
                 nxt = [s for s in self.sessions if s.launched >= e.start - 1]
                 if nxt and nxt[0].first_request:
                     end = max(end, nxt[0].first_request)
@@ -851,6 +859,16 @@ class Rehearsal:
             e.details["window_end_s"] = self.rel(end + RECOVERY_S)
             eps = None if e.endpoint is None else frozenset({e.endpoint})
             disturbances.append(Disturbance(e.start, end + RECOVERY_S, eps, e.name))
+            if e.name == "disk full":  # the pause (regen.engine.diskfull), when it held
+                said = [(round(t - e.start, 2), msg[:160]) for t, msg in notices
+                        if "the disk" in msg and e.start - 5 <= t <= end + 120]  # fmt: skip
+                e.details["regen_said"] = said[:6]
+                e.details["session_kept_running"] = "session_exit" not in e.details
+                for _, msg in said:
+                    m = PAUSED.search(msg)
+                    if m:
+                        e.details["paused_s"] = float(m.group(1))
+                        break
             if e.endpoint is not None:  # what regen said about that endpoint, in the window
                 port = f":{self.eps[e.endpoint].port}"
                 said = [(round(t - e.start, 2), msg[:160]) for t, msg in notices
@@ -1032,7 +1050,7 @@ def table(r: dict[str, Any]) -> str:
       f"{'cut':>5} {'wasted':>6} {'again':>5}  notes")  # fmt: skip
     for f in r["faults"]:
         notes = {k: f[k] for k in ("restart_to_first_request_s", "refused_503", "used_mb",
-                                   "session_exit", "old_actors_gone_s", "title",
+                                   "session_exit", "paused_s", "old_actors_gone_s", "title",
                                    "background_tokens") if k in f}  # fmt: skip
         said = f.get("regen_said") or []
         if said:
