@@ -22,7 +22,7 @@ from regen.core.text import words
 from regen.export.select import collapse_finder
 from regen.manifest import load_manifest
 from regen.quality import DEFAULT_DROP_FLAGS, FLAGS, QualityConfig
-from regen.quality.collapse import CollapseFinder, answer_text, prompt_key
+from regen.quality.collapse import NEAR_WORDS, CollapseFinder, answer_text, prompt_key
 from regen.sources import read_samples
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,6 +90,15 @@ def test_flags_the_same_text_with_small_variations() -> None:
     assert f.rows() == set(range(30))
     exact_only = find(items, DEFAULTS.model_copy(update={"collapse_similarity": 1.0}))
     assert exact_only.groups() == []  # every variant differs: only the near match sees them
+
+
+def test_the_near_match_reads_the_opening_of_long_answers() -> None:
+    """Past NEAR_WORDS words only the exact match reads on: a long shared opening is one
+    answer, whatever follows it."""
+    opening = " ".join(f"step{k % 97} of the plan" for k in range(NEAR_WORDS // 4 + 1))
+    items = [("chat", prompt(i), f"{opening} {distinct(i)}") for i in range(8)]
+    f = find(items)
+    assert f.rows() == set(range(8)) and f.groups()[0].variants == 8
 
 
 def test_counts_tool_calls_and_reasoning_as_the_answer() -> None:

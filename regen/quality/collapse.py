@@ -19,11 +19,12 @@ How (:class:`CollapseFinder`, fed one row at a time, then :meth:`CollapseFinder.
 3. **near**: one answer per exact group goes through a near index (:class:`NearIndex`), the
    near-duplicate machinery of prompts: :class:`regen.sources.neardup.NearDuplicates` (MinHash
    of word shingles of :data:`SHINGLE` words, :data:`NUM_PERM` permutations, LSH) at
-   ``collapse_similarity``, which the export hands in (``regen.export.select.collapse_finder``:
-   sources are floors above this package, docs/architecture.md); an answer whose estimated
-   Jaccard similarity with an earlier group's first answer reaches it joins that group (the
-   first occurrence leads, as for prompts), so the same text with small variations (a name, a
-   number) is one group. Without a near index only exact copies are grouped;
+   ``collapse_similarity``, over the answer's first :data:`NEAR_WORDS` words; the export
+   hands it in (``regen.export.select.collapse_finder``: sources are floors above this
+   package, docs/architecture.md). An answer whose estimated Jaccard similarity with an
+   earlier group's first answer reaches it joins that group (the first occurrence leads, as
+   for prompts), so the same text with small variations (a name, a number) is one group.
+   Without a near index only exact copies are grouped;
 4. a group answering at least ``collapse_min_prompts`` **distinct prompts** is collapsed, every
    row in it. A prompt is the source conversation (``content_hash``, else the sample id) and
    the turn: the same question asked twice (a duplicate that dedup kept) is one prompt.
@@ -56,6 +57,10 @@ FLAG = "collapsed"
 SHINGLE = 3
 #: MinHash permutations per signature (as the prompts' default)
 NUM_PERM = 128
+#: words of an answer's opening the near match compares (the exact match takes them all): a
+#: reply that ignores its prompt shows in its opening, and the cost stays bounded (a 12,000-word
+#: answer costs what a 512-word one does)
+NEAR_WORDS = 512
 #: characters of an answer shown with a group
 EXAMPLE_CHARS = 120
 
@@ -191,7 +196,8 @@ class CollapseFinder:
             g = len(self._leader)
             src.exact[digest] = g
             self._group_source.append(source)
-            self._leader.append(self._near_leader(src, g, source, norm))
+            near = norm if len(w) <= NEAR_WORDS else " ".join(w[:NEAR_WORDS])
+            self._leader.append(self._near_leader(src, g, source, near))
             self._first_prompt.append(prompt)
             self._group_rows.append(0)
             self._words.append(len(w))
