@@ -24,8 +24,9 @@ Compared, on 1, 4 and 8 endpoints:
 - **next turn**: sent as soon as the previous one returns (regen: a sample keeps its slot) or
   queued behind every sample not yet started (turn by turn);
 - **routing**: ``affinity`` (regen's router: a sample's turns on one endpoint),
-  ``least_loaded`` (each request to the least loaded endpoint, no binding) or ``random`` (each
-  request to a random endpoint with room).
+  ``least_loaded`` (regen's router without the binding: each request to the least loaded
+  endpoint with room) or ``round_robin`` (a plain load balancer: each request to the next
+  endpoint, room or not; ``--routes random`` also exists).
 
 Printed per row: the prefix cache's hit rate (cached ÷ prompt tokens), the prefill's share of
 the servers' busy time, busy server-seconds per 1,000 regenerated tokens, and fleet-seconds per
@@ -265,7 +266,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="300 samples per endpoint, 1 and 8")
     ap.add_argument("--swe-turns", choices=("all", "last"), default="all")
     ap.add_argument("--endpoints", type=int, nargs="+", default=[1, 4, 8])
-    ap.add_argument("--routes", nargs="+", default=["affinity", "least_loaded", "random"])
+    ap.add_argument("--routes", nargs="+", default=["affinity", "least_loaded", "round_robin"])
     ap.add_argument("--cache-tokens", type=int, default=ServerParams().cache_tokens)
     ap.add_argument("--prefill-us", type=float, default=ServerParams().prefill_s_per_token * 1e6)
     ap.add_argument("--validate", action="store_true", help="model vs regen run + simulate")

@@ -22,7 +22,14 @@ one returns (``next_turn="at_once"``), or, for comparison, puts it at the back o
 samples not yet started (``"queued"``: turn by turn); the endpoint of a request is
 ``affinity`` (regen's router: the least loaded with room for a sample's first turn, the same
 one for its later turns), ``least_loaded`` (every request to the least loaded, no binding) or
-``random`` (every request to a random endpoint with room). Zero network latency.
+``random`` (every request to a random endpoint with room) or ``round_robin`` (every request
+to the next endpoint in turn, room or not: a plain load balancer in front of the servers;
+a request beyond a server's slots waits in its queue). Zero network latency.
+
+In a saturated fleet ``least_loaded`` and ``random`` mostly send a conversation's next turn
+back where it was: the slot its previous turn just freed is the only room there is. They
+differ from ``affinity`` when servers have room (the start, the tail); ``round_robin`` is
+affinity off at all times.
 
 What a run reports (:class:`Outcome`): prompt and cached tokens (the hit rate), completion
 tokens, the servers' busy time (the steps they ran: decode and prefill) and the prefill's part
@@ -39,7 +46,7 @@ from dataclasses import dataclass, field
 from regen.devkit.simulate.config import LARGE_MOE_PREFILL_US_PER_TOKEN
 from regen.devkit.simulate.prefix_cache import PrefixCache, Segment
 
-AFFINITY = ("affinity", "least_loaded", "random")
+AFFINITY = ("affinity", "least_loaded", "random", "round_robin")
 NEXT_TURN = ("at_once", "queued")
 
 
@@ -230,13 +237,18 @@ def run(
     rng = random.Random(seed)
     queue: collections.deque[tuple[int, int]] = collections.deque((c, 0) for c in order)
     bound: dict[int, int] = {}
+    turn_of_rr = 0
     free_slots = p.slots * endpoints
     out = Outcome(endpoints=endpoints)
     now = 0.0
 
     def pick(conv: int) -> int:
+        nonlocal turn_of_rr
         if affinity == "affinity" and conv in bound:
             return bound[conv]
+        if affinity == "round_robin":
+            turn_of_rr += 1
+            return turn_of_rr % endpoints
         room = [i for i, s in enumerate(servers) if s.in_flight < p.slots]
         if affinity == "random":
             i = rng.choice(room)
