@@ -14,7 +14,8 @@ Flags:
   least ``repeat_min_words`` words in ``repeat_min_copies`` or more copies (``repeat_min_words
   _stopped`` when the answer stopped by itself), or the answer compresses below
   ``compression_max`` while at least ``compression_min_bytes`` long. Reasoning and content are
-  measured together.
+  measured together. A turn regen cut while it streamed because it looped (``finish_reason``
+  ``loop``, :mod:`.loop`) always carries it.
 - ``empty_content``: the answer stopped by itself (not ``length``) with no content and no tool
   call — thinking closed (or never started) and nothing followed.
 - ``reasoning_unclosed``: the answer is all reasoning — no content, no tool call — and either ran
@@ -22,6 +23,8 @@ Flags:
 - ``language_mismatch``: the content is in another script than the prompt (:mod:`.script`).
 - ``refusal``: the content opens with a refusal phrase (:mod:`.refusal`).
 - ``bad_tool_call``: a tool call does not fit the declared tools (:mod:`.tools`).
+- ``collapsed``: not a check of one turn: one answer given to many different prompts of a
+  source, found across rows by ``regen export`` (:mod:`.collapse`).
 """
 
 from __future__ import annotations

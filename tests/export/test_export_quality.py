@@ -98,7 +98,8 @@ def test_drop_flags_count_rows_and_tokens_per_source_and_flag(run_dir, tmp_path)
     assert saved["sources"]["q"]["dropped"] == {"flagged": 1, "superseded": 1}
     assert saved["sources"]["old"]["rows"] == 1 and saved["sources"]["old"]["flags"] == {}
     assert saved["drop_flags"] == ["repetition", "empty_content", "reasoning_unclosed",
-                                   "language_mismatch", "refusal", "bad_tool_call"]  # fmt: skip
+                                   "language_mismatch", "refusal", "bad_tool_call",
+                                   "collapsed"]  # fmt: skip
 
 
 def test_only_flagged_lists_the_dropped_rows_with_their_flags(run_dir, tmp_path) -> None:
