@@ -64,7 +64,7 @@ from regen.store.failures import FailureLog, FailureRecord, read_failures
 from regen.store.lock import RunLock
 from regen.store.planned import open_index, recorded_plan
 from regen.store.progress import ProgressSnapshot, SourceProgress
-from regen.store.run import new_session_id, prepare_run, record_engines
+from regen.store.run import new_session_id, prepare_run, record_engines, with_recorded_cut
 from regen.store.rundir import RunDir
 from regen.store.segments import Journal, recover
 from regen.store.stale import StaleSet, stale_answers
@@ -593,12 +593,7 @@ class _Session:
                         "engines hand them to the template (docs/targets.md)", rd.uri,
                         run_info.render, self.setup.arguments)  # fmt: skip
             self.setup = replace(self.setup, arguments=run_info.render)
-        if run_info.loop_cut != m.quality.loop_cut:
-            log.warning("%s: this run started with quality.loop_cut %s and keeps it (this "
-                        "manifest says %s; a new run directory takes it)", rd.uri,
-                        dict(run_info.loop_cut), dict(m.quality.loop_cut))  # fmt: skip
-            quality = m.quality.model_copy(update={"loop_cut": run_info.loop_cut})
-            self.m = m = m.model_copy(update={"quality": quality})
+        self.m = m = with_recorded_cut(rd, run_info, m)
         warm: _Warm | None = None
         with ThreadPoolExecutor(1, thread_name_prefix="regen-plan") as ex:
             reading = ex.submit(self._read_state)

@@ -85,6 +85,19 @@ def prepare_run(
     return info
 
 
+def with_recorded_cut(rd: RunDir, info: RunRecord, manifest: Manifest) -> Manifest:
+    """``manifest`` with the loop cut its run started with (run.json's ``loop_cut``, which
+    prepare_run records when it creates the run): a session whose manifest says otherwise
+    keeps the run's and says so once; a run.json from before the cut records none (no cut)."""
+    if info.loop_cut == manifest.quality.loop_cut:
+        return manifest
+    log.warning("%s: this run started with quality.loop_cut %s and keeps it (this manifest "
+                "says %s; a new run directory takes it)", rd.uri, dict(info.loop_cut),
+                dict(manifest.quality.loop_cut))  # fmt: skip
+    quality = manifest.quality.model_copy(update={"loop_cut": info.loop_cut})
+    return manifest.model_copy(update={"quality": quality})
+
+
 def fingerprint_changes(rd: RunDir, info: RunRecord, manifest: Manifest) -> str:
     """What differs between the manifest the run directory was bound to (its manifest.yaml,
     when that still has run.json's fingerprint) and ``manifest``: ``sampling.temperature 0.6
