@@ -203,13 +203,19 @@ def sound_part() -> bool:
     n = Counter()
     cuts = Counter()
     worst: dict[str, tuple[int, int, str]] = {}
+    looks, look_s = 0, 0.0
     for corpus, text in sound_answers():
         n[corpus] += 1
         pieces = split_pieces(text)
         watch = LoopWatch(cut)
         best = (0, 0)
         for end in range(cut.every, len(pieces) + cut.every, cut.every):
-            if watch.loops(_Seen(pieces[: min(end, len(pieces))]), end):
+            seen = _Seen(pieces[: min(end, len(pieces))])
+            t0 = time.perf_counter()
+            looped = watch.loops(seen, end)
+            look_s += time.perf_counter() - t0
+            looks += 1
+            if looped:
                 cuts[corpus] += 1
                 break
             run, ngram = watch.found

@@ -71,7 +71,7 @@ class LoopCut(BaseModel):
     #: cut looping answers while they stream (False: only flag them once they end)
     enabled: bool = True
     #: streamed tokens between two looks at the answer
-    every: int = Field(default=64, ge=1, le=4096)
+    every: int = Field(default=128, ge=1, le=4096)
     #: words of the answer's tail each look measures
     window_words: int = Field(default=400, ge=8, le=8192)
     #: a back-to-back run must cover this many words of the window ...

@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from regen.core.text import words
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def longest_repeat(text: str, max_ngram: int) -> tuple[int, int]:
@@ -32,11 +36,25 @@ def repeat_in_words(ws: Sequence[str], max_ngram: int) -> tuple[int, int]:
     """:func:`longest_repeat` of words already split (:func:`regen.core.text.words`)."""
     import numpy as np  # here, not at import: the manifest imports regen.quality
 
-    n_words = len(ws)
-    if n_words < 2:
+    ids = np.fromiter((hash(w) for w in ws), dtype=np.int64, count=len(ws))
+    spans = repeat_spans(ids, max_ngram)
+    if not len(spans):
         return 0, 0
-    ids = np.fromiter((hash(w) for w in ws), dtype=np.int64, count=n_words)
+    best = int(np.argmax(spans))
+    if spans[best] == 0:
+        return 0, 0
+    return int(spans[best]), best + 1
+
+
+def repeat_spans(ids: np.ndarray, max_ngram: int) -> np.ndarray:
+    """Per n-gram size ``n`` = 1 .. min(max_ngram, words // 2) (index ``n - 1``): the words in
+    the longest back-to-back run of one n-gram over word ids ``ids`` (0: no two whole copies)."""
+    import numpy as np
+
+    n_words = len(ids)
     k = min(max_ngram, n_words // 2)
+    if k < 1:
+        return np.zeros(0, dtype=np.int64)
     # row n-1: word[i] == word[i + n] (padded with False), for every period n at once
     eq = np.zeros((k, n_words), dtype=bool)
     for n in range(1, k + 1):
@@ -45,11 +63,7 @@ def repeat_in_words(ws: Sequence[str], max_ngram: int) -> tuple[int, int]:
     last_false = np.maximum.accumulate(np.where(eq, -1, pos), axis=1)
     runs = (pos - last_false).max(axis=1)  # longest run of True per period
     periods = np.arange(1, k + 1)
-    spans = np.where(runs >= periods, runs + periods, 0)  # at least two whole copies
-    best = int(np.argmax(spans))
-    if spans[best] == 0:
-        return 0, 0
-    return int(spans[best]), best + 1
+    return np.where(runs >= periods, runs + periods, 0)  # at least two whole copies
 
 
 def compression_ratio(text: str) -> float:

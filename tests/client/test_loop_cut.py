@@ -12,6 +12,7 @@ ends at it.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import pytest
 from regen.client import ChatClient, RetryPolicy
 from regen.core.result import LOOP, TurnResult
 from regen.core.sample import Message, Sample
+from regen.core.text import words
 from regen.devkit.simulate.answer import AnswerConfig, answer, degenerate_kind
 from regen.devkit.simulate.testing import simulator_in_thread
 from regen.engine.rows import build_rows
@@ -28,7 +30,7 @@ from regen.engine.turns import regenerate
 from regen.manifest import Endpoint, Sampling, load_manifest
 from regen.quality import QualityConfig
 from regen.quality.config import LoopCut
-from regen.quality.loop import LoopWatch, tail_text
+from regen.quality.loop import LoopWatch
 from regen.store.counts import count_rows
 from regen.targets.kimi import KIMI
 from regen.template.render import Renderer
@@ -73,11 +75,31 @@ def test_a_loop_is_found_in_the_window_and_prose_is_not() -> None:
     assert not LoopWatch(cut).loops(Pieces(short, []), len(short))
 
 
-def test_the_window_joins_reasoning_and_content_as_the_check_does() -> None:
-    assert tail_text(["ab", "cd"], ["ef"], 10) == "abcd\nef"
-    assert tail_text(["ab", "cd"], ["ef", "gh"], 3) == "efgh"
-    assert tail_text([], ["ef"], 10) == "ef"
-    assert tail_text(["ab"], [], 1) == "ab"
+@pytest.mark.parametrize("seed", range(6))
+def test_the_window_read_piece_by_piece_is_the_words_of_the_whole_text(seed: int) -> None:
+    """However the stream cuts its pieces (mid-word, CJK, a newline between reasoning and
+    content), the window holds the last words of the text as the check splits it."""
+    rng = random.Random(seed)
+    vocab = ["Wait,", "let", "me", "check.", "the", "cache", "key_value", "数据", "缓存", "x2"]
+    reasoning_text = " ".join(rng.choice(vocab) for _ in range(rng.randint(0, 300))) + " "
+    content_text = " ".join(rng.choice(vocab) for _ in range(rng.randint(1, 300))) + " "
+    cut = LoopCut(window_words=120, min_words=100)
+    watch = LoopWatch(cut)
+    seen = Pieces([], [])
+    streamed = 0
+    for text, into in ((reasoning_text, seen.reasoning), (content_text, seen.content)):
+        i = 0
+        while i < len(text):
+            step = rng.randint(1, 7)
+            into.append(text[i : i + step])
+            i += step
+            streamed += 1
+            if rng.random() < 0.2:
+                watch.loops(seen, streamed)
+    watch.loops(seen, streamed)
+    joined = f"{reasoning_text}\n{content_text}" if reasoning_text.strip() else content_text
+    want = [hash(w) for w in words(joined)][-cut.window_words :]
+    assert list(watch._ids) == want
 
 
 def test_loop_cut_settings_are_checked() -> None:
@@ -183,7 +205,9 @@ def cut_turn(content: str) -> TurnResult:
 def test_a_cut_turn_becomes_a_flagged_row_without_an_end_token() -> None:
     manifest = load_manifest(REPO / "manifests" / "demo.yaml")
     renderer = Renderer.from_manifest(manifest)
-    sample = Sample(id="s:1", source="s", messages=[Message("user", "Hi"), Message("assistant", "x")])
+    sample = Sample(
+        id="s:1", source="s", messages=[Message("user", "Hi"), Message("assistant", "x")]
+    )
     loop = "Wait, let me check. " * 20
     (row,) = build_rows(sample, [(0, [{"role": "user", "content": "Hi"}], cut_turn(loop))],
                         renderer)  # fmt: skip
