@@ -187,7 +187,7 @@ class Engine(Strict):
     #: seconds after which a non-empty buffer is written as a part anyway
     part_interval_s: float = Field(default=30.0, gt=0)
     #: seconds a full disk (ENOSPC, EDQUOT) under the run directory may last: the session
-    #: keeps the answers in memory and retries its writes (0.5 s, up to 2 s apart) until space
+    #: keeps the answers in memory and retries its writes (0.25 s, up to 1 s apart) until space
     #: returns; past this it stops (exit 2) and a rerun resumes. 0: stop at once
     disk_full_wait_s: float = Field(default=300.0, ge=0)
 

@@ -4,11 +4,13 @@ When a write of the session (a journal line, a part, its record, progress.json, 
 record) fails with ENOSPC or EDQUOT (:func:`regen.store.parts.disk_full`), the driver keeps
 what it could not write in memory (the journal holds every sample: regen.store.segments), keeps
 its requests in flight going, feeds new samples only while fewer than a bound of answers wait
-(:meth:`DiskWait.holding`), and retries the write: 0.5 s after the failure, then 1 s, then
-every 2 s. The first success ends the pause. A pause longer than ``engine.disk_full_wait_s``
-stops the session with the error of the last failed write (exit 2, as before this wait
-existed); a rerun resumes. A SIGKILL during the pause loses the answers held in memory only:
-they were in flight as far as the run directory knows, and the rerun requests them again.
+(:meth:`DiskWait.holding`), and retries the writes: 0.25 s after the failure, then 0.5 s, then
+every second, the small progress.json first (a cheap test of the disk: the part, encoded again
+each time, is tried only once that passed). The first time all succeed ends the pause. A pause
+longer than ``engine.disk_full_wait_s`` stops the session with the error of the last failed
+write (exit 2, as before this wait existed); a rerun resumes. A SIGKILL during the pause loses
+the answers held in memory only: they were in flight as far as the run directory knows, and
+the rerun requests them again.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from regen.store.parts import disk_full
 log = logging.getLogger(__name__)
 
 #: seconds between the retries of a write a full disk refused: the first, the second, then each
-RETRY_S = (0.5, 1.0, 2.0)
+RETRY_S = (0.25, 0.5, 1.0)
 #: answers held in memory (per ``part_size``) past which no new sample is fed while the disk is
 #: full: what the workers already hold still completes (bounded by their own limits)
 HOLD_PARTS = 4

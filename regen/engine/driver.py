@@ -366,17 +366,18 @@ class _Session:
             self.tracker.driver_error("disk_full", str(error)[:300])
 
     def _retry_writes(self) -> None:
-        """While the disk is full: write what waits (the journal's part, failure records,
-        progress.json); the first time all succeed, the pause ends."""
+        """While the disk is full: write what waits (progress.json first, a cheap test of the
+        disk; failure records; the journal's part); the first time all succeed, the pause
+        ends."""
         assert self.tracker is not None
         held = self.journal.pending
         try:
-            if self.journal.pending or self.journal.owed:
-                self.roll()
+            self.tracker.write()
             while self.failures_held:
                 self.failure_log.append(self.failures_held[0])
                 self.failures_held.pop(0)
-            self.tracker.write()
+            if self.journal.pending or self.journal.owed:
+                self.roll()
         except RunDirError as e:
             self._refused(e)
             return
