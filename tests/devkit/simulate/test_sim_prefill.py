@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.request
 from typing import Any
 
@@ -223,3 +224,40 @@ def test_close_without_delay_aborts_at_once():
         return job
 
     assert asyncio.run(main()).cancelled
+
+
+def _running_after_close(engine: str, delay: float) -> tuple[int, int, int]:
+    """Stream a long answer, close it after its first chunk; (running just after the close,
+    tokens then, tokens once nothing runs)."""
+    import httpx2
+
+    with simulator_in_thread(engine=engine, abort_delay_s=delay, mean_tokens=100_000,
+                             length_sigma=0, step_ms=2.0) as sim:  # fmt: skip
+        body = {"model": _MODEL, "messages": [{"role": "user", "content": "go"}],
+                "stream": True, "max_tokens": 100_000}  # fmt: skip
+        with (
+            httpx2.Client(timeout=30) as http,
+            http.stream("POST", sim.url + "/chat/completions", json=body) as r,
+        ):
+            for _ in r.iter_bytes():
+                break
+        for _ in range(500):  # bounded: the server notices at its next write (a step)
+            st = sim.stats()
+            if st["client_gone"]:
+                break
+            time.sleep(0.01)
+        running, at_close = st["running"], st["tokens_generated"]
+        for _ in range(1000):
+            st = sim.stats()
+            if st["running"] == 0:
+                break
+            time.sleep(0.01)
+        assert st["running"] == 0
+        return running, at_close, st["tokens_generated"]
+
+
+def test_sglang_keeps_a_closed_streams_slot_until_its_abort():
+    running, at_close, final = _running_after_close("sglang", 1.5)
+    assert running == 1 and final > at_close  # it went on generating, counted
+    running, _, _ = _running_after_close("vllm", 0.0)
+    assert running == 0
