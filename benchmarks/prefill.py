@@ -36,9 +36,10 @@ A second table tries regen's order with other ``PREFILL_WEIGHT`` values (affinit
 at once). Each endpoint count gets its own workload of ``--per-endpoint`` samples per endpoint
 (default 1,500), so the tail is the same share of the run on 1, 4 and 8 endpoints.
 
-Run: ``.venv/bin/python -m benchmarks.prefill`` (~4 min on 2 cores; ``--quick``: 300 samples
-per endpoint on 1 and 8) and ``--validate`` (a 1-endpoint ``regen run`` of 100 samples
-against one simulator, ~1.5 min).
+Run: ``.venv/bin/python -m benchmarks.prefill`` (~7 min on 2 cores: 2.5 to build the three
+workloads; ``--quick``: 300 samples per endpoint on 1 and 8, ~1 min) and ``--validate`` (a
+1-endpoint ``regen run`` of 100 samples against one simulator, ~1.5 min). The numbers and what
+they led to: docs/performance.md "Prefill, the prefix cache, routing and order".
 """
 
 from __future__ import annotations
@@ -302,6 +303,3 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-__all__ = ["Outcome", "main"]
