@@ -147,13 +147,16 @@ class PrefixCache:
     def _push(self, node: _Node) -> None:
         if not node.children:
             heapq.heappush(self._heap, (node.last, next(self._seq), node))
+            if len(self._heap) > 4 * self.nodes + 1024:  # mostly stale entries: rebuild
+                self._compact()
+
+    def _compact(self) -> None:
+        self._heap = [(n.last, next(self._seq), n) for n in self._leaves()]
+        heapq.heapify(self._heap)
 
     def _evict(self) -> None:
         if self.tokens <= self.capacity:
             return
-        if len(self._heap) > 4 * self.nodes + 1024:  # mostly stale entries: rebuild
-            self._heap = [(n.last, next(self._seq), n) for n in self._leaves()]
-            heapq.heapify(self._heap)
         while self.tokens > self.capacity and self._heap:
             last, _, node = heapq.heappop(self._heap)
             parent = node.parent

@@ -261,3 +261,12 @@ def test_sglang_keeps_a_closed_streams_slot_until_its_abort():
     assert running == 1 and final > at_close  # it went on generating, counted
     running, _, _ = _running_after_close("vllm", 0.0)
     assert running == 0
+
+
+def test_the_lru_heap_stays_bounded():
+    cache = PrefixCache(capacity=10**9, block_size=16)  # never full: nothing evicted
+    ids = list(range(64))
+    cache.insert(token_segments(ids, 16))
+    for _ in range(5000):
+        cache.match(token_segments(ids, 16), 64)
+    assert len(cache._heap) <= 4 * cache.nodes + 1024
