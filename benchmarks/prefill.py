@@ -225,10 +225,12 @@ def describe(convs: list[Conversation]) -> str:
 # -- validation against regen run + regen simulate ---------------------------------------------
 
 
-def validate(work: Path, n: int, params: ServerParams) -> None:
-    """A real ``regen run`` (1 worker) on one simulator with prefill and the cache, against
-    the model fed the same conversations (the simulator's own tool calls, so they end where the
-    run's do) in regen's order."""
+def validate(work: Path, n: int, params: ServerParams, endpoints: int = 1) -> None:
+    """A real ``regen run`` (1 worker) on ``endpoints`` simulators with prefill and the cache,
+    against the model fed the same conversations (the simulator's own tool calls, so they end
+    where the run's do) in regen's order, with affinity."""
+    import contextlib
+
     from _rehearsal_data import MODEL
 
     from regen.devkit.simulate.testing import running_simulator
@@ -241,23 +243,33 @@ def validate(work: Path, n: int, params: ServerParams) -> None:
            "chunked_prefill_size": params.chunk, "prefix_cache_tokens": params.cache_tokens,
            "mean_tokens": MEAN_TOKENS, "prompt_share": PROMPT_SHARE,
            "tool_call_rate": AnswerConfig().tool_call_rate}  # fmt: skip
-    model = run(convs, order, endpoints=1, params=params)
-    print(f"validate: {describe(convs)}")
-    with running_simulator(model_name=MODEL, **sim) as server:
+    model = run(convs, order, endpoints=endpoints, params=params)
+    print(f"validate on {endpoints} endpoint(s): {describe(convs)}")
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(running_simulator(model_name=MODEL, **sim))
+                   for _ in range(endpoints)]  # fmt: skip
         t0 = time.monotonic()
-        opts = RunOptions(endpoints=[server.url], workers=1, handle_signals=False)
+        opts = RunOptions(endpoints=[s.url for s in servers], workers=1, handle_signals=False)
         summary = run_job(m, RunDir.open(work / "run", create=False), opts)
         wall = time.monotonic() - t0
-        stats = server.stats()
-    pc = stats["prefix_cache"]
+        stats = [s.stats() for s in servers]
+    hits = sum(st["prefix_cache"]["hits"] for st in stats)
+    queries = sum(st["prefix_cache"]["queries"] for st in stats)
+    total = {
+        k: sum(st[k] for st in stats)
+        for k in ("received", "prompt_tokens", "tokens_generated", "busy_s", "prefill_s")
+    }
     print(f"regen run: {summary.state}, {summary.done} samples in {wall:.1f} s")
     print("| | requests | prompt tokens | hit rate | completion tokens | busy s | prefill s |")
     print("|---|---|---|---|---|---|---|")
     print(f"| model | {model.requests} | {model.prompt:,} | {model.hit_rate:.3f} | "
           f"{model.completion:,} | {model.busy_s:.2f} | {model.prefill_s:.2f} |")  # fmt: skip
-    print(f"| regen simulate | {stats['received']} | {stats['prompt_tokens']:,} | "
-          f"{pc['hit_rate']:.3f} | {stats['tokens_generated']:,} | {stats['busy_s']:.2f} | "
-          f"{stats['prefill_s']:.2f} |")  # fmt: skip
+    print(f"| regen simulate | {total['received']} | {total['prompt_tokens']:,} | "
+          f"{hits / queries if queries else 0.0:.3f} | {total['tokens_generated']:,} | "
+          f"{total['busy_s']:.2f} | {total['prefill_s']:.2f} |")  # fmt: skip
+    if endpoints > 1:
+        print("busy s per endpoint: model " + ", ".join(f"{b:.1f}" for b in model.per_server_busy)
+              + "; simulators " + ", ".join(f"{st['busy_s']:.1f}" for st in stats))  # fmt: skip
 
 
 def main() -> int:
@@ -272,12 +284,13 @@ def main() -> int:
     ap.add_argument("--prefill-us", type=float, default=ServerParams().prefill_s_per_token * 1e6)
     ap.add_argument("--validate", action="store_true", help="model vs regen run + simulate")
     ap.add_argument("--validate-samples", type=int, default=100)
+    ap.add_argument("--validate-endpoints", type=int, default=1)
     args = ap.parse_args()
     params = ServerParams(cache_tokens=args.cache_tokens, prefill_s_per_token=args.prefill_us / 1e6)
     with tempfile.TemporaryDirectory(prefix="regen-prefill-") as tmp:
         work = Path(tmp)
         if args.validate:
-            validate(work, args.validate_samples, params)
+            validate(work, args.validate_samples, params, args.validate_endpoints)
             return 0
         per = 300 if args.quick else args.per_endpoint
         endpoints = (1, 8) if args.quick else tuple(args.endpoints)
