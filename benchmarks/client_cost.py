@@ -7,7 +7,9 @@ regen's own request path, on one event loop, ``--concurrency`` requests at a tim
 
 - ``client``: :meth:`regen.client.ChatClient.complete_once` (HTTP, SSE parsing, TurnResult);
 - ``worker``: :meth:`regen.engine.worker.SampleWorker.process` with rows stubbed (adds the
-  router lease, slots, adaptive limit and retry wrapper: what one actor does per sample).
+  router lease, slots, adaptive limit and retry wrapper: what one actor does per sample);
+- ``nocut``: ``client`` with ``quality.loop_cut`` off: the loop watch's own cost is the
+  difference (a look every 128 tokens of each answer, regen.quality.loop).
 
 Printed: CPU seconds of this process per 1,000 requests (user + system; the server's CPU is
 not counted), requests/s, and the server's CPU share over the same interval. Target: <= 3
@@ -36,9 +38,11 @@ MODEL = "bench-target"
 
 
 def manifest(url: str, max_tokens: int, *, model: str = MODEL, tokenizer: str = "unused",
-             **sampling: Any) -> Any:  # fmt: skip
-    """A one-endpoint manifest for driving ``url`` (extra ``sampling`` fields allowed)."""
+             cut: bool = True, **sampling: Any) -> Any:  # fmt: skip
+    """A one-endpoint manifest for driving ``url`` (extra ``sampling`` fields allowed;
+    ``cut``: quality.loop_cut on)."""
     return parse_manifest({
+        "quality": {"loop_cut": {"enabled": cut}},
         "name": "bench",
         "target": {"model": model, "tokenizer": tokenizer},
         "sampling": {"max_tokens": max_tokens, "seed": 0, **sampling},
@@ -74,9 +78,9 @@ def stub_rows(sample: Sample, turns: list[Any]) -> list[dict[str, Any]]:
 
 
 async def run_path(path: str, url: str, n: int, concurrency: int, tokens: int) -> float:
-    m = manifest(url, tokens)
+    m = manifest(url, tokens, cut=path != "nocut")
     ep = Endpoint(url=url)
-    if path == "client":
+    if path in ("client", "nocut"):
         client = ChatClient.from_manifest(m, ep)
 
         async def make(i: int) -> None:
@@ -110,7 +114,7 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=400, help="answer length (simulated tokens)")
     p.add_argument("--k", type=int, default=1, help="tokens per SSE chunk")
     p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--paths", nargs="*", default=["client", "worker"])
+    p.add_argument("--paths", nargs="*", default=["client", "nocut", "worker"])
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
     n = 1000 if args.quick else args.requests

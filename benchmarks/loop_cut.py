@@ -235,6 +235,9 @@ def sound_part() -> bool:
         f"  total {sum(n.values()):,} answers, {sum(cuts.values())} cut; margin: the longest "
         f"qualifying run {top} words against {cut.min_words}"
     )
+    mean = look_s / max(1, looks)
+    print(f"  {looks:,} looks, {1e3 * mean:.2f} ms each on average: {1e6 * mean / cut.every:.1f} "
+          f"us per streamed token")  # fmt: skip
     return not cuts
 
 
