@@ -65,8 +65,13 @@ SIM = {
     "degenerate_rate": RATE,
     "tokenizer": str(TOKENIZER),
 }
+#: the loop cut looks often and cuts at 100 words: the simulator's loops of this test end at
+#: max_tokens 256, before the default cut (200 words, a look per 128 tokens) would see them
 OVERRIDES = [
     "sampling.max_tokens=256",
+    "quality.loop_cut.every=16",
+    "quality.loop_cut.window_words=200",
+    "quality.loop_cut.min_words=100",
     "engine.part_size=6",
     "engine.part_interval_s=2",
     "engine.workers=1",
@@ -297,8 +302,9 @@ def test_degenerate_answers_are_flagged_and_normal_ones_are_not(e2e) -> None:
 
 
 def test_loops_long_enough_for_the_window_are_cut_while_they_stream(e2e) -> None:
-    """max_tokens 256 leaves some of the simulator's loops under the cut's 200 words: those run
-    to max_tokens and are flagged afterwards; the others are cut, each a loop."""
+    """The loops are cut as they stream (a look per 16 tokens, 100 words: OVERRIDES), each cut
+    answer a loop of the simulator's; a loop whose opening leaves it too little room before
+    max_tokens runs to it and is flagged afterwards."""
     rows = [r for r in e2e["rows_first"] if r["token_source"] != "native"]
     cut = [r for r in rows if r["finish_reason"] == LOOP]
     loops = [r for r in rows if degenerate_kind(request_body(r, e2e["manifest"]), RATE) == "loop"]
