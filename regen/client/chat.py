@@ -294,7 +294,9 @@ class ChatClient:
 
     async def _stream(self, body: dict[str, Any], start: float, beat: Any = None) -> TurnResult:
         acc = StreamAccumulator(endpoint=self.url, clock=self._clock)
-        watch = None if self.loop_cut is None else LoopWatch(self.loop_cut, self._max_ngram)
+        watch = None
+        if self.loop_cut is not None:
+            watch = LoopWatch(self.loop_cut, self._max_ngram, self.sampling.max_tokens)
         await self._transport.stream(body, acc, beat, watch)
         end = self._clock()
         if acc.looped:

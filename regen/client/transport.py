@@ -126,7 +126,8 @@ class ChatTransport:
                         feed(line)
                         if acc.done:  # nothing after [DONE] is read
                             return
-                    if watch is not None and watch.due(n := acc.tokens()) and watch.loops(acc, n):
+                    if (watch is not None and acc.finish_reason is None
+                            and watch.due(n := acc.tokens()) and watch.loops(acc, n)):  # fmt: skip
                         acc.looped = True
                         resp.close()  # the connection goes: the server aborts the request
                         return

@@ -49,6 +49,8 @@ class LoopWatch:
     cut: LoopCut
     #: longest n-gram looked for (``quality.repeat_max_ngram``)
     max_ngram: int = 64
+    #: the request's ``max_tokens``: a stream that reached it has nothing left to spare
+    limit: int | None = None
     #: tokens streamed when the next look is due
     next_at: int = field(init=False)
     #: what the last look found: (words of the longest qualifying run, its n-gram), else the
@@ -65,8 +67,9 @@ class LoopWatch:
         self._ids = deque(maxlen=self.cut.window_words)
 
     def due(self, tokens: int) -> bool:
-        """Whether ``tokens`` streamed call for a look (cheap: one comparison)."""
-        return tokens >= self.next_at
+        """Whether ``tokens`` streamed call for a look (cheap): one is due every ``every``
+        tokens, and none once the answer reached ``limit`` (a cut would spare nothing)."""
+        return tokens >= self.next_at and (self.limit is None or tokens < self.limit)
 
     def loops(self, answer: Streamed, tokens: int) -> bool:
         """Look at the answer's tail (the text pieces streamed so far); True: it loops."""

@@ -69,6 +69,8 @@ def test_a_loop_is_found_in_the_window_and_prose_is_not() -> None:
     run, n = watch.found
     assert n == 7 and run >= cut.min_words  # "wait let me check the cache again"
     assert watch.next_at == len(loop) + cut.every
+    capped = LoopWatch(cut, limit=len(loop))  # the answer reached max_tokens: nothing to spare
+    assert not capped.due(len(loop)) and capped.due(len(loop) - 1)
     prose = words_as_pieces(PROSE * 3)  # repeats, but as three copies of a long passage
     assert not LoopWatch(cut).loops(Pieces([], prose), len(prose))
     short = words_as_pieces(PROSE + "Wait, let me check. " * 20)  # 80 words: under min_words
