@@ -299,20 +299,25 @@ class ChatClient:
             watch = LoopWatch(self.loop_cut, self._max_ngram, self.sampling.max_tokens)
         await self._transport.stream(body, acc, beat, watch)
         end = self._clock()
-        if acc.looped:
-            return self._looped(acc, start, end)
-        if acc.finish_reason is None:
+        prompt_ids, output_ids = self.profile.stream_ids(acc) if self.server_ids else (None, None)
+        if acc.looped:  # closed by regen: the usage chunk never came, the counts are regen's
+            finish, tokens = LOOP, acc.tokens()
+            saved = max(0, self.sampling.max_tokens - tokens)
+            counts: dict[str, int | None] = {"completion_tokens": tokens, "cut_saved": saved}
+            if not (prompt_ids and output_ids):  # half the server's ids are none of them
+                prompt_ids = output_ids = None
+        elif acc.finish_reason is None:
             raise StreamCutError(
                 f"stream from {self.url} ended without finish_reason after {acc.chunks} chunks",
                 endpoint=self.url,
             )
-        _check_finish(acc.finish_reason, self.url)
-        prompt_ids, output_ids = self.profile.stream_ids(acc) if self.server_ids else (None, None)
+        else:
+            finish, counts = _check_finish(acc.finish_reason, self.url), acc.usage_fields()
         return TurnResult(
             content="".join(acc.content),
             reasoning="".join(acc.reasoning) if acc.reasoning else None,
             tool_calls=acc.tool_calls(),
-            finish_reason=acc.finish_reason,
+            finish_reason=finish,
             model=acc.model or self.model,
             endpoint=self.url,
             prompt_token_ids=prompt_ids,
@@ -321,30 +326,7 @@ class ChatClient:
             ttft_s=None if acc.first_token_at is None else acc.first_token_at - start,
             engine=self.profile.name,
             engine_version=self.engine_version,
-            **acc.usage_fields(),
-        )
-
-    def _looped(self, acc: StreamAccumulator, start: float, end: float) -> TurnResult:
-        """The turn of a stream closed because it looped: what was streamed, finish reason
-        :data:`LOOP`; the usage chunk never came, so the counts are regen's own (the tokens
-        streamed; the prompt's counted by the row builder)."""
-        prompt_ids, output_ids = self.profile.stream_ids(acc) if self.server_ids else (None, None)
-        tokens = acc.tokens()
-        return TurnResult(
-            content="".join(acc.content),
-            reasoning="".join(acc.reasoning) if acc.reasoning else None,
-            tool_calls=acc.tool_calls(),
-            finish_reason=LOOP,
-            model=acc.model or self.model,
-            endpoint=self.url,
-            prompt_token_ids=prompt_ids if output_ids else None,
-            output_token_ids=output_ids if prompt_ids else None,
-            completion_tokens=tokens,
-            latency_s=end - start,
-            ttft_s=None if acc.first_token_at is None else acc.first_token_at - start,
-            engine=self.profile.name,
-            engine_version=self.engine_version,
-            cut_saved=max(0, self.sampling.max_tokens - tokens),
+            **counts,
         )
 
     async def _whole(self, body: dict[str, Any], start: float) -> TurnResult:
