@@ -151,7 +151,13 @@ class Config:
                 "enable_metrics": True, "max_running_requests": self.slots,
                 "max_queued_requests": self.queue, "step_ms": self.step_ms,
                 "tokens_per_step": 1, "mean_tokens": self.mean_tokens, "length_sigma": 1.0,
-                "prompt_share": data_mod.PROMPT_SHARE}  # fmt: skip
+                "prompt_share": data_mod.PROMPT_SHARE,
+                # no prefix cache: with prefill free (the simulator's default) it changes no
+                # timing, only costs the simulators CPU on this shared 2-core machine (an
+                # 11,000-token prompt's match and inserts: ~5 ms, on top of ~13 ms to render and
+                # encode it); with it, the 2026-12-06 full run had the machine at 1.95 of 2
+                # cores for its first 1,000 s and every figure fell (fleet 0.910)
+                "prefix_cache": False}  # fmt: skip
 
 
 @dataclass(slots=True)
