@@ -21,6 +21,7 @@ then SIGKILL); ``ray stop`` is not used because it would stop every Ray on this 
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -199,6 +200,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
             return f"tests/{group}*" if group is not None else scope
 
     return SharedScopes(config, log)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """Each test leaves the root logger as it found it. A test that runs a regen command in
+    process (``regen.cli.main.main``) gets its logging set up on the stderr pytest captured for
+    that test; once the capture closes, every later log line in that worker printed "Logging
+    error: I/O operation on closed file" into the CI's output. pytest's own handlers are its to
+    add and remove."""
+    root = logging.getLogger()
+    handlers, level = set(root.handlers), root.level
+    yield
+    for h in root.handlers[:]:
+        if h not in handlers and type(h).__module__ != "_pytest.logging":
+            root.removeHandler(h)
+    root.setLevel(level)
 
 
 class RayHead(NamedTuple):
