@@ -25,7 +25,7 @@ from regen.engine.router import (
     EndpointRouter,
     http_probe,
 )
-from regen.manifest import Endpoint, Engine
+from regen.manifest import Endpoint
 
 A, B, C = "http://a:1/v1", "http://b:1/v1", "http://c:1/v1"
 
@@ -370,11 +370,9 @@ def test_lease_context_manager_records_outcomes():
     assert (snap["in_flight"], snap["ok"], snap["failures"], snap["requests"]) == (0, 1, 1, 2)
 
 
-def test_latency_stats_and_from_engine():
+def test_latency_stats_and_the_health_settings():
     clock = Clock()
-    r = EndpointRouter.from_engine(
-        [A], Engine(endpoint_failure_threshold=2, endpoint_probe_interval_s=3.0), clock=clock
-    )
+    r = EndpointRouter([A], failure_threshold=2, probe_interval_s=3.0, clock=clock)
     assert (r.failure_threshold, r.probe_interval_s) == (2, 3.0)
     lease = r.try_acquire("s")
     clock.t += 2.0
