@@ -42,7 +42,7 @@ from typing import Any
 from regen.core.errors import RowError, TemplateError
 from regen.core.result import TurnResult
 from regen.core.sample import Message, Sample
-from regen.quality import DEFAULT_CONFIG, NOT_CHECKED, QualityConfig, check_turn
+from regen.quality import DEFAULT_CONFIG, NOT_CHECKED, Quality, QualityConfig, check_turn
 from regen.targets import UNKNOWN
 from regen.template.render import RenderedTurn, Renderer, TurnText, messages_json
 
@@ -154,109 +154,38 @@ def build_turn_row(
     """The training row of one regenerated assistant turn (see the module docstring), its
     quality checked with ``quality``'s thresholds; ``prepared``: its tokenizer work done
     already (:func:`build_rows`); ``settings``: the manifest's ``settings_id()``."""
-    tools = sample.tools or None
     if prepared is None:
         prepared = prepare_turns(sample, [(turn, request_messages, result)], renderer)[0]
-    local, render_error = prepared.local, prepared.render_error
-
-    im_end_added = False
     if prepared.server_ids is not None:
-        prompt_ids, response_ids, im_end_added = prepared.server_ids
-        token_source = "server"
-        close = renderer.think_close_id
-        think_closed = None if close is None else close in result.output_token_ids
-        response_text = None  # the rendered response the server's ids spell, when one does
-        if local is None:
-            # a target of no known family has no local render to hold the ids against
-            token_check = "server_only" if renderer.family is None else "render_error"
-        else:
-            assert prepared.decoded is not None
-            p_ok = local.prompt_text == prepared.decoded[0]
-            response_text = local.response_text
-            if response_text != prepared.decoded[1]:  # the engine's default form, if it has one
-                response_text = renderer.served_response(local, result)
-            r_ok = response_text == prepared.decoded[1]
-            token_check = {
-                (True, True): "match",
-                (False, True): "prompt_mismatch",
-                (True, False): "response_mismatch",
-                (False, False): "mismatch",
-            }[(p_ok, r_ok)]
-        text = local.prompt_text + response_text if token_check == "match" and local else None
-        if text is None:
-            text = renderer.decode(prompt_ids + response_ids)
+        tokens = server_tokens(prepared, result, renderer)
     else:
-        if local is None:
-            assert render_error is not None
-            raise render_error
-        assert isinstance(local, RenderedTurn)
-        prompt_ids, response_ids = local.prompt_ids, local.response_ids
-        token_source, text = "local", local.text
-        think_closed = False if local.flag == "think_inserted" else None
-        token_check = local_check(
-            local.flag,
-            count_check(
-                len(response_ids),
-                result.completion_tokens,
-                ends_with_end=bool(response_ids) and response_ids[-1] == renderer.end_id,
-            ),
-            has_tool_calls=bool(result.tool_calls),
-        )
-
-    input_ids = prompt_ids + response_ids
-    if not response_ids:
+        tokens = local_tokens(prepared, result, renderer)
+    if not tokens.response_ids:
         raise TemplateError(f"{sample.id} turn {turn}: empty response, nothing to train on")
-    reasoning = local.reasoning if local is not None else result.reasoning
-    content = local.content if local is not None else result.content
-    calls = [c.to_openai() for c in result.tool_calls]
-    # think_inserted: the output never wrote </think>, so all of it is reasoning
-    unclosed = local is not None and local.flag == "think_inserted"
-    checked = check_turn(
-        [m.to_openai() if isinstance(m, Message) else m for m in request_messages],
-        f"{reasoning or ''}{content}" if unclosed else reasoning,
-        "" if unclosed else content,
-        calls,
-        tools,
-        result.finish_reason,
-        think_closed=think_closed,
-        config=quality,
-    )
+    answer = Answer.of(prepared.local, result)
+    checked = answer.check(request_messages, sample.tools or None, result.finish_reason,
+                           think_closed=tokens.think_closed, config=quality)  # fmt: skip
     return {
         "sample_id": sample.id,
         "source": sample.source,
         "turn": turn,
         "messages": messages_json(request_messages),
-        "tools": json.dumps(tools, ensure_ascii=False) if tools else None,
-        "reasoning": reasoning,
-        "content": content,
-        "tool_calls": json.dumps(calls, ensure_ascii=False),
+        "tools": json.dumps(sample.tools, ensure_ascii=False) if sample.tools else None,
+        "reasoning": answer.reasoning,
+        "content": answer.content,
+        "tool_calls": json.dumps(answer.calls, ensure_ascii=False),
         "finish_reason": result.finish_reason,
         "truncated": result.truncated,
-        "text": text,
-        "input_ids": input_ids,
-        "loss_mask": [0] * len(prompt_ids) + [1] * len(response_ids),
-        "num_tokens": len(input_ids),
-        "loss_tokens": len(response_ids),
-        "prompt_tokens": result.prompt_tokens
-        if result.prompt_tokens is not None
-        else len(prompt_ids),
-        "completion_tokens": result.completion_tokens
-        if result.completion_tokens is not None
-        else len(response_ids),
+        **tokens.columns(result),
         "reasoning_tokens": result.reasoning_tokens,
         "cached_tokens": result.cached_tokens,
         "model": result.model,
         "endpoint": result.endpoint,
-        "token_source": token_source,
-        "token_check": token_check,
-        "im_end_added": im_end_added,
+        "token_source": tokens.source,
+        "token_check": tokens.check,
+        "im_end_added": tokens.im_end_added,
         "template_hash": renderer.template_hash,
-        "engine": result.engine,
-        "engine_version": result.engine_version,
-        "ended": None,
-        "attempts": result.attempts,
-        "latency_s": float(result.latency_s),
-        "ttft_s": result.ttft_s,
+        **_served(result),
         "created_at": _now(),
         "attempt": sample.attempt,
         **checked.columns(),
@@ -265,6 +194,158 @@ def build_turn_row(
         "family": renderer.family.name if renderer.family is not None else UNKNOWN,
         "cut_saved": result.cut_saved,
     }
+
+
+def _served(result: TurnResult) -> dict[str, Any]:
+    """The row's columns on how the answer was served: engine, attempts, timings."""
+    return {
+        "engine": result.engine,
+        "engine_version": result.engine_version,
+        "ended": None,
+        "attempts": result.attempts,
+        "latency_s": float(result.latency_s),
+        "ttft_s": result.ttft_s,
+    }
+
+
+@dataclass(slots=True)
+class TurnTokens:
+    """A turn's ids and text, and where they come from (see the module docstring)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    text: str
+    source: str  #: ``token_source``: ``server`` or ``local``
+    check: str  #: ``token_check``
+    think_closed: bool | None  #: whether the output holds ``</think>`` (None: not known)
+    im_end_added: bool = False
+
+    def columns(self, result: TurnResult) -> dict[str, Any]:
+        """The row's columns from ``text`` to ``completion_tokens`` (the server's counts when
+        it sent them)."""
+        input_ids = self.prompt_ids + self.response_ids
+        return {
+            "text": self.text,
+            "input_ids": input_ids,
+            "loss_mask": [0] * len(self.prompt_ids) + [1] * len(self.response_ids),
+            "num_tokens": len(input_ids),
+            "loss_tokens": len(self.response_ids),
+            "prompt_tokens": result.prompt_tokens
+            if result.prompt_tokens is not None
+            else len(self.prompt_ids),
+            "completion_tokens": result.completion_tokens
+            if result.completion_tokens is not None
+            else len(self.response_ids),
+        }
+
+
+def server_tokens(prepared: PreparedTurn, result: TurnResult, renderer: Renderer) -> TurnTokens:
+    """A server row: the server's ids, held against the local render (``token_check``); its
+    text is the render where they match, else the ids decoded."""
+    assert prepared.server_ids is not None
+    prompt_ids, response_ids, im_end_added = prepared.server_ids
+    local = prepared.local
+    close = renderer.think_close_id
+    think_closed = None if close is None else close in result.output_token_ids  # type: ignore[operator]
+    if local is None:
+        # a target of no known family has no local render to hold the ids against
+        check = "server_only" if renderer.family is None else "render_error"
+        response_text = None
+    else:
+        assert prepared.decoded is not None
+        check, response_text = server_check(local, prepared.decoded, result, renderer)
+    if check == "match" and local is not None and response_text is not None:
+        text = local.prompt_text + response_text
+    else:
+        text = renderer.decode(prompt_ids + response_ids)
+    return TurnTokens(prompt_ids, response_ids, text, "server", check, think_closed, im_end_added)
+
+
+def server_check(
+    local: RenderedTurn | TurnText,
+    decoded: tuple[str, str],
+    result: TurnResult,
+    renderer: Renderer,
+) -> tuple[str, str]:
+    """``token_check`` of a server row: its decoded prompt and response against the local
+    render's (the response in the engine's default form too, when it has one); and the
+    rendered response text compared."""
+    p_ok = local.prompt_text == decoded[0]
+    response_text = local.response_text
+    if response_text != decoded[1]:  # the engine's default form, if it has one
+        response_text = renderer.served_response(local, result)
+    r_ok = response_text == decoded[1]
+    check = {
+        (True, True): "match",
+        (False, True): "prompt_mismatch",
+        (True, False): "response_mismatch",
+        (False, False): "mismatch",
+    }[(p_ok, r_ok)]
+    return check, response_text
+
+
+def local_tokens(prepared: PreparedTurn, result: TurnResult, renderer: Renderer) -> TurnTokens:
+    """A local row: the render's ids, its length held against the server's count; raises the
+    render's error when there is no render."""
+    local = prepared.local
+    if local is None:
+        assert prepared.render_error is not None
+        raise prepared.render_error
+    assert isinstance(local, RenderedTurn)
+    response_ids = local.response_ids
+    check = local_check(
+        local.flag,
+        count_check(
+            len(response_ids),
+            result.completion_tokens,
+            ends_with_end=bool(response_ids) and response_ids[-1] == renderer.end_id,
+        ),
+        has_tool_calls=bool(result.tool_calls),
+    )
+    think_closed = False if local.flag == "think_inserted" else None
+    return TurnTokens(local.prompt_ids, response_ids, local.text, "local", check, think_closed)
+
+
+@dataclass(slots=True)
+class Answer:
+    """What a turn answered, as the row holds it and the quality checks read it."""
+
+    reasoning: str | None
+    content: str
+    calls: list[dict[str, Any]]  #: the tool calls, OpenAI shape
+    #: the output never wrote ``</think>`` (``think_inserted``): all of it is reasoning
+    unclosed: bool
+
+    @classmethod
+    def of(cls, local: RenderedTurn | TurnText | None, result: TurnResult) -> Answer:
+        """The rendered split when there is a render, else the server's."""
+        return cls(
+            reasoning=local.reasoning if local is not None else result.reasoning,
+            content=local.content if local is not None else result.content,
+            calls=[c.to_openai() for c in result.tool_calls],
+            unclosed=local is not None and local.flag == "think_inserted",
+        )
+
+    def check(
+        self,
+        request_messages: Sequence[Message | dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        finish_reason: str | None,
+        *,
+        think_closed: bool | None,
+        config: QualityConfig,
+    ) -> Quality:
+        """The quality checks of this answer (regen.quality.check_turn)."""
+        return check_turn(
+            [m.to_openai() if isinstance(m, Message) else m for m in request_messages],
+            f"{self.reasoning or ''}{self.content}" if self.unclosed else self.reasoning,
+            "" if self.unclosed else self.content,
+            self.calls,
+            tools,
+            finish_reason,
+            think_closed=think_closed,
+            config=config,
+        )
 
 
 def count_check(
