@@ -155,15 +155,123 @@ async def resolve_model(endpoints: dict[Role, Endpoint], model: str | None) -> s
     return model
 
 
+@dataclass(slots=True)
+class Acceptance:
+    """The speculative server's acceptance read around a level, when its answers carry no
+    per-request details: its running average (SGLang's /server_info avg_spec_accept_length)
+    or its speculative counters (vLLM's /metrics, ``counters``)."""
+
+    url: str
+    api_key: str | None
+    counters: bool
+
+    async def now(self) -> Any:
+        """The running acceptance (SGLang) or the speculative counters (vLLM) now."""
+        if self.counters:
+            return await asyncio.to_thread(_counters_or_none, self.url, self.api_key)
+        return await asyncio.to_thread(read_accept_length, self.url, api_key=self.api_key)
+
+    def window(
+        self, before: Any, after: Any, tokens_before: int, tokens: int, fresh: bool
+    ) -> AcceptWindow | CounterWindow:
+        """The acceptance of what was sent between the readings ``before`` and ``after``."""
+        if self.counters:
+            return CounterWindow(before, after)
+        return AcceptWindow(before, after, tokens_before, tokens, fresh)
+
+
+@dataclass(slots=True)
+class _Bench:
+    """One bench while it runs: its servers and requests; fills ``run``."""
+
+    run: BenchRun
+    endpoints: dict[Role, Endpoint]
+    transports: dict[Role, ChatTransport]
+    requests: list[BenchRequest]
+    acceptance: Acceptance
+    progress: ProgressHook | None
+    spec_tokens: int = 0  #: the speculative server's decode tokens so far
+
+    async def warm_up(self) -> None:
+        """One request to each server (a failure stops the bench); whether the speculative
+        server returns per-request details decides how acceptance is measured."""
+        run = self.run
+        for role in ROLES:
+            rec = await send_one(self.transports[role], self.requests[0], role=role, concurrency=1)
+            if not rec.ok:
+                raise EndpointError(
+                    f"{role} server {public_url(self.endpoints[role].url)}: the warm-up request "
+                    f"failed ({rec.error}{f', HTTP {rec.status}' if rec.status else ''})"
+                )
+            run.warmup[role] = rec
+        run.details = run.warmup["speculative"].verify_ct is not None
+        self.spec_tokens = decode_tokens([run.warmup["speculative"]])
+        if not run.details:
+            log.info(
+                "the speculative server returns no spec_tokens_details: acceptance comes "
+                "from %s", "its /metrics counters" if run.counters else
+                "/server_info avg_spec_accept_length",
+            )  # fmt: skip
+
+    async def levels(self, levels: list[int]) -> None:
+        """Each level, ascending, on the baseline and then the speculative server; without
+        per-request details, the acceptance is read around each speculative level."""
+        run = self.run
+        for c in levels:
+            for role in ROLES:
+                measured = role == "speculative" and not run.details
+                before = await self.acceptance.now() if measured else None
+                lv = await run_level(
+                    self.transports[role],
+                    self.requests,
+                    role=role,
+                    concurrency=c,
+                    progress=self.progress,
+                )
+                run.levels.append(lv)
+                if measured:
+                    run.windows[c] = await self._window(before, lv)
+
+    async def source_pass(self, concurrency: int) -> None:
+        """The speculative server again, one source at a time: the server's counters then
+        belong to that source alone."""
+        by_source: dict[str, list[BenchRequest]] = {}
+        for r in self.requests:
+            by_source.setdefault(r.source, []).append(r)
+        for source, reqs in by_source.items():
+            before = await self.acceptance.now()
+            lv = await run_level(
+                self.transports["speculative"],
+                reqs,
+                role="pass",
+                concurrency=concurrency,
+                progress=self.progress,
+            )
+            self.run.passes.append(lv)
+            self.run.source_windows[source] = await self._window(before, lv)
+
+    async def _window(self, before: Any, lv: LevelRun) -> AcceptWindow | CounterWindow:
+        """The acceptance window of a speculative run that started at reading ``before``."""
+        tokens = decode_tokens(lv.records)
+        window = self.acceptance.window(
+            before, await self.acceptance.now(), self.spec_tokens, tokens, self.run.fresh
+        )
+        self.spec_tokens += tokens
+        return window
+
+
+def bench_endpoints(opts: BenchOptions) -> dict[Role, Endpoint]:
+    """Both servers as endpoints (their OpenAI bases), with the key's variable."""
+    return {
+        role: Endpoint(url=server_root(url) + "/v1", api_key_env=opts.api_key_env)
+        for role, url in (("baseline", opts.baseline), ("speculative", opts.speculative))
+    }
+
+
 async def run_bench(opts: BenchOptions, progress: ProgressHook | None = None) -> BenchRun:
     """Run the whole bench (see the module docstring for the order of events)."""
     levels = check_options(opts)
-    endpoints: dict[Role, Endpoint] = {
-        "baseline": Endpoint(url=server_root(opts.baseline) + "/v1", api_key_env=opts.api_key_env),
-        "speculative": Endpoint(
-            url=server_root(opts.speculative) + "/v1", api_key_env=opts.api_key_env
-        ),
-    }
+    endpoints = bench_endpoints(opts)
     key = resolve_api_key(endpoints["baseline"])
     info_key = None if key == NO_KEY else key
     model = await resolve_model(endpoints, opts.model)
@@ -185,79 +293,18 @@ async def run_bench(opts: BenchOptions, progress: ProgressHook | None = None) ->
         )
         for role in ROLES
     }
-    spec_url = endpoints["speculative"].url
-
     counters = flags["speculative"].engine == "vllm"
-
-    async def accept_now() -> Any:
-        """The running acceptance (SGLang) or the speculative counters (vLLM) now."""
-        if counters:
-            return await asyncio.to_thread(_counters_or_none, spec_url, info_key)
-        return await asyncio.to_thread(read_accept_length, spec_url, api_key=info_key)
-
-    def window(before: Any, after: Any, tokens_before: int, tokens: int, fresh: bool) -> Any:
-        if counters:
-            return CounterWindow(before, after)
-        return AcceptWindow(before, after, tokens_before, tokens, fresh)
-
+    acceptance = Acceptance(endpoints["speculative"].url, info_key, counters)
+    fresh = counters or flags["speculative"].accept_length_at_start is None
+    run = BenchRun(
+        model=model, flags=flags, levels=[], details=False, fresh=fresh, counters=counters
+    )
+    bench = _Bench(run, endpoints, transports, requests, acceptance, progress)
     try:
-        run = BenchRun(
-            model=model,
-            flags=flags,
-            levels=[],
-            details=False,
-            fresh=counters or flags["speculative"].accept_length_at_start is None,
-            counters=counters,
-        )
-        for role in ROLES:
-            rec = await send_one(transports[role], requests[0], role=role, concurrency=1)
-            if not rec.ok:
-                raise EndpointError(
-                    f"{role} server {public_url(endpoints[role].url)}: the warm-up request "
-                    f"failed ({rec.error}{f', HTTP {rec.status}' if rec.status else ''})"
-                )
-            run.warmup[role] = rec
-        run.details = run.warmup["speculative"].verify_ct is not None
-        spec_tokens = decode_tokens([run.warmup["speculative"]])
-        if not run.details:
-            log.info(
-                "the speculative server returns no spec_tokens_details: acceptance comes "
-                "from %s", "its /metrics counters" if counters else
-                "/server_info avg_spec_accept_length",
-            )  # fmt: skip
-        for c in levels:
-            for role in ROLES:
-                before = None if run.details or role == "baseline" else await accept_now()
-                lv = await run_level(
-                    transports[role], requests, role=role, concurrency=c, progress=progress
-                )
-                run.levels.append(lv)
-                if role == "speculative" and not run.details:
-                    tokens = decode_tokens(lv.records)
-                    run.windows[c] = window(
-                        before, await accept_now(), spec_tokens, tokens, run.fresh
-                    )
-                    spec_tokens += tokens
+        await bench.warm_up()
+        await bench.levels(levels)
         if not run.details and any(w.after is not None for w in run.windows.values()):
-            # one source at a time: the server's counters then belong to that source alone
-            by_source: dict[str, list[BenchRequest]] = {}
-            for r in requests:
-                by_source.setdefault(r.source, []).append(r)
-            for source, reqs in by_source.items():
-                before = await accept_now()
-                lv = await run_level(
-                    transports["speculative"],
-                    reqs,
-                    role="pass",
-                    concurrency=levels[0],
-                    progress=progress,
-                )
-                run.passes.append(lv)
-                tokens = decode_tokens(lv.records)
-                run.source_windows[source] = window(
-                    before, await accept_now(), spec_tokens, tokens, run.fresh
-                )
-                spec_tokens += tokens
+            await bench.source_pass(levels[0])
         return run
     finally:
         for s in transports.values():
