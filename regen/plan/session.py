@@ -111,81 +111,122 @@ def plan_session(
     if rd is not None:
         index, why = opened if opened is not None else open_index(rd, manifest, limit)
         if index is not None and not redo:
-            bodies = IndexBodies(index)
-            try:
-                got = select(index, bodies, done, skip, limit)
-            except BaseException:
-                bodies.close()
-                raise
-            log.info("plan from %s: %d samples, %d to regenerate", layout.PLAN_INDEX,
-                     index.record.samples, len(got.todo))  # fmt: skip
-            return SessionPlan(got.todo, got.native, got.totals, got.skipped_failed, bodies, True)
-        if index is not None:
-            log.info("new attempts of done samples: reading the sources (%s stays as it is)",
-                     layout.PLAN_INDEX)  # fmt: skip
-        elif why:
-            log.warning("%s is not used (%s): reading the sources; it is written again",
-                        layout.PLAN_INDEX, why)  # fmt: skip
-            builder = IndexBuilder(rd, manifest)
-        else:
-            log.info("no plan index yet: reading the sources (%s is written for the next "
-                     "session)", layout.PLAN_INDEX)  # fmt: skip
-            builder = IndexBuilder(rd, manifest)
-    spill = Spill()
-    todo: list[PackedSample] = []
-    native: list[Sample] = []
-    totals: dict[str, list[int | bool]] = {
-        s.name: [0, s.mode == "regenerate"] for s in manifest.sources
-    }
-    seen: set[str] = set()
-    skipped = 0
+            return plan_from_index(index, done, skip, limit)
+        builder = _index_builder(rd, manifest, index, why)
+    sorter = _Sorter(manifest, done, skip, redo, stale)
     read = 0
-    retries: dict[str, int] = {}
-    queued: set[str] = set()
     try:
         for s in iter_planned(manifest, limit):
             read += 1
-            repeat = s.id in seen
+            repeat = s.id in sorter.seen
             if builder is not None:
                 builder.add(s, repeat=repeat)
             if repeat:
                 log.warning("sample id %s appears twice; keeping the first", s.id)
                 continue
-            seen.add(s.id)
-            totals[s.source][0] += 1
-            if s.id in done:
-                if s.id in redo and s.mode == "regenerate":
-                    todo.append(PackedSample.pack(as_attempt(s, redo[s.id]), spill))
-                    if s.id not in stale:
-                        retries[s.source] = retries.get(s.source, 0) + 1
-                    queued.add(s.id)
-                elif s.id in stale and s.id in redo:  # a native row changed: stored again
-                    native.append(as_attempt(s, redo[s.id]))
-                    queued.add(s.id)
-                continue
-            if s.id in skip:
-                skipped += 1
-                continue
-            if s.mode == "native":
-                native.append(s)
-            else:
-                todo.append(PackedSample.pack(s, spill))  # the plan of a big run stays small
+            sorter.add(s)
     except BaseException:
-        spill.close()
+        sorter.spill.close()
         if builder is not None:
             builder.discard()
         raise
     if builder is not None:
         builder.write(limit=limit, complete=limit is None or read < limit)
-    return SessionPlan(
-        QueueItems.of(todo),
-        native,
-        {k: (int(v[0]), bool(v[1])) for k, v in totals.items()},
-        skipped,
-        spill,
-        retries=retries,
-        redo=queued,
-    )
+    return sorter.plan()
+
+
+def plan_from_index(
+    index: PlanIndex, done: set[str], skip: set[str], limit: int | None
+) -> SessionPlan:
+    """The plan from a valid plan index: its bodies read from the sources when dispatched."""
+    bodies = IndexBodies(index)
+    try:
+        got = select(index, bodies, done, skip, limit)
+    except BaseException:
+        bodies.close()
+        raise
+    log.info("plan from %s: %d samples, %d to regenerate", layout.PLAN_INDEX,
+             index.record.samples, len(got.todo))  # fmt: skip
+    return SessionPlan(got.todo, got.native, got.totals, got.skipped_failed, bodies, True)
+
+
+def _index_builder(
+    rd: RunDir, manifest: Manifest, index: PlanIndex | None, why: str
+) -> IndexBuilder | None:
+    """The sources are read: the plan index to write on the way (None: it stays as it is,
+    when it is valid and only new attempts made it unusable), with one line saying why."""
+    if index is not None:
+        log.info("new attempts of done samples: reading the sources (%s stays as it is)",
+                 layout.PLAN_INDEX)  # fmt: skip
+        return None
+    if why:
+        log.warning("%s is not used (%s): reading the sources; it is written again",
+                    layout.PLAN_INDEX, why)  # fmt: skip
+    else:
+        log.info("no plan index yet: reading the sources (%s is written for the next "
+                 "session)", layout.PLAN_INDEX)  # fmt: skip
+    return IndexBuilder(rd, manifest)
+
+
+class _Sorter:
+    """Sorts the samples read from the sources into this session's work: to regenerate
+    (bodies spilled), native rows to store, done (unless requested again) and failed
+    permanently (left out)."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        done: set[str],
+        skip: set[str],
+        redo: dict[str, int],
+        stale: frozenset[str],
+    ) -> None:
+        self.done, self.skip, self.redo, self.stale = done, skip, redo, stale
+        self.spill = Spill()
+        self.todo: list[PackedSample] = []
+        self.native: list[Sample] = []
+        self.totals: dict[str, list[int | bool]] = {
+            s.name: [0, s.mode == "regenerate"] for s in manifest.sources
+        }
+        self.seen: set[str] = set()  #: ids taken (a repeated id keeps the first)
+        self.skipped = 0
+        self.retries: dict[str, int] = {}
+        self.queued: set[str] = set()  #: done samples queued again
+
+    def add(self, s: Sample) -> None:
+        """Take one sample (the first of its id)."""
+        self.seen.add(s.id)
+        self.totals[s.source][0] += 1
+        if s.id in self.done:
+            self._again(s)
+        elif s.id in self.skip:
+            self.skipped += 1
+        elif s.mode == "native":
+            self.native.append(s)
+        else:
+            self.todo.append(PackedSample.pack(s, self.spill))  # the plan of a big run stays small
+
+    def _again(self, s: Sample) -> None:
+        """A done sample: queued as a new attempt when requested (``redo``), else left."""
+        if s.id in self.redo and s.mode == "regenerate":
+            self.todo.append(PackedSample.pack(as_attempt(s, self.redo[s.id]), self.spill))
+            if s.id not in self.stale:
+                self.retries[s.source] = self.retries.get(s.source, 0) + 1
+            self.queued.add(s.id)
+        elif s.id in self.stale and s.id in self.redo:  # a native row changed: stored again
+            self.native.append(as_attempt(s, self.redo[s.id]))
+            self.queued.add(s.id)
+
+    def plan(self) -> SessionPlan:
+        return SessionPlan(
+            QueueItems.of(self.todo),
+            self.native,
+            {k: (int(v[0]), bool(v[1])) for k, v in self.totals.items()},
+            self.skipped,
+            self.spill,
+            retries=self.retries,
+            redo=self.queued,
+        )
 
 
 def write_plan(
