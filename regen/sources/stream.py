@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from regen.core.sample import Rejection, Sample
-from regen.manifest import Filters, Manifest
+from regen.manifest import Filters, Manifest, Source
 from regen.sources.adapters import NativeCheck, iter_source
 from regen.sources.neardup import NearDuplicates, NearReport, near_text
 
@@ -117,59 +117,100 @@ def read_samples(
     sources before it have already been yielded.
     """
     stats = stats if stats is not None else ReadStats()
-    seen: set[str] = set()
-    near = NearDuplicates(manifest.dedup) if manifest.dedup.near else None
+    duplicates = Duplicates(manifest, stats)
     for source in manifest.sources:
         st = stats.for_source(source.name)
         if source.limit == 0:
             st.limit_reached = True
             continue
-        for item in iter_source(manifest, source, native_check):
-            st.read += 1
-            if isinstance(item, Rejection):
-                st.rejected[item.reason] = st.rejected.get(item.reason, 0) + 1
-                if len(st.examples) < EXAMPLES_PER_SOURCE:
-                    st.examples.append(str(item))
-                if row_warnings and st.rejected_total <= WARNINGS_PER_SOURCE:
-                    log.warning("skipping %s", item)  # source, row, field, what is wrong
-                else:
-                    log.debug("skipping %s", item)
-                continue
-            reason = filter_reason(item, source.filters)
-            if reason:
-                st.filtered[reason] = st.filtered.get(reason, 0) + 1
-                continue
-            h = item.content_hash
-            if h in seen:
-                st.duplicates += 1
-                continue
-            seen.add(h)
-            if near is not None and item.mode == "regenerate":
-                text = near_text(item)
-                match = near.match_or_add(item, text)
-                if match is not None:
-                    st.near_duplicates += 1
-                    stats.near.add(item, match, text)
-                    log.debug("%s is a near-duplicate of %s (%.2f)", item.id, match.id,
-                              match.similarity)  # fmt: skip
-                    continue
-            st.kept += 1
-            st.regenerate_turns += item.turns_to_regenerate()
-            if item.input_ids is not None:
-                st.native_tokens += len(item.input_ids)
-            yield item
-            if source.limit is not None and st.kept >= source.limit:
-                st.limit_reached = True
-                break
-        if st.near_duplicates:
-            log.info("source %s: %d near-duplicate prompt(s) dropped", source.name,
-                     st.near_duplicates)  # fmt: skip
-        if st.rejected:
-            reasons = dict(sorted(st.rejected.items()))
-            log.log(
-                logging.WARNING if row_warnings else logging.DEBUG,
-                "source %s: %d row(s) skipped as unusable %s (the others are kept)",
-                source.name,
-                st.rejected_total,
-                reasons,
-            )
+        yield from _read_source(manifest, source, st, duplicates, native_check, row_warnings)
+        _log_source(st, row_warnings)
+
+
+def _read_source(
+    manifest: Manifest,
+    source: Source,
+    st: SourceStats,
+    duplicates: Duplicates,
+    native_check: NativeCheck | None,
+    row_warnings: bool,
+) -> Iterator[Sample]:
+    """One source's samples: rows rejected, filtered and duplicates dropped (each counted in
+    ``st``), up to its limit."""
+    for item in iter_source(manifest, source, native_check):
+        st.read += 1
+        if isinstance(item, Rejection):
+            _reject(st, item, row_warnings)
+            continue
+        reason = filter_reason(item, source.filters)
+        if reason:
+            st.filtered[reason] = st.filtered.get(reason, 0) + 1
+            continue
+        if duplicates.drop(item, st):
+            continue
+        st.kept += 1
+        st.regenerate_turns += item.turns_to_regenerate()
+        if item.input_ids is not None:
+            st.native_tokens += len(item.input_ids)
+        yield item
+        if source.limit is not None and st.kept >= source.limit:
+            st.limit_reached = True
+            return
+
+
+def _reject(st: SourceStats, item: Rejection, row_warnings: bool) -> None:
+    """Count an unusable row, keep it as an example while few are, and log it: a warning for
+    the first ``WARNINGS_PER_SOURCE`` of a source (with ``row_warnings``), else a debug line."""
+    st.rejected[item.reason] = st.rejected.get(item.reason, 0) + 1
+    if len(st.examples) < EXAMPLES_PER_SOURCE:
+        st.examples.append(str(item))
+    if row_warnings and st.rejected_total <= WARNINGS_PER_SOURCE:
+        log.warning("skipping %s", item)  # source, row, field, what is wrong
+    else:
+        log.debug("skipping %s", item)
+
+
+def _log_source(st: SourceStats, row_warnings: bool) -> None:
+    """The end of a source: its near-duplicates and unusable rows, one line each."""
+    if st.near_duplicates:
+        log.info("source %s: %d near-duplicate prompt(s) dropped", st.name,
+                 st.near_duplicates)  # fmt: skip
+    if st.rejected:
+        reasons = dict(sorted(st.rejected.items()))
+        log.log(
+            logging.WARNING if row_warnings else logging.DEBUG,
+            "source %s: %d row(s) skipped as unusable %s (the others are kept)",
+            st.name,
+            st.rejected_total,
+            reasons,
+        )
+
+
+class Duplicates:
+    """The duplicate drop: exact duplicates within and across sources (by
+    ``Sample.content_hash``), and near-duplicates of regenerate samples when ``dedup.near``
+    (:mod:`regen.sources.neardup`); the first kept occurrence wins."""
+
+    def __init__(self, manifest: Manifest, stats: ReadStats) -> None:
+        self.seen: set[str] = set()  #: content hashes kept
+        self.near = NearDuplicates(manifest.dedup) if manifest.dedup.near else None
+        self.stats = stats  #: where near-duplicates are reported by source pair
+
+    def drop(self, item: Sample, st: SourceStats) -> bool:
+        """Whether ``item`` duplicates a sample kept earlier (counted in ``st``)."""
+        h = item.content_hash
+        if h in self.seen:
+            st.duplicates += 1
+            return True
+        self.seen.add(h)
+        if self.near is None or item.mode != "regenerate":
+            return False
+        text = near_text(item)
+        match = self.near.match_or_add(item, text)
+        if match is None:
+            return False
+        st.near_duplicates += 1
+        self.stats.near.add(item, match, text)
+        log.debug("%s is a near-duplicate of %s (%.2f)", item.id, match.id,
+                  match.similarity)  # fmt: skip
+        return True
