@@ -44,7 +44,7 @@ from regen.quality.config import (
 )
 from regen.quality.refusal import REFUSAL_PHRASES, refusal_phrase
 from regen.quality.repetition import compression_ratio, longest_repeat
-from regen.quality.script import script_mismatch
+from regen.quality.script import ScriptCheck, script_mismatch
 from regen.quality.tools import call_problem, declared
 
 
@@ -96,62 +96,98 @@ def check_turn(
     messages, ``tool_calls`` the answer's (OpenAI shape), ``tools`` the declarations sent.
     ``think_closed``: whether the produced tokens hold ``</think>``, when the caller knows
     (server token ids); None infers it from ``finish_reason``."""
-    flags: set[str] = set()
     reasoning = reasoning or ""
     truncated = finish_reason in UNFINISHED  # cut by max_tokens or by regen's loop cut
     answer = f"{reasoning}\n{content}" if reasoning and content else reasoning or content
+    repeats = _repeats(answer, truncated, config)
+    script = _script(messages, content, config)
+    refusal = refusal_phrase(content, config.refusal_window)
+    decl = declared(tools)
+    bad = sum(1 for c in tool_calls if call_problem(c, decl) is not None)
 
+    flags: set[str] = set()
+    # finish_reason loop: the cut found a loop in the stream (regen.quality.loop)
+    if repeats.flagged or finish_reason == LOOP:
+        flags.add("repetition")
+    unanswered = _unanswered(reasoning, content, tool_calls, truncated, think_closed)
+    if unanswered is not None:
+        flags.add(unanswered)
+    if script.mismatch:
+        flags.add("language_mismatch")
+    if refusal is not None:
+        flags.add("refusal")
+    if bad:
+        flags.add("bad_tool_call")
+    return Quality(
+        flags=tuple(f for f in FLAGS if f in flags),
+        repeat_words=repeats.words,
+        repeat_ngram=repeats.ngram,
+        compression=None if repeats.ratio is None else round(repeats.ratio, 4),
+        prompt_script=script.prompt,
+        answer_script=script.answer,
+        script_share=None if script.share is None else round(script.share, 4),
+        refusal=refusal,
+        bad_tool_calls=bad,
+    )
+
+
+@dataclass(slots=True, frozen=True)
+class _Repeats:
+    """What the ``repetition`` check measured of an answer."""
+
+    words: int  #: words in the longest back-to-back repetition of one n-gram
+    ngram: int  #: the size of that n-gram (0: none)
+    ratio: float | None  #: zlib compression ratio (None: empty)
+    flagged: bool  #: the repetition or the ratio makes it ``repetition``
+
+
+def _repeats(answer: str, truncated: bool, config: QualityConfig) -> _Repeats:
+    """The longest repetition of one n-gram and the compression ratio of ``answer``
+    (reasoning and content together), against the thresholds of the module docstring."""
     run, ngram = longest_repeat(answer, config.repeat_max_ngram)
     min_words = config.repeat_min_words if truncated else config.repeat_min_words_stopped
     ratio = compression_ratio(answer) if answer else None
     raw_bytes = len(answer.encode("utf-8", "surrogatepass"))
-    if (run >= min_words and ngram and run >= config.repeat_min_copies * ngram) or (
+    repeated = run >= min_words and ngram and run >= config.repeat_min_copies * ngram
+    compressible = (
         ratio is not None
         and ratio < config.compression_max
         and raw_bytes >= config.compression_min_bytes
-    ):
-        flags.add("repetition")
-    if finish_reason == LOOP:  # the cut found a loop in the stream (regen.quality.loop)
-        flags.add("repetition")
+    )
+    return _Repeats(run, ngram, ratio, bool(repeated or compressible))
 
+
+def _unanswered(
+    reasoning: str,
+    content: str,
+    tool_calls: Sequence[Mapping[str, Any]],
+    truncated: bool,
+    think_closed: bool | None,
+) -> str | None:
+    """``reasoning_unclosed`` or ``empty_content`` for an answer with no content and no tool
+    call (see the module docstring); None for one that answered."""
     no_answer = not content.strip() and not tool_calls
     if no_answer and reasoning.strip() and (truncated or think_closed is False):
-        flags.add("reasoning_unclosed")
-    elif no_answer and not truncated:
-        flags.add("empty_content")
+        return "reasoning_unclosed"
+    if no_answer and not truncated:
+        return "empty_content"
+    return None
 
+
+def _script(
+    messages: Sequence[Mapping[str, Any]], content: str, config: QualityConfig
+) -> ScriptCheck:
+    """The content's script against the prompt's (the last user message's, all of theirs,
+    the whole request's; regen.quality.script)."""
     users = [_text(m.get("content")) for m in messages if m.get("role") == "user"]
     request = "\n".join(_text(m.get("content")) for m in messages if m.get("role") != "assistant")
-    script = script_mismatch(
+    return script_mismatch(
         users[-1] if users else "",
         "\n".join(users),
         request,
         content,
         config.script_min_letters,
         config.script_max_share,
-    )
-    if script.mismatch:
-        flags.add("language_mismatch")
-
-    refusal = refusal_phrase(content, config.refusal_window)
-    if refusal is not None:
-        flags.add("refusal")
-
-    decl = declared(tools)
-    bad = sum(1 for c in tool_calls if call_problem(c, decl) is not None)
-    if bad:
-        flags.add("bad_tool_call")
-
-    return Quality(
-        flags=tuple(f for f in FLAGS if f in flags),
-        repeat_words=run,
-        repeat_ngram=ngram,
-        compression=None if ratio is None else round(ratio, 4),
-        prompt_script=script.prompt,
-        answer_script=script.answer,
-        script_share=None if script.share is None else round(script.share, 4),
-        refusal=refusal,
-        bad_tool_calls=bad,
     )
 
 
