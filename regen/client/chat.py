@@ -30,19 +30,18 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from regen.client.errors import not_protocol
 from regen.client.profiles import EngineProfile, profile_named
+from regen.client.resolved import KeySource, ResolvedEndpoint
 from regen.client.retry import FailureHook, RetryPolicy
-from regen.client.stream import StreamAccumulator, typed, usage_fields
-from regen.client.transport import ChatTransport
+from regen.client.stream import StreamAccumulator, UsageCounts, typed, usage_fields
+from regen.client.transport import ChatTransport, Pieces
 from regen.core.errors import (
-    ConfigError,
     InvalidTextError,
     PermanentError,
     ServerError,
@@ -50,61 +49,24 @@ from regen.core.errors import (
 )
 from regen.core.result import LOOP, TurnResult
 from regen.core.sample import ToolCall, lone_surrogate
-from regen.manifest import Endpoint, Manifest, Sampling, public_url
+from regen.manifest import Endpoint, Sampling
 from regen.quality.config import QualityConfig
 from regen.quality.loop import LoopWatch
 
 log = logging.getLogger(__name__)
 
-#: what ``resolve_api_key`` returns for an endpoint that names no key (nothing is sent)
-NO_KEY = ""
+#: a request's messages or tools: OpenAI JSON objects
+JsonObjects = Sequence[Mapping[str, object]]
 
 
-def resolve_api_key(endpoint: Endpoint, base_dir: str | Path = ".") -> str:
-    """The endpoint's key from its env var or file; :data:`NO_KEY` when it names neither."""
-    if endpoint.api_key_env:
-        value = os.environ.get(endpoint.api_key_env)
-        if not value:
-            raise ConfigError(
-                f"endpoint {public_url(endpoint.url)}: environment variable "
-                f"{endpoint.api_key_env} (api_key_env) is not set",
-                field="endpoints.api_key_env",
-            )
-        return value.strip()
-    if endpoint.api_key_file:
-        p = Path(endpoint.api_key_file).expanduser()
-        if not p.is_absolute():
-            p = Path(base_dir) / p
-        try:
-            value = p.read_text(encoding="utf-8").strip()
-        except OSError as e:
-            raise ConfigError(
-                f"endpoint {public_url(endpoint.url)}: cannot read api_key_file {p}: "
-                f"{e.strerror or e}",
-                field="endpoints.api_key_file",
-            ) from None
-        if not value:
-            raise ConfigError(
-                f"endpoint {public_url(endpoint.url)}: api_key_file {p} is empty",
-                field="endpoints.api_key_file",
-            )
-        return value
-    return NO_KEY
-
-
-def auth_headers(key: str) -> dict[str, str]:
-    """``Authorization: Bearer KEY``, or nothing for :data:`NO_KEY`."""
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
-def _reasoning_of(msg: dict[str, Any], url: str) -> str | None:
+def _reasoning_of(msg: dict[str, object], url: str) -> str | None:
     value = msg.get("reasoning_content")
     if value is None:
         value = msg.get("reasoning")
     return typed(value, str, "message.reasoning_content", url)
 
 
-def _tool_calls_of(msg: dict[str, Any], url: str) -> tuple[ToolCall, ...]:
+def _tool_calls_of(msg: dict[str, object], url: str) -> tuple[ToolCall, ...]:
     """The calls of a whole answer's message (:class:`MalformedAnswerError` for a field of
     the wrong type; arguments sent as an object are dumped)."""
     calls = []
@@ -114,7 +76,7 @@ def _tool_calls_of(msg: dict[str, Any], url: str) -> tuple[ToolCall, ...]:
         fn = typed(c.get("function"), dict, f"{where}.function", url)
         if fn is None:
             continue
-        args = fn.get("arguments")
+        args: object = fn.get("arguments")
         if isinstance(args, dict):
             args = json.dumps(args)
         calls.append(ToolCall(
@@ -132,8 +94,29 @@ def token_path(profile: EngineProfile, sampling: Sampling) -> str:
     return profile.token_path(sampling.token_ids == "stream" and profile.can_stream_ids())
 
 
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """What every request of a run carries besides its messages, as the driver cut it from the
+    manifest once (regen.engine.inputs): the target model, the sampling, the request timeout,
+    the requests' ``chat_template_kwargs`` (``Manifest.template_kwargs``: the target family's
+    thinking switch; None: ``sampling.chat_template_kwargs`` alone), the top-level fields of
+    that switch (``Manifest.request_fields``) and the quality settings whose ``loop_cut``
+    closes a streamed answer that loops (None: no cut)."""
+
+    model: str
+    sampling: Sampling
+    timeout_s: float = 1800.0
+    template_kwargs: Mapping[str, object] | None = None
+    request_fields: Mapping[str, object] = field(default_factory=dict)
+    quality: QualityConfig | None = None
+
+
 class ChatClient:
-    """Chat completions against one endpoint. One instance per endpoint (per actor)."""
+    """Chat completions against one endpoint. One instance per endpoint (per actor).
+
+    A run's workers make it with :meth:`of` (the endpoint resolved by the start check, the
+    run's :class:`ClientSettings`); a tool talking to one server configures it by hand with
+    the constructor."""
 
     def __init__(
         self,
@@ -147,62 +130,66 @@ class ChatClient:
         engine: EngineProfile | str | None = None,
         engine_version: str | None = None,
         clock: Callable[[], float] = time.monotonic,
-        template_kwargs: dict[str, Any] | None = None,
-        request_fields: dict[str, Any] | None = None,
+        template_kwargs: Mapping[str, object] | None = None,
+        request_fields: Mapping[str, object] | None = None,
         quality: QualityConfig | None = None,
     ) -> None:
-        """``engine``: the endpoint's profile (or its name; None: SGLang), as the endpoint
-        check found it; ``engine_version`` what the server reported; ``template_kwargs``: the
-        requests' ``chat_template_kwargs`` (``Manifest.template_kwargs``: the target family's
-        thinking switch; None: ``sampling.chat_template_kwargs`` alone); ``request_fields``:
-        top-level fields of that switch (``Manifest.request_fields``); ``quality``: its
-        ``loop_cut`` closes a streamed answer that loops (None: no cut)."""
+        """``engine``: the endpoint's profile (or its name; None: SGLang); ``engine_version``
+        what the server reported; the rest: :class:`ClientSettings`. The key is read from the
+        endpoint's env var or file (relative to ``base_dir``)."""
+        profile = engine if isinstance(engine, EngineProfile) else profile_named(engine)
+        resolved = ResolvedEndpoint(url=endpoint.url, profile=profile,
+                                    key=KeySource.of(endpoint, base_dir), version=engine_version,
+                                    weight=endpoint.weight)  # fmt: skip
+        settings = ClientSettings(model=model, sampling=sampling, timeout_s=timeout_s,
+                                  template_kwargs=template_kwargs,
+                                  request_fields=request_fields or {}, quality=quality)  # fmt: skip
+        self._open(resolved, settings, retry, clock)
+
+    @classmethod
+    def of(
+        cls,
+        endpoint: ResolvedEndpoint,
+        settings: ClientSettings,
+        *,
+        retry: RetryPolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> ChatClient:
+        """The client of a run's endpoint, as the start check resolved it, with the run's
+        settings; ``retry``: the policy of :meth:`complete` (None: the defaults)."""
+        client = cls.__new__(cls)
+        client._open(endpoint, settings, retry, clock)
+        return client
+
+    def _open(
+        self,
+        endpoint: ResolvedEndpoint,
+        settings: ClientSettings,
+        retry: RetryPolicy | None,
+        clock: Callable[[], float],
+    ) -> None:
         self.endpoint = endpoint
         #: the URL regen writes and logs: never the user:password of the configured URL
-        self.url = public_url(endpoint.url)
-        self.model = model
-        self.sampling = sampling
-        self.template_kwargs = dict(
-            sampling.chat_template_kwargs if template_kwargs is None else template_kwargs
-        )
-        self.request_fields = dict(request_fields or {})
+        self.url = endpoint.public
+        self.model = settings.model
+        self.sampling = sampling = settings.sampling
+        kwargs = settings.template_kwargs
+        self.template_kwargs = dict(sampling.chat_template_kwargs if kwargs is None else kwargs)
+        self.request_fields = dict(settings.request_fields)
         self.retry = retry or RetryPolicy()
-        self.timeout_s = timeout_s
-        self.profile = engine if isinstance(engine, EngineProfile) else profile_named(engine)
-        self.engine_version = engine_version
+        self.timeout_s = settings.timeout_s
+        self.profile = endpoint.profile
+        self.engine_version = endpoint.version
         #: ask for the server's ids (False: the engine has none, or token_ids is local)
         self.server_ids = self.profile.gives_ids and sampling.token_ids != "local"
         self._clock = clock
+        quality = settings.quality
         cut = quality.loop_cut if quality is not None else None
         #: the loop cut of streamed answers (None: off)
         self.loop_cut = cut if cut is not None and cut.enabled else None
         self._max_ngram = quality.repeat_max_ngram if quality is not None else 64
-        key = resolve_api_key(endpoint, base_dir)
-        self._transport = ChatTransport(endpoint.url, key, timeout_s, shown=self.url)
-
-    @classmethod
-    def from_manifest(
-        cls,
-        manifest: Manifest,
-        endpoint: Endpoint,
-        *,
-        retry: RetryPolicy | None = None,
-        engine: EngineProfile | str | None = None,
-        engine_version: str | None = None,
-    ) -> ChatClient:
-        return cls(
-            endpoint,
-            model=manifest.target.model,
-            sampling=manifest.sampling,
-            retry=retry or RetryPolicy.from_engine(manifest.engine),
-            timeout_s=manifest.engine.request_timeout_s,
-            base_dir=manifest.base_dir,
-            engine=engine,
-            engine_version=engine_version,
-            template_kwargs=manifest.template_kwargs(),
-            request_fields=manifest.request_fields(),
-            quality=manifest.quality,
-        )
+        key = endpoint.key.read(self.url)
+        self._transport = ChatTransport(endpoint.url, key, settings.timeout_s, shown=self.url)
 
     @property
     def streaming(self) -> bool:
@@ -217,15 +204,15 @@ class ChatClient:
 
     def request_body(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
+        messages: JsonObjects,
+        tools: JsonObjects | None,
         *,
         seed: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """The JSON body of one ``POST /chat/completions``; ``seed`` replaces the sampling
         seed (a new attempt of a flagged sample, regen.plan.attempts)."""
         s = self.sampling
-        body: dict[str, Any] = {
+        body: dict[str, object] = {
             "model": self.model,
             "messages": messages,
             "temperature": s.temperature,
@@ -252,8 +239,8 @@ class ChatClient:
 
     async def complete(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
+        messages: JsonObjects,
+        tools: JsonObjects | None = None,
         *,
         sample_id: str,
         on_failure: FailureHook | None = None,
@@ -269,12 +256,12 @@ class ChatClient:
 
     async def complete_once(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
+        messages: JsonObjects,
+        tools: JsonObjects | None = None,
         *,
         sample_id: str,
         seed: int | None = None,
-        beat: Any = None,
+        beat: Pieces | None = None,
     ) -> TurnResult:
         """One try, no retry (``seed``: see :meth:`request_body`; ``beat``: a
         regen.engine.stall.Beat the stream's pieces are counted on). Raises a
@@ -292,7 +279,9 @@ class ChatClient:
             log.debug("sample %s: %s", sample_id, e)
             raise
 
-    async def _stream(self, body: dict[str, Any], start: float, beat: Any = None) -> TurnResult:
+    async def _stream(
+        self, body: dict[str, object], start: float, beat: Pieces | None = None
+    ) -> TurnResult:
         acc = StreamAccumulator(endpoint=self.url, clock=self._clock)
         watch = None
         if self.loop_cut is not None:
@@ -303,7 +292,7 @@ class ChatClient:
         if acc.looped:  # closed by regen: the usage chunk never came, the counts are regen's
             finish, tokens = LOOP, acc.tokens()
             saved = max(0, self.sampling.max_tokens - tokens)
-            counts: dict[str, int | None] = {"completion_tokens": tokens, "cut_saved": saved}
+            counts: UsageCounts = {"completion_tokens": tokens, "cut_saved": saved}
             if not (prompt_ids and output_ids):  # half the server's ids are none of them
                 prompt_ids = output_ids = None
         elif acc.finish_reason is None:
@@ -329,7 +318,7 @@ class ChatClient:
             **counts,
         )
 
-    async def _whole(self, body: dict[str, Any], start: float) -> TurnResult:
+    async def _whole(self, body: dict[str, object], start: float) -> TurnResult:
         data = await self._transport.complete(body)
         end = self._clock()
         choices = data.get("choices")
@@ -382,12 +371,12 @@ def _check_text(result: TurnResult, url: str) -> None:
 FINISHED = frozenset({"stop", "length", "tool_calls"})
 
 
-def _check_finish(reason: Any, url: str) -> str:
+def _check_finish(reason: str | None, url: str) -> str:
     """A turn is stored only when it finished: a missing reason or SGLang's ``abort`` (the server
     dropped the request, e.g. under memory pressure) is transient, anything else unknown permanent.
     """
-    if reason in FINISHED:
-        return reason  # type: ignore[return-value]
+    if reason is not None and reason in FINISHED:
+        return reason
     if reason is None or reason == "abort":
         raise ServerError(f"{url} ended the turn with finish_reason={reason!r}", endpoint=url)
     raise PermanentError(f"{url} ended the turn with finish_reason={reason!r}", endpoint=url)

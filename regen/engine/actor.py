@@ -21,10 +21,11 @@ from typing import Any
 
 from regen.core.errors import TemplateError
 from regen.core.sample import Sample
-from regen.engine.wire import Mailbox
-from regen.engine.worker import RowBuilder, SampleWorker, default_row_builder
-from regen.manifest import Manifest
-from regen.template.render import RenderSetup
+from regen.engine.inputs import RowSettings, WorkerConfig
+from regen.engine.turns import DoneTurn
+from regen.engine.wire import Mailbox, WireReply
+from regen.engine.worker import Row, RowBuilder, SampleWorker, WorkerSnapshot, default_row_builder
+from regen.plan.packed import QueueItem
 
 log = logging.getLogger(__name__)
 
@@ -38,17 +39,17 @@ def quiet_http_logs() -> None:
 class LazyRows:
     """A row builder loaded in a thread; calls wait for it. ``error`` says why it failed."""
 
-    def __init__(self, manifest: Manifest, setup: RenderSetup | None = None) -> None:
+    def __init__(self, settings: RowSettings) -> None:
         self._built: RowBuilder | None = None
         self.error = ""
         self._ready = threading.Event()
         self._waiter: asyncio.Future[bool] | None = None
-        threading.Thread(target=self._load, args=(manifest, setup),
+        threading.Thread(target=self._load, args=(settings,),
                          name="regen-rows-load", daemon=True).start()  # fmt: skip
 
-    def _load(self, manifest: Manifest, setup: RenderSetup | None) -> None:
+    def _load(self, settings: RowSettings) -> None:
         try:
-            self._built = default_row_builder(manifest, setup)
+            self._built = default_row_builder(settings)
         except Exception as e:  # any failure to start is reported as a failed start
             self.error = f"{type(e).__name__}: {e}"
             log.error("the row builder could not start: %s", self.error)
@@ -66,7 +67,7 @@ class LazyRows:
             self._waiter = asyncio.get_running_loop().run_in_executor(None, self._ready.wait)
         await asyncio.shield(self._waiter)
 
-    def __call__(self, sample: Sample, turns: list[Any]) -> list[dict[str, Any]]:
+    def __call__(self, sample: Sample, turns: list[DoneTurn]) -> list[Row]:
         self._ready.wait()
         if self._built is None:
             raise TemplateError(f"the row builder could not start: {self.error}")
@@ -78,30 +79,28 @@ class WorkerActor:
 
     def __init__(
         self,
-        manifest: Manifest,
-        endpoints: list[Any],
-        concurrency: int,
+        config: WorkerConfig,
+        shares: dict[str, int] | None = None,
+        *,
         log_level: str = "INFO",
         secrets: dict[str, str] | None = None,
-        shares: dict[str, int] | None = None,
-        setup: RenderSetup | None = None,
     ) -> None:
-        """``setup``: how the rows' renderer loads and renders (the target tokenizer's class as
-        the driver's check resolved it, :func:`regen.template.tokenizer.class_spec`: loaded
-        without AutoTokenizer's model config, hence without torch; how the run renders history
-        arguments); None: AutoTokenizer resolves the class here, arguments render as objects."""
+        """``config``: what the worker runs with (the driver's one cut of the manifest; its
+        row settings say how the renderer loads: the target tokenizer's class as the driver's
+        check resolved it, :func:`regen.template.tokenizer.class_spec`, loaded without
+        AutoTokenizer's model config, hence without torch); ``shares``: its starting share of
+        each server's batch slots; ``secrets``: API keys by env var name (never logged)."""
         logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
         quiet_http_logs()
         for name, value in (secrets or {}).items():  # API keys by env var name; never logged
             os.environ.setdefault(name, value)
-        self.rows = rows = LazyRows(manifest, setup)
-        self.worker = SampleWorker(manifest, endpoints, concurrency, shares=shares,
-                                   row_builder=rows)  # fmt: skip
+        self.rows = rows = LazyRows(config.rows)
+        self.worker = SampleWorker(config, shares=shares, row_builder=rows)
         self.mailbox = Mailbox(self.worker, problem=rows.problem)
 
     async def exchange(
-        self, samples: list[Any], wait_s: float, low_water: int = -1, hold: bool = False
-    ) -> Any:
+        self, samples: list[QueueItem], wait_s: float, low_water: int = -1, hold: bool = False
+    ) -> WireReply:
         """:meth:`Mailbox.exchange`, as :meth:`regen.engine.wire.Reply.wire` data. ``hold``:
         start the samples only once the row builder is loaded
         (:attr:`regen.engine.pool.RayWorkerPool.hold_for_rows`)."""
@@ -112,7 +111,7 @@ class WorkerActor:
     async def cancel(self) -> None:
         self.mailbox.cancel_all()
 
-    async def snapshot(self) -> dict[str, Any]:
+    async def snapshot(self) -> WorkerSnapshot:
         return self.worker.snapshot()
 
     async def close(self) -> None:
@@ -124,7 +123,9 @@ def actor_class() -> Any:
     """The Ray remote class (a few concurrent calls: one exchange, a snapshot, cancel, close)."""
     import ray
 
-    return ray.remote(num_cpus=0, max_concurrency=MAX_CALLS_PER_ACTOR, max_restarts=0)(WorkerActor)
+    # Ray's stubs know no max_concurrency (an actor's option: ray.remote's documentation)
+    return ray.remote(num_cpus=0, max_concurrency=MAX_CALLS_PER_ACTOR,  # type: ignore[call-overload]
+                      max_restarts=0)(WorkerActor)  # fmt: skip
 
 
 #: concurrent calls an actor accepts (the pending exchange, snapshots, cancel, close)
