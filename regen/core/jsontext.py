@@ -7,12 +7,13 @@ the interpreter's recursion limit (``"[" * 100_000``): one such line would escap
 and :func:`raw_decode` raise ``JSONDecodeError`` for it, like any other text that is not JSON.
 
 What they return is a :data:`JsonValue`: the one type of decoded JSON in regen (narrow it with
-``isinstance`` before use).
+``isinstance`` before use; :func:`iterate` loops over a value as ``for`` does).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import TypeAlias
 
 #: a JSON value as ``json.loads`` returns it
@@ -42,6 +43,14 @@ def raw_decode(text: str, pos: int = 0) -> tuple[JsonValue, int]:
         return value, end
     except RecursionError:
         raise _too_deep(text, pos) from None
+
+
+def iterate(value: object) -> Iterable[object]:
+    """``value`` to loop over, as ``for item in value`` takes it: TypeError (Python's own
+    message) for a value that is not iterable."""
+    if isinstance(value, Iterable):
+        return value
+    raise TypeError(f"'{type(value).__name__}' object is not iterable")
 
 
 def _too_deep(text: str | bytes, pos: int) -> json.JSONDecodeError:
