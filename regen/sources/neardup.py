@@ -32,7 +32,6 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import rensa
@@ -119,7 +118,7 @@ class NearReport:
     """Near-duplicates dropped, per (source, duplicate-of source) pair, with a few examples."""
 
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
-    examples: dict[tuple[str, str], list[dict[str, Any]]] = field(default_factory=dict)
+    examples: dict[tuple[str, str], list[dict[str, object]]] = field(default_factory=dict)
 
     def add(self, sample: Sample, match: NearMatch, text: str) -> None:
         pair = (sample.source, match.source)
@@ -142,7 +141,7 @@ class NearReport:
     def total(self) -> int:
         return sum(self.counts.values())
 
-    def to_dict(self, order: Iterable[str]) -> list[dict[str, Any]]:
+    def to_dict(self, order: Iterable[str]) -> list[dict[str, object]]:
         """The pairs in manifest ``order`` (dropped source, then duplicate-of source)."""
         rank = {name: i for i, name in enumerate(order)}
         far = len(rank)
