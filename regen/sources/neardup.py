@@ -32,6 +32,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import rensa
@@ -102,6 +103,16 @@ def lsh_params(threshold: float, num_perm: int, recall: float = BAND_RECALL) -> 
         if expected_recall(threshold, bands, rows) >= recall:
             return bands, rows
     return num_perm, 1
+
+
+class Keyed(Protocol):
+    """What the index keeps of an item it indexes (a :class:`Sample`, or another record)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def source(self) -> str: ...
 
 
 @dataclass(slots=True, frozen=True)
@@ -254,10 +265,15 @@ class NearDuplicates:
         self._source_of = array("H")
         self.count = 0  #: samples indexed
 
-    def match_or_add(self, sample: Sample, text: str | None = None) -> NearMatch | None:
+    def match_or_add(self, sample: Keyed, text: str | None = None) -> NearMatch | None:
         """The indexed sample ``sample`` near-duplicates (best match, earliest on a tie), or
-        None after indexing ``sample`` itself. Samples with no words are neither."""
-        sh = shingles(near_text(sample) if text is None else text, self.shingle)
+        None after indexing ``sample`` itself. Samples with no words are neither. ``text``: what
+        is compared (default: :func:`near_text`, of a :class:`Sample`)."""
+        if text is None:
+            if not isinstance(sample, Sample):
+                raise TypeError(f"the text of a {type(sample).__name__} must be given")
+            text = near_text(sample)
+        sh = shingles(text, self.shingle)
         if not sh:
             return None
         mh = rensa.RMinHash(self.num_perm, SEED)
@@ -295,7 +311,7 @@ class NearDuplicates:
         start = self._id_ends[n - 1] if n else 0
         return self._ids[start : self._id_ends[n]].decode("utf-8")
 
-    def _add(self, sample: Sample, keys: list[int], sig: np.ndarray) -> None:
+    def _add(self, sample: Keyed, keys: list[int], sig: np.ndarray) -> None:
         n = self.count
         if n % SIG_CHUNK == 0:
             self._sigs.append(np.zeros((SIG_CHUNK, self.num_perm), dtype=np.uint8))
