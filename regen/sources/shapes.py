@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from regen.core import jsontext
-from regen.core.chat import ToolSpec
+from regen.core.chat import Role, ToolSpec
 from regen.core.errors import RowError
 from regen.core.jsontext import JsonValue
 from regen.core.sample import Message, ToolCall
 
 #: upstream role names → regen roles
-ROLE_MAP: dict[str, str] = {
+ROLE_MAP: dict[str, Role] = {
     "human": "user",
     "user": "user",
     "gpt": "assistant",
@@ -96,7 +96,7 @@ def _list(value: object, where: str) -> list[object]:
     return value
 
 
-def _role(raw: object, where: str) -> str:
+def _role(raw: object, where: str) -> Role:
     if not isinstance(raw, str) or raw.strip().lower() not in ROLE_MAP:
         raise RowError("unknown_role", f"role {raw!r}", field=where)
     return ROLE_MAP[raw.strip().lower()]
@@ -163,7 +163,7 @@ def parse_from_value(row: Mapping[str, object], *, system_key: str | None = None
             raise RowError("wrong_type", "a turn is not an object", field=where)
         role = _role(t.get("from"), f"{where}.from")
         value = _str(t.get("value"), f"{where}.value")
-        messages.append(_assistant(value) if role == "assistant" else Message(role, value))  # type: ignore[arg-type]
+        messages.append(_assistant(value) if role == "assistant" else Message(role, value))
     upstream_source = row.get("source")
     meta: dict[str, JsonValue] = (
         {"upstream_source": upstream_source} if isinstance(upstream_source, str) else {}
@@ -274,7 +274,7 @@ def parse_messages(row: Mapping[str, object]) -> Parsed:
                 )
             )
         else:
-            messages.append(Message(role, content))  # type: ignore[arg-type]
+            messages.append(Message(role, content))
     tools = _tools_column(row.get("tools"), "tools")
     upstream = _upstream_id(row, "id", "prompt_id")
     if upstream is not None:
