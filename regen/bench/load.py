@@ -22,7 +22,6 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from regen.client.stream import StreamAccumulator
 from regen.client.transport import ChatTransport
@@ -39,7 +38,7 @@ class BenchRequest:
 
     source: str
     sample_id: str
-    body: dict[str, Any]
+    body: dict[str, object]
 
 
 @dataclass(slots=True)

@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from regen.core.errors import ConfigError
 from regen.manifest import config_error
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 BENCH_JSON = "bench.json"
 
 AcceptMethod = Literal["spec_tokens_details", "server_info", "metrics", "none"]
@@ -191,7 +191,7 @@ class BenchSettings(_Strict):
     prompts_file: str | None = None
     run_dir: str | None = None
     #: the sampling sent (temperature, top_p, ...; regen.manifest.Sampling)
-    sampling: dict[str, Any] = Field(default_factory=dict)
+    sampling: dict[str, object] = Field(default_factory=dict)
     request_timeout_s: float
     #: the NAME of the environment variable that held the API key (never the key)
     api_key_env: str | None = None

@@ -11,10 +11,12 @@ is what shows the damage. The baseline server must not speculate at all. Owns no
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Literal
 
 from regen.bench.report import ServerFlags
 from regen.client.server_info import fetch_server_info
+from regen.core import jsontext
 from regen.core.errors import EndpointError, RegenError, TrapError
 from regen.manifest import public_url
 from regen.serve import vllm as vllm_serving
@@ -23,11 +25,15 @@ from regen.serve.sglang import accept_lengths, check_server_info
 Role = Literal["baseline", "speculative"]
 
 
-def _int(value: Any) -> int | None:
+def _int(value: object) -> int | None:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def mean_accept_length(info: dict[str, Any]) -> float | None:
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def mean_accept_length(info: Mapping[str, object]) -> float | None:
     """The mean of ``internal_states[i].avg_spec_accept_length`` (None: not reported)."""
     values = accept_lengths(info)
     return sum(values) / len(values) if values else None
@@ -92,8 +98,8 @@ def vllm_flags(
             )
         return flags
     dev = vllm_serving.read_dev_speculative(url, api_key=api_key, timeout=timeout)
-    flags.algorithm = dev.get("method")
-    flags.draft_path = dev.get("model")
+    flags.algorithm = _text(dev.get("method"))
+    flags.draft_path = _text(dev.get("model"))
     flags.num_draft_tokens = _int(dev.get("num_speculative_tokens")) or (
         len(counters.per_position) or None
     )
@@ -115,9 +121,9 @@ def vllm_flags(
     return flags
 
 
-def flags_of(role: Role, url: str, info: dict[str, Any], *, draft: str | None) -> ServerFlags:
+def flags_of(role: Role, url: str, info: Mapping[str, object], *, draft: str | None) -> ServerFlags:
     """The flags of one /server_info answer and what the check found (pure)."""
-    states = [s for s in info.get("internal_states") or [] if isinstance(s, dict)]
+    states = [s for s in jsontext.iterate(info.get("internal_states") or []) if isinstance(s, dict)]
     live = _int(states[0].get("effective_max_running_requests_per_dp")) if states else None
     algo = info.get("speculative_algorithm")
     version = info.get("version")
@@ -126,7 +132,7 @@ def flags_of(role: Role, url: str, info: dict[str, Any], *, draft: str | None) -
         url=url,
         engine="sglang",
         algorithm=str(algo) if algo is not None else None,
-        draft_path=info.get("speculative_draft_model_path"),
+        draft_path=_text(info.get("speculative_draft_model_path")),
         num_steps=_int(info.get("speculative_num_steps")),
         eagle_topk=_int(info.get("speculative_eagle_topk")),
         num_draft_tokens=_int(info.get("speculative_num_draft_tokens")),

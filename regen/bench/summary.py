@@ -9,12 +9,13 @@ else the per-source pass's windows), then the verdicts (regen.bench.verdicts).
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import regen
 from regen.bench.load import LevelRun
 from regen.bench.report import (
     Acceptance,
+    AcceptMethod,
     BenchReport,
     BenchSettings,
     LevelResult,
@@ -38,12 +39,18 @@ def _overall_window(run: BenchRun) -> AcceptWindow | CounterWindow | None:
     if not ws:
         return None
     if run.counters:  # vLLM's counters only move while its levels run
-        return CounterWindow(ws[0].before, ws[-1].after)  # type: ignore[arg-type]
+        first, last = ws[0], ws[-1]
+        if not (isinstance(first, CounterWindow) and isinstance(last, CounterWindow)):
+            raise TypeError("a bench read from counters measures CounterWindows")
+        return CounterWindow(first.before, last.after)
+    accepts = [w for w in ws if isinstance(w, AcceptWindow)]
+    if len(accepts) < len(ws):
+        raise TypeError("a bench read from /server_info measures AcceptWindows")
     return AcceptWindow(
-        before=ws[0].before,
-        after=ws[-1].after,
-        tokens_before=ws[0].tokens_before,
-        tokens=sum(w.tokens for w in ws),
+        before=accepts[0].before,
+        after=accepts[-1].after,
+        tokens_before=accepts[0].tokens_before,
+        tokens=sum(w.tokens for w in accepts),
         fresh=run.fresh,
     )
 
@@ -53,7 +60,7 @@ def summarize(
     *,
     settings: BenchSettings,
     prompts: Sequence[BenchPrompt],
-    adapters: dict[str, str] | None = None,
+    adapters: Mapping[str, str] | None = None,
     now: _dt.datetime | None = None,
 ) -> BenchReport:
     """The report of a finished bench, verdicts included."""
@@ -61,7 +68,9 @@ def summarize(
     for lv in run.levels:
         by_level.setdefault(lv.concurrency, {})[lv.role] = lv
     spec_records = [r for lv in run.levels if lv.role == "speculative" for r in lv.records]
-    method = "spec_tokens_details" if run.details else "metrics" if run.counters else "server_info"
+    method: AcceptMethod = (
+        "spec_tokens_details" if run.details else "metrics" if run.counters else "server_info"
+    )
 
     levels: list[LevelResult] = []
     for c in sorted(by_level):
@@ -110,7 +119,7 @@ def _sources(
     run: BenchRun,
     prompts: Sequence[BenchPrompt],
     spec_records: list,
-    adapters: dict[str, str],
+    adapters: Mapping[str, str],
 ) -> list[SourceResult]:
     names: dict[str, list[BenchPrompt]] = {}
     for p in prompts:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from regen.bench.report import BenchReport, Severity, SourceResult, Verdict
+from regen.bench.report import BenchReport, LevelResult, Severity, SourceResult, Verdict
 from regen.serve.sglang import LOW_ACCEPT_LENGTH
 
 #: what the data of each adapter is, for the verdicts' words
@@ -108,11 +108,11 @@ def verdicts(report: BenchReport) -> list[Verdict]:
         out.append(_v("problem", "draft-not-used", text))
 
     out.extend(_speedup(report, algo))
-    levels = [lv for lv in report.levels if lv.speedup is not None]
-    if accept is not None and not not_used and levels and levels[0].speedup < 1.0 - SAME_BAND:
+    levels = _speedups(report)
+    if accept is not None and not not_used and levels and levels[0][1] < 1.0 - SAME_BAND:
         text = (
-            f"acceptance {accept:.2f} but only {_x(levels[0].speedup)} at concurrency "
-            f"{levels[0].concurrency}: the draft's steps cost more than they save; try "
+            f"acceptance {accept:.2f} but only {_x(levels[0][1])} at concurrency "
+            f"{levels[0][0].concurrency}: the draft's steps cost more than they save; try "
             "fewer --speculative-num-steps / --speculative-num-draft-tokens"
         )
         out.append(_v("warning", "verify-cost", text))
@@ -125,17 +125,23 @@ def verdicts(report: BenchReport) -> list[Verdict]:
     return out
 
 
+def _speedups(report: BenchReport) -> list[tuple[LevelResult, float]]:
+    """The levels that measured a speedup, each with it."""
+    return [(lv, lv.speedup) for lv in report.levels if lv.speedup is not None]
+
+
 def _speedup(report: BenchReport, algo: str | None) -> list[Verdict]:
-    levels = [lv for lv in report.levels if lv.speedup is not None]
-    if not levels:
+    measured = _speedups(report)
+    if not measured:
         return [_v("problem", "speedup", "no level produced tokens on both servers")]
     name = f"{algo} draft" if algo else "speculative server"
-    first, last = levels[0], levels[-1]
-    span = f"{_x(first.speedup)} at concurrency {first.concurrency}"
+    (first, first_x), (last, last_x) = measured[0], measured[-1]
+    span = f"{_x(first_x)} at concurrency {first.concurrency}"
     if last is not first:
-        span += f", {_x(last.speedup)} at {last.concurrency}"
+        span += f", {_x(last_x)} at {last.concurrency}"
     cross = report.crossover
-    if all(abs(lv.speedup - 1.0) <= SAME_BAND for lv in levels):
+    speedups = [x for _, x in measured]
+    if all(abs(x - 1.0) <= SAME_BAND for x in speedups):
         text = f"{name}: {span}: no measurable difference from the baseline"
         return [_v("warning", "speedup", text)]
     if cross.concurrency is not None:
@@ -144,9 +150,9 @@ def _speedup(report: BenchReport, algo: str | None) -> list[Verdict]:
             f"(it stops paying near {cross.concurrency:.0f})"
         )
         return [_v("info", "speedup", text)]
-    if all(lv.speedup > 1.0 for lv in levels):
+    if all(x > 1.0 for x in speedups):
         return [_v("good", "speedup", f"{name}: {span}: faster at every measured level")]
-    if all(lv.speedup <= 1.0 for lv in levels):
+    if all(x <= 1.0 for x in speedups):
         text = f"{name}: {span}: never faster than the baseline; do not serve it"
         return [_v("problem", "speedup", text)]
     return [_v("info", "speedup", f"{name}: {span}: pays only at some levels (see the table)")]

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 from pathlib import Path
+from typing import TypedDict
 
 from regen.core.errors import ConfigError
 
@@ -41,7 +42,14 @@ def add_api_key_arguments(p: argparse.ArgumentParser, what: str = "the server") 
     )
 
 
-def api_key_fields(args: argparse.Namespace) -> dict[str, str]:
+class ApiKeyFields(TypedDict, total=False):
+    """Where an endpoint's key comes from (:class:`regen.manifest.Endpoint`'s fields)."""
+
+    api_key_env: str
+    api_key_file: str
+
+
+def api_key_fields(args: argparse.Namespace) -> ApiKeyFields:
     """``api_key_env`` / ``api_key_file`` for :class:`regen.manifest.Endpoint` from the flags
     (a relative file is made absolute against the current directory)."""
     if getattr(args, "api_key_env", None):

@@ -170,7 +170,7 @@ def duration(hours: float) -> str:
 def render_table(plan: PlanReport) -> Table:
     """The per-source table with a totals footer."""
     t = Table(title=f"plan: {plan.name}", show_footer=True)
-    tot = plan.to_dict()["total"]
+    tot = plan.totals()
     cols = [
         ("source", "total"),
         ("read", f"{tot['read']:,}"),
@@ -181,7 +181,7 @@ def render_table(plan: PlanReport) -> Table:
         ("kept", f"{tot['kept']:,}"),
         ("turns", f"{tot['regenerate_turns']:,}"),
         ("prompt tok", f"{tot['prompt_tokens']:,}"),
-        ("output tok", "{:,}–{:,}".format(*tot["output_tokens"])),
+        ("output tok", "{:,}–{:,}".format(*plan.output_tokens)),
     ]
     for i, (head, foot) in enumerate(cols):
         t.add_column(head, footer=foot, justify="left" if i == 0 else "right")

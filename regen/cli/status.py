@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from regen.status import RunNumbers
 
 NAME = "status"
 HELP = "samples done/failed/truncated/flagged, tokens, tok/s, ETA and state of a run directory"
@@ -74,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def settings_line(n: Any) -> str:
+def settings_line(n: RunNumbers) -> str:
     """``settings (regen run --force mixed them): 399d0f83 327 samples (sampling.temperature
     0.7), ...; keep one with regen export --setting ID``."""
     bits = []

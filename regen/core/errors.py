@@ -134,7 +134,9 @@ class RequestError(RegenError):
 
     kind = "request"
 
-    def __init__(self, message: str, *, status: int | None = None, endpoint: str | None = None):
+    def __init__(
+        self, message: str, *, status: int | None = None, endpoint: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.endpoint = endpoint
@@ -170,8 +172,15 @@ class OverloadedError(TransientError):
 
     kind = "overloaded"
 
-    def __init__(self, message: str, *, retry_after: float | None = None, **kw) -> None:
-        super().__init__(message, **kw)
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        status: int | None = None,
+        endpoint: str | None = None,
+    ) -> None:
+        super().__init__(message, status=status, endpoint=endpoint)
         self.retry_after = retry_after
 
 
@@ -186,8 +195,15 @@ class ServerError(TransientError):
 
     kind = "server_error"
 
-    def __init__(self, message: str, *, retry_after: float | None = None, **kw) -> None:
-        super().__init__(message, **kw)
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        status: int | None = None,
+        endpoint: str | None = None,
+    ) -> None:
+        super().__init__(message, status=status, endpoint=endpoint)
         self.retry_after = retry_after
 
 
@@ -232,8 +248,16 @@ class EndpointFaultError(RequestError):
 
     kind = "endpoint_fault"
 
-    def __init__(self, message: str, *, fix: str = "", excerpt: str = "", **kw) -> None:
-        super().__init__(message, **kw)
+    def __init__(
+        self,
+        message: str,
+        *,
+        fix: str = "",
+        excerpt: str = "",
+        status: int | None = None,
+        endpoint: str | None = None,
+    ) -> None:
+        super().__init__(message, status=status, endpoint=endpoint)
         self.fix = fix
         self.excerpt = excerpt
 

@@ -22,36 +22,35 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 #: the fields of a function declaration the engines' models keep
 _FUNCTION_KEYS = ("name", "description", "parameters", "strict", "defer_loading")
 _OPTIONAL = ("strict", "defer_loading")
 
 
-def vllm_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
+def vllm_tools(tools: Sequence[Mapping[str, object]] | None) -> list[dict[str, object]] | None:
     """The tools as vLLM's ``model_dump()`` gives them (None: none)."""
     if not tools:
         return None
     out = []
     for t in tools:
-        fn = t.get("function") or {}
+        fn = _function(t)
         spec = {k: fn.get(k) for k in ("name", "description", "parameters")}
         spec.update({k: fn[k] for k in _OPTIONAL if fn.get(k) is not None})
-        tool: dict[str, Any] = {"type": t.get("type", "function"), "function": spec}
+        tool: dict[str, object] = {"type": t.get("type", "function"), "function": spec}
         if t.get("defer_loading") is not None:
             tool["defer_loading"] = t["defer_loading"]
         out.append(tool)
     return out
 
 
-def sglang_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
+def sglang_tools(tools: Sequence[Mapping[str, object]] | None) -> list[dict[str, object]] | None:
     """The tools as SGLang's ``model_dump()`` gives them (None: none)."""
     if not tools:
         return None
-    out = []
+    out: list[dict[str, object]] = []
     for t in tools:
-        fn = t.get("function") or {}
+        fn = _function(t)
         spec = {k: v for k, v in fn.items()
                 if k in _FUNCTION_KEYS and (k not in _OPTIONAL or v is not None)}  # fmt: skip
         for k in ("description", "parameters"):
@@ -64,6 +63,13 @@ def sglang_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, An
             spec["defer_loading"] = defer
         out.append({"type": t.get("type", "function"), "function": spec, "defer_loading": defer})
     return out
+
+
+def _function(tool: Mapping[str, object]) -> Mapping[str, object]:
+    """A tool's function declaration (none where it has no object: the sources' tools always
+    have one, :func:`regen.sources.shapes.check_tools`)."""
+    fn = tool.get("function")
+    return fn if isinstance(fn, Mapping) else {}
 
 
 # -- SGLang's JSON Schema type names (function_call/utils.py normalize_json_schema_types) ---
@@ -90,7 +96,7 @@ _NESTED = ("items", "additionalProperties", "not", "if", "then", "else", "contai
            "propertyNames", "unevaluatedItems", "unevaluatedProperties")  # fmt: skip
 
 
-def schema_types(schema: Any) -> None:
+def schema_types(schema: object) -> None:
     """Rewrite, in place, a JSON Schema's non-standard ``type`` names to JSON Schema's own, as
     SGLang does before rendering (unknown names stay)."""
     if isinstance(schema, list):
@@ -117,7 +123,7 @@ def schema_types(schema: Any) -> None:
             schema_types(schema[key])
 
 
-def _standard_type(raw: Any) -> Any:
+def _standard_type(raw: object) -> object:
     if not isinstance(raw, str) or raw in _STANDARD_TYPES:
         return raw
     base = raw.split("(", 1)[0].strip().lower()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import pickle
 from dataclasses import dataclass
-from typing import Any
+from typing import NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -99,7 +99,7 @@ class IndexBodies:
         got.id = e.id
         return got
 
-    def _changed(self, source: Source, e: _Entry | None, why: str) -> Any:
+    def _changed(self, source: Source, e: _Entry | None, why: str) -> NoReturn:
         where = source_field(self.m, source) if source.path is not None else layout.PLAN_ROWS
         what = f"row {e.row}" if e is not None else "a row"
         msg = (f"{where}: {what} is not what the plan index recorded ({why}): the source "
@@ -125,11 +125,13 @@ class IndexBodies:
         n = 0
         for name, wanted in by_source.items():
             source = self.m.source(name)
+            stream: pa.NativeFile | None = None
             if self._kinds[name] == "parquet":
-                target: Any = str(self.m.resolve(source.path or ""))
+                target: object = str(self.m.resolve(source.path or ""))
                 columns = None
             else:
-                target = self.index.rd.fs.open_input_file(self.index.rd.path(layout.PLAN_ROWS))
+                stream = self.index.rd.fs.open_input_file(self.index.rd.path(layout.PLAN_ROWS))
+                target = stream
                 columns = ["sample"]
             try:
                 for g, r, data in read_parquet_rows(target, wanted, columns):
@@ -140,7 +142,10 @@ class IndexBodies:
 
                         got: Sample | Rejection = adapt_row(source, RawRow(e.row, data))
                     else:
-                        got = sample_from_json(data["sample"])
+                        text = data["sample"]
+                        if not isinstance(text, str):
+                            raise ValueError("the plan index holds a sample that is not text")
+                        got = sample_from_json(text)
                     sample = self._check(source, e, got)
                     if self._spill is None:
                         self._spill = Spill()
@@ -150,8 +155,8 @@ class IndexBodies:
             except (OSError, ValueError, KeyError, pa.ArrowException) as ex:
                 self._changed(source, None, str(ex))
             finally:
-                if columns is not None:
-                    target.close()
+                if stream is not None:
+                    stream.close()
         return n
 
     def sample(self, i: int) -> Sample:

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from regen.core.errors import ConfigError
 from regen.core.sample import Sample
@@ -33,6 +33,9 @@ from regen.sources.native import VocabInfo, validate_native
 from regen.sources.neardup import NearReport, lsh_params
 from regen.targets import Family
 from regen.template.tokenizer import load_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +61,7 @@ class SourcePlan:
     prompt_tokens: int = 0
     output_tokens: tuple[int, int] = (0, 0)  #: expected (low, high) for the kept samples
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "adapter": self.adapter,
             "mode": self.mode,
@@ -100,34 +103,37 @@ class PlanReport:
     def prompt_tokens(self) -> int:
         return sum(s.prompt_tokens for s in self.sources)
 
-    def to_dict(self) -> dict[str, Any]:
+    def totals(self) -> dict[str, int]:
+        """The counts over every source (``to_dict``'s ``total``, less the output tokens)."""
         regen_kept = sum(s.stats.kept for s in self.sources if s.mode == "regenerate")
         native_kept = sum(s.stats.kept for s in self.sources if s.mode == "native")
+        return {
+            "read": self.total("read"),
+            "rejected": self.total("rejected_total"),
+            "filtered": self.total("filtered_total"),
+            "duplicates": self.total("duplicates"),
+            "near_duplicates": self.total("near_duplicates"),
+            "kept": self.total("kept"),
+            "kept_regenerate": regen_kept,
+            "kept_native": native_kept,
+            "regenerate_turns": self.total("regenerate_turns"),
+            "native_tokens": self.total("native_tokens"),
+            "prompt_tokens": self.prompt_tokens,
+        }
+
+    def to_dict(self) -> dict[str, object]:
         return {
             "name": self.name,
             "tok_per_s": self.tok_per_s,
             "token_estimate": self.token_estimate,
             "sources": {s.name: s.to_dict() for s in self.sources},
-            "total": {
-                "read": self.total("read"),
-                "rejected": self.total("rejected_total"),
-                "filtered": self.total("filtered_total"),
-                "duplicates": self.total("duplicates"),
-                "near_duplicates": self.total("near_duplicates"),
-                "kept": self.total("kept"),
-                "kept_regenerate": regen_kept,
-                "kept_native": native_kept,
-                "regenerate_turns": self.total("regenerate_turns"),
-                "native_tokens": self.total("native_tokens"),
-                "prompt_tokens": self.prompt_tokens,
-                "output_tokens": list(self.output_tokens),
-            },
+            "total": {**self.totals(), "output_tokens": list(self.output_tokens)},
             "hours": [round(h, 2) for h in self.hours],
             "limits_hours": [round(h, 2) for h in self.limits_hours],
             "near_duplicates": self.near_dict(),
         }
 
-    def near_dict(self) -> dict[str, Any]:
+    def near_dict(self) -> dict[str, object]:
         """The dedup settings, the LSH banding they give and the dropped pairs with examples."""
         bands, rows = lsh_params(self.dedup.threshold, self.dedup.num_perm)
         return {
@@ -173,7 +179,7 @@ def chars_counter(texts: list[str]) -> list[int]:
     return [-(-len(t) // CHARS_PER_TOKEN) for t in texts]
 
 
-def target_tokenizer(manifest: Manifest) -> Any | None:
+def target_tokenizer(manifest: Manifest) -> PreTrainedTokenizerBase | None:
     """The target tokenizer when ``target.tokenizer`` is an existing directory, else None."""
     path = manifest.resolve(manifest.target.tokenizer)
     if not Path(path).is_dir():
@@ -188,7 +194,7 @@ def target_tokenizer(manifest: Manifest) -> Any | None:
         ) from None
 
 
-def tokenizer_counter(tokenizer: Any) -> Counter:
+def tokenizer_counter(tokenizer: PreTrainedTokenizerBase) -> Counter:
     def count(texts: list[str]) -> list[int]:
         enc = tokenizer(texts, add_special_tokens=False)["input_ids"]
         return [len(ids) for ids in enc]
@@ -196,7 +202,7 @@ def tokenizer_counter(tokenizer: Any) -> Counter:
     return count
 
 
-def native_check_for(tokenizer: Any, family: Family | None) -> NativeCheck:
+def native_check_for(tokenizer: PreTrainedTokenizerBase, family: Family | None) -> NativeCheck:
     """regen.sources.native's vocabulary check of native rows against the target tokenizer (of the
     model ``family``)."""
 

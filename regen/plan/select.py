@@ -5,7 +5,6 @@ regenerate (columns; bodies read when popped) and the native rows to store. Owns
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -41,7 +40,7 @@ def select(
     t = index.entries(limit)
     ids = t.column("id")
 
-    def flags(col: Any) -> np.ndarray:
+    def flags(col: pa.ChunkedArray) -> np.ndarray:
         return np.asarray(col.to_numpy(zero_copy_only=False), dtype=bool)
 
     keep_np = ~flags(t.column("repeat"))

@@ -43,8 +43,9 @@ import logging
 from array import array
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
+from regen.core import jsontext
 from regen.core.text import words
 from regen.quality.config import DEFAULT_CONFIG, QualityConfig
 
@@ -66,18 +67,18 @@ EXAMPLE_CHARS = 120
 
 
 def answer_text(
-    reasoning: str | None, content: str | None, tool_calls: str | Iterable[Any] | None
+    reasoning: str | None, content: str | None, tool_calls: str | Iterable[object] | None
 ) -> str:
     """The answer as one text: reasoning, content and each tool call's name and arguments
     (``tool_calls`` as stored JSON text or OpenAI dicts)."""
     parts = [reasoning or "", content or ""]
-    calls: Any = tool_calls
+    calls: object = tool_calls
     if isinstance(calls, str):
         try:
             calls = json.loads(calls) if calls else []
         except ValueError:
             calls = [calls]
-    for c in calls or ():
+    for c in jsontext.iterate(calls or ()):
         fn = c.get("function", c) if isinstance(c, Mapping) else None
         if isinstance(fn, Mapping):
             args = fn.get("arguments", "")
@@ -106,7 +107,7 @@ class CollapseGroup:
     words: int  #: words of its first answer
     example: str  #: its first answer, shortened
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, str | int]:
         return {
             "source": self.source,
             "prompts": self.prompts,
@@ -129,7 +130,7 @@ class NearIndex(Protocol):
     has this method): the indexed answer ``text`` is near (its ``id``), or None after
     indexing ``item`` (an :class:`Answer`) itself."""
 
-    def match_or_add(self, item: Any, text: str) -> Indexed | None: ...
+    def match_or_add(self, item: Answer, text: str) -> Indexed | None: ...
 
 
 @dataclass(slots=True)

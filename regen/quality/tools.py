@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
@@ -24,9 +23,9 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def declared(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, Mapping[str, Any]]:
+def declared(tools: Sequence[Mapping[str, object]] | None) -> dict[str, Mapping[str, object]]:
     """Function name → its ``parameters`` schema (``{}`` when none) of OpenAI tool declarations."""
-    out: dict[str, Mapping[str, Any]] = {}
+    out: dict[str, Mapping[str, object]] = {}
     for t in tools or ():
         fn = t.get("function") if isinstance(t, Mapping) else None
         if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
@@ -35,15 +34,19 @@ def declared(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, Mapping[str
     return out
 
 
-def call_problem(call: Mapping[str, Any], tools: dict[str, Mapping[str, Any]]) -> str | None:
+def call_problem(
+    call: Mapping[str, object], tools: Mapping[str, Mapping[str, object]]
+) -> str | None:
     """Why an OpenAI-shape tool call does not fit ``tools`` (from :func:`declared`), or None.
     With no tools declared at all (a request without declarations; history calls), only the
     arguments' JSON is checked."""
-    fn = call.get("function") if isinstance(call.get("function"), Mapping) else call
+    nested = call.get("function")
+    fn = nested if isinstance(nested, Mapping) else call
     name = fn.get("name")
     if tools and name not in tools:
         return f"undeclared function {name!r}"
     raw = fn.get("arguments")
+    args: object
     if isinstance(raw, str):
         try:
             args = json.loads(raw) if raw.strip() else {}
@@ -53,9 +56,11 @@ def call_problem(call: Mapping[str, Any], tools: dict[str, Mapping[str, Any]]) -
         args = raw if raw is not None else {}
     if not isinstance(args, dict):
         return "arguments are not a JSON object"
-    schema = tools.get(name, {})
-    props = schema.get("properties") if isinstance(schema.get("properties"), Mapping) else {}
-    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    schema = tools.get(name, {}) if isinstance(name, str) else {}
+    props = schema.get("properties")
+    props = props if isinstance(props, Mapping) else {}
+    required = schema.get("required")
+    required = required if isinstance(required, list) else []
     missing = [k for k in required if isinstance(k, str) and k not in args]
     if missing:
         return f"missing required {missing[0]!r}"
@@ -70,7 +75,7 @@ def call_problem(call: Mapping[str, Any], tools: dict[str, Mapping[str, Any]]) -
     return None
 
 
-def _type_fits(value: Any, kind: Any) -> bool:
+def _type_fits(value: object, kind: object) -> bool:
     kinds = kind if isinstance(kind, list) else [kind]
     known = [k for k in kinds if isinstance(k, str) and k in _TYPES]
     if not known:

@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from regen.client.server_info import fetch_server_info
+from regen.core import jsontext
 from regen.core.errors import ConfigError, TrapError
 from regen.serve import vllm as vllm_serving
 from regen.targets import Family
@@ -99,9 +100,10 @@ class ServerCheck:
     url: str
     algorithm: str
     draft_path: str
-    num_steps: Any = None
-    eagle_topk: Any = None
-    num_draft_tokens: Any = None
+    #: the speculative settings as the server reported them (None: not reported)
+    num_steps: object = None
+    eagle_topk: object = None
+    num_draft_tokens: object = None
     accept_lengths: list[float] = field(default_factory=list)
 
     @property
@@ -117,11 +119,11 @@ class ServerCheck:
         return avg is not None and avg <= LOW_ACCEPT_LENGTH
 
 
-def accept_lengths(info: dict[str, Any]) -> list[float]:
+def accept_lengths(info: Mapping[str, object]) -> list[float]:
     """``internal_states[i].avg_spec_accept_length`` of a /server_info answer, where reported."""
     return [
         float(s["avg_spec_accept_length"])
-        for s in info.get("internal_states") or []
+        for s in jsontext.iterate(info.get("internal_states") or [])
         if isinstance(s, dict) and s.get("avg_spec_accept_length") is not None
     ]
 
@@ -138,7 +140,7 @@ def verify_server(
 
 def verify_any(
     url: str, draft_dir: str, *, timeout: float = 10.0, api_key: str | None = None
-) -> Any:
+) -> ServerCheck | vllm_serving.VllmCheck:
     """:func:`verify_server` for SGLang, :func:`regen.serve.vllm.verify_vllm_server`
     for vLLM (a ServerCheck or a VllmCheck), by the engine the server is."""
 
@@ -152,12 +154,12 @@ def verify_any(
     return verify_server(url, draft_dir, timeout=timeout, api_key=api_key)
 
 
-def check_server_info(info: dict[str, Any], url: str, draft_dir: str | None) -> ServerCheck:
+def check_server_info(info: Mapping[str, object], url: str, draft_dir: str | None) -> ServerCheck:
     """What :func:`verify_server` checks, on a /server_info answer already read: exactly EAGLE3
     (TrapError ``eagle-vs-eagle3``), and, when ``draft_dir`` is given, that draft
     (TrapError ``wrong-draft``)."""
     algo = info.get("speculative_algorithm")
-    traps.check_algorithm(algo, f"{url} speculative_algorithm")
+    traps.check_algorithm(None if algo is None else str(algo), f"{url} speculative_algorithm")
     served = info.get("speculative_draft_model_path")
     if draft_dir is not None and (not served or not _same_path(str(served), draft_dir)):
         raise TrapError(

@@ -42,9 +42,10 @@ import asyncio
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from regen.client.endpoints import server_root
 from regen.client.profiles import identify
@@ -56,8 +57,13 @@ from regen.client.profiles.vllm import (
     dev_speculative,
 )
 from regen.client.server_load import counter_total, parse_metrics
+from regen.core import jsontext
 from regen.core.errors import ConfigError, EndpointError, TrapError
+from regen.core.jsontext import JsonObject
 from regen.targets import Family
+
+if TYPE_CHECKING:
+    from regen.client.profiles.base import Identity
 from regen.train import traps
 from regen.train.traps import LOW_ACCEPT_LENGTH
 
@@ -72,7 +78,7 @@ TOP_KEY = "eagle_aux_hidden_state_layer_ids"
 CONFIG = "config.json"
 
 
-def check_method(method: Any, where: str) -> None:
+def check_method(method: object, where: str) -> None:
     """``method`` must be exactly vLLM's ``eagle3`` (see the module docstring)."""
     if method != VLLM_EAGLE3:
         raise TrapError(
@@ -85,10 +91,10 @@ def check_method(method: Any, where: str) -> None:
         )
 
 
-def check_architecture(archs: Any, where: str) -> None:
+def check_architecture(archs: object, where: str) -> None:
     """An EAGLE-1 draft (``Eagle...`` but not ``Eagle3``) cannot take vLLM's eagle3 method.
     (A plain ``LlamaForCausalLM`` is fine: vLLM names it ``Eagle3LlamaForCausalLM``.)"""
-    names = [a for a in archs or () if isinstance(a, str)]
+    names = [a for a in jsontext.iterate(archs or ()) if isinstance(a, str)]
     bad = [a for a in names if a.startswith("Eagle") and "Eagle3" not in a]
     if bad:
         raise TrapError(
@@ -100,10 +106,10 @@ def check_architecture(archs: Any, where: str) -> None:
         )
 
 
-def read_config(draft_dir: str | Path) -> dict[str, Any]:
+def read_config(draft_dir: str | Path) -> JsonObject:
     p = Path(draft_dir) / CONFIG
     try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
+        cfg = jsontext.loads(p.read_text(encoding="utf-8"))
     except OSError as e:
         raise ConfigError(f"cannot read {p}: {e.strerror or e}", field="draft") from None
     except ValueError as e:
@@ -113,9 +119,10 @@ def read_config(draft_dir: str | Path) -> dict[str, Any]:
     return cfg
 
 
-def config_aux_ids(cfg: dict[str, Any]) -> list[int] | None:
+def config_aux_ids(cfg: Mapping[str, object]) -> list[int] | None:
     """The aux ids a draft config gives vLLM, in vLLM's order of reading (module docstring)."""
-    ids = cfg.get(TOP_KEY) or (cfg.get("eagle_config") or {}).get(TOP_KEY)
+    nested = cfg.get("eagle_config") or {}
+    ids = cfg.get(TOP_KEY) or (nested.get(TOP_KEY) if isinstance(nested, Mapping) else None)
     return [int(i) for i in ids] if isinstance(ids, list) and ids else None
 
 
@@ -131,24 +138,23 @@ def write_vllm_draft(draft_dir: str | Path, out_dir: str | Path | None = None) -
     src = Path(draft_dir).resolve()
     cfg = read_config(src)
     if COPY_RECORD in cfg:
-        raise ConfigError(
-            f"{src} is already a vLLM copy (of {cfg[COPY_RECORD].get('source')}): serve it as is",
-            field="draft",
-        )
+        record = cfg[COPY_RECORD]
+        of = record.get("source") if isinstance(record, dict) else record
+        raise ConfigError(f"{src} is already a vLLM copy (of {of}): serve it as is", field="draft")
     check_architecture(cfg.get("architectures"), str(src))
     out = Path(out_dir).resolve() if out_dir is not None else src.with_name(src.name + "-vllm")
     if out == src:
         raise ConfigError("the vLLM copy must go to another folder than the draft", field="out")
     ids = config_aux_ids(cfg)
     copy = json.loads(json.dumps(cfg))
-    record: dict[str, Any] = {"source": str(src), "specforge_aux_layer_ids": ids}
+    made: dict[str, object] = {"source": str(src), "specforge_aux_layer_ids": ids}
     if ids is not None:
         vids = to_vllm_ids(ids)
         copy.setdefault("eagle_config", {})[TOP_KEY] = vids
         if TOP_KEY in copy:
             copy[TOP_KEY] = vids
-        record["vllm_aux_layer_ids"] = vids
-    copy[COPY_RECORD] = record
+        made["vllm_aux_layer_ids"] = vids
+    copy[COPY_RECORD] = made
     out.mkdir(parents=True, exist_ok=True)
     for p in src.iterdir():
         if p.name == CONFIG or not p.is_file():
@@ -161,7 +167,7 @@ def write_vllm_draft(draft_dir: str | Path, out_dir: str | Path | None = None) -
     tmp.write_text(json.dumps(copy, indent=2) + "\n", encoding="utf-8")
     tmp.replace(out / CONFIG)
     log.info("wrote the vLLM copy of %s to %s (aux ids %s -> %s)", src, out, ids,
-             record.get("vllm_aux_layer_ids"))  # fmt: skip
+             made.get("vllm_aux_layer_ids"))  # fmt: skip
     return out
 
 
@@ -196,7 +202,8 @@ def check_vllm_draft(draft_dir: str | Path) -> VllmDraft:
             f"{to_vllm_ids(ids)}).",
         )
     trained = record.get("specforge_aux_layer_ids")
-    want = to_vllm_ids(list(trained)) if isinstance(trained, list) else None
+    trained_ids = _ints(trained)
+    want = to_vllm_ids(trained_ids) if trained_ids is not None else None
     if want != ids:
         raise TrapError(
             traps.TRAP_LAYER_NUMBERING,
@@ -204,10 +211,18 @@ def check_vllm_draft(draft_dir: str | Path) -> VllmDraft:
             f"numbering), but its config now gives vLLM the aux ids {ids}, not {want}.",
             f"rewrite the copy: `regen serve-command {record.get('source')} --engine vllm`.",
         )
-    return VllmDraft(str(draft_dir), trained, ids)
+    return VllmDraft(str(draft_dir), trained_ids, ids)
 
 
-def speculative_config(draft_dir: str, num_speculative_tokens: int = 3) -> dict[str, Any]:
+def _ints(value: object) -> list[int] | None:
+    """``value`` when it is a list of integers, else None."""
+    if not isinstance(value, list):
+        return None
+    ints = [i for i in value if isinstance(i, int)]
+    return ints if len(ints) == len(value) else None
+
+
+def speculative_config(draft_dir: str, num_speculative_tokens: int = 3) -> dict[str, str | int]:
     """vLLM's ``--speculative-config`` for an EAGLE-3 draft."""
     return {
         "method": VLLM_EAGLE3,
@@ -311,7 +326,7 @@ def read_counters(url: str, *, api_key: str | None = None, timeout: float = 10.0
     return counters
 
 
-def read_dev_speculative(url: str, *, api_key: str | None, timeout: float) -> dict[str, Any]:
+def read_dev_speculative(url: str, *, api_key: str | None, timeout: float) -> dict[str, object]:
     """The speculative settings of a dev-mode server's /server_info ({}: not in dev mode)."""
     try:
         status, text = _get(f"{server_root(url)}/server_info?config_format=json", api_key, timeout)
@@ -371,9 +386,12 @@ def verify_vllm_server(
     if draft is None:
         unchecked.append("the draft's aux layers (pass --draft DRAFT_DIR)")
     k = dev.get("num_speculative_tokens") or (len(counters.per_position) or None)
+    method = dev.get("method")  # eagle3 when shown: check_method
     check = VllmCheck(
-        url=url, version=version, draft=draft, num_speculative_tokens=k, counters=counters,
-        method=dev.get("method"), draft_path=served, unchecked=unchecked,
+        url=url, version=version, draft=draft,
+        num_speculative_tokens=k if isinstance(k, int) else None, counters=counters,
+        method=method if isinstance(method, str) else None,
+        draft_path=None if served is None else str(served), unchecked=unchecked,
     )  # fmt: skip
     accept = check.avg_accept_length
     if accept is not None and accept <= LOW_ACCEPT_LENGTH:
@@ -385,7 +403,7 @@ def _same_path(a: str, b: str) -> bool:
     return os.path.normpath(a) == os.path.normpath(b) or os.path.realpath(a) == os.path.realpath(b)
 
 
-async def _identify(url: str, api_key: str | None, timeout: float) -> Any:
+async def _identify(url: str, api_key: str | None, timeout: float) -> Identity:
     import httpx2
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -393,6 +411,6 @@ async def _identify(url: str, api_key: str | None, timeout: float) -> Any:
         return await identify(http, server_root(url), headers)
 
 
-def identify_server(url: str, *, api_key: str | None = None, timeout: float = 10.0) -> Any:
+def identify_server(url: str, *, api_key: str | None = None, timeout: float = 10.0) -> Identity:
     """Which engine serves ``url`` (regen.client.profiles.Identity)."""
     return asyncio.run(_identify(url, api_key, timeout))

@@ -22,7 +22,6 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 #: bytes hashed at each end of a file for its signature
 HEAD_TAIL_BYTES = 64 * 1024
@@ -110,8 +109,8 @@ def locate_parquet_row(starts: list[int], ordinal: int) -> tuple[int, int]:
 
 
 def read_parquet_rows(
-    source: Any, wanted: dict[int, list[int]], columns: list[str] | None = None
-) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    source: object, wanted: dict[int, list[int]], columns: list[str] | None = None
+) -> Iterator[tuple[int, int, dict[str, object]]]:
     """``(group, row, data)`` for every row in ``wanted`` ({group: [row in group]}), reading
     only those row groups, in file order. ``source``: a path or an open pyarrow file."""
     import pyarrow as pa

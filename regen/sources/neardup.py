@@ -32,7 +32,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 import rensa
@@ -105,6 +105,16 @@ def lsh_params(threshold: float, num_perm: int, recall: float = BAND_RECALL) -> 
     return num_perm, 1
 
 
+class Keyed(Protocol):
+    """What the index keeps of an item it indexes (a :class:`Sample`, or another record)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def source(self) -> str: ...
+
+
 @dataclass(slots=True, frozen=True)
 class NearMatch:
     """The indexed sample a new one duplicates."""
@@ -119,7 +129,7 @@ class NearReport:
     """Near-duplicates dropped, per (source, duplicate-of source) pair, with a few examples."""
 
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
-    examples: dict[tuple[str, str], list[dict[str, Any]]] = field(default_factory=dict)
+    examples: dict[tuple[str, str], list[dict[str, object]]] = field(default_factory=dict)
 
     def add(self, sample: Sample, match: NearMatch, text: str) -> None:
         pair = (sample.source, match.source)
@@ -142,7 +152,7 @@ class NearReport:
     def total(self) -> int:
         return sum(self.counts.values())
 
-    def to_dict(self, order: Iterable[str]) -> list[dict[str, Any]]:
+    def to_dict(self, order: Iterable[str]) -> list[dict[str, object]]:
         """The pairs in manifest ``order`` (dropped source, then duplicate-of source)."""
         rank = {name: i for i, name in enumerate(order)}
         far = len(rank)
@@ -255,10 +265,15 @@ class NearDuplicates:
         self._source_of = array("H")
         self.count = 0  #: samples indexed
 
-    def match_or_add(self, sample: Sample, text: str | None = None) -> NearMatch | None:
+    def match_or_add(self, sample: Keyed, text: str | None = None) -> NearMatch | None:
         """The indexed sample ``sample`` near-duplicates (best match, earliest on a tie), or
-        None after indexing ``sample`` itself. Samples with no words are neither."""
-        sh = shingles(near_text(sample) if text is None else text, self.shingle)
+        None after indexing ``sample`` itself. Samples with no words are neither. ``text``: what
+        is compared (default: :func:`near_text`, of a :class:`Sample`)."""
+        if text is None:
+            if not isinstance(sample, Sample):
+                raise TypeError(f"the text of a {type(sample).__name__} must be given")
+            text = near_text(sample)
+        sh = shingles(text, self.shingle)
         if not sh:
             return None
         mh = rensa.RMinHash(self.num_perm, SEED)
@@ -296,7 +311,7 @@ class NearDuplicates:
         start = self._id_ends[n - 1] if n else 0
         return self._ids[start : self._id_ends[n]].decode("utf-8")
 
-    def _add(self, sample: Sample, keys: list[int], sig: np.ndarray) -> None:
+    def _add(self, sample: Keyed, keys: list[int], sig: np.ndarray) -> None:
         n = self.count
         if n % SIG_CHUNK == 0:
             self._sigs.append(np.zeros((SIG_CHUNK, self.num_perm), dtype=np.uint8))

@@ -24,10 +24,9 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 from regen.core import jsontext
@@ -56,7 +55,7 @@ class RawRow:
     """One decoded row of a source, before any adapter looked at it."""
 
     row: int  #: 1-based position in the source (JSONL: line number)
-    data: dict[str, Any]
+    data: Mapping[str, object]
     #: JSONL: (byte offset, length) of the line (where the row is, not what it is)
     loc: tuple[int, int] | None = dataclasses.field(default=None, compare=False)
 
@@ -126,7 +125,7 @@ def _iter_jsonl(name: str, path: Path) -> Iterator[RawRow | Rejection]:
             yield RawRow(lineno, data, (start, len(line)))
 
 
-def invalid_unicode(name: str, row: int, data: dict[str, Any]) -> Rejection | None:
+def invalid_unicode(name: str, row: int, data: Mapping[str, object]) -> Rejection | None:
     """The ``invalid_unicode`` rejection of a decoded row holding a lone surrogate, or None."""
     hit = unencodable_field(data)
     if hit is None:

@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import cast
 
 from regen.core import jsontext
+from regen.core.chat import Role, ToolSpec
 from regen.core.errors import RowError
+from regen.core.jsontext import JsonValue
 from regen.core.sample import Message, ToolCall
 
 #: upstream role names → regen roles
-ROLE_MAP: dict[str, str] = {
+ROLE_MAP: dict[str, Role] = {
     "human": "user",
     "user": "user",
     "gpt": "assistant",
@@ -43,9 +45,9 @@ class Parsed:
     """What a row shape yields: the conversation, its tools, and the upstream id if any."""
 
     messages: list[Message]
-    tools: list[dict[str, Any]] | None = None
-    upstream_id: Any | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    tools: list[ToolSpec] | None = None
+    upstream_id: object = None
+    meta: dict[str, JsonValue] = field(default_factory=dict)
     #: False when the upstream id names a group of rows (SWE-Gym's instance_id: several
     #: trajectories per task); the sample id then always carries a content hash
     id_unique: bool = True
@@ -57,28 +59,30 @@ class Tokens:
 
     input_ids: list[int]
     loss_mask: list[int]
-    upstream_id: Any | None = None
+    upstream_id: object = None
 
 
-Parser = Callable[[dict[str, Any]], Parsed]
+#: one raw row of a source (JSON, or what pyarrow made of a Parquet row)
+Row = Mapping[str, object]
+Parser = Callable[[Row], Parsed]
 
 
 # --- helpers -------------------------------------------------------------------------------
 
 
-def _get(row: dict[str, Any], key: str) -> Any:
+def _get(row: Mapping[str, object], key: str) -> object:
     if key not in row or row[key] is None:
         raise RowError("missing_field", f"no {key!r}", field=key)
     return row[key]
 
 
-def _str(value: Any, where: str) -> str:
+def _str(value: object, where: str) -> str:
     if not isinstance(value, str):
         raise RowError("wrong_type", f"expected text, got {type(value).__name__}", field=where)
     return value
 
 
-def _opt_str(value: Any, where: str) -> str | None:
+def _opt_str(value: object, where: str) -> str | None:
     """An optional text field: None when absent, null or empty, else its text (wrong_type when
     it is not text)."""
     if value is None or value == "":
@@ -86,19 +90,19 @@ def _opt_str(value: Any, where: str) -> str | None:
     return _str(value, where)
 
 
-def _list(value: Any, where: str) -> list[Any]:
+def _list(value: object, where: str) -> list[object]:
     if not isinstance(value, list):
         raise RowError("wrong_type", f"expected a list, got {type(value).__name__}", field=where)
     return value
 
 
-def _role(raw: Any, where: str) -> str:
+def _role(raw: object, where: str) -> Role:
     if not isinstance(raw, str) or raw.strip().lower() not in ROLE_MAP:
         raise RowError("unknown_role", f"role {raw!r}", field=where)
     return ROLE_MAP[raw.strip().lower()]
 
 
-def _upstream_id(row: dict[str, Any], *keys: str) -> Any | None:
+def _upstream_id(row: Mapping[str, object], *keys: str) -> object:
     for k in keys:
         v = row.get(k)
         if v is not None and str(v).strip():
@@ -106,7 +110,7 @@ def _upstream_id(row: dict[str, Any], *keys: str) -> Any | None:
     return None
 
 
-def _json_arg(raw: Any, where: str) -> str:
+def _json_arg(raw: object, where: str) -> str:
     """Tool-call arguments as a JSON string (a dict is dumped, a string must parse)."""
     if isinstance(raw, str):
         try:
@@ -146,27 +150,31 @@ def _assistant(text: str) -> Message:
 # --- 1. ShareGPT from/value -------------------------------------------------------------------
 
 
-def parse_from_value(row: dict[str, Any], *, system_key: str | None = None) -> Parsed:
+def parse_from_value(row: Mapping[str, object], *, system_key: str | None = None) -> Parsed:
     """``conversations: [{from, value}]`` (ShareGPT, OpenThoughts, Perfect-Blend)."""
     turns = _list(_get(row, "conversations"), "conversations")
     messages: list[Message] = []
-    if system_key and isinstance(row.get(system_key), str) and row[system_key].strip():
-        messages.append(Message("system", row[system_key]))
+    system = row.get(system_key) if system_key else None
+    if isinstance(system, str) and system.strip():
+        messages.append(Message("system", system))
     for i, t in enumerate(turns):
         where = f"conversations[{i}]"
         if not isinstance(t, dict):
             raise RowError("wrong_type", "a turn is not an object", field=where)
         role = _role(t.get("from"), f"{where}.from")
         value = _str(t.get("value"), f"{where}.value")
-        messages.append(_assistant(value) if role == "assistant" else Message(role, value))  # type: ignore[arg-type]
-    meta = {"upstream_source": row["source"]} if isinstance(row.get("source"), str) else {}
+        messages.append(_assistant(value) if role == "assistant" else Message(role, value))
+    upstream_source = row.get("source")
+    meta: dict[str, JsonValue] = (
+        {"upstream_source": upstream_source} if isinstance(upstream_source, str) else {}
+    )
     return Parsed(messages, None, _upstream_id(row, "id"), meta)
 
 
 # --- 2. OpenAI messages -----------------------------------------------------------------------
 
 
-def _content(raw: Any, where: str) -> str:
+def _content(raw: object, where: str) -> str:
     if raw is None:
         return ""
     if isinstance(raw, str):
@@ -182,19 +190,21 @@ def _content(raw: Any, where: str) -> str:
     raise RowError("wrong_type", f"content is {type(raw).__name__}", field=where)
 
 
-def _tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
+def _tool_calls(raw: object, where: str) -> tuple[ToolCall, ...]:
     calls = []
     for j, c in enumerate(_list(raw, where)):
         w = f"{where}[{j}]"
         fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(c, dict) or not isinstance(fn, dict) or not isinstance(name, str) \
+                or not name:  # fmt: skip
             raise RowError("bad_tool_json", "tool call without function.name", field=w)
         args = _json_arg(fn.get("arguments", "{}"), f"{w}.function.arguments")
-        calls.append(ToolCall(str(c.get("id") or f"functions.{fn['name']}:{j}"), fn["name"], args))
+        calls.append(ToolCall(str(c.get("id") or f"functions.{name}:{j}"), name, args))
     return tuple(calls)
 
 
-def _tools_column(raw: Any, where: str) -> list[dict[str, Any]] | None:
+def _tools_column(raw: object, where: str) -> list[ToolSpec] | None:
     if raw is None or raw == "" or raw == []:
         return None
     if isinstance(raw, str):
@@ -207,7 +217,7 @@ def _tools_column(raw: Any, where: str) -> list[dict[str, Any]] | None:
     return check_tools(raw, where)
 
 
-def check_tools(tools: list[dict[str, Any]], where: str = "tools") -> list[dict[str, Any]]:
+def check_tools(tools: list[dict[str, object]], where: str = "tools") -> list[ToolSpec]:
     """``tools`` when each is a declaration both engines' protocol models take (SGLang's
     ``Tool``/``Function``, vLLM's ``ChatCompletionToolsParam``/``FunctionDefinition``): ``type``
     "function" or absent, ``function`` an object with a non-empty text ``name``, a text
@@ -228,7 +238,7 @@ def check_tools(tools: list[dict[str, Any]], where: str = "tools") -> list[dict[
             if fn.get(key) is not None and not isinstance(fn[key], ok):
                 detail = f"{key} is {type(fn[key]).__name__}, not {kind}"
                 raise RowError("bad_tool_json", detail, field=f"{w}.function.{key}")
-    return tools
+    return cast("list[ToolSpec]", tools)  # each checked above
 
 
 #: a function declaration's optional fields: (key, what it must be, its type)
@@ -236,7 +246,7 @@ _FUNCTION_FIELDS = (("description", "text", str), ("parameters", "an object", di
                     ("strict", "a bool", bool))  # fmt: skip
 
 
-def parse_messages(row: dict[str, Any]) -> Parsed:
+def parse_messages(row: Mapping[str, object]) -> Parsed:
     """``messages: [{role, content, tool_calls?, tool_call_id?, name?}]`` (UltraChat, SWE-Gym)."""
     msgs = _list(_get(row, "messages"), "messages")
     messages: list[Message] = []
@@ -264,7 +274,7 @@ def parse_messages(row: dict[str, Any]) -> Parsed:
                 )
             )
         else:
-            messages.append(Message(role, content))  # type: ignore[arg-type]
+            messages.append(Message(role, content))
     tools = _tools_column(row.get("tools"), "tools")
     upstream = _upstream_id(row, "id", "prompt_id")
     if upstream is not None:
@@ -275,7 +285,7 @@ def parse_messages(row: dict[str, Any]) -> Parsed:
 # --- 3. input/output --------------------------------------------------------------------------
 
 
-def parse_input_output(row: dict[str, Any]) -> Parsed:
+def parse_input_output(row: Mapping[str, object]) -> Parsed:
     """``input`` (the problem), ``output`` (the answer, often with <think>): OpenCodeReasoning."""
     prompt = _str(_get(row, "input"), "input")
     if prompt.strip() == "-":
@@ -306,7 +316,7 @@ _XLAM_TYPES = {
 }
 
 
-def _xlam_type(t: Any) -> tuple[str, bool]:
+def _xlam_type(t: object) -> tuple[str, bool]:
     """(JSON-schema type, optional?) of an xLAM type string such as ``List[int], optional``."""
     text = str(t or "string")
     optional = "optional" in text.lower()
@@ -314,18 +324,18 @@ def _xlam_type(t: Any) -> tuple[str, bool]:
     return _XLAM_TYPES.get(base, "string"), optional
 
 
-def _xlam_tool(t: Any, where: str) -> dict[str, Any]:
+def _xlam_tool(t: object, where: str) -> ToolSpec:
     if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
         raise RowError("bad_tool_json", "tool without a name", field=where)
     params = t.get("parameters") or {}
     if not isinstance(params, dict):
         raise RowError("bad_tool_json", "parameters is not an object", field=where)
-    props: dict[str, Any] = {}
-    required = []
+    props: dict[str, JsonValue] = {}
+    required: list[JsonValue] = []
     for pname, spec in params.items():
         spec = spec if isinstance(spec, dict) else {}
         jtype, optional = _xlam_type(spec.get("type"))
-        prop: dict[str, Any] = {"type": jtype}
+        prop: dict[str, JsonValue] = {"type": jtype}
         if spec.get("description"):
             prop["description"] = str(spec["description"])
         if "default" in spec and spec["default"] not in (None, ""):
@@ -343,7 +353,7 @@ def _xlam_tool(t: Any, where: str) -> dict[str, Any]:
     }
 
 
-def _json_column(row: dict[str, Any], key: str) -> Any:
+def _json_column(row: Mapping[str, object], key: str) -> object:
     raw = _get(row, key)
     if isinstance(raw, str):
         try:
@@ -353,7 +363,7 @@ def _json_column(row: dict[str, Any], key: str) -> Any:
     return raw
 
 
-def parse_xlam(row: dict[str, Any]) -> Parsed:
+def parse_xlam(row: Mapping[str, object]) -> Parsed:
     """``query`` + JSON-string ``tools`` and ``answers`` → user turn, tools, assistant calls."""
     query = _str(_get(row, "query"), "query")
     tools_raw = _json_column(row, "tools")
@@ -383,7 +393,7 @@ _GLAIVE_ARGS_QUOTED = re.compile(r"""("arguments"\s*:\s*)'(.*)'(\s*}\s*)$""", re
 _EOT = "<|endoftext|>"
 
 
-def _glaive_functions(system: str) -> tuple[str, list[dict[str, Any]] | None]:
+def _glaive_functions(system: str) -> tuple[str, list[ToolSpec] | None]:
     """The system prose and the function definitions (concatenated JSON objects) after it."""
     text = system.strip()
     if text.upper().startswith("SYSTEM:"):
@@ -392,7 +402,7 @@ def _glaive_functions(system: str) -> tuple[str, list[dict[str, Any]] | None]:
     if start < 0:
         return text, None
     prose, rest = text[:start].strip(), text[start:]
-    tools: list[dict[str, Any]] = []
+    tools: list[dict[str, object]] = []
     pos = 0
     while pos < len(rest):
         while pos < len(rest) and rest[pos].isspace():
@@ -419,13 +429,14 @@ def _glaive_call(body: str, index: int) -> ToolCall:
         obj = jsontext.loads(text)
     except json.JSONDecodeError as e:
         raise RowError("bad_tool_json", f"function call: {e.msg}", field="chat") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+    name = obj.get("name") if isinstance(obj, dict) else None
+    if not isinstance(obj, dict) or not isinstance(name, str):
         raise RowError("bad_tool_json", "function call without a name", field="chat")
     args = _json_arg(obj.get("arguments") or {}, "chat")
-    return ToolCall(f"functions.{obj['name']}:{index}", obj["name"], args)
+    return ToolCall(f"functions.{name}:{index}", name, args)
 
 
-def parse_glaive(row: dict[str, Any]) -> Parsed:
+def parse_glaive(row: Mapping[str, object]) -> Parsed:
     """``system`` (prose + function definitions), ``chat`` (USER:/ASSISTANT:/FUNCTION RESPONSE:)."""
     chat = _str(_get(row, "chat"), "chat")
     system = row.get("system")
@@ -472,7 +483,7 @@ def parse_glaive(row: dict[str, Any]) -> Parsed:
 # --- 6. instruction/response ------------------------------------------------------------------
 
 
-def parse_instruction_response(row: dict[str, Any]) -> Parsed:
+def parse_instruction_response(row: Mapping[str, object]) -> Parsed:
     """``instruction`` and ``response`` (Magicoder)."""
     instruction = _str(_get(row, "instruction"), "instruction")
     response = _str(row.get("response") or "", "response")
@@ -485,15 +496,12 @@ def parse_instruction_response(row: dict[str, Any]) -> Parsed:
 # --- 7. native tokens -------------------------------------------------------------------------
 
 
-def parse_native(row: dict[str, Any]) -> Tokens:
+def parse_native(row: Mapping[str, object]) -> Tokens:
     """``input_ids`` and ``loss_mask``: structural checks only (ints, equal lengths, 0/1 mask)."""
-    ids = _get(row, "input_ids")
-    mask = _get(row, "loss_mask")
-    for key, seq in (("input_ids", ids), ("loss_mask", mask)):
-        if not isinstance(seq, list) or not all(
-            isinstance(x, int) and not isinstance(x, bool) for x in seq
-        ):
-            raise RowError("id_type", "expected a list of integers", field=key)
+    raw_ids = _get(row, "input_ids")
+    raw_mask = _get(row, "loss_mask")
+    ids = _ints(raw_ids, "input_ids")
+    mask = _ints(raw_mask, "loss_mask")
     if not ids:
         raise RowError("empty", "input_ids is empty", field="input_ids")
     if len(ids) != len(mask):
@@ -507,6 +515,16 @@ def parse_native(row: dict[str, Any]) -> Tokens:
     if not any(mask):
         raise RowError("mask_all_zero", "loss_mask has no 1", field="loss_mask")
     return Tokens(list(ids), list(mask), _upstream_id(row, "id"))
+
+
+def _ints(value: object, key: str) -> list[int]:
+    """``value`` when it is a list of integers (not bools), else ``id_type`` naming ``key``."""
+    if not isinstance(value, list) or not all(
+        isinstance(x, int) and not isinstance(x, bool) for x in value
+    ):
+        raise RowError("id_type", "expected a list of integers", field=key)
+    ints: list[int] = value
+    return ints
 
 
 def check_texts(messages: list[Message]) -> None:

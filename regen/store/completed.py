@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 
 from regen.store.counts import SourceCounts, count_rows, net_counts
+from regen.store.schema import Row
 
 
 @dataclass(slots=True)
@@ -23,7 +23,7 @@ class CompletedSample:
 
     sample_id: str
     source: str
-    rows: list[dict[str, Any]]
+    rows: list[Row]
     #: a new attempt: the counters of the answer it replaces (None: the first answer)
     replaces: SourceCounts | None = None
     line: bytes | None = None  #: its journal line without ``replaces``, when packed

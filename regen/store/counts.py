@@ -18,11 +18,12 @@ Values are strict: ``"40"`` or ``true`` is not a count.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, ClassVar
+from collections.abc import Iterable, Mapping
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
+from regen.core import jsontext
 from regen.core.result import LOOP
 
 
@@ -37,7 +38,7 @@ class CountsModel(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _required_in_files(cls, data: Any, info: ValidationInfo) -> Any:
+    def _required_in_files(cls, data: object, info: ValidationInfo) -> object:
         if info.mode == "json" and isinstance(data, dict):
             cls.check_file(data)
             missing = [k for k in cls.REQUIRED if k not in data]
@@ -46,7 +47,7 @@ class CountsModel(BaseModel):
         return data
 
     @classmethod
-    def check_file(cls, data: dict[str, Any]) -> None:
+    def check_file(cls, data: Mapping[str, object]) -> None:
         """What a file's data must pass before anything else (raise ValueError)."""
 
 
@@ -103,10 +104,9 @@ class SourceCounts(CountsModel):
 
     def counts(self) -> SourceCounts:
         """The counters alone (a copy; of a subclass, without what it adds)."""
-        return SourceCounts(
-            **{n: getattr(self, n) for n in SCALAR_COUNTS},
-            **{n: dict(getattr(self, n)) for n in MAPPING_COUNTS},
-        )
+        values: dict[str, object] = {n: getattr(self, n) for n in SCALAR_COUNTS}
+        values.update({n: dict(getattr(self, n)) for n in MAPPING_COUNTS})
+        return SourceCounts.model_validate(values)
 
     def less(self, *others: SourceCounts) -> SourceCounts:
         """The counters less all of ``others``, each clamped at 0 (a flag left at 0 or below
@@ -163,27 +163,27 @@ def add_flag_counts(into: dict[str, int], other: dict[str, int], sign: int = 1) 
             into.pop(flag, None)
 
 
-def count_rows(rows: Iterable[dict[str, Any]]) -> SourceCounts:
+def count_rows(rows: Iterable[Mapping[str, object]]) -> SourceCounts:
     """The counters of one sample's rows (done = 1)."""
     c = SourceCounts(done=1)
     trunc = False
     for r in rows:
         c.rows += 1
-        c.prompt_tokens += int(r.get("prompt_tokens") or 0)
-        c.completion_tokens += int(r.get("completion_tokens") or 0)
+        c.prompt_tokens += _count(r.get("prompt_tokens"))
+        c.completion_tokens += _count(r.get("completion_tokens"))
         trunc = trunc or r.get("finish_reason") == "length"
         if r.get("finish_reason") == LOOP:
             c.loop_cut += 1
-            c.cut_saved += int(r.get("cut_saved") or 0)
-        if r.get("cached_tokens") is not None:
-            c.cache_prompt_tokens += int(r.get("prompt_tokens") or 0)
-            c.cached_tokens += int(r["cached_tokens"])
-        for flag in r.get("quality_flags") or ():
-            c.flags[flag] = c.flags.get(flag, 0) + 1
-        if r.get("ended"):
-            c.ended[r["ended"]] = 1
-        if r.get("settings"):
-            c.settings[r["settings"]] = 1
+            c.cut_saved += _count(r.get("cut_saved"))
+        if (cached := r.get("cached_tokens")) is not None:
+            c.cache_prompt_tokens += _count(r.get("prompt_tokens"))
+            c.cached_tokens += _count(cached)
+        for flag in jsontext.iterate(r.get("quality_flags") or ()):
+            c.flags[str(flag)] = c.flags.get(str(flag), 0) + 1
+        if ended := r.get("ended"):
+            c.ended[str(ended)] = 1
+        if settings := r.get("settings"):
+            c.settings[str(settings)] = 1
     c.truncated = int(trunc)
     c.flagged = int(bool(c.flags))
     return c
@@ -200,7 +200,16 @@ def net_counts(own: SourceCounts, replaces: SourceCounts | None) -> SourceCounts
     return c
 
 
-def output_tokens(rows: Iterable[dict[str, Any]]) -> list[int]:
+def output_tokens(rows: Iterable[Mapping[str, object]]) -> list[int]:
     """Completion tokens of the regenerated rows (native rows are not answers of the server)."""
-    return [int(r.get("completion_tokens") or 0) for r in rows
+    return [_count(r.get("completion_tokens")) for r in rows
             if r.get("token_source") != "native"]  # fmt: skip
+
+
+def _count(value: object) -> int:
+    """A row's count column as an int (null: 0; TypeError for a value that is no number)."""
+    if not value:
+        return 0
+    if isinstance(value, int | float | str):
+        return int(value)
+    raise TypeError(f"a count is a number, not {type(value).__name__}")

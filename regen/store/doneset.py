@@ -16,7 +16,6 @@ import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,6 +36,7 @@ from regen.store.parts import (
     source_totals,
 )
 from regen.store.rundir import RunDir
+from regen.store.schema import Row
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,8 @@ class FlaggedAnswer:
                    tuple(sorted(c.flags.items())))  # fmt: skip
 
     def to_counts(self) -> SourceCounts:
-        return SourceCounts(**dict(zip(SCALAR_COUNTS, self.counts, strict=True)),
-                            flags=dict(self.flags))  # fmt: skip
+        values: dict[str, object] = dict(zip(SCALAR_COUNTS, self.counts, strict=True))
+        return SourceCounts.model_validate({**values, "flags": dict(self.flags)})
 
     @property
     def flag_names(self) -> frozenset[str]:
@@ -111,7 +111,7 @@ class DoneSet:
         )
         return out.rename_columns(["sample_id", "content_hash"])
 
-    def add(self, source: str, sample_id: str, rows: Iterable[dict[str, Any]]) -> None:
+    def add(self, source: str, sample_id: str, rows: Iterable[Row]) -> None:
         """Count one stored answer of a sample (its rows)."""
         rows = list(rows)
         self.add_answer(source, sample_id, rows_attempt(rows), count_rows(rows))

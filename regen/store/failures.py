@@ -13,7 +13,7 @@ requested again by the next run.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import IO
 
 from pydantic import ValidationError
 
@@ -21,6 +21,8 @@ from regen.core.errors import RunDirError
 from regen.store import layout
 from regen.store.layout import FailureRecord
 from regen.store.rundir import RunDir
+
+__all__ = ["FailureLog", "FailureRecord", "read_failures"]
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +33,7 @@ class FailureLog:
     def __init__(self, rd: RunDir, session: str) -> None:
         self.rd = rd
         self.rel = layout.failures_path(session)
-        self._stream: Any = None
+        self._stream: IO[bytes] | None = None
         self._lines: list[bytes] = []
 
     def append(self, rec: FailureRecord) -> None:

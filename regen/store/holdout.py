@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -46,13 +45,13 @@ class BenchPrompt(BaseModel):
     #: which assistant turn of the sample the request asks for (0 = the first)
     turn: int = Field(0, ge=0)
     #: OpenAI chat messages, sent as they are
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[dict[str, object]] = Field(min_length=1)
     #: OpenAI tool declarations
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, object]] | None = None
 
     @field_validator("messages")
     @classmethod
-    def _messages(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _messages(cls, v: list[dict[str, object]]) -> list[dict[str, object]]:
         for i, m in enumerate(v):
             if m.get("role") not in ROLES:
                 raise ValueError(
@@ -82,7 +81,7 @@ def read_prompts(path: str | Path) -> list[BenchPrompt]:
             continue
         try:
             data = json.loads(line)
-        except ValueError as e:
+        except json.JSONDecodeError as e:
             raise ConfigError(f"{p}:{n}: not JSON ({e.msg})") from None
         try:
             out.append(BenchPrompt.model_validate(data))

@@ -48,13 +48,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from regen.core.errors import LockHeldError, RunDirError
 from regen.store import layout
 from regen.store.layout import LockRecord
-from regen.store.rundir import RunDir
+from regen.store.rundir import TMP_PREFIX, RunDir
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class LocalLockStore:
         return data, _digest(data)
 
     def _temp(self, data: bytes) -> str:
-        tmp = f"{os.path.dirname(self.path)}/{layout.TMP_PREFIX}{uuid.uuid4().hex[:8]}-lock"
+        tmp = f"{os.path.dirname(self.path)}/{TMP_PREFIX}{uuid.uuid4().hex[:8]}-lock"
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
@@ -218,12 +218,12 @@ class LocalLockStore:
         return True
 
 
-def s3_client_options(uri: str) -> dict[str, Any]:
+def s3_client_options(uri: str) -> dict[str, str]:
     """boto3 client options matching what pyarrow reads from an ``s3://`` URI's query
     (``endpoint_override``, ``scheme``, ``region``); credentials come from the standard AWS
     chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, profiles, instance roles)."""
     q = {k: v[-1] for k, v in parse_qs(urlsplit(uri).query).items()}
-    opts: dict[str, Any] = {}
+    opts: dict[str, str] = {}
     endpoint = q.get("endpoint_override")
     if endpoint:
         scheme = q.get("scheme", "https")
@@ -275,7 +275,8 @@ class S3LockStore:
             if self._conflict(e):
                 return None
             raise RunDirError(f"cannot write the lock s3://{self.bucket}/{self.key}: {e}") from e
-        return r["ETag"]
+        etag: str = r["ETag"]
+        return etag
 
     def create(self, data: bytes) -> str | None:
         return self._put(data, IfNoneMatch="*")

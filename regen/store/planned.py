@@ -41,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -63,6 +64,9 @@ from regen.store.layout import IndexedSource, PlanIndexRecord
 from regen.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
+
+#: where a source's rows come from (as regen.sources.reader decides)
+SourceKind = Literal["jsonl", "parquet", "hub"]
 
 #: format of plan/: a resume ignores (and rebuilds) an index of another version
 INDEX_VERSION = 1
@@ -91,7 +95,7 @@ SCHEMA = pa.schema(
 ROWS_SCHEMA = pa.schema([pa.field("sample", pa.string(), nullable=False)])
 
 
-def source_kind(manifest: Manifest, source: Source) -> str:
+def source_kind(manifest: Manifest, source: Source) -> SourceKind:
     """ "jsonl", "parquet" or "hub" (as regen.sources.reader decides)."""
     if source.path is None:
         return "hub"
@@ -136,7 +140,7 @@ def indexed_source(manifest: Manifest, source: Source) -> IndexedSource:
         return IndexedSource(kind="hub")
     path = manifest.resolve(source.path or "")
     sig = file_signature(path)
-    return IndexedSource(kind=kind, path=str(path), size=sig.size, mtime_ns=sig.mtime_ns,  # type: ignore[arg-type]
+    return IndexedSource(kind=kind, path=str(path), size=sig.size, mtime_ns=sig.mtime_ns,
                          head_tail=sig.head_tail)  # fmt: skip
 
 

@@ -63,11 +63,12 @@ so a dashboard of another regen version still reads the file.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Annotated, Any, ClassVar, Literal
+from collections.abc import Iterable, Mapping
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
 
+from regen.core.jsontext import JsonValue
 from regen.store.counts import CountsModel, SourceCounts
 
 VERSION = 1
@@ -94,11 +95,11 @@ class ProgressModel(CountsModel):
     model_config = _TOLERANT
 
     #: values of keys a file lacks (an older writer), where they differ from the defaults
-    FILE_DEFAULTS: ClassVar[dict[str, Any]] = {}
+    FILE_DEFAULTS: ClassVar[dict[str, JsonValue]] = {}
 
     @model_validator(mode="before")
     @classmethod
-    def _file_defaults(cls, data: Any, info: ValidationInfo) -> Any:
+    def _file_defaults(cls, data: object, info: ValidationInfo) -> object:
         if info.mode == "json" and isinstance(data, dict) and cls.FILE_DEFAULTS:
             return {**cls.FILE_DEFAULTS, **data}
         return data
@@ -127,7 +128,7 @@ class SourceProgress(SourceCounts):
 
     @model_validator(mode="before")
     @classmethod
-    def _pending_unknown(cls, data: Any, info: ValidationInfo) -> Any:
+    def _pending_unknown(cls, data: object, info: ValidationInfo) -> object:
         """A file without ``pending`` was written before it: unknown, not zero."""
         if info.mode == "json" and isinstance(data, dict) and "pending" not in data:
             return {**data, "pending": None}
@@ -240,7 +241,9 @@ class ProgressSnapshot(ProgressModel):
         "started_at", "updated_at", "sources", "in_flight", "requests",
     )  # fmt: skip
     #: a file without a histogram has none (not the default bins)
-    FILE_DEFAULTS: ClassVar[dict[str, Any]] = {"output_tokens_hist": {"edges": [], "counts": []}}
+    FILE_DEFAULTS: ClassVar[dict[str, JsonValue]] = {
+        "output_tokens_hist": {"edges": [], "counts": []}
+    }
 
     version: int = VERSION
     name: str
@@ -270,7 +273,7 @@ class ProgressSnapshot(ProgressModel):
         return v
 
     @classmethod
-    def check_file(cls, data: dict[str, Any]) -> None:
+    def check_file(cls, data: Mapping[str, object]) -> None:
         """A file of another version is refused as that, whatever else it holds."""
         if "version" in data and data["version"] != VERSION:
             raise ValueError(f"version {data['version']!r} not supported (want {VERSION})")

@@ -204,7 +204,8 @@ def _fresh_snapshot(rd: RunDir, session: str) -> ProgressSnapshot:
         except RunDirError:
             data = {}
         name = str(data.get("name") or "")
-        model = str((data.get("target") or {}).get("model") or "")
+        target = data.get("target")
+        model = str((target.get("model") if isinstance(target, dict) else None) or "")
     now = time.time()
     return ProgressSnapshot(name=name, model=model, session=session, host=socket.gethostname(),
                             pid=os.getpid(), state="interrupted", run_started_at=started,

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 import uuid
-from typing import Any
+from collections.abc import Mapping
 
 import regen
 from regen.core.errors import ConfigError, FingerprintMismatchError, RunDirError
@@ -113,7 +113,7 @@ def fingerprint_changes(rd: RunDir, info: RunRecord, manifest: Manifest) -> str:
                                            manifest.fingerprint_payload()))  # fmt: skip
 
 
-def describe_changes(changes: list[tuple[str, Any, Any]]) -> str:
+def describe_changes(changes: list[tuple[str, object, object]]) -> str:
     """``field old -> new`` per change (run directory's value, then this manifest's); a source
     only one side has is one entry (``sources.x: added``)."""
     out: list[str] = []
@@ -129,13 +129,13 @@ def describe_changes(changes: list[tuple[str, Any, Any]]) -> str:
     return "; ".join(out) + " (run directory -> this manifest)"
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     return (
         json.dumps(value, ensure_ascii=False) if not isinstance(value, int | float) else str(value)
     )
 
 
-def record_engines(rd: RunDir, engines: dict[str, dict[str, Any]]) -> RunRecord | None:
+def record_engines(rd: RunDir, engines: Mapping[str, Mapping[str, object]]) -> RunRecord | None:
     """Merge what this session's endpoint check found (public URL -> EngineRecord fields) into
     run.json's ``engines``; written only when something changed. None when run.json is
     missing."""
@@ -181,7 +181,7 @@ def read_manifest(rd: RunDir) -> Manifest | None:
         raise RunDirError(f"{layout.MANIFEST} is damaged: {e}") from None
 
 
-def read_manifest_data(rd: RunDir) -> dict[str, Any] | None:
+def read_manifest_data(rd: RunDir) -> dict[str, object] | None:
     """``manifest.yaml`` as plain data, not validated (for a reader that needs one section
     and must not fail on the rest); None when missing or not a mapping; RunDirError when it is
     not YAML."""
@@ -189,7 +189,7 @@ def read_manifest_data(rd: RunDir) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _manifest_document(rd: RunDir) -> tuple[bool, Any]:
+def _manifest_document(rd: RunDir) -> tuple[bool, object]:
     """(whether ``manifest.yaml`` exists, its YAML document); RunDirError, one line, when it is
     not UTF-8 YAML."""
     text = rd.read_text(layout.MANIFEST)

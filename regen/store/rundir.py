@@ -20,12 +20,13 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pyarrow.fs as pafs
 
 from regen.core.errors import RunDirError
+from regen.core.jsontext import JsonObject, JsonValue
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ class RunDir:
         return self
 
     def exists(self, rel: str) -> bool:
-        return self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound
+        return bool(self.fs.get_file_info(self.path(rel)).type != pafs.FileType.NotFound)
 
     def list(self, rel_dir: str = "", *, include_temp: bool = False) -> list[str]:
         """Names (not paths) of the entries of ``rel_dir``, sorted; [] when it does not exist.
@@ -154,7 +155,8 @@ class RunDir:
         info = self.fs.get_file_info(self.path(rel))
         if info.type == pafs.FileType.NotFound or info.mtime is None:
             return None
-        return info.mtime.timestamp()
+        stamp: float = info.mtime.timestamp()
+        return stamp
 
     # -- bytes ------------------------------------------------------------------------------
     def read_bytes(self, rel: str) -> bytes | None:
@@ -183,7 +185,8 @@ class RunDir:
     def _read(self, path: str) -> bytes | None:
         try:
             with self.fs.open_input_stream(path) as f:
-                return f.read()
+                data: bytes = f.read()
+                return data
         except FileNotFoundError:
             return None
 
@@ -198,7 +201,7 @@ class RunDir:
             raise RunDirError(f"{rel} is damaged: not UTF-8 text (byte {e.start})") from None
 
     @contextlib.contextmanager
-    def atomic_writer(self, rel: str) -> Iterator[Any]:
+    def atomic_writer(self, rel: str) -> Iterator[IO[bytes]]:
         """A binary output stream for ``rel``: written under a temporary sibling name and moved
         over ``rel`` when the block ends without error. On any error the temporary file is
         removed and ``rel`` is untouched; an OSError becomes one RunDirError naming ``rel``."""
@@ -229,19 +232,19 @@ class RunDir:
         self.write_bytes_atomic(rel, text.encode("utf-8"))
 
     # -- JSON -------------------------------------------------------------------------------
-    def read_json(self, rel: str) -> dict[str, Any] | None:
+    def read_json(self, rel: str) -> JsonObject | None:
         """The JSON object stored at ``rel``; None when missing or unreadable (half-written)."""
         data = self.read_bytes(rel)
         if data is None:
             return None
         try:
-            obj = json.loads(data)
+            obj: JsonValue = json.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError):
             log.warning("%s: %s is not valid JSON; ignoring it", self.uri, rel)
             return None
         return obj if isinstance(obj, dict) else None
 
-    def write_json_atomic(self, rel: str, obj: Any) -> None:
+    def write_json_atomic(self, rel: str, obj: object) -> None:
         """Atomically replace ``rel`` with ``obj`` as JSON."""
         self.write_bytes_atomic(rel, json.dumps(obj, ensure_ascii=False, indent=1).encode())
 

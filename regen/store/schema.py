@@ -108,11 +108,12 @@ without them nulls; and the :data:`LOOP_COLUMNS` (cut_saved) the same.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TypeAlias
 
 import pyarrow as pa
 
 from regen.core.errors import RowError
+from regen.core.jsontext import JsonValue
 from regen.quality import COLUMNS as QUALITY_COLUMNS
 from regen.quality import check_row
 
@@ -182,10 +183,12 @@ SCHEMA: pa.Schema = pa.schema(
     ]
 )
 COLUMNS: tuple[str, ...] = tuple(SCHEMA.names)
+#: one row dict: a value for each of :data:`COLUMNS`, JSON-native (module docstring)
+Row: TypeAlias = dict[str, JsonValue]
 TOKEN_SOURCES = ("server", "local", "native")
 
 
-def upgrade_row(row: dict[str, Any]) -> dict[str, Any]:
+def upgrade_row(row: Row) -> Row:
     """A row dict from before :data:`ADDED_COLUMNS` with them filled in: attempt 0 and its
     turn checked now (:func:`regen.quality.check_row`; native rows not checked). Rows that have
     them come back as they are. A row without the :data:`PROVENANCE_COLUMNS` or the
@@ -207,12 +210,12 @@ def upgrade_row(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def rows_to_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
+def rows_to_table(rows: Sequence[Row]) -> pa.Table:
     """Rows as a table of :data:`SCHEMA` (rows from before the added columns upgraded, see
     :func:`upgrade_row`); a row with missing or unknown keys is refused."""
     want = set(COLUMNS)
-    rows = [upgrade_row(r) for r in rows]
-    for i, row in enumerate(rows):
+    upgraded = [upgrade_row(r) for r in rows]
+    for i, row in enumerate(upgraded):
         keys = set(row)
         if keys != want:
             missing, extra = sorted(want - keys), sorted(keys - want)
@@ -221,6 +224,6 @@ def rows_to_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
                 f"row {i} ({row.get('sample_id')!r}): missing {missing}, unknown {extra}",
             )
     try:
-        return pa.Table.from_pylist(list(rows), schema=SCHEMA)
+        return pa.Table.from_pylist(upgraded, schema=SCHEMA)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
         raise RowError("row_schema", f"rows do not fit regen.store.schema.SCHEMA: {e}") from e

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO
 
 from pydantic import ValidationError
 
@@ -33,7 +33,7 @@ from regen.store import layout
 from regen.store.completed import CompletedSample
 from regen.store.layout import PartRecord
 from regen.store.parts import RowsToTable, write_part, write_part_file, write_record
-from regen.store.rundir import RunDir
+from regen.store.rundir import TMP_PREFIX, RunDir
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def recover(rd: RunDir, to_table: RowsToTable | None = None, *, skip: str = "") 
                 log.info("recovered %d completed samples from %s", len(samples), rel)
         rd.delete(rel)
     for name in rd.list(layout.PARTS_DIR, include_temp=True):  # leftovers of a crash mid-write
-        if name.startswith(layout.TMP_PREFIX):
+        if name.startswith(TMP_PREFIX):
             rd.delete(f"{layout.PARTS_DIR}/{name}")
     return kept
 
@@ -140,7 +140,7 @@ class Journal:
         self.durable = not rd.is_object_store if durable is None else durable
         self.seq = 0
         self._buffer: list[CompletedSample] = []
-        self._stream: Any = None
+        self._stream: IO[bytes] | None = None
         self._opened_at = time.monotonic()
         self.parts_written = 0
         self.last_record: PartRecord | None = None

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 from regen.core.errors import ConfigError
 from regen.targets.deepseek import DEEPSEEK_V3
@@ -133,7 +133,7 @@ def _precedence(name: str) -> None:
              "format (exact whitespace, known parser names): the module is used", name)  # fmt: skip
 
 
-def recognise_dir(path: str | Path) -> Family | None:
+def recognise_dir(path: str | os.PathLike[str]) -> Family | None:
     """The family of the tokenizer directory ``path`` (None: no known family, or no folder)."""
     return recognise(read_facts(str(path)))
 
@@ -144,10 +144,12 @@ def read_facts(path: str) -> TokenizerFacts:
     folder = Path(path)
     config = _json(folder / "tokenizer_config.json")
     tokens: set[str] = set()
-    for spec in (config.get("added_tokens_decoder") or {}).values():
+    decoder = config.get("added_tokens_decoder")
+    for spec in decoder.values() if isinstance(decoder, dict) else ():
         if isinstance(spec, dict) and isinstance(spec.get("content"), str):
             tokens.add(spec["content"])
-    for spec in _json(folder / "tokenizer.json").get("added_tokens") or ():
+    added = _json(folder / "tokenizer.json").get("added_tokens")
+    for spec in added if isinstance(added, list) else ():
         if isinstance(spec, dict) and isinstance(spec.get("content"), str):
             tokens.add(spec["content"])
     for value in _json(folder / "special_tokens_map.json").values():
@@ -168,7 +170,7 @@ def read_facts(path: str) -> TokenizerFacts:
     )
 
 
-def _json(path: Path) -> dict[str, Any]:
+def _json(path: Path) -> dict[str, object]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -176,7 +178,7 @@ def _json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _token_texts(value: Any) -> list[str]:
+def _token_texts(value: object) -> list[str]:
     if isinstance(value, str):
         return [value]
     if isinstance(value, dict) and isinstance(value.get("content"), str):
@@ -186,7 +188,7 @@ def _token_texts(value: Any) -> list[str]:
     return []
 
 
-def _template(value: Any) -> str:
+def _template(value: object) -> str:
     """The default chat template of a ``chat_template`` entry (a string or named list)."""
     if isinstance(value, str):
         return value

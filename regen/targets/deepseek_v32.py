@@ -37,8 +37,8 @@ Parsers: SGLang ``deepseekv32`` (strips string values and the ``\\n\\n`` before 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
+from regen.core import jsontext
 from regen.core.errors import TemplateError
 from regen.targets.dsml import (
     ASSISTANT,
@@ -58,9 +58,10 @@ from regen.targets.dsml import (
     object_arguments,
     reasoning_of,
     sglang_last_assistant,
+    text_of,
     think_tag,
     vllm_tools,
-    wide_ints_as_floats,
+    wide_ints_in_object,
 )
 from regen.targets.family import Parsers
 
@@ -107,18 +108,25 @@ VOCAB_SIZE = 129280
 SPECIAL_TOKENS = (EOS, USER, ASSISTANT, THINK_OPEN, THINK_CLOSE)
 
 
-def tools_text(tools: Sequence[Mapping[str, Any]]) -> str:
+def tools_text(tools: object) -> str:
     """The declarations of OpenAI-form tools (their ``function`` objects)."""
-    return TOOLS_TEXT.replace("{schemas}", "\n".join(json_text(t["function"]) for t in tools))
+    schemas = [json_text(_declared(t)) for t in jsontext.iterate(tools)]
+    return TOOLS_TEXT.replace("{schemas}", "\n".join(schemas))
 
 
-def last_user_index(messages: Sequence[Mapping[str, Any]]) -> int:
+def _declared(tool: object) -> object:
+    if not isinstance(tool, Mapping):
+        raise TemplateError(f"DeepSeek-V3.2 needs a tool as an object, not {tool!r}")
+    return tool["function"]
+
+
+def last_user_index(messages: Sequence[Mapping[str, object]]) -> int:
     """The last user or developer message (-1: none)."""
     found = [i for i, m in enumerate(messages) if m.get("role") in ("user", "developer")]
     return found[-1] if found else -1
 
 
-def check_nothing_dropped(messages: Sequence[Mapping[str, Any]]) -> None:
+def check_nothing_dropped(messages: Sequence[Mapping[str, object]]) -> None:
     """Thinking mode drops the developer messages before the last user turn, and both engines'
     encoders then fail (they render as many messages as they were given, over the shorter
     list: "Index … out of range"). The reasoning it also drops is never rendered there."""
@@ -132,16 +140,16 @@ def check_nothing_dropped(messages: Sequence[Mapping[str, Any]]) -> None:
 class Encoder:
     """One request's prompt (module docstring); ``engine`` picks the reasoning key."""
 
-    def __init__(self, messages: list[dict[str, Any]], thinking: bool, engine: str) -> None:
+    def __init__(self, messages: list[dict[str, object]], thinking: bool, engine: str) -> None:
         self.messages = messages
         self.thinking = thinking
         self.engine = engine
         self.last_user = last_user_index(messages)
 
-    def arguments(self, call: Mapping[str, Any]) -> Mapping[str, Any]:
+    def arguments(self, call: Mapping[str, object]) -> Mapping[str, object]:
         """A history call's arguments: SGLang read them with orjson (wide integers as floats)."""
         args = object_arguments(call)
-        return wide_ints_as_floats(args) if self.engine == SGLANG else args
+        return wide_ints_in_object(args) if self.engine == SGLANG else args
 
     def text(self) -> str:
         return BOS + "".join(self.message_text(i) for i in range(len(self.messages)))
@@ -151,7 +159,7 @@ class Encoder:
         role, content, tools = m.get("role"), m.get("content"), m.get("tools")
         opens = self.thinking and i == self.last_user
         if role == "system":
-            return (content or "") + (f"\n\n{tools_text(tools)}" if tools else "")
+            return text_of(content or "") + (f"\n\n{tools_text(tools)}" if tools else "")
         if role == "user":
             return f"{USER}{content}{ASSISTANT}{think_tag(opens)}"
         if role == "developer":
@@ -174,12 +182,13 @@ class Encoder:
             start -= 1
         caller = self.messages[start - 1] if start > 0 else {}
         calls = caller.get("tool_calls") or () if caller.get("role") == "assistant" else ()
+        n = len(list(jsontext.iterate(calls)))
         k = i - start + 1
-        if k > len(calls):
+        if k > n:
             raise TemplateError("DeepSeek-V3.2: a tool result without a matching call")
         head = "\n\n<function_results>" if k == 1 else ""
         text = f"{head}\n<result>{self.messages[i].get('content')}</result>"
-        if k == len(calls):
+        if k == n:
             opens = self.thinking and i >= self.last_user
             text += f"\n</function_results>\n\n{think_tag(opens)}"
         return text
@@ -199,8 +208,8 @@ class Encoder:
 
 
 def engine_messages(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, engine: str
-) -> list[dict[str, Any]]:
+    messages: list[dict[str, object]], tools: list[dict[str, object]] | None, engine: str
+) -> list[dict[str, object]]:
     """The messages the engine's encoder gets: SGLang appends the tools to the first message, a
     system message (an empty one inserted where there is none); vLLM inserts a new system
     message for them, always."""
@@ -224,9 +233,9 @@ class DeepSeekV32Family(DsmlFamily):
 
     def encode_prompt(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        kwargs: Mapping[str, Any],
+        messages: list[dict[str, object]],
+        tools: list[dict[str, object]] | None,
+        kwargs: Mapping[str, object],
         engine: str,
     ) -> str:
         """The prompt the engine renders (module docstring; any engine but SGLang: vLLM's)."""

@@ -50,7 +50,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from regen.core.errors import TemplateError
 from regen.targets.dsml import (
@@ -66,7 +65,9 @@ from regen.targets.dsml import (
     DsmlFamily,
     Tags,
     call_arguments,
+    function_of,
     sglang_last_assistant,
+    text_of,
     vllm_tools,
 )
 from regen.targets.dsml_v4 import Dialect, Encoder, Setting, merge_turns
@@ -108,8 +109,8 @@ SPECIAL_TOKENS = (EOS, USER, ASSISTANT, THINK_OPEN, THINK_CLOSE, DSML)
 
 # -- what each engine hands its encoder -------------------------------------------------------
 def vllm_messages(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-) -> list[dict[str, Any]]:
+    messages: list[dict[str, object]], tools: list[dict[str, object]] | None
+) -> list[dict[str, object]]:
     """vLLM's wrappers: the tools go to the first system message, or a new one in front."""
     msgs = [dict(m) for m in messages]
     served = vllm_tools(tools)
@@ -123,8 +124,8 @@ def vllm_messages(
 
 
 def recipe_messages(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, hoist: bool
-) -> list[dict[str, Any]]:
+    messages: list[dict[str, object]], tools: list[dict[str, object]] | None, *, hoist: bool
+) -> list[dict[str, object]]:
     """SGLang's recipe path: a trailing assistant turn re-sent as a user turn, developer
     messages as system messages, empty ones gone; ``hoist`` (V4): every system message joined
     at the front; the tools on the leading system message (a new empty one where there is
@@ -140,7 +141,7 @@ def recipe_messages(
             m = {"role": "system", "content": m["content"]}
         msgs.append(m)
     if hoist:
-        texts = [m["content"] for m in msgs if m.get("role") == "system"]
+        texts = [text_of(m["content"]) for m in msgs if m.get("role") == "system"]
         msgs = [m for m in msgs if m.get("role") != "system"]
         if texts:
             msgs.insert(0, {"role": "system", "content": "\n\n".join(texts)})
@@ -151,34 +152,35 @@ def recipe_messages(
     return msgs
 
 
-def recipe_tools(tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def recipe_tools(tools: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
     """Each function as recipe writes it: name, description, parameters (module docstring)."""
-    out = []
+    out: list[dict[str, object]] = []
     for tool in tools:
-        fn = tool.get("function") or {}
+        fn = function_of(tool)
         params = fn.get("parameters")
         if params is not None and (not isinstance(params, dict) or params.get("type") != "object"):
             raise TemplateError(f"SGLang (deepseek-recipe) refuses tool {fn.get('name')!r}: its "
                                 "parameters are not an object schema")  # fmt: skip
-        spec = {"name": fn.get("name"), "description": fn.get("description") or "",
-                "parameters": {} if params is None else params}  # fmt: skip
+        spec: dict[str, object] = {"name": fn.get("name"),
+                                   "description": fn.get("description") or "",
+                                   "parameters": {} if params is None else params}  # fmt: skip
         out.append({"type": "function", "function": spec})
     return out
 
 
-def recipe_arguments(call: Mapping[str, Any]) -> Mapping[str, Any]:
+def recipe_arguments(call: Mapping[str, object]) -> Mapping[str, object]:
     """Recipe's history arguments: the JSON object they hold, else their text as the string
     parameter ``arguments``."""
     args = call_arguments(call)
     if isinstance(args, dict):
         return args
-    raw = (call.get("function") or {}).get("arguments")
+    raw = function_of(call).get("arguments")
     if not isinstance(raw, str):  # SGLang sends recipe other values as compact JSON
         raw = json.dumps(raw, ensure_ascii=False, separators=(",", ":"))
     return {"arguments": raw}
 
 
-def sglang_effort(kwargs: Mapping[str, Any]) -> str | int | float | None:
+def sglang_effort(kwargs: Mapping[str, object]) -> object:
     """The effort SGLang hands recipe (``serving_deepseek_recipe.py`` ``_encode``): a numeric
     text as its number; None for none or ``none``; a name recipe does not know is refused."""
     effort = kwargs.get("reasoning_effort")
@@ -191,14 +193,14 @@ def sglang_effort(kwargs: Mapping[str, Any]) -> str | int | float | None:
     return effort
 
 
-def sglang_thinking(kwargs: Mapping[str, Any]) -> bool:
+def sglang_thinking(kwargs: Mapping[str, object]) -> bool:
     """SGLang's switch: ``thinking``; a request effort other than ``none`` sets it where the
     kwargs do not (protocol ``normalize_reasoning_inputs``); default off."""
     effort = kwargs.get("reasoning_effort")
     return bool(kwargs.get("thinking", effort is not None and effort != "none"))
 
 
-def vllm_thinking(kwargs: Mapping[str, Any]) -> bool:
+def vllm_thinking(kwargs: Mapping[str, object]) -> bool:
     """vLLM V4 / V4.1's switch: ``thinking`` or ``enable_thinking``; on when neither is given."""
     if "thinking" not in kwargs and "enable_thinking" not in kwargs:
         return True
@@ -212,12 +214,12 @@ class DeepSeekV4Family(DsmlFamily):
     dialect = Dialect(TAGS)
     vllm_tokenizer_mode = "deepseek_v4"
 
-    def template_kwargs(self, thinking: Thinking) -> dict[str, Any]:
+    def template_kwargs(self, thinking: Thinking) -> dict[str, object]:
         """Both switches, and the effort with thinking on (what regen's own render reads: the
         same as :meth:`request_fields` sends)."""
         return {**super().template_kwargs(thinking), **self.request_fields(thinking)}
 
-    def request_fields(self, thinking: Thinking) -> dict[str, Any]:
+    def request_fields(self, thinking: Thinking) -> dict[str, object]:
         """``reasoning_effort`` with thinking on: SGLang reads the effort from the request
         only (vLLM from either, the request's winning)."""
         level = self.effort(thinking)
@@ -225,9 +227,9 @@ class DeepSeekV4Family(DsmlFamily):
 
     def encode_prompt(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        kwargs: Mapping[str, Any],
+        messages: list[dict[str, object]],
+        tools: list[dict[str, object]] | None,
+        kwargs: Mapping[str, object],
         engine: str,
     ) -> str:
         """The prompt the engine renders (module docstring; any engine but SGLang: vLLM's).
@@ -242,11 +244,11 @@ class DeepSeekV4Family(DsmlFamily):
         return Encoder(merge_turns(msgs), self.dialect, setting).text()
 
     def vllm_messages(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> list[dict[str, Any]]:
+        self, messages: list[dict[str, object]], tools: list[dict[str, object]] | None
+    ) -> list[dict[str, object]]:
         return vllm_messages(messages, tools)
 
-    def vllm_setting(self, kwargs: Mapping[str, Any]) -> Setting:
+    def vllm_setting(self, kwargs: Mapping[str, object]) -> Setting:
         """vLLM's wrapper: thinking on by default; ``none`` switches it off; ``max`` is max,
         ``low`` / ``minimal`` / ``medium`` low, any other name high."""
         thinking = vllm_thinking(kwargs)
@@ -261,15 +263,15 @@ class DeepSeekV4Family(DsmlFamily):
         return Setting(thinking, EFFORT_TEXT[level], recipe=False,
                        drop=bool(kwargs.get("drop_thinking", True)))  # fmt: skip
 
-    def sglang_setting(self, kwargs: Mapping[str, Any]) -> Setting:
+    def sglang_setting(self, kwargs: Mapping[str, object]) -> Setting:
         """SGLang's recipe: recipe's tier of the effort (``high`` when none is given); a
         numeric effort is refused."""
         effort = sglang_effort(kwargs)
         if effort is not None and not isinstance(effort, str):
             raise TemplateError(f"SGLang refuses reasoning_effort {effort!r} for DeepSeek-V4")
-        return self.recipe_setting(kwargs, EFFORT_TEXT[RECIPE_TIERS.get(effort or "high")])
+        return self.recipe_setting(kwargs, EFFORT_TEXT[RECIPE_TIERS[effort or "high"]])
 
-    def recipe_setting(self, kwargs: Mapping[str, Any], effort_text: str) -> Setting:
+    def recipe_setting(self, kwargs: Mapping[str, object], effort_text: str) -> Setting:
         return Setting(sglang_thinking(kwargs), effort_text, recipe=True,
                        arguments=recipe_arguments, dump=self.dialect.recipe_dump)  # fmt: skip
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import Any
 
 from regen.core import jsontext
 from regen.core.errors import TemplateError
@@ -53,6 +52,7 @@ from regen.targets.dsml import (
     USER,
     Tags,
     call_arguments,
+    function_of,
     json_text,
     wide_ints_as_floats,
 )
@@ -73,16 +73,16 @@ VLLM_ROLES = ("system", "developer", "user", "assistant", "tool")
 SPECIAL_TOKENS = (EOS, USER, ASSISTANT, THINK_OPEN, THINK_CLOSE, DSML, SYSTEM)
 
 
-def python_recipe_json(value: Any) -> str:
+def python_recipe_json(value: object) -> str:
     """How recipe writes V4.1's argument values and tool schemas: Python's JSON, integers
     beyond 64 bits as floats (RUN)."""
     return json_text(wide_ints_as_floats(value))
 
 
-def lenient_arguments(call: Mapping[str, Any]) -> Mapping[str, Any]:
+def lenient_arguments(call: Mapping[str, object]) -> Mapping[str, object]:
     """vLLM V4.1's history arguments: an object, or JSON text holding one (encoded once or
     twice); anything else as the string parameter ``arguments``."""
-    raw = (call.get("function") or {}).get("arguments")
+    raw = function_of(call).get("arguments")
     args = call_arguments(call)
     if isinstance(args, str):
         with contextlib.suppress(ValueError):
@@ -90,7 +90,7 @@ def lenient_arguments(call: Mapping[str, Any]) -> Mapping[str, Any]:
     return args if isinstance(args, dict) else {"arguments": raw}
 
 
-def vllm_budget(effort: Any) -> int:
+def vllm_budget(effort: object) -> int:
     if type(effort) is int and 1 <= effort <= 100:
         return effort
     if isinstance(effort, str) and effort in VLLM_BUDGETS:
@@ -99,7 +99,7 @@ def vllm_budget(effort: Any) -> int:
                         "xhigh, max, or an integer 1..100)")  # fmt: skip
 
 
-def recipe_budget(effort: Any) -> int:
+def recipe_budget(effort: object) -> int:
     """SGLang's budget (``parse_effort_budget``; recipe's tiers for names)."""
     if effort is None:
         return RECIPE_BUDGETS["high"]
@@ -120,14 +120,14 @@ class DeepSeekV41Family(DeepSeekV4Family):
     vllm_tokenizer_mode = "deepseek_v41"
 
     def vllm_messages(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> list[dict[str, Any]]:
+        self, messages: list[dict[str, object]], tools: list[dict[str, object]] | None
+    ) -> list[dict[str, object]]:
         for m in messages:
             if m.get("role") not in VLLM_ROLES:
                 raise TemplateError(f"vLLM refuses a {m.get('role')!r} message for DeepSeek-V4.1")
         return vllm_messages(messages, tools)
 
-    def vllm_setting(self, kwargs: Mapping[str, Any]) -> Setting:
+    def vllm_setting(self, kwargs: Mapping[str, object]) -> Setting:
         """vLLM's wrapper: thinking on by default, ``none`` switches it off; the budget."""
         thinking = vllm_thinking(kwargs)
         effort = kwargs.get("reasoning_effort")
@@ -138,7 +138,7 @@ class DeepSeekV41Family(DeepSeekV4Family):
                        arguments=lenient_arguments,
                        drop=bool(kwargs.get("drop_thinking", True)))  # fmt: skip
 
-    def sglang_setting(self, kwargs: Mapping[str, Any]) -> Setting:
+    def sglang_setting(self, kwargs: Mapping[str, object]) -> Setting:
         return self.recipe_setting(kwargs, self.effort_line(recipe_budget(sglang_effort(kwargs))))
 
     @staticmethod

@@ -40,8 +40,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
+from regen.core import jsontext
 from regen.core.errors import TemplateError
 from regen.core.sample import ToolCall
 from regen.targets.family import Family, Thinking, TokenizerFacts, arguments_json
@@ -67,32 +68,36 @@ BEFORE_CALLS = "\n\n"
 SGLANG = "sglang"
 
 #: a JSON serializer of argument values and tool schemas
-Dump = Callable[[Any], str]
+Dump = Callable[[object], str]
 
 
-def json_text(value: Any) -> str:
+def json_text(value: object) -> str:
     """JSON as the Python encoders write it (``json.dumps``, non-ASCII kept)."""
     return json.dumps(value, ensure_ascii=False)
 
 
-def wide_ints_as_floats(value: Any) -> Any:
+def wide_ints_as_floats(value: object) -> object:
     """``value`` with the integers beyond 64 bits as floats, as orjson (SGLang's history
     arguments) and deepseek-recipe's JSON parse them (RUN)."""
     if isinstance(value, dict):
         return {k: wide_ints_as_floats(v) for k, v in value.items()}
     if isinstance(value, list):
         return [wide_ints_as_floats(v) for v in value]
-    wide = isinstance(value, int) and not _NARROW[0] <= value < _NARROW[1]
-    if wide and not isinstance(value, bool):
-        return float(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if _NARROW[0] <= value < _NARROW[1] else float(value)
     return value
+
+
+def wide_ints_in_object(value: Mapping[str, object]) -> dict[str, object]:
+    """:func:`wide_ints_as_floats` of an object."""
+    return {k: wide_ints_as_floats(v) for k, v in value.items()}
 
 
 #: the integers orjson and serde_json keep as integers (i64 and u64)
 _NARROW = (-(2**63), 2**64)
 
 
-def rust_json_text(value: Any) -> str:
+def rust_json_text(value: object) -> str:
     """JSON as deepseek-recipe (Rust) writes it (RUN against deepseek-recipe 0.2.0): the Python
     separators, but floats in Rust's shortest form (``1e-7``, ``0.00001``), and integers beyond
     64 bits as floats."""
@@ -141,19 +146,27 @@ class Tags:
     def invoke_opener(self) -> str:
         return f"<{DSML}{self.invoke} name="
 
-    def block_text(self, calls: Sequence[tuple[str, Mapping[str, Any]]], dump: Dump) -> str:
+    def block_text(self, calls: Sequence[tuple[str, Mapping[str, object]]], dump: Dump) -> str:
         """The call block of ``(name, arguments)`` pairs."""
         body = "\n".join(self.invoke_text(name, args, dump) for name, args in calls)
         return f"{self.opener}\n{body}\n</{DSML}{self.block}>"
 
-    def invoke_text(self, name: str, arguments: Mapping[str, Any], dump: Dump) -> str:
+    def invoke_text(self, name: str, arguments: Mapping[str, object], dump: Dump) -> str:
         params = "\n".join(self.parameter_text(k, v, dump) for k, v in arguments.items())
         return f'<{DSML}{self.invoke} name="{name}">\n{params}\n</{DSML}{self.invoke}>'
 
-    def parameter_text(self, key: str, value: Any, dump: Dump) -> str:
+    def parameter_text(self, key: str, value: object, dump: Dump) -> str:
         flag, text = ("true", value) if isinstance(value, str) else ("false", dump(value))
         tag = f"{DSML}{self.parameter}"
         return f'<{tag} name="{key}" string="{flag}">{text}</{tag}>'
+
+
+def text_of(value: object) -> str:
+    """A message's text as the encoders add it to text (TypeError, as there, for anything but
+    text)."""
+    if isinstance(value, str):
+        return value
+    raise TypeError(f'can only concatenate str (not "{type(value).__name__}") to str')
 
 
 def think_tag(open_: bool) -> str:
@@ -161,7 +174,7 @@ def think_tag(open_: bool) -> str:
     return THINK_OPEN if open_ else THINK_CLOSE
 
 
-def reasoning_of(message: Mapping[str, Any], engine: str) -> str | None:
+def reasoning_of(message: Mapping[str, object], engine: str) -> object:
     """An assistant message's reasoning as the engine's encoder reads it: SGLang's from
     ``reasoning_content``; vLLM's from ``reasoning`` (its preparation sets both; a request
     prepared without an engine has ``reasoning_content`` only)."""
@@ -170,13 +183,22 @@ def reasoning_of(message: Mapping[str, Any], engine: str) -> str | None:
     return message.get("reasoning_content")
 
 
-def call_arguments(call: Mapping[str, Any]) -> Any:
+def function_of(call: object) -> Mapping[str, object]:
+    """A history call's ``function`` ({} where it has none; TemplateError where the call or
+    its function is no object)."""
+    fn = call.get("function") or {} if isinstance(call, Mapping) else None
+    if not isinstance(fn, Mapping):
+        raise TemplateError(f"DeepSeek's encoder needs a tool call as an object, not {call!r}")
+    return fn
+
+
+def call_arguments(call: Mapping[str, object]) -> object:
     """A history call's ``function.arguments``: the object a JSON text holds, else as it is."""
-    args = (call.get("function") or {}).get("arguments")
+    args = function_of(call).get("arguments")
     return arguments_json(args) if isinstance(args, str) else args
 
 
-def object_arguments(call: Mapping[str, Any]) -> Mapping[str, Any]:
+def object_arguments(call: Mapping[str, object]) -> Mapping[str, object]:
     """A history call's arguments, which must be a JSON object (the strict encoders raise)."""
     args = call_arguments(call)
     if not isinstance(args, dict):
@@ -185,31 +207,33 @@ def object_arguments(call: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def history_calls(
-    message: Mapping[str, Any], arguments: Callable[[Mapping[str, Any]], Mapping[str, Any]]
-) -> list[tuple[str, Mapping[str, Any]]]:
+    message: Mapping[str, object], arguments: Callable[[Mapping[str, object]], Mapping[str, object]]
+) -> list[tuple[str, Mapping[str, object]]]:
     """An assistant message's calls as ``(name, arguments)``."""
-    return [
-        ((c.get("function") or {}).get("name") or "", arguments(c))
-        for c in message.get("tool_calls") or ()
-    ]
+    out: list[tuple[str, Mapping[str, object]]] = []
+    for c in jsontext.iterate(message.get("tool_calls") or ()):
+        if not isinstance(c, Mapping):
+            raise TemplateError(f"DeepSeek's encoder needs a tool call as an object, not {c!r}")
+        out.append((str(function_of(c).get("name") or ""), arguments(c)))
+    return out
 
 
-def vllm_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
+def vllm_tools(tools: Sequence[Mapping[str, object]] | None) -> list[dict[str, object]] | None:
     """Tools as vLLM's tool model dumps them: ``function`` as ``name``, ``description``,
     ``parameters`` (None where missing), then ``strict`` / ``defer_loading`` where set
     (idempotent over regen.template.prepare's vLLM tools)."""
     if not tools:
         return None
-    out = []
+    out: list[dict[str, object]] = []
     for tool in tools:
-        fn = tool.get("function") or {}
+        fn = function_of(tool)
         spec = {k: fn.get(k) for k in ("name", "description", "parameters")}
         spec.update({k: fn[k] for k in ("strict", "defer_loading") if fn.get(k) is not None})
         out.append({**tool, "function": spec})
     return out
 
 
-def sglang_last_assistant(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def sglang_last_assistant(messages: list[dict[str, object]]) -> list[dict[str, object]]:
     """SGLang re-sends a trailing assistant text turn as a user turn (``serving_chat.py``
     ``_handle_last_assistant_message``; the recipe path's ``_trailing_assistant_turn``)."""
     if messages and messages[-1].get("role") == "assistant":
@@ -232,7 +256,7 @@ class DsmlFamily(Family):
     def encodes_prompts(self) -> bool:
         return True
 
-    def template_kwargs(self, thinking: Thinking) -> dict[str, Any]:
+    def template_kwargs(self, thinking: Thinking) -> dict[str, object]:
         """Both switches: vLLM reads ``thinking`` or ``enable_thinking``, SGLang ``thinking``
         alone."""
         self.effort(thinking)
@@ -247,7 +271,7 @@ class DsmlFamily(Family):
         pairs = [(c.name, self.returned_arguments(c)) for c in calls]
         return f"{BEFORE_CALLS}{self.tags.block_text(pairs, json_text)}"
 
-    def returned_arguments(self, call: ToolCall) -> Mapping[str, Any]:
+    def returned_arguments(self, call: ToolCall) -> Mapping[str, object]:
         args = arguments_json(call.arguments)
         if not isinstance(args, dict):
             raise TemplateError(f"tool call {call.name!r}: arguments are not a JSON object")

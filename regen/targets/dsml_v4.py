@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from regen.core import jsontext
 from regen.core.errors import TemplateError
 from regen.targets.dsml import (
     ASSISTANT,
@@ -41,11 +41,12 @@ from regen.targets.dsml import (
     object_arguments,
     reasoning_of,
     rust_json_text,
+    text_of,
     think_tag,
 )
 
 
-def tools_text(tags: Tags, functions: Sequence[Any], dump: Dump) -> str:
+def tools_text(tags: Tags, functions: Sequence[object], dump: Dump) -> str:
     """The tool declarations of V4 / V4.1 (their ``TOOLS_TEMPLATE``), ``tags`` naming them."""
     d, blk, inv, par = f"<{DSML}", tags.block, tags.invoke, tags.parameter
     schemas = "\n".join(dump(f) for f in functions)
@@ -101,7 +102,7 @@ class Setting:
     #: recipe (SGLang): a header before every assistant turn, recipe's arguments and JSON
     recipe: bool
     #: what the assistant's history arguments become
-    arguments: Callable[[Mapping[str, Any]], Mapping[str, Any]] = object_arguments
+    arguments: Callable[[Mapping[str, object]], Mapping[str, object]] = object_arguments
     #: how argument values and tool schemas are written
     dump: Dump = json_text
     #: the engine's ``drop_thinking`` (vLLM's template kwarg; recipe: always)
@@ -109,52 +110,77 @@ class Setting:
     engine: str = "vllm"
 
 
-def merge_turns(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+#: a part of a merged user turn: ``text`` or ``tool`` (a result), its call id, its content
+Block = tuple[str, object, object]
+
+
+def blocks_of(turn: Mapping[str, object]) -> list[Block]:
+    """A merged user turn's parts (:func:`merge_turns`)."""
+    blocks = turn["blocks"]
+    if not isinstance(blocks, list):
+        raise TypeError(f"a merged user turn's blocks are a list, not {type(blocks).__name__}")
+    return blocks
+
+
+def merge_turns(messages: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
     """User and tool messages in a row become one user turn of parts (``text`` or a tool
     result), the results in the order of the calls that asked for them."""
-    turns: list[dict[str, Any]] = []
+    turns: list[dict[str, object]] = []
     for m in messages:
         role = m.get("role")
         if role not in ("user", "tool"):
             turns.append(dict(m))
             continue
-        part = ("text", "", m.get("content")) if role == "user" else (
+        part: Block = ("text", "", m.get("content")) if role == "user" else (
             "tool", m.get("tool_call_id") or "", m.get("content"))  # fmt: skip
         if turns and turns[-1].get("role") == "user":
-            turns[-1]["blocks"].append(part)
+            blocks_of(turns[-1]).append(part)
         else:
             turns.append({"role": "user", "blocks": [part]})
     order_results(turns)
     return turns
 
 
-def order_results(turns: list[dict[str, Any]]) -> None:
+def order_results(turns: list[dict[str, object]]) -> None:
     """Sort each user turn's results by the position of their call in the latest assistant
     turn that called (a result of no known call counts as the first)."""
-    order: dict[str, int] = {}
+    order: dict[object, int] = {}
     for turn in turns:
         if turn.get("role") == "assistant" and turn.get("tool_calls"):
-            order = {c.get("id") or "": i for i, c in enumerate(turn["tool_calls"])}
+            order = {_call_id(c): i for i, c in enumerate(jsontext.iterate(turn["tool_calls"]))}
             order.pop("", None)
         elif turn.get("role") == "user":
-            parts = turn["blocks"]
+            parts = blocks_of(turn)
             results = [p for p in parts if p[0] == "tool"]
             if len(results) > 1 and order:
                 ranked = iter(sorted(results, key=lambda p: order.get(p[1], 0)))
                 turn["blocks"] = [next(ranked) if p[0] == "tool" else p for p in parts]
 
 
-def part_text(part: tuple[str, str, Any]) -> str:
+def _call_id(call: object) -> object:
+    if not isinstance(call, Mapping):
+        raise TemplateError(f"DeepSeek-V4 needs a tool call as an object, not {call!r}")
+    return call.get("id") or ""
+
+
+def part_text(part: Block) -> str:
     kind, _, content = part
     if isinstance(content, list):
-        content = "\n\n".join(b.get("text", "") for b in content if isinstance(b, dict))
+        content = "\n\n".join(text_of(b.get("text", "")) for b in content if isinstance(b, dict))
     return f"<tool_result>{content}</tool_result>" if kind == "tool" else f"{content}"
+
+
+def _function(tool: object) -> object:
+    """A declared tool's ``function``."""
+    if not isinstance(tool, Mapping):
+        raise TemplateError(f"DeepSeek-V4 needs a tool as an object, not {tool!r}")
+    return tool["function"]
 
 
 class Encoder:
     """One request's V4 / V4.1 prompt from the engine's messages (module docstring)."""
 
-    def __init__(self, turns: list[dict[str, Any]], dialect: Dialect, setting: Setting) -> None:
+    def __init__(self, turns: list[dict[str, object]], dialect: Dialect, setting: Setting) -> None:
         self.dialect = dialect
         self.setting = setting
         keep = any(t.get("tools") for t in turns)
@@ -165,17 +191,17 @@ class Encoder:
         self.turns = turns
         self.last_user = self.last_user_index(turns)
 
-    def last_user_index(self, turns: Sequence[Mapping[str, Any]]) -> int:
+    def last_user_index(self, turns: Sequence[Mapping[str, object]]) -> int:
         found = [i for i, t in enumerate(turns) if self.counts_as_user(i, t)]
         return found[-1] if found else -1
 
-    def counts_as_user(self, i: int, turn: Mapping[str, Any]) -> bool:
+    def counts_as_user(self, i: int, turn: Mapping[str, object]) -> bool:
         role = turn.get("role")
         return role in ("user", "developer") or (
             self.dialect.system_is_user and role == "system" and i > 0
         )
 
-    def forget(self, turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def forget(self, turns: list[dict[str, object]]) -> list[dict[str, object]]:
         """Before the last user turn: no reasoning, no developer messages."""
         last = self.last_user_index(turns)
         out = []
@@ -226,13 +252,13 @@ class Encoder:
         opens = self.setting.thinking and (self.keep or prev >= self.last_user)
         return f"{ASSISTANT}{think_tag(opens)}"
 
-    def turn_text(self, i: int, turn: Mapping[str, Any]) -> str:
+    def turn_text(self, i: int, turn: Mapping[str, object]) -> str:
         role = turn.get("role")
         if role == "user":
-            return USER + "\n\n".join(part_text(p) for p in turn["blocks"])
+            return USER + "\n\n".join(part_text(p) for p in blocks_of(turn))
         if role == "system":
             token = self.dialect.system_token if i > 0 else None
-            return (token or "") + (turn.get("content") or "") + self.tools_part(turn)
+            return (token or "") + text_of(turn.get("content") or "") + self.tools_part(turn)
         if role == "developer":
             if not turn.get("content"):
                 raise TemplateError("DeepSeek-V4: a developer message needs content")
@@ -241,14 +267,14 @@ class Encoder:
             return self.assistant_text(i, turn)
         raise TemplateError(f"DeepSeek-V4 renders no {role!r} message")
 
-    def tools_part(self, turn: Mapping[str, Any]) -> str:
+    def tools_part(self, turn: Mapping[str, object]) -> str:
         tools = turn.get("tools")
         if not tools:
             return ""
-        functions = [t["function"] for t in tools]
+        functions = [_function(t) for t in jsontext.iterate(tools)]
         return "\n\n" + tools_text(self.dialect.tags, functions, self.setting.dump)
 
-    def assistant_text(self, i: int, turn: Mapping[str, Any]) -> str:
+    def assistant_text(self, i: int, turn: Mapping[str, object]) -> str:
         calls = history_calls(turn, self.setting.arguments)
         head = ""
         if self.setting.thinking and (self.keep or i > self.last_user):

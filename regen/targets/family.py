@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from regen.core import jsontext
 from regen.core.errors import TemplateError
@@ -81,7 +81,7 @@ class TokenizerFacts:
     model_type: str | None  #: ``config.json``'s ``model_type`` where the folder has one
     #: ``tokenizer_config.json``'s ``response_template`` (None: none;
     #: regen.targets.response_template)
-    response_template: Mapping[str, Any] | None = field(default=None, hash=False, compare=False)
+    response_template: Mapping[str, object] | None = field(default=None, hash=False, compare=False)
 
 
 @dataclass(frozen=True, repr=False)
@@ -150,13 +150,13 @@ class Family:
             raise ValueError(f"{thinking!r} is not a thinking effort of {self.title} ({known})")
         return thinking
 
-    def template_kwargs(self, thinking: Thinking) -> dict[str, Any]:
+    def template_kwargs(self, thinking: Thinking) -> dict[str, object]:
         """``chat_template_kwargs`` that switch thinking on or off ({} without a switch); an
         effort level (:meth:`effort`) switches it on."""
         self.effort(thinking)  # a level the family does not take is refused here
         return {} if self.thinking_kwarg is None else {self.thinking_kwarg: bool(thinking)}
 
-    def request_fields(self, thinking: Thinking) -> dict[str, Any]:
+    def request_fields(self, thinking: Thinking) -> dict[str, object]:
         """Top-level request fields the family needs besides ``chat_template_kwargs`` ({}:
         none): the thinking switch where an engine reads it only there, and
         ``skip_special_tokens: false`` where its markers are special tokens a parser needs."""
@@ -171,9 +171,9 @@ class Family:
 
     def encode_prompt(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        kwargs: Mapping[str, Any],
+        messages: list[dict[str, object]],
+        tools: list[dict[str, object]] | None,
+        kwargs: Mapping[str, object],
         engine: str,
     ) -> str:
         """The generation prompt as the engine called ``engine`` encodes it, from the messages
@@ -311,7 +311,7 @@ def _parser_flags(parsers: Parsers, *, auto_tool_choice: bool) -> list[str]:
     return flags
 
 
-def arguments_json(arguments: str) -> Any:
+def arguments_json(arguments: str) -> object:
     """A call's arguments as JSON data (the string itself when it is not JSON)."""
     try:
         return jsontext.loads(arguments)

@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from regen.core.errors import TemplateError
 from regen.core.sample import ToolCall
@@ -105,7 +104,7 @@ SPECIAL_TOKENS = (
 )  # fmt: skip
 
 
-def value_text(value: Any) -> str:
+def value_text(value: object) -> str:
     """A value in Gemma's argument syntax (module docstring), keys in the order given."""
     if isinstance(value, str):
         return f"{QUOTE}{value}{QUOTE}"
@@ -132,7 +131,7 @@ def arguments_text(arguments: str) -> str:
 class Gemma4Family(Family):
     """Gemma 4's thought channel and calls (module docstring)."""
 
-    def request_fields(self, thinking: Thinking) -> dict[str, Any]:
+    def request_fields(self, thinking: Thinking) -> dict[str, object]:
         """``skip_special_tokens: false``: the thought-channel and call markers are special
         tokens (module docstring)."""
         self.effort(thinking)

@@ -34,7 +34,6 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import fields
-from typing import Any
 
 from regen.core.errors import TemplateError
 from regen.core.sample import ToolCall
@@ -70,7 +69,7 @@ SPECIAL_TOKENS = (
 GLM47_CALL_RULE = re.compile(r"\{\{[-\s]*['\"]<tool_call>['\"]\s*[+~]\s*tc\.name")
 
 
-def value_text(value: Any) -> str:
+def value_text(value: object) -> str:
     """An argument value as the template writes it (strings as they are, else JSON)."""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 

@@ -37,7 +37,6 @@ call the model writes as its first message (no reasoning before it) is returned 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from regen.core.sample import ToolCall
 from regen.targets.family import Family, Parsers, RenderFlag, Thinking, ThinkState
@@ -84,12 +83,12 @@ def call_header(name: str) -> str:
 class HarmonyFamily(Family):
     """The harmony channels (module docstring)."""
 
-    def template_kwargs(self, thinking: Thinking) -> dict[str, Any]:
+    def template_kwargs(self, thinking: Thinking) -> dict[str, object]:
         """``reasoning_effort``: the level asked for; medium with thinking on, low with it off
         (harmony cannot switch reasoning off)."""
         return {"reasoning_effort": self.effort(thinking) or EFFORT_OFF}
 
-    def request_fields(self, thinking: Thinking) -> dict[str, Any]:
+    def request_fields(self, thinking: Thinking) -> dict[str, object]:
         """The same effort as a top-level field: vLLM renders harmony itself from it and
         ignores the template kwarg (module docstring)."""
         return self.template_kwargs(thinking)

@@ -89,7 +89,7 @@ with special tokens, the rest as plain text) reproduces the engines' ids.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from regen.core.errors import TemplateError
 from regen.core.sample import ToolCall
@@ -153,10 +153,10 @@ class KimiK3Family(Family):
     vllm_tokenizer_mode: ClassVar[str | None] = "kimi_k3"
 
     # -- thinking -----------------------------------------------------------------------------
-    def template_kwargs(self, thinking: Thinking) -> dict[str, Any]:
+    def template_kwargs(self, thinking: Thinking) -> dict[str, object]:
         """``{"thinking": bool}``, and the effort level (``thinking_effort``) with it on."""
         level = self.effort(thinking)
-        kwargs: dict[str, Any] = {"thinking": bool(thinking)}
+        kwargs: dict[str, object] = {"thinking": bool(thinking)}
         if level is not None:
             kwargs["thinking_effort"] = level
         return kwargs
@@ -168,9 +168,9 @@ class KimiK3Family(Family):
 
     def encode_prompt(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        kwargs: Mapping[str, Any],
+        messages: list[dict[str, object]],
+        tools: list[dict[str, object]] | None,
+        kwargs: Mapping[str, object],
         engine: str,
     ) -> str:
         """The prompt ``engine`` renders (SGLang's preparation for ``sglang``, vLLM's for every
@@ -179,9 +179,9 @@ class KimiK3Family(Family):
 
     def prompt_segments(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        kwargs: Mapping[str, Any],
+        messages: list[dict[str, object]],
+        tools: list[dict[str, object]] | None,
+        kwargs: Mapping[str, object],
         engine: str,
     ) -> Segments:
         """The prompt as the segments K3's tokenizer encodes one by one (module docstring)."""

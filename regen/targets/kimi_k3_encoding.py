@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from regen.core import jsontext
 from regen.core.errors import ArgumentsError, TemplateError
@@ -50,12 +49,12 @@ SCHEMA_NOTE = "\nThe JSON data must match the following schema:\n```json\n{}\n``
 
 # -- the encoder (encoding_k3.py build_chat_segments, main) ----------------------------------------
 def build_segments(
-    messages: Sequence[Any],
-    tools: Any,
+    messages: Sequence[object],
+    tools: object,
     *,
-    thinking: Any = True,
+    thinking: object = True,
     image_prompts: Sequence[str] | None = None,
-    **kwargs: Any,
+    **kwargs: object,
 ) -> Segments:
     """The generation prompt's segments for ``messages`` and ``tools`` as K3's encoder writes
     them (kwargs: ``thinking_effort``, ``tool_choice``, ``response_format``,
@@ -71,7 +70,7 @@ def build_segments(
         raise TemplateError(f"Kimi K3 takes thinking_effort {', '.join(EFFORTS)}, not {effort!r}")
     if thinking and effort in EFFORTS:
         system_note(out, "thinking-effort", EFFORT_NOTE.format(effort))
-    calls: Any = None
+    calls: object = None
     results = 0
     for m in msgs:
         if not isinstance(m, Mapping):
@@ -117,7 +116,7 @@ class Images:
             raise TemplateError(f"{len(self.prompts)} image prompts for {self.used} images")
 
 
-def text(out: Segments, value: Any, images: Images) -> None:
+def text(out: Segments, value: object, images: Images) -> None:
     """Text a user, tool or model wrote (an image placeholder in it is an image only where the
     encoder was given image prompts)."""
     value = str(value)
@@ -131,12 +130,12 @@ def text(out: Segments, value: Any, images: Images) -> None:
             out.control(images.next())
 
 
-def content(out: Segments, value: Any, images: Images) -> None:
+def content(out: Segments, value: object, images: Images) -> None:
     """A message's content: text, or a list of parts (an image part is an image)."""
     if isinstance(value, str):
         text(out, value, images)
         return
-    for part in value or ():
+    for part in jsontext.iterate(value or ()):
         if not isinstance(part, Mapping) or "type" not in part:
             raise TemplateError(f"Kimi K3 cannot render the content part {part!r}")
         if part["type"] in ("image", "image_url"):
@@ -145,14 +144,14 @@ def content(out: Segments, value: Any, images: Images) -> None:
             text(out, part.get("text", ""), images)
 
 
-def message(out: Segments, m: Mapping[str, Any], role: str, images: Images) -> None:
+def message(out: Segments, m: Mapping[str, object], role: str, images: Images) -> None:
     out.open("message", [("role", role), *named(m)])
     content(out, m.get("content"), images)
     out.close("message")
     out.control(END_OF_MSG)
 
 
-def named(m: Mapping[str, Any]) -> list[tuple[str, Any]]:
+def named(m: Mapping[str, object]) -> list[tuple[str, object]]:
     return [("name", m["name"])] if m.get("name") else []
 
 
@@ -164,7 +163,7 @@ def system_note(out: Segments, kind: str, body: str) -> None:
     out.control(END_OF_MSG)
 
 
-def assistant(out: Segments, m: Mapping[str, Any], thinking: bool, images: Images) -> None:
+def assistant(out: Segments, m: Mapping[str, object], thinking: bool, images: Images) -> None:
     out.open("message", [("role", "assistant"), *named(m)])
     if thinking:
         out.open("think")
@@ -178,16 +177,18 @@ def assistant(out: Segments, m: Mapping[str, Any], thinking: bool, images: Image
     calls = m.get("tool_calls")
     if calls:
         out.open("tools")
-        for i, call in enumerate(calls, start=1):
+        for i, call in enumerate(jsontext.iterate(calls), start=1):
             fn = call_function(call)
-            write_call(out, fn.get("name"), i, fn.get("arguments"), fn.get(JSON_BLOCK), images)
+            raw = fn.get(JSON_BLOCK)
+            write_call(out, fn.get("name"), i, fn.get("arguments"), raw if isinstance(raw, str)
+                       else None, images)  # fmt: skip
         out.close("tools")
     out.close("message")
     out.control(END_OF_MSG)
 
 
 def write_call(
-    out: Segments, name: Any, index: int, args: Any, raw: str | None, images: Images
+    out: Segments, name: object, index: int, args: object, raw: str | None, images: Images
 ) -> None:
     """One call: its arguments typed one by one, or the text that held no JSON as a block."""
     if name is None:
@@ -197,15 +198,17 @@ def write_call(
         out.open("json", [("type", "object")])
         text(out, raw, images)
         out.close("json")
-    else:
-        for key, value in (args or {}).items():
+    elif args:
+        if not isinstance(args, Mapping):
+            raise TemplateError(f"tool call {name!r}: Kimi K3 takes arguments as an object or text")
+        for key, value in args.items():
             out.open("argument", [("key", key), ("type", value_type(value))])
             text(out, value_text(value), images)
             out.close("argument")
     out.close("call")
 
 
-def value_type(value: Any) -> str:
+def value_type(value: object) -> str:
     """An argument's ``type`` attribute."""
     if isinstance(value, bool):
         return "boolean"
@@ -218,17 +221,17 @@ def value_type(value: Any) -> str:
     return "object" if isinstance(value, dict) else "array"
 
 
-def value_text(value: Any) -> str:
+def value_text(value: object) -> str:
     """An argument's value: a string raw, anything else as JSON (default separators)."""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def tool_result(
-    out: Segments, m: Mapping[str, Any], calls: Any, index: int, images: Images
+    out: Segments, m: Mapping[str, object], calls: object, index: int, images: Images
 ) -> None:
     """A tool result, named by ``tool`` / ``name`` or by the call at its position."""
     name = m.get("tool", m.get("name"))
-    if name is None and calls and index <= len(calls):
+    if name is None and isinstance(calls, Sequence) and calls and index <= len(calls):
         name = call_function(calls[index - 1]).get("name")
     if name is None:
         raise TemplateError("a Kimi K3 tool result needs a tool name: 'tool' / 'name', or a "
@@ -239,7 +242,7 @@ def tool_result(
     out.control(END_OF_MSG)
 
 
-def requirements(out: Segments, kwargs: Mapping[str, Any]) -> None:
+def requirements(out: Segments, kwargs: Mapping[str, object]) -> None:
     """The ``tool_choice`` and ``response_format`` notes (kwargs the encoder reads)."""
     choice = kwargs.get("tool_choice")
     if choice in ("required", "none"):
@@ -255,18 +258,18 @@ def requirements(out: Segments, kwargs: Mapping[str, Any]) -> None:
         system_note(out, "response-format", note)
 
 
-def response_schema(fmt: Any) -> Any:
+def response_schema(fmt: object) -> object:
     wrapper = fmt.get("json_schema") if isinstance(fmt, Mapping) else None
     if not isinstance(wrapper, Mapping):
         return wrapper
     return wrapper.get("schema", wrapper.get("json_schema", wrapper))
 
 
-def compact(value: Any) -> str:
+def compact(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def deep_sort(value: Any) -> Any:
+def deep_sort(value: object) -> object:
     """Every mapping's keys sorted, all the way down."""
     if isinstance(value, Mapping):
         return {k: deep_sort(v) for k, v in sorted(value.items())}
@@ -279,7 +282,7 @@ def deep_sort(value: Any) -> Any:
 JSON_BLOCK = "_json_block"
 
 
-def call_function(call: Any) -> Mapping[str, Any]:
+def call_function(call: object) -> Mapping[str, object]:
     """A call's function (``call.function``, or the call itself)."""
     fn = call.get("function", call) if isinstance(call, Mapping) else None
     if not isinstance(fn, Mapping):
@@ -287,7 +290,7 @@ def call_function(call: Any) -> Mapping[str, Any]:
     return fn
 
 
-def parsed_arguments(m: Any) -> Any:
+def parsed_arguments(m: object) -> object:
     """A message with its calls' arguments as the encoder reads them (:mod:`regen.targets.kimi_k3`):
     an object, or ``{}`` for none, or the text that held no JSON (kept apart); the tools of a
     system message key-sorted."""
@@ -298,18 +301,21 @@ def parsed_arguments(m: Any) -> Any:
         out["tools"] = deep_sort(out["tools"])
     if not out.get("tool_calls"):
         return out
-    calls = []
-    for call in out["tool_calls"]:
+    calls: list[object] = []
+    for call in jsontext.iterate(out["tool_calls"]):
         fn = dict(call_function(call))
         fn["arguments"], raw = read_arguments(fn.get("arguments"), fn.get("name"))
         if raw is not None:
             fn[JSON_BLOCK] = raw
-        calls.append({**call, "function": fn} if "function" in call else fn)
+        if isinstance(call, Mapping) and "function" in call:
+            calls.append({**call, "function": fn})
+        else:
+            calls.append(fn)
     out["tool_calls"] = calls
     return out
 
 
-def read_arguments(args: Any, name: Any) -> tuple[dict[str, Any], str | None]:
+def read_arguments(args: object, name: object) -> tuple[Mapping[str, object], str | None]:
     if args is None:
         return {}, None
     if isinstance(args, dict):
@@ -328,35 +334,38 @@ def read_arguments(args: Any, name: Any) -> tuple[dict[str, Any], str | None]:
     return value, None
 
 
-def results_in_call_order(messages: Sequence[Any]) -> list[Any]:
+def results_in_call_order(messages: Sequence[object]) -> list[object]:
     """Each run of tool results in the order of the calls they answer, when every one names a
     call of the last assistant turn by its id (``tool_call_id``, else ``id``); each then named
     by its call. A run with one it cannot place stays as it is."""
-    out: list[Any] = []
-    ids: dict[str, tuple[int, Any]] = {}
+    out: list[object] = []
+    ids: dict[str, tuple[int, object]] = {}
     i = 0
     while i < len(messages):
         m = messages[i]
-        role = m.get("role") if isinstance(m, Mapping) else None
+        role = _role(m)
         if role != "tool":
-            if role == "assistant":
+            if role == "assistant" and isinstance(m, Mapping):
                 ids = call_positions(m.get("tool_calls") or ())
             out.append(m)
             i += 1
             continue
         j = i
-        while j < len(messages) and isinstance(messages[j], Mapping) and \
-                messages[j].get("role") == "tool":  # fmt: skip
+        while j < len(messages) and _role(messages[j]) == "tool":
             j += 1
-        out += placed(messages[i:j], ids)
+        out += placed([r for r in messages[i:j] if isinstance(r, Mapping)], ids)
         i = j
     return out
 
 
-def call_positions(calls: Sequence[Any]) -> dict[str, tuple[int, Any]]:
+def _role(m: object) -> object:
+    return m.get("role") if isinstance(m, Mapping) else None
+
+
+def call_positions(calls: object) -> dict[str, tuple[int, object]]:
     """Call id → (1-based position, name); the first of a repeated id."""
-    found: dict[str, tuple[int, Any]] = {}
-    for position, call in enumerate(calls, start=1):
+    found: dict[str, tuple[int, object]] = {}
+    for position, call in enumerate(jsontext.iterate(calls), start=1):
         if not isinstance(call, Mapping) or call.get("id") is None:
             continue
         fn = call.get("function")
@@ -365,15 +374,18 @@ def call_positions(calls: Sequence[Any]) -> dict[str, tuple[int, Any]]:
     return found
 
 
-def placed(run: Sequence[Mapping[str, Any]], ids: Mapping[str, tuple[int, Any]]) -> list[Any]:
+def placed(
+    run: Sequence[Mapping[str, object]], ids: Mapping[str, tuple[int, object]]
+) -> list[object]:
     keys = [r.get("tool_call_id", r.get("id")) for r in run]
     where = [ids.get(str(k)) if k is not None else None for k in keys]
-    if any(w is None for w in where):
+    found = [w for w in where if w is not None]
+    if len(found) < len(where):
         return list(run)
-    order = sorted(range(len(run)), key=lambda k: (where[k][0], k))  # type: ignore[index]
-    out = []
+    order = sorted(range(len(run)), key=lambda k: (found[k][0], k))
+    out: list[object] = []
     for k in order:
-        _, name = where[k]  # type: ignore[misc]
+        _, name = found[k]
         result = dict(run[k])
         if name is not None:
             result["tool"] = name
@@ -390,9 +402,9 @@ _CALL_ARGUMENTS = frozenset({"tokenize", "return_dict", "chat_template", "add_ge
 
 
 def tokenizer_segments(
-    messages: Sequence[Any],
-    tools: Any,
-    kwargs: Mapping[str, Any],
+    messages: Sequence[object],
+    tools: object,
+    kwargs: Mapping[str, object],
     image_prompts: Sequence[str] | None = None,
 ) -> Segments:
     """What K3's ``apply_chat_template`` (tokenization_kimi.py) makes of a call: ``thinking``

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any
 
+from regen.core import jsontext
 from regen.core.errors import TemplateError
 from regen.core.tools import schema_types
 from regen.targets.kimi_k3_encoding import EFFORTS, IMAGE_PLACEHOLDER
@@ -31,7 +31,7 @@ SGLANG, VLLM = "sglang", "vllm"
 _UNSET = (None, "auto")
 
 
-def vllm_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def vllm_kwargs(kwargs: Mapping[str, object]) -> dict[str, object]:
     """The chat_template_kwargs vLLM hands the encoder: those set to None or ``auto`` dropped
     (``renderers/params.py`` ``merge_kwargs`` under the serving defaults: an explicit
     ``thinking_effort: null`` is the tokenizer's ``max`` here, no effort on SGLang); then
@@ -53,11 +53,11 @@ def vllm_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return kw
 
 
-def vllm_tool_order(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def vllm_tool_order(messages: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
     """``_normalize_k3_tool_messages``: the tool results right after an assistant turn with
     calls, in the calls' order, when each names one by its id or by ``"{name}:{position}"``
     (0-based), each given its call's ``tool`` and ``index``; else as they are."""
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     i = 0
     while i < len(messages):
         m = messages[i]
@@ -74,10 +74,12 @@ def vllm_tool_order(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
     return out
 
 
-def call_aliases(calls: Sequence[Any]) -> dict[str, tuple[int, str]]:
+def call_aliases(calls: object) -> dict[str, tuple[int, str]]:
     found: dict[str, tuple[int, str]] = {}
-    for position, call in enumerate(calls):
-        fn = call.get("function") if isinstance(call, Mapping) else None
+    for position, call in enumerate(jsontext.iterate(calls)):
+        if not isinstance(call, Mapping):
+            continue
+        fn = call.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
         if not isinstance(name, str) or not name:
             continue
@@ -90,8 +92,8 @@ def call_aliases(calls: Sequence[Any]) -> dict[str, tuple[int, str]]:
 
 
 def vllm_placed(
-    run: Sequence[Mapping[str, Any]], aliases: Mapping[str, tuple[int, str]]
-) -> list[dict[str, Any]]:
+    run: Sequence[Mapping[str, object]], aliases: Mapping[str, tuple[int, str]]
+) -> list[dict[str, object]]:
     found = []
     for order, result in enumerate(run):
         key = result.get("tool_call_id")
@@ -103,16 +105,20 @@ def vllm_placed(
 
 
 # -- SGLang 0.5.23 (serving_chat.py _prepare_kimi_k3_messages, _encode_messages) -----------------
-def sglang_messages(messages: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+def sglang_messages(
+    messages: Sequence[Mapping[str, object]],
+) -> tuple[list[dict[str, object]], int]:
     """``_prepare_kimi_k3_messages``; and the number of images (SGLang hands the encoder one
     ``<|media_pad|>`` image prompt each)."""
-    out, images = [], 0
-    for m in messages:
-        m = copy.deepcopy(dict(m))
+    out: list[dict[str, object]] = []
+    images = 0
+    for message in messages:
+        m = copy.deepcopy(dict(message))
         body = m.get("content")
         if isinstance(body, list):
-            m["content"] = [p for p in map(sglang_part, body) if p is not None]
-            images += sum(p["type"] == "image_url" for p in m["content"])
+            parts = [p for p in map(sglang_part, body) if p is not None]
+            m["content"] = parts
+            images += sum(p["type"] == "image_url" for p in parts)
         elif isinstance(body, str):
             m["content"] = body.replace(IMAGE_PLACEHOLDER, IMAGE_PLACEHOLDER_TYPED)
         elif body is None:
@@ -121,19 +127,19 @@ def sglang_messages(messages: Sequence[Mapping[str, Any]]) -> tuple[list[dict[st
             for key in ("reasoning_content", "reasoning"):
                 if key in m:
                     m[key] = typed_placeholders(m[key])
-            for call in m.get("tool_calls") or ():
+            for call in jsontext.iterate(m.get("tool_calls") or ()):
                 fn = call.get("function") if isinstance(call, dict) else None
                 if isinstance(fn, dict) and "arguments" in fn:
                     fn["arguments"] = typed_placeholders(fn["arguments"])
         if m.get("role") in ("system", "developer") and m.get("tools"):
-            m["tools"] = [sglang_message_tool(t) for t in m["tools"]]
+            m["tools"] = [sglang_message_tool(t) for t in jsontext.iterate(m["tools"])]
         if m.get("role") == "developer":
             m["role"] = "system"
         out.append(m)
     return out, images
 
 
-def sglang_part(part: Any) -> dict[str, Any] | None:
+def sglang_part(part: object) -> dict[str, object] | None:
     if not isinstance(part, Mapping):
         return None
     if part.get("type") in ("text", "input_text"):
@@ -146,7 +152,7 @@ def sglang_part(part: Any) -> dict[str, Any] | None:
     return None
 
 
-def typed_placeholders(value: Any) -> Any:
+def typed_placeholders(value: object) -> object:
     """``<|kimi_image_placeholder|>`` in every string of ``value`` made typed text."""
     if isinstance(value, str):
         return value.replace(IMAGE_PLACEHOLDER, IMAGE_PLACEHOLDER_TYPED)
@@ -162,11 +168,13 @@ _TOOL_FIELDS = ("type", "function", "defer_loading")
 _FUNCTION_FIELDS = ("description", "name", "parameters", "strict", "defer_loading")
 
 
-def sglang_message_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+def sglang_message_tool(tool: object) -> dict[str, object]:
     """A system message's tool as SGLang's ``model_dump(exclude_unset=True)`` gives it: the
     fields the client set (a None ``strict`` / function ``defer_loading`` dropped, the tool's
     ``defer_loading`` copied into the function), parameter types made JSON Schema's."""
-    fn = tool.get("function") or {}
+    if not isinstance(tool, Mapping):
+        raise TemplateError(f"a Kimi K3 system message's tool must be an object, not {tool!r}")
+    fn = _function(tool)
     spec = {k: copy.deepcopy(fn[k]) for k in fn if k in _FUNCTION_FIELDS}
     spec = {k: v for k, v in spec.items() if k not in ("strict", "defer_loading") or v is not None}
     if tool.get("defer_loading") is not None and spec.get("defer_loading") is None:
@@ -177,16 +185,16 @@ def sglang_message_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
     return {**out, "function": spec}
 
 
-def sglang_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
+def sglang_tools(tools: Sequence[Mapping[str, object]] | None) -> list[dict[str, object]] | None:
     """The request's tools as SGLang's K3 path dumps them (``exclude_unset``), from the shape
     regen.template.prepare gave them: what that preparation filled in (a None description,
     parameters or ``defer_loading``) dropped again. A client's own ``"description": null``
     cannot be told from none there: it is dropped too."""
     if not tools:
         return None
-    out = []
+    out: list[dict[str, object]] = []
     for tool in tools:
-        fn = {k: v for k, v in (tool.get("function") or {}).items()
+        fn = {k: v for k, v in _function(tool).items()
               if v is not None or k not in ("description", "parameters")}  # fmt: skip
         top = {k: v for k, v in tool.items()
                if k != "function" and (v is not None or k != "defer_loading")}  # fmt: skip
@@ -194,7 +202,15 @@ def sglang_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, An
     return out
 
 
-def sglang_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def _function(tool: Mapping[str, object]) -> Mapping[str, object]:
+    """A tool's function (TemplateError where it is there but no object)."""
+    fn = tool.get("function") or {}
+    if not isinstance(fn, Mapping):
+        raise TemplateError(f"a Kimi K3 tool's function must be an object, not {fn!r}")
+    return fn
+
+
+def sglang_kwargs(kwargs: Mapping[str, object]) -> dict[str, object]:
     """The chat_template_kwargs SGLang hands the encoder: as they are, less ``tokenize``,
     ``return_dict`` and ``image_prompts`` (``enable_thinking`` and ``reasoning_effort`` kwargs
     are not read)."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 OPEN, CLOSE, SEP, END_OF_MSG = "<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"
 
@@ -33,12 +32,12 @@ class Segments(list[Segment]):
         if text:
             self.append(Segment(text, True))
 
-    def text(self, text: Any) -> None:
+    def text(self, text: object) -> None:
         text = str(text)
         if text:
             self.append(Segment(text))
 
-    def open(self, tag: str, attrs: Sequence[tuple[str, Any]] = ()) -> None:
+    def open(self, tag: str, attrs: Sequence[tuple[str, object]] = ()) -> None:
         """``<|open|>{tag}{ key="value"}*<|sep|>``."""
         self.control(OPEN)
         self.text(tag)
@@ -59,12 +58,12 @@ class Segments(list[Segment]):
         return "".join(s.text for s in self)
 
 
-def escape(value: Any) -> str:
+def escape(value: object) -> str:
     """An attribute value: ``&`` then ``"`` escaped."""
     return str(value).replace("&", "&amp;").replace('"', "&quot;")
 
 
-def open_tag(tag: str, attrs: Sequence[tuple[str, Any]] = ()) -> str:
+def open_tag(tag: str, attrs: Sequence[tuple[str, object]] = ()) -> str:
     out = Segments()
     out.open(tag, attrs)
     return out.joined()

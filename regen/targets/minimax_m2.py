@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from regen.core.sample import ToolCall
 from regen.targets.family import Family, Parsers, ThinkState, TokenizerFacts, arguments_json
@@ -62,7 +61,7 @@ SPECIAL_TOKENS = (BOS, ROLE, END, OPEN, CLOSE, CALLS_OPEN, CALLS_CLOSE)
 MODEL_TYPES = ("minimax_m2",)
 
 
-def value_text(value: Any) -> str:
+def value_text(value: object) -> str:
     """A parameter value as the template writes it (strings as they are, else JSON)."""
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from regen.core.sample import ToolCall
 from regen.targets.family import (
@@ -85,7 +84,7 @@ SPECIAL_TOKENS = (BOS, ROLE, END, OPEN, CLOSE, NS)
 PUBLISHED_IDS: dict[str, int] = {ROLE: 200019, END: 200020, BOS: 200034}
 
 
-def value_xml(value: Any) -> str:
+def value_xml(value: object) -> str:
     """A value as M3 writes it: an object's members and a list's items as namespaced elements,
     a string as it is, any other scalar as JSON."""
     if isinstance(value, dict):
@@ -95,7 +94,7 @@ def value_xml(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def element(name: str, value: Any) -> str:
+def element(name: str, value: object) -> str:
     """``NS<name>{value}NS</name>``."""
     return f"{NS}<{name}>{value_xml(value)}{NS}</{name}>"
 
@@ -103,7 +102,7 @@ def element(name: str, value: Any) -> str:
 class MiniMaxM3Family(Family):
     """MiniMax-M3's thinking modes and calls (module docstring)."""
 
-    def template_kwargs(self, thinking: Thinking) -> dict[str, Any]:
+    def template_kwargs(self, thinking: Thinking) -> dict[str, object]:
         """``thinking_mode``: the mode asked for (``enabled`` for ``true``), ``disabled`` for
         ``false``."""
         return {SWITCH: self.effort(thinking) or DISABLED}

@@ -70,7 +70,7 @@ What the engines give back:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from regen.core.sample import ToolCall
 from regen.targets.family import Family, Parsers, Thinking, ThinkState, TokenizerFacts
@@ -116,7 +116,7 @@ class MistralFamily(Family):
     #: regen renders (``auto`` picks mistral_common for a folder with ``tekken.json``)
     vllm_tokenizer_mode: ClassVar[str | None] = "hf"
 
-    def request_fields(self, thinking: Thinking) -> dict[str, Any]:
+    def request_fields(self, thinking: Thinking) -> dict[str, object]:
         """``skip_special_tokens: false``: SGLang otherwise drops ``[THINK]`` / ``[/THINK]``
         from an answer to a request without tools (module docstring)."""
         self.effort(thinking)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from regen.core.sample import ToolCall
 from regen.targets.family import Family, Parsers, TokenizerFacts, arguments_json
@@ -35,7 +34,7 @@ from regen.targets.qwen3 import (
 )
 
 
-def value_text(value: Any) -> str:
+def value_text(value: object) -> str:
     """A parameter value as the template writes it (``tojson`` for objects and lists, else
     Jinja's ``string``)."""
     if isinstance(value, dict | list):

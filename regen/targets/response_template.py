@@ -37,7 +37,6 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from regen.core import jsontext
 from regen.core.errors import TemplateError
@@ -84,7 +83,7 @@ class Delimiters:
     anchors: tuple[str, ...] = ()
 
 
-def delimiters(template: Mapping[str, Any]) -> Delimiters:
+def delimiters(template: Mapping[str, object]) -> Delimiters:
     """Read a response_template's delimiters (ValueError: not a template the engines serve)."""
     fields = template.get("fields")
     if not isinstance(fields, Mapping) or not fields:
@@ -106,13 +105,13 @@ def delimiters(template: Mapping[str, Any]) -> Delimiters:
     return Delimiters(think, ends, calls, why, anchors)
 
 
-def _think(spec: Any) -> tuple[str, str] | None:
+def _think(spec: object) -> tuple[str, str] | None:
     if not isinstance(spec, Mapping):
         return None
     return _one_text(spec, "open"), _one_text(spec, "close")
 
 
-def _calls(spec: Any) -> CallFraming:
+def _calls(spec: object) -> CallFraming:
     if not isinstance(spec, Mapping):
         raise NotInvertible("tool_calls is not a field spec")
     transform = spec.get("transform") or {}
@@ -134,7 +133,7 @@ def _calls(spec: Any) -> CallFraming:
                        verbatim=kind == "text")  # fmt: skip
 
 
-def _literals(value: Any) -> list[str]:
+def _literals(value: object) -> list[str]:
     if isinstance(value, str):
         return [value]
     if isinstance(value, list):
@@ -142,23 +141,23 @@ def _literals(value: Any) -> list[str]:
     return []
 
 
-def _pattern(spec: Mapping[str, Any], side: str) -> list[Node]:
+def _pattern(spec: Mapping[str, object], side: str) -> list[Node]:
     """The parsed delimiter ``side`` (``open``/``close``) of a field: a literal (its first
     form) as one text node, a regex parsed."""
     lits = _literals(spec.get(side))
     if lits:
-        return [("text", lits[0])]
+        return [Text(lits[0])]
     pattern = spec.get(f"{side}_pattern")
     if not isinstance(pattern, str):
         return []
     return _parse(pattern)
 
 
-def _one_text(spec: Mapping[str, Any], side: str) -> str:
+def _one_text(spec: Mapping[str, object], side: str) -> str:
     return _text(_pattern(spec, side))
 
 
-def _all_texts(spec: Mapping[str, Any], side: str) -> list[str]:
+def _all_texts(spec: Mapping[str, object], side: str) -> list[str]:
     """Every text the delimiter ``side`` matches (literal forms, or each alternative of a
     regex), in the template's order."""
     lits = _literals(spec.get(side))
@@ -169,9 +168,39 @@ def _all_texts(spec: Mapping[str, Any], side: str) -> list[str]:
 
 
 # -- a small regex reader: the subset response templates use ------------------------------------
-#: a parsed node: ("text", s) | ("class", spec) | ("group", (name, alternatives)) |
-#: ("repeat", (node, min, max))
-Node = tuple[str, Any]
+@dataclass(frozen=True, slots=True)
+class Text:
+    """Literal text."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class CharClass:
+    """A character class (``[^"]``, ``\\s``, ``.``): its spec as the pattern writes it."""
+
+    spec: str
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """A group: its name (None: unnamed) and its alternatives."""
+
+    name: str | None
+    alternatives: list[list[Node]]
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """A quantified node: ``lo`` to ``hi`` times (None: no bound)."""
+
+    node: Node
+    lo: int
+    hi: int | None
+
+
+#: a parsed node
+Node = Text | CharClass | Group | Repeat
 _ESCAPES = {"n": "\n", "r": "\r", "t": "\t"}
 _CLASSES = frozenset("sdwSDW")
 
@@ -181,7 +210,7 @@ def _parse(pattern: str) -> list[Node]:
     if end != len(pattern):
         raise NotInvertible(f"unbalanced regex {pattern!r}")
     if len(nodes) != 1:
-        return [("group", (None, nodes))]
+        return [Group(None, nodes)]
     return nodes[0]
 
 
@@ -203,19 +232,19 @@ def _parse_atom(p: str, i: int) -> tuple[Node, int]:
     if ch == "\\":
         nxt = p[i + 1]
         if nxt in _CLASSES:
-            return ("class", "\\" + nxt), i + 2
-        return ("text", _ESCAPES.get(nxt, nxt)), i + 2
+            return CharClass("\\" + nxt), i + 2
+        return Text(_ESCAPES.get(nxt, nxt)), i + 2
     if ch == "[":
         start = i + 2 if p.startswith("[^", i) else i + 1
         end = p.index("]", start + 1)  # a ']' first in the class is a character of it
-        return ("class", p[i : end + 1]), end + 1
+        return CharClass(p[i : end + 1]), end + 1
     if ch == "(":
         return _parse_group(p, i)
     if ch in "^$":
-        return ("text", ""), i + 1
+        return Text(""), i + 1
     if ch == ".":
-        return ("class", "."), i + 1
-    return ("text", ch), i + 1
+        return CharClass("."), i + 1
+    return Text(ch), i + 1
 
 
 def _parse_group(p: str, i: int) -> tuple[Node, int]:
@@ -226,19 +255,20 @@ def _parse_group(p: str, i: int) -> tuple[Node, int]:
     look = next((x for x in ("?<=", "?<!", "?=", "?!") if p.startswith(x, j)), None)
     if look is not None:
         _, j = _parse_alternatives(p, j + len(look))
-        return ("text", ""), j + 1
+        return Text(""), j + 1
     if p.startswith("?P<", j):
         k = p.index(">", j)
         name, j = p[j + 3 : k], k + 1
     elif p.startswith("?:", j):
         j += 2
     alternatives, j = _parse_alternatives(p, j)
-    return ("group", (name, alternatives)), j + 1
+    return Group(name, alternatives), j + 1
 
 
 def _quantified(p: str, i: int, node: Node) -> tuple[Node, int]:
     if i >= len(p) or p[i] not in "?*+{":
         return node, i
+    bounds: tuple[int, int | None]
     if p[i] == "{":
         end = p.index("}", i)
         lo, _, hi = p[i + 1 : end].partition(",")
@@ -249,25 +279,28 @@ def _quantified(p: str, i: int, node: Node) -> tuple[Node, int]:
         i += 1
     if i < len(p) and p[i] in "?+":  # lazy or possessive: the same texts
         i += 1
-    return ("repeat", (node, *bounds)), i
+    return Repeat(node, *bounds), i
 
 
 def _split_leading(nodes: list[Node]) -> tuple[list[Node], list[Node]]:
     """A leading optional group (the section opener) and the rest."""
-    if nodes and _optional_group(nodes[0]):
-        return [nodes[0][1][0]], nodes[1:]
+    if nodes and (inner := _optional_group(nodes[0])) is not None:
+        return [inner], nodes[1:]
     return [], nodes
 
 
 def _split_trailing(nodes: list[Node]) -> tuple[list[Node], list[Node]]:
     """The rest and a trailing optional group (the section closer)."""
-    if nodes and _optional_group(nodes[-1]):
-        return nodes[:-1], [nodes[-1][1][0]]
+    if nodes and (inner := _optional_group(nodes[-1])) is not None:
+        return nodes[:-1], [inner]
     return nodes, []
 
 
-def _optional_group(node: Node) -> bool:
-    return node[0] == "repeat" and node[1][1] == 0 and node[1][0][0] == "group"
+def _optional_group(node: Node) -> Group | None:
+    """The group of an optional group (``(...)?``), else None."""
+    if isinstance(node, Repeat) and node.lo == 0 and isinstance(node.node, Group):
+        return node.node
+    return None
 
 
 def _text(nodes: Sequence[Node]) -> str:
@@ -276,35 +309,32 @@ def _text(nodes: Sequence[Node]) -> str:
 
 
 def _node_text(node: Node) -> str:
-    kind, value = node
-    if kind == "text":
-        return value
-    if kind == "group":
-        name, alternatives = value
-        if name == "name":
+    if isinstance(node, Text):
+        return node.text
+    if isinstance(node, Group):
+        if node.name == "name":
             return NAME_MARK
-        if name is not None:
-            raise NotInvertible(f"a named group {name!r} other than the call's name")
-        return _text(alternatives[0])
-    if kind == "repeat":
-        inner, lo, _ = value
-        if inner == ("class", "\\s"):
+        if node.name is not None:
+            raise NotInvertible(f"a named group {node.name!r} other than the call's name")
+        return _text(node.alternatives[0])
+    if isinstance(node, Repeat):
+        inner, lo = node.node, node.lo
+        if inner == CharClass("\\s"):
             return "" if lo == 0 else " "
-        if inner == ("class", "\\d") and lo >= 1:
+        if inner == CharClass("\\d") and lo >= 1:
             return INDEX_MARK
         if lo == 0:
             raise NotInvertible("an optional part of a delimiter")
         return _node_text(inner) * lo
-    raise NotInvertible(f"a character class {value!r} outside the call's name")
+    raise NotInvertible(f"a character class {node.spec!r} outside the call's name")
 
 
 def _expand(nodes: Sequence[Node], limit: int = 16) -> list[str]:
     """Every text of ``nodes`` through their alternatives (optional parts absent)."""
     texts = [""]
     for node in nodes:
-        kind, value = node
-        if kind == "group" and value[0] is None:
-            options = [t for alt in value[1] for t in _expand(alt, limit)]
+        if isinstance(node, Group) and node.name is None:
+            options = [t for alt in node.alternatives for t in _expand(alt, limit)]
         else:
             options = [_node_text(node)]
         texts = [a + b for a in texts for b in options][:limit]

@@ -18,7 +18,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +36,7 @@ PROBES = (
 )
 
 
-def probes(tokenizer: Any) -> list[str]:
+def probes(tokenizer: PreTrainedTokenizerBase) -> list[str]:
     """:data:`PROBES`, then the tokenizer's added tokens in text: next to each other, between
     words and after spaces and newlines (special-token text inside a reply)."""
     added = getattr(tokenizer, "added_tokens_decoder", None) or {}
@@ -46,14 +50,14 @@ def probes(tokenizer: Any) -> list[str]:
 class TokenCodec:
     """``encode_many`` / ``decode_many`` over one tokenizer (see the module docstring)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._backend: Any = None
+        backend: Tokenizer | None = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend: Tokenizer | None = None
         if backend is not None:
             tokenizer.encode("", add_special_tokens=False)  # leaves the backend as it calls it
             self._backend = backend
-            if not (self._ready() and self._agrees()):
+            if not (self._ready() and self._agrees(backend)):
                 log.debug("tokenizer backend differs from transformers: encoding one by one")
                 self._backend = None
 
@@ -63,14 +67,17 @@ class TokenCodec:
         return self._backend is not None
 
     def _ready(self) -> bool:
+        """Whether the backend is there, in the state transformers leaves it in."""
         b = self._backend
+        if b is None:
+            return False
         split = bool(getattr(self.tokenizer, "split_special_tokens", False))
         return b.truncation is None and b.padding is None and b.encode_special_tokens == split
 
-    def _agrees(self) -> bool:
+    def _agrees(self, b: Tokenizer) -> bool:
         texts = probes(self.tokenizer)
         ids = [self._slow_encode(t) for t in texts]
-        return self._fast_encode(texts) == ids and self._fast_decode(ids) == [
+        return self._fast_encode(b, texts) == ids and self._fast_decode(b, ids) == [
             self._slow_decode(i) for i in ids
         ]
 
@@ -79,17 +86,19 @@ class TokenCodec:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _slow_decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(
+        text = self.tokenizer.decode(
             list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
+        if not isinstance(text, str):  # one text for one sequence of ids
+            raise TypeError(f"the tokenizer decoded one sequence to {type(text).__name__}")
+        return text
 
-    def _fast_encode(self, texts: list[str]) -> list[list[int]]:
-        b = self._backend
+    def _fast_encode(self, b: Tokenizer, texts: list[str]) -> list[list[int]]:
         batch = getattr(b, "encode_batch_fast", None) or b.encode_batch
         return [e.ids for e in batch(texts, add_special_tokens=False)]
 
-    def _fast_decode(self, seqs: list[list[int]]) -> list[str]:
-        return self._backend.decode_batch(seqs, skip_special_tokens=False)
+    def _fast_decode(self, b: Tokenizer, seqs: list[list[int]]) -> list[str]:
+        return b.decode_batch(seqs, skip_special_tokens=False)
 
     # -- the API ------------------------------------------------------------------------
     def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
@@ -97,7 +106,7 @@ class TokenCodec:
         if not texts:
             return []
         if self._backend is not None and self._ready():
-            return self._fast_encode(list(texts))
+            return self._fast_encode(self._backend, list(texts))
         return [self._slow_encode(t) for t in texts]
 
     def decode_many(self, seqs: Sequence[Sequence[int]]) -> list[str]:
@@ -105,5 +114,5 @@ class TokenCodec:
         if not seqs:
             return []
         if self._backend is not None:
-            return self._fast_decode([list(s) for s in seqs])
+            return self._fast_decode(self._backend, [list(s) for s in seqs])
         return [self._slow_decode(s) for s in seqs]

@@ -53,7 +53,7 @@ class Boundaries:
         ok: dict[str, int] = {}
         for s in candidates:
             tid = tok.convert_tokens_to_ids(s)
-            if tid is None or tid == unk or codec.encode_many([s]) != [[tid]]:
+            if not isinstance(tid, int) or tid == unk or codec.encode_many([s]) != [[tid]]:
                 continue
             wholes = codec.encode_many([f"a {s}{b}" for b in _AFTER])
             parts = codec.encode_many([f"a {s}", *_AFTER])

@@ -52,13 +52,16 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from regen.core import jsontext
 from regen.core.errors import ArgumentsError, TemplateError
 from regen.core.sample import Message
 from regen.core.tools import sglang_tools, vllm_tools
 from regen.targets.family import ArgumentsRule
+
+if TYPE_CHECKING:
+    from jinja2 import nodes
 
 log = logging.getLogger(__name__)
 
@@ -82,24 +85,24 @@ class Preparation:
 
     def messages(
         self,
-        messages: Sequence[Message | Mapping[str, Any]],
+        messages: Sequence[Message | Mapping[str, object]],
         content_format: ContentFormat = "string",
         arguments: ArgumentsRule | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[dict[str, object]]:
         """The messages as the template sees them (``arguments``: the family's rule where it
         differs from the engine's)."""
         rule = arguments or self.arguments
         return [self.message(_as_dict(m), rule, content_format) for m in messages]
 
     def message(
-        self, m: dict[str, Any], rule: ArgumentsRule, content_format: ContentFormat
-    ) -> dict[str, Any]:
+        self, m: dict[str, object], rule: ArgumentsRule, content_format: ContentFormat
+    ) -> dict[str, object]:
         out = dict(m)
         if out.get("tool_calls"):
-            out["tool_calls"] = [_plain_call(c, rule) for c in out["tool_calls"]]
+            out["tool_calls"] = [_plain_call(c, rule) for c in jsontext.iterate(out["tool_calls"])]
         return out
 
-    def tools(self, tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
+    def tools(self, tools: Sequence[Mapping[str, object]] | None) -> list[dict[str, object]] | None:
         """The tool declarations as the template sees them (None: none)."""
         return [dict(t) for t in tools] if tools else None
 
@@ -109,8 +112,8 @@ class Legacy(Preparation):
     """Arguments as the request's JSON text: what regen rendered before (module docstring)."""
 
     def message(
-        self, m: dict[str, Any], rule: ArgumentsRule, content_format: ContentFormat
-    ) -> dict[str, Any]:
+        self, m: dict[str, object], rule: ArgumentsRule, content_format: ContentFormat
+    ) -> dict[str, object]:
         return m
 
 
@@ -119,18 +122,18 @@ class Vllm(Preparation):
     """vLLM 0.32's preparation (module docstring)."""
 
     def message(
-        self, m: dict[str, Any], rule: ArgumentsRule, content_format: ContentFormat
-    ) -> dict[str, Any]:
+        self, m: dict[str, object], rule: ArgumentsRule, content_format: ContentFormat
+    ) -> dict[str, object]:
         role = m["role"]
         content = m.get("content")
         if content_format == "openai" and role != "tool":
             content = [] if content is None else [{"type": "text", "text": content}]
         elif content is None:
             content = ""
-        out: dict[str, Any] = {"role": role, "content": content}
+        out: dict[str, object] = {"role": role, "content": content}
         if role == "assistant":
             if m.get("tool_calls"):
-                out["tool_calls"] = [_vllm_call(c) for c in m["tool_calls"]]
+                out["tool_calls"] = [_vllm_call(c) for c in jsontext.iterate(m["tool_calls"])]
             reasoning = m.get("reasoning")
             if reasoning is None:
                 reasoning = m.get("reasoning_content")
@@ -142,7 +145,7 @@ class Vllm(Preparation):
             out["name"] = m["name"]
         return out
 
-    def tools(self, tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
+    def tools(self, tools: Sequence[Mapping[str, object]] | None) -> list[dict[str, object]] | None:
         return vllm_tools(tools)
 
 
@@ -156,21 +159,21 @@ class Sglang(Preparation):
     """SGLang 0.5.23's preparation (module docstring)."""
 
     def message(
-        self, m: dict[str, Any], rule: ArgumentsRule, content_format: ContentFormat
-    ) -> dict[str, Any]:
+        self, m: dict[str, object], rule: ArgumentsRule, content_format: ContentFormat
+    ) -> dict[str, object]:
         role = m["role"]
-        out: dict[str, Any] = {"role": role, "content": m.get("content") or ""}
+        out: dict[str, object] = {"role": role, "content": m.get("content") or ""}
         if role == "user":
             return out
         for key in _SGLANG_FIELDS:
             value = m.get(key)
             if key == "tool_calls" and value is not None:
-                value = [_sglang_call(c, rule) for c in value]
+                value = [_sglang_call(c, rule) for c in jsontext.iterate(value)]
             if value is not None:
                 out[key] = value
         return out
 
-    def tools(self, tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
+    def tools(self, tools: Sequence[Mapping[str, object]] | None) -> list[dict[str, object]] | None:
         return sglang_tools(tools)
 
 
@@ -188,13 +191,14 @@ def preparation(engine: str | None, render: RenderArguments = "objects") -> Prep
     return PREPARATIONS.get(engine or "", PLAIN)
 
 
-def parse_arguments(text: Any, rule: ArgumentsRule, name: str = "") -> Any:
+def parse_arguments(text: object, rule: ArgumentsRule, name: str = "") -> object:
     """A history call's ``arguments`` as the template sees them under ``rule``: the JSON object
     the text holds; otherwise ``{}`` (``empty``), the text (``keep``), or ArgumentsError."""
     if isinstance(text, dict):
         return text
     if not text and rule == "empty":
         return {}
+    value: object
     try:
         value = jsontext.loads(text) if isinstance(text, str) else text
     except ValueError:
@@ -215,39 +219,39 @@ def parse_arguments(text: Any, rule: ArgumentsRule, name: str = "") -> Any:
 _NOT_JSON = object()
 
 
-def _as_dict(m: Message | Mapping[str, Any]) -> dict[str, Any]:
-    return m.to_openai() if isinstance(m, Message) else dict(m)
+def _as_dict(m: Message | Mapping[str, object]) -> dict[str, object]:
+    return dict(m.to_openai()) if isinstance(m, Message) else dict(m)
 
 
-def _function(call: Any) -> Mapping[str, Any]:
-    """A call's function: a mapping, as both engines' protocol models require (TemplateError:
-    they refuse the request)."""
+def _call(call: object) -> tuple[Mapping[str, object], Mapping[str, object]]:
+    """A call and its function: mappings, as both engines' protocol models require
+    (TemplateError: they refuse the request)."""
     fn = call.get("function") if isinstance(call, Mapping) else None
-    if not isinstance(fn, Mapping):
+    if not isinstance(call, Mapping) or not isinstance(fn, Mapping):
         raise TemplateError("an assistant tool call must be an object with a 'function' object")
-    return fn
+    return call, fn
 
 
-def _plain_call(call: Any, rule: ArgumentsRule) -> Any:
+def _plain_call(call: object, rule: ArgumentsRule) -> object:
     if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
         return call  # the template says what it makes of it
-    fn = call["function"]
+    call, fn = _call(call)
     args = parse_arguments(fn.get("arguments"), rule, str(fn.get("name")))
     return {**call, "function": {**fn, "arguments": args}}
 
 
-def _vllm_call(call: Mapping[str, Any]) -> dict[str, Any]:
-    fn = _function(call)
+def _vllm_call(raw: object) -> dict[str, object]:
+    call, fn = _call(raw)
     args = parse_arguments(fn.get("arguments"), "empty", str(fn.get("name")))
-    out: dict[str, Any] = {"id": call.get("id"), "function": {"arguments": args,
-                                                            "name": fn.get("name")}}  # fmt: skip
+    out: dict[str, object] = {"id": call.get("id"), "function": {"arguments": args,
+                                                               "name": fn.get("name")}}  # fmt: skip
     out["type"] = call.get("type", "function")
     out.update({k: v for k, v in call.items() if k not in ("id", "function", "type")})
     return out
 
 
-def _sglang_call(call: Mapping[str, Any], rule: ArgumentsRule) -> dict[str, Any]:
-    fn = _function(call)
+def _sglang_call(raw: object, rule: ArgumentsRule) -> dict[str, object]:
+    call, fn = _call(raw)
     args = fn.get("arguments")
     if isinstance(args, str):
         args = parse_arguments(args, rule, str(fn.get("name")))
@@ -264,33 +268,36 @@ def loops_over_content(template: str) -> bool:
     ``messages`` (or a name assigned from them), over a macro parameter that received such a
     content, or over a name ``content`` outside a macro."""
     import jinja2
-    from jinja2 import nodes
 
     try:
         ast = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
     except jinja2.TemplateError:
         return False
-    return _content_loop(ast, nodes)
+    return _content_loop(ast)
 
 
-def _content_loop(ast: Any, nodes: Any) -> bool:
-    def wraps(node: Any) -> bool:  # a filter, test or slice of another node
+def _content_loop(ast: nodes.Template) -> bool:
+    from jinja2 import nodes
+
+    def wrapped(node: nodes.Node) -> nodes.Node | None:  # of a filter, test or slice
         if isinstance(node, nodes.Filter | nodes.Test):
-            return node.node is not None
-        return isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Slice)
+            return node.node
+        if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Slice):
+            return node.node
+        return None
 
-    def base(node: Any) -> Any:
-        while wraps(node):
-            node = node.node
+    def base(node: nodes.Node) -> nodes.Node:
+        while (inner := wrapped(node)) is not None:
+            node = inner
         return node
 
-    def direct(node: Any, names: set[str]) -> bool:
+    def direct(node: nodes.Node, names: set[str]) -> bool:
         return isinstance(node, nodes.Name) and node.ctx == "load" and node.name in names
 
-    def is_name(node: Any, names: set[str]) -> bool:
+    def is_name(node: nodes.Node, names: set[str]) -> bool:
         return direct(base(node), names)
 
-    def is_content_of(node: Any, names: set[str]) -> bool:  # M.content, M['content']
+    def is_content_of(node: nodes.Node, names: set[str]) -> bool:  # M.content, M['content']
         node = base(node)
         if isinstance(node, nodes.Getitem):
             return (direct(node.node, names) and isinstance(node.arg, nodes.Const)

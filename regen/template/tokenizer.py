@@ -20,9 +20,12 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from regen.core.errors import TemplateError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +37,7 @@ DYNAMIC_PACKAGE = "transformers_modules."
 
 def load_tokenizer(
     path: str | os.PathLike[str], trust_remote_code: bool = False, spec: str | None = None
-) -> Any:
+) -> PreTrainedTokenizerBase:
     """The tokenizer directory at ``path``: by the class ``spec`` names (:func:`class_spec`)
     when given and loadable, else resolved by ``AutoTokenizer``. Raises TemplateError when it
     does not load."""
@@ -52,7 +55,7 @@ def load_tokenizer(
         raise TemplateError(f"cannot load tokenizer from {str(path)!r}: {e}{hint}") from e
 
 
-def class_spec(tokenizer: Any) -> str | None:
+def class_spec(tokenizer: object) -> str | None:
     """The spec of ``tokenizer``'s class (loaded by ``AutoTokenizer``), or None when its class
     is neither transformers' nor the directory's own code."""
     cls = type(tokenizer)
@@ -64,17 +67,25 @@ def class_spec(tokenizer: Any) -> str | None:
     return None
 
 
-def _load_by_class(path: str, spec: str, trust_remote_code: bool) -> Any:
+def _load_by_class(path: str, spec: str, trust_remote_code: bool) -> PreTrainedTokenizerBase:
     """What ``AutoTokenizer.from_pretrained`` does once it has picked the class."""
+    from transformers import PreTrainedTokenizerBase
+
     if spec.startswith(REMOTE):
         if not trust_remote_code:
             raise ValueError("the class is the directory's own code: remote code is not allowed")
         from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
         cls = get_class_from_dynamic_module(spec.removeprefix(REMOTE), path)
+        remote = True
+    else:
+        module, _, name = spec.partition(":")
+        if not module.startswith("transformers") or not name:
+            raise ValueError(f"not a transformers tokenizer class: {spec!r}")
+        cls = getattr(importlib.import_module(module), name)
+        remote = False
+    if not (isinstance(cls, type) and issubclass(cls, PreTrainedTokenizerBase)):
+        raise ValueError(f"not a tokenizer class: {spec!r}")
+    if remote:
         return cls.from_pretrained(path, trust_remote_code=True, _from_auto=True)
-    module, _, name = spec.partition(":")
-    if not module.startswith("transformers") or not name:
-        raise ValueError(f"not a transformers tokenizer class: {spec!r}")
-    cls = getattr(importlib.import_module(module), name)
     return cls.from_pretrained(path, _from_auto=True)
