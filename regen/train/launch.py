@@ -164,18 +164,18 @@ def prepare_training(
         max_token_id=scan.max_token_id,
     )
 
-    rd.makedirs(data.TRAIN_DIR)
-    rd.write_text_atomic(data.TRAIN_YAML, cfg.to_yaml())
+    rd.makedirs(store_layout.TRAIN_DIR)
+    rd.write_text_atomic(store_layout.TRAIN_YAML, cfg.to_yaml())
     if tokenizer is not None:
         store_layout.TOKENIZER_FILE.write(rd, tokenizer)
     elif store_layout.TOKENIZER_FILE.exists(rd):  # an earlier launch's: not this run's facts
         rd.delete(store_layout.TOKENIZER_RECORD)
-    draft_path = Path(rd.path(data.DRAFT_CONFIG))
-    rd.write_json_atomic(data.DRAFT_CONFIG, draft_config(cfg, aux))
+    draft_path = Path(rd.path(store_layout.DRAFT_CONFIG))
+    rd.write_json_atomic(store_layout.DRAFT_CONFIG, draft_config(cfg, aux))
     vocab = write_vocab_mapping(
         rd, prompts, draft_vocab_size=cfg.draft.draft_vocab_size, vocab_size=cfg.draft.vocab_size
     )
-    run_yaml = Path(rd.path(data.RUN_YAML))
+    run_yaml = Path(rd.path(store_layout.RUN_YAML))
     run = run_config(
         cfg,
         aux_ids_specforge=aux,

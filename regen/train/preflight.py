@@ -36,7 +36,7 @@ from regen.client.server_info import fetch_server_info
 from regen.core.errors import ConfigError, EndpointError, RegenError, TrapError
 from regen.store import RunDir
 from regen.store import layout as store_layout
-from regen.train import data, traps
+from regen.train import traps
 from regen.train.checks import check_target_files, check_train_config, turn_open_ids
 from regen.train.config import load_train_config
 from regen.train.specforge_config import plan_with_specforge
@@ -125,9 +125,9 @@ def check_capture_servers(urls: list[str], *, timeout: float = 5.0) -> None:
 def preflight(run_dir: str) -> dict[str, Any]:
     """Every check; returns the preflight record (raises RegenError on a failed check)."""
     rd = RunDir.open(run_dir, create=False)
-    command = rd.read_json(data.COMMAND)
+    command = rd.read_json(store_layout.COMMAND)
     if command is None:
-        raise ConfigError(f"{rd.uri}: {data.COMMAND} is missing; launch with `regen train`")
+        raise ConfigError(f"{rd.uri}: {store_layout.COMMAND} is missing; launch with `regen train`")
     try:
         from specforge.config import load_config
     except ImportError as e:
@@ -137,7 +137,7 @@ def preflight(run_dir: str) -> dict[str, Any]:
     store_layout.SPECFORGE_PLAN_FILE.write(rd, plan)
     run_cfg = load_config(run_yaml)
 
-    cfg = load_train_config(rd.path(data.TRAIN_YAML))
+    cfg = load_train_config(rd.path(store_layout.TRAIN_YAML))
     check_train_config(cfg)
     check_target_files(cfg)
     check_run_against_target(store_layout.TOKENIZER_FILE.read(rd), target_tokenizer(cfg), cfg)
@@ -182,7 +182,7 @@ def preflight(run_dir: str) -> dict[str, Any]:
 
 def _record_failure(rd: RunDir, error: str, trap: str | None) -> None:
     rd.write_json_atomic(
-        data.PREFLIGHT,
+        store_layout.PREFLIGHT,
         {"ok": False, "host": socket.gethostname(), "at": time.time(), "error": error,
          "trap": trap},
     )  # fmt: skip
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         log.exception("preflight crashed")
         _record_failure(rd, f"unexpected {type(e).__name__}: {e}", None)
         return 2
-    rd.write_json_atomic(data.PREFLIGHT, record)
+    rd.write_json_atomic(store_layout.PREFLIGHT, record)
     exec_argv = record["exec_argv"]
     log.info("preflight ok (%d rows); exec %s", record["rows"], json.dumps(exec_argv))
     sys.stdout.flush()
