@@ -22,18 +22,7 @@ from regen.core.sample import stable_hash
 from regen.quality.config import DEFAULT_DROP_FLAGS, QualityConfig, parse_flags
 from regen.targets import FIRST_FAMILY, UNKNOWN, Family, target_family, valid_name
 
-ADAPTERS = (
-    "sharegpt",
-    "ultrachat",
-    "openthoughts",
-    "perfectblend",
-    "opencodereasoning",
-    "xlam",
-    "glaive",
-    "swe_gym",
-    "magicoder",
-    "kimi_native",
-)
+#: the source adapters, by the name a manifest gives (regen.sources.adapters: each one's parser)
 AdapterName = Literal[
     "sharegpt",
     "ultrachat",
@@ -46,6 +35,9 @@ AdapterName = Literal[
     "magicoder",
     "kimi_native",
 ]
+ADAPTERS: tuple[AdapterName, ...] = typing.get_args(AdapterName)
+#: the adapters of pre-tokenized rows: a source in mode ``native`` uses one, and only such a source
+NATIVE_ADAPTERS: frozenset[AdapterName] = frozenset({"kimi_native"})
 #: hex characters of :meth:`Manifest.settings_id`
 SETTINGS_ID_CHARS = 8
 
@@ -242,8 +234,9 @@ class Source(Strict):
     def _check(self) -> Source:
         if (self.hub is None) == (self.path is None):
             raise ValueError("give exactly one of 'hub' or 'path'")
-        if (self.mode == "native") != (self.adapter == "kimi_native"):
-            raise ValueError("mode 'native' goes with adapter 'kimi_native' (and only with it)")
+        if (self.mode == "native") != (self.adapter in NATIVE_ADAPTERS):
+            names = " or ".join(repr(a) for a in sorted(NATIVE_ADAPTERS))
+            raise ValueError(f"mode 'native' goes with adapter {names} (and only with it)")
         lo, hi = self.output_tokens
         if not 0 < lo <= hi:
             raise ValueError("output_tokens must be [low, high] with 0 < low <= high")
