@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from regen.core.errors import ConfigError
 from regen.core.sample import stable_hash
 from regen.quality.config import DEFAULT_DROP_FLAGS, QualityConfig, parse_flags
-from regen.targets import FIRST_FAMILY, UNKNOWN, Family, target_family, valid_name
+from regen.targets import FIRST_FAMILY, UNKNOWN, Family, valid_name
+from regen.targets.decide import decide_family
 
 #: the source adapters, by the name a manifest gives (regen.sources.adapters: each one's parser)
 AdapterName = Literal[
@@ -331,9 +332,10 @@ class Manifest(Strict):
         raise KeyError(name)
 
     def family(self) -> Family | None:
-        """The target's model family: ``target.family``, else recognised from its tokenizer
-        directory (None: no family regen knows)."""
-        return target_family(self.target.family, self.resolve(self.target.tokenizer))
+        """The target's model family (regen.targets.decide: what its tokenizer directory shows,
+        which ``target.family`` must not contradict, else ``target.family``; None: no family
+        regen knows)."""
+        return decide_family(self.target.family, self.resolve(self.target.tokenizer))
 
     def served_template(self) -> str | None:
         """The text of ``target.chat_template`` (None: unset); ConfigError when it is not a

@@ -26,7 +26,8 @@ from pydantic import (
 
 from regen.core.errors import ConfigError
 from regen.manifest import read_yaml_file
-from regen.targets import FAMILIES, Family, target_family, valid_name
+from regen.targets import Family, valid_name
+from regen.targets.decide import decide_family
 
 
 class Strict(BaseModel):
@@ -63,13 +64,10 @@ class TargetSpec(Strict):
     _family = field_validator("family")(valid_name)
 
     def model_family(self) -> Family | None:
-        """The family :attr:`family` names, else the one the target's tokenizer is, else the
-        one family whose published vocabulary has :attr:`vocab_size` ids (None: unknown)."""
-        found = target_family(self.family, self.path)
-        if found is not None or self.family is not None:
-            return found
-        sized = [f for f in FAMILIES.values() if f.published_vocab == self.vocab_size]
-        return sized[0] if len(sized) == 1 else None
+        """The target's family (regen.targets.decide): the one its tokenizer is, which
+        :attr:`family` must not contradict, else :attr:`family`, else the one family whose
+        published vocabulary has :attr:`vocab_size` ids (None: unknown)."""
+        return decide_family(self.family, self.path, vocab_size=self.vocab_size)
 
 
 class DraftSpec(Strict):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from regen.core.errors import ConfigError, EndpointError
+from regen.manifest import Manifest
 from regen.store import RunDir
 from regen.store import layout as store_layout
 from regen.store.verify import refuse_damaged
@@ -39,6 +40,7 @@ from regen.train.specforge_config import (
 )
 from regen.train.target import (
     check_run_against_target,
+    check_same_family,
     run_manifest,
     run_tokenizer,
     target_tokenizer,
@@ -152,8 +154,37 @@ def prepare_training(
     manifest = run_manifest(rd)
     tokenizer = run_tokenizer(manifest)
     check_run_against_target(tokenizer, target_tokenizer(cfg), cfg)
+    check_same_family(cfg, manifest)
+    export, prompts, scan = _training_data(rd, cfg, manifest, allow_drops=o.allow_drops)
+    files = _write_run_files(rd, cfg, aux, tokenizer, prompts)
+    command = _write_command(
+        rd, files.run_yaml, prompts, o.gpus if o.gpus is not None else cfg.gpus, o
+    )
+    return TrainPlan(
+        rd=rd,
+        config=cfg,
+        run_yaml=files.run_yaml,
+        draft_config=files.draft_config,
+        prompts_path=prompts,
+        argv=command.argv,
+        exec_argv=command.exec_argv,
+        entrypoint=command.entrypoint,
+        gpus=command.gpus,
+        scan=scan,
+        export=export,
+        vocab=files.vocab,
+        specforge_plan=files.specforge_plan,
+        tokenizer=tokenizer,
+        runtime_env={"working_dir": o.working_dir} if o.working_dir else None,
+    )
 
-    export = data.ensure_export(rd, cfg, manifest, allow_drops=o.allow_drops)
+
+def _training_data(
+    rd: RunDir, cfg: TrainConfig, manifest: Manifest | None, *, allow_drops: bool
+) -> tuple[data.TrainExport, Path, PromptScan]:
+    """The export (made when needed), the one prompts file SpecForge reads, and its scan,
+    checked: every row has loss tokens, every id fits the target's and the draft's vocab."""
+    export = data.ensure_export(rd, cfg, manifest, allow_drops=allow_drops)
     prompts = data.prompts_file(rd, export.shards)
     scan = scan_prompts([prompts], turn_open_ids(cfg))
     check_loss_masks(scan)
@@ -163,7 +194,29 @@ def prepare_training(
         draft_vocab_size=cfg.draft.draft_vocab_size,
         max_token_id=scan.max_token_id,
     )
+    return export, prompts, scan
 
+
+@dataclass(slots=True, frozen=True)
+class _RunFiles:
+    """What :func:`_write_run_files` wrote under train/."""
+
+    draft_config: Path
+    run_yaml: Path
+    vocab: store_layout.VocabMappingRecord
+    specforge_plan: store_layout.SpecForgePlanRecord | None
+
+
+def _write_run_files(
+    rd: RunDir,
+    cfg: TrainConfig,
+    aux: list[int],
+    tokenizer: store_layout.TokenizerRecord | None,
+    prompts: Path,
+) -> _RunFiles:
+    """train/: the config as checked, the run's tokenizer facts (an earlier launch's removed
+    when there are none), the draft config, the vocab mapping and SpecForge's run.yaml, planned
+    by SpecForge where it is importable."""
     rd.makedirs(store_layout.TRAIN_DIR)
     rd.write_text_atomic(store_layout.TRAIN_YAML, cfg.to_yaml())
     if tokenizer is not None:
@@ -193,40 +246,26 @@ def prepare_training(
         store_layout.SPECFORGE_PLAN_FILE.write(rd, plan)
     else:
         log.warning("SpecForge is not importable here; %s is planned on the cluster", run_yaml)
+    return _RunFiles(draft_path, run_yaml, vocab, plan)
 
+
+def _write_command(
+    rd: RunDir, run_yaml: Path, prompts: Path, gpus: int, o: LaunchOptions
+) -> store_layout.CommandRecord:
+    """train/command.json: the trainer's argv, the same behind the launcher, and the Ray job's
+    entrypoint (the preflight, run with ``o.python``)."""
     argv = specforge_argv(run_yaml)
-    exec_argv = [*_launcher(o.launcher), *argv]
     py = o.python or os.environ.get(PYTHON_ENV, "python")
-    entrypoint = shlex.join([py, "-m", "regen.train.preflight", "--run-dir", rd.root])
-    n_gpus = o.gpus if o.gpus is not None else cfg.gpus
-    store_layout.COMMAND_FILE.write(
-        rd,
-        store_layout.CommandRecord(
-            argv=argv,
-            exec_argv=exec_argv,
-            entrypoint=entrypoint,
-            gpus=n_gpus,
-            run_yaml=str(run_yaml),
-            prompts_path=str(prompts),
-        ),
-    )
-    return TrainPlan(
-        rd=rd,
-        config=cfg,
-        run_yaml=run_yaml,
-        draft_config=draft_path,
-        prompts_path=prompts,
+    command = store_layout.CommandRecord(
         argv=argv,
-        exec_argv=exec_argv,
-        entrypoint=entrypoint,
-        gpus=n_gpus,
-        scan=scan,
-        export=export,
-        vocab=vocab,
-        specforge_plan=plan,
-        tokenizer=tokenizer,
-        runtime_env={"working_dir": o.working_dir} if o.working_dir else None,
+        exec_argv=[*_launcher(o.launcher), *argv],
+        entrypoint=shlex.join([py, "-m", "regen.train.preflight", "--run-dir", rd.root]),
+        gpus=gpus,
+        run_yaml=str(run_yaml),
+        prompts_path=str(prompts),
     )
+    store_layout.COMMAND_FILE.write(rd, command)
+    return command
 
 
 def resolve_address(address: str | None) -> str:
