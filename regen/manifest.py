@@ -11,11 +11,19 @@ import difflib
 import json
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from regen.core.errors import ConfigError
 from regen.core.sample import stable_hash
@@ -260,34 +268,45 @@ class Dedup(Strict):
     num_perm: int = Field(default=128, ge=32, le=1024)
 
 
+def flag_names(value: Any) -> list[str]:
+    """Quality flag names from a list or a comma string of names, ``all``, ``default`` or
+    ``none`` (regen.quality.parse_flags; ValueError naming the unknown one)."""
+    try:
+        return list(parse_flags(value if isinstance(value, str) else list(value or []),
+                                "drop_flags"))  # fmt: skip
+    except (ConfigError, TypeError) as e:
+        raise ValueError(str(e)) from None
+
+
+#: quality flag names, given as a list or a comma string (:func:`flag_names`)
+FlagNames = Annotated[list[str], BeforeValidator(flag_names)]
+
+
 class Export(Strict):
-    """What `regen export` keeps."""
+    """What an export keeps and how it writes it: the manifest's ``export:`` section.
+
+    The one model of these fields: regen.store.layout.ExportChoices adds one export's own
+    choices (stats.json records both), regen.export.settings.ExportSettings what it decides
+    with besides, train.yaml's ``export:`` sets any of them (regen.train.config.ExportSpec, the
+    same fields optional) and ``regen export``'s flags are named after them."""
 
     #: drop rows whose finish_reason is "length"
     drop_truncated: bool = True
-    #: drop rows longer than this many tokens (None keeps all)
+    #: drop rows longer than this many tokens (None keeps all; ``regen train``:
+    #: ``training.max_length``, regen.train.config.TrainConfig.export_max_length)
     max_length: int | None = Field(default=None, gt=0)
     #: shuffle seed
     seed: int = 0
-    #: rows per JSONL shard
-    shard_rows: int = Field(default=10_000, gt=0)
+    #: rows per JSONL shard (0: one shard, what SpecForge's ``data.prompts_path`` reads)
+    shard_rows: int = Field(default=10_000, ge=0)
     #: samples per source kept out of the shards for `regen bench` (holdout.jsonl); 0: none
     holdout: int = Field(default=0, ge=0)
     #: drop rows carrying any of these quality flags (docs/quality.md; [] keeps every row)
-    drop_flags: list[str] = Field(default_factory=lambda: list(DEFAULT_DROP_FLAGS))
+    drop_flags: FlagNames = Field(default_factory=lambda: list(DEFAULT_DROP_FLAGS))
     #: keep locally rendered rows whose token_check cannot show they are the model's tokens
     #: (count_mismatch, tool_calls_rebuilt, count_unknown, think_inserted, content_has_think;
     #: docs/format.md); by default export drops them
     keep_unproven: bool = False
-
-    @field_validator("drop_flags", mode="before")
-    @classmethod
-    def _flags(cls, v: Any) -> list[str]:
-        """A list or a comma string of flag names, ``all``, ``default`` or ``none``."""
-        try:
-            return list(parse_flags(v if isinstance(v, str) else list(v or []), "drop_flags"))
-        except (ConfigError, TypeError) as e:
-            raise ValueError(str(e)) from None
 
 
 class Manifest(Strict):

@@ -111,17 +111,17 @@ class TrainExport:
 def export_options(
     rd: RunDir, cfg: TrainConfig, previous: ExportStats | None, manifest: Manifest | None = None
 ) -> ExportSettings:
-    """The settings of ``regen export RUN_DIR`` (the manifest's export section) with the
-    train config's overrides, as a pretokenized export; rows longer than
-    ``training.max_length`` are dropped when neither sets a ``max_length``. ``previous``: the
-    stats of the export being replaced (its holdout is kept); ``manifest``: the run's, when
-    the caller has read it."""
+    """The settings of ``regen export RUN_DIR`` (the manifest's export section) with those the
+    train config sets (regen.train.config.ExportSpec), as a pretokenized export: its holdout,
+    unless the config says, the one of the export being replaced (``previous``, its stats), and
+    its max_length :meth:`TrainConfig.export_max_length`'s. ``manifest``: the run's, when the
+    caller has read it."""
     base = ExportSettings.of_run(rd, manifest)
-    overrides = cfg.export.overrides(default_holdout(base, previous))
-    settings = base.overridden(**overrides)
-    if settings.max_length is None:
-        settings = settings.model_copy(update={"max_length": cfg.training.max_length})
-    return settings
+    return base.overridden(**{
+        "holdout": default_holdout(base, previous),
+        **cfg.export.given(),
+        "max_length": cfg.export_max_length(base.max_length),
+    })  # fmt: skip
 
 
 def ensure_export(
