@@ -10,11 +10,14 @@ those, for inspection.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from regen.store.layout import ExportStats
 
 NAME = "export"
 HELP = "write SpecForge pre-tokenized (or raw-conversation) JSONL shards and their stats"
@@ -116,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_export(console: Console, stats: Any, title: str) -> None:
+def print_export(console: Console, stats: ExportStats, title: str) -> None:
     """The per-source table (rows read, written, tokens, mask, dropped per reason) and the
     summary lines of an export (regen.store.layout.ExportStats, as written or read back)."""
     console.print(escape(title), highlight=False, soft_wrap=True)  # a path: never wrapped
@@ -161,7 +164,7 @@ def print_export(console: Console, stats: Any, title: str) -> None:
     print_export_warnings(console, stats)
 
 
-def print_export_warnings(console: Console, stats: Any) -> None:
+def print_export_warnings(console: Console, stats: ExportStats) -> None:
     """The export's warnings: rows that failed the token check, rows dropped as unproven."""
     mismatches = stats.token_check_problems
     if mismatches:

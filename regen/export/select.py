@@ -33,7 +33,7 @@ from regen.quality.collapse import (
 )
 from regen.quality.config import QualityConfig
 from regen.store import layout
-from regen.store.layout import ExportStats, FlagStats, SourceExportStats
+from regen.store.layout import ExportFormat, ExportStats, FlagStats, SourceExportStats
 from regen.store.planned import recorded_plan
 from regen.store.rundir import RunDir
 from regen.store.schema import ADDED_COLUMNS, ANSWER_COLUMNS, SCHEMA
@@ -164,7 +164,7 @@ def not_current(table: pa.Table, planned: pa.Table | None, setting: str | None) 
     return out
 
 
-def read_keys(rd: RunDir, fmt: str, stats: ExportStats) -> tuple[list[Part], pa.Table]:
+def read_keys(rd: RunDir, fmt: ExportFormat, stats: ExportStats) -> tuple[list[Part], pa.Table]:
     """The parts (name order) and the key columns of all their rows, concatenated."""
     names = [n for n in rd.list(layout.PARTS_DIR) if layout.part_stem(n) is not None]
     needed = set(KEY_COLUMNS + DATA_COLUMNS[fmt]) - {*ADDED_COLUMNS.names,

@@ -12,9 +12,8 @@ manifest's section, then their overrides) and hand it whole to
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from regen.core.errors import RegenError
 from regen.manifest import Export, Manifest, config_error
@@ -61,7 +60,7 @@ class ExportSettings(ExportChoices):
         return self
 
     @classmethod
-    def build(cls, **values: Any) -> ExportSettings:
+    def build(cls, **values: object) -> ExportSettings:
         """The settings from ``values`` (ConfigError naming the field when one is wrong)."""
         try:
             return cls.model_validate(values)
@@ -70,7 +69,7 @@ class ExportSettings(ExportChoices):
 
     @classmethod
     def of_run(
-        cls, rd: RunDir, manifest: Manifest | None = None, **overrides: Any
+        cls, rd: RunDir, manifest: Manifest | None = None, **overrides: object
     ) -> ExportSettings:
         """The ``export:`` and ``quality:`` sections of the run directory's manifest
         (``manifest`` when the caller has read it; their defaults where a section or the
@@ -82,7 +81,7 @@ class ExportSettings(ExportChoices):
             base = _sections(rd)
         return cls.build(**base).overridden(**overrides)
 
-    def overridden(self, **overrides: Any) -> ExportSettings:
+    def overridden(self, **overrides: object) -> ExportSettings:
         """These settings with every override that is not None (validated again)."""
         given = {k: v for k, v in overrides.items() if v is not None}
         return self.build(**{**self.model_dump(), **given}) if given else self
@@ -100,7 +99,7 @@ class ExportSettings(ExportChoices):
         return ""
 
 
-def _sections(rd: RunDir) -> dict[str, Any]:
+def _sections(rd: RunDir) -> dict[str, object]:
     """The ``export:`` section of ``rd``'s manifest.yaml as settings, with its ``quality:``
     section (the defaults where one is missing; a warning and the defaults where it is
     unreadable)."""
@@ -110,7 +109,7 @@ def _sections(rd: RunDir) -> dict[str, Any]:
         log.warning("%s: the manifest is not readable (%s); using the export and quality "
                     "defaults", rd.uri, e)  # fmt: skip
         return {**Export().model_dump(), "quality": QualityConfig()}
-    out: dict[str, Any] = {}
+    out: dict[str, BaseModel] = {}
     for name, model in (("export", Export), ("quality", QualityConfig)):
         try:
             section = data.get(name) or {}

@@ -82,6 +82,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
@@ -264,7 +265,7 @@ class RunRecord(Record):
     #: every settings id its sessions answered with (the rows' ``settings`` column,
     #: ``Manifest.settings_id()``) -> those settings as dotted fields (``sampling.temperature``:
     #: 0.6, ...): what each id of a ``--force`` mix stands for
-    settings: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    settings: dict[str, dict[str, object]] = Field(default_factory=dict)
     #: how the local render hands history tool-call arguments to the chat template:
     #: ``objects``, as the engines do (every run made since regen rendered so), ``strings``,
     #: as regen did before (a run.json without the field): a run keeps what it started with
@@ -326,12 +327,11 @@ class PlanRecord(Record):
 
     @model_validator(mode="before")
     @classmethod
-    def _flat(cls, data: Any) -> Any:
+    def _flat(cls, data: object) -> object:
         """Drivers before this record wrote ``{source: entry}`` at the top level."""
-        flat = isinstance(data, dict) and data and "sources" not in data
-        if flat and all(isinstance(v, dict) for v in data.values()):
-            return {"sources": data}
-        return data
+        if not isinstance(data, dict) or not data or "sources" in data:
+            return data
+        return {"sources": data} if all(isinstance(v, dict) for v in data.values()) else data
 
 
 class IndexedSource(Record):
@@ -518,7 +518,7 @@ class ExportStats(ExportChoices):
     run_dir: str
     out: str
     rows_written: int = 0
-    shards: list[dict[str, Any]] = Field(default_factory=list)  #: {file, rows, tokens}
+    shards: list[dict[str, str | int]] = Field(default_factory=list)  #: {file, rows, tokens}
     rows_read: int = 0
     #: rows dropped per reason (all sources)
     dropped: dict[str, int] = Field(default_factory=dict)
@@ -550,7 +550,7 @@ class ExportStats(ExportChoices):
 
     @model_validator(mode="before")
     @classmethod
-    def _written_before_flags(cls, data: Any) -> Any:
+    def _written_before_flags(cls, data: object) -> object:
         """A stats.json without ``drop_flags`` was written before quality flags: it dropped
         none."""
         if isinstance(data, dict) and "drop_flags" not in data:
@@ -558,8 +558,8 @@ class ExportStats(ExportChoices):
         return data
 
     @model_serializer(mode="wrap")
-    def _in_file_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
+    def _in_file_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        data: dict[str, object] = handler(self)
         ordered = {k: data.pop(k) for k in EXPORT_STATS_KEYS if k in data}
         return {**ordered, **data}
 
@@ -627,7 +627,7 @@ class SpecForgePlanRecord(Record):
     kind: str
     role: str
     #: the plan as ``specforge train --plan`` prints it
-    plan: dict[str, Any]
+    plan: dict[str, object]
 
 
 class CpuCurveRecord(Record):
@@ -671,8 +671,21 @@ class PreflightRecord(BaseModel):
     ok: bool
     host: str
     at: float
+    #: a failed preflight: why, and the trap it fell into (regen.train.traps; None: another
+    #: error)
     error: str | None = None
     trap: str | None = None
+    #: a passed one: the node's GPUs, the rows scanned, those SpecForge's prompt builder
+    #: keeps, their loss tokens, the run.yaml, SpecForge's plan of it ({kind, role}) and the
+    #: command it then runs (as command.json has it)
+    cuda_visible_devices: str | None = None
+    rows: int | None = None
+    prepared: int | None = None
+    loss_tokens: int | None = None
+    run_yaml: str | None = None
+    specforge_plan: dict[str, str] | None = None
+    argv: list[str] = Field(default_factory=list)
+    exec_argv: list[str] = Field(default_factory=list)
 
 
 # ---- files ---------------------------------------------------------------------------------
@@ -709,16 +722,17 @@ class JsonFile(Generic[M]):
         try:
             return self.model.model_validate_json(data)
         except ValidationError as e:
-            first = e.errors()[0] if e.errors() else {}
-            where = ".".join(str(x) for x in first.get("loc", ())) or "(top level)"
-            raise RunDirError(f"{self.name} is damaged: {where}: {first.get('msg', e)}") from None
+            errors = e.errors()
+            where = ".".join(str(x) for x in errors[0]["loc"]) if errors else ""
+            what = errors[0]["msg"] if errors else str(e)
+            raise RunDirError(f"{self.name} is damaged: {where or '(top level)'}: {what}") from None
 
     def write(self, rd: RunDir, record: M) -> None:
         """Replace the file atomically with ``record``."""
         rd.write_bytes_atomic(self.name, dump_json(record))
 
 
-def dump_json(record: BaseModel | dict[str, Any]) -> bytes:
+def dump_json(record: BaseModel | Mapping[str, object]) -> bytes:
     """The bytes regen writes for a JSON record (indented, UTF-8)."""
     obj = record.model_dump(mode="json") if isinstance(record, BaseModel) else record
     return json.dumps(obj, ensure_ascii=False, indent=1).encode()

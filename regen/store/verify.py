@@ -40,7 +40,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import pyarrow as pa
 
@@ -103,7 +102,7 @@ class VerifyReport:
     def clean(self) -> bool:
         return not self.problems
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["clean"] = self.clean
         return d
@@ -210,8 +209,8 @@ def _check_parts(states: list[PartState], rep: VerifyReport, found: Findings) ->
     for st in states:
         if st.problem:
             kind = "part_missing" if st.problem == "missing" else "part_damaged"
-            n = f"{st.record.samples} samples" if st.record is not None else "its samples"
-            rep.problems.append(Problem(kind, st.part, f"{st.problem} ({n} to request again)"))
+            lost = f"{st.record.samples} samples" if st.record is not None else "its samples"
+            rep.problems.append(Problem(kind, st.part, f"{st.problem} ({lost} to request again)"))
             found.bad_parts.append(st)
             continue
         _check_record(st, rep)
@@ -413,17 +412,17 @@ def _check_counts(
         for held in (per_source, journal):
             have.add(held.get(name) or SourceCounts())
         gone = stale_by_source.get(name) or SourceCounts()
-        for what, counted, held in (
+        for what, counted, holds in (
             ("samples counted done", sp.done if sp else 0, have.done),
             ("flagged samples counted", sp.flagged if sp else 0, have.flagged),
             ("stale answers counted", sp.stale.done if sp else 0, gone.done),
         ):
-            if counted != held:
+            if counted != holds:
                 rep.problems.append(
                     Problem(
                         "counts",
                         layout.PROGRESS,
-                        f"source {name!r}: {counted} {what}, the parts and journal hold {held}",
+                        f"source {name!r}: {counted} {what}, the parts and journal hold {holds}",
                     )
                 )
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Optional
 
 import yaml
 from pydantic import (
@@ -188,7 +188,7 @@ TRAIN_EXPORT_SETTINGS = (*Export.model_fields, "max_drop_share")
 TRAIN_MAX_DROP_SHARE = 0.5
 
 
-def _optional(model: type[BaseModel], names: Iterable[str], **defaults: Any) -> dict[str, Any]:
+def _optional(model: type[BaseModel], names: Iterable[str], **defaults: object) -> dict[str, Any]:
     """``create_model`` field definitions of ``model``'s fields ``names``, each optional: None
     (the default, unless ``defaults`` gives another) is not set. A value given is checked as
     ``model`` checks it (type, bounds, validators)."""
@@ -196,10 +196,10 @@ def _optional(model: type[BaseModel], names: Iterable[str], **defaults: Any) -> 
     return {name: (_or_none(info), defaults.get(name)) for name, info in fields.items()}
 
 
-def _or_none(info: FieldInfo) -> Any:
+def _or_none(info: FieldInfo) -> object:
     """The type of the field ``info`` (with its bounds and validators), or None."""
     kind = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
-    return kind | None
+    return Optional[kind]  # noqa: UP045 (a type built at runtime: `kind | None` is no type to mypy)
 
 
 #: :data:`TRAIN_EXPORT_SETTINGS` of regen.export.ExportSettings, each optional
@@ -211,7 +211,7 @@ ExportOverrides = create_model(
 )
 
 
-class ExportSpec(ExportOverrides):  # type: ignore[misc,valid-type]
+class ExportSpec(ExportOverrides):  # type: ignore[misc,valid-type]  # a model built at runtime
     """How the run is exported before training: exactly ``regen export RUN_DIR``'s settings
     (the run manifest's ``export:`` section), then every one this section sets: the fields of
     regen.manifest.Export (``seed``, ``drop_truncated``, ``drop_flags``, ``shard_rows``,
@@ -228,7 +228,7 @@ class ExportSpec(ExportOverrides):  # type: ignore[misc,valid-type]
     #: re-export even when the export directory holds an up-to-date export
     force: bool = False
 
-    def given(self) -> dict[str, Any]:
+    def given(self) -> dict[str, object]:
         """The export settings this section sets (left out or None: not set)."""
         return self.model_dump(include=set(TRAIN_EXPORT_SETTINGS), exclude_none=True)
 
@@ -296,7 +296,7 @@ class TrainConfig(Strict):
 RUN_MANIFEST_KEYS = frozenset({"sources", "sampling", "endpoints", "engine", "dedup"})
 
 
-def parse_train_config(raw: Any, *, source: str = "train config") -> TrainConfig:
+def parse_train_config(raw: object, *, source: str = "train config") -> TrainConfig:
     """Validate a mapping; ConfigError names the first offending field."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level")

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from regen.core.errors import ConfigError, EndpointError
 from regen.manifest import Manifest
@@ -47,6 +47,9 @@ from regen.train.target import (
 )
 from regen.train.traps import PromptScan, check_loss_masks, check_vocab, scan_prompts
 from regen.train.vocab import write_vocab_mapping
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobSubmissionClient
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +86,7 @@ class TrainPlan:
     #: the run's tokenizer facts, checked against the target (None: not loadable here)
     tokenizer: store_layout.TokenizerRecord | None
     #: Ray runtime_env of the job (e.g. {"working_dir": "."} to ship regen's code)
-    runtime_env: dict[str, Any] | None = None
+    runtime_env: dict[str, object] | None = None
 
     @property
     def run_dir(self) -> str:
@@ -273,7 +276,7 @@ def resolve_address(address: str | None) -> str:
     return address or os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS
 
 
-def _client(address: str | None) -> Any:
+def _client(address: str | None) -> JobSubmissionClient:
     from ray.job_submission import JobSubmissionClient
 
     addr = resolve_address(address)
@@ -294,7 +297,7 @@ def _record_state(rd: RunDir, state: str, message: str | None = None) -> store_l
     return job
 
 
-def _job_exists(client: Any, submission_id: str) -> bool:
+def _job_exists(client: JobSubmissionClient, submission_id: str) -> bool:
     try:
         client.get_job_info(submission_id)
     except Exception:  # the client raises RuntimeError for an unknown id

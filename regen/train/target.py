@@ -43,11 +43,11 @@ from regen.train.config import TrainConfig
 log = logging.getLogger(__name__)
 
 #: the conversation both templates render for the comparison
-PROBE_MESSAGES: list[dict[str, Any]] = [
+PROBE_MESSAGES: list[dict[str, object]] = [
     {"role": "system", "content": "You are a careful assistant."},
     {"role": "user", "content": "What is 2 + 2? Use the tool if you like."},
 ]
-PROBE_TOOLS: list[dict[str, Any]] = [
+PROBE_TOOLS: list[dict[str, object]] = [
     {
         "type": "function",
         "function": {

@@ -71,8 +71,8 @@ def test_preflight_runs_specforge_prompt_builder(run_dir: Path, write_train_yaml
         LaunchOptions(launcher="echo", python=sys.executable),
     )
     record = preflight(str(run_dir))
-    assert record["ok"] and record["rows"] == 6 and record["prepared"] == 6
-    assert record["exec_argv"][0] == "echo"
+    assert record.ok and record.rows == 6 and record.prepared == 6
+    assert record.exec_argv[0] == "echo"
     prompts = str(run_dir / "train" / "prompts.jsonl")
     assert count_prepared(prompts, max_length=4096, chunk_rows=4) == 6  # two chunks
     # rows whose answer lies past max_length are dropped by SpecForge, not by us
