@@ -559,6 +559,8 @@ class ExportStats(ExportChoices):
 
     @model_serializer(mode="wrap")
     def _in_file_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """The keys in :data:`EXPORT_STATS_KEYS`' order (the settings come from the base
+        model, the report from this one: the file interleaves them), then any other."""
         data: dict[str, object] = handler(self)
         ordered = {k: data.pop(k) for k in EXPORT_STATS_KEYS if k in data}
         return {**ordered, **data}
