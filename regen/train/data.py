@@ -8,7 +8,7 @@ Parquet part newer than its stats), made with other row-deciding settings, or fo
 out as many samples as the export it replaces, else the run manifest's ``export.holdout``, and
 ``holdout.jsonl`` is never a shard) and ``train/``
 (train.yaml, draft_config.json, run.yaml, prompts.jsonl when the export has several shards,
-vocab_mapping.pt + vocab_mapping.json (regen.train.vocab), tokenizer.json (regen.train.target),
+vocab_mapping.pt + vocab_mapping.json (regen.train.vocab), run_tokenizer.json (regen.train.target),
 specforge_plan.json, command.json, job.json, preflight.json written ON THE CLUSTER by
 regen.train.preflight, control/attempt-NNN/ for SpecForge: a fresh one per launch once
 SpecForge has written into the last).
