@@ -10,30 +10,30 @@ from __future__ import annotations
 import difflib
 import json
 import typing
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
 
 from regen.core.errors import ConfigError
 from regen.core.sample import stable_hash
 from regen.quality.config import DEFAULT_DROP_FLAGS, QualityConfig, parse_flags
-from regen.targets import FIRST_FAMILY, UNKNOWN, Family, target_family, valid_name
+from regen.targets import FIRST_FAMILY, UNKNOWN, Family, valid_name
+from regen.targets.decide import decide_family
 
-ADAPTERS = (
-    "sharegpt",
-    "ultrachat",
-    "openthoughts",
-    "perfectblend",
-    "opencodereasoning",
-    "xlam",
-    "glaive",
-    "swe_gym",
-    "magicoder",
-    "kimi_native",
-)
+#: the source adapters, by the name a manifest gives (regen.sources.adapters: each one's parser)
 AdapterName = Literal[
     "sharegpt",
     "ultrachat",
@@ -46,6 +46,9 @@ AdapterName = Literal[
     "magicoder",
     "kimi_native",
 ]
+ADAPTERS: tuple[AdapterName, ...] = typing.get_args(AdapterName)
+#: the adapters of pre-tokenized rows: a source in mode ``native`` uses one, and only such a source
+NATIVE_ADAPTERS: frozenset[AdapterName] = frozenset({"kimi_native"})
 #: hex characters of :meth:`Manifest.settings_id`
 SETTINGS_ID_CHARS = 8
 
@@ -96,7 +99,7 @@ class Sampling(Strict):
     thinking: bool | str = True
     #: extra chat_template_kwargs sent to the server and used for the local render (they win
     #: over the thinking switch)
-    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    chat_template_kwargs: dict[str, object] = Field(default_factory=dict)
     #: where a row's token ids come from. "stream" (default): the server's exact ids, streamed
     #: (SGLang's sglext: return_input_ids_in_sglext / return_output_ids_in_sglext; streaming
     #: keeps the time-to-first-token signal adaptive concurrency uses). "nonstream": the
@@ -112,7 +115,7 @@ class Sampling(Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _old_server_token_ids(cls, data: Any) -> Any:
+    def _old_server_token_ids(cls, data: object) -> object:
         """``server_token_ids: true/false`` (before token_ids existed) → nonstream / local."""
         if isinstance(data, dict) and "server_token_ids" in data and "token_ids" not in data:
             data = dict(data)
@@ -242,8 +245,9 @@ class Source(Strict):
     def _check(self) -> Source:
         if (self.hub is None) == (self.path is None):
             raise ValueError("give exactly one of 'hub' or 'path'")
-        if (self.mode == "native") != (self.adapter == "kimi_native"):
-            raise ValueError("mode 'native' goes with adapter 'kimi_native' (and only with it)")
+        if (self.mode == "native") != (self.adapter in NATIVE_ADAPTERS):
+            names = " or ".join(repr(a) for a in sorted(NATIVE_ADAPTERS))
+            raise ValueError(f"mode 'native' goes with adapter {names} (and only with it)")
         lo, hi = self.output_tokens
         if not 0 < lo <= hi:
             raise ValueError("output_tokens must be [low, high] with 0 < low <= high")
@@ -266,34 +270,45 @@ class Dedup(Strict):
     num_perm: int = Field(default=128, ge=32, le=1024)
 
 
+def flag_names(value: object) -> list[str]:
+    """Quality flag names from a list or a comma string of names, ``all``, ``default`` or
+    ``none`` (regen.quality.parse_flags; ValueError naming the unknown one)."""
+    try:
+        items = value if isinstance(value, str) else list(cast(Iterable[str], value or []))
+        return list(parse_flags(items, "drop_flags"))
+    except (ConfigError, TypeError) as e:
+        raise ValueError(str(e)) from None
+
+
+#: quality flag names, given as a list or a comma string (:func:`flag_names`)
+FlagNames = Annotated[list[str], BeforeValidator(flag_names)]
+
+
 class Export(Strict):
-    """What `regen export` keeps."""
+    """What an export keeps and how it writes it: the manifest's ``export:`` section.
+
+    The one model of these fields: regen.store.layout.ExportChoices adds one export's own
+    choices (stats.json records both), regen.export.settings.ExportSettings what it decides
+    with besides, train.yaml's ``export:`` sets any of them (regen.train.config.ExportSpec, the
+    same fields optional) and ``regen export``'s flags are named after them."""
 
     #: drop rows whose finish_reason is "length"
     drop_truncated: bool = True
-    #: drop rows longer than this many tokens (None keeps all)
+    #: drop rows longer than this many tokens (None keeps all; ``regen train``:
+    #: ``training.max_length``, regen.train.config.TrainConfig.export_max_length)
     max_length: int | None = Field(default=None, gt=0)
     #: shuffle seed
     seed: int = 0
-    #: rows per JSONL shard
-    shard_rows: int = Field(default=10_000, gt=0)
+    #: rows per JSONL shard (0: one shard, what SpecForge's ``data.prompts_path`` reads)
+    shard_rows: int = Field(default=10_000, ge=0)
     #: samples per source kept out of the shards for `regen bench` (holdout.jsonl); 0: none
     holdout: int = Field(default=0, ge=0)
     #: drop rows carrying any of these quality flags (docs/quality.md; [] keeps every row)
-    drop_flags: list[str] = Field(default_factory=lambda: list(DEFAULT_DROP_FLAGS))
+    drop_flags: FlagNames = Field(default_factory=lambda: list(DEFAULT_DROP_FLAGS))
     #: keep locally rendered rows whose token_check cannot show they are the model's tokens
     #: (count_mismatch, tool_calls_rebuilt, count_unknown, think_inserted, content_has_think;
     #: docs/format.md); by default export drops them
     keep_unproven: bool = False
-
-    @field_validator("drop_flags", mode="before")
-    @classmethod
-    def _flags(cls, v: Any) -> list[str]:
-        """A list or a comma string of flag names, ``all``, ``default`` or ``none``."""
-        try:
-            return list(parse_flags(v if isinstance(v, str) else list(v or []), "drop_flags"))
-        except (ConfigError, TypeError) as e:
-            raise ValueError(str(e)) from None
 
 
 class Manifest(Strict):
@@ -338,9 +353,10 @@ class Manifest(Strict):
         raise KeyError(name)
 
     def family(self) -> Family | None:
-        """The target's model family: ``target.family``, else recognised from its tokenizer
-        directory (None: no family regen knows)."""
-        return target_family(self.target.family, self.resolve(self.target.tokenizer))
+        """The target's model family (regen.targets.decide: what its tokenizer directory shows,
+        which ``target.family`` must not contradict, else ``target.family``; None: no family
+        regen knows)."""
+        return decide_family(self.target.family, self.resolve(self.target.tokenizer))
 
     def served_template(self) -> str | None:
         """The text of ``target.chat_template`` (None: unset); ConfigError when it is not a
@@ -363,13 +379,13 @@ class Manifest(Strict):
         target = self.target.model_copy(update={"family": fam.name if fam else UNKNOWN})
         return self.model_copy(update={"target": target})
 
-    def request_fields(self) -> dict[str, Any]:
+    def request_fields(self) -> dict[str, object]:
         """Top-level request fields of the family's thinking switch (besides the template
         kwargs; GPT-OSS's ``reasoning_effort``); {} for most families."""
         fam = self.family()
         return fam.request_fields(self._thinking(fam)) if fam is not None else {}
 
-    def template_kwargs(self) -> dict[str, Any]:
+    def template_kwargs(self) -> dict[str, object]:
         """The ``chat_template_kwargs`` of every request and of the local render: the family's
         thinking switch, then ``sampling.chat_template_kwargs``."""
         fam = self.family()
@@ -395,9 +411,9 @@ class Manifest(Strict):
         it off the fingerprint is the one a manifest had before near-duplicate detection."""
         return stable_hash(self.fingerprint_payload(), n=32)
 
-    def fingerprint_payload(self) -> dict[str, Any]:
+    def fingerprint_payload(self) -> dict[str, object]:
         """What :meth:`fingerprint` hashes (:func:`flat_fields` names each value)."""
-        payload: dict[str, Any] = {
+        payload: dict[str, object] = {
             **self.settings_payload(),
             "sources": [s.model_dump(mode="json") for s in self.sources],
         }
@@ -405,7 +421,7 @@ class Manifest(Strict):
             payload["dedup"] = self.dedup.model_dump(mode="json")
         return payload
 
-    def settings_payload(self) -> dict[str, Any]:
+    def settings_payload(self) -> dict[str, object]:
         """The settings that make an answer: the target (model, tokenizer, template, family) and
         the sampling. Not the sources: they decide which samples a run holds, not how each is
         answered."""
@@ -432,12 +448,12 @@ class Manifest(Strict):
         return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
 
-def flat_fields(payload: dict[str, Any]) -> dict[str, Any]:
+def flat_fields(payload: Mapping[str, object]) -> dict[str, object]:
     """A fingerprint or settings payload as ``{dotted field: value}``: ``sampling.temperature``,
     ``target.model``, ``sources.sharegpt.limit`` (sources by name), ``dedup.threshold``."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
 
-    def walk(prefix: str, value: Any) -> None:
+    def walk(prefix: str, value: object) -> None:
         if isinstance(value, dict) and value:
             for k, v in value.items():
                 walk(f"{prefix}.{k}" if prefix else str(k), v)
@@ -454,7 +470,9 @@ def flat_fields(payload: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def changed_fields(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+def changed_fields(
+    old: Mapping[str, object], new: Mapping[str, object]
+) -> list[tuple[str, object, object]]:
     """``(field, old value, new value)`` of every field two payloads disagree on (a field one
     lacks reads as None), in the order of the new payload's fields, then the old one's."""
     a, b = flat_fields(old), flat_fields(new)
@@ -462,7 +480,7 @@ def changed_fields(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, 
     return [(k, a.get(k), b.get(k)) for k in names if a.get(k) != b.get(k)]
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def apply_overrides(data: dict[str, object], overrides: list[str]) -> dict[str, object]:
     """Apply ``key.sub=value`` overrides to a raw mapping. Values parse as YAML scalars.
 
     List elements are addressed by index (``sources.0.limit=10``) or, for ``sources``, by
@@ -479,7 +497,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if not parts:
             raise ConfigError(f"override {item!r} has an empty key", field=item)
         value = load_yaml(raw, f"override {key!r}", field=key) if raw.strip() else ""
-        node: Any = data
+        node: object = data
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
             if isinstance(node, list):
@@ -521,7 +539,7 @@ def load_yaml(text: str, what: str, *, field: str | None = None) -> Any:
         raise ConfigError(f"{what}: not valid YAML: {why}", field=field) from None
 
 
-def _read_overlay(path: str) -> dict[str, Any]:
+def _read_overlay(path: str) -> dict[object, object]:
     if not Path(path).is_file():
         raise ConfigError(f"override {path!r} is neither key=value nor a YAML file", field=path)
     overlay = read_yaml_file(path, "overlay", field=path)
@@ -530,25 +548,32 @@ def _read_overlay(path: str) -> dict[str, Any]:
     return overlay
 
 
-def _merge_overlay(node: Any, overlay: dict[str, Any], where: str) -> None:
+def _merge_overlay(node: object, overlay: Mapping[object, object], where: str) -> None:
     """Merge a mapping into ``node``: mappings merge, anything else replaces."""
     for raw_key, value in overlay.items():
         key = str(raw_key)
         path = f"{where}{key}"
         if isinstance(node, list):
-            idx = _list_index(node, key, path)
+            i = _list_index(node, key, path)
+            if not _merged(node[i], value, path):
+                node[i] = value
         elif isinstance(node, dict):
-            idx = key
+            if not _merged(node.get(key), value, path):
+                node[key] = value
         else:
             raise ConfigError(f"overlay {path!r}: {key!r} is not inside a mapping", field=path)
-        child = node[idx] if isinstance(node, list) else node.get(idx)
-        if isinstance(value, dict) and isinstance(child, dict | list):
-            _merge_overlay(child, value, f"{path}.")
-        else:
-            node[idx] = value
 
 
-def _list_index(node: list[Any], part: str, key: str) -> int:
+def _merged(child: object, value: object, path: str) -> bool:
+    """Whether ``value``, a mapping, was merged into ``child``, a mapping or list (False: it
+    replaces ``child``)."""
+    if isinstance(value, dict) and isinstance(child, dict | list):
+        _merge_overlay(child, value, f"{path}.")
+        return True
+    return False
+
+
+def _list_index(node: list[object], part: str, key: str) -> int:
     if part.isdigit() and int(part) < len(node):
         return int(part)
     for i, el in enumerate(node):
@@ -557,7 +582,9 @@ def _list_index(node: list[Any], part: str, key: str) -> int:
     raise ConfigError(f"override {key!r}: no list element {part!r}", field=key)
 
 
-def parse_manifest(data: Any, *, base_dir: str | Path = ".", origin: str = "manifest") -> Manifest:
+def parse_manifest(
+    data: object, *, base_dir: str | Path = ".", origin: str = "manifest"
+) -> Manifest:
     """Validate a raw mapping; a failure becomes one ConfigError naming the first bad field."""
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: expected a mapping at top level, got {type(data).__name__}")
@@ -584,7 +611,7 @@ def load_manifest(path: str | Path, overrides: list[str] | None = None) -> Manif
 def config_error(
     e: ValidationError,
     origin: str,
-    data: dict[str, Any] | None = None,
+    data: Mapping[str, object] | None = None,
     model: type[BaseModel] | None = None,
 ) -> ConfigError:
     """One ConfigError for a pydantic failure: ``origin: dotted.field: message``. An unknown
@@ -612,7 +639,9 @@ def config_error(
     return ConfigError(f"{origin}: {where}{hint}: {msg}{shown}{extra}", field=path or None)
 
 
-def _closest(loc: tuple[Any, ...], errors: list[Any], model: type[BaseModel] | None) -> str:
+def _closest(
+    loc: tuple[int | str, ...], errors: list[ErrorDetails], model: type[BaseModel] | None
+) -> str:
     """``; did you mean 'adapter'?`` for an unknown key at ``loc`` ("" when nothing is close)."""
 
     parent = tuple(loc[:-1])
@@ -623,25 +652,25 @@ def _closest(loc: tuple[Any, ...], errors: list[Any], model: type[BaseModel] | N
     return f"; did you mean {near[0]!r}?" if near else ""
 
 
-def _fields_at(model: Any, loc: tuple[Any, ...]) -> list[str]:
+def _fields_at(model: type[BaseModel] | None, loc: tuple[int | str, ...]) -> list[str]:
     """The field names of the pydantic model found at ``loc`` under ``model`` (lists and
     optionals followed), or [] when there is none."""
-    node: Any = model
+    node: object = model
     for part in loc:
-        node = _model_of(node)
-        if node is None:
+        found = _model_of(node)
+        if found is None:
             return []
         if isinstance(part, int):
             continue  # the list's item type was taken by _model_of
-        field = node.model_fields.get(str(part))
+        field = found.model_fields.get(str(part))
         if field is None:
             return []
         node = field.annotation
-    node = _model_of(node)
-    return list(node.model_fields) if node is not None else []
+    found = _model_of(node)
+    return list(found.model_fields) if found is not None else []
 
 
-def _model_of(annotation: Any) -> Any:
+def _model_of(annotation: object) -> type[BaseModel] | None:
     """The pydantic model in ``annotation`` (itself, a list's items, an Optional's arm)."""
 
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
@@ -653,11 +682,13 @@ def _model_of(annotation: Any) -> Any:
     return None
 
 
-def _source_hint(loc: list[str], data: dict[str, Any] | None) -> str:
+def _source_hint(loc: list[str], data: Mapping[str, object] | None) -> str:
     if data is not None and len(loc) >= 2 and loc[0] == "sources" and loc[1].isdigit():
+        sources = data.get("sources")
         try:
-            name = data["sources"][int(loc[1])].get("name")
-        except (KeyError, IndexError, TypeError, AttributeError):
+            source = sources[int(loc[1])] if isinstance(sources, list) else None
+        except IndexError:
             return ""
+        name = source.get("name") if isinstance(source, dict) else None
         return f" (source {name!r})" if name else ""
     return ""

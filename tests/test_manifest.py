@@ -11,7 +11,7 @@ import yaml
 
 from regen.core.errors import ConfigError, RegenError, SourceError
 from regen.core.sample import stable_hash
-from regen.manifest import load_manifest
+from regen.manifest import ADAPTERS, load_manifest
 from regen.quality import DEFAULT_DROP_FLAGS, FLAGS
 from regen.sources import read_samples
 
@@ -162,18 +162,7 @@ def test_overrides_validated_like_the_file(tmp_path: Path, override: str, expect
 @pytest.mark.parametrize("name", ["demo.yaml", "kimi-k25-eagle3.yaml"])
 def test_bundled_manifests_validate(name: str) -> None:
     m = load_manifest(REPO / "manifests" / name)
-    assert [s.adapter for s in m.sources] == [
-        "sharegpt",
-        "ultrachat",
-        "openthoughts",
-        "perfectblend",
-        "opencodereasoning",
-        "xlam",
-        "glaive",
-        "swe_gym",
-        "magicoder",
-        "kimi_native",
-    ]
+    assert [s.adapter for s in m.sources] == list(ADAPTERS)  # one source of each
     assert m.sources[-1].mode == "native"
     assert m.source("swe_gym").turns == "last"
 

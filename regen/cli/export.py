@@ -10,20 +10,32 @@ those, for inspection.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from regen.store.layout import ExportStats
 
 NAME = "export"
 HELP = "write SpecForge pre-tokenized (or raw-conversation) JSONL shards and their stats"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """RUN_DIR, --out and one flag per export setting, its ``dest`` the name of the setting's
+    field (regen.export.ExportSettings: :func:`run` hands the flags given to it by that name);
+    a flag not given leaves the manifest's value. No model is imported here: ``regen --help``
+    builds this parser."""
     parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory (path or pyarrow URI)")
     parser.add_argument("--out", required=True, help="output directory (path or pyarrow URI)")
-    parser.add_argument("--seed", type=int, default=None, help="shuffle seed (manifest: 0)")
+    _add_row_flags(parser)
+    _add_output_flags(parser)
+
+
+def _add_row_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the settings that decide which rows are written."""
     trunc = parser.add_mutually_exclusive_group()
     trunc.add_argument(
         "--drop-truncated",
@@ -37,12 +49,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-length", type=int, default=None, help="drop rows longer than N tokens"
-    )
-    parser.add_argument(
-        "--shard-rows",
-        type=int,
-        default=None,
-        help="rows per shard (manifest: 10000; 0 = one shard, what SpecForge's prompts_path reads)",
     )
     parser.add_argument(
         "--drop-flags",
@@ -61,12 +67,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "tokens (manifest export.keep_unproven; by default they are dropped: docs/format.md)",
     )
     parser.add_argument(
-        "--only-flagged",
-        action="store_true",
-        help="write only the rows --drop-flags would drop (one record per row with its turn, "
-        "attempt and flags in the conversations format), for inspection",
-    )
-    parser.add_argument(
         "--holdout",
         type=int,
         default=None,
@@ -81,9 +81,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep only the rows made with this settings id (and native rows): a run continued "
         "with `regen run --force` mixes settings; `regen status` shows each id's samples",
     )
+
+
+def _add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the settings that decide how the rows are written."""
+    parser.add_argument("--seed", type=int, default=None, help="shuffle seed (manifest: 0)")
+    parser.add_argument(
+        "--shard-rows",
+        type=int,
+        default=None,
+        help="rows per shard (manifest: 10000; 0 = one shard, what SpecForge's prompts_path reads)",
+    )
+    parser.add_argument(
+        "--only-flagged",
+        action="store_true",
+        help="write only the rows --drop-flags would drop (one record per row with its turn, "
+        "attempt and flags in the conversations format), for inspection",
+    )
     parser.add_argument(
         "--format",
-        dest="fmt",
         choices=("pretokenized", "conversations"),
         default="pretokenized",
         help="pretokenized {input_ids, loss_mask} (default) or raw conversations",
@@ -96,26 +112,14 @@ def run(args: argparse.Namespace) -> int:
     from regen.store import RunDir
 
     rd = RunDir.open(args.run_dir, create=False).require()
-    settings = ExportSettings.of_run(
-        rd,
-        seed=args.seed,
-        drop_truncated=args.drop_truncated,
-        max_length=args.max_length,
-        shard_rows=args.shard_rows,
-        drop_flags=args.drop_flags,
-        holdout=args.holdout,
-        keep_unproven=args.keep_unproven,
-        format=args.fmt,
-        only_flagged=args.only_flagged,
-        setting=args.setting,
-    )
-    stats = export_run(rd, args.out, settings)
+    given = {k: v for k, v in vars(args).items() if k in ExportSettings.model_fields}
+    stats = export_run(rd, args.out, ExportSettings.of_run(rd, **given))
     console = make_console()
     print_export(console, stats, f"export {args.run_dir} → {args.out} ({stats.format})")
     return 0
 
 
-def print_export(console: Console, stats: Any, title: str) -> None:
+def print_export(console: Console, stats: ExportStats, title: str) -> None:
     """The per-source table (rows read, written, tokens, mask, dropped per reason) and the
     summary lines of an export (regen.store.layout.ExportStats, as written or read back)."""
     console.print(escape(title), highlight=False, soft_wrap=True)  # a path: never wrapped
@@ -160,7 +164,7 @@ def print_export(console: Console, stats: Any, title: str) -> None:
     print_export_warnings(console, stats)
 
 
-def print_export_warnings(console: Console, stats: Any) -> None:
+def print_export_warnings(console: Console, stats: ExportStats) -> None:
     """The export's warnings: rows that failed the token check, rows dropped as unproven."""
     mismatches = stats.token_check_problems
     if mismatches:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -17,6 +18,7 @@ from regen.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from regen.targets import Family
+    from regen.train.config import ServingSpec, TrainConfig
 
 NAME = "serve-command"
 HELP = "print the SGLang and vLLM commands serving the target with the trained EAGLE-3 draft"
@@ -60,25 +62,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Served:
+    """What both commands serve: the target, its serving settings, family and whether its
+    own code runs."""
+
+    target: str
+    serving: ServingSpec
+    family: Family | None
+    remote: bool
+
+
 def run(args: argparse.Namespace) -> int:
     from monitor.render import make_console
-    from regen.serve.sglang import check_draft_dir, serve_argv
+    from regen.serve.sglang import check_draft_dir
     from regen.train.config import ServingSpec, load_train_config
 
     _require_draft(args.draft_dir)
     cfg = load_train_config(args.config) if args.config else None
-    serving = cfg.serving if cfg else ServingSpec()
-    updates = {
-        k: v
-        for k, v in {
-            "tp": args.tp,
-            "num_steps": args.num_steps,
-            "eagle_topk": args.eagle_topk,
-            "num_draft_tokens": args.num_draft_tokens,
-        }.items()
-        if v is not None
-    }
-    serving = ServingSpec.model_validate({**serving.model_dump(), **updates})
+    serving = ServingSpec.model_validate({**(cfg.serving if cfg else ServingSpec()).model_dump(),
+                                          **_serving_flags(args)})  # fmt: skip
     target = args.target or (cfg.target.path if cfg else None)
     if not target:
         raise ConfigError("--target (or --config with target.path) is required", field="target")
@@ -87,45 +90,69 @@ def run(args: argparse.Namespace) -> int:
         target_hidden=cfg.target.hidden_size if cfg else None,
         num_layers=cfg.target.num_layers if cfg else None,
     )
-    out = make_console()
     family = _family(args, cfg, target)
     remote = cfg.target.trust_remote_code if cfg else bool(family and family.remote_code)
+    served = _Served(target, serving, family, remote)
+    out = make_console()
     no_sglang = _no_sglang_draft(family)
     if no_sglang and args.engine == "sglang":
         raise ConfigError(f"{no_sglang}: use --engine vllm", field="--engine")
     if no_sglang and args.engine == "all":
         Console(stderr=True).print(f"# SGLang: no command: {no_sglang}", highlight=False)
     if args.engine in ("all", "sglang") and not no_sglang:
-        argv = serve_argv(
-            args.draft_dir, target=target, serving=serving, host=args.host, port=args.port,
-            family=family, trust_remote_code=remote,
-        )  # fmt: skip
-        if args.engine == "all":
-            out.print("# SGLang", highlight=False)
-        out.print(escape(shlex.join(argv)), highlight=False, soft_wrap=True)
+        _print_sglang(out, args, served)
     if args.engine in ("all", "vllm"):
-        from regen.serve import vllm as vllm_serving
-
-        try:
-            copy = vllm_serving.write_vllm_draft(args.draft_dir, args.vllm_draft_dir)
-        except ConfigError as e:
-            if args.engine == "vllm":
-                raise
-            # the SGLang command stands; a vLLM one without the copy would serve the trap
-            Console(stderr=True).print(
-                f"# vLLM: no command: {escape(str(e))}", highlight=False, soft_wrap=True
-            )
-            return 0
-        argv = vllm_serving.serve_argv(
-            str(copy), target=target, tp=serving.tp,
-            num_speculative_tokens=serving.num_steps or 3, host=args.host,
-            port=args.vllm_port, family=family, trust_remote_code=remote,
-        )  # fmt: skip
-        if args.engine == "all":
-            out.print(f"# vLLM (the draft's copy in vLLM's aux-layer numbering: {copy})",
-                      highlight=False, soft_wrap=True)  # fmt: skip
-        out.print(escape(shlex.join(argv)), highlight=False, soft_wrap=True)
+        _print_vllm(out, args, served)
     return 0
+
+
+def _serving_flags(args: argparse.Namespace) -> dict[str, int]:
+    """The serving settings given as flags (they override the config's serving section)."""
+    given = {
+        "tp": args.tp,
+        "num_steps": args.num_steps,
+        "eagle_topk": args.eagle_topk,
+        "num_draft_tokens": args.num_draft_tokens,
+    }
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _print_sglang(out: Console, args: argparse.Namespace, served: _Served) -> None:
+    from regen.serve.sglang import serve_argv
+
+    argv = serve_argv(
+        args.draft_dir, target=served.target, serving=served.serving, host=args.host,
+        port=args.port, family=served.family, trust_remote_code=served.remote,
+    )  # fmt: skip
+    if args.engine == "all":
+        out.print("# SGLang", highlight=False)
+    out.print(escape(shlex.join(argv)), highlight=False, soft_wrap=True)
+
+
+def _print_vllm(out: Console, args: argparse.Namespace, served: _Served) -> None:
+    """The vLLM command, after writing the draft's copy in vLLM's aux-layer numbering; with
+    ``--engine all`` a copy that cannot be written is said on stderr (the SGLang command
+    stands; a vLLM one without the copy would serve the trap)."""
+    from regen.serve import vllm as vllm_serving
+
+    try:
+        copy = vllm_serving.write_vllm_draft(args.draft_dir, args.vllm_draft_dir)
+    except ConfigError as e:
+        if args.engine == "vllm":
+            raise
+        Console(stderr=True).print(
+            f"# vLLM: no command: {escape(str(e))}", highlight=False, soft_wrap=True
+        )
+        return
+    argv = vllm_serving.serve_argv(
+        str(copy), target=served.target, tp=served.serving.tp,
+        num_speculative_tokens=served.serving.num_steps or 3, host=args.host,
+        port=args.vllm_port, family=served.family, trust_remote_code=served.remote,
+    )  # fmt: skip
+    if args.engine == "all":
+        out.print(f"# vLLM (the draft's copy in vLLM's aux-layer numbering: {copy})",
+                  highlight=False, soft_wrap=True)  # fmt: skip
+    out.print(escape(shlex.join(argv)), highlight=False, soft_wrap=True)
 
 
 def _no_sglang_draft(family: Family | None) -> str:
@@ -151,20 +178,24 @@ def _require_draft(draft_dir: str) -> None:
         )
 
 
-def _family(args: argparse.Namespace, cfg: Any, target: str) -> Family | None:
-    """The family whose parser flags the commands carry: ``--family``, else the config's
-    target family, else the one the target's tokenizer is; None (said on stderr) when unknown
-    or ``--no-parser-flags``."""
-    from regen.targets import family_named, target_family
+def _family(args: argparse.Namespace, cfg: TrainConfig | None, target: str) -> Family | None:
+    """The family whose parser flags the commands carry (regen.targets.decide): the one the
+    target's tokenizer is, which ``--family`` and the config's ``target.family`` must not
+    contradict, nor each other; else the one they name; else, with a config, the one family of
+    its ``target.vocab_size``. None (said on stderr) when unknown or ``--no-parser-flags``."""
+    from regen.targets.decide import agree, decide_family
 
     if args.no_parser_flags:
         return None
-    if args.family is not None:
-        family = family_named(args.family)
-    elif cfg is not None:
-        family = cfg.target.model_family()
+    spec = cfg.target if cfg is not None else None
+    configured = (
+        decide_family(spec.family, target, vocab_size=spec.vocab_size) if spec is not None else None
+    )
+    if args.family is None:
+        family = configured if spec is not None else decide_family(None, target)
     else:
-        family = target_family(None, target)
+        family = decide_family(args.family, target)
+        agree(("--family", family), ("the config's target", configured))
     if family is None:
         Console(stderr=True).print(
             "# the target's model family is unknown: no parser flags (give --family or the "

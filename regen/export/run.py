@@ -91,12 +91,16 @@ import json
 import logging
 import random
 import tempfile
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+
+import pyarrow as pa
 
 from regen.export.holdout import choose_holdout, write_holdout
 from regen.export.select import (
     ANSWER_TEXT_COLUMNS,
+    Part,
     check_drop_share,
     check_setting,
     collapse_candidates,
@@ -131,20 +135,30 @@ def export_run(
     planned = current_plan(rd)
     if s.setting is not None:
         check_setting(rd, s.setting)
-    stats = ExportStats(
-        run_dir=rd.uri,
-        out=str(out),
-        format=s.format,
-        seed=s.seed,
-        drop_truncated=s.drop_truncated,
-        max_length=s.max_length,
-        shard_rows=s.shard_rows,
-        holdout=s.holdout,
-        drop_flags=list(s.drop_flags),
-        only_flagged=s.only_flagged,
-        keep_unproven=s.keep_unproven,
-        setting=s.setting,
-    )
+    stats = ExportStats.of(rd.uri, str(out), s)
+    chosen = _choose(rd, s, stats, planned)
+    if s.max_drop_share is not None and not s.only_flagged:
+        check_drop_share(stats, s.max_drop_share)
+    _write_shards(rd, RunDir.open(out, create=True), chosen, s, stats)
+    _log_export(stats, out)
+    return stats
+
+
+@dataclass(slots=True, frozen=True)
+class _Chosen:
+    """What an export writes: the rows in their output order, and what it holds out."""
+
+    parts: list[Part]
+    table: pa.Table  #: the key columns of every row (regen.export.select.read_keys)
+    order: list[int]  #: the rows written, in output order
+    #: per source, the held-out samples and the row of each one's first turn (choose_holdout)
+    held: dict[str, dict[str, int]]
+    collapsed: set[int]  #: the rows whose answer collapsed (the ``collapsed`` flag)
+
+
+def _choose(rd: RunDir, s: ExportSettings, stats: ExportStats, planned: pa.Table | None) -> _Chosen:
+    """The rows to write (the drop rules of regen.export.select, counted in ``stats``), sorted
+    by (sample_id, turn) and shuffled with the seed, and the samples held out."""
     parts, table = read_keys(rd, s.format, stats)
     latest = latest_attempts(table)
     why_not = not_current(table, planned, s.setting)
@@ -165,32 +179,42 @@ def export_run(
         why_not=why_not,
         collapsed=collapsed,
     )
-    if s.max_drop_share is not None and not s.only_flagged:
-        check_drop_share(stats, s.max_drop_share)
     sids, turns = table.column("sample_id").to_pylist(), table.column("turn").to_pylist()
     order.sort(key=lambda i: (sids[i], turns[i]))
     random.Random(s.seed).shuffle(order)
-    ntok = table.column("num_tokens").to_pylist()
+    return _Chosen(parts, table, order, held, collapsed)
 
-    dest = RunDir.open(out, create=True)
+
+def _write_shards(
+    rd: RunDir, dest: RunDir, chosen: _Chosen, s: ExportSettings, stats: ExportStats
+) -> None:
+    """The shards of ``chosen`` into ``dest`` (earlier shards of the format removed), then
+    holdout.jsonl and stats.json."""
     remove_old_shards(dest, s.format)
+    order, ntok = chosen.order, chosen.table.column("num_tokens").to_pylist()
     size = s.shard_rows or max(len(order), 1)
+    flag_collapsed = s.only_flagged and s.format == "conversations"
     with tempfile.TemporaryDirectory(prefix="regen-export-") as spill:
-        lines = ordered_lines(rd, parts, order, s.format, Path(spill), inspect=s.only_flagged)
+        lines = ordered_lines(rd, chosen.parts, order, s.format, Path(spill),
+                              inspect=s.only_flagged)  # fmt: skip
         for n, start in enumerate(range(0, len(order), size)):
             rows = order[start : start + size]
             name = layout.shard_name(s.format, n)
             with dest.atomic_writer(name) as f:
                 for i in rows:
                     line = next(lines)
-                    if i in collapsed and s.only_flagged and s.format == "conversations":
+                    if flag_collapsed and i in chosen.collapsed:
                         line = _with_flag(line, COLLAPSED)
                     f.write((line + "\n").encode("utf-8"))
             tokens = sum(ntok[i] for i in rows)
             stats.shards.append({"file": name, "rows": len(rows), "tokens": tokens})
-    write_holdout(rd, dest, parts, held, stats)
+    write_holdout(rd, dest, chosen.parts, chosen.held, stats)
     stats.created_at = datetime.now(UTC).isoformat(timespec="seconds")
     layout.EXPORT_STATS_FILE.write(dest, stats)
+
+
+def _log_export(stats: ExportStats, out: str) -> None:
+    """What was written; a warning when the rows mix settings ids."""
     log.info(
         "exported %d of %d rows (%d tokens, mask coverage %.3f) to %s in %d shard(s)",
         stats.rows_written,
@@ -205,7 +229,6 @@ def export_run(
         log.warning("the written rows mix %d settings (regen run --force): %s; keep one with "
                     "--setting ID", len(made), ", ".join(f"{k} {stats.settings[k]:,} rows"
                                                          for k in made))  # fmt: skip
-    return stats
 
 
 def _with_flag(line: str, flag: str) -> str:

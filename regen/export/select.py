@@ -12,7 +12,8 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,7 +33,7 @@ from regen.quality.collapse import (
 )
 from regen.quality.config import QualityConfig
 from regen.store import layout
-from regen.store.layout import ExportStats, FlagStats, SourceExportStats
+from regen.store.layout import ExportFormat, ExportStats, FlagStats, SourceExportStats
 from regen.store.planned import recorded_plan
 from regen.store.rundir import RunDir
 from regen.store.schema import ADDED_COLUMNS, ANSWER_COLUMNS, SCHEMA
@@ -163,7 +164,7 @@ def not_current(table: pa.Table, planned: pa.Table | None, setting: str | None) 
     return out
 
 
-def read_keys(rd: RunDir, fmt: str, stats: ExportStats) -> tuple[list[Part], pa.Table]:
+def read_keys(rd: RunDir, fmt: ExportFormat, stats: ExportStats) -> tuple[list[Part], pa.Table]:
     """The parts (name order) and the key columns of all their rows, concatenated."""
     names = [n for n in rd.list(layout.PARTS_DIR) if layout.part_stem(n) is not None]
     needed = set(KEY_COLUMNS + DATA_COLUMNS[fmt]) - {*ADDED_COLUMNS.names,
@@ -323,71 +324,127 @@ def select_rows(
     (:func:`latest_attempts`); ``why_not``: per row, why it does not count
     (:func:`not_current`; "" when it does); ``collapsed``: rows that carry the ``collapsed``
     flag besides their own (:func:`collapsed_rows`)."""
-    fmt, only_flagged = settings.format, settings.only_flagged
-    drop_flags = frozenset(settings.drop_flags)
-    sids = table.column("sample_id").to_pylist()
-    attempts = table.column("attempt").to_pylist()
-    row_flags = table.column("quality_flags").to_pylist()
-    latest = latest_attempts(table) if latest is None else latest
-    turns = table.column("turn").to_pylist()
-    sources = table.column("source").to_pylist()
-    truncated = table.column("truncated").to_pylist()
-    ntok = table.column("num_tokens").to_pylist()
-    nloss = table.column("loss_tokens").to_pylist()
-    kinds = table.column("token_source").to_pylist()
-    checks = table.column("token_check").to_pylist()
-    dropped: Counter[str] = Counter()
-    per_source: dict[str, SourceExportStats] = defaultdict(SourceExportStats)
-    seen: set[tuple[str, int, int]] = set()
-    keep: list[int] = []
-    for i, sid in enumerate(sids):
-        src = per_source[sources[i]]
+    rows = _KeyRows.of(table)
+    selection = _Selection(
+        rows, settings, stats, held=held, collapsed=collapsed, why_not=why_not,
+        latest=latest_attempts(table) if latest is None else latest,
+    )  # fmt: skip
+    keep = [i for i in range(len(rows.sids)) if selection.keeps(i)]
+    if settings.format == "conversations" and not settings.only_flagged:
+        keep = selection.highest_turns(keep)
+    selection.count_kept(keep)
+    return keep
+
+
+@dataclass(slots=True, frozen=True)
+class _KeyRows:
+    """The key columns :func:`select_rows` decides by, one Python list per column."""
+
+    sids: list[str]
+    attempts: list[int | None]
+    flags: list[list[str] | None]
+    turns: list[int]
+    sources: list[str]
+    truncated: list[bool]
+    ntok: list[int]
+    nloss: list[int]
+    kinds: list[str]
+    checks: list[str | None]
+    made: list[str | None]  #: the ``settings`` column
+
+    @classmethod
+    def of(cls, table: pa.Table) -> _KeyRows:
+        def col(name: str) -> list[Any]:
+            return table.column(name).to_pylist()
+
+        return cls(
+            col("sample_id"), col("attempt"), col("quality_flags"), col("turn"), col("source"),
+            col("truncated"), col("num_tokens"), col("loss_tokens"), col("token_source"),
+            col("token_check"), col("settings"),
+        )  # fmt: skip
+
+
+@dataclass(slots=True)
+class _Selection:
+    """The drop rules of one export applied row by row (regen.export.run's docstring has their
+    order), counted in ``stats`` and per source as they go."""
+
+    rows: _KeyRows
+    settings: ExportSettings
+    stats: ExportStats
+    held: AbstractSet[str]
+    collapsed: AbstractSet[int]
+    why_not: list[str] | None
+    latest: dict[str, int]
+    dropped: Counter[str] = field(default_factory=Counter)
+    per_source: defaultdict[str, SourceExportStats] = field(
+        default_factory=lambda: defaultdict(SourceExportStats)
+    )
+    seen: set[tuple[str, int, int]] = field(default_factory=set)
+
+    def keeps(self, i: int) -> bool:
+        """Whether row ``i`` is written (counted as read, and as dropped with its reason)."""
+        src = self.per_source[self.rows.sources[i]]
         src.rows_read += 1
-        if checks[i] is not None:
-            stats.token_check[checks[i]] = stats.token_check.get(checks[i], 0) + 1
-            if checks[i] not in TOKEN_CHECKS_OK:
-                stats.token_check_problems += 1
-        key = (sid, turns[i], attempts[i] or 0)
-        flags = [*(row_flags[i] or ()), COLLAPSED] if i in collapsed else row_flags[i] or ()
-        hit = [f for f in flags if f in drop_flags]
-        reason = None
-        if key[2] < latest.get(sid, 0):
-            reason = "superseded"
-        elif why_not is not None and why_not[i]:
-            reason = why_not[i]
-        elif key in seen:
-            reason = "duplicate"
-        elif only_flagged:
-            seen.add(key)
-            if not hit:
-                reason = "not_flagged"
-            else:
-                _count_flags(stats, src, hit, ntok[i], nloss[i])
-        else:
-            seen.add(key)
-            if truncated[i]:
-                src.truncated_seen += 1
-            if sid in held:
-                reason = "holdout"
-            elif hit:
-                reason = "flagged"
-                _count_flags(stats, src, hit, ntok[i], nloss[i])
-            elif not settings.keep_unproven and unproven(kinds[i], checks[i]):
-                reason = UNPROVEN
-            elif truncated[i] and settings.drop_truncated:
-                reason = "truncated"
-            elif settings.max_length is not None and ntok[i] > settings.max_length:
-                reason = "too_long"
-            elif not nloss[i]:
-                reason = "no_loss_tokens"
-            elif fmt == "conversations" and kinds[i] == "native":
-                reason = "not_convertible"
+        check = self.rows.checks[i]
+        if check is not None:
+            self.stats.token_check[check] = self.stats.token_check.get(check, 0) + 1
+            if check not in TOKEN_CHECKS_OK:
+                self.stats.token_check_problems += 1
+        reason = self._reason(i, src)
         if reason is not None:
-            dropped[reason] += 1
-            src.dropped[reason] = src.dropped.get(reason, 0) + 1
-            continue
-        keep.append(i)
-    if fmt == "conversations" and not only_flagged:  # one record per sample: its highest turn
+            self._drop(reason, src)
+        return reason is None
+
+    def _reason(self, i: int, src: SourceExportStats) -> str | None:
+        """Why row ``i`` is dropped (None: it is kept): the rules in their order."""
+        r, sid = self.rows, self.rows.sids[i]
+        key = (sid, r.turns[i], r.attempts[i] or 0)
+        flags = [*(r.flags[i] or ()), COLLAPSED] if i in self.collapsed else r.flags[i] or ()
+        hit = [f for f in flags if f in self.settings.drop_flags]
+        if key[2] < self.latest.get(sid, 0):
+            return "superseded"
+        if self.why_not is not None and self.why_not[i]:
+            return self.why_not[i]
+        if key in self.seen:
+            return "duplicate"
+        self.seen.add(key)
+        if self.settings.only_flagged:
+            if hit:
+                _count_flags(self.stats, src, hit, r.ntok[i], r.nloss[i])
+            return None if hit else "not_flagged"
+        if r.truncated[i]:
+            src.truncated_seen += 1
+        if sid in self.held:
+            return "holdout"
+        if hit:
+            _count_flags(self.stats, src, hit, r.ntok[i], r.nloss[i])
+            return "flagged"
+        return self._row_rule(i)
+
+    def _row_rule(self, i: int) -> str | None:
+        """The rules of the row itself: its tokens, its end, its length, its loss, its kind."""
+        r, s = self.rows, self.settings
+        if not s.keep_unproven and unproven(r.kinds[i], r.checks[i]):
+            return UNPROVEN
+        if r.truncated[i] and s.drop_truncated:
+            return "truncated"
+        if s.max_length is not None and r.ntok[i] > s.max_length:
+            return "too_long"
+        if not r.nloss[i]:
+            return "no_loss_tokens"
+        if s.format == "conversations" and r.kinds[i] == "native":
+            return "not_convertible"
+        return None
+
+    def _drop(self, reason: str, src: SourceExportStats) -> None:
+        self.dropped[reason] += 1
+        src.dropped[reason] = src.dropped.get(reason, 0) + 1
+
+    def highest_turns(self, keep: list[int]) -> list[int]:
+        """Of ``keep``, each sample's highest turn (the conversations format: one record per
+        sample); the others dropped as ``earlier_turn``."""
+        sids, turns = self.rows.sids, self.rows.turns
         best: dict[str, int] = {}
         for i in keep:
             if sids[i] not in best or turns[i] > turns[best[sids[i]]]:
@@ -395,29 +452,29 @@ def select_rows(
         chosen = set(best.values())
         for i in keep:
             if i not in chosen:
-                dropped["earlier_turn"] += 1
-                d = per_source[sources[i]].dropped
-                d["earlier_turn"] = d.get("earlier_turn", 0) + 1
-        keep = [i for i in keep if i in chosen]
-    made = table.column("settings").to_pylist()
-    for i in keep:
-        src = per_source[sources[i]]
-        src.rows += 1
-        src.tokens += ntok[i]
-        src.loss_tokens += nloss[i]
-        stats.token_source[kinds[i]] = stats.token_source.get(kinds[i], 0) + 1
-        which = made[i] or ("native" if kinds[i] == "native" else "unknown")
-        stats.settings[which] = stats.settings.get(which, 0) + 1
-    stats.rows_read = len(sids)
-    stats.rows_written = len(keep)
-    stats.tokens = sum(ntok[i] for i in keep)
-    stats.loss_tokens = sum(nloss[i] for i in keep)
-    stats.mask_coverage = coverage(stats.loss_tokens, stats.tokens)
-    for src in per_source.values():
-        src.mask_coverage = coverage(src.loss_tokens, src.tokens)
-    stats.dropped = dict(sorted(dropped.items()))
-    stats.sources = dict(sorted(per_source.items()))
-    return keep
+                self._drop("earlier_turn", self.per_source[self.rows.sources[i]])
+        return [i for i in keep if i in chosen]
+
+    def count_kept(self, keep: list[int]) -> None:
+        """The written rows' numbers, per source and in all, and the drops into ``stats``."""
+        r, stats = self.rows, self.stats
+        for i in keep:
+            src = self.per_source[r.sources[i]]
+            src.rows += 1
+            src.tokens += r.ntok[i]
+            src.loss_tokens += r.nloss[i]
+            stats.token_source[r.kinds[i]] = stats.token_source.get(r.kinds[i], 0) + 1
+            which = r.made[i] or ("native" if r.kinds[i] == "native" else "unknown")
+            stats.settings[which] = stats.settings.get(which, 0) + 1
+        stats.rows_read = len(r.sids)
+        stats.rows_written = len(keep)
+        stats.tokens = sum(r.ntok[i] for i in keep)
+        stats.loss_tokens = sum(r.nloss[i] for i in keep)
+        stats.mask_coverage = coverage(stats.loss_tokens, stats.tokens)
+        for src in self.per_source.values():
+            src.mask_coverage = coverage(src.loss_tokens, src.tokens)
+        stats.dropped = dict(sorted(self.dropped.items()))
+        stats.sources = dict(sorted(self.per_source.items()))
 
 
 def coverage(loss_tokens: int, tokens: int) -> float:

@@ -1,8 +1,9 @@
 """The settings of an export, one typed model from the manifest to the stage.
 
 :class:`ExportSettings` is the run manifest's ``export:`` section (:class:`regen.manifest.Export`)
-plus what one export decides for itself (format, inspection, drop-share limit, settings id) and
-the manifest's ``quality:`` thresholds (the ``collapsed`` flag is decided at export).
+plus what one export chooses for itself and its stats.json records with it (format, inspection,
+settings id: :class:`regen.store.layout.ExportChoices`), the drop-share limit, and the
+manifest's ``quality:`` thresholds (the ``collapsed`` flag is decided at export).
 ``regen export``, ``regen train`` and the demo build it with :meth:`ExportSettings.of_run` (the
 manifest's section, then their overrides) and hand it whole to
 :func:`regen.export.run.export_run`. Owns no files.
@@ -11,24 +12,22 @@ manifest's section, then their overrides) and hand it whole to
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from regen.core.errors import RegenError
 from regen.manifest import Export, Manifest, config_error
 from regen.quality.config import QualityConfig
+from regen.store.layout import ExportChoices, ExportFormat, ExportStats
 from regen.store.run import read_manifest_data
 from regen.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
-Format = Literal["pretokenized", "conversations"]
-FORMATS: tuple[str, ...] = ("pretokenized", "conversations")
 #: the settings of an export that decide which rows it keeps (stats.json records each)
 ROW_SETTINGS = ("seed", "drop_truncated", "max_length", "holdout", "drop_flags", "keep_unproven")
 #: the columns each format's lines are made of
-DATA_COLUMNS: dict[str, tuple[str, ...]] = {
+DATA_COLUMNS: dict[ExportFormat, tuple[str, ...]] = {
     "pretokenized": ("input_ids", "loss_mask"),
     "conversations": (
         "sample_id",
@@ -44,20 +43,12 @@ DATA_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 
-class ExportSettings(Export):
+class ExportSettings(ExportChoices):
     """Everything an export decides with (regen.export.run's docstring says how)."""
 
-    #: rows per JSONL shard (0: one shard)
-    shard_rows: int = Field(default=10_000, ge=0)
-    #: ``pretokenized`` {input_ids, loss_mask} or ``conversations``
-    format: Format = "pretokenized"
-    #: write only the latest answers' rows carrying a flag of ``drop_flags`` (inspection)
-    only_flagged: bool = False
     #: refuse before writing anything when the rules would drop a larger share of the rows
     #: the export could train on (None: never refuse)
     max_drop_share: float | None = Field(default=None, ge=0.0, le=1.0)
-    #: keep only the rows of this settings id, and native rows (run.json lists the run's)
-    setting: str | None = None
     #: the run manifest's ``quality:`` section: its ``collapse_*`` thresholds decide the
     #: ``collapsed`` flag, found here across the rows of each source (regen.quality.collapse)
     quality: QualityConfig = Field(default_factory=QualityConfig)
@@ -69,7 +60,7 @@ class ExportSettings(Export):
         return self
 
     @classmethod
-    def build(cls, **values: Any) -> ExportSettings:
+    def build(cls, **values: object) -> ExportSettings:
         """The settings from ``values`` (ConfigError naming the field when one is wrong)."""
         try:
             return cls.model_validate(values)
@@ -78,7 +69,7 @@ class ExportSettings(Export):
 
     @classmethod
     def of_run(
-        cls, rd: RunDir, manifest: Manifest | None = None, **overrides: Any
+        cls, rd: RunDir, manifest: Manifest | None = None, **overrides: object
     ) -> ExportSettings:
         """The ``export:`` and ``quality:`` sections of the run directory's manifest
         (``manifest`` when the caller has read it; their defaults where a section or the
@@ -90,12 +81,12 @@ class ExportSettings(Export):
             base = _sections(rd)
         return cls.build(**base).overridden(**overrides)
 
-    def overridden(self, **overrides: Any) -> ExportSettings:
+    def overridden(self, **overrides: object) -> ExportSettings:
         """These settings with every override that is not None (validated again)."""
         given = {k: v for k, v in overrides.items() if v is not None}
         return self.build(**{**self.model_dump(), **given}) if given else self
 
-    def row_difference(self, stats: Any) -> str:
+    def row_difference(self, stats: ExportStats) -> str:
         """'' when the export ``stats`` (regen.store.layout.ExportStats) was made with these
         row-deciding settings as a pretokenized export of every kept row, else the first
         difference."""
@@ -108,7 +99,7 @@ class ExportSettings(Export):
         return ""
 
 
-def _sections(rd: RunDir) -> dict[str, Any]:
+def _sections(rd: RunDir) -> dict[str, object]:
     """The ``export:`` section of ``rd``'s manifest.yaml as settings, with its ``quality:``
     section (the defaults where one is missing; a warning and the defaults where it is
     unreadable)."""
@@ -118,7 +109,7 @@ def _sections(rd: RunDir) -> dict[str, Any]:
         log.warning("%s: the manifest is not readable (%s); using the export and quality "
                     "defaults", rd.uri, e)  # fmt: skip
         return {**Export().model_dump(), "quality": QualityConfig()}
-    out: dict[str, Any] = {}
+    out: dict[str, BaseModel] = {}
     for name, model in (("export", Export), ("quality", QualityConfig)):
         try:
             section = data.get(name) or {}

@@ -6,10 +6,9 @@ shards' names: :mod:`regen.store.layout`).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,6 +17,7 @@ from regen.core.errors import RunDirError
 from regen.export.select import Part, with_added_columns
 from regen.export.settings import DATA_COLUMNS
 from regen.store import layout
+from regen.store.layout import ExportFormat
 from regen.store.rundir import RunDir
 
 #: output positions per spill bucket (a bucket's lines are held in memory while it is written)
@@ -29,7 +29,13 @@ MAX_BUCKETS = 256
 
 
 def ordered_lines(
-    rd: RunDir, parts: list[Part], order: list[int], fmt: str, spill: Path, *, inspect: bool
+    rd: RunDir,
+    parts: list[Part],
+    order: list[int],
+    fmt: ExportFormat,
+    spill: Path,
+    *,
+    inspect: bool,
 ) -> Iterator[str]:
     """The JSON line of every row in ``order``, in that order, with bounded memory.
 
@@ -64,7 +70,7 @@ def ordered_lines(
 
 
 def read_rows(
-    rd: RunDir, parts: list[Part], wanted: set[int] | dict[int, Any], columns: list[str]
+    rd: RunDir, parts: list[Part], wanted: Container[int], columns: list[str]
 ) -> Iterator[tuple[list[int], pa.Table]]:
     """The ``columns`` of the rows numbered in ``wanted``, one row group at a time: (their
     numbers, their rows in that order). A part from before the attempt and quality columns
@@ -99,13 +105,13 @@ def _conversation_lines(chunk: pa.Table, *, inspect: bool = False) -> list[str]:
     """Conversation records; ``inspect`` adds each row's turn, attempt and quality flags."""
     lines = []
     for r in chunk.to_pylist():
-        answer: dict[str, Any] = {"role": "assistant", "content": r["content"] or ""}
+        answer: dict[str, object] = {"role": "assistant", "content": r["content"] or ""}
         if r["reasoning"] is not None:
             answer["reasoning_content"] = r["reasoning"]
         calls = json.loads(r["tool_calls"] or "[]")
         if calls:
             answer["tool_calls"] = calls
-        rec: dict[str, Any] = {
+        rec: dict[str, object] = {
             "id": r["sample_id"],
             "conversations": [*json.loads(r["messages"] or "[]"), answer],
         }

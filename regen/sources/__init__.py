@@ -2,7 +2,7 @@
 
     reader.py    raw rows from a local JSONL/Parquet file or a hub dataset
     shapes.py    the seven row-shape parsers (CONTRACTS §5) and role mapping
-    adapters.py  the ten adapters by manifest name; stable ids (``iter_source``)
+    adapters.py  the adapters by manifest name (``regen.manifest.AdapterName``); stable ids
     neardup.py   near-duplicate prompts: MinHash signatures + a compact LSH index
     stream.py    all sources → filters → dedup → limits, with counts (``read_samples``)
 

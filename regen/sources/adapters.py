@@ -1,4 +1,4 @@
-"""The ten source adapters, registered by the names in :data:`regen.manifest.ADAPTERS`.
+"""The source adapters: each name of :data:`regen.manifest.AdapterName` with its row parser.
 
 An adapter turns one raw row into a :class:`~regen.core.sample.Sample` or a
 :class:`~regen.core.sample.Rejection`. :func:`iter_source` runs a source's adapter over its raw rows
@@ -35,14 +35,14 @@ from regen.core.sample import (
     normalized_message,
     stable_hash,
 )
-from regen.manifest import Manifest, Source
+from regen.manifest import NATIVE_ADAPTERS, AdapterName, Manifest, Source
 from regen.sources import shapes
 from regen.sources.reader import RawRow, iter_raw
 
 log = logging.getLogger(__name__)
 
-#: adapter name → row parser (regenerate-mode shapes)
-PARSERS: dict[str, shapes.Parser] = {
+#: adapter name → row parser (regenerate-mode shapes): every adapter but the native ones
+PARSERS: dict[AdapterName, shapes.Parser] = {
     "sharegpt": shapes.parse_from_value,
     "openthoughts": partial(shapes.parse_from_value, system_key="system"),
     "perfectblend": shapes.parse_from_value,
@@ -53,11 +53,9 @@ PARSERS: dict[str, shapes.Parser] = {
     "glaive": shapes.parse_glaive,
     "magicoder": shapes.parse_instruction_response,
 }
-#: adapters whose rows are pre-tokenized (mode native)
-NATIVE_ADAPTERS = frozenset({"kimi_native"})
 #: adapters whose upstream id is a unique key of the dataset (xLAM: the row number; Kimi-native:
 #: our own files); every other upstream id gets a content-hash suffix on every row
-UNIQUE_ID_ADAPTERS = frozenset({"xlam", "kimi_native"})
+UNIQUE_ID_ADAPTERS: frozenset[AdapterName] = frozenset({"xlam", "kimi_native"})
 
 NativeCheck = Callable[[Sample], "str | None"]
 

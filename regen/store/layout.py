@@ -82,12 +82,22 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from regen.core.errors import RunDirError
+from regen.manifest import Export
 from regen.quality.config import NO_LOOP_CUT, LoopCut
 from regen.store.counts import SourceCounts
 from regen.store.progress import ProgressSnapshot
@@ -255,7 +265,7 @@ class RunRecord(Record):
     #: every settings id its sessions answered with (the rows' ``settings`` column,
     #: ``Manifest.settings_id()``) -> those settings as dotted fields (``sampling.temperature``:
     #: 0.6, ...): what each id of a ``--force`` mix stands for
-    settings: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    settings: dict[str, dict[str, object]] = Field(default_factory=dict)
     #: how the local render hands history tool-call arguments to the chat template:
     #: ``objects``, as the engines do (every run made since regen rendered so), ``strings``,
     #: as regen did before (a run.json without the field): a run keeps what it started with
@@ -317,12 +327,11 @@ class PlanRecord(Record):
 
     @model_validator(mode="before")
     @classmethod
-    def _flat(cls, data: Any) -> Any:
+    def _flat(cls, data: object) -> object:
         """Drivers before this record wrote ``{source: entry}`` at the top level."""
-        flat = isinstance(data, dict) and data and "sources" not in data
-        if flat and all(isinstance(v, dict) for v in data.values()):
-            return {"sources": data}
-        return data
+        if not isinstance(data, dict) or not data or "sources" in data:
+            return data
+        return {"sources": data} if all(isinstance(v, dict) for v in data.values()) else data
 
 
 class IndexedSource(Record):
@@ -482,32 +491,37 @@ class SourceExportStats(BaseModel):
     mask_coverage: float = 0.0
 
 
-class ExportStats(BaseModel):
-    """``stats.json`` of an export directory: what ``regen export`` kept and dropped, with the
-    settings that decided it (regen.export; read back by ``regen train`` and the CLI).
-    Unknown keys of a file written by another version are kept as written."""
+#: the formats of an export: SpecForge's pre-tokenized rows, or the raw conversations
+ExportFormat = Literal["pretokenized", "conversations"]
 
-    model_config = ConfigDict(extra="allow")
+
+class ExportChoices(Export):
+    """The settings of one export that its stats.json records: the manifest's ``export:``
+    section (regen.manifest.Export) and what one export chooses for itself."""
+
+    #: ``pretokenized`` {input_ids, loss_mask} or ``conversations``
+    format: ExportFormat = "pretokenized"
+    #: write only the latest answers' rows carrying a flag of ``drop_flags`` (inspection)
+    only_flagged: bool = False
+    #: keep only the rows of this settings id, and native rows (run.json lists the run's)
+    setting: str | None = None
+
+
+class ExportStats(ExportChoices):
+    """``stats.json`` of an export directory: what ``regen export`` kept and dropped, and the
+    settings that decided it (:class:`ExportChoices`; regen.export; read back by ``regen
+    train`` and the CLI). Its keys go in :data:`EXPORT_STATS_KEYS`' order; unknown keys of a
+    file written by another version are kept as written, after them."""
+
+    model_config = ConfigDict(extra="allow", frozen=False)
 
     run_dir: str
     out: str
-    format: str
     rows_written: int = 0
-    shards: list[dict[str, Any]] = Field(default_factory=list)  #: {file, rows, tokens}
-    #: samples per source held out of the shards (``holdout.jsonl``; the setting); 0 for none
-    holdout: int = 0
+    shards: list[dict[str, str | int]] = Field(default_factory=list)  #: {file, rows, tokens}
     rows_read: int = 0
     #: rows dropped per reason (all sources)
     dropped: dict[str, int] = Field(default_factory=dict)
-    seed: int = 0
-    drop_truncated: bool = True
-    max_length: int | None = None
-    shard_rows: int = 10_000
-    drop_flags: list[str] = Field(default_factory=list)  #: quality flags whose rows are dropped
-    only_flagged: bool = False  #: only the rows carrying one of them were written
-    #: local rows whose token_check cannot show they are the model's tokens were kept (the
-    #: setting); otherwise they are dropped as ``unproven_tokens``
-    keep_unproven: bool = False
     parts: int = 0
     tokens: int = 0  #: tokens of the written rows
     loss_tokens: int = 0  #: tokens with loss_mask 1 in the written rows
@@ -515,8 +529,6 @@ class ExportStats(BaseModel):
     token_source: dict[str, int] = Field(default_factory=dict)  #: written rows per source kind
     token_check: dict[str, int] = Field(default_factory=dict)  #: read rows per check result
     token_check_problems: int = 0  #: read rows whose check is not one of the accepted
-    #: the settings id kept (``setting``; None: every setting)
-    setting: str | None = None
     #: written rows per settings id of the row ("native" for native rows, "unknown" for rows
     #: written before the column): the mix a ``regen run --force`` left
     settings: dict[str, int] = Field(default_factory=dict)
@@ -528,6 +540,40 @@ class ExportStats(BaseModel):
     mask_coverage: float = 0.0
     #: when the export was written (ISO-8601 UTC, seconds)
     created_at: str | None = None
+
+    @classmethod
+    def of(cls, run_dir: str, out: str, choices: ExportChoices) -> ExportStats:
+        """The stats of an export of ``run_dir`` to ``out`` about to be written with
+        ``choices`` (and nothing counted yet)."""
+        return cls(run_dir=run_dir, out=out,
+                   **choices.model_dump(include=set(ExportChoices.model_fields)))  # fmt: skip
+
+    @model_validator(mode="before")
+    @classmethod
+    def _written_before_flags(cls, data: object) -> object:
+        """A stats.json without ``drop_flags`` was written before quality flags: it dropped
+        none."""
+        if isinstance(data, dict) and "drop_flags" not in data:
+            return {**data, "drop_flags": []}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _in_file_order(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """The keys in :data:`EXPORT_STATS_KEYS`' order (the settings come from the base
+        model, the report from this one: the file interleaves them), then any other."""
+        data: dict[str, object] = handler(self)
+        ordered = {k: data.pop(k) for k in EXPORT_STATS_KEYS if k in data}
+        return {**ordered, **data}
+
+
+#: stats.json's keys, in the order the file has them: the report and the settings between
+EXPORT_STATS_KEYS = (
+    "run_dir", "out", "format", "rows_written", "shards", "holdout", "rows_read", "dropped",
+    "seed", "drop_truncated", "max_length", "shard_rows", "drop_flags", "only_flagged",
+    "keep_unproven", "parts", "tokens", "loss_tokens", "sources", "token_source", "token_check",
+    "token_check_problems", "setting", "settings", "holdout_samples", "holdout_file", "flags",
+    "mask_coverage", "created_at",
+)  # fmt: skip
 
 
 class CommandRecord(Record):
@@ -583,7 +629,7 @@ class SpecForgePlanRecord(Record):
     kind: str
     role: str
     #: the plan as ``specforge train --plan`` prints it
-    plan: dict[str, Any]
+    plan: dict[str, object]
 
 
 class CpuCurveRecord(Record):
@@ -627,8 +673,21 @@ class PreflightRecord(BaseModel):
     ok: bool
     host: str
     at: float
+    #: a failed preflight: why, and the trap it fell into (regen.train.traps; None: another
+    #: error)
     error: str | None = None
     trap: str | None = None
+    #: a passed one: the node's GPUs, the rows scanned, those SpecForge's prompt builder
+    #: keeps, their loss tokens, the run.yaml, SpecForge's plan of it ({kind, role}) and the
+    #: command it then runs (as command.json has it)
+    cuda_visible_devices: str | None = None
+    rows: int | None = None
+    prepared: int | None = None
+    loss_tokens: int | None = None
+    run_yaml: str | None = None
+    specforge_plan: dict[str, str] | None = None
+    argv: list[str] = Field(default_factory=list)
+    exec_argv: list[str] = Field(default_factory=list)
 
 
 # ---- files ---------------------------------------------------------------------------------
@@ -665,16 +724,17 @@ class JsonFile(Generic[M]):
         try:
             return self.model.model_validate_json(data)
         except ValidationError as e:
-            first = e.errors()[0] if e.errors() else {}
-            where = ".".join(str(x) for x in first.get("loc", ())) or "(top level)"
-            raise RunDirError(f"{self.name} is damaged: {where}: {first.get('msg', e)}") from None
+            errors = e.errors()
+            where = ".".join(str(x) for x in errors[0]["loc"]) if errors else ""
+            what = errors[0]["msg"] if errors else str(e)
+            raise RunDirError(f"{self.name} is damaged: {where or '(top level)'}: {what}") from None
 
     def write(self, rd: RunDir, record: M) -> None:
         """Replace the file atomically with ``record``."""
         rd.write_bytes_atomic(self.name, dump_json(record))
 
 
-def dump_json(record: BaseModel | dict[str, Any]) -> bytes:
+def dump_json(record: BaseModel | Mapping[str, object]) -> bytes:
     """The bytes regen writes for a JSON record (indented, UTF-8)."""
     obj = record.model_dump(mode="json") if isinstance(record, BaseModel) else record
     return json.dumps(obj, ensure_ascii=False, indent=1).encode()

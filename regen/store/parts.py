@@ -192,7 +192,8 @@ def write_record(rd: RunDir, record: PartRecord) -> None:
     layout.part_record_file(record.stem).write(rd, record)
 
 
-_COUNT_COLUMNS = (
+#: the columns of a part its per-sample counters and content hashes are read from
+COUNT_COLUMNS = (
     "sample_id",
     "source",
     "prompt_tokens",
@@ -204,6 +205,8 @@ _COUNT_COLUMNS = (
     "content_hash",
     "settings",
 )
+#: ... and ``turn``: what the full check of ``regen verify`` reads, the rows' keys with them
+CHECK_COLUMNS = (*COUNT_COLUMNS, "turn")
 
 
 @dataclass(slots=True)
@@ -330,7 +333,7 @@ def inspect_part(
     rd: RunDir,
     st: PartState,
     *,
-    columns: tuple[str, ...] = _COUNT_COLUMNS,
+    columns: tuple[str, ...] = COUNT_COLUMNS,
     whole: bool | None = None,
 ) -> str:
     """The full check of a part: its bytes against the record's size and sha256, then the

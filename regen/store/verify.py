@@ -40,7 +40,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import pyarrow as pa
 
@@ -49,7 +48,13 @@ from regen.store import layout
 from regen.store.counts import SourceCounts
 from regen.store.doneset import DoneSet, fold_part, replaced_samples
 from regen.store.lock import lock_damage, read_lock, why_gone
-from regen.store.parts import PartState, footer_problem, inspect_part, list_parts
+from regen.store.parts import (
+    CHECK_COLUMNS,
+    PartState,
+    footer_problem,
+    inspect_part,
+    list_parts,
+)
 from regen.store.planned import open_index, recorded_plan
 from regen.store.repair import Findings, RebuildPlan
 from regen.store.repair import repair as fix
@@ -60,21 +65,6 @@ from regen.store.segments import scan_journal
 from regen.store.stale import StaleSet, current_counts, stale_answers
 
 log = logging.getLogger(__name__)
-
-#: columns read from every part by the full check
-VERIFY_COLUMNS = (
-    "sample_id",
-    "source",
-    "turn",
-    "prompt_tokens",
-    "completion_tokens",
-    "finish_reason",
-    "attempt",
-    "quality_flags",
-    "ended",
-    "content_hash",
-    "settings",
-)
 
 
 @dataclass(slots=True)
@@ -112,7 +102,7 @@ class VerifyReport:
     def clean(self) -> bool:
         return not self.problems
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["clean"] = self.clean
         return d
@@ -194,7 +184,24 @@ def _check(rd: RunDir, *, check_plan: bool) -> tuple[VerifyReport, Findings]:
     found = Findings()
     states = list_parts(rd)
     for st in states:
-        st.problem = inspect_part(rd, st, columns=VERIFY_COLUMNS)
+        st.problem = inspect_part(rd, st, columns=CHECK_COLUMNS)
+    done = _check_parts(states, rep, found)
+    journal: dict[str, SourceCounts] = {}
+    found.journal = _check_journals(rd, rep, journal)
+    planned, why = recorded_plan(rd)  # the counters leave its stale answers out, plan check or not
+    stale = stale_answers(rd, done, planned)
+    if check_plan:
+        _check_plan(rd, rep, planned, why, stale, found)
+    _check_counts(rd, rep, current_counts(done, stale), stale, journal, bool(states))
+    found.checks = _check_checks(rd, rep)
+    _check_for_a_person(rd, rep)
+    return rep, found
+
+
+def _check_parts(states: list[PartState], rep: VerifyReport, found: Findings) -> DoneSet:
+    """The inspected parts: a damaged or missing one is a problem (and a repair's to quarantine),
+    an intact one has its record and schema checked and is folded into the done-set returned;
+    then the row keys stored twice."""
     done = DoneSet(replaceable=replaced_samples(st for st in states if not st.problem))
     keys: Counter[tuple[str, int, int]] = Counter()
     key_part: dict[tuple[str, int, int], str] = {}
@@ -202,25 +209,11 @@ def _check(rd: RunDir, *, check_plan: bool) -> tuple[VerifyReport, Findings]:
     for st in states:
         if st.problem:
             kind = "part_missing" if st.problem == "missing" else "part_damaged"
-            n = f"{st.record.samples} samples" if st.record is not None else "its samples"
-            rep.problems.append(Problem(kind, st.part, f"{st.problem} ({n} to request again)"))
+            lost = f"{st.record.samples} samples" if st.record is not None else "its samples"
+            rep.problems.append(Problem(kind, st.part, f"{st.problem} ({lost} to request again)"))
             found.bad_parts.append(st)
             continue
-        if st.record_problem:
-            rep.problems.append(
-                Problem(
-                    "record_damaged",
-                    layout.part_record_path(st.stem),
-                    f"{st.record_problem}; its part reads cleanly by itself (footer counts, "
-                    "page checksums): --repair rebuilds the record from it",
-                )
-            )
-        elif st.record is None:
-            rep.missing_records.append(st.part)
-            rep.notes.append(
-                f"{st.part} has no record (written before records existed, or cut off right "
-                "after its rename); its bytes read cleanly: --repair writes one"
-            )
+        _check_record(st, rep)
         schema = _schema_problem(st)
         if schema:
             rep.problems.append(Problem("schema", st.part, schema))
@@ -239,24 +232,30 @@ def _check(rd: RunDir, *, check_plan: bool) -> tuple[VerifyReport, Findings]:
         )
     for (sid, turn, attempt), n in sorted(keys.items()):
         if n > 1:
-            rep.problems.append(
-                Problem(
-                    "duplicate",
-                    key_part[(sid, turn, attempt)],
-                    f"(sample_id, turn, attempt) ({sid!r}, {turn}, {attempt}) is stored {n} times",
-                )
-            )
+            where = key_part[(sid, turn, attempt)]
+            what = f"(sample_id, turn, attempt) ({sid!r}, {turn}, {attempt}) is stored {n} times"
+            rep.problems.append(Problem("duplicate", where, what))
+    return done
 
-    journal: dict[str, SourceCounts] = {}
-    found.journal = _check_journals(rd, rep, journal)
-    planned, why = recorded_plan(rd)  # the counters leave its stale answers out, plan check or not
-    stale = stale_answers(rd, done, planned)
-    if check_plan:
-        _check_plan(rd, rep, planned, why, stale, found)
-    _check_counts(rd, rep, current_counts(done, stale), stale, journal, bool(states))
-    found.checks = _check_checks(rd, rep)
-    _check_for_a_person(rd, rep)
-    return rep, found
+
+def _check_record(st: PartState, rep: VerifyReport) -> None:
+    """An intact part's record: one that does not parse is a problem (``record_damaged``), a
+    missing one a note; both are rebuilt from the part by a repair."""
+    if st.record_problem:
+        rep.problems.append(
+            Problem(
+                "record_damaged",
+                layout.part_record_path(st.stem),
+                f"{st.record_problem}; its part reads cleanly by itself (footer counts, "
+                "page checksums): --repair rebuilds the record from it",
+            )
+        )
+    elif st.record is None:
+        rep.missing_records.append(st.part)
+        rep.notes.append(
+            f"{st.part} has no record (written before records existed, or cut off right "
+            "after its rename); its bytes read cleanly: --repair writes one"
+        )
 
 
 def _check_for_a_person(rd: RunDir, rep: VerifyReport) -> None:
@@ -413,17 +412,17 @@ def _check_counts(
         for held in (per_source, journal):
             have.add(held.get(name) or SourceCounts())
         gone = stale_by_source.get(name) or SourceCounts()
-        for what, counted, held in (
+        for what, counted, holds in (
             ("samples counted done", sp.done if sp else 0, have.done),
             ("flagged samples counted", sp.flagged if sp else 0, have.flagged),
             ("stale answers counted", sp.stale.done if sp else 0, gone.done),
         ):
-            if counted != held:
+            if counted != holds:
                 rep.problems.append(
                     Problem(
                         "counts",
                         layout.PROGRESS,
-                        f"source {name!r}: {counted} {what}, the parts and journal hold {held}",
+                        f"source {name!r}: {counted} {what}, the parts and journal hold {holds}",
                     )
                 )
 

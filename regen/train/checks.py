@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,13 +72,13 @@ def _check_deployment(cfg: TrainConfig) -> None:
         )
 
 
-def text_config(raw: dict[str, Any]) -> dict[str, Any]:
+def text_config(raw: dict[str, object]) -> dict[str, object]:
     """The language-model part of a (possibly multimodal, e.g. K2.5) config.json."""
     inner = raw.get("text_config")
     return inner if isinstance(inner, dict) else raw
 
 
-def read_target_config(path: str) -> dict[str, Any] | None:
+def read_target_config(path: str) -> dict[str, object] | None:
     """The target's config.json (its text part), or None when it is not readable here."""
     f = Path(path) / "config.json"
     try:
@@ -158,7 +159,7 @@ def check_target_files(cfg: TrainConfig) -> None:
         )
 
 
-def check_against_target(cfg: TrainConfig, target: dict[str, Any]) -> None:
+def check_against_target(cfg: TrainConfig, target: Mapping[str, object]) -> None:
     """The config's target numbers must be the target's own (layers, hidden, vocab)."""
     pairs = [
         ("target.num_layers", cfg.target.num_layers, target.get("num_hidden_layers")),

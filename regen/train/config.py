@@ -11,8 +11,9 @@ the language model sits under ``language_model.`` in the checkpoint.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Optional
 
 import yaml
 from pydantic import (
@@ -20,13 +21,17 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 
 from regen.core.errors import ConfigError
-from regen.manifest import read_yaml_file
-from regen.targets import FAMILIES, Family, target_family, valid_name
+from regen.export.settings import ExportSettings
+from regen.manifest import Export, read_yaml_file
+from regen.targets import Family, valid_name
+from regen.targets.decide import decide_family
 
 
 class Strict(BaseModel):
@@ -63,13 +68,10 @@ class TargetSpec(Strict):
     _family = field_validator("family")(valid_name)
 
     def model_family(self) -> Family | None:
-        """The family :attr:`family` names, else the one the target's tokenizer is, else the
-        one family whose published vocabulary has :attr:`vocab_size` ids (None: unknown)."""
-        found = target_family(self.family, self.path)
-        if found is not None or self.family is not None:
-            return found
-        sized = [f for f in FAMILIES.values() if f.published_vocab == self.vocab_size]
-        return sized[0] if len(sized) == 1 else None
+        """The target's family (regen.targets.decide): the one its tokenizer is, which
+        :attr:`family` must not contradict, else :attr:`family`, else the one family whose
+        published vocabulary has :attr:`vocab_size` ids (None: unknown)."""
+        return decide_family(self.family, self.path, vocab_size=self.vocab_size)
 
 
 class DraftSpec(Strict):
@@ -179,43 +181,56 @@ class DeploymentSpec(Strict):
     consumer_state_dir: str | None = None
 
 
-class ExportSpec(Strict):
-    """How the run is exported before training: the run manifest's ``export:`` section (what
-    ``regen export RUN_DIR`` uses), then every field set here. None: the manifest's value."""
+#: the export settings train.yaml's ``export:`` may set: the run manifest's ``export:`` section
+#: and the drop-share limit
+TRAIN_EXPORT_SETTINGS = (*Export.model_fields, "max_drop_share")
+#: ``export.max_drop_share`` of a train.yaml that does not say
+TRAIN_MAX_DROP_SHARE = 0.5
+
+
+def _optional(model: type[BaseModel], names: Iterable[str], **defaults: object) -> dict[str, Any]:
+    """``create_model`` field definitions of ``model``'s fields ``names``, each optional: None
+    (the default, unless ``defaults`` gives another) is not set. A value given is checked as
+    ``model`` checks it (type, bounds, validators)."""
+    fields = {name: model.model_fields[name] for name in names}
+    return {name: (_or_none(info), defaults.get(name)) for name, info in fields.items()}
+
+
+def _or_none(info: FieldInfo) -> object:
+    """The type of the field ``info`` (with its bounds and validators), or None."""
+    kind = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+    return Optional[kind]  # noqa: UP045 (a type built at runtime: `kind | None` is no type to mypy)
+
+
+#: :data:`TRAIN_EXPORT_SETTINGS` of regen.export.ExportSettings, each optional
+ExportOverrides = create_model(
+    "ExportOverrides",
+    __base__=Strict,
+    __doc__="Export settings a train.yaml sets (None: the run's own).",
+    **_optional(ExportSettings, TRAIN_EXPORT_SETTINGS, max_drop_share=TRAIN_MAX_DROP_SHARE),
+)
+
+
+class ExportSpec(ExportOverrides):  # type: ignore[misc,valid-type]  # a model built at runtime
+    """How the run is exported before training: exactly ``regen export RUN_DIR``'s settings
+    (the run manifest's ``export:`` section), then every one this section sets: the fields of
+    regen.manifest.Export (``seed``, ``drop_truncated``, ``drop_flags``, ``shard_rows``,
+    ``max_length``, ``holdout``, ``keep_unproven``; None or left out: the run's own), and
+    ``max_drop_share`` (default 0.5): refuse to train when the export drops more than this share
+    of the rows it could train on (flagged, truncated, too long, no loss tokens; ``regen train
+    --allow-drops`` overrides). A ``holdout`` left out holds out as many as the export being
+    replaced did, so a re-export never trains on the bench's prompts (without one, the run
+    manifest's); a ``max_length`` left out and not in the run manifest is
+    ``training.max_length`` (:meth:`TrainConfig.export_max_length`)."""
 
     #: export directory (None: RUN_DIR/export)
     dir: str | None = None
     #: re-export even when the export directory holds an up-to-date export
     force: bool = False
-    #: shuffle seed of the export
-    seed: int | None = None
-    #: drop turns cut by max_tokens (finish_reason "length")
-    drop_truncated: bool | None = None
-    #: quality flags whose rows are dropped (names, a comma string, default, all, none)
-    drop_flags: list[str] | str | None = None
-    #: rows per shard (0: one shard)
-    shard_rows: int | None = Field(default=None, ge=0)
-    #: drop rows longer than this many tokens (None: the manifest's, else training.max_length)
-    max_length: int | None = Field(default=None, gt=0)
-    #: samples per source held out for `regen bench` (None: as many as the export being
-    #: replaced held out, so a re-export never trains on the bench's prompts; without one,
-    #: the run manifest's export.holdout)
-    holdout: int | None = Field(default=None, ge=0)
-    #: refuse to train when the export drops more than this share of the rows it could train
-    #: on (flagged, truncated, too long, no loss tokens); `regen train --allow-drops` overrides
-    max_drop_share: float = Field(default=0.5, ge=0.0, le=1.0)
 
-    def overrides(self, holdout: int | None = None) -> dict[str, Any]:
-        """The fields this spec sets, as overrides of regen.export.ExportSettings.of_run;
-        ``holdout`` is the previous export's, used when this spec does not say."""
-        return {
-            "seed": self.seed,
-            "drop_truncated": self.drop_truncated,
-            "drop_flags": self.drop_flags,
-            "shard_rows": self.shard_rows,
-            "max_length": self.max_length,
-            "holdout": self.holdout if self.holdout is not None else holdout,
-        }
+    def given(self) -> dict[str, object]:
+        """The export settings this section sets (left out or None: not set)."""
+        return self.model_dump(include=set(TRAIN_EXPORT_SETTINGS), exclude_none=True)
 
 
 class ServingSpec(Strict):
@@ -262,6 +277,12 @@ class TrainConfig(Strict):
     #: serving side of the trained draft
     serving: ServingSpec = Field(default_factory=ServingSpec)
 
+    def export_max_length(self, run: int | None) -> int:
+        """The one rule for the longest row the export a training reads keeps: this config's
+        ``export.max_length``, else the run manifest's (``run``), else ``training.max_length``,
+        the trainer's own limit (a longer row would be cut, and its loss mask with it)."""
+        return self.export.max_length or run or self.training.max_length
+
     @property
     def gpus(self) -> int:
         """GPUs the trainer asks Ray for on its node (one per trainer process)."""
@@ -275,7 +296,7 @@ class TrainConfig(Strict):
 RUN_MANIFEST_KEYS = frozenset({"sources", "sampling", "endpoints", "engine", "dedup"})
 
 
-def parse_train_config(raw: Any, *, source: str = "train config") -> TrainConfig:
+def parse_train_config(raw: object, *, source: str = "train config") -> TrainConfig:
     """Validate a mapping; ConfigError names the first offending field."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level")

@@ -8,11 +8,10 @@ Parquet part newer than its stats), made with other row-deciding settings, or fo
 out as many samples as the export it replaces, else the run manifest's ``export.holdout``, and
 ``holdout.jsonl`` is never a shard) and ``train/``
 (train.yaml, draft_config.json, run.yaml, prompts.jsonl when the export has several shards,
-vocab_mapping.pt + vocab_mapping.json (regen.train.vocab), tokenizer.json (regen.train.target),
+vocab_mapping.pt + vocab_mapping.json (regen.train.vocab), run_tokenizer.json (regen.train.target),
 specforge_plan.json, command.json, job.json, preflight.json written ON THE CLUSTER by
 regen.train.preflight, control/attempt-NNN/ for SpecForge: a fresh one per launch once
-SpecForge has written into the last). The names below are the layout's, under the names the training
-modules use.
+SpecForge has written into the last).
 """
 
 from __future__ import annotations
@@ -33,20 +32,6 @@ from regen.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
-TRAIN_DIR = L.TRAIN_DIR
-TRAIN_YAML = L.TRAIN_YAML
-DRAFT_CONFIG = L.DRAFT_CONFIG
-RUN_YAML = L.RUN_YAML
-PROMPTS = L.PROMPTS
-COMMAND = L.COMMAND
-JOB = L.JOB
-PREFLIGHT = L.PREFLIGHT
-CONTROL_DIR = L.CONTROL_DIR
-VOCAB_MAPPING = L.VOCAB_MAPPING
-SPECFORGE_PLAN = L.SPECFORGE_PLAN
-EXPORT_DIR = L.EXPORT_DIR
-EXPORT_STATS = L.EXPORT_STATS
-
 
 def open_local(run_dir: RunDir | str | Path) -> RunDir:
     """Open a run directory the training cluster can read by path (the entry points' one
@@ -64,7 +49,7 @@ def open_local(run_dir: RunDir | str | Path) -> RunDir:
 def control_dir(rd: RunDir) -> str:
     """SpecForge's control directory for this launch: the last attempt's while SpecForge has
     written nothing into it, else a new one (its planner refuses a used consumer database)."""
-    base = Path(rd.path(CONTROL_DIR))
+    base = Path(rd.path(L.CONTROL_DIR))
     attempts = sorted(base.glob(L.CONTROL_ATTEMPT_GLOB)) if base.is_dir() else []
     if attempts and not any(attempts[-1].iterdir()):
         return str(attempts[-1])
@@ -72,7 +57,7 @@ def control_dir(rd: RunDir) -> str:
 
 
 def export_dir(rd: RunDir, cfg: TrainConfig) -> Path:
-    return Path(cfg.export.dir) if cfg.export.dir else Path(rd.path(EXPORT_DIR))
+    return Path(cfg.export.dir) if cfg.export.dir else Path(rd.path(L.EXPORT_DIR))
 
 
 def export_shards(out: Path) -> list[Path]:
@@ -91,7 +76,7 @@ def export_is_stale(rd: RunDir, out: Path) -> bool:
                   if not p.name.startswith(L.TMP_PREFIX)), default=None)  # fmt: skip
     if newest is None:
         return False
-    stats = out / EXPORT_STATS
+    stats = out / L.EXPORT_STATS
     return not stats.exists() or newest > stats.stat().st_mtime
 
 
@@ -126,17 +111,17 @@ class TrainExport:
 def export_options(
     rd: RunDir, cfg: TrainConfig, previous: ExportStats | None, manifest: Manifest | None = None
 ) -> ExportSettings:
-    """The settings of ``regen export RUN_DIR`` (the manifest's export section) with the
-    train config's overrides, as a pretokenized export; rows longer than
-    ``training.max_length`` are dropped when neither sets a ``max_length``. ``previous``: the
-    stats of the export being replaced (its holdout is kept); ``manifest``: the run's, when
-    the caller has read it."""
+    """The settings of ``regen export RUN_DIR`` (the manifest's export section) with those the
+    train config sets (regen.train.config.ExportSpec), as a pretokenized export: its holdout,
+    unless the config says, the one of the export being replaced (``previous``, its stats), and
+    its max_length :meth:`TrainConfig.export_max_length`'s. ``manifest``: the run's, when the
+    caller has read it."""
     base = ExportSettings.of_run(rd, manifest)
-    overrides = cfg.export.overrides(default_holdout(base, previous))
-    settings = base.overridden(**overrides)
-    if settings.max_length is None:
-        settings = settings.model_copy(update={"max_length": cfg.training.max_length})
-    return settings
+    return base.overridden(**{
+        "holdout": default_holdout(base, previous),
+        **cfg.export.given(),
+        "max_length": cfg.export_max_length(base.max_length),
+    })  # fmt: skip
 
 
 def ensure_export(
@@ -180,13 +165,13 @@ def prompts_file(rd: RunDir, shards: list[Path]) -> Path:
     """One JSONL file for SpecForge's data.prompts_path (it takes exactly one)."""
     if len(shards) == 1:
         return shards[0]
-    with rd.atomic_writer(PROMPTS) as w:
+    with rd.atomic_writer(L.PROMPTS) as w:
         for shard in shards:
             with shard.open("rb") as r:
                 shutil.copyfileobj(r, w)
             if shard.stat().st_size and not _ends_with_newline(shard):
                 w.write(b"\n")
-    return Path(rd.path(PROMPTS))
+    return Path(rd.path(L.PROMPTS))
 
 
 def _ends_with_newline(path: Path) -> bool:

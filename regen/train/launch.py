@@ -20,9 +20,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from regen.core.errors import ConfigError, EndpointError
+from regen.manifest import Manifest
 from regen.store import RunDir
 from regen.store import layout as store_layout
 from regen.store.verify import refuse_damaged
@@ -39,12 +40,16 @@ from regen.train.specforge_config import (
 )
 from regen.train.target import (
     check_run_against_target,
+    check_same_family,
     run_manifest,
     run_tokenizer,
     target_tokenizer,
 )
 from regen.train.traps import PromptScan, check_loss_masks, check_vocab, scan_prompts
 from regen.train.vocab import write_vocab_mapping
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobSubmissionClient
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +86,7 @@ class TrainPlan:
     #: the run's tokenizer facts, checked against the target (None: not loadable here)
     tokenizer: store_layout.TokenizerRecord | None
     #: Ray runtime_env of the job (e.g. {"working_dir": "."} to ship regen's code)
-    runtime_env: dict[str, Any] | None = None
+    runtime_env: dict[str, object] | None = None
 
     @property
     def run_dir(self) -> str:
@@ -152,8 +157,37 @@ def prepare_training(
     manifest = run_manifest(rd)
     tokenizer = run_tokenizer(manifest)
     check_run_against_target(tokenizer, target_tokenizer(cfg), cfg)
+    check_same_family(cfg, manifest)
+    export, prompts, scan = _training_data(rd, cfg, manifest, allow_drops=o.allow_drops)
+    files = _write_run_files(rd, cfg, aux, tokenizer, prompts)
+    command = _write_command(
+        rd, files.run_yaml, prompts, o.gpus if o.gpus is not None else cfg.gpus, o
+    )
+    return TrainPlan(
+        rd=rd,
+        config=cfg,
+        run_yaml=files.run_yaml,
+        draft_config=files.draft_config,
+        prompts_path=prompts,
+        argv=command.argv,
+        exec_argv=command.exec_argv,
+        entrypoint=command.entrypoint,
+        gpus=command.gpus,
+        scan=scan,
+        export=export,
+        vocab=files.vocab,
+        specforge_plan=files.specforge_plan,
+        tokenizer=tokenizer,
+        runtime_env={"working_dir": o.working_dir} if o.working_dir else None,
+    )
 
-    export = data.ensure_export(rd, cfg, manifest, allow_drops=o.allow_drops)
+
+def _training_data(
+    rd: RunDir, cfg: TrainConfig, manifest: Manifest | None, *, allow_drops: bool
+) -> tuple[data.TrainExport, Path, PromptScan]:
+    """The export (made when needed), the one prompts file SpecForge reads, and its scan,
+    checked: every row has loss tokens, every id fits the target's and the draft's vocab."""
+    export = data.ensure_export(rd, cfg, manifest, allow_drops=allow_drops)
     prompts = data.prompts_file(rd, export.shards)
     scan = scan_prompts([prompts], turn_open_ids(cfg))
     check_loss_masks(scan)
@@ -163,19 +197,41 @@ def prepare_training(
         draft_vocab_size=cfg.draft.draft_vocab_size,
         max_token_id=scan.max_token_id,
     )
+    return export, prompts, scan
 
-    rd.makedirs(data.TRAIN_DIR)
-    rd.write_text_atomic(data.TRAIN_YAML, cfg.to_yaml())
+
+@dataclass(slots=True, frozen=True)
+class _RunFiles:
+    """What :func:`_write_run_files` wrote under train/."""
+
+    draft_config: Path
+    run_yaml: Path
+    vocab: store_layout.VocabMappingRecord
+    specforge_plan: store_layout.SpecForgePlanRecord | None
+
+
+def _write_run_files(
+    rd: RunDir,
+    cfg: TrainConfig,
+    aux: list[int],
+    tokenizer: store_layout.TokenizerRecord | None,
+    prompts: Path,
+) -> _RunFiles:
+    """train/: the config as checked, the run's tokenizer facts (an earlier launch's removed
+    when there are none), the draft config, the vocab mapping and SpecForge's run.yaml, planned
+    by SpecForge where it is importable."""
+    rd.makedirs(store_layout.TRAIN_DIR)
+    rd.write_text_atomic(store_layout.TRAIN_YAML, cfg.to_yaml())
     if tokenizer is not None:
         store_layout.TOKENIZER_FILE.write(rd, tokenizer)
     elif store_layout.TOKENIZER_FILE.exists(rd):  # an earlier launch's: not this run's facts
         rd.delete(store_layout.TOKENIZER_RECORD)
-    draft_path = Path(rd.path(data.DRAFT_CONFIG))
-    rd.write_json_atomic(data.DRAFT_CONFIG, draft_config(cfg, aux))
+    draft_path = Path(rd.path(store_layout.DRAFT_CONFIG))
+    rd.write_json_atomic(store_layout.DRAFT_CONFIG, draft_config(cfg, aux))
     vocab = write_vocab_mapping(
         rd, prompts, draft_vocab_size=cfg.draft.draft_vocab_size, vocab_size=cfg.draft.vocab_size
     )
-    run_yaml = Path(rd.path(data.RUN_YAML))
+    run_yaml = Path(rd.path(store_layout.RUN_YAML))
     run = run_config(
         cfg,
         aux_ids_specforge=aux,
@@ -193,40 +249,26 @@ def prepare_training(
         store_layout.SPECFORGE_PLAN_FILE.write(rd, plan)
     else:
         log.warning("SpecForge is not importable here; %s is planned on the cluster", run_yaml)
+    return _RunFiles(draft_path, run_yaml, vocab, plan)
 
+
+def _write_command(
+    rd: RunDir, run_yaml: Path, prompts: Path, gpus: int, o: LaunchOptions
+) -> store_layout.CommandRecord:
+    """train/command.json: the trainer's argv, the same behind the launcher, and the Ray job's
+    entrypoint (the preflight, run with ``o.python``)."""
     argv = specforge_argv(run_yaml)
-    exec_argv = [*_launcher(o.launcher), *argv]
     py = o.python or os.environ.get(PYTHON_ENV, "python")
-    entrypoint = shlex.join([py, "-m", "regen.train.preflight", "--run-dir", rd.root])
-    n_gpus = o.gpus if o.gpus is not None else cfg.gpus
-    store_layout.COMMAND_FILE.write(
-        rd,
-        store_layout.CommandRecord(
-            argv=argv,
-            exec_argv=exec_argv,
-            entrypoint=entrypoint,
-            gpus=n_gpus,
-            run_yaml=str(run_yaml),
-            prompts_path=str(prompts),
-        ),
-    )
-    return TrainPlan(
-        rd=rd,
-        config=cfg,
-        run_yaml=run_yaml,
-        draft_config=draft_path,
-        prompts_path=prompts,
+    command = store_layout.CommandRecord(
         argv=argv,
-        exec_argv=exec_argv,
-        entrypoint=entrypoint,
-        gpus=n_gpus,
-        scan=scan,
-        export=export,
-        vocab=vocab,
-        specforge_plan=plan,
-        tokenizer=tokenizer,
-        runtime_env={"working_dir": o.working_dir} if o.working_dir else None,
+        exec_argv=[*_launcher(o.launcher), *argv],
+        entrypoint=shlex.join([py, "-m", "regen.train.preflight", "--run-dir", rd.root]),
+        gpus=gpus,
+        run_yaml=str(run_yaml),
+        prompts_path=str(prompts),
     )
+    store_layout.COMMAND_FILE.write(rd, command)
+    return command
 
 
 def resolve_address(address: str | None) -> str:
@@ -234,7 +276,7 @@ def resolve_address(address: str | None) -> str:
     return address or os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS
 
 
-def _client(address: str | None) -> Any:
+def _client(address: str | None) -> JobSubmissionClient:
     from ray.job_submission import JobSubmissionClient
 
     addr = resolve_address(address)
@@ -255,7 +297,7 @@ def _record_state(rd: RunDir, state: str, message: str | None = None) -> store_l
     return job
 
 
-def _job_exists(client: Any, submission_id: str) -> bool:
+def _job_exists(client: JobSubmissionClient, submission_id: str) -> bool:
     try:
         client.get_job_info(submission_id)
     except Exception:  # the client raises RuntimeError for an unknown id

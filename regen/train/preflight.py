@@ -30,13 +30,12 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Any
 
 from regen.client.server_info import fetch_server_info
 from regen.core.errors import ConfigError, EndpointError, RegenError, TrapError
 from regen.store import RunDir
 from regen.store import layout as store_layout
-from regen.train import data, traps
+from regen.train import traps
 from regen.train.checks import check_target_files, check_train_config, turn_open_ids
 from regen.train.config import load_train_config
 from regen.train.specforge_config import plan_with_specforge
@@ -49,7 +48,7 @@ log = logging.getLogger(__name__)
 CHUNK_ROWS = 2000
 
 
-def prompt_tasks(path: str | os.PathLike[str], *, max_length: int) -> list[Any]:
+def prompt_tasks(path: str | os.PathLike[str], *, max_length: int) -> list[object]:
     """SpecForge's own prompt builder over a pre-tokenized prompts file (``input_ids`` +
     ``loss_mask`` rows, every turn trained): the tasks its producer would train on."""
     from specforge.data.prompt_builder import prepare_prompt_tasks
@@ -122,22 +121,22 @@ def check_capture_servers(urls: list[str], *, timeout: float = 5.0) -> None:
             )
 
 
-def preflight(run_dir: str) -> dict[str, Any]:
+def preflight(run_dir: str) -> store_layout.PreflightRecord:
     """Every check; returns the preflight record (raises RegenError on a failed check)."""
     rd = RunDir.open(run_dir, create=False)
-    command = rd.read_json(data.COMMAND)
+    command = store_layout.COMMAND_FILE.read(rd)
     if command is None:
-        raise ConfigError(f"{rd.uri}: {data.COMMAND} is missing; launch with `regen train`")
+        raise ConfigError(f"{rd.uri}: {store_layout.COMMAND} is missing; launch with `regen train`")
     try:
         from specforge.config import load_config
     except ImportError as e:
         raise ConfigError(f"SpecForge is not installed on this node: {e}") from None
-    run_yaml = command["run_yaml"]
+    run_yaml = command.run_yaml
     plan = plan_with_specforge(run_yaml, where="cluster")
     store_layout.SPECFORGE_PLAN_FILE.write(rd, plan)
     run_cfg = load_config(run_yaml)
 
-    cfg = load_train_config(rd.path(data.TRAIN_YAML))
+    cfg = load_train_config(rd.path(store_layout.TRAIN_YAML))
     check_train_config(cfg)
     check_target_files(cfg)
     check_run_against_target(store_layout.TOKENIZER_FILE.read(rd), target_tokenizer(cfg), cfg)
@@ -165,27 +164,26 @@ def preflight(run_dir: str) -> dict[str, Any]:
     if prepared < scan.rows:
         log.warning("SpecForge keeps %d of %d rows (answers past max_length %d are cut)",
                     prepared, scan.rows, run_cfg.data.max_length)  # fmt: skip
-    return {
-        "ok": True,
-        "host": socket.gethostname(),
-        "at": time.time(),
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "rows": scan.rows,
-        "prepared": prepared,
-        "loss_tokens": scan.loss_tokens,
-        "run_yaml": run_yaml,
-        "specforge_plan": {"kind": plan.kind, "role": plan.role},
-        "argv": command["argv"],
-        "exec_argv": command["exec_argv"],
-    }
+    return store_layout.PreflightRecord(
+        ok=True,
+        host=socket.gethostname(),
+        at=time.time(),
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        rows=scan.rows,
+        prepared=prepared,
+        loss_tokens=scan.loss_tokens,
+        run_yaml=run_yaml,
+        specforge_plan={"kind": plan.kind, "role": plan.role},
+        argv=command.argv,
+        exec_argv=command.exec_argv,
+    )
 
 
 def _record_failure(rd: RunDir, error: str, trap: str | None) -> None:
-    rd.write_json_atomic(
-        data.PREFLIGHT,
-        {"ok": False, "host": socket.gethostname(), "at": time.time(), "error": error,
-         "trap": trap},
-    )  # fmt: skip
+    record = store_layout.PreflightRecord(
+        ok=False, host=socket.gethostname(), at=time.time(), error=error, trap=trap
+    )
+    store_layout.PREFLIGHT_FILE.write(rd, record)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,9 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         log.exception("preflight crashed")
         _record_failure(rd, f"unexpected {type(e).__name__}: {e}", None)
         return 2
-    rd.write_json_atomic(data.PREFLIGHT, record)
-    exec_argv = record["exec_argv"]
-    log.info("preflight ok (%d rows); exec %s", record["rows"], json.dumps(exec_argv))
+    store_layout.PREFLIGHT_FILE.write(rd, record)
+    exec_argv = record.exec_argv
+    log.info("preflight ok (%d rows); exec %s", record.rows, json.dumps(exec_argv))
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvp(exec_argv[0], exec_argv)

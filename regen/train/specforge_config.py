@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +41,10 @@ DRAFT_ARCHITECTURE = "LlamaForCausalLMEagle3"
 STRATEGY = "eagle3"
 
 
-def draft_config(cfg: TrainConfig, aux_ids_specforge: list[int]) -> dict[str, Any]:
+def draft_config(cfg: TrainConfig, aux_ids_specforge: list[int]) -> dict[str, object]:
     """The draft's config.json as SpecForge's EAGLE-3 model reads it."""
     d = cfg.draft
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "architectures": [DRAFT_ARCHITECTURE],
         "model_type": "llama",
         "hidden_size": d.hidden_size,
@@ -83,7 +84,7 @@ def run_config(
 ) -> dict[str, Any]:
     """The SpecForge run config as a plain mapping (written as run.yaml)."""
     t, dep = cfg.training, cfg.deployment
-    training: dict[str, Any] = {
+    training: dict[str, object] = {
         "strategy": STRATEGY,
         "num_epochs": t.epochs,
         "batch_size": t.batch_size,
@@ -99,10 +100,10 @@ def run_config(
     }
     if t.max_steps is not None:
         training["max_steps"] = t.max_steps
-    trainer: dict[str, Any] = {"nnodes": dep.nnodes, "nproc_per_node": dep.nproc_per_node}
+    trainer: dict[str, object] = {"nnodes": dep.nnodes, "nproc_per_node": dep.nproc_per_node}
     if dep.master_addr:
         trainer["master_addr"] = dep.master_addr
-    disagg: dict[str, Any] = {
+    disagg: dict[str, object] = {
         "control_dir": control_dir,
         "backend": "mooncake",
         "server_urls": list(cfg.capture.server_urls),
@@ -177,7 +178,7 @@ def check_run_config_shape(run: dict[str, Any]) -> None:
         raise ConfigError("run config model.vocab_mapping_path must name the draft's mapping")
 
 
-def write_yaml(path: Path, obj: dict[str, Any]) -> None:
+def write_yaml(path: Path, obj: Mapping[str, object]) -> None:
     tmp = path.with_name(f".tmp-{path.name}")
     tmp.write_text(yaml.safe_dump(obj, sort_keys=False), encoding="utf-8")
     tmp.replace(path)

@@ -35,6 +35,7 @@ from regen.store import layout as L
 from regen.store.layout import TokenizerRecord
 from regen.store.run import read_manifest
 from regen.targets import Family
+from regen.targets.decide import agree
 from regen.train import traps
 from regen.train.checks import load_tokenizer
 from regen.train.config import TrainConfig
@@ -42,11 +43,11 @@ from regen.train.config import TrainConfig
 log = logging.getLogger(__name__)
 
 #: the conversation both templates render for the comparison
-PROBE_MESSAGES: list[dict[str, Any]] = [
+PROBE_MESSAGES: list[dict[str, object]] = [
     {"role": "system", "content": "You are a careful assistant."},
     {"role": "user", "content": "What is 2 + 2? Use the tool if you like."},
 ]
-PROBE_TOOLS: list[dict[str, Any]] = [
+PROBE_TOOLS: list[dict[str, object]] = [
     {
         "type": "function",
         "function": {
@@ -137,6 +138,17 @@ def run_tokenizer(manifest: Manifest | None) -> TokenizerRecord | None:
         log.warning("the run's tokenizer %s is not loadable here: not checked against the "
                     "target", path)  # fmt: skip
     return record
+
+
+def check_same_family(cfg: TrainConfig, manifest: Manifest | None) -> None:
+    """The run (its manifest, from :func:`run_manifest`) and train.yaml's target are one family
+    (regen.targets.decide.agree: a ConfigError naming both when each names one and they
+    differ)."""
+    if manifest is not None:
+        agree(
+            ("train.yaml's target", cfg.target.model_family()),
+            (f"the run's target {manifest.target.model}", manifest.family()),
+        )
 
 
 def check_run_against_target(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
+import typing
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -322,6 +324,48 @@ def test_cli_uses_manifest_defaults_and_reports_errors(run_dir: Path, tmp_path: 
     assert main(["export", str(tmp_path / "missing"), "--out", str(tmp_path / "o2")]) == 2
 
 
+def test_each_flag_of_regen_export_is_a_setting_by_its_name(run_dir: Path, tmp_path: Path) -> None:
+    """The CLI hands the flags given to the settings by their names (no second list): every
+    flag's dest is a field of ExportSettings, and each flag given decides its setting."""
+    from regen.cli.export import add_arguments
+    from regen.cli.main import main
+    from regen.store.layout import ExportFormat
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    dests = {a.dest for a in parser._actions} - {"help", "run_dir", "out"}
+    assert dests <= set(ExportSettings.model_fields), dests - set(ExportSettings.model_fields)
+    fmt = next(a for a in parser._actions if a.dest == "format")
+    assert tuple(fmt.choices) == typing.get_args(ExportFormat)
+    flags = ["--seed", "9", "--shard-rows", "0", "--max-length", "4000", "--holdout", "0",
+             "--drop-flags", "repetition", "--keep-unproven", "--keep-truncated",
+             "--format", "conversations"]  # fmt: skip
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "o"), *flags]) == 0
+    stats = json.loads((tmp_path / "o" / "stats.json").read_text())
+    want = {"seed": 9, "shard_rows": 0, "max_length": 4000, "holdout": 0,
+            "drop_flags": ["repetition"], "keep_unproven": True, "drop_truncated": False,
+            "format": "conversations"}  # fmt: skip
+    assert {k: stats[k] for k in want} == want
+
+
+def test_stats_json_records_the_settings_in_its_key_order(run_dir: Path, tmp_path: Path) -> None:
+    """stats.json records every setting of layout.ExportChoices as the export ran with it,
+    its keys in layout.EXPORT_STATS_KEYS' order (the file's order since it was made), a
+    key of another version's after them; one without drop_flags was made before flags."""
+    settings = ExportSettings.build(seed=2, shard_rows=0, holdout=1, setting=None)
+    stats = export_run(RunDir.open(run_dir, create=False), str(tmp_path / "o"), settings)
+    saved = json.loads((tmp_path / "o" / "stats.json").read_text())
+    assert list(saved) == list(layout.EXPORT_STATS_KEYS)
+    assert set(layout.EXPORT_STATS_KEYS) == set(layout.ExportStats.model_fields)
+    for name in layout.ExportChoices.model_fields:
+        assert saved[name] == getattr(settings, name), name
+    saved["future_key"] = 1
+    del saved["drop_flags"]
+    again = layout.EXPORT_STATS_FILE.parse(json.dumps(saved).encode())
+    assert again.drop_flags == [] and list(json.loads(layout.dump_json(again)))[-1] == "future_key"
+    assert stats.rows_written == saved["rows_written"]
+
+
 def test_stats_count_every_token_check(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Local-row count checks and render flags land in stats.json and the CLI's warning."""
     from regen.cli.main import main
@@ -562,8 +606,14 @@ def test_train_uses_the_shards_only_and_a_re_export_keeps_the_holdout(
     holdout_run: Path, tmp_path: Path
 ) -> None:
     from regen.store import RunDir
-    from regen.train.config import ExportSpec
-    from regen.train.data import default_holdout, export_is_stale, export_shards, read_export_stats
+    from regen.train.config import ExportSpec, load_train_config
+    from regen.train.data import (
+        default_holdout,
+        export_is_stale,
+        export_options,
+        export_shards,
+        read_export_stats,
+    )
 
     def holdout_of(rd: RunDir, out: Path) -> int:
         return default_holdout(ExportSettings.of_run(rd), read_export_stats(out))
@@ -579,8 +629,10 @@ def test_train_uses_the_shards_only_and_a_re_export_keeps_the_holdout(
     assert not export_is_stale(rd, out)
     assert holdout_of(rd, out) == 3  # what the export being replaced held out
     # regen train's re-export: that holdout unless the train config says
-    assert ExportSpec().overrides(holdout_of(rd, out))["holdout"] == 3
-    assert ExportSpec(holdout=0).overrides(3)["holdout"] == 0
+    cfg = load_train_config(REPO / "manifests" / "demo-train.yaml")  # export.holdout unset
+    assert export_options(rd, cfg, read_export_stats(out)).holdout == 3
+    told = cfg.model_copy(update={"export": ExportSpec(holdout=0)})
+    assert export_options(rd, told, read_export_stats(out)).holdout == 0
     (out / layout.EXPORT_STATS).write_text("{broken")
     assert holdout_of(rd, out) == 2
     bare = RunDir.open(str(tmp_path / "bare"), create=True)

@@ -24,12 +24,10 @@ from hypothesis import strategies as st
 
 from benchmarks.fuzz import json_paths
 from regen.core.sample import Rejection, Sample, normalized_message
-from regen.manifest import Dedup, Source, parse_manifest
-from regen.sources.adapters import NATIVE_ADAPTERS, PARSERS, adapt_row
+from regen.manifest import ADAPTERS, NATIVE_ADAPTERS, Dedup, Source, parse_manifest
+from regen.sources.adapters import adapt_row
 from regen.sources.neardup import NearDuplicates, near_text
 from regen.sources.reader import RawRow
-
-ADAPTERS = sorted(PARSERS) + sorted(NATIVE_ADAPTERS)
 
 
 def _sources() -> dict[str, Source]:

@@ -73,3 +73,38 @@ def test_a_run_manifest_given_as_the_train_config_is_named_so(capsys) -> None:
     assert main(["train", str(demo.parent), "--config", str(demo), "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert f"{demo} is a run manifest (regen run's" in " ".join(err.split())
+
+
+def test_train_yaml_export_is_the_export_settings_each_optional() -> None:
+    """train.yaml's ``export:`` is regen.export.ExportSettings' fields (the manifest's section
+    and the drop-share limit), each optional, checked as the run manifest checks them."""
+    from regen.export import ExportSettings
+    from regen.manifest import Export
+    from regen.train.config import TRAIN_EXPORT_SETTINGS, ExportSpec
+
+    assert set(TRAIN_EXPORT_SETTINGS) == {*Export.model_fields, "max_drop_share"}
+    assert set(ExportSpec.model_fields) == {*TRAIN_EXPORT_SETTINGS, "dir", "force"}
+    assert ExportSpec().given() == {"max_drop_share": 0.5}  # the rest: the run's own
+    told = ExportSpec(seed=3, drop_flags="refusal,repetition", holdout=None, keep_unproven=True)
+    assert told.given() == {
+        "seed": 3, "drop_flags": ["repetition", "refusal"], "keep_unproven": True,
+        "max_drop_share": 0.5,
+    }  # fmt: skip
+    ExportSettings.build(**told.given())  # what it sets, the export takes
+    for bad in ({"shard_rows": -1}, {"max_length": 0}, {"drop_flags": "nope"},
+                {"max_drop_share": 2}, {"format": "conversations"}):  # fmt: skip
+        with pytest.raises(ConfigError) as e:
+            parse_train_config(kimi_config(export=bad))
+        assert e.value.field == f"export.{next(iter(bad))}"
+    for path in sorted((REPO / "manifests").glob("*train*.yaml")):
+        cfg = load_train_config(path)
+        assert "max_length" not in cfg.export.given() and "holdout" not in cfg.export.given()
+
+
+def test_one_rule_for_the_longest_row_a_training_export_keeps() -> None:
+    """train.yaml's export.max_length, else the run manifest's, else training.max_length."""
+    cfg = parse_train_config(kimi_config(training={"max_length": 4096}))
+    assert cfg.export_max_length(None) == 4096
+    assert cfg.export_max_length(1000) == 1000
+    told = parse_train_config(kimi_config(training={"max_length": 4096}, export={"max_length": 99}))
+    assert told.export_max_length(1000) == 99 and told.export_max_length(None) == 99

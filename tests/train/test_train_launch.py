@@ -71,8 +71,8 @@ def test_preflight_runs_specforge_prompt_builder(run_dir: Path, write_train_yaml
         LaunchOptions(launcher="echo", python=sys.executable),
     )
     record = preflight(str(run_dir))
-    assert record["ok"] and record["rows"] == 6 and record["prepared"] == 6
-    assert record["exec_argv"][0] == "echo"
+    assert record.ok and record.rows == 6 and record.prepared == 6
+    assert record.exec_argv[0] == "echo"
     prompts = str(run_dir / "train" / "prompts.jsonl")
     assert count_prepared(prompts, max_length=4096, chunk_rows=4) == 6  # two chunks
     # rows whose answer lies past max_length are dropped by SpecForge, not by us
@@ -81,8 +81,8 @@ def test_preflight_runs_specforge_prompt_builder(run_dir: Path, write_train_yaml
 
 def test_preflight_refuses_a_config_changed_after_launch(run_dir: Path, write_train_yaml):
     prepare_training(data.open_local(run_dir), write_train_yaml())
-    (run_dir / data.TRAIN_YAML).write_text(
-        (run_dir / data.TRAIN_YAML).read_text().replace("EAGLE3", "EAGLE")
+    (run_dir / layout.TRAIN_YAML).write_text(
+        (run_dir / layout.TRAIN_YAML).read_text().replace("EAGLE3", "EAGLE")
     )
     with pytest.raises(TrapError) as ei:
         preflight(str(run_dir))
@@ -204,7 +204,7 @@ def test_submission_retries_a_refusal_without_sleeping(
     sid = launch.submit_training(plan, sleep=slept.append)
     assert fake.calls == calls and sid in fake.jobs
     assert slept == [0.5, 1.0][: calls - 1]
-    job = json.loads((run_dir / data.JOB).read_text())
+    job = json.loads((run_dir / layout.JOB).read_text())
     assert job["submission_id"] == sid and job["entrypoint_num_gpus"] == 8
     assert job["state"] == "PENDING"
 
@@ -218,7 +218,7 @@ def test_submission_gives_up_with_a_config_error(monkeypatch, run_dir: Path, wri
     plan = prepare_training(data.open_local(run_dir), write_train_yaml())
     with pytest.raises(ConfigError, match="after 3 attempts"):
         launch.submit_training(plan, attempts=3, sleep=lambda s: None)
-    assert fake.calls == 3 and not (run_dir / data.JOB).exists()
+    assert fake.calls == 3 and not (run_dir / layout.JOB).exists()
 
 
 class _StatusClient:
@@ -248,13 +248,13 @@ def test_follow_records_each_state_change_once_and_survives_a_glitch(monkeypatch
     script = ["PENDING", "RUNNING", ConnectionError("reset"), "RUNNING", "SUCCEEDED"]
     monkeypatch.setattr(launch, "_client", lambda address: _StatusClient(script))
     (run_dir / "train").mkdir()
-    (run_dir / data.JOB).write_text(json.dumps({"state": "PENDING", "history": []}))
+    (run_dir / layout.JOB).write_text(json.dumps({"state": "PENDING", "history": []}))
     slept: list[float] = []
     state, message, seen = launch.follow_job(
         data.open_local(run_dir), "sid", poll_s=7, sleep=slept.append
     )
     assert (state, seen) == ("SUCCEEDED", ["PENDING", "RUNNING", "SUCCEEDED"])
     assert message == "Job finished successfully." and slept == [7, 7, 7, 7]
-    job = json.loads((run_dir / data.JOB).read_text())
+    job = json.loads((run_dir / layout.JOB).read_text())
     assert [h["state"] for h in job["history"]] == ["RUNNING", "SUCCEEDED"]
     assert job["state"] == "SUCCEEDED"

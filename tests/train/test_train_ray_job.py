@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from train_fixtures import kimi_row
 
+from regen.store import layout
 from regen.train import data
 from regen.train.launch import (
     LaunchOptions,
@@ -50,18 +51,18 @@ def test_job_runs_preflight_on_cluster_then_the_exact_specforge_argv(
     assert result.state == "SUCCEEDED", _logs(address, result.submission_id)
     assert states[-1] == "SUCCEEDED"
 
-    job = json.loads((run_dir / data.JOB).read_text())
+    job = json.loads((run_dir / layout.JOB).read_text())
     assert job["submission_id"] == result.submission_id
     assert job["state"] == "SUCCEEDED" and job["entrypoint_num_gpus"] == 8
     assert [h["state"] for h in job["history"]][-1] == "SUCCEEDED"
 
-    pre = json.loads((run_dir / data.PREFLIGHT).read_text())
+    pre = json.loads((run_dir / layout.PREFLIGHT).read_text())
     assert pre["ok"] and pre["rows"] == 6 and pre["prepared"] == 6
     assert pre["argv"] == expected and pre["exec_argv"] == ["echo", "LAUNCH", *expected]
     # Ray granted the 8 GPUs the job asked for
     assert len(pre["cuda_visible_devices"].split(",")) == 8
     # SpecForge's own planner ran again in the job, where the trainer starts
-    plan = json.loads((run_dir / data.SPECFORGE_PLAN).read_text())
+    plan = json.loads((run_dir / layout.SPECFORGE_PLAN).read_text())
     assert plan["where"] == "cluster" and pre["specforge_plan"] == {
         "kind": "supervisor",
         "role": "both",
@@ -88,7 +89,7 @@ def test_cluster_preflight_refuses_data_changed_after_submit(
         data.open_local(run_dir), sid, address=address, poll_s=0.5, timeout_s=180
     )
     assert state == "FAILED"
-    pre = json.loads((run_dir / data.PREFLIGHT).read_text())
+    pre = json.loads((run_dir / layout.PREFLIGHT).read_text())
     assert pre["ok"] is False and pre["trap"] == "empty-loss-mask"
-    assert json.loads((run_dir / data.JOB).read_text())["state"] == "FAILED"
+    assert json.loads((run_dir / layout.JOB).read_text())["state"] == "FAILED"
     assert "LAUNCH specforge" not in _logs(address, sid)

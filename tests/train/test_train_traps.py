@@ -263,24 +263,26 @@ def test_turn_open_ids_from_tokenizer_kimi_vocab_or_none(tmp_path: Path) -> None
 
 
 def test_preflight_records_unexpected_failures(tmp_path: Path, monkeypatch) -> None:
-    from regen.train import data, preflight
+    from regen.store import layout
+    from regen.train import preflight
 
     def boom(run_dir: str) -> dict:
         raise KeyError("exec_argv")
 
     monkeypatch.setattr(preflight, "preflight", boom)
     assert preflight.main(["--run-dir", str(tmp_path)]) == 2
-    rec = json.loads((tmp_path / data.PREFLIGHT).read_text())
+    rec = json.loads((tmp_path / layout.PREFLIGHT).read_text())
     assert rec["ok"] is False and rec["trap"] is None
     assert rec["error"].startswith("unexpected KeyError")
 
 
 def test_preflight_records_malformed_data_as_a_trap(tmp_path: Path, monkeypatch) -> None:
-    from regen.train import data, preflight
+    from regen.store import layout
+    from regen.train import preflight
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{oops\n")
     monkeypatch.setattr(preflight, "preflight", lambda run_dir: traps.scan_prompts([bad]))
     assert preflight.main(["--run-dir", str(tmp_path)]) == 2
-    rec = json.loads((tmp_path / data.PREFLIGHT).read_text())
+    rec = json.loads((tmp_path / layout.PREFLIGHT).read_text())
     assert rec["ok"] is False and rec["trap"] == traps.TRAP_MALFORMED_DATA
