@@ -26,13 +26,16 @@ import os
 import resource
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
-from regen.client import ChatClient
+from regen.client import ChatClient, ResolvedEndpoint, RetryPolicy
+from regen.client.profiles import SGLANG
 from regen.core.sample import Message, Sample
 from regen.devkit.simulate.testing import running_simulator
+from regen.engine.inputs import worker_config
 from regen.engine.worker import SampleWorker
-from regen.manifest import Endpoint, parse_manifest
+from regen.manifest import parse_manifest
 
 MODEL = "bench-target"
 
@@ -79,9 +82,11 @@ def stub_rows(sample: Sample, turns: list[Any]) -> list[dict[str, Any]]:
 
 async def run_path(path: str, url: str, n: int, concurrency: int, tokens: int) -> float:
     m = manifest(url, tokens, cut=path != "nocut")
-    ep = Endpoint(url=url)
+    config = replace(worker_config(m, [ResolvedEndpoint(url=url, profile=SGLANG)]),
+                     concurrency=concurrency)  # fmt: skip
     if path in ("client", "nocut"):
-        client = ChatClient.from_manifest(m, ep)
+        retry = RetryPolicy.of(config.retry)
+        client = ChatClient.of(config.endpoints[0], config.client, retry=retry)
 
         async def make(i: int) -> None:
             r = await client.complete_once([{"role": "user", "content": f"q{i}"}], None,
@@ -94,7 +99,7 @@ async def run_path(path: str, url: str, n: int, concurrency: int, tokens: int) -
         wall = time.perf_counter() - t0
         await client.aclose()
         return wall
-    worker = SampleWorker(m, [ep], concurrency, row_builder=stub_rows, probe=lambda u: None)
+    worker = SampleWorker(config, row_builder=stub_rows, probe=lambda u: None)
 
     async def process(i: int) -> None:
         out = await worker.process(Sample(f"s:{i}", "s", [Message("user", f"q{i}")]))

@@ -79,6 +79,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -126,10 +127,13 @@ def child(args: argparse.Namespace) -> int:
 async def one_worker(m: Any, url: str, samples: list[Any]) -> None:
     """regen's per-actor path without Ray or a driver: one ``SampleWorker`` (router, adaptive
     limits, retries, rows built off the loop) on this process's event loop, fed by 64 lanes."""
+    from regen.client import ResolvedEndpoint
+    from regen.client.profiles import SGLANG
+    from regen.engine.inputs import worker_config
     from regen.engine.worker import SampleWorker
-    from regen.manifest import Endpoint
 
-    worker = SampleWorker(m, [Endpoint(url=url)], SLOTS)
+    config = worker_config(m, [ResolvedEndpoint(url=url, profile=SGLANG)])
+    worker = SampleWorker(replace(config, concurrency=SLOTS))
     it = iter(samples)
 
     async def lane() -> None:
@@ -147,12 +151,10 @@ async def plain_pool(m: Any, url: str, samples: list[Any]) -> None:
     without regen's transport, retries, router or rows."""
     import aiohttp
 
-    from regen.client import ChatClient
     from regen.core.result import TurnResult
     from regen.engine.turns import regenerate
-    from regen.manifest import Endpoint
 
-    bodies = ChatClient.from_manifest(m, Endpoint(url=url))
+    bodies = sglang_client(m, url)
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
 
     async def complete(messages: list[dict[str, Any]], tools: Any) -> TurnResult:
@@ -205,16 +207,23 @@ OPENAI_KWARGS = frozenset(
 Request = Any  # regen.core.sample.Sample | list[dict[str, Any]]
 
 
+def sglang_client(m: Any, url: str) -> Any:
+    """The ChatClient a run of ``m`` makes for an SGLang endpoint at ``url``."""
+    from regen.client import ChatClient, ResolvedEndpoint
+    from regen.client.profiles import SGLANG
+    from regen.engine.inputs import worker_config
+
+    config = worker_config(m, [ResolvedEndpoint(url=url, profile=SGLANG)])
+    return ChatClient.of(config.endpoints[0], config.client)
+
+
 def body_fields(m: Any, url: str) -> dict[str, Any]:
     """The sampling fields of regen's own request body for manifest ``m``
     (``ChatClient.request_body``: temperature, top_p, max_completion_tokens, seed,
     chat_template_kwargs, the server-id switches of ``sampling.token_ids``), without model,
     messages, tools and the stream switch: the ``body`` that makes :func:`openai_pool_cpu` send
     regen's requests."""
-    from regen.client import ChatClient
-    from regen.manifest import Endpoint
-
-    body = ChatClient.from_manifest(m, Endpoint(url=url)).request_body([], None)
+    body = sglang_client(m, url).request_body([], None)
     for key in ("model", "messages", "tools", "stream", "stream_options"):
         body.pop(key, None)
     return body

@@ -84,11 +84,12 @@ def turns_of(run_dir: Path, mode: str) -> tuple[Any, list[tuple[Any, list[tuple]
 
 def child(args: argparse.Namespace) -> int:
     import regen.engine.rows as rows_mod
+    from regen.engine.inputs import render_settings
     from regen.manifest import load_manifest
     from regen.template.render import Renderer
 
     manifest = load_manifest(str(args.run / "manifest.yaml"))
-    renderer = Renderer.from_manifest(manifest)
+    renderer = Renderer.of(render_settings(manifest))
     items = turns_of(args.run, args.mode)
     build_rows = getattr(rows_mod, "build_rows", None)
     t0 = time.process_time()

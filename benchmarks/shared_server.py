@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 from contextlib import ExitStack, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from regen.client import RetryPolicy
@@ -50,6 +50,7 @@ from regen.client.profiles.sglang import identity_of
 from regen.core.sample import Message, Sample
 from regen.devkit.simulate.testing import RunningSimulator, running_simulator
 from regen.engine.adaptive import split
+from regen.engine.inputs import worker_config
 from regen.engine.worker import SampleWorker
 from regen.manifest import Manifest, parse_manifest
 
@@ -184,12 +185,13 @@ def run_arm(name: str, sims: list[RunningSimulator], samples: int, interval_s: f
     for s in sims:
         s.reset_stats()
     m = manifest([s.url for s in sims])
-    infos = [endpoint(s) for s in sims]
+    infos = [endpoint(s).resolved() for s in sims]
+    config = replace(worker_config(m, infos), server_metrics=name == "after")
     workers = [
-        SampleWorker(m, infos, None, row_builder=no_rows, retry=RetryPolicy.from_engine(m.engine),
+        SampleWorker(config, row_builder=no_rows, retry=RetryPolicy.of(config.retry),
                      shares={i.url: split(i.max_running_requests or 1, n_workers, k)
                              for i in infos},
-                     metrics_interval_s=interval_s, server_metrics=name == "after")
+                     metrics_interval_s=interval_s)
         for k in range(n_workers)
     ]  # fmt: skip
     stats, stop = Stats(), threading.Event()

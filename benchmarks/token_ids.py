@@ -25,6 +25,7 @@ import os
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from client_cost import cpu_s, manifest
 
 from regen.core.sample import Message, Sample
 from regen.devkit.simulate.testing import running_simulator
+from regen.engine.inputs import worker_config
 from regen.engine.worker import SampleWorker
 from regen.manifest import Endpoint
 
@@ -67,11 +69,13 @@ async def measure(url: str, info: Any, args: argparse.Namespace, sim: Any) -> No
     """Build the three workers and warm each up (tokenizer load, connections) before any
     mode is timed, then time the modes one after the other."""
     max_tokens = 4 * int(args.mean_tokens)
+    manifests = {mode: manifest(url, max_tokens, model=MODEL, tokenizer=str(TOKENIZER),
+                                token_ids=mode) for mode in MODES}  # fmt: skip
     workers = {
         mode: SampleWorker(
-            manifest(url, max_tokens, model=MODEL, tokenizer=str(TOKENIZER), token_ids=mode),
-            [info],
-            args.concurrency,
+            replace(
+                worker_config(manifests[mode], [info.resolved()]), concurrency=args.concurrency
+            ),
             shares={url: args.concurrency},
         )
         for mode in MODES

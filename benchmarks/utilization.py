@@ -42,13 +42,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _eventsim import bounds, chains
 from _workload import Measured, fleet, write_workload
 
-from regen.client import ChatClient
+from regen.client import ChatClient, ResolvedEndpoint, RetryPolicy
+from regen.client.profiles import SGLANG
 from regen.core.sample import Sample
 from regen.devkit.simulate import AnswerConfig
 from regen.engine import RunOptions, run_job
+from regen.engine.inputs import worker_config
 from regen.engine.schedule import WorkQueue
 from regen.engine.turns import regenerate
-from regen.manifest import Endpoint, Manifest, load_manifest
+from regen.manifest import Manifest, load_manifest
 from regen.sources import read_samples
 from regen.store import RunDir
 
@@ -56,7 +58,9 @@ SLOTS = 64
 
 
 def clients(m: Manifest, urls: list[str]) -> list[ChatClient]:
-    return [ChatClient.from_manifest(m, Endpoint(url=u)) for u in urls]
+    config = worker_config(m, [ResolvedEndpoint(url=u, profile=SGLANG) for u in urls])
+    retry = RetryPolicy.of(config.retry)
+    return [ChatClient.of(ep, config.client, retry=retry) for ep in config.endpoints]
 
 
 async def one(client: ChatClient, s: Sample) -> None:

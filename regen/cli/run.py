@@ -50,6 +50,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--limit", type=int, metavar="N", help="keep only the first N samples")
     add_override_argument(p)
+    _add_retry_arguments(p)
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="continue a run directory made by a different manifest fingerprint",
+    )
+    p.add_argument(
+        "--address",
+        metavar="ADDR",
+        help="Ray cluster to join (default $RAY_ADDRESS, else a local Ray)",
+    )
+    _add_after_arguments(p)
+
+
+def _add_retry_arguments(p: argparse.ArgumentParser) -> None:
+    """``--retry-failed``, ``--retry-flagged``, ``--flagged-retries``."""
     p.add_argument(
         "--retry-failed",
         action="store_true",
@@ -71,16 +87,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="new attempts a flagged sample may have in all (default 1: rerunning the same "
         "command after it finished requests nothing more)",
     )
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="continue a run directory made by a different manifest fingerprint",
-    )
-    p.add_argument(
-        "--address",
-        metavar="ADDR",
-        help="Ray cluster to join (default $RAY_ADDRESS, else a local Ray)",
-    )
+
+
+def _add_after_arguments(p: argparse.ArgumentParser) -> None:
+    """What runs beside and after the run: training, metrics, the view, the actors' output."""
     p.add_argument(
         "--then-train",
         metavar="TRAIN_YAML",
@@ -109,6 +119,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
+    """The session's options from the parsed flags (``--endpoint`` URLs with the key of
+    ``--api-key-env`` / ``--api-key-file``: the driver resolves them, regen.engine.driver)."""
     from regen.engine import RunOptions
     from regen.quality import parse_flags
 
@@ -121,8 +133,17 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
     retry_flagged = parse_flags(flagged, "--retry-flagged") if flagged is not None else ()
     if flagged is not None and not retry_flagged:
         raise ConfigError("--retry-flagged needs at least one flag", field="--retry-flagged")
+    keys = api_key_fields(args)
+    if keys and not args.endpoint:
+        raise ConfigError(
+            "--api-key-env / --api-key-file go with --endpoint (the manifest's endpoints name "
+            "their own keys)",
+            field="--api-key-env",
+        )
     return RunOptions(
         endpoints=list(args.endpoint) or None,
+        api_key_env=keys.get("api_key_env"),
+        api_key_file=keys.get("api_key_file"),
         workers=args.workers,
         concurrency=args.concurrency,
         limit=args.limit,
@@ -133,24 +154,6 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         address=args.address,
         verbose=getattr(args, "verbose", False),
     )
-
-
-def with_endpoint_keys(manifest: Manifest, args: argparse.Namespace) -> Manifest:
-    """The manifest with ``--endpoint`` URLs as endpoints carrying the ``--api-key-env`` /
-    ``--api-key-file`` key (the driver takes endpoints given by URL from the manifest)."""
-    from regen.manifest import Endpoint
-
-    keys = api_key_fields(args)
-    if not keys:
-        return manifest
-    if not args.endpoint:
-        raise ConfigError(
-            "--api-key-env / --api-key-file go with --endpoint (the manifest's endpoints name "
-            "their own keys)",
-            field="--api-key-env",
-        )
-    eps = [Endpoint(url=u, **keys) for u in args.endpoint]
-    return manifest.model_copy(update={"endpoints": eps})
 
 
 def run_with_view(manifest: Manifest, rd: RunDir, opts: RunOptions, *, view: bool) -> JobSummary:
@@ -198,7 +201,7 @@ def execute(args: argparse.Namespace, *, view: bool = True) -> int:
     quiet_http_logs()
     console = make_console()
     args.out = absolute_run_dir(args.out)
-    manifest = with_endpoint_keys(load_manifest(args.manifest, args.override), args)
+    manifest = load_manifest(args.manifest, args.override)
     opts = options_from_args(args)
     view = view and not getattr(args, "no_view", False)
     from regen.store import RunDir

@@ -30,19 +30,20 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from regen.client.errors import not_protocol
 from regen.client.profiles import EngineProfile, profile_named
+from regen.client.resolved import NO_KEY as NO_KEY  # what regen.bench compares keys with
+from regen.client.resolved import KeySource, ResolvedEndpoint
 from regen.client.retry import FailureHook, RetryPolicy
 from regen.client.stream import StreamAccumulator, typed, usage_fields
 from regen.client.transport import ChatTransport
 from regen.core.errors import (
-    ConfigError,
     InvalidTextError,
     PermanentError,
     ServerError,
@@ -50,51 +51,11 @@ from regen.core.errors import (
 )
 from regen.core.result import LOOP, TurnResult
 from regen.core.sample import ToolCall, lone_surrogate
-from regen.manifest import Endpoint, Manifest, Sampling, public_url
+from regen.manifest import Endpoint, Sampling
 from regen.quality.config import QualityConfig
 from regen.quality.loop import LoopWatch
 
 log = logging.getLogger(__name__)
-
-#: what ``resolve_api_key`` returns for an endpoint that names no key (nothing is sent)
-NO_KEY = ""
-
-
-def resolve_api_key(endpoint: Endpoint, base_dir: str | Path = ".") -> str:
-    """The endpoint's key from its env var or file; :data:`NO_KEY` when it names neither."""
-    if endpoint.api_key_env:
-        value = os.environ.get(endpoint.api_key_env)
-        if not value:
-            raise ConfigError(
-                f"endpoint {public_url(endpoint.url)}: environment variable "
-                f"{endpoint.api_key_env} (api_key_env) is not set",
-                field="endpoints.api_key_env",
-            )
-        return value.strip()
-    if endpoint.api_key_file:
-        p = Path(endpoint.api_key_file).expanduser()
-        if not p.is_absolute():
-            p = Path(base_dir) / p
-        try:
-            value = p.read_text(encoding="utf-8").strip()
-        except OSError as e:
-            raise ConfigError(
-                f"endpoint {public_url(endpoint.url)}: cannot read api_key_file {p}: "
-                f"{e.strerror or e}",
-                field="endpoints.api_key_file",
-            ) from None
-        if not value:
-            raise ConfigError(
-                f"endpoint {public_url(endpoint.url)}: api_key_file {p} is empty",
-                field="endpoints.api_key_file",
-            )
-        return value
-    return NO_KEY
-
-
-def auth_headers(key: str) -> dict[str, str]:
-    """``Authorization: Bearer KEY``, or nothing for :data:`NO_KEY`."""
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _reasoning_of(msg: dict[str, Any], url: str) -> str | None:
@@ -132,8 +93,29 @@ def token_path(profile: EngineProfile, sampling: Sampling) -> str:
     return profile.token_path(sampling.token_ids == "stream" and profile.can_stream_ids())
 
 
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """What every request of a run carries besides its messages, as the driver cut it from the
+    manifest once (regen.engine.inputs): the target model, the sampling, the request timeout,
+    the requests' ``chat_template_kwargs`` (``Manifest.template_kwargs``: the target family's
+    thinking switch; None: ``sampling.chat_template_kwargs`` alone), the top-level fields of
+    that switch (``Manifest.request_fields``) and the quality settings whose ``loop_cut``
+    closes a streamed answer that loops (None: no cut)."""
+
+    model: str
+    sampling: Sampling
+    timeout_s: float = 1800.0
+    template_kwargs: Mapping[str, Any] | None = None
+    request_fields: Mapping[str, Any] = field(default_factory=dict)
+    quality: QualityConfig | None = None
+
+
 class ChatClient:
-    """Chat completions against one endpoint. One instance per endpoint (per actor)."""
+    """Chat completions against one endpoint. One instance per endpoint (per actor).
+
+    A run's workers make it with :meth:`of` (the endpoint resolved by the start check, the
+    run's :class:`ClientSettings`); a tool talking to one server configures it by hand with
+    the constructor."""
 
     def __init__(
         self,
@@ -151,58 +133,62 @@ class ChatClient:
         request_fields: dict[str, Any] | None = None,
         quality: QualityConfig | None = None,
     ) -> None:
-        """``engine``: the endpoint's profile (or its name; None: SGLang), as the endpoint
-        check found it; ``engine_version`` what the server reported; ``template_kwargs``: the
-        requests' ``chat_template_kwargs`` (``Manifest.template_kwargs``: the target family's
-        thinking switch; None: ``sampling.chat_template_kwargs`` alone); ``request_fields``:
-        top-level fields of that switch (``Manifest.request_fields``); ``quality``: its
-        ``loop_cut`` closes a streamed answer that loops (None: no cut)."""
+        """``engine``: the endpoint's profile (or its name; None: SGLang); ``engine_version``
+        what the server reported; the rest: :class:`ClientSettings`. The key is read from the
+        endpoint's env var or file (relative to ``base_dir``)."""
+        profile = engine if isinstance(engine, EngineProfile) else profile_named(engine)
+        resolved = ResolvedEndpoint(url=endpoint.url, profile=profile,
+                                    key=KeySource.of(endpoint, base_dir), version=engine_version,
+                                    weight=endpoint.weight)  # fmt: skip
+        settings = ClientSettings(model=model, sampling=sampling, timeout_s=timeout_s,
+                                  template_kwargs=template_kwargs,
+                                  request_fields=request_fields or {}, quality=quality)  # fmt: skip
+        self._open(resolved, settings, retry, clock)
+
+    @classmethod
+    def of(
+        cls,
+        endpoint: ResolvedEndpoint,
+        settings: ClientSettings,
+        *,
+        retry: RetryPolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> ChatClient:
+        """The client of a run's endpoint, as the start check resolved it, with the run's
+        settings; ``retry``: the policy of :meth:`complete` (None: the defaults)."""
+        client = cls.__new__(cls)
+        client._open(endpoint, settings, retry, clock)
+        return client
+
+    def _open(
+        self,
+        endpoint: ResolvedEndpoint,
+        settings: ClientSettings,
+        retry: RetryPolicy | None,
+        clock: Callable[[], float],
+    ) -> None:
         self.endpoint = endpoint
         #: the URL regen writes and logs: never the user:password of the configured URL
-        self.url = public_url(endpoint.url)
-        self.model = model
-        self.sampling = sampling
-        self.template_kwargs = dict(
-            sampling.chat_template_kwargs if template_kwargs is None else template_kwargs
-        )
-        self.request_fields = dict(request_fields or {})
+        self.url = endpoint.public
+        self.model = settings.model
+        self.sampling = sampling = settings.sampling
+        kwargs = settings.template_kwargs
+        self.template_kwargs = dict(sampling.chat_template_kwargs if kwargs is None else kwargs)
+        self.request_fields = dict(settings.request_fields)
         self.retry = retry or RetryPolicy()
-        self.timeout_s = timeout_s
-        self.profile = engine if isinstance(engine, EngineProfile) else profile_named(engine)
-        self.engine_version = engine_version
+        self.timeout_s = settings.timeout_s
+        self.profile = endpoint.profile
+        self.engine_version = endpoint.version
         #: ask for the server's ids (False: the engine has none, or token_ids is local)
         self.server_ids = self.profile.gives_ids and sampling.token_ids != "local"
         self._clock = clock
+        quality = settings.quality
         cut = quality.loop_cut if quality is not None else None
         #: the loop cut of streamed answers (None: off)
         self.loop_cut = cut if cut is not None and cut.enabled else None
         self._max_ngram = quality.repeat_max_ngram if quality is not None else 64
-        key = resolve_api_key(endpoint, base_dir)
-        self._transport = ChatTransport(endpoint.url, key, timeout_s, shown=self.url)
-
-    @classmethod
-    def from_manifest(
-        cls,
-        manifest: Manifest,
-        endpoint: Endpoint,
-        *,
-        retry: RetryPolicy | None = None,
-        engine: EngineProfile | str | None = None,
-        engine_version: str | None = None,
-    ) -> ChatClient:
-        return cls(
-            endpoint,
-            model=manifest.target.model,
-            sampling=manifest.sampling,
-            retry=retry or RetryPolicy.from_engine(manifest.engine),
-            timeout_s=manifest.engine.request_timeout_s,
-            base_dir=manifest.base_dir,
-            engine=engine,
-            engine_version=engine_version,
-            template_kwargs=manifest.template_kwargs(),
-            request_fields=manifest.request_fields(),
-            quality=manifest.quality,
-        )
+        key = endpoint.key.read(self.url)
+        self._transport = ChatTransport(endpoint.url, key, settings.timeout_s, shown=self.url)
 
     @property
     def streaming(self) -> bool:

@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from regen.client.chat import auth_headers, resolve_api_key, token_path
+from regen.client.chat import token_path
 from regen.client.errors import url_hint
 from regen.client.profiles import identify, profile_named
+from regen.client.resolved import KeySource, ResolvedEndpoint, auth_headers
 from regen.core.errors import EndpointError
 from regen.manifest import Endpoint, Sampling, public_url
 
@@ -66,6 +67,21 @@ class EndpointInfo:
     server_info: bool = False  #: whether /server_info answered
     #: the engine profile recognised (regen.client.profiles): "sglang", "vllm", "openai"
     engine: str = "openai"
+    #: where the endpoint's API key is read from (the manifest's endpoint: never the key)
+    key: KeySource = field(default_factory=KeySource)
+
+    def resolved(self) -> ResolvedEndpoint:
+        """The endpoint as a run's workers use it (regen.client.resolved)."""
+        return ResolvedEndpoint(
+            url=self.url,
+            profile=profile_named(self.engine),
+            key=self.key,
+            version=self.version,
+            max_running_requests=self.max_running_requests,
+            weight=self.weight,
+            slots_source=self.slots_source,
+            max_queued_requests=self.max_queued_requests,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,8 +119,8 @@ async def served_models(
 ) -> dict[str, dict[str, Any]]:
     """``GET {url}/models``: the served model ids and their entries; raises EndpointError with
     the reason (unreachable, the key, no model list)."""
-    headers = auth_headers(resolve_api_key(endpoint, base_dir))
     shown = public_url(endpoint.url)  # messages never carry user:password
+    headers = auth_headers(KeySource.of(endpoint, base_dir).read(shown))
     try:
         resp = await http.get(f"{endpoint.url}/models", headers=headers)
     except Exception as e:
@@ -135,7 +151,8 @@ async def check_endpoint(
 ) -> EndpointInfo:
     """Check one endpoint; raises EndpointError with the reason when it is not usable
     (``timeout_s``: the ``http`` client's timeout)."""
-    headers = auth_headers(resolve_api_key(endpoint, base_dir))
+    key = KeySource.of(endpoint, base_dir)
+    headers = auth_headers(key.read(public_url(endpoint.url)))
     url = endpoint.url
     entries = await served_models(endpoint, http=http, base_dir=base_dir)
     if model not in entries:
@@ -143,7 +160,7 @@ async def check_endpoint(
         raise EndpointError(
             f"{public_url(url)}: does not serve model {model!r} (it serves: {served})"
         )
-    info = EndpointInfo(url=url, weight=endpoint.weight, models=tuple(entries))
+    info = EndpointInfo(url=url, weight=endpoint.weight, models=tuple(entries), key=key)
     mml = entries[model].get("max_model_len")
     info.max_model_len = mml if isinstance(mml, int) else None
     asked = time.monotonic()

@@ -19,7 +19,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
@@ -38,6 +38,15 @@ class RandomSource(Protocol):
 FailureHook = Callable[[TransientError, int, float], None]
 
 
+@dataclass(frozen=True, slots=True)
+class RetrySettings:
+    """A run's retry settings (the manifest's ``engine`` section, cut by regen.engine.inputs)."""
+
+    max_attempts: int = 8
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 60.0
+
+
 @dataclass(slots=True)
 class RetryPolicy:
     """How often and how long to retry one request."""
@@ -45,17 +54,24 @@ class RetryPolicy:
     max_attempts: int = 8
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
-    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep
     rng: RandomSource = field(default_factory=random.Random)
 
     @classmethod
-    def from_engine(cls, engine: Any, **kw: Any) -> RetryPolicy:
-        """Built from a :class:`regen.manifest.Engine` (``sleep``/``rng`` may be passed in)."""
+    def of(
+        cls,
+        settings: RetrySettings,
+        *,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        rng: RandomSource | None = None,
+    ) -> RetryPolicy:
+        """The policy of ``settings`` (``sleep`` and ``rng`` injectable for tests)."""
         return cls(
-            max_attempts=engine.max_attempts,
-            backoff_initial_s=engine.backoff_initial_s,
-            backoff_max_s=engine.backoff_max_s,
-            **kw,
+            max_attempts=settings.max_attempts,
+            backoff_initial_s=settings.backoff_initial_s,
+            backoff_max_s=settings.backoff_max_s,
+            sleep=sleep,
+            rng=rng if rng is not None else random.Random(),
         )
 
     def backoff(self, attempt: int, error: BaseException | None = None) -> float:

@@ -65,6 +65,7 @@ from typing import Any
 from regen.core.errors import ConfigError
 from regen.core.result import TurnResult
 from regen.core.sample import ToolCall
+from regen.engine.inputs import render_settings
 from regen.engine.turns import regenerate
 from regen.manifest import load_manifest
 from regen.sources.stream import read_samples
@@ -246,7 +247,7 @@ def demo_answer(request: list[dict[str, Any]], tools: Any, original: Any) -> Any
 def training_turns(manifest: Any) -> list[TrainingTurn]:
     """Every turn the demo will regenerate, answered by :func:`demo_answer` and tokenized."""
 
-    renderer = Renderer.from_manifest(manifest)
+    renderer = Renderer.of(render_settings(manifest))
     turns: list[TrainingTurn] = []
     with _quiet("regen.sources"):  # the demo sources hold bad rows on purpose
         samples = [s for s in read_samples(manifest) if s.mode == "regenerate"]

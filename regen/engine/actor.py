@@ -21,10 +21,10 @@ from typing import Any
 
 from regen.core.errors import TemplateError
 from regen.core.sample import Sample
+from regen.engine.inputs import RowSettings, WorkerConfig
+from regen.engine.turns import DoneTurn
 from regen.engine.wire import Mailbox
-from regen.engine.worker import RowBuilder, SampleWorker, default_row_builder
-from regen.manifest import Manifest
-from regen.template.render import RenderSetup
+from regen.engine.worker import Row, RowBuilder, SampleWorker, default_row_builder
 
 log = logging.getLogger(__name__)
 
@@ -38,17 +38,17 @@ def quiet_http_logs() -> None:
 class LazyRows:
     """A row builder loaded in a thread; calls wait for it. ``error`` says why it failed."""
 
-    def __init__(self, manifest: Manifest, setup: RenderSetup | None = None) -> None:
+    def __init__(self, settings: RowSettings) -> None:
         self._built: RowBuilder | None = None
         self.error = ""
         self._ready = threading.Event()
         self._waiter: asyncio.Future[bool] | None = None
-        threading.Thread(target=self._load, args=(manifest, setup),
+        threading.Thread(target=self._load, args=(settings,),
                          name="regen-rows-load", daemon=True).start()  # fmt: skip
 
-    def _load(self, manifest: Manifest, setup: RenderSetup | None) -> None:
+    def _load(self, settings: RowSettings) -> None:
         try:
-            self._built = default_row_builder(manifest, setup)
+            self._built = default_row_builder(settings)
         except Exception as e:  # any failure to start is reported as a failed start
             self.error = f"{type(e).__name__}: {e}"
             log.error("the row builder could not start: %s", self.error)
@@ -66,7 +66,7 @@ class LazyRows:
             self._waiter = asyncio.get_running_loop().run_in_executor(None, self._ready.wait)
         await asyncio.shield(self._waiter)
 
-    def __call__(self, sample: Sample, turns: list[Any]) -> list[dict[str, Any]]:
+    def __call__(self, sample: Sample, turns: list[DoneTurn]) -> list[Row]:
         self._ready.wait()
         if self._built is None:
             raise TemplateError(f"the row builder could not start: {self.error}")
@@ -78,25 +78,23 @@ class WorkerActor:
 
     def __init__(
         self,
-        manifest: Manifest,
-        endpoints: list[Any],
-        concurrency: int,
+        config: WorkerConfig,
+        shares: dict[str, int] | None = None,
+        *,
         log_level: str = "INFO",
         secrets: dict[str, str] | None = None,
-        shares: dict[str, int] | None = None,
-        setup: RenderSetup | None = None,
     ) -> None:
-        """``setup``: how the rows' renderer loads and renders (the target tokenizer's class as
-        the driver's check resolved it, :func:`regen.template.tokenizer.class_spec`: loaded
-        without AutoTokenizer's model config, hence without torch; how the run renders history
-        arguments); None: AutoTokenizer resolves the class here, arguments render as objects."""
+        """``config``: what the worker runs with (the driver's one cut of the manifest; its
+        row settings say how the renderer loads: the target tokenizer's class as the driver's
+        check resolved it, :func:`regen.template.tokenizer.class_spec`, loaded without
+        AutoTokenizer's model config, hence without torch); ``shares``: its starting share of
+        each server's batch slots; ``secrets``: API keys by env var name (never logged)."""
         logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
         quiet_http_logs()
         for name, value in (secrets or {}).items():  # API keys by env var name; never logged
             os.environ.setdefault(name, value)
-        self.rows = rows = LazyRows(manifest, setup)
-        self.worker = SampleWorker(manifest, endpoints, concurrency, shares=shares,
-                                   row_builder=rows)  # fmt: skip
+        self.rows = rows = LazyRows(config.rows)
+        self.worker = SampleWorker(config, shares=shares, row_builder=rows)
         self.mailbox = Mailbox(self.worker, problem=rows.problem)
 
     async def exchange(

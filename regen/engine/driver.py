@@ -38,7 +38,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from regen.client import check_endpoints
+from regen.client import EndpointInfo, check_endpoints
 from regen.client.endpoints import engine_records
 from regen.core.errors import ConfigError, RegenError, RunDirError, RunIncompleteError
 from regen.core.sample import Sample
@@ -46,12 +46,14 @@ from regen.engine.adaptive import DEFAULT_CONCURRENCY, describe_limit
 from regen.engine.diskfull import HOLD_PARTS, DiskWait
 from regen.engine.dispatch import Dispatcher
 from regen.engine.failfast import check_run_dir, preflight
+from regen.engine.inputs import WorkerConfig, worker_config
+from regen.engine.lanes import worker_slots
 from regen.engine.pool import RayWorkerPool
 from regen.engine.rows import native_row
 from regen.engine.schedule import LengthModel, WorkQueue, schedule_record
 from regen.engine.tracker import ProgressTracker
 from regen.engine.wire import PackedOutcome
-from regen.engine.worker import SampleOutcome, worker_slots
+from regen.engine.worker import SampleOutcome
 from regen.manifest import Endpoint, Manifest, public_url
 from regen.plan.attempts import RetryFlagged, select
 from regen.plan.packed import QueueItems
@@ -77,7 +79,11 @@ log = logging.getLogger(__name__)
 class RunOptions:
     """How one session runs; none of this is part of the fingerprint."""
 
-    endpoints: list[str] | None = None  #: replaces the manifest's endpoint URLs
+    endpoints: list[str] | None = None  #: URLs that replace the manifest's endpoints
+    #: where the key of the ``endpoints`` given here is read (an env var, or a file): the
+    #: manifest's endpoints name their own; with neither, an URL the manifest lists keeps its
+    api_key_env: str | None = None
+    api_key_file: str | None = None
     workers: int | None = None  #: Ray actors (default: manifest engine.workers)
     concurrency: int | None = None  #: requests in flight per actor (default: engine.concurrency)
     limit: int | None = None  #: keep the first N samples (after sources' own limits)
@@ -145,7 +151,7 @@ class Serving:
     """The usable endpoints (:func:`regen.client.check_endpoints`) and what run.json's
     ``engines`` records of them."""
 
-    infos: list[Any]
+    infos: list[EndpointInfo]
     records: dict[str, dict[str, Any]]
 
 
@@ -180,12 +186,18 @@ def likely_work(rd: RunDir, opts: RunOptions) -> bool:
     return last is None or last.state != "finished"
 
 
-def _apply_options(manifest: Manifest, opts: RunOptions) -> Manifest:
+def session_manifest(manifest: Manifest, opts: RunOptions) -> Manifest:
+    """``manifest`` as this session runs it: the endpoints ``opts`` gives (with its key, else
+    the manifest's endpoint of the same URL, else keyless), its workers and concurrency."""
     update: dict[str, Any] = {}
     if opts.endpoints:
-        by_url = {e.url: e for e in manifest.endpoints}
-        eps = [by_url.get(u.rstrip("/")) or Endpoint(url=u) for u in opts.endpoints]
-        update["endpoints"] = eps
+        keyed = opts.api_key_env is not None or opts.api_key_file is not None
+        by_url = {} if keyed else {e.url: e for e in manifest.endpoints}
+        update["endpoints"] = [
+            by_url.get(u.rstrip("/"))
+            or Endpoint(url=u, api_key_env=opts.api_key_env, api_key_file=opts.api_key_file)
+            for u in opts.endpoints
+        ]
     eng: dict[str, Any] = {}
     if opts.workers is not None:
         eng["workers"] = opts.workers
@@ -220,12 +232,13 @@ def connect_ray(address: str | None, *, verbose: bool = False) -> bool:
     return True
 
 
-def _secrets(manifest: Manifest) -> dict[str, str]:
+def _secrets(config: WorkerConfig) -> dict[str, str]:
     """API keys named by env var, for actors on other nodes (never written anywhere)."""
     out = {}
-    for e in manifest.endpoints:
-        if e.api_key_env and os.environ.get(e.api_key_env):
-            out[e.api_key_env] = os.environ[e.api_key_env]
+    for ep in config.endpoints:
+        env = ep.key.env
+        if env and os.environ.get(env):
+            out[env] = os.environ[env]
     return out
 
 
@@ -233,7 +246,7 @@ def _secrets(manifest: Manifest) -> dict[str, str]:
 class _Warm:
     """What was started before the plan was known (see _Session.run)."""
 
-    infos: list[Any] = field(default_factory=list)
+    config: WorkerConfig | None = None  #: what the workers run with
     started_ray: bool = False
     pool: RayWorkerPool | None = None
     dispatcher: Dispatcher | None = None
@@ -570,14 +583,14 @@ class _Session:
         except RegenError as e:
             warm.error = e  # raised only if there is work to do
             return warm
-        warm.infos = serving.infos
+        config = worker_config(m, [i.resolved() for i in serving.infos], self.setup)
+        warm.config = config
         record_engines(self.rd, serving.records)
         warm.started_ray = connect_ray(self.opts.address, verbose=self.opts.verbose)
         conc = m.engine.concurrency
         level = logging.getLevelName(logging.getLogger("regen").getEffectiveLevel())
-        warm.pool = RayWorkerPool(self.session, m, warm.infos, conc, m.engine.workers,
-                                  log_level=level, secrets=_secrets(m),
-                                  setup=self.setup)  # fmt: skip
+        warm.pool = RayWorkerPool(self.session, config, m.engine.workers, log_level=level,
+                                  secrets=_secrets(config))  # fmt: skip
         prefetch = (self.opts.prefetch if self.opts.prefetch is not None
                     else max(2, (conc or DEFAULT_CONCURRENCY) // 4))  # fmt: skip
         warm.dispatcher = Dispatcher(warm.pool, m.engine.workers, prefetch=prefetch,
@@ -654,12 +667,13 @@ class _Session:
             if warm.error is not None:
                 raise warm.error
             assert warm.dispatcher is not None and warm.pool is not None
-            d = warm.dispatcher
+            assert warm.config is not None
+            d, eps = warm.dispatcher, warm.config.endpoints
             limits = [w.slots for w in d.workers]
-            auto = worker_slots(warm.infos, None, warm.pool.shares(0))
-            reported = any(getattr(i, "max_running_requests", None) for i in warm.infos)
+            auto = worker_slots(eps, None, warm.pool.shares(0))
+            reported = any(ep.max_running_requests for ep in eps)
             log.info("%d workers against %d endpoint(s); starting in-flight limits %s, %s",
-                     len(limits), len(warm.infos), limits,
+                     len(limits), len(eps), limits,
                      describe_limit(self.m.engine.concurrency, auto, reported))  # fmt: skip
             cpu = time.process_time()
             try:
@@ -717,7 +731,7 @@ def run_job(manifest: Manifest, rd: RunDir, options: RunOptions | None = None) -
     when the last session finished and nothing asks for more).
     """
     opts = options or RunOptions()
-    manifest = _apply_options(manifest, opts).with_family()
+    manifest = session_manifest(manifest, opts).with_family()
     checked: layout.ChecksRecord | None = None
     session = new_session_id()
     serving: Serving | None = None

@@ -35,6 +35,7 @@ from typing import Any
 from regen import __version__
 from regen.core.errors import ConfigError, RegenError, SourceError
 from regen.core.sample import Rejection, Sample, stable_hash
+from regen.engine.inputs import render_settings
 from regen.manifest import Manifest
 from regen.sources import iter_source
 from regen.sources.locate import dir_signature, file_signature
@@ -164,7 +165,7 @@ def _check_template(manifest: Manifest) -> Renderer:
 
     tok = manifest.resolve(manifest.target.tokenizer)
     try:
-        renderer = Renderer.from_manifest(manifest)
+        renderer = Renderer.of(render_settings(manifest))
     except RegenError as e:
         raise ConfigError(f"target.tokenizer: {tok}: {e}", field="target.tokenizer") from None
     for i, src in enumerate(manifest.sources):

@@ -21,9 +21,10 @@ from typing import Any, Protocol
 
 from regen.engine.actor import actor_class
 from regen.engine.adaptive import split
+from regen.engine.inputs import WorkerConfig
+from regen.engine.lanes import worker_slots
 from regen.engine.wire import Reply, unpack_reply
-from regen.engine.worker import SampleOutcome, worker_slots
-from regen.template.render import RenderSetup
+from regen.engine.worker import SampleOutcome
 
 log = logging.getLogger(__name__)
 
@@ -143,23 +144,20 @@ class RayWorkerPool:
     def __init__(
         self,
         session: str,
-        manifest: Any,
-        infos: list[Any],
-        concurrency: int | None,
+        config: WorkerConfig,
         n_workers: int,
         *,
         log_level: str = "INFO",
         secrets: dict[str, str] | None = None,
-        setup: RenderSetup | None = None,
     ) -> None:
-
+        """``config``: what every worker runs with (regen.engine.inputs); ``secrets``: API keys
+        by env var name, for actors on other nodes (never written anywhere)."""
         self.session = session
-        self.infos = infos
-        self.concurrency = concurrency
+        self.config = config
         self.n_workers = n_workers
+        self.log_level = log_level
+        self.secrets = dict(secrets or {})
         self._cls = actor_class()
-        self._args = (manifest, infos, concurrency, log_level, secrets or {})
-        self._setup = setup  #: how the actors' renderers load and render
         self.spawned: list[Any] = []
         self.hold_for_rows = False
         self._r = Replies()
@@ -169,9 +167,9 @@ class RayWorkerPool:
         """Worker ``index``'s starting share of each server's batch slots (when reported)."""
 
         return {
-            i.url: split(i.max_running_requests, self.n_workers, index)
-            for i in self.infos
-            if getattr(i, "max_running_requests", None)
+            ep.url: split(ep.max_running_requests, self.n_workers, index)
+            for ep in self.config.endpoints
+            if ep.max_running_requests
         }
 
     def start(self, index: int, generation: int) -> Worker:
@@ -179,10 +177,10 @@ class RayWorkerPool:
         name = f"regen-{self.session}-w{index}-{generation}"
         shares = self.shares(index)
         actor = self._cls.options(scheduling_strategy="SPREAD", name=name).remote(
-            *self._args, shares, self._setup
+            self.config, shares, log_level=self.log_level, secrets=self.secrets
         )
         self.spawned.append(actor)
-        slots = worker_slots(self.infos, self.concurrency, shares)
+        slots = worker_slots(self.config.endpoints, self.config.concurrency, shares)
         return Worker(index, actor, slots, name=name)
 
     def pending(self, worker: Worker) -> bool:

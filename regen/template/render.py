@@ -41,8 +41,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from regen.core.errors import TemplateError
@@ -67,6 +68,22 @@ class RenderSetup:
 
     tokenizer_class: str | None = None
     arguments: RenderArguments = "objects"
+
+
+@dataclass(frozen=True, slots=True)
+class RenderSettings:
+    """What a run's renderer is made of, as the driver cut it from the manifest once
+    (regen.engine.inputs): the target tokenizer's folder (absolute) and whether its own code
+    may run, the target's family (None: none regen knows), the ``chat_template_kwargs`` of
+    the local render, the text of the template the servers run (``target.chat_template``;
+    None: the tokenizer's own) and the run's :class:`RenderSetup`."""
+
+    tokenizer: Path
+    family: Family | None
+    trust_remote_code: bool = False
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    chat_template: str | None = None
+    setup: RenderSetup = field(default_factory=RenderSetup)
 
 
 @dataclass(slots=True)
@@ -232,15 +249,15 @@ class Renderer:
                    chat_template=chat_template)  # fmt: skip
 
     @classmethod
-    def from_manifest(cls, manifest: Any, setup: RenderSetup | None = None) -> Renderer:
-        """The renderer a manifest asks for: its target tokenizer, the template the server runs
-        (``target.chat_template``, else the tokenizer's), template kwargs and family (None where
-        the manifest's target is of no known family), loaded and rendering as ``setup`` says."""
-        setup = setup or RenderSetup()
-        tok = load_tokenizer(manifest.resolve(manifest.target.tokenizer),
-                             manifest.target.trust_remote_code, setup.tokenizer_class)  # fmt: skip
-        return cls(tok, manifest.template_kwargs(), manifest.family(),
-                   chat_template=manifest.served_template(), arguments=setup.arguments)  # fmt: skip
+    def of(cls, settings: RenderSettings) -> Renderer:
+        """The renderer of a run (:class:`RenderSettings`): its target tokenizer, loaded as its
+        setup says, the template the servers run (else the tokenizer's), template kwargs and
+        family."""
+        setup = settings.setup
+        tok = load_tokenizer(settings.tokenizer, settings.trust_remote_code,
+                             setup.tokenizer_class)  # fmt: skip
+        return cls(tok, dict(settings.template_kwargs), settings.family,
+                   chat_template=settings.chat_template, arguments=setup.arguments)  # fmt: skip
 
     # -- text and ids -------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:

@@ -25,6 +25,7 @@ from regen.core.sample import Message, Sample
 from regen.core.text import words
 from regen.devkit.simulate.answer import AnswerConfig, answer, degenerate_kind
 from regen.devkit.simulate.testing import simulator_in_thread
+from regen.engine.inputs import render_settings
 from regen.engine.rows import build_rows
 from regen.engine.turns import regenerate
 from regen.manifest import Endpoint, Sampling, load_manifest
@@ -206,7 +207,7 @@ def cut_turn(content: str) -> TurnResult:
 
 def test_a_cut_turn_becomes_a_flagged_row_without_an_end_token() -> None:
     manifest = load_manifest(REPO / "manifests" / "demo.yaml")
-    renderer = Renderer.from_manifest(manifest)
+    renderer = Renderer.of(render_settings(manifest))
     sample = Sample(
         id="s:1", source="s", messages=[Message("user", "Hi"), Message("assistant", "x")]
     )

@@ -21,7 +21,7 @@ from _chat_fakes import (
     stream_response,
 )
 
-from regen.client import RetryPolicy, parse_retry_after
+from regen.client import RetryPolicy, RetrySettings, parse_retry_after
 from regen.core.errors import (
     ConnectError,
     OverloadedError,
@@ -29,7 +29,6 @@ from regen.core.errors import (
     RateLimitedError,
     ServerError,
 )
-from regen.manifest import Engine
 
 
 def policy(sleep, *, rng=0.5, **kw):
@@ -147,10 +146,10 @@ def test_overload_503_is_retried_with_plain_backoff():
     assert result.attempts == 3 and sleep.waits == [0.75, 1.5]
 
 
-def test_policy_from_engine_and_direct_call():
+def test_policy_of_settings_and_direct_call():
     sleep = SleepRecorder()
-    retry = RetryPolicy.from_engine(
-        Engine(max_attempts=3, backoff_initial_s=2.0, backoff_max_s=5.0),
+    retry = RetryPolicy.of(
+        RetrySettings(max_attempts=3, backoff_initial_s=2.0, backoff_max_s=5.0),
         sleep=sleep,
         rng=FixedRandom(0.0),
     )

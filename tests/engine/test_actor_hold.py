@@ -21,7 +21,7 @@ class Gate:
         self.release = threading.Event()
         self.fail = fail
 
-    def __call__(self, manifest: Any, setup: Any) -> Any:
+    def __call__(self, settings: Any) -> Any:
         assert self.release.wait(10)
         if self.fail:
             raise OSError("no tokenizer here")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from _worker_config import config_for, resolved
+
 from regen.engine.adaptive import (
     DEFAULT_CONCURRENCY,
     AdaptiveLimit,
@@ -14,7 +16,9 @@ from regen.engine.adaptive import (
     split,
     target_queue,
 )
-from regen.engine.worker import Slots
+from regen.engine.lanes import Slots, worker_slots
+from regen.engine.worker import SampleWorker
+from regen.manifest import parse_manifest
 
 S = AdaptiveSettings(window_s=1.0, min_requests=4)
 
@@ -153,22 +157,17 @@ def test_slots_waiter_cancelled_after_its_future_was_dropped() -> None:
 
 
 def info(url: str, slots: int | None):
-    from regen.client import EndpointInfo
-
-    return EndpointInfo(url=url, weight=1.0, models=("m",), max_running_requests=slots,
-                        slots_source="internal_states" if slots else None)  # fmt: skip
+    return resolved(url, slots=slots, slots_source="internal_states" if slots else None)
 
 
 def sample_worker(endpoints, concurrency, clock):
-    from regen.engine.worker import SampleWorker
-    from regen.manifest import parse_manifest
-
     source = {"name": "s", "adapter": "sharegpt", "path": "x.jsonl"}
     m = parse_manifest({"name": "t", "target": {"model": "m", "tokenizer": "tok"},
                         "endpoints": [{"url": e.url} for e in endpoints],
                         "sources": [source]})  # fmt: skip
-    return SampleWorker(m, endpoints, concurrency, row_builder=lambda s, t: [],
-                        probe=lambda url: None, clock=clock)  # fmt: skip
+    return SampleWorker(config_for(m, endpoints, concurrency=concurrency),
+                        row_builder=lambda s, t: [], probe=lambda url: None,
+                        clock=clock)  # fmt: skip
 
 
 def grow(w, clock, windows: int = 200) -> None:
@@ -217,8 +216,6 @@ def test_without_a_user_limit_the_servers_slots_decide_and_may_grow() -> None:
 
 
 def test_a_user_limit_above_the_slots_does_not_raise_the_start() -> None:
-    from regen.engine.worker import worker_slots
-
     assert worker_slots([info("http://a/v1", 16)], 500) == 18  # 16 + 1/8, under the cap 500
     assert worker_slots([info("http://a/v1", None)], None) == DEFAULT_CONCURRENCY
     assert worker_slots([info("http://a/v1", None)], 3) == 3

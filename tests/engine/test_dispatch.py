@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from _local_pool import LocalWorkerPool
+from _worker_config import config_for
 
 from regen.client import RetryPolicy
 from regen.core.errors import ConfigError, NoEndpointLeftError, RegenError, RunIncompleteError
@@ -21,7 +22,7 @@ from regen.devkit.simulate.testing import simulator_in_thread
 from regen.engine.dispatch import Dispatcher
 from regen.engine.schedule import WorkQueue
 from regen.engine.worker import SampleOutcome, SampleWorker
-from regen.manifest import Endpoint, parse_manifest
+from regen.manifest import parse_manifest
 
 
 def samples(n: int) -> list[Sample]:
@@ -173,8 +174,9 @@ def test_real_sample_workers_against_a_simulator() -> None:
             rows = lambda s, turns: [{"sample_id": s.id, "turn": t.turn,  # noqa: E731
                                       "completion_tokens": t.result.completion_tokens}
                                      for t in turns]  # fmt: skip
-            return SampleWorker(m, [Endpoint(url=sim.url)], 4, row_builder=rows,
-                                retry=RetryPolicy.from_engine(m.engine, sleep=instant))  # fmt: skip
+            config = config_for(m, concurrency=4)
+            return SampleWorker(config, row_builder=rows,
+                                retry=RetryPolicy.of(config.retry, sleep=instant))  # fmt: skip
 
         state, rec, _ = run_pool(factory, 30)
         assert state == "finished"

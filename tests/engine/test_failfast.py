@@ -34,7 +34,7 @@ def test_a_passed_key_skips_the_tokenizer_and_template(demo, monkeypatch, caplog
     def no_load(*a, **k):  # type: ignore[no-untyped-def]
         raise AssertionError("the tokenizer was loaded")
 
-    monkeypatch.setattr("regen.template.render.Renderer.from_manifest", no_load)
+    monkeypatch.setattr("regen.template.render.Renderer.of", no_load)
     caplog.set_level(logging.INFO, logger="regen.engine.failfast")
     assert pf.preflight(m, passed=checked) is checked
     assert "not repeated" in caplog.text
@@ -48,10 +48,11 @@ def test_the_record_names_the_tokenizer_class_and_rows_build_by_it_without_torch
     # what an actor does with it (regen.engine.actor.LazyRows), in a fresh interpreter
     code = (
         "import sys\n"
+        "from regen.engine.inputs import row_settings\n"
         "from regen.engine.worker import default_row_builder\n"
         "from regen.manifest import load_manifest\n"
         "from regen.template.render import RenderSetup\n"
-        "default_row_builder(load_manifest(sys.argv[1]), RenderSetup(sys.argv[2]))\n"
+        "default_row_builder(row_settings(load_manifest(sys.argv[1]), RenderSetup(sys.argv[2])))\n"
         "print('torch' in sys.modules)\n"
     )
     got = subprocess.run([sys.executable, "-c", code, str(demo), checked.tokenizer_class],

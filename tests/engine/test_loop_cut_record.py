@@ -9,8 +9,9 @@ import json
 import logging
 from pathlib import Path
 
-from regen.client import ChatClient
-from regen.manifest import Endpoint, load_manifest
+from _worker_config import client_for
+
+from regen.manifest import load_manifest
 from regen.quality.config import NO_LOOP_CUT, LoopCut
 from regen.store import RunDir, layout
 from regen.store.run import prepare_run, with_recorded_cut
@@ -36,7 +37,7 @@ def test_a_run_keeps_the_cut_it_started_with(tmp_path: Path, caplog) -> None:
     assert kept.quality.loop_cut == LoopCut(min_words=300)
     assert "keeps it" in caplog.text
     assert kept.fingerprint() == later.fingerprint()
-    client = ChatClient.from_manifest(kept, Endpoint(url="http://127.0.0.1:9/v1"))
+    client = client_for(kept)
     assert client.loop_cut == LoopCut(min_words=300)
     caplog.clear()
     assert with_recorded_cut(rd, info, kept) is kept and not caplog.text
@@ -57,6 +58,6 @@ def test_a_run_from_before_the_cut_never_cuts(tmp_path: Path) -> None:
 
 def test_a_client_without_the_cut_does_not_watch() -> None:
     m = load_manifest(DEMO, ["quality.loop_cut.enabled=false"])
-    assert ChatClient.from_manifest(m, Endpoint(url="http://127.0.0.1:9/v1")).loop_cut is None
+    assert client_for(m).loop_cut is None
     on = load_manifest(DEMO)
-    assert ChatClient.from_manifest(on, Endpoint(url="http://127.0.0.1:9/v1")).loop_cut == LoopCut()
+    assert client_for(on).loop_cut == LoopCut()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from regen.core.result import TurnResult
 from regen.core.sample import Message, Sample, ToolCall
+from regen.engine.inputs import row_settings
 from regen.engine.turns import DoneTurn
 from regen.engine.worker import default_row_builder
 from regen.manifest import load_manifest
@@ -41,7 +42,7 @@ def test_a_new_run_records_objects_and_one_of_before_reads_strings(tmp_path: Pat
 
 
 def rows_with(setup: RenderSetup) -> dict:
-    build = default_row_builder(load_manifest(QWEN3), setup)
+    build = default_row_builder(row_settings(load_manifest(QWEN3), setup))
     history = [
         Message("user", "Weather in Oslo?"),
         Message("assistant", "", tool_calls=(ToolCall("c0", "get_weather", COMPACT),)),

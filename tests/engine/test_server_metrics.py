@@ -9,8 +9,9 @@ import asyncio
 import contextlib
 import time
 
-from regen.client import RetryPolicy
-from regen.client.endpoints import EndpointInfo
+from _worker_config import config_for, resolved
+
+from regen.client import ResolvedEndpoint, RetryPolicy
 from regen.core.sample import Message, Sample
 from regen.devkit.simulate.testing import simulator_in_thread
 from regen.engine.worker import SampleWorker
@@ -36,9 +37,8 @@ def manifest(*urls: str, max_tokens: int = 16):
     })  # fmt: skip
 
 
-def info(url: str, slots: int | None = SLOTS) -> EndpointInfo:
-    return EndpointInfo(url=url, weight=1.0, models=("m",), max_running_requests=slots,
-                        engine="sglang")  # fmt: skip
+def info(url: str, slots: int | None = SLOTS) -> ResolvedEndpoint:
+    return resolved(url, slots=slots)
 
 
 def stub_rows(sample, turns):
@@ -46,12 +46,18 @@ def stub_rows(sample, turns):
 
 
 def worker(
-    urls: list[str], concurrency: int | None = None, max_tokens: int = 16, **kw
+    urls: list[str],
+    concurrency: int | None = None,
+    max_tokens: int = 16,
+    server_metrics: bool = True,
+    **kw,
 ) -> SampleWorker:
     m = manifest(*urls, max_tokens=max_tokens)
-    retry = RetryPolicy.from_engine(m.engine, sleep=no_sleep)
-    return SampleWorker(m, [info(u) for u in urls], concurrency, row_builder=stub_rows,
-                        retry=retry, metrics_interval_s=60.0, **kw)  # fmt: skip
+    config = config_for(m, [info(u) for u in urls], concurrency=concurrency,
+                        server_metrics=server_metrics)  # fmt: skip
+    retry = RetryPolicy.of(config.retry, sleep=no_sleep)
+    return SampleWorker(config, row_builder=stub_rows, retry=retry, metrics_interval_s=60.0,
+                        **kw)  # fmt: skip
 
 
 def wait_running(sim, n: int) -> None:
@@ -178,10 +184,10 @@ def test_the_start_fills_the_slots_in_bursts_the_servers_queue_takes() -> None:
                              max_queued_requests=2, step_ms=20, mean_tokens=100_000,
                              length_sigma=0.0) as sim:  # fmt: skip
         m = manifest(sim.url, max_tokens=100_000)
-        found = EndpointInfo(url=sim.url, weight=1.0, models=("m",), engine="sglang",
-                             max_running_requests=SLOTS, max_queued_requests=2)  # fmt: skip
-        w = SampleWorker(m, [found], None, row_builder=stub_rows,
-                         retry=RetryPolicy.from_engine(m.engine, sleep=no_sleep),
+        found = resolved(sim.url, slots=SLOTS, queued=2)
+        config = config_for(m, [found])
+        w = SampleWorker(config, row_builder=stub_rows,
+                         retry=RetryPolicy.of(config.retry, sleep=no_sleep),
                          metrics_interval_s=60.0)  # fmt: skip
 
         async def go():
@@ -213,15 +219,15 @@ def test_a_paced_limit_asks_for_the_next_reading_soon_and_backs_off_without_prog
     w = worker(["http://127.0.0.1:9/v1"])
     page = w.lanes["http://127.0.0.1:9/v1"].page
     assert page is not None
-    assert w._pace(page, False, grew=False) is None  # not paced: the interval
-    assert w._pace(page, True, grew=True) == 0.1
-    assert [w._pace(page, True, grew=False) for _ in range(3)] == [0.2, 0.4, 0.8]
-    assert w._pace(page, True, grew=True) == 0.1  # it grew again: soon again
-    assert w._pace(page, False, grew=False) is None
-    assert w._pace(page, True, grew=False) == 0.1  # a new pacing starts soon
+    assert page.pace(False, grew=False) is None  # not paced: the interval
+    assert page.pace(True, grew=True) == 0.1
+    assert [page.pace(True, grew=False) for _ in range(3)] == [0.2, 0.4, 0.8]
+    assert page.pace(True, grew=True) == 0.1  # it grew again: soon again
+    assert page.pace(False, grew=False) is None
+    assert page.pace(True, grew=False) == 0.1  # a new pacing starts soon
     # a page that took 0.3 s to answer: requests take about as long to arrive
     page.poller.took_s = 0.3
-    assert w._pace(page, True, grew=True) == 0.6
+    assert page.pace(True, grew=True) == 0.6
 
 
 def test_without_a_page_the_worker_schedules_as_before_and_says_so_once(caplog) -> None:
@@ -249,13 +255,13 @@ def test_without_a_page_the_worker_schedules_as_before_and_says_so_once(caplog) 
 
 def test_server_metrics_off_reads_no_page(caplog) -> None:
     with simulator_in_thread(model_name="m", enable_metrics=True, instant=True) as sim:
-        with caplog.at_level("INFO", logger="regen.engine.worker"):
+        with caplog.at_level("INFO", logger="regen.engine.pages"):
             w = worker([sim.url], server_metrics=False)
             on = worker([sim.url])  # the manifest's default: read it
             m = manifest(sim.url)
             off = m.model_copy(update={"engine": m.engine.model_copy(
                 update={"server_metrics": False})})  # fmt: skip
-            by_manifest = SampleWorker(off, [info(sim.url)], None, row_builder=stub_rows)
+            by_manifest = SampleWorker(config_for(off, [info(sim.url)]), row_builder=stub_rows)
         for x in (w, on, by_manifest):
             asyncio.run(x.aclose())
 
@@ -328,8 +334,9 @@ def test_a_short_queue_raises_the_limit_once_per_reading() -> None:
     with simulator_in_thread(model_name="m", enable_metrics=True, max_running_requests=16,
                              step_ms=20, mean_tokens=100_000, length_sigma=0.0) as sim:  # fmt: skip
         m = manifest(sim.url, max_tokens=100_000)
-        w = SampleWorker(m, [info(sim.url, slots=16)], None, row_builder=stub_rows,
-                         retry=RetryPolicy.from_engine(m.engine, sleep=no_sleep),
+        config = config_for(m, [info(sim.url, slots=16)])
+        w = SampleWorker(config, row_builder=stub_rows,
+                         retry=RetryPolicy.of(config.retry, sleep=no_sleep),
                          shares={sim.url: 8}, metrics_interval_s=60.0)  # fmt: skip
 
         async def go():

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from _worker_config import config_for
 
 from regen.client import RetryPolicy
 from regen.core.sample import Message, Sample
 from regen.devkit.simulate.testing import simulator_in_thread
 from regen.engine.worker import SampleWorker
-from regen.manifest import Endpoint, parse_manifest
+from regen.manifest import parse_manifest
 
 
 async def no_sleep(_s: float) -> None:
@@ -42,9 +43,9 @@ def three_turns(sid: str) -> Sample:
 
 
 def worker(m, concurrency: int = 4) -> SampleWorker:
-    retry = RetryPolicy.from_engine(m.engine, sleep=no_sleep)
-    return SampleWorker(m, [Endpoint(url=e.url) for e in m.endpoints], concurrency,
-                        row_builder=stub_rows, retry=retry)  # fmt: skip
+    config = config_for(m, concurrency=concurrency)
+    retry = RetryPolicy.of(config.retry, sleep=no_sleep)
+    return SampleWorker(config, row_builder=stub_rows, retry=retry)
 
 
 @pytest.fixture(scope="module")
@@ -118,9 +119,9 @@ def test_503_overload_backs_the_limit_off_and_never_takes_the_endpoint_out(caplo
             "engine": {"max_attempts": 10, "endpoint_failure_threshold": 3},
             "sources": [{"name": "s", "adapter": "sharegpt", "path": "x.jsonl"}],
         })  # fmt: skip
-        w = SampleWorker(m, [Endpoint(url=sim.url)], None, row_builder=stub_rows,
-                         retry=RetryPolicy.from_engine(m.engine, sleep=no_sleep),
-                         shares={sim.url: 8})  # fmt: skip
+        config = config_for(m)
+        w = SampleWorker(config, row_builder=stub_rows, shares={sim.url: 8},
+                         retry=RetryPolicy.of(config.retry, sleep=no_sleep))  # fmt: skip
         start = w.lanes[sim.url].limit.current
 
         async def go():
@@ -157,9 +158,9 @@ def test_a_refusing_endpoint_leaves_rotation_and_its_samples_go_elsewhere(two_si
     good = two_sims[0]
     with refusing_server(403).running() as bad:
         m = manifest(bad.url, good.url)
-        w = SampleWorker(m, [Endpoint(url=bad.url), Endpoint(url=good.url)], 4,
-                         row_builder=stub_rows, probe=always_up,
-                         retry=RetryPolicy.from_engine(m.engine, sleep=no_sleep))  # fmt: skip
+        config = config_for(m, concurrency=4)
+        w = SampleWorker(config, row_builder=stub_rows, probe=always_up,
+                         retry=RetryPolicy.of(config.retry, sleep=no_sleep))  # fmt: skip
 
         async def go():
             try:
@@ -182,8 +183,9 @@ def test_a_refusing_endpoint_leaves_rotation_and_its_samples_go_elsewhere(two_si
 def test_with_no_endpoint_left_the_sample_is_unsent_not_failed(status: int) -> None:
     with refusing_server(status).running() as bad:
         m = manifest(bad.url)
-        w = SampleWorker(m, [Endpoint(url=bad.url)], 4, row_builder=stub_rows, probe=always_up,
-                         retry=RetryPolicy.from_engine(m.engine, sleep=no_sleep))  # fmt: skip
+        config = config_for(m, concurrency=4)
+        w = SampleWorker(config, row_builder=stub_rows, probe=always_up,
+                         retry=RetryPolicy.of(config.retry, sleep=no_sleep))  # fmt: skip
 
         async def go():
             try:

@@ -19,6 +19,7 @@ import pytest
 
 from regen.core.result import TurnResult
 from regen.core.sample import ATTEMPT_META, Message, Sample, ToolCall
+from regen.engine.inputs import render_settings
 from regen.engine.rows import build_turn_row
 from regen.manifest import load_manifest
 from regen.template.render import Renderer, RenderSetup
@@ -69,7 +70,7 @@ def test_every_regenerated_demo_row_is_rebuilt_byte_for_byte(
     spec = class_spec(load_tokenizer(tokenizer)) if by_class else None
     assert spec is not None or not by_class
     with caplog.at_level(logging.INFO, logger="regen.template.tokenizer"):
-        renderer = Renderer.from_manifest(manifest, RenderSetup(spec))
+        renderer = Renderer.of(render_settings(manifest, RenderSetup(spec)))
     assert "resolving it again" not in caplog.text  # loaded by the class, not by the fallback
     assert len(golden) == 80 and renderer.family is not None and renderer.family.name == "kimi"
     differ: dict[str, list[str]] = {}

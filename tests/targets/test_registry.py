@@ -187,9 +187,7 @@ def test_serve_command_without_a_family_prints_no_parser_flags(tmp_path: Path, c
 def test_a_family_that_reads_a_top_level_switch_gets_it_in_every_request(tmp_path: Path) -> None:
     """GPT-OSS: vLLM renders harmony itself from the request's top-level reasoning_effort."""
     from _families import family_tokenizer
-
-    from regen.client import ChatClient
-    from regen.manifest import Endpoint
+    from _worker_config import client_for
 
     tok = family_tokenizer(FAMILIES["gpt_oss"], tmp_path)
     m = load_manifest(REPO / "manifests" / "demo.yaml",
@@ -197,9 +195,7 @@ def test_a_family_that_reads_a_top_level_switch_gets_it_in_every_request(tmp_pat
     assert m.family() is FAMILIES["gpt_oss"]
     assert m.template_kwargs() == {"reasoning_effort": "low"}
     assert m.request_fields() == {"reasoning_effort": "low"}
-    body = ChatClient.from_manifest(m, Endpoint(url="http://127.0.0.1:9/v1")).request_body(
-        [{"role": "user", "content": "Hi"}], None
-    )
+    body = client_for(m).request_body([{"role": "user", "content": "Hi"}], None)
     assert body["reasoning_effort"] == "low"
     assert body["chat_template_kwargs"] == {"reasoning_effort": "low"}
     kimi = load_manifest(REPO / "manifests" / "demo.yaml")

@@ -128,7 +128,8 @@ def test_missing_tokenizer_dir_is_a_template_error(tmp_path: Path) -> None:
         Renderer.from_dir(tmp_path / "nope")
 
 
-def test_from_manifest_uses_target_tokenizer_and_template_kwargs() -> None:
+def test_a_runs_render_settings_use_target_tokenizer_and_template_kwargs() -> None:
+    from regen.engine.inputs import render_settings
     from regen.manifest import parse_manifest
 
     m = parse_manifest(
@@ -142,7 +143,7 @@ def test_from_manifest_uses_target_tokenizer_and_template_kwargs() -> None:
         },
         base_dir=TOKENIZER.parent,
     )
-    r = Renderer.from_manifest(m)
+    r = Renderer.of(render_settings(m))
     assert r.template_kwargs == {"thinking": False}
     assert r.render_prompt([Message("user", "Hi")]).endswith("<think></think>")
 

@@ -272,11 +272,12 @@ def test_workload_originals_follow_the_prompt_draw(workload):
 def test_workload_prompt_z_is_the_one_of_the_request_regen_sends(workload, tmp_path):
     """Every turn's request (built as benchmarks/_eventsim.chains builds it, through regen's
     adapter, turn logic and client) has the prompt draw of the row's user text."""
-    from regen.client import ChatClient
+    from _worker_config import client_for
+
     from regen.core.result import TurnResult
     from regen.core.sample import ToolCall
     from regen.engine.turns import regenerate
-    from regen.manifest import Endpoint, load_manifest
+    from regen.manifest import load_manifest
     from regen.sources import read_samples
 
     path = workload.write_workload(tmp_path, 60, multi=0.6, length_corr=0.5)
@@ -284,7 +285,7 @@ def test_workload_prompt_z_is_the_one_of_the_request_regen_sends(workload, tmp_p
     assert m.sampling.seed == workload.SAMPLING_SEED
     rows = {json.loads(line)["id"]: json.loads(line) for line in
             (tmp_path / "sharegpt.jsonl").read_text().splitlines()}  # fmt: skip
-    client = ChatClient.from_manifest(m, Endpoint(url="http://127.0.0.1:9/v1"))
+    client = client_for(m)
     samples = list(read_samples(m))
     assert len(samples) == 60
 
