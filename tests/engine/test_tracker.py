@@ -17,7 +17,7 @@ def row(sid: str, ct: int, finish: str = "stop", source: str = "native_or_not") 
 
 
 def stored(t: ProgressTracker, source: str, rows: list[dict], *, was_failed: bool) -> None:
-    """What the driver does with a stored sample (regen.engine.driver._Session.keep)."""
+    """What the driver does with a stored sample (regen.engine.recorder.SessionRecorder.keep)."""
     done = CompletedSample(rows[0]["sample_id"], source, rows)
     t.sample_counted(source, done.counts(), output_tokens(rows), was_failed=was_failed,
                      retry=False)  # fmt: skip
