@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from regen.cli._args import (
     absolute_run_dir,
@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from regen.engine import JobSummary, RunOptions
     from regen.manifest import Manifest
     from regen.store import RunDir
+
+T = TypeVar("T")
 
 NAME = "run"
 HELP = "regenerate the manifest's samples into a run directory (running it again resumes)"
@@ -178,12 +180,10 @@ def run_with_view(manifest: Manifest, rd: RunDir, opts: RunOptions, *, view: boo
             thread.join(timeout=10)
 
 
-def _also(
-    first: Callable[[Any], None] | None, then: Callable[[Any], None]
-) -> Callable[[Any], None]:
+def _also(first: Callable[[T], None] | None, then: Callable[[T], None]) -> Callable[[T], None]:
     """A callback that calls ``first`` (when there is one), then ``then``."""
 
-    def both(value: Any) -> None:
+    def both(value: T) -> None:
         if first is not None:
             first(value)
         then(value)

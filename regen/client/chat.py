@@ -31,18 +31,17 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from regen.client.errors import not_protocol
 from regen.client.profiles import EngineProfile, profile_named
 from regen.client.resolved import NO_KEY as NO_KEY  # what regen.bench compares keys with
 from regen.client.resolved import KeySource, ResolvedEndpoint
 from regen.client.retry import FailureHook, RetryPolicy
-from regen.client.stream import StreamAccumulator, typed, usage_fields
-from regen.client.transport import ChatTransport
+from regen.client.stream import StreamAccumulator, UsageCounts, typed, usage_fields
+from regen.client.transport import ChatTransport, Pieces
 from regen.core.errors import (
     InvalidTextError,
     PermanentError,
@@ -57,15 +56,18 @@ from regen.quality.loop import LoopWatch
 
 log = logging.getLogger(__name__)
 
+#: a request's messages or tools: OpenAI JSON objects
+JsonObjects = Sequence[Mapping[str, object]]
 
-def _reasoning_of(msg: dict[str, Any], url: str) -> str | None:
+
+def _reasoning_of(msg: dict[str, object], url: str) -> str | None:
     value = msg.get("reasoning_content")
     if value is None:
         value = msg.get("reasoning")
     return typed(value, str, "message.reasoning_content", url)
 
 
-def _tool_calls_of(msg: dict[str, Any], url: str) -> tuple[ToolCall, ...]:
+def _tool_calls_of(msg: dict[str, object], url: str) -> tuple[ToolCall, ...]:
     """The calls of a whole answer's message (:class:`MalformedAnswerError` for a field of
     the wrong type; arguments sent as an object are dumped)."""
     calls = []
@@ -75,7 +77,7 @@ def _tool_calls_of(msg: dict[str, Any], url: str) -> tuple[ToolCall, ...]:
         fn = typed(c.get("function"), dict, f"{where}.function", url)
         if fn is None:
             continue
-        args = fn.get("arguments")
+        args: object = fn.get("arguments")
         if isinstance(args, dict):
             args = json.dumps(args)
         calls.append(ToolCall(
@@ -105,8 +107,8 @@ class ClientSettings:
     model: str
     sampling: Sampling
     timeout_s: float = 1800.0
-    template_kwargs: Mapping[str, Any] | None = None
-    request_fields: Mapping[str, Any] = field(default_factory=dict)
+    template_kwargs: Mapping[str, object] | None = None
+    request_fields: Mapping[str, object] = field(default_factory=dict)
     quality: QualityConfig | None = None
 
 
@@ -129,8 +131,8 @@ class ChatClient:
         engine: EngineProfile | str | None = None,
         engine_version: str | None = None,
         clock: Callable[[], float] = time.monotonic,
-        template_kwargs: dict[str, Any] | None = None,
-        request_fields: dict[str, Any] | None = None,
+        template_kwargs: Mapping[str, object] | None = None,
+        request_fields: Mapping[str, object] | None = None,
         quality: QualityConfig | None = None,
     ) -> None:
         """``engine``: the endpoint's profile (or its name; None: SGLang); ``engine_version``
@@ -203,15 +205,15 @@ class ChatClient:
 
     def request_body(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
+        messages: JsonObjects,
+        tools: JsonObjects | None,
         *,
         seed: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """The JSON body of one ``POST /chat/completions``; ``seed`` replaces the sampling
         seed (a new attempt of a flagged sample, regen.plan.attempts)."""
         s = self.sampling
-        body: dict[str, Any] = {
+        body: dict[str, object] = {
             "model": self.model,
             "messages": messages,
             "temperature": s.temperature,
@@ -238,8 +240,8 @@ class ChatClient:
 
     async def complete(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
+        messages: JsonObjects,
+        tools: JsonObjects | None = None,
         *,
         sample_id: str,
         on_failure: FailureHook | None = None,
@@ -255,12 +257,12 @@ class ChatClient:
 
     async def complete_once(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
+        messages: JsonObjects,
+        tools: JsonObjects | None = None,
         *,
         sample_id: str,
         seed: int | None = None,
-        beat: Any = None,
+        beat: Pieces | None = None,
     ) -> TurnResult:
         """One try, no retry (``seed``: see :meth:`request_body`; ``beat``: a
         regen.engine.stall.Beat the stream's pieces are counted on). Raises a
@@ -278,7 +280,9 @@ class ChatClient:
             log.debug("sample %s: %s", sample_id, e)
             raise
 
-    async def _stream(self, body: dict[str, Any], start: float, beat: Any = None) -> TurnResult:
+    async def _stream(
+        self, body: dict[str, object], start: float, beat: Pieces | None = None
+    ) -> TurnResult:
         acc = StreamAccumulator(endpoint=self.url, clock=self._clock)
         watch = None
         if self.loop_cut is not None:
@@ -289,7 +293,7 @@ class ChatClient:
         if acc.looped:  # closed by regen: the usage chunk never came, the counts are regen's
             finish, tokens = LOOP, acc.tokens()
             saved = max(0, self.sampling.max_tokens - tokens)
-            counts: dict[str, int | None] = {"completion_tokens": tokens, "cut_saved": saved}
+            counts: UsageCounts = {"completion_tokens": tokens, "cut_saved": saved}
             if not (prompt_ids and output_ids):  # half the server's ids are none of them
                 prompt_ids = output_ids = None
         elif acc.finish_reason is None:
@@ -315,7 +319,7 @@ class ChatClient:
             **counts,
         )
 
-    async def _whole(self, body: dict[str, Any], start: float) -> TurnResult:
+    async def _whole(self, body: dict[str, object], start: float) -> TurnResult:
         data = await self._transport.complete(body)
         end = self._clock()
         choices = data.get("choices")
@@ -368,12 +372,12 @@ def _check_text(result: TurnResult, url: str) -> None:
 FINISHED = frozenset({"stop", "length", "tool_calls"})
 
 
-def _check_finish(reason: Any, url: str) -> str:
+def _check_finish(reason: str | None, url: str) -> str:
     """A turn is stored only when it finished: a missing reason or SGLang's ``abort`` (the server
     dropped the request, e.g. under memory pressure) is transient, anything else unknown permanent.
     """
-    if reason in FINISHED:
-        return reason  # type: ignore[return-value]
+    if reason is not None and reason in FINISHED:
+        return reason
     if reason is None or reason == "abort":
         raise ServerError(f"{url} ended the turn with finish_reason={reason!r}", endpoint=url)
     raise PermanentError(f"{url} ended the turn with finish_reason={reason!r}", endpoint=url)

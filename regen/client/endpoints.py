@@ -23,13 +23,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from regen.client.chat import token_path
 from regen.client.errors import url_hint
+from regen.client.http import JsonClient, JsonGetter
 from regen.client.profiles import identify, profile_named
 from regen.client.resolved import KeySource, ResolvedEndpoint, auth_headers
 from regen.core.errors import EndpointError
@@ -42,7 +42,9 @@ log = logging.getLogger(__name__)
 IDENTITY_HANG_PART = 0.9
 
 #: (timeout_s) -> an ``httpx2.AsyncClient``-like client (injectable for tests)
-HttpFactory = Callable[[float], Any]
+HttpFactory = Callable[[float], JsonClient]
+#: what run.json's ``engines`` records of one endpoint (regen.store.layout.EngineRecord's fields)
+EngineFields = dict[str, str | None]
 
 
 @dataclass(slots=True)
@@ -63,7 +65,7 @@ class EndpointInfo:
     #: the server reports --enable-deterministic-inference (None: no /server_info)
     deterministic: bool | None = None
     version: str | None = None
-    speculative: dict[str, Any] = field(default_factory=dict)
+    speculative: dict[str, object] = field(default_factory=dict)
     server_info: bool = False  #: whether /server_info answered
     #: the engine profile recognised (regen.client.profiles): "sglang", "vllm", "openai"
     engine: str = "openai"
@@ -83,7 +85,7 @@ class EndpointInfo:
             max_queued_requests=self.max_queued_requests,
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "url": self.url,
             "weight": self.weight,
@@ -108,15 +110,16 @@ def server_root(url: str) -> str:
     return base
 
 
-def _default_http(timeout_s: float) -> Any:
+def _default_http(timeout_s: float) -> JsonClient:
     import httpx2
 
-    return httpx2.AsyncClient(timeout=timeout_s)
+    client: JsonClient = httpx2.AsyncClient(timeout=timeout_s)
+    return client
 
 
 async def served_models(
-    endpoint: Endpoint, *, http: Any, base_dir: str | Path = "."
-) -> dict[str, dict[str, Any]]:
+    endpoint: Endpoint, *, http: JsonGetter, base_dir: str | Path = "."
+) -> dict[str, dict[str, object]]:
     """``GET {url}/models``: the served model ids and their entries; raises EndpointError with
     the reason (unreachable, the key, no model list)."""
     shown = public_url(endpoint.url)  # messages never carry user:password
@@ -135,9 +138,12 @@ async def served_models(
         hint = url_hint(shown) if resp.status_code in (404, 405) else ""
         raise EndpointError(f"{shown}: GET /models answered HTTP {resp.status_code}{hint}")
     try:
-        data = resp.json().get("data") or []
+        found = resp.json()
+        data = found.get("data") or [] if isinstance(found, dict) else None
+        if not isinstance(data, Iterable):  # what iterating it would raise
+            raise TypeError(data)
         return {str(d["id"]): d for d in data if isinstance(d, dict) and "id" in d}
-    except (ValueError, AttributeError, TypeError):
+    except (ValueError, TypeError):
         raise EndpointError(f"{shown}: GET /models did not return a model list") from None
 
 
@@ -145,7 +151,7 @@ async def check_endpoint(
     endpoint: Endpoint,
     model: str,
     *,
-    http: Any,
+    http: JsonGetter,
     base_dir: str | Path = ".",
     timeout_s: float = 10.0,
 ) -> EndpointInfo:
@@ -183,7 +189,7 @@ async def check_endpoint(
 
 def engine_records(
     infos: list[EndpointInfo], sampling: Sampling, session: str
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, EngineFields]:
     """What run.json's ``engines`` records for the usable endpoints: public URL -> engine,
     version, token_path (where the rows' ids come from), session."""
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import email.utils
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from regen.core.errors import (
     ConnectError,
@@ -131,7 +130,7 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
     get = getattr(headers, "get", None)
     if get is None:
         return None
-    value = get(name)
+    value: str | None = get(name)
     if value is None:
         # plain dicts are case-sensitive
         for k, v in headers.items():
@@ -146,7 +145,7 @@ def status_error(
     *,
     endpoint: str | None,
     headers: Mapping[str, str] | None = None,
-    body: Any = None,
+    body: object = None,
     now: float | None = None,
 ) -> RequestError:
     """The taxonomy class for an HTTP error status (see the module docstring for the rules)."""
@@ -177,10 +176,11 @@ def status_error(
     return PermanentError(text, status=status, endpoint=endpoint)
 
 
-def _is_context_length(body: Any) -> bool:
+def _is_context_length(body: object) -> bool:
     if not isinstance(body, Mapping):
         return False
-    inner = body.get("error") if isinstance(body.get("error"), Mapping) else body
+    error = body.get("error")
+    inner = error if isinstance(error, Mapping) else body
     for key in ("code", "type"):
         value = inner.get(key)
         if isinstance(value, str) and value.lower() in CONTEXT_LENGTH_CODES:
@@ -188,10 +188,11 @@ def _is_context_length(body: Any) -> bool:
     return False
 
 
-def body_message(body: Any, fallback: str) -> str:
+def body_message(body: object, fallback: str) -> str:
     """The server's own message in an error body (OpenAI / SGLang shapes), at most 500 chars."""
     if isinstance(body, Mapping):
-        inner = body.get("error") if isinstance(body.get("error"), Mapping) else body
+        error = body.get("error")
+        inner = error if isinstance(error, Mapping) else body
         for key in ("message", "detail", "error"):  # SGLang's 401: {"error": "Unauthorized"}
             value = inner.get(key)
             if isinstance(value, str) and value:
@@ -231,7 +232,7 @@ def map_error(
     )
 
 
-def stream_error(body: Any, *, endpoint: str | None) -> RequestError:
+def stream_error(body: object, *, endpoint: str | None) -> RequestError:
     """The error for an ``error`` object sent inside a stream (it has no HTTP status)."""
     code = _int_code(body)
     message = body_message(body, "error in stream")
@@ -240,7 +241,7 @@ def stream_error(body: Any, *, endpoint: str | None) -> RequestError:
     return ServerError(f"error in stream from {endpoint}: {message}", endpoint=endpoint)
 
 
-def _int_code(body: Any) -> int | None:
+def _int_code(body: object) -> int | None:
     if not isinstance(body, Mapping):
         return None
     for key in ("code", "status", "status_code"):

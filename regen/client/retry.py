@@ -54,7 +54,7 @@ class RetryPolicy:
     max_attempts: int = 8
     backoff_initial_s: float = 1.0
     backoff_max_s: float = 60.0
-    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     rng: RandomSource = field(default_factory=random.Random)
 
     @classmethod
@@ -62,7 +62,7 @@ class RetryPolicy:
         cls,
         settings: RetrySettings,
         *,
-        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: RandomSource | None = None,
     ) -> RetryPolicy:
         """The policy of ``settings`` (``sleep`` and ``rng`` injectable for tests)."""
@@ -76,9 +76,9 @@ class RetryPolicy:
 
     def backoff(self, attempt: int, error: BaseException | None = None) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
-        base = min(self.backoff_max_s, self.backoff_initial_s * 2 ** (attempt - 1))
+        base: float = min(self.backoff_max_s, self.backoff_initial_s * 2 ** (attempt - 1))
         wait = base * (0.5 + 0.5 * self.rng.random())
-        retry_after = getattr(error, "retry_after", None)
+        retry_after: float | None = getattr(error, "retry_after", None)
         if retry_after is not None:
             wait = max(wait, float(retry_after))
         return wait

@@ -31,13 +31,17 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from regen.client.http import TextGetter
 from regen.core.errors import MetricsPageError
+
+if TYPE_CHECKING:
+    import aiohttp
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +226,7 @@ class ServerLoad:
             return None
         return (self.running or 0.0) + (self.queued or 0.0)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, float | None]:
         return {f: getattr(self, f) for f in self.__slots__ if f != "at"}
 
 
@@ -325,7 +329,7 @@ class PageClient:
     loop), with the one call a scrape makes (``get``, as an ``httpx2.AsyncClient`` has it)."""
 
     def __init__(self) -> None:
-        self._session: Any = None
+        self._session: aiohttp.ClientSession | None = None
 
     async def get(self, url: str, headers: Mapping[str, str] | None = None) -> Page:
         import aiohttp
@@ -340,20 +344,20 @@ class PageClient:
             await self._session.close()
 
 
-async def _fetch(http: Any, url: str, headers: Mapping[str, str]) -> tuple[int, str]:
+async def _fetch(http: TextGetter, url: str, headers: Mapping[str, str]) -> tuple[int, str]:
     resp = await http.get(url, headers=dict(headers))
     return resp.status_code, resp.text
 
 
 async def scrape(
-    http: Any,
+    http: TextGetter,
     root: str,
     names: MetricNames,
     headers: Mapping[str, str] | None = None,
     *,
     previous: ServerLoad | None = None,
     timeout_s: float = SCRAPE_TIMEOUT_S,
-    clock: Any = time.monotonic,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Scrape:
     """Read the page of the server at ``root`` (an ``httpx2.AsyncClient``-like ``http``),
     within ``timeout_s``; never raises for anything the server or the network does."""
@@ -388,7 +392,7 @@ class MetricsPoller:
 
     def __init__(
         self,
-        http: Any,
+        http: TextGetter,
         root: str,
         names: MetricNames,
         headers: Mapping[str, str] | None = None,
@@ -396,8 +400,8 @@ class MetricsPoller:
         interval_s: float = SCRAPE_INTERVAL_S,
         timeout_s: float = SCRAPE_TIMEOUT_S,
         absent_every: int = 12,
-        clock: Any = time.monotonic,
-        on_change: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[str, str], None] | None = None,
     ) -> None:
         self.http, self.root, self.names = http, root, names
         self.headers = dict(headers or {})
@@ -454,7 +458,7 @@ class MetricsPoller:
             self._said = state
             self.on_change(self.root, message)
 
-    async def run(self, after: Any = None) -> None:
+    async def run(self, after: Callable[[], float | None] | None = None) -> None:
         """Poll every ``interval_s`` until cancelled (a round's own time counts in it);
         ``after()`` is called after each round (a consumer reading :attr:`latest`); it may
         return the seconds to the next round, at most ``interval_s`` (None: ``interval_s``)."""

@@ -52,13 +52,25 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from json.decoder import scanstring
-from typing import Any
+from json.decoder import scanstring  # type: ignore[attr-defined]
+from typing import TypedDict, TypeVar
 
 from regen.client.errors import stream_error
 from regen.core import jsontext
 from regen.core.errors import MalformedAnswerError
 from regen.core.sample import ToolCall
+
+T = TypeVar("T")
+
+
+class UsageCounts(TypedDict, total=False):
+    """A :class:`regen.core.result.TurnResult`'s usage fields, as a server reported them."""
+
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    reasoning_tokens: int | None
+    cached_tokens: int | None
+    cut_saved: int | None
 
 
 @dataclass(slots=True)
@@ -98,13 +110,13 @@ class StreamAccumulator:
     tools: dict[int, _ToolCallParts] = field(default_factory=dict)
     finish_reason: str | None = None
     model: str = ""
-    usage: dict[str, Any] | None = None
+    usage: dict[str, object] | None = None
     first_token_at: float | None = None
     chunks: int = 0
     done: bool = False
     prompt_ids: list[int] | None = None  #: sglext.input_ids
     output_ids: list[int] | None = None  #: sglext.output_ids[0]
-    spec: dict[str, Any] | None = None  #: sglext.spec_tokens_details
+    spec: dict[str, object] | None = None  #: sglext.spec_tokens_details
     top_prompt_ids: list[int] | None = None  #: a chunk's top-level prompt_token_ids (vLLM)
     choice_ids: list[int] | None = None  #: the choices' token_ids, concatenated (vLLM)
     fast: bool = True  #: take text chunks of a known shape without a full parse
@@ -129,7 +141,7 @@ class StreamAccumulator:
             if data is not None and self.fast and self._tries < MAX_LEARN_TRIES:
                 self._learn(payload, data)
 
-    def _payload(self, payload: str | bytes, done_marker: str | bytes) -> dict[str, Any] | None:
+    def _payload(self, payload: str | bytes, done_marker: str | bytes) -> dict[str, object] | None:
         """The data of one SSE event: the end marker, an error object, or a chunk (returned)."""
         if not payload:
             return None
@@ -143,11 +155,14 @@ class StreamAccumulator:
                 f"answer from {self.endpoint}: an event that is not JSON: {_excerpt(payload)}",
                 endpoint=self.endpoint,
             ) from None
-        data = self._typed(data, dict, "an event")
-        if data.get("error") is not None:
-            raise stream_error(data["error"], endpoint=self.endpoint)
-        self.add(data)
-        return data
+        event = self._typed(data, dict, "an event")
+        if event is None:
+            raise MalformedAnswerError(f"answer from {self.endpoint}: an event that is null",
+                                       endpoint=self.endpoint)  # fmt: skip
+        if event.get("error") is not None:
+            raise stream_error(event["error"], endpoint=self.endpoint)
+        self.add(event)
+        return event
 
     def _take(self, shape: _TextShape, payload: bytes) -> bool:
         """Apply ``payload`` as a text chunk of ``shape``; False when it is not one."""
@@ -174,7 +189,7 @@ class StreamAccumulator:
                 self.first_token_at = self.clock()
         return True
 
-    def _learn(self, payload: bytes, data: dict[str, Any]) -> None:
+    def _learn(self, payload: bytes, data: dict[str, object]) -> None:
         """Keep the shape of ``payload`` when it is a text chunk that probes prove to be one."""
         choices = data.get("choices")
         if not (isinstance(choices, list) and len(choices) == 1 and isinstance(choices[0], dict)):
@@ -201,7 +216,7 @@ class StreamAccumulator:
             return
         cut = start + len(rest[: end - 1].encode("utf-8", "surrogatepass"))
         model = data.get("model")
-        shape = _TextShape(payload[:start], payload[cut:], reasoning, model if model else "")
+        shape = _TextShape(payload[:start], payload[cut:], reasoning, str(model) if model else "")
         if all(self._probe(shape, probe) for probe in (_PROBE, "")):
             self._shapes.append(shape)
             if len(self._shapes) >= MAX_SHAPES:
@@ -233,7 +248,7 @@ class StreamAccumulator:
             and not full.done
         )
 
-    def add(self, data: dict[str, Any]) -> None:
+    def add(self, data: dict[str, object]) -> None:
         """One decoded chunk (:class:`MalformedAnswerError` for a field of the wrong type)."""
         self.chunks += 1
         model = self._typed(data.get("model"), str, "model")
@@ -263,8 +278,9 @@ class StreamAccumulator:
             if text:
                 self.content.append(text)
                 got = True
-            thought = delta.get("reasoning_content") or delta.get("reasoning")
-            if self._typed(thought, str, "delta.reasoning_content"):
+            thought = self._typed(delta.get("reasoning_content") or delta.get("reasoning"), str,
+                                  "delta.reasoning_content")  # fmt: skip
+            if thought:
                 self.reasoning.append(thought)
                 got = True
             for tc in self._typed(delta.get("tool_calls"), list, "delta.tool_calls") or ():
@@ -276,7 +292,7 @@ class StreamAccumulator:
             if finish:
                 self.finish_reason = finish
 
-    def _tool_call_delta(self, tc: dict[str, Any]) -> None:
+    def _tool_call_delta(self, tc: dict[str, object]) -> None:
         index = self._typed(tc.get("index"), int, "tool_calls[].index") or 0
         parts = self.tools.setdefault(index, _ToolCallParts())
         if call_id := self._typed(tc.get("id"), str, "tool_calls[].id"):
@@ -284,24 +300,24 @@ class StreamAccumulator:
         fn = self._typed(tc.get("function"), dict, "tool_calls[].function") or {}
         if name := self._typed(fn.get("name"), str, "tool_calls[].function.name"):
             parts.name += name
-        args = fn.get("arguments")
+        args: object = fn.get("arguments")
         if isinstance(args, dict):  # some servers send the object itself
             args = json.dumps(args, ensure_ascii=False)
-        if args := self._typed(args, str, "tool_calls[].function.arguments"):
-            parts.arguments.append(args)
+        if text := self._typed(args, str, "tool_calls[].function.arguments"):
+            parts.arguments.append(text)
 
-    def _typed(self, value: Any, kind: type, where: str) -> Any:
+    def _typed(self, value: object, kind: type[T], where: str) -> T | None:
         """``value`` when it is None or a ``kind`` (:func:`typed`)."""
         return typed(value, kind, where, self.endpoint)
 
-    def _sglext(self, ext: dict[str, Any]) -> None:
+    def _sglext(self, ext: dict[str, object]) -> None:
         ids = ext.get("input_ids")
         if isinstance(ids, list):
             self.prompt_ids = ids
         outs = ext.get("output_ids")
         if isinstance(outs, list) and outs and isinstance(outs[0], list):
             self.output_ids = outs[0]  # one list per choice; regen asks for n=1
-        spec = ext.get("spec_tokens_details")
+        spec: object = ext.get("spec_tokens_details")
         if isinstance(spec, list):  # n > 1 sends one per choice
             spec = spec[0] if spec else None
         if isinstance(spec, dict):
@@ -320,30 +336,33 @@ class StreamAccumulator:
             for _, p in sorted(self.tools.items())
         )
 
-    def usage_fields(self) -> dict[str, int | None]:
+    def usage_fields(self) -> UsageCounts:
         return usage_fields(self.usage, self.endpoint)
 
 
-def usage_fields(usage: Any, endpoint: str | None = None) -> dict[str, int | None]:
+def usage_fields(usage: object, endpoint: str | None = None) -> UsageCounts:
     """TurnResult's usage fields from a usage mapping (OpenAI and SGLang spellings;
     :class:`MalformedAnswerError` for a count that is not an int)."""
     if not usage:
         return {}
-    usage = typed(usage, dict, "usage", endpoint)
+    found = typed(usage, dict, "usage", endpoint) or {}
 
-    def details(key: str) -> dict[str, Any]:
-        return typed(usage.get(key), dict, f"usage.{key}", endpoint) or {}
+    def details(key: str) -> dict[str, object]:
+        return typed(found.get(key), dict, f"usage.{key}", endpoint) or {}
+
+    def count(value: object, key: str) -> int | None:
+        return typed(value, int, f"usage.{key}", endpoint)
 
     reasoning = details("completion_tokens_details").get("reasoning_tokens")
     if reasoning is None:
-        reasoning = usage.get("reasoning_tokens")
-    counts = {
-        "prompt_tokens": usage.get("prompt_tokens"),
-        "completion_tokens": usage.get("completion_tokens"),
-        "reasoning_tokens": reasoning,
-        "cached_tokens": details("prompt_tokens_details").get("cached_tokens"),
+        reasoning = found.get("reasoning_tokens")
+    cached = details("prompt_tokens_details").get("cached_tokens")
+    return {
+        "prompt_tokens": count(found.get("prompt_tokens"), "prompt_tokens"),
+        "completion_tokens": count(found.get("completion_tokens"), "completion_tokens"),
+        "reasoning_tokens": count(reasoning, "reasoning_tokens"),
+        "cached_tokens": count(cached, "cached_tokens"),
     }
-    return {k: typed(v, int, f"usage.{k}", endpoint) for k, v in counts.items()}
 
 
 def _excerpt(payload: str | bytes) -> str:
@@ -351,11 +370,13 @@ def _excerpt(payload: str | bytes) -> str:
     return repr(text[:80]) + ("..." if len(text) > 80 else "")
 
 
-def typed(value: Any, kind: type, where: str, endpoint: str | None) -> Any:
+def typed(value: object, kind: type[T], where: str, endpoint: str | None) -> T | None:
     """``value`` when it is None or exactly a ``kind`` (decoded JSON holds no subclasses, and
     so a bool is no int); otherwise the answer is malformed (:class:`MalformedAnswerError`
     naming the field)."""
-    if value is None or type(value) is kind:
+    if value is None:
+        return None
+    if type(value) is kind:
         return value
     raise MalformedAnswerError(
         f"answer from {endpoint}: {where} is {type(value).__name__}, not {kind.__name__}",

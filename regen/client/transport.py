@@ -21,17 +21,31 @@ type still reads), or a non-streamed answer that is not a JSON object.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
 
 from regen.client.errors import body_message, map_error, not_protocol, status_error, stream_error
 from regen.client.stream import StreamAccumulator
 from regen.core.errors import MalformedAnswerError, RegenError, StreamCutError
 from regen.quality.loop import LoopWatch
 
+if TYPE_CHECKING:
+    from aiohttp import ClientResponse, ClientSession
+
 #: bytes of an answer that is not the protocol read to name it
 PROBE_BYTES = 4096
 #: how the lines of a server-sent event stream start (anything else: not one)
 SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
+
+
+class Pieces(Protocol):
+    """What counts a stream's pieces as they arrive (a regen.engine.stall.Beat)."""
+
+    n: int
+
+
+#: a request's JSON body
+Body = Mapping[str, object]
 
 
 def _not_sse(head: bytes, *, whole: bool = False) -> bool:
@@ -56,9 +70,9 @@ class ChatTransport:
         self.headers = {"Content-Type": "application/json"}
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
-        self._session: Any = None
+        self._session: ClientSession | None = None
 
-    def _ensure(self) -> Any:
+    def _ensure(self) -> ClientSession:
         if self._session is None or self._session.closed:
             import aiohttp
 
@@ -72,14 +86,15 @@ class ChatTransport:
         return self._session
 
     @staticmethod
-    def encode(body: dict[str, Any]) -> bytes:
+    def encode(body: Body) -> bytes:
         return json.dumps(body, ensure_ascii=False).encode("utf-8")
 
-    async def _refuse(self, resp: Any) -> None:
+    async def _refuse(self, resp: ClientResponse) -> None:
         """Raise the taxonomy error of a non-200 answer (its JSON body read when it has one)."""
         raw = await resp.read()
+        parsed: object
         try:
-            parsed: Any = json.loads(raw)
+            parsed = json.loads(raw)
         except ValueError:
             parsed = raw.decode("utf-8", "replace")[:500]
         raise status_error(
@@ -92,9 +107,9 @@ class ChatTransport:
 
     async def stream(
         self,
-        body: dict[str, Any],
+        body: Body,
         acc: StreamAccumulator,
-        beat: Any = None,
+        beat: Pieces | None = None,
         watch: LoopWatch | None = None,
     ) -> None:
         """Send one streaming request; feed every line to ``acc`` until [DONE] or the end.
@@ -144,20 +159,21 @@ class ChatTransport:
         except Exception as e:
             raise map_error(e, endpoint=self.endpoint, received=acc.chunks > 0) from None
 
-    async def _not_stream(self, resp: Any, ctype: str, head: bytes) -> None:
+    async def _not_stream(self, resp: ClientResponse, ctype: str, head: bytes) -> None:
         """HTTP 200 to a streamed request, but the body (``head``: its start) is no event
         stream: an error object (some servers answer so) raises its error, anything else is
         not the protocol."""
         raw = head + await resp.content.read(PROBE_BYTES)
+        parsed: object
         try:
-            parsed: Any = json.loads(raw)
+            parsed = json.loads(raw)
         except ValueError:
             parsed = None
         if isinstance(parsed, dict) and parsed.get("error") is not None:
             raise stream_error(parsed["error"], endpoint=self.endpoint)
         raise not_protocol(self.endpoint, "HTTP 200 to a streamed request", ctype, raw)
 
-    async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def complete(self, body: Body) -> dict[str, object]:
         """Send one non-streaming request; return the decoded JSON answer."""
         session = self._ensure()
         try:
@@ -170,6 +186,7 @@ class ChatTransport:
             raise
         except Exception as e:
             raise map_error(e, endpoint=self.endpoint) from None
+        data: object
         try:
             data = json.loads(raw)
         except ValueError:

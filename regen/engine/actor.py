@@ -23,8 +23,9 @@ from regen.core.errors import TemplateError
 from regen.core.sample import Sample
 from regen.engine.inputs import RowSettings, WorkerConfig
 from regen.engine.turns import DoneTurn
-from regen.engine.wire import Mailbox
-from regen.engine.worker import Row, RowBuilder, SampleWorker, default_row_builder
+from regen.engine.wire import Mailbox, WireReply
+from regen.engine.worker import Row, RowBuilder, SampleWorker, WorkerSnapshot, default_row_builder
+from regen.plan.packed import QueueItem
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,8 @@ class WorkerActor:
         self.mailbox = Mailbox(self.worker, problem=rows.problem)
 
     async def exchange(
-        self, samples: list[Any], wait_s: float, low_water: int = -1, hold: bool = False
-    ) -> Any:
+        self, samples: list[QueueItem], wait_s: float, low_water: int = -1, hold: bool = False
+    ) -> WireReply:
         """:meth:`Mailbox.exchange`, as :meth:`regen.engine.wire.Reply.wire` data. ``hold``:
         start the samples only once the row builder is loaded
         (:attr:`regen.engine.pool.RayWorkerPool.hold_for_rows`)."""
@@ -110,7 +111,7 @@ class WorkerActor:
     async def cancel(self) -> None:
         self.mailbox.cancel_all()
 
-    async def snapshot(self) -> dict[str, Any]:
+    async def snapshot(self) -> WorkerSnapshot:
         return self.worker.snapshot()
 
     async def close(self) -> None:
@@ -122,7 +123,9 @@ def actor_class() -> Any:
     """The Ray remote class (a few concurrent calls: one exchange, a snapshot, cancel, close)."""
     import ray
 
-    return ray.remote(num_cpus=0, max_concurrency=MAX_CALLS_PER_ACTOR, max_restarts=0)(WorkerActor)
+    # Ray's stubs know no max_concurrency (an actor's option: ray.remote's documentation)
+    return ray.remote(num_cpus=0, max_concurrency=MAX_CALLS_PER_ACTOR,  # type: ignore[call-overload]
+                      max_restarts=0)(WorkerActor)  # fmt: skip
 
 
 #: concurrent calls an actor accepts (the pending exchange, snapshots, cancel, close)

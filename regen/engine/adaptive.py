@@ -277,7 +277,9 @@ class AdaptiveLimit:
         # the limit has been filled, what it lacks at a reading is refills of answers just
         # finished (their slots are free), so only growth past it is paced
         # (whole requests: the workers' shares of the queue add up to no more than it holds)
-        burst = None if queue_room is None else in_flight + math.floor(share * max(0.0, queue_room))
+        burst: float | None = (
+            None if queue_room is None else in_flight + math.floor(share * max(0.0, queue_room))
+        )
         if burst is not None and self.filled:
             burst = max(burst, self.limit)
         self.paced = burst is not None and new > burst

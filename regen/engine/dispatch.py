@@ -32,13 +32,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from regen.core.errors import ConfigError, NoEndpointLeftError, RunIncompleteError
 from regen.engine.pool import Worker, WorkerPool
 from regen.engine.schedule import WorkQueue
 from regen.engine.wire import PackedOutcome
-from regen.engine.worker import SampleOutcome
+from regen.engine.worker import SampleOutcome, WorkerSnapshot
+from regen.plan.packed import QueueItem
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +56,13 @@ HELD_FACTOR = 4
 class Recorder(Protocol):
     """Where the loop's results go (the driver's session)."""
 
-    def completed(self, outcome: PackedOutcome, sample: Any) -> None: ...
+    def completed(self, outcome: PackedOutcome, sample: QueueItem) -> None: ...
 
     def failed(self, outcome: SampleOutcome) -> None: ...
 
     def worker_lost(self, error: str) -> None: ...
 
-    def tick(self, snapshots: Callable[[], list[dict[str, Any]]]) -> None:
+    def tick(self, snapshots: Callable[[], list[WorkerSnapshot]]) -> None:
         """Once per loop: write parts/progress when due (``snapshots`` reads the workers)."""
 
     def holding(self) -> bool:
@@ -146,7 +147,7 @@ class Dispatcher:
     def run(self, queue: WorkQueue, recorder: Recorder) -> str:
         """Dispatch every queued sample; ``"finished"`` or ``"interrupted"``."""
 
-        def snapshots() -> list[dict[str, Any]]:
+        def snapshots() -> list[WorkerSnapshot]:
             return self.pool.snapshots(self.live())
 
         while True:
@@ -182,9 +183,9 @@ class Dispatcher:
                     w.slots = fin.slots
                 w.active = fin.active
                 for out in fin.outcomes:
-                    s = w.held.pop(out.sample_id, None)
-                    if s is None:  # not this worker's any more
+                    if out.sample_id not in w.held:  # not this worker's any more
                         continue
+                    s = w.held.pop(out.sample_id)
                     if isinstance(out, PackedOutcome):  # every done outcome is packed
                         recorder.completed(out, s)
                         queue.observe(out.source, out.tokens, s.original_chars())

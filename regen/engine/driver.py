@@ -35,13 +35,13 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from types import FrameType
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from regen.client import EndpointInfo, check_endpoints
-from regen.client.endpoints import engine_records
+from regen.client.endpoints import EngineFields, engine_records
 from regen.core.errors import ConfigError, RegenError
 from regen.engine.failfast import check_run_dir, preflight
 from regen.engine.fleet import Fleet
@@ -78,7 +78,7 @@ class Serving:
     ``engines`` records of them."""
 
     infos: list[EndpointInfo]
-    records: dict[str, dict[str, Any]]
+    records: dict[str, EngineFields]
 
 
 def check_serving(m: Manifest, session: str) -> Serving:
@@ -115,7 +115,7 @@ def likely_work(rd: RunDir, opts: RunOptions) -> bool:
 def session_manifest(manifest: Manifest, opts: RunOptions) -> Manifest:
     """``manifest`` as this session runs it: the endpoints ``opts`` gives (with its key, else
     the manifest's endpoint of the same URL, else keyless), its workers and concurrency."""
-    update: dict[str, Any] = {}
+    update: dict[str, object] = {}
     if opts.endpoints:
         keyed = opts.api_key_env is not None or opts.api_key_file is not None
         by_url = {} if keyed else {e.url: e for e in manifest.endpoints}
@@ -124,7 +124,7 @@ def session_manifest(manifest: Manifest, opts: RunOptions) -> Manifest:
             or Endpoint(url=u, api_key_env=opts.api_key_env, api_key_file=opts.api_key_file)
             for u in opts.endpoints
         ]
-    eng: dict[str, Any] = {}
+    eng: dict[str, object] = {}
     if opts.workers is not None:
         eng["workers"] = opts.workers
     if opts.concurrency is not None:
@@ -428,7 +428,7 @@ def _install_signal_handlers(stop: threading.Event) -> Callable[[], None] | None
         return None
     old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         if stop.is_set():
             raise KeyboardInterrupt
         log.warning("%s: stopping; writing what is done (again to abort)",

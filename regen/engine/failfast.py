@@ -30,12 +30,12 @@ import os
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
 
 from regen import __version__
 from regen.core.errors import ConfigError, RegenError, SourceError
 from regen.core.sample import Rejection, Sample, stable_hash
 from regen.engine.inputs import render_settings
+from regen.engine.turns import Request
 from regen.manifest import Manifest
 from regen.sources import iter_source
 from regen.sources.locate import dir_signature, file_signature
@@ -47,7 +47,7 @@ from regen.template.tokenizer import class_spec
 log = logging.getLogger(__name__)
 
 
-def first_request(sample: Sample) -> list[dict[str, Any]]:
+def first_request(sample: Sample) -> Request:
     """The messages of the first request a sample makes (see regen.engine.turns)."""
     msgs = sample.messages
     assistant = [i for i, m in enumerate(msgs) if m.role == "assistant"]

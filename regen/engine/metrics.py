@@ -240,7 +240,7 @@ class MetricsServer:
 
         self.registry = CollectorRegistry(auto_describe=False)
         self.latest: dict[str, Series] = {}
-        self.registry.register(self)  # type: ignore[arg-type]
+        self.registry.register(self)
         self.server, self.thread = start_http_server(port, addr=host, registry=self.registry)
         self.port = self.server.server_port
 

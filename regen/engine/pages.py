@@ -15,6 +15,7 @@ scheduled by regen's own counts; that is said once (per worker).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -121,7 +122,7 @@ class ServerPages:
         """Start every poller (on the running loop); ``read(url)`` after each round."""
         loop = asyncio.get_running_loop()
         for url, page in self.pages.items():
-            self._tasks.append(loop.create_task(page.poller.run(lambda url=url: read(url))))
+            self._tasks.append(loop.create_task(page.poller.run(functools.partial(read, url))))
         if not self._tasks:
             self._first_read.set()
 

@@ -17,14 +17,18 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from regen.engine.actor import actor_class
 from regen.engine.adaptive import split
 from regen.engine.inputs import WorkerConfig
 from regen.engine.lanes import worker_slots
 from regen.engine.wire import Reply, unpack_reply
-from regen.engine.worker import SampleOutcome
+from regen.engine.worker import SampleOutcome, WorkerSnapshot
+from regen.plan.packed import QueueItem
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +47,7 @@ class Worker:
     alive: bool = True
     name: str = ""
     #: samples handed to it and not finished, by id
-    held: dict[str, Any] = field(default_factory=dict)
+    held: dict[str, QueueItem] = field(default_factory=dict)
     #: of those, the ones in their requests (holding or waiting for a slot) as of its last
     #: reply plus the ones sent since; -1: it does not say (then every held one counts)
     active: int = -1
@@ -76,7 +80,7 @@ class WorkerPool(Protocol):
     def pending(self, worker: Worker) -> bool:
         """Whether ``worker`` has an exchange in flight."""
 
-    def exchange(self, worker: Worker, samples: list[Any], low_water: int) -> None:
+    def exchange(self, worker: Worker, samples: list[QueueItem], low_water: int) -> None:
         """Hand ``samples`` to ``worker`` and ask for its outcomes (one call; the reply comes
         through :meth:`wait`). ``low_water``: see :meth:`regen.engine.wire.Mailbox.collect`."""
 
@@ -84,7 +88,7 @@ class WorkerPool(Protocol):
         """Replies that came within ``timeout_s`` (at least one unless the time ran out or
         nothing is in flight), and the workers found dead."""
 
-    def snapshots(self, workers: list[Worker], *, fresh: bool = False) -> list[dict[str, Any]]:
+    def snapshots(self, workers: list[Worker], *, fresh: bool = False) -> list[WorkerSnapshot]:
         """The live workers' counters (SampleWorker.snapshot): the latest their replies
         carried, or asked now when ``fresh``; missing ones are skipped."""
 
@@ -102,8 +106,9 @@ class Replies:
     """What a pool keeps per worker: the exchange in flight, the latest counters."""
 
     def __init__(self) -> None:
+        #: per worker, its exchange in flight (a Ray ObjectRef, or a future of a local pool)
         self.inflight: dict[Worker, Any] = {}
-        self.snaps: dict[Worker, dict[str, Any]] = {}
+        self.snaps: dict[Worker, WorkerSnapshot] = {}
 
     def finished(self, w: Worker, reply: Reply) -> Finished:
         if reply.snapshot is not None:
@@ -112,7 +117,7 @@ class Replies:
             return Finished(w, lost=True, init_failed=reply.init_failed, error=reply.error)
         return Finished(w, unpack_reply(reply), slots=reply.slots, active=reply.active)
 
-    def latest(self, workers: list[Worker]) -> list[dict[str, Any]]:
+    def latest(self, workers: list[Worker]) -> list[WorkerSnapshot]:
         return [self.snaps[w] for w in workers if w.alive and w in self.snaps]
 
     def forget(self, w: Worker) -> None:
@@ -161,7 +166,7 @@ class RayWorkerPool:
         self.spawned: list[Any] = []
         self.hold_for_rows = False
         self._r = Replies()
-        self._sent: list[Any] = []  #: cancel refs not yet seen finished
+        self._sent: list[ObjectRef[None]] = []  #: cancel refs not yet seen finished
 
     def shares(self, index: int) -> dict[str, int]:
         """Worker ``index``'s starting share of each server's batch slots (when reported)."""
@@ -186,7 +191,7 @@ class RayWorkerPool:
     def pending(self, worker: Worker) -> bool:
         return worker in self._r.inflight
 
-    def exchange(self, worker: Worker, samples: list[Any], low_water: int) -> None:
+    def exchange(self, worker: Worker, samples: list[QueueItem], low_water: int) -> None:
         call = worker.handle.exchange.remote(samples, EXCHANGE_WAIT_S, low_water,
                                              self.hold_for_rows)  # fmt: skip
         self._r.inflight[worker] = call
@@ -232,7 +237,7 @@ class RayWorkerPool:
             with contextlib.suppress(Exception):
                 ray.get(ref)
 
-    def snapshots(self, workers: list[Worker], *, fresh: bool = False) -> list[dict[str, Any]]:
+    def snapshots(self, workers: list[Worker], *, fresh: bool = False) -> list[WorkerSnapshot]:
         import ray
 
         if not fresh:

@@ -16,24 +16,24 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from regen.core.sample import Sample
 from regen.engine.options import JobSummary, RunOptions
 from regen.engine.rows import native_row
 from regen.engine.tracker import ProgressTracker
 from regen.engine.wire import PackedOutcome
-from regen.engine.worker import SampleOutcome
+from regen.engine.worker import SampleOutcome, WorkerSnapshot
 from regen.engine.writes import SessionWrites
 from regen.manifest import public_url
+from regen.plan.packed import QueueItem
 from regen.store.completed import CompletedSample
 from regen.store.counts import SourceCounts, output_tokens
-from regen.store.failures import FailureRecord
+from regen.store.layout import FailureRecord
 
 log = logging.getLogger(__name__)
 
 #: the workers' counters, read when progress is written (regen.engine.worker.SampleWorker.snapshot)
-Snapshots = Callable[[], list[dict[str, Any]]]
+Snapshots = Callable[[], list[WorkerSnapshot]]
 
 
 class SessionRecorder:
@@ -85,7 +85,7 @@ class SessionRecorder:
         self.summary.retried_now += replaces is not None
         self.writes.roll_when_due()
 
-    def completed(self, out: PackedOutcome, sample: Any) -> None:
+    def completed(self, out: PackedOutcome, sample: QueueItem) -> None:
         """A sample the workers answered, as they packed it (regen.engine.wire)."""
         done = CompletedSample(out.sample_id, out.source, [], line=out.line, table=out.table,
                                own=out.counts)  # fmt: skip
@@ -153,7 +153,7 @@ class SessionRecorder:
         if self.opts.on_progress is not None:
             self.opts.on_progress(self.tracker.snap)
 
-    def _announce_endpoints(self, snaps: list[dict[str, Any]]) -> None:
+    def _announce_endpoints(self, snaps: list[WorkerSnapshot]) -> None:
         """One line per endpoint a worker took out for an endpoint-wide fault, and one each
         time an endpoint's streams stalled (regen.engine.router, regen.engine.stall)."""
         stalled: dict[str, str] = {}

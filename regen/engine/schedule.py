@@ -56,6 +56,7 @@ import numpy as np
 
 from regen.core.sample import Sample
 from regen.plan.packed import Bodies, PackedSample, QueueItem, QueueItems
+from regen.store.doneset import DoneSet
 from regen.store.layout import ScheduleRecord
 
 log = logging.getLogger(__name__)
@@ -226,7 +227,7 @@ class LengthModel:
         return turns * per_turn + PREFILL_WEIGHT * (chars / CHARS_PER_TOKEN)
 
     # -- persistence ----------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, object]:
         """The learned state as plain data (the schedule record's shape)."""
         return {
             "version": SCHEDULE_VERSION,
@@ -236,7 +237,7 @@ class LengthModel:
     @classmethod
     def from_done(
         cls,
-        done: Any,
+        done: DoneSet,
         regenerate: Iterable[str],
         state: ScheduleRecord | dict[str, Any] | None = None,
     ) -> LengthModel:

@@ -41,8 +41,8 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
+from regen.client.server_load import ServerLoad
 from regen.core.errors import StallError
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ class StallWatch:
             if ok:
                 ep.progress_at = self._clock()
 
-    def read_metrics(self, url: str, load: Any) -> None:
+    def read_metrics(self, url: str, load: ServerLoad | None) -> None:
         """One reading of the server's ``/metrics`` (a regen.client.server_load.ServerLoad; None:
         none fresh): notes when its generation counter moved."""
         ep = self._eps.get(url)

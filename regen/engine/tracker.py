@@ -14,10 +14,9 @@ import os
 import socket
 import statistics
 import time
-from typing import Any
 
 from regen.engine.router import worse
-from regen.engine.worker import SampleOutcome
+from regen.engine.worker import SampleOutcome, WorkerSnapshot
 from regen.manifest import public_url
 from regen.store import layout
 from regen.store.counts import SourceCounts
@@ -164,7 +163,7 @@ class ProgressTracker:
     def driver_error(self, kind: str, message: str) -> None:
         self._driver_errors.setdefault(kind, ErrorInfo()).add(message, time.time())
 
-    def workers(self, snaps: list[dict[str, Any]]) -> None:
+    def workers(self, snaps: list[WorkerSnapshot]) -> None:
         """Fold the workers' snapshots (requests, errors, endpoints)."""
         if not snaps:
             return
@@ -179,11 +178,11 @@ class ProgressTracker:
             req.ok += s["ok"]
             req.retried += s["retried"]
             req.failed += s["failed"]
-            for kind, (count, msg, at) in s["errors"].items():
+            for kind, got in s["errors"].items():
                 e = errors.setdefault(kind, ErrorInfo())
-                e.count += count
-                if at >= e.last_at:
-                    e.last_message, e.last_at = msg, at
+                e.count += got["count"]
+                if got["at"] >= e.last_at:
+                    e.last_message, e.last_at = got["message"], got["at"]
             for url, ep in s["endpoints"].items():
                 cur = eps.setdefault(url, EndpointProgress(url=public_url(url), healthy=True))
                 cur.in_flight += ep["in_flight"]

@@ -26,7 +26,7 @@ assistant turn. A prompt-only sample (no assistant turn) gets one turn in either
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +34,12 @@ from regen.core import jsontext
 from regen.core.result import TurnResult
 from regen.core.sample import Message, Sample, ToolCall
 
+#: one request's messages, as OpenAI JSON (regen.core.sample.Message.to_openai)
+Request = list[dict[str, Any]]
+#: a sample's tool declarations, as OpenAI JSON
+Tools = Sequence[Mapping[str, object]]
 #: (request messages, tools) -> the regenerated turn
-Complete = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], Awaitable[TurnResult]]
+Complete = Callable[[Request, Tools | None], Awaitable[TurnResult]]
 
 #: why a conversation ended before its last assistant turn
 TOOL_CALLS_UNEXPECTED = "tool_calls_unexpected"  #: our reply called tools, the original did not
@@ -57,7 +61,7 @@ class DoneTurn:
     """One regenerated turn with the exact request messages that produced it."""
 
     turn: int  #: ordinal of the assistant turn in the conversation (0-based)
-    request_messages: list[dict[str, Any]]
+    request_messages: Request
     result: TurnResult
 
 
@@ -79,7 +83,7 @@ def reply_message(result: TurnResult) -> Message:
     )
 
 
-def _arguments(text: str) -> Any:
+def _arguments(text: str) -> tuple[str, object]:
     """Arguments as parsed JSON (a string that does not parse stays the string)."""
     try:
         return ("json", jsontext.loads(text))

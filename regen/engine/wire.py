@@ -40,18 +40,38 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 
 from regen.core.errors import RegenError
-from regen.engine.worker import SampleOutcome
-from regen.plan.packed import unpacked
+from regen.core.sample import Sample
+from regen.engine.worker import Row, SampleOutcome, WorkerSnapshot
+from regen.plan.packed import QueueItem, unpacked
 from regen.store.completed import CompletedSample
 from regen.store.counts import SourceCounts, count_rows, output_tokens
 from regen.store.schema import rows_to_table
 
 log = logging.getLogger(__name__)
+
+#: rows -> their Arrow table (regen.store.schema.rows_to_table)
+ToTable = Callable[[list[Row]], pa.Table]
+#: a packed outcome's fields, as plain data (:meth:`Reply.wire`)
+PackedFields = dict[str, Any]
+#: a :class:`Reply` as plain data: packed outcomes, other outcomes, the rows' Arrow stream,
+#: slots, error, init_failed, snapshot, active
+WireReply = tuple[
+    list[PackedFields], list[SampleOutcome], bytes, int, str, bool, WorkerSnapshot | None, int
+]
+
+
+class Processor(Protocol):
+    """What a :class:`Mailbox` needs of its worker (a
+    :class:`regen.engine.worker.SampleWorker`): ``process``; its ``slots`` and ``snapshot``
+    are read where it has them."""
+
+    async def process(self, sample: Sample) -> SampleOutcome: ...
+
 
 #: seconds a collect lingers at most after its first outcome, gathering more
 LINGER_S = 1.0
@@ -85,12 +105,13 @@ class Reply:
     slots: int = 0  #: the worker's slots now (0: unknown)
     error: str = ""  #: the worker cannot go on: one line
     init_failed: bool = False  #: ... because it could not start
-    snapshot: dict[str, Any] | None = None  #: the worker's counters, when attached
+    snapshot: WorkerSnapshot | None = None  #: the worker's counters, when attached
     #: samples in their requests (holding or waiting for a slot); -1: the worker cannot tell
     active: int = -1
 
-    def wire(self) -> tuple[Any, ...]:
-        packed, other = [], []
+    def wire(self) -> WireReply:
+        packed: list[PackedFields] = []
+        other: list[SampleOutcome] = []
         for o in self.outcomes:
             if isinstance(o, PackedOutcome):
                 d = {f.name: getattr(o, f.name) for f in OUTCOME_FIELDS if f.name != "rows"}
@@ -103,7 +124,7 @@ class Reply:
                 self.snapshot, self.active)  # fmt: skip
 
     @classmethod
-    def from_wire(cls, data: tuple[Any, ...]) -> Reply:
+    def from_wire(cls, data: WireReply) -> Reply:
         packed, other, rows, slots, error, init_failed, snapshot, active = data
         outcomes: list[SampleOutcome] = list(other)
         for d in packed:
@@ -113,7 +134,7 @@ class Reply:
         return cls(outcomes, rows, slots, error, init_failed, snapshot, active)
 
 
-def pack(outcomes: list[SampleOutcome], to_table: Callable[[list[dict[str, Any]]], Any]) -> Reply:
+def pack(outcomes: list[SampleOutcome], to_table: ToTable) -> Reply:
     """The reply of ``outcomes``: every done one packed (journal line, rows in one table); one
     whose rows do not convert is a permanent failure of its sample (module docstring)."""
     done = [o for o in outcomes if o.status == "done"]
@@ -145,8 +166,8 @@ CONVERT_ERRORS = (RegenError, pa.ArrowException, TypeError, ValueError)
 
 
 def _one_by_one(
-    outcomes: list[SampleOutcome], to_table: Callable[[list[dict[str, Any]]], Any]
-) -> tuple[list[SampleOutcome], Any]:
+    outcomes: list[SampleOutcome], to_table: ToTable
+) -> tuple[list[SampleOutcome], pa.Table | None]:
     """The outcomes with each done sample's rows converted alone: one whose rows do not
     convert becomes a permanent failure (kind ``row``); and the table of the others' rows."""
     out: list[SampleOutcome] = []
@@ -168,7 +189,8 @@ def ipc_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as w:
         w.write_table(table)
-    return sink.getvalue().to_pybytes()
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
 
 
 #: the fields a packed outcome copies from its SampleOutcome
@@ -184,7 +206,7 @@ def unpack_reply(reply: Reply) -> list[SampleOutcome]:
     return reply.outcomes
 
 
-def default_to_table(rows: list[dict[str, Any]]) -> Any:
+def default_to_table(rows: list[Row]) -> pa.Table:
 
     return rows_to_table(rows)
 
@@ -197,9 +219,9 @@ class Mailbox:
 
     def __init__(
         self,
-        worker: Any,
+        worker: Processor,
         *,
-        to_table: Callable[[list[dict[str, Any]]], Any] = default_to_table,
+        to_table: ToTable = default_to_table,
         problem: Callable[[], str] | None = None,
         linger_s: float = LINGER_S,
     ) -> None:
@@ -220,7 +242,7 @@ class Mailbox:
             self._wake = asyncio.Event()
         return self._wake
 
-    def submit(self, samples: list[Any]) -> None:
+    def submit(self, samples: list[QueueItem]) -> None:
         """Start every sample (call on the worker's event loop)."""
         loop = asyncio.get_running_loop()
         for s in samples:
@@ -228,7 +250,7 @@ class Mailbox:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, sample: Any) -> None:
+    async def _run(self, sample: QueueItem) -> None:
         self._running += 1
         try:
             out = await self.worker.process(unpacked(sample))
@@ -257,7 +279,7 @@ class Mailbox:
         used, waiting = getattr(slots, "used", None), self._waiting()
         return -1 if used is None or waiting is None else int(used) + waiting
 
-    async def exchange(self, samples: list[Any], wait_s: float, low_water: int = -1) -> Reply:
+    async def exchange(self, samples: list[QueueItem], wait_s: float, low_water: int = -1) -> Reply:
         """Start ``samples``; return the outcomes finished since the last reply (module
         docstring: when it answers), with the worker's counters now and then."""
         self.submit(samples)

@@ -39,7 +39,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from regen.client import RetryPolicy
 from regen.core.errors import (
@@ -60,7 +60,7 @@ from regen.engine.pages import ServerPages
 from regen.engine.router import EndpointRouter, ProbeFn, keyed_probe
 from regen.engine.rows import build_rows
 from regen.engine.stall import StallWatch
-from regen.engine.turns import DoneTurn, regenerate
+from regen.engine.turns import DoneTurn, Request, Tools, regenerate
 from regen.plan.attempts import attempt_seed
 from regen.store.progress import ErrorInfo
 from regen.template.render import Renderer
@@ -68,11 +68,35 @@ from regen.template.render import Renderer
 log = logging.getLogger(__name__)
 
 #: a training row (regen.store.schema names its columns)
-Row = dict[str, Any]
+Row = dict[str, object]
 #: (sample, done turns) -> rows; default: regen.engine.rows.build_rows with the run's renderer
 RowBuilder = Callable[[Sample, list[DoneTurn]], list[Row]]
-#: one request's messages and tools, as OpenAI JSON
-Messages = list[dict[str, Any]]
+
+
+class ErrorSnapshot(TypedDict):
+    """One error class of a worker: how often, the latest message and when."""
+
+    count: int
+    message: str
+    at: float
+
+
+class WorkerSnapshot(TypedDict):
+    """A worker's counters and per-endpoint state (:meth:`SampleWorker.snapshot`): what the
+    driver sums over its workers (regen.engine.tracker.ProgressTracker.workers)."""
+
+    in_flight: int
+    sent: int
+    ok: int
+    retried: int
+    failed: int
+    errors: dict[str, ErrorSnapshot]
+    #: per endpoint URL: the router's view (regen.engine.router.EndpointRouter.snapshot)
+    endpoints: dict[str, dict[str, Any]]
+    latencies: dict[str, list[float]]  #: per endpoint URL, the latest ones
+    cache: dict[str, list[int]]  #: per endpoint URL: prompt tokens, cached tokens
+    slots: int
+    limits: dict[str, int]  #: per endpoint URL
 
 
 @dataclass(slots=True)
@@ -232,7 +256,7 @@ class SampleWorker:
         return page.pace(ctl.paced, grew=new is not None and new > before)
 
     async def _attempt(
-        self, out: SampleOutcome, messages: Messages, tools: Messages | None, seed: int | None
+        self, out: SampleOutcome, messages: Request, tools: Tools | None, seed: int | None
     ) -> TurnResult:
         """One try of one request: a lease on an endpoint, the request, its signals."""
         st, sample_id = self.stats, out.sample_id
@@ -264,7 +288,7 @@ class SampleWorker:
             return res
 
     async def _complete(
-        self, out: SampleOutcome, messages: Messages, tools: Messages | None, seed: int | None
+        self, out: SampleOutcome, messages: Request, tools: Tools | None, seed: int | None
     ) -> TurnResult:
         """One turn: each try leases an endpoint; transient failures retried per the policy.
         ``seed`` replaces the sampling seed (a new attempt, regen.plan.attempts)."""
@@ -341,16 +365,20 @@ class SampleWorker:
         if conv.ended is not None and out.rows:  # why the conversation stopped early
             out.rows[-1]["ended"] = conv.ended
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> WorkerSnapshot:
         """Counters and per-endpoint state, as plain data for the driver."""
         st = self.stats
+        errors: dict[str, ErrorSnapshot] = {
+            k: {"count": v.count, "message": v.last_message, "at": v.last_at}
+            for k, v in st.errors.items()
+        }
         return {
             "in_flight": st.in_flight,
             "sent": st.sent,
             "ok": st.ok,
             "retried": st.retried,
             "failed": st.failed,
-            "errors": {k: [v.count, v.last_message, v.last_at] for k, v in st.errors.items()},
+            "errors": errors,
             "endpoints": self.router.snapshot(),
             "latencies": {u: list(v[-64:]) for u, v in st.latencies.items()},
             "cache": {u: list(v) for u, v in st.cache.items()},

@@ -25,7 +25,8 @@ from regen.engine.tracker import ProgressTracker
 from regen.manifest import Engine
 from regen.store import layout
 from regen.store.completed import CompletedSample
-from regen.store.failures import FailureLog, FailureRecord
+from regen.store.failures import FailureLog
+from regen.store.layout import FailureRecord
 from regen.store.rundir import RunDir
 from regen.store.segments import Journal
 

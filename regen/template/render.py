@@ -47,13 +47,19 @@ from pathlib import Path
 from typing import Any
 
 from regen.core.errors import TemplateError
-from regen.core.result import UNFINISHED
+from regen.core.result import UNFINISHED, TurnResult
 from regen.core.sample import Message, ToolCall, stable_hash
 from regen.targets import Family, recognise_dir
 from regen.targets.family import RenderFlag, ThinkState
 from regen.template.codec import TokenCodec
 from regen.template.extend import Boundaries, PromptIds
-from regen.template.prepare import SGLANG, RenderArguments, loops_over_content, preparation
+from regen.template.prepare import (
+    SGLANG,
+    ContentFormat,
+    RenderArguments,
+    loops_over_content,
+    preparation,
+)
 from regen.template.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -81,7 +87,7 @@ class RenderSettings:
     tokenizer: Path
     family: Family | None
     trust_remote_code: bool = False
-    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    template_kwargs: Mapping[str, object] = field(default_factory=dict)
     chat_template: str | None = None
     setup: RenderSetup = field(default_factory=RenderSetup)
 
@@ -163,7 +169,7 @@ class Renderer:
     def __init__(
         self,
         tokenizer: Any,
-        template_kwargs: dict[str, Any] | None = None,
+        template_kwargs: Mapping[str, object] | None = None,
         family: Family | None = None,
         *,
         chat_template: str | None = None,
@@ -171,7 +177,7 @@ class Renderer:
     ) -> None:
         self.tokenizer = tokenizer
         self.family = family
-        self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
+        self.template_kwargs: dict[str, object] = dict(template_kwargs or {})
         self.arguments: RenderArguments = arguments
         #: the template given in place of the tokenizer's (``--chat-template``; None: none)
         self.served_template = chat_template
@@ -237,14 +243,14 @@ class Renderer:
         cls,
         path: str | os.PathLike[str],
         trust_remote_code: bool = False,
-        template_kwargs: dict[str, Any] | None = None,
+        template_kwargs: Mapping[str, object] | None = None,
         family: Family | None = None,
         *,
         chat_template: str | None = None,
     ) -> Renderer:
         """Load a local tokenizer directory (transformers; remote code only when allowed);
         ``family``: the target's, else the one the directory is recognised as."""
-        family = family if family is not None else recognise_dir(path)
+        family = family if family is not None else recognise_dir(Path(path))
         return cls(load_tokenizer(path, trust_remote_code), template_kwargs, family,
                    chat_template=chat_template)  # fmt: skip
 
@@ -270,8 +276,8 @@ class Renderer:
 
     def render_prompt(
         self,
-        messages: Sequence[Message | dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
+        messages: Sequence[Message | Mapping[str, object]],
+        tools: Sequence[Mapping[str, object]] | None = None,
         engine: str | None = None,
     ) -> str:
         """The generation prompt for the next assistant turn, as the template (or the family's
@@ -281,7 +287,7 @@ class Renderer:
         fam = self.family
         rule = fam.sglang_arguments if fam is not None and prep.name == SGLANG else None
         template = "" if fam is not None and fam.encodes_prompts else self.chat_template
-        content = "openai" if template and loops_over_content(template) else "string"
+        content: ContentFormat = "openai" if template and loops_over_content(template) else "string"
         msgs = prep.messages(messages, content, rule)
         served_tools = prep.tools(tools)
         if not template:  # the family's encoder renders (Renderer checked it has one)
@@ -305,8 +311,8 @@ class Renderer:
 
     def render_text(
         self,
-        messages: Sequence[Message | dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
+        messages: Sequence[Message | Mapping[str, object]],
+        tools: Sequence[Mapping[str, object]] | None,
         *,
         reasoning: str | None,
         content: str,
@@ -342,7 +348,7 @@ class Renderer:
         return TurnText(prompt, response, state, reasoning, content, flag, cut, completion_tokens,
                         closer or "")  # fmt: skip
 
-    def served_response(self, turn: TurnText, result: Any) -> str | None:
+    def served_response(self, turn: TurnText | RenderedTurn, result: TurnResult) -> str | None:
         """The response in the form the answering engine makes the family write by default,
         where that differs from its own (:meth:`regen.targets.family.Family.served_variant`;
         None: it does not): a server row's cross-check accepts either."""
@@ -416,8 +422,8 @@ class Renderer:
 
     def render_turn(
         self,
-        messages: Sequence[Message | dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
+        messages: Sequence[Message | Mapping[str, object]],
+        tools: Sequence[Mapping[str, object]] | None,
         **response: Any,
     ) -> RenderedTurn:
         """Prompt (template) + reassembled response, tokenized separately; ``response``: the
@@ -431,7 +437,7 @@ class Renderer:
         return self.tokenize([self.render_text(messages, tools, **response)])[0]
 
 
-def messages_json(messages: Sequence[Message | dict[str, Any]]) -> str:
+def messages_json(messages: Sequence[Message | Mapping[str, object]]) -> str:
     """The request messages as a JSON array of OpenAI message dicts."""
     msgs = [m.to_openai() if isinstance(m, Message) else m for m in messages]
     return json.dumps(msgs, ensure_ascii=False)

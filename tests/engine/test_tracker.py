@@ -36,7 +36,7 @@ def test_counters_and_shape(tmp_path) -> None:
     t.sample_failed(SampleOutcome("a:2", "a", status="permanent"), newly_permanent=True)
     t.workers([
         {"in_flight": 2, "sent": 5, "ok": 3, "retried": 1, "failed": 1,
-         "errors": {"server_error": [1, "boom", 5.0]},
+         "errors": {"server_error": {"count": 1, "message": "boom", "at": 5.0}},
          "endpoints": {"http://e/v1": {"state": "up", "in_flight": 2, "ok": 3, "failures": 1,
                                        "throttled": 0}},
          "latencies": {"http://e/v1": [0.1, 0.3, 0.2]}},
@@ -61,8 +61,9 @@ def test_counters_and_shape(tmp_path) -> None:
 
 
 def worker_snap(sent: int, ok: int, state: str = "up") -> dict:
+    boom = {"server_error": {"count": 1, "message": "boom", "at": 5.0}}
     return {"in_flight": 0, "sent": sent, "ok": ok, "retried": 0, "failed": 0,
-            "errors": {"server_error": [1, "boom", 5.0]} if sent != ok else {},
+            "errors": boom if sent != ok else {},
             "endpoints": {"http://e/v1": {"state": state, "in_flight": 0, "ok": ok,
                                           "failures": sent - ok, "throttled": 0}},
             "latencies": {"http://e/v1": [0.2]}}  # fmt: skip

@@ -16,8 +16,7 @@ files.
 
 from __future__ import annotations
 
-from typing import Any
-
+from regen.client.http import JsonGetter
 from regen.client.profiles.base import EngineProfile, Identity, Ids, TokenPath
 from regen.client.profiles.openai import OPENAI, OpenAIProfile
 from regen.client.profiles.sglang import SGLANG, SGLangProfile
@@ -31,7 +30,7 @@ PROFILES: dict[str, EngineProfile] = {p.name: p for p in (SGLANG, VLLM, OPENAI)}
 DETECTION_ORDER: tuple[EngineProfile, ...] = (SGLANG, VLLM)
 
 
-async def identify(http: Any, root: str, headers: dict[str, str]) -> Identity:
+async def identify(http: JsonGetter, root: str, headers: dict[str, str]) -> Identity:
     """Who the server at ``root`` is: the first profile of :data:`DETECTION_ORDER` that
     recognises it, else :data:`OPENAI` (an OpenAI-compatible server of no known engine)."""
     for profile in DETECTION_ORDER:

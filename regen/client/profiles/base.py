@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
+from regen.client.http import JsonGetter
 from regen.client.server_load import MetricNames
 
 if TYPE_CHECKING:
@@ -18,7 +20,7 @@ TokenPath = Literal["sglext", "sglang_nonstream", "vllm_stream", "vllm_nonstream
 Ids = tuple[list[int] | None, list[int] | None]
 
 
-def id_list(value: Any) -> list[int] | None:
+def id_list(value: object) -> list[int] | None:
     """``value`` when it is a list of ints, else None (a server's ids are never trusted blind)."""
     if isinstance(value, list) and all(
         isinstance(x, int) and not isinstance(x, bool) for x in value
@@ -42,11 +44,11 @@ class Identity:
     #: whether a request's seed is honoured (SGLang: --enable-deterministic-inference)
     deterministic: bool | None = None
     #: the speculative settings the server exposes (names as the engine spells them)
-    speculative: dict[str, Any] = field(default_factory=dict)
+    speculative: dict[str, object] = field(default_factory=dict)
     server_info: bool = False  #: SGLang's /server_info answered
 
 
-async def get_json(http: Any, url: str, headers: dict[str, str]) -> Any:
+async def get_json(http: JsonGetter, url: str, headers: dict[str, str]) -> object:
     """``GET url`` decoded as JSON; None when unreachable, not 200 or not JSON."""
     try:
         resp = await http.get(url, headers=headers)
@@ -60,7 +62,7 @@ async def get_json(http: Any, url: str, headers: dict[str, str]) -> Any:
         return None
 
 
-async def get_text(http: Any, url: str, headers: dict[str, str]) -> str | None:
+async def get_text(http: JsonGetter, url: str, headers: dict[str, str]) -> str | None:
     """``GET url`` as text; None when unreachable or not 200."""
     try:
         resp = await http.get(url, headers=headers)
@@ -85,7 +87,7 @@ class EngineProfile:
     #: where its ``/metrics`` page says how loaded the server is (None: no page regen reads)
     metrics: MetricNames | None = None
 
-    def ids_fields(self, streaming: bool) -> dict[str, Any]:
+    def ids_fields(self, streaming: bool) -> dict[str, object]:
         """The request fields that ask for the exact ids (``{}``: the engine has none)."""
         return {}
 
@@ -97,11 +99,13 @@ class EngineProfile:
         """The ids a finished stream carried (read from what the accumulator recorded)."""
         return None, None
 
-    def whole_ids(self, data: dict[str, Any], choice: dict[str, Any]) -> Ids:
+    def whole_ids(self, data: Mapping[str, object], choice: Mapping[str, object]) -> Ids:
         """The ids of a non-streamed answer (``data``; ``choice`` is its first choice)."""
         return None, None
 
-    async def identify(self, http: Any, root: str, headers: dict[str, str]) -> Identity | None:
+    async def identify(
+        self, http: JsonGetter, root: str, headers: dict[str, str]
+    ) -> Identity | None:
         """This engine's identity when the server at ``root`` is one (None: it is not)."""
         return None
 

@@ -17,8 +17,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
+from regen.client.http import JsonGetter
 from regen.client.profiles.base import EngineProfile, Identity, Ids, TokenPath, get_json, id_list
 from regen.client.server_load import MetricNames
 
@@ -53,29 +55,31 @@ METRICS = MetricNames(
 )
 
 
-def _count(value: Any) -> int | None:
+def _count(value: object) -> int | None:
     """``value`` when it is a positive int (a count the server reports), else None."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def batch_slots(server_info: dict[str, Any]) -> tuple[int | None, str | None]:
+def batch_slots(server_info: Mapping[str, object]) -> tuple[int | None, str | None]:
     """The server's batch slots and which field gave them: the ``--max-running-requests``
     flag (top-level ``max_running_requests``, None unless given) when set, else the sum of the
     live ``internal_states[i].effective_max_running_requests_per_dp`` (one per DP rank)."""
     flag = _count(server_info.get("max_running_requests"))
     if flag is not None:
         return flag, "max_running_requests"
+    states = server_info.get("internal_states") or ()
     per_dp = [
-        s.get("effective_max_running_requests_per_dp")
-        for s in server_info.get("internal_states") or ()
+        _count(s.get("effective_max_running_requests_per_dp"))
+        for s in (states if isinstance(states, list | tuple) else ())
         if isinstance(s, dict)
     ]
-    if per_dp and all(_count(n) is not None for n in per_dp):
-        return sum(per_dp), "internal_states"
+    counts = [n for n in per_dp if n is not None]
+    if per_dp and len(counts) == len(per_dp):
+        return sum(counts), "internal_states"
     return None, None
 
 
-def queue_limit(server_info: dict[str, Any]) -> int | None:
+def queue_limit(server_info: Mapping[str, object]) -> int | None:
     """The requests the server queues before refusing with 503: ``--max-queued-requests``
     (None unless given), which each data-parallel rank's scheduler applies to its own waiting
     queue, so times ``dp_size``."""
@@ -83,7 +87,7 @@ def queue_limit(server_info: dict[str, Any]) -> int | None:
     return None if flag is None else flag * (_count(server_info.get("dp_size")) or 1)
 
 
-def identity_of(data: dict[str, Any]) -> Identity:
+def identity_of(data: Mapping[str, object]) -> Identity:
     """The identity in one ``/server_info`` answer."""
     slots, source = batch_slots(data)
     det = data.get("enable_deterministic_inference")
@@ -107,7 +111,7 @@ class SGLangProfile(EngineProfile):
     seeds_requests = False
     metrics = METRICS
 
-    def ids_fields(self, streaming: bool) -> dict[str, Any]:
+    def ids_fields(self, streaming: bool) -> dict[str, object]:
         if streaming:
             return {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True}
         return {"return_prompt_token_ids": True, "return_token_ids": True}
@@ -118,12 +122,14 @@ class SGLangProfile(EngineProfile):
     def stream_ids(self, acc: StreamAccumulator) -> Ids:
         return id_list(acc.prompt_ids), id_list(acc.output_ids)
 
-    def whole_ids(self, data: dict[str, Any], choice: dict[str, Any]) -> Ids:
+    def whole_ids(self, data: Mapping[str, object], choice: Mapping[str, object]) -> Ids:
         # SGLang puts both on the choice; older servers put the prompt ids at the top level
         prompt = id_list(choice.get("prompt_token_ids")) or id_list(data.get("prompt_token_ids"))
         return prompt, id_list(choice.get("response_token_ids"))
 
-    async def identify(self, http: Any, root: str, headers: dict[str, str]) -> Identity | None:
+    async def identify(
+        self, http: JsonGetter, root: str, headers: dict[str, str]
+    ) -> Identity | None:
         """``/server_info`` (or the older ``/get_server_info``) answers a JSON object."""
         for path in ("/server_info", "/get_server_info"):
             data = await get_json(http, f"{root}{path}", headers)

@@ -20,8 +20,10 @@ tests/engines/test_vllm_contract.py).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from regen.client.http import JsonGetter
 from regen.client.profiles.base import (
     EngineProfile,
     Identity,
@@ -73,11 +75,10 @@ METRICS = MetricNames(
 )
 
 
-def dev_config(data: Any) -> dict[str, Any] | None:
+def dev_config(data: object) -> dict[str, Any] | None:
     """The ``vllm_config`` of a dev-mode ``/server_info?config_format=json`` answer."""
-    if isinstance(data, dict) and isinstance(data.get("vllm_config"), dict):
-        return data["vllm_config"]
-    return None
+    config = data.get("vllm_config") if isinstance(data, dict) else None
+    return config if isinstance(config, dict) else None
 
 
 def dev_speculative(config: dict[str, Any]) -> dict[str, Any]:
@@ -112,7 +113,7 @@ class VLLMProfile(EngineProfile):
     seeds_requests = True
     metrics = METRICS
 
-    def ids_fields(self, streaming: bool) -> dict[str, Any]:
+    def ids_fields(self, streaming: bool) -> dict[str, object]:
         return {"return_token_ids": True}
 
     def token_path(self, streaming: bool) -> TokenPath:
@@ -121,10 +122,12 @@ class VLLMProfile(EngineProfile):
     def stream_ids(self, acc: StreamAccumulator) -> Ids:
         return id_list(acc.top_prompt_ids), id_list(acc.choice_ids)
 
-    def whole_ids(self, data: dict[str, Any], choice: dict[str, Any]) -> Ids:
+    def whole_ids(self, data: Mapping[str, object], choice: Mapping[str, object]) -> Ids:
         return id_list(data.get("prompt_token_ids")), id_list(choice.get("token_ids"))
 
-    async def identify(self, http: Any, root: str, headers: dict[str, str]) -> Identity | None:
+    async def identify(
+        self, http: JsonGetter, root: str, headers: dict[str, str]
+    ) -> Identity | None:
         """``/version`` answers ``{"version": ...}`` and ``/metrics`` has ``vllm:`` names."""
         data = await get_json(http, f"{root}/version", headers)
         if not (isinstance(data, dict) and isinstance(data.get("version"), str)):
