@@ -208,17 +208,17 @@ class AnswerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     mean_tokens: float = Field(
-        256.0, gt=0, description="mean answer length in simulated tokens (lognormal)"
+        default=256.0, gt=0, description="mean answer length in simulated tokens (lognormal)"
     )
-    length_scale: float = Field(1.0, gt=0, description="multiplies --mean-tokens")
+    length_scale: float = Field(default=1.0, gt=0, description="multiplies --mean-tokens")
     length_sigma: float = Field(
-        1.0, ge=0, description="lognormal sigma; 0 gives every answer the mean length"
+        default=1.0, ge=0, description="lognormal sigma; 0 gives every answer the mean length"
     )
     tool_call_rate: float = Field(
-        0.5, ge=0, le=1, description="share of requests with tools that call one"
+        default=0.5, ge=0, le=1, description="share of requests with tools that call one"
     )
     prompt_share: float = Field(
-        0.0,
+        default=0.0,
         ge=0,
         le=1,
         description="share of the variance of log answer length fixed by the prompt (seed + "
@@ -226,7 +226,7 @@ class AnswerConfig(BaseModel):
     )
 
     degenerate_rate: float = Field(
-        0.0,
+        default=0.0,
         ge=0,
         le=1,
         description="share of answers that are degenerate (a loop until max_tokens, empty "
