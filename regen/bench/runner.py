@@ -41,8 +41,8 @@ from regen.bench.report import ServerFlags
 from regen.bench.servers import Role, read_accept_length, server_flags
 from regen.bench.stats import AcceptWindow, CounterWindow, decode_tokens
 from regen.client import ChatClient, check_endpoint, resolve_api_key, server_root
-from regen.client.chat import NO_KEY
 from regen.client.endpoints import served_models
+from regen.client.resolved import NO_KEY
 from regen.client.transport import ChatTransport
 from regen.core.errors import ConfigError, EndpointError, RegenError
 from regen.manifest import Endpoint, Sampling, public_url
@@ -262,9 +262,10 @@ class _Bench:
 
 def bench_endpoints(opts: BenchOptions) -> dict[Role, Endpoint]:
     """Both servers as endpoints (their OpenAI bases), with the key's variable."""
+    urls: dict[Role, str] = {"baseline": opts.baseline, "speculative": opts.speculative}
     return {
         role: Endpoint(url=server_root(url) + "/v1", api_key_env=opts.api_key_env)
-        for role, url in (("baseline", opts.baseline), ("speculative", opts.speculative))
+        for role, url in urls.items()
     }
 
 
