@@ -395,7 +395,7 @@ def _argument_value(rng: random.Random, schema: Any) -> Any:
 def _tool_calls(
     rng: random.Random, tools: list[Any], messages: list[Any]
 ) -> tuple[SimToolCall, ...]:
-    usable = []
+    usable: list[Mapping[str, Any]] = []
     for tool in tools:
         fn = tool.get("function") if isinstance(tool, Mapping) else None
         if isinstance(fn, Mapping) and isinstance(fn.get("name"), str) and fn["name"]:
@@ -411,8 +411,10 @@ def _tool_calls(
     calls = []
     for i in range(n_calls):
         fn = rng.choice(usable)
-        params = fn.get("parameters") if isinstance(fn.get("parameters"), Mapping) else {}
-        props = params.get("properties") if isinstance(params.get("properties"), Mapping) else {}
+        raw_params = fn.get("parameters")
+        params = raw_params if isinstance(raw_params, Mapping) else {}
+        raw_props = params.get("properties")
+        props = raw_props if isinstance(raw_props, Mapping) else {}
         required = [k for k in params.get("required") or () if k in props] or list(props)[:3]
         args = {k: _argument_value(rng, props[k]) for k in required}
         arguments = json.dumps(args, ensure_ascii=False)
