@@ -262,9 +262,10 @@ class _Bench:
 
 def bench_endpoints(opts: BenchOptions) -> dict[Role, Endpoint]:
     """Both servers as endpoints (their OpenAI bases), with the key's variable."""
+    urls: dict[Role, str] = {"baseline": opts.baseline, "speculative": opts.speculative}
     return {
         role: Endpoint(url=server_root(url) + "/v1", api_key_env=opts.api_key_env)
-        for role, url in (("baseline", opts.baseline), ("speculative", opts.speculative))
+        for role, url in urls.items()
     }
 
 

@@ -64,9 +64,9 @@ from typing import Any
 
 from regen.core.errors import ConfigError
 from regen.core.result import TurnResult
-from regen.core.sample import ToolCall
+from regen.core.sample import Message, ToolCall
 from regen.engine.inputs import render_settings
-from regen.engine.turns import regenerate
+from regen.engine.turns import Request, Tools, regenerate
 from regen.manifest import load_manifest
 from regen.sources.stream import read_samples
 from regen.template.render import Renderer
@@ -222,7 +222,7 @@ class TrainingTurn:
     calls_tools: bool
 
 
-def demo_answer(request: list[dict[str, Any]], tools: Any, original: Any) -> Any:
+def demo_answer(request: Request, tools: Tools | None, original: Message | None) -> TurnResult:
     """The demo target's answer (a TurnResult) to one request; ``original`` is the source's own
     assistant message for that turn (or None): its tool calls are repeated when tools are
     offered."""
@@ -257,7 +257,9 @@ def training_turns(manifest: Any) -> list[TrainingTurn]:
             originals = originals[-1:]
         answered = iter(originals)
 
-        async def complete(request: list[dict[str, Any]], tools: Any, answered=answered) -> Any:
+        async def complete(
+            request: Request, tools: Tools | None, answered: Iterator[Message] = answered
+        ) -> TurnResult:
             return demo_answer(request, tools, next(answered, None))
 
         for done in asyncio.run(regenerate(sample, complete)).turns:
@@ -413,7 +415,7 @@ def _build(
     torch.set_num_threads(spec.threads)
     try:
         torch.manual_seed(spec.seed)
-        model = LlamaForCausalLM(config).to(torch.float32)
+        model = LlamaForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]  # transformers' to() is @wraps(nn.Module.to): typeshed's _Wrapped keeps the unbound self
         losses = train_demo_target(model, turns, spec)
     finally:
         torch.set_num_threads(threads)

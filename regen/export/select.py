@@ -355,7 +355,7 @@ class _KeyRows:
     @classmethod
     def of(cls, table: pa.Table) -> _KeyRows:
         def col(name: str) -> list[Any]:
-            return table.column(name).to_pylist()
+            return list(table.column(name).to_pylist())
 
         return cls(
             col("sample_id"), col("attempt"), col("quality_flags"), col("turn"), col("source"),

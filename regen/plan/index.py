@@ -46,7 +46,7 @@ from regen.store.planned import (
     invalidate,
     source_kind,
 )
-from regen.store.rundir import RunDir
+from regen.store.rundir import TMP_PREFIX, RunDir
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ class IndexBuilder:
     def _add_row(self, text: str) -> None:
         if self._rows_writer is None:
             self.rd.makedirs(layout.PLAN_DIR)
-            self._rows_tmp = f"{layout.PLAN_DIR}/{layout.TMP_PREFIX}rows-{time.time_ns()}"
+            self._rows_tmp = f"{layout.PLAN_DIR}/{TMP_PREFIX}rows-{time.time_ns()}"
             self._rows_stream = self.rd.fs.open_output_stream(self.rd.path(self._rows_tmp))
             self._rows_writer = pq.ParquetWriter(self._rows_stream, ROWS_SCHEMA,
                                                  compression="zstd")  # fmt: skip

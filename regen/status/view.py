@@ -145,9 +145,9 @@ class RunView:
         now = time.monotonic()
         due = self._checked_at is None or now - self._checked_at >= self.reconcile_every_s
         if due or (error and self._last_check is None):
-            check = self.check_parts()  # listed after the progress file was read: see deficit
-            check.deficit = deficit(progress, check.stored)
-            self._last_check = check
+            fresh = self.check_parts()  # listed after the progress file was read: see deficit
+            fresh.deficit = deficit(progress, fresh.stored)
+            self._last_check = fresh
             self._checked_at = now
         check = self._last_check
         lost = progress is None and not error and check is not None and bool(check.stored)

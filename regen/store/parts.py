@@ -92,7 +92,8 @@ def part_bytes(table: pa.Table, samples: int) -> bytes:
     sink = pa.BufferOutputStream()
     pq.write_table(table.replace_schema_metadata(meta), sink, compression="zstd",
                    write_page_checksum=True)  # fmt: skip
-    return sink.getvalue().to_pybytes()
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
 
 
 def open_part(data: bytes) -> pq.ParquetFile:

@@ -49,7 +49,7 @@ engine profile's name (:func:`preparation`); each says where it was read:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Literal
@@ -277,6 +277,8 @@ def loops_over_content(template: str) -> bool:
 
 
 def _content_loop(ast: nodes.Template) -> bool:
+    """Whether a ``for`` of ``ast`` iterates over a message's content (the rules of
+    :func:`loops_over_content`)."""
     from jinja2 import nodes
 
     def wrapped(node: nodes.Node) -> nodes.Node | None:  # of a filter, test or slice
@@ -314,6 +316,26 @@ def _content_loop(ast: nodes.Template) -> bool:
         lists |= found
     items = {f.target.name for f in ast.find_all(nodes.For)
              if isinstance(f.target, nodes.Name) and is_name(f.iter, lists)}  # fmt: skip
+    in_macros, params = _macro_loops(ast, items, is_content_of)
+    for loop in ast.find_all(nodes.For):
+        it = loop.iter
+        if is_content_of(it, items):
+            return True
+        if isinstance(it, nodes.Name) and it.name in params.get(id(loop), ()):
+            return True
+        if id(loop) not in in_macros and isinstance(it, nodes.Name) and it.name == "content":
+            return True
+    return False
+
+
+def _macro_loops(
+    ast: nodes.Template, items: set[str], is_content_of: Callable[[nodes.Node, set[str]], bool]
+) -> tuple[set[int], dict[int, set[str]]]:
+    """The ``for`` loops inside macros (their ids), and of those the ones whose macro some
+    call hands a message's content (``is_content_of`` a name of ``items``): the parameters
+    that receive it, by loop id."""
+    from jinja2 import nodes
+
     in_macros: set[int] = set()
     params: dict[int, set[str]] = {}
     for macro in ast.find_all(nodes.Macro):
@@ -329,12 +351,4 @@ def _content_loop(ast: nodes.Template) -> bool:
             in_macros.add(id(loop))
             if got:
                 params[id(loop)] = got
-    for loop in ast.find_all(nodes.For):
-        it = loop.iter
-        if is_content_of(it, items):
-            return True
-        if isinstance(it, nodes.Name) and it.name in params.get(id(loop), ()):
-            return True
-        if id(loop) not in in_macros and isinstance(it, nodes.Name) and it.name == "content":
-            return True
-    return False
+    return in_macros, params

@@ -28,6 +28,7 @@ from regen.manifest import Manifest
 from regen.store import RunDir
 from regen.store import layout as L
 from regen.store.layout import ExportStats
+from regen.store.rundir import TMP_PREFIX
 from regen.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ def export_is_stale(rd: RunDir, out: Path) -> bool:
     """
     parts = Path(rd.path(L.PARTS_DIR))
     newest = max((p.stat().st_mtime for p in parts.glob(f"*{L.PART_SUFFIX}")
-                  if not p.name.startswith(L.TMP_PREFIX)), default=None)  # fmt: skip
+                  if not p.name.startswith(TMP_PREFIX)), default=None)  # fmt: skip
     if newest is None:
         return False
     stats = out / L.EXPORT_STATS

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         task = asyncio.ensure_future(serve(config, ready=ready))
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
-        await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((task, ready), return_when=asyncio.FIRST_COMPLETED)
         if ready.done():
             console.print(f"simulated SGLang server: {ready.result()}/v1", highlight=False)
         with contextlib.suppress(asyncio.CancelledError):

@@ -208,17 +208,17 @@ class AnswerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     mean_tokens: float = Field(
-        256.0, gt=0, description="mean answer length in simulated tokens (lognormal)"
+        default=256.0, gt=0, description="mean answer length in simulated tokens (lognormal)"
     )
-    length_scale: float = Field(1.0, gt=0, description="multiplies --mean-tokens")
+    length_scale: float = Field(default=1.0, gt=0, description="multiplies --mean-tokens")
     length_sigma: float = Field(
-        1.0, ge=0, description="lognormal sigma; 0 gives every answer the mean length"
+        default=1.0, ge=0, description="lognormal sigma; 0 gives every answer the mean length"
     )
     tool_call_rate: float = Field(
-        0.5, ge=0, le=1, description="share of requests with tools that call one"
+        default=0.5, ge=0, le=1, description="share of requests with tools that call one"
     )
     prompt_share: float = Field(
-        0.0,
+        default=0.0,
         ge=0,
         le=1,
         description="share of the variance of log answer length fixed by the prompt (seed + "
@@ -226,7 +226,7 @@ class AnswerConfig(BaseModel):
     )
 
     degenerate_rate: float = Field(
-        0.0,
+        default=0.0,
         ge=0,
         le=1,
         description="share of answers that are degenerate (a loop until max_tokens, empty "
@@ -395,7 +395,7 @@ def _argument_value(rng: random.Random, schema: Any) -> Any:
 def _tool_calls(
     rng: random.Random, tools: list[Any], messages: list[Any]
 ) -> tuple[SimToolCall, ...]:
-    usable = []
+    usable: list[Mapping[str, Any]] = []
     for tool in tools:
         fn = tool.get("function") if isinstance(tool, Mapping) else None
         if isinstance(fn, Mapping) and isinstance(fn.get("name"), str) and fn["name"]:
@@ -411,8 +411,10 @@ def _tool_calls(
     calls = []
     for i in range(n_calls):
         fn = rng.choice(usable)
-        params = fn.get("parameters") if isinstance(fn.get("parameters"), Mapping) else {}
-        props = params.get("properties") if isinstance(params.get("properties"), Mapping) else {}
+        raw_params = fn.get("parameters")
+        params = raw_params if isinstance(raw_params, Mapping) else {}
+        raw_props = params.get("properties")
+        props = raw_props if isinstance(raw_props, Mapping) else {}
         required = [k for k in params.get("required") or () if k in props] or list(props)[:3]
         args = {k: _argument_value(rng, props[k]) for k in required}
         arguments = json.dumps(args, ensure_ascii=False)

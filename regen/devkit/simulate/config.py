@@ -65,306 +65,341 @@ _SPEC_ONLY = (
 )
 
 
-def _group(name: str) -> dict[str, Any]:
-    return {"json_schema_extra": {"group": name}}
-
-
 class SimConfig(BaseModel):
     """What one simulated SGLang server looks like and how it behaves."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    host: str = Field("127.0.0.1", description="bind address", **_group("server"))
-    port: int = Field(0, ge=0, le=65535, description="port; 0 picks a free one", **_group("server"))
+    host: str = Field(
+        default="127.0.0.1", description="bind address", json_schema_extra={"group": "server"}
+    )
+    port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="port; 0 picks a free one",
+        json_schema_extra={"group": "server"},
+    )
     ready_file: Path | None = Field(
-        None,
+        default=None,
         description="write the base URL incl. /v1 (what --endpoint takes) here once listening",
-        **_group("server"),
+        json_schema_extra={"group": "server"},
     )
     request_log: Path | None = Field(
-        None, description="JSONL line per finished request", **_group("server")
+        default=None,
+        description="JSONL line per finished request",
+        json_schema_extra={"group": "server"},
     )
     model_name: str = Field(
-        "moonshotai/Kimi-K2.5", description="served model id", **_group("server")
+        default="moonshotai/Kimi-K2.5",
+        description="served model id",
+        json_schema_extra={"group": "server"},
     )
     model_path: str | None = Field(
-        None, description="reported model path (default: the model name)", **_group("server")
+        default=None,
+        description="reported model path (default: the model name)",
+        json_schema_extra={"group": "server"},
     )
     tokenizer: Path | None = Field(
-        None,
+        default=None,
         description="tokenizer dir: enables token ids (on the choice, and in sglext when streamed)",
-        **_group("server"),
+        json_schema_extra={"group": "server"},
     )
     tokenizer_class: str | None = Field(
-        None,
+        default=None,
         description="the class AutoTokenizer resolves for --tokenizer "
         "(regen.template.tokenizer.class_spec): loaded directly, without torch",
-        **_group("server"),
+        json_schema_extra={"group": "server"},
     )
     context_length: int = Field(
-        262144, ge=1, description="prompt + max_tokens limit", **_group("server")
+        default=262144,
+        ge=1,
+        description="prompt + max_tokens limit",
+        json_schema_extra={"group": "server"},
     )
     api_key: str | None = Field(
-        None,
+        default=None,
         repr=False,
         description="require 'Authorization: Bearer KEY' everywhere but /health* (as SGLang's "
         "--api-key; /stats stays open)",
-        **_group("server"),
+        json_schema_extra={"group": "server"},
     )
     enable_deterministic_inference: bool = Field(
-        False,
+        default=False,
         description="report SGLang's --enable-deterministic-inference (the only mode in which "
         "SGLang honours a request's seed)",
-        **_group("server"),
+        json_schema_extra={"group": "server"},
     )
     enable_metrics: bool = Field(
-        False,
+        default=False,
         description="SGLang's --enable-metrics: serve Prometheus text at /metrics (without it "
         "SGLang's /metrics is a 404; a vLLM server always serves it)",
-        **_group("server"),
+        json_schema_extra={"group": "server"},
     )
     engine: Literal["sglang", "vllm"] = Field(
-        "sglang",
+        default="sglang",
         description="which engine's wire to speak: SGLang 0.5.23 or vLLM 0.32 (ids, reasoning "
         "field, identity endpoints, error and overload shapes: regen/devkit/simulate/dialect.py)",
-        **_group("server"),
+        json_schema_extra={"group": "server"},
     )
     health_check_timeout_s: float | None = Field(
-        None,
+        default=None,
         gt=0,
         allow_inf_nan=False,
         description="seconds /health_generate (and /health) wait for the scheduler before "
         "answering 503, SGLang's HEALTH_CHECK_TIMEOUT (http_server.py; default: "
         f"${HEALTH_TIMEOUT_ENV} as SGLang reads it, else {DEFAULT_HEALTH_TIMEOUT_S:g})",
-        **_group("server"),
+        json_schema_extra={"group": "server"},
     )
     health_endpoint_generation: bool = Field(
-        True,
+        default=True,
         description="/health is the /health_generate check, as in SGLang 0.5.23 by default "
         "(SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION); off: /health answers 200 at once",
-        **_group("server"),
+        json_schema_extra={"group": "server"},
     )
     usage_shape: Literal["sglang", "finish"] = Field(
-        "sglang",
+        default="sglang",
         description="streaming usage: last chunk with choices [] (sglang) or on the "
         "finish_reason chunk (finish, transformers-serve shape)",
-        **_group("server"),
+        json_schema_extra={"group": "server"},
     )
     max_running_requests: int | None = Field(
-        None,
+        default=None,
         ge=1,
         description="SGLang's --max-running-requests: the batch slots, reported at the top "
         "level of /server_info (None, as SGLang without the flag: --memory-slots decide)",
-        **_group("capacity model"),
+        json_schema_extra={"group": "capacity model"},
     )
     memory_slots: int = Field(
-        64,
+        default=64,
         ge=1,
         description="batch slots when --max-running-requests is not given (SGLang derives "
         "them from KV memory; reported only in internal_states)",
-        **_group("capacity model"),
+        json_schema_extra={"group": "capacity model"},
     )
     dp_size: int = Field(
-        1,
+        default=1,
         ge=1,
         description="data-parallel ranks: internal_states entries, each reporting its share "
         "of the slots as effective_max_running_requests_per_dp",
-        **_group("capacity model"),
+        json_schema_extra={"group": "capacity model"},
     )
     max_queued_requests: int | None = Field(
-        None,
+        default=None,
         ge=0,
         description="SGLang's --max-queued-requests: a request finding this many waiting is "
         "refused with 503 'The request queue is full.' (streamed: HTTP 200, then the error "
         "event); under --engine vllm, vLLM's --max-num-queued-reqs: a cap on running plus "
         "waiting (None: no limit)",
-        **_group("capacity model"),
+        json_schema_extra={"group": "capacity model"},
     )
     max_total_tokens: int | None = Field(
-        None,
+        default=None,
         ge=1,
         description="SGLang's --max-total-tokens: the KV pool in tokens; a running request "
         "holds its prompt and its output so far (/metrics token_usage, kv_cache_usage_perc; "
         "default 8192 per batch slot)",
-        **_group("capacity model"),
+        json_schema_extra={"group": "capacity model"},
     )
     step_ms: float = Field(
-        3.2, gt=0, description="one decode step (ms)", **_group("capacity model")
+        default=3.2,
+        gt=0,
+        description="one decode step (ms)",
+        json_schema_extra={"group": "capacity model"},
     )
     tokens_per_step: int = Field(
-        1, ge=1, description="K tokens per slot per step", **_group("capacity model")
+        default=1,
+        ge=1,
+        description="K tokens per slot per step",
+        json_schema_extra={"group": "capacity model"},
     )
     instant: bool = Field(
-        False, description="answer at once (no capacity model)", **_group("capacity model")
+        default=False,
+        description="answer at once (no capacity model)",
+        json_schema_extra={"group": "capacity model"},
     )
     prefill_us_per_token: float = Field(
-        0.0,
+        default=0.0,
         ge=0,
         allow_inf_nan=False,
         description="prefill cost: microseconds of server time per uncached prompt token, "
         "added to the step that prefills it (0: prefill is free, the model before issue 43; "
         f"{LARGE_MOE_PREFILL_US_PER_TOKEN:g} is a large MoE on 8 GPUs, docs/simulate.md)",
-        **_group("prefill and prefix cache"),
+        json_schema_extra={"group": "prefill and prefix cache"},
     )
     chunked_prefill_size: int = Field(
-        8192,
+        default=8192,
         ge=1,
         description="SGLang's --chunked-prefill-size: prompt tokens one step prefills at most "
         "(a longer prompt takes several steps)",
-        **_group("prefill and prefix cache"),
+        json_schema_extra={"group": "prefill and prefix cache"},
     )
     prefix_cache: bool = Field(
-        True,
+        default=True,
         description="keep a prefix cache (SGLang's radix cache; vLLM's --enable-prefix-caching): "
         "a prompt's cached prefix is not prefilled; off: every prompt token is",
-        **_group("prefill and prefix cache"),
+        json_schema_extra={"group": "prefill and prefix cache"},
     )
     prefix_cache_tokens: int | None = Field(
-        None,
+        default=None,
         ge=0,
         description="the prefix cache's capacity in tokens, least recently used evicted first "
         "(default: the KV pool, --max-total-tokens)",
-        **_group("prefill and prefix cache"),
+        json_schema_extra={"group": "prefill and prefix cache"},
     )
     prefix_cache_block_size: int | None = Field(
-        None,
+        default=None,
         ge=1,
         description="cached tokens count in whole blocks of this size (default: 1 under "
         "--engine sglang, SGLang's page size; 16 under vllm, vLLM's block size)",
-        **_group("prefill and prefix cache"),
+        json_schema_extra={"group": "prefill and prefix cache"},
     )
     enable_cache_report: bool = Field(
-        False,
+        default=False,
         description="report cached prompt tokens in usage.prompt_tokens_details.cached_tokens "
         "(SGLang's --enable-cache-report; vLLM's --enable-prompt-tokens-details)",
-        **_group("prefill and prefix cache"),
+        json_schema_extra={"group": "prefill and prefix cache"},
     )
     abort_delay_s: float | None = Field(
-        None,
+        default=None,
         ge=0,
         allow_inf_nan=False,
         description="seconds a closed stream's request keeps its batch slot (and generates) "
         "before the engine aborts it (default: 2 under --engine sglang, whose "
         "create_abort_task sleeps 2 s; 0 under vllm, which aborts at once)",
-        **_group("prefill and prefix cache"),
+        json_schema_extra={"group": "prefill and prefix cache"},
     )
     background_requests: int = Field(
-        0,
+        default=0,
         ge=0,
         description="a second client of this server: requests it keeps in the server at all "
         "times, each sent again as soon as it ends (they take batch slots and queue places "
         "and show in /metrics and /stats, as another client of a shared server does)",
-        **_group("shared server"),
+        json_schema_extra={"group": "shared server"},
     )
     background_max_tokens: int = Field(
-        512, ge=1, description="output tokens of each background request", **_group("shared server")
+        default=512,
+        ge=1,
+        description="output tokens of each background request",
+        json_schema_extra={"group": "shared server"},
     )
     background_prompt_tokens: int = Field(
-        256, ge=0, description="prompt tokens of each background request", **_group("shared server")
+        default=256,
+        ge=0,
+        description="prompt tokens of each background request",
+        json_schema_extra={"group": "shared server"},
     )
     hang_at_s: float | None = Field(
-        None,
+        default=None,
         ge=0,
         allow_inf_nan=False,
         description="the server hangs S seconds after it began serving (the scheduler stops: "
         "no byte of any answer, new requests get nothing, /health_generate fails after its "
         "timeout)",
-        **_group("outages"),
+        json_schema_extra={"group": "outages"},
     )
     hang_after: int | None = Field(
-        None,
+        default=None,
         ge=1,
         description="the server hangs when the N-th chat request arrives (it and every later "
         "one, and every answer under way, get nothing more)",
-        **_group("outages"),
+        json_schema_extra={"group": "outages"},
     )
     hang_for_s: float | None = Field(
-        None,
+        default=None,
         gt=0,
         allow_inf_nan=False,
         description="a hang ends after D seconds and everything carries on where it stopped "
         "(default: it never ends)",
-        **_group("outages"),
+        json_schema_extra={"group": "outages"},
     )
     overload_at_s: float | None = Field(
-        None,
+        default=None,
         ge=0,
         allow_inf_nan=False,
         description="a 503 storm S seconds after the server began serving: every new chat "
         "request is refused as --overload-rate refuses it (SGLang's full-queue 503)",
-        **_group("outages"),
+        json_schema_extra={"group": "outages"},
     )
     overload_after: int | None = Field(
-        None,
+        default=None,
         ge=1,
         description="a 503 storm from the N-th chat request on (it is refused too)",
-        **_group("outages"),
+        json_schema_extra={"group": "outages"},
     )
     overload_for_s: float = Field(
-        30.0,
+        default=30.0,
         gt=0,
         allow_inf_nan=False,
         description="length of the 503 storm (s)",
-        **_group("outages"),
+        json_schema_extra={"group": "outages"},
     )
     answer: AnswerConfig = AnswerConfig()
     faults: FaultConfig = FaultConfig()
     speculative_algorithm: str | None = Field(
-        None, description="EAGLE, EAGLE3, NEXTN, ...", **_group("speculative decoding")
+        default=None,
+        description="EAGLE, EAGLE3, NEXTN, ...",
+        json_schema_extra={"group": "speculative decoding"},
     )
     speculative_draft_model_path: str | None = Field(
-        None, description="reported draft path", **_group("speculative decoding")
+        default=None,
+        description="reported draft path",
+        json_schema_extra={"group": "speculative decoding"},
     )
     speculative_num_steps: int | None = Field(
-        None, description="reported --speculative-num-steps", **_group("speculative decoding")
+        default=None,
+        description="reported --speculative-num-steps",
+        json_schema_extra={"group": "speculative decoding"},
     )
     speculative_eagle_topk: int | None = Field(
-        None, description="reported --speculative-eagle-topk", **_group("speculative decoding")
+        default=None,
+        description="reported --speculative-eagle-topk",
+        json_schema_extra={"group": "speculative decoding"},
     )
     speculative_num_draft_tokens: int | None = Field(
-        None,
+        default=None,
         description="reported --speculative-num-draft-tokens",
-        **_group("speculative decoding"),
+        json_schema_extra={"group": "speculative decoding"},
     )
     spec_accept_length: float | None = Field(
-        None,
+        default=None,
         ge=1.0,
         allow_inf_nan=False,
         description="acceptance length (tokens kept per verify step) of a request whose prompt "
         "names none (default 2.1; 1.0 under EAGLE with an eagle3 draft)",
-        **_group("speculative decoding"),
+        json_schema_extra={"group": "speculative decoding"},
     )
     spec_accept_map: Path | None = Field(
-        None,
+        default=None,
         description="YAML/JSON file {keywords: {KEYWORD: A, ...}, default: A}: a request's "
         "acceptance is that of the first keyword found in its prompt (an inline "
         "'spec_accept=A' in the prompt wins)",
-        **_group("speculative decoding"),
+        json_schema_extra={"group": "speculative decoding"},
     )
     spec_draft_kind: DraftKind | None = Field(
-        None,
+        default=None,
         description="the draft's kind (default: from the draft's config.json architectures; "
         "eagle3 when unreadable): an eagle3 draft under anything but EAGLE3 accepts 1.0",
-        **_group("speculative decoding"),
+        json_schema_extra={"group": "speculative decoding"},
     )
     spec_draft_overhead: float = Field(
-        _SPEED.draft_overhead,
+        default=_SPEED.draft_overhead,
         ge=1.0,
         description="speed model: a speculative step at an empty batch ÷ a plain step "
         "(docs/bench.md)",
-        **_group("speculative decoding"),
+        json_schema_extra={"group": "speculative decoding"},
     )
     spec_verify_cost: float = Field(
-        _SPEED.verify_cost,
+        default=_SPEED.verify_cost,
         ge=0.0,
         description="speed model: step time each running request adds ÷ a plain step",
-        **_group("speculative decoding"),
+        json_schema_extra={"group": "speculative decoding"},
     )
     spec_tokens_details: bool = Field(
-        True,
+        default=True,
         description="answer return_spec_tokens_details with sglext.spec_tokens_details, as "
         "SGLang 0.5.23 does (off: a server that reports only /server_info's running average)",
-        **_group("speculative decoding"),
+        json_schema_extra={"group": "speculative decoding"},
     )
 
     @model_validator(mode="after")

@@ -32,6 +32,7 @@ Owns no files.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -95,7 +96,7 @@ class Dialect:
             err = {"object": "error", **err}
         return b"data: " + json.dumps({"error": err}, separators=(",", ":")).encode() + b"\n\n"
 
-    def asks_ids(self, body: dict[str, Any], stream: bool) -> tuple[bool, bool]:
+    def asks_ids(self, body: Mapping[str, Any], stream: bool) -> tuple[bool, bool]:
         """(prompt ids, output ids) the request asks for in this dialect."""
         if self.name == "vllm":
             want = bool(body.get("return_token_ids"))

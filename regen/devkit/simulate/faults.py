@@ -77,36 +77,39 @@ class FaultConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    fail_rate: float = Field(0.0, ge=0, le=1, description="HTTP 500 rate")
+    fail_rate: float = Field(default=0.0, ge=0, le=1, description="HTTP 500 rate")
     rate_limit_rate: float = Field(
-        0.0, ge=0, le=1, description="HTTP 429 + Retry-After rate (a gateway's, not SGLang's)"
+        default=0.0,
+        ge=0,
+        le=1,
+        description="HTTP 429 + Retry-After rate (a gateway's, not SGLang's)",
     )
     overload_rate: float = Field(
-        0.0,
+        default=0.0,
         ge=0,
         le=1,
         description="overload rate: SGLang's 503 for a full queue (streamed: HTTP 200, then an "
         "error event)",
     )
     retract_rate: float = Field(
-        0.0,
+        default=0.0,
         ge=0,
         le=1,
         description="503 half-way through the answer (retraction, running timeout)",
     )
     abort_rate: float = Field(
-        0.0, ge=0, le=1, description='finish_reason "abort" half-way through the answer'
+        default=0.0, ge=0, le=1, description='finish_reason "abort" half-way through the answer'
     )
-    disconnect_rate: float = Field(0.0, ge=0, le=1, description="stream cut rate")
-    stall_rate: float = Field(0.0, ge=0, le=1, description="mid-answer pause rate")
-    stall_s: float = Field(5.0, ge=0, description="length of a pause (s)")
-    retry_after: float = Field(1.0, ge=0, description="Retry-After of a 429 (s)")
-    fault_seed: int = Field(0, description="seeds the fault draws")
+    disconnect_rate: float = Field(default=0.0, ge=0, le=1, description="stream cut rate")
+    stall_rate: float = Field(default=0.0, ge=0, le=1, description="mid-answer pause rate")
+    stall_s: float = Field(default=5.0, ge=0, description="length of a pause (s)")
+    retry_after: float = Field(default=1.0, ge=0, description="Retry-After of a 429 (s)")
+    fault_seed: int = Field(default=0, description="seeds the fault draws")
     faulty_attempts: int = Field(
-        3, ge=-1, description="attempts of one request that may fault (-1: all)"
+        default=3, ge=-1, description="attempts of one request that may fault (-1: all)"
     )
     fault_sequence: tuple[Fault | None, ...] = Field(
-        (),
+        default=(),
         description="fixed faults per attempt, overriding the rates, e.g. "
         "503,429,500,retract,abort,disconnect,stall,ok",
     )

@@ -292,8 +292,8 @@ class SimMetrics:
         """vLLM's speculative counters, read from the speed model's running totals: a verify
         step per running request is a draft; it proposes the draft length and keeps the
         acceptance length minus the bonus token."""
-        spec = self.spec
-        assert spec is not None
+        assert self.spec is not None
+        spec: SpecServer = self.spec  # typed: the collector below reads it later
         k = spec.max_step_tokens - 1
         registry = self.registry
 

@@ -84,10 +84,10 @@ class SpeedModel(BaseModel):
 
     #: step time at an empty batch relative to a plain decode step: the draft's steps plus the
     #: verify pass (> 1: speculation always costs something)
-    draft_overhead: float = Field(1.25, ge=1.0)
+    draft_overhead: float = Field(default=1.25, ge=1.0)
     #: extra step time per running request, relative to a plain decode step (the verify pass
     #: grows with the batch; a plain decode step does not)
-    verify_cost: float = Field(0.0163, ge=0.0)
+    verify_cost: float = Field(default=0.0163, ge=0.0)
 
     @classmethod
     def fit(cls, accept: float, low: tuple[int, float], high: tuple[int, float]) -> SpeedModel:

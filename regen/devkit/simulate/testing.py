@@ -210,7 +210,7 @@ def simulator_in_thread(
         ready: asyncio.Future[str] = loop.create_future()
         task = asyncio.ensure_future(serve(config, ready=ready))
         got["task"] = task
-        await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((task, ready), return_when=asyncio.FIRST_COMPLETED)
         got["url"] = ready.result() if ready.done() else None
         started.set()
         with contextlib.suppress(asyncio.CancelledError):

@@ -20,7 +20,7 @@ from typing import Any
 
 from regen.core.errors import TemplateError
 from regen.devkit.simulate.answer import SimAnswer
-from regen.template.prepare import loops_over_content, preparation
+from regen.template.prepare import ContentFormat, loops_over_content, preparation
 from regen.template.tokenizer import load_tokenizer
 
 
@@ -49,17 +49,20 @@ class AnswerTokenizer:
     def render_prompt(self, request: Mapping[str, Any]) -> str:
         kwargs = dict(request.get("chat_template_kwargs") or {})
         template = self.tok.chat_template if isinstance(self.tok.chat_template, str) else ""
-        content = "openai" if template and loops_over_content(template) else "string"
+        content: ContentFormat = "openai" if template and loops_over_content(template) else "string"
         try:
-            return self.tok.apply_chat_template(
-                self.prep.messages(list(request.get("messages") or ()), content),
-                tools=self.prep.tools(request.get("tools") or None),
+            text = self.tok.apply_chat_template(
+                self.prep.messages(list(request.get("messages") or ()), content),  # type: ignore[arg-type]  # transformers: a message is dict[str, str] (no tool calls)
+                tools=self.prep.tools(request.get("tools") or None),  # type: ignore[arg-type]  # transformers: list[dict | Callable] (invariant)
                 add_generation_prompt=True,
                 tokenize=False,
                 **kwargs,
             )
         except Exception as e:
             raise TemplateError(f"chat template failed: {e}") from e
+        if not isinstance(text, str):
+            raise TemplateError(f"chat template returned {type(text).__name__}, not text")
+        return text
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))

@@ -58,13 +58,10 @@ def prompt_tokens(messages: Iterable[Mapping[str, Any]], tools: list[Any] | None
         n += count_tokens(_content_text(m.get("reasoning_content")))
         for call in m.get("tool_calls") or ():
             fn = call.get("function") or {}
+            args = fn.get("arguments")
             n += (
                 4
                 + count_tokens(str(fn.get("name", "")))
-                + count_tokens(
-                    fn.get("arguments")
-                    if isinstance(fn.get("arguments"), str)
-                    else json.dumps(fn.get("arguments"))
-                )
+                + count_tokens(args if isinstance(args, str) else json.dumps(args))
             )
     return n

@@ -99,4 +99,4 @@ def write_demo_native(
 if __name__ == "__main__":  # python -m regen.devkit.tokenizers.demo_native [OUT] [TOKENIZER_DIR]
     import sys
 
-    write_demo_native(*(sys.argv[1:3] or [DEMO_NATIVE_PATH]))
+    write_demo_native(*(sys.argv[1:3] or [str(DEMO_NATIVE_PATH)]))
