@@ -34,11 +34,12 @@ content is split at ``</think>``, see regen.template.render).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from regen.core.chat import ToolCallJson
 from regen.core.errors import RowError, TemplateError
 from regen.core.result import TurnResult
 from regen.core.sample import Message, Sample
@@ -52,7 +53,7 @@ def _now() -> str:
 
 
 #: one regenerated turn as the row builder takes it: (turn index, request messages, result)
-TurnInput = tuple[int, Sequence[Message | dict[str, Any]], TurnResult]
+TurnInput = tuple[int, Sequence[Message | Mapping[str, object]], TurnResult]
 
 
 @dataclass(slots=True)
@@ -143,7 +144,7 @@ def prepare_turns(
 def build_turn_row(
     sample: Sample,
     turn: int,
-    request_messages: Sequence[Message | dict[str, Any]],
+    request_messages: Sequence[Message | Mapping[str, object]],
     result: TurnResult,
     renderer: Renderer,
     quality: QualityConfig = DEFAULT_CONFIG,
@@ -266,12 +267,12 @@ def server_check(
     decoded: tuple[str, str],
     result: TurnResult,
     renderer: Renderer,
-) -> tuple[str, str]:
+) -> tuple[str, str | None]:
     """``token_check`` of a server row: its decoded prompt and response against the local
     render's (the response in the engine's default form too, when it has one); and the
     rendered response text compared."""
     p_ok = local.prompt_text == decoded[0]
-    response_text = local.response_text
+    response_text: str | None = local.response_text
     if response_text != decoded[1]:  # the engine's default form, if it has one
         response_text = renderer.served_response(local, result)
     r_ok = response_text == decoded[1]
@@ -312,7 +313,7 @@ class Answer:
 
     reasoning: str | None
     content: str
-    calls: list[dict[str, Any]]  #: the tool calls, OpenAI shape
+    calls: list[ToolCallJson]  #: the tool calls, OpenAI shape
     #: the output never wrote ``</think>`` (``think_inserted``): all of it is reasoning
     unclosed: bool
 
@@ -328,8 +329,8 @@ class Answer:
 
     def check(
         self,
-        request_messages: Sequence[Message | dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
+        request_messages: Sequence[Message | Mapping[str, object]],
+        tools: Sequence[Mapping[str, object]] | None,
         finish_reason: str | None,
         *,
         think_closed: bool | None,

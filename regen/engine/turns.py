@@ -28,14 +28,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from regen.core import jsontext
+from regen.core.chat import MessageJson
 from regen.core.result import TurnResult
 from regen.core.sample import Message, Sample, ToolCall
 
 #: one request's messages, as OpenAI JSON (regen.core.sample.Message.to_openai)
-Request = list[dict[str, Any]]
+Request = list[MessageJson]
 #: a sample's tool declarations, as OpenAI JSON
 Tools = Sequence[Mapping[str, object]]
 #: (request messages, tools) -> the regenerated turn

@@ -52,6 +52,7 @@ from regen.core.errors import (
     StallError,
     TransientError,
 )
+from regen.core.jsontext import JsonValue
 from regen.core.result import TurnResult
 from regen.core.sample import Sample
 from regen.engine.inputs import RowSettings, WorkerConfig
@@ -68,7 +69,7 @@ from regen.template.render import Renderer
 log = logging.getLogger(__name__)
 
 #: a training row (regen.store.schema names its columns)
-Row = dict[str, object]
+Row = dict[str, JsonValue]
 #: (sample, done turns) -> rows; default: regen.engine.rows.build_rows with the run's renderer
 RowBuilder = Callable[[Sample, list[DoneTurn]], list[Row]]
 
