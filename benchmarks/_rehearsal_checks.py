@@ -185,7 +185,7 @@ def check_run(
     """Every check of the module docstring on one finished run."""
     from regen.devkit.simulate.keys import request_key
     from regen.manifest import load_manifest
-    from regen.sources import read_samples
+    from regen.sources import read_samples, source_set
 
     logging.getLogger("regen.sources").setLevel(logging.ERROR)  # the rows skipped, again
     m = load_manifest(manifest_path)
@@ -194,7 +194,7 @@ def check_run(
     last_only: set[str] = set()  #: samples of a ``turns: last`` source: one row, any turn
     native: dict[str, bytes] = {}
     by_source: Counter[str] = Counter()
-    for s in read_samples(m):
+    for s in read_samples(source_set(m)):
         expected[s.id] = s.turns_to_regenerate()
         if s.turns == "last":
             last_only.add(s.id)

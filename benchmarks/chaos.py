@@ -414,12 +414,12 @@ def verify(manifest_path: Path, out: Path, answer_cfg: Any) -> Verdict:
     """Compare the run directory with the manifest's input and the simulator's answers."""
     from regen.devkit.simulate import answer
     from regen.manifest import load_manifest
-    from regen.sources import read_samples
+    from regen.sources import read_samples, source_set
     from regen.store import RunDir
     from regen.store.failures import read_failures
 
     m = load_manifest(manifest_path)
-    inputs = {s.id: s for s in read_samples(m)}
+    inputs = {s.id: s for s in read_samples(source_set(m))}
     rows = stored_rows(out)
     v = Verdict(inputs=len(inputs), rows=len(rows))
     ids = {r["sample_id"] for r in rows}

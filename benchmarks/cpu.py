@@ -109,9 +109,9 @@ def child(args: argparse.Namespace) -> int:
         summary = run_job(m, RunDir.open(args.out, create=False), opts)
         print(json.dumps({"state": summary.state, "done": summary.done}), flush=True)
         return 0 if summary.state == "finished" else 1
-    from regen.sources import read_samples
+    from regen.sources import read_samples, source_set
 
-    samples = list(read_samples(m))
+    samples = list(read_samples(source_set(m)))
     if args.contender == "plain":
         asyncio.run(plain_pool(m, args.url, samples))
     elif args.contender == "worker":
@@ -409,11 +409,12 @@ def run_contender(
         f.start(args.conversations)
         if contender == "openai":  # the same samples and request fields as regen's
             from regen.manifest import load_manifest
-            from regen.sources import read_samples
+            from regen.sources import read_samples, source_set
 
             m = load_manifest(manifest)
             m = m.model_copy(update={"sampling": m.sampling.model_copy(update={"token_ids": mode})})
-            argv = openai_spec(work, f.urls[0], m.target.model, list(read_samples(m)), SLOTS,
+            samples = list(read_samples(source_set(m)))
+            argv = openai_spec(work, f.urls[0], m.target.model, samples, SLOTS,
                                body_fields(m, f.urls[0]))  # fmt: skip
         else:
             argv = [sys.executable, str(HERE), "child", "--contender", contender, "--mode", mode,

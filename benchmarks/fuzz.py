@@ -225,14 +225,15 @@ def run_command(work: Path, name: str, argv: list[str], env: dict[str, str]) -> 
 def crashing_rows(manifest: Path) -> list[str]:
     """Each row of the sources whose reading raises (not a rejection): ``source row N: error``."""
     from regen.manifest import load_manifest
+    from regen.sources import source_set
     from regen.sources.adapters import adapt_row
     from regen.sources.reader import iter_raw
 
-    m = load_manifest(manifest)
+    sources = source_set(load_manifest(manifest))
     found: list[str] = []
-    for src in m.sources:
+    for src in sources.sources:
         try:
-            for raw in iter_raw(m, src):
+            for raw in iter_raw(sources, src):
                 if hasattr(raw, "data"):
                     try:
                         adapt_row(src, raw)

@@ -180,11 +180,11 @@ def real_shaped() -> Iterator[tuple[str, str]]:
     regen's own adapters (production's manifest on local files)."""
     from benchmarks._rehearsal_data import make_data
     from regen.manifest import load_manifest
-    from regen.sources import read_samples
+    from regen.sources import read_samples, source_set
 
     with tempfile.TemporaryDirectory(prefix="regen-loopcut-") as tmp:
         data = make_data(Path(tmp), 2000, scale=1)
-        for s in read_samples(load_manifest(data.manifest)):
+        for s in read_samples(source_set(load_manifest(data.manifest))):
             for m in s.messages:
                 if m.role == "assistant" and (m.content or m.reasoning):
                     reasoning, content = m.reasoning or "", m.content or ""

@@ -67,7 +67,7 @@ from regen.devkit.simulate.prefix_cache import message_segments
 from regen.engine.schedule import WorkQueue
 from regen.engine.turns import regenerate
 from regen.manifest import Manifest, load_manifest
-from regen.sources import read_samples
+from regen.sources import read_samples, source_set
 
 #: the simulator's answer lengths at production scale (benchmarks/_rehearsal_data.py)
 MEAN_TOKENS = 1300.0
@@ -140,7 +140,7 @@ def workload(
     conversations and regen's order of them."""
     work.mkdir(parents=True, exist_ok=True)
     m = load_manifest(manifest(work, n, swe_turns))
-    samples = [x for x in read_samples(m, row_warnings=False) if x.input_ids is None]
+    samples = [x for x in read_samples(source_set(m), row_warnings=False) if x.input_ids is None]
     config = AnswerConfig(mean_tokens=MEAN_TOKENS, prompt_share=PROMPT_SHARE)
     convs = conversations(samples, m, config, continue_tools=continue_tools)
     return m, samples, convs, regen_order(samples)

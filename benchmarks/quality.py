@@ -47,7 +47,7 @@ from regen.devkit.simulate.answer import AnswerConfig, answer
 from regen.manifest import load_manifest
 from regen.quality import FLAGS, check_turn
 from regen.quality.script import FAMILY, dominant, letters
-from regen.sources import read_samples
+from regen.sources import read_samples, source_set
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_CHARS = 12_000
@@ -90,7 +90,7 @@ SEARCH_TOOL = {
 
 def demo_items() -> Iterator[Item]:
     manifest = load_manifest(REPO / "manifests" / "demo.yaml")
-    for s in read_samples(manifest):
+    for s in read_samples(source_set(manifest)):
         if s.mode != "regenerate":
             continue
         for i, m in enumerate(s.messages):

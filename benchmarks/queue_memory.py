@@ -24,6 +24,7 @@ from regen.engine.schedule import WorkQueue
 from regen.manifest import parse_manifest
 from regen.plan.packed import PackedSample, QueueItems, Spill
 from regen.plan.session import plan_session
+from regen.sources import source_set
 
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon")
 
@@ -50,7 +51,7 @@ def per_plan(n: int) -> tuple[float, float]:
     tracemalloc.start()
     gc.collect()
     base = tracemalloc.get_traced_memory()[0]
-    plan = plan_session(m, set(), {})
+    plan = plan_session(source_set(m), set(), {})
     queue = WorkQueue(plan.todo, spill=plan.spill)
     gc.collect()
     cur, peak = tracemalloc.get_traced_memory()

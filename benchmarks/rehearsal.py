@@ -751,11 +751,11 @@ class Rehearsal:
         """The official openai client's asyncio pool on the first samples of the same data,
         against one endpoint as large as the fleet (benchmarks/cpu.py ``openai_pool_cpu``)."""
         from regen.manifest import load_manifest
-        from regen.sources import read_samples
+        from regen.sources import read_samples, source_set
 
         cfg = self.cfg
         m = load_manifest(self.data.manifest)
-        samples = [s for s in read_samples(m) if s.mode != "native"][: cfg.pool_samples]
+        samples = [s for s in read_samples(source_set(m)) if s.mode != "native"][: cfg.pool_samples]
         # one server as large as the fleet, with no queue limit: the SDK does not retry
         # SGLang's in-stream 503 (the pool's first burst would find a full queue)
         opts = {**cfg.sim_options(), "max_running_requests": cfg.slots * cfg.endpoints,

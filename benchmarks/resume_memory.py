@@ -59,7 +59,7 @@ from regen.devkit.simulate.testing import running_simulator
 from regen.engine import RunOptions, run_job
 from regen.manifest import load_manifest
 from regen.plan.session import plan_session
-from regen.sources import read_samples
+from regen.sources import read_samples, source_set
 from regen.store import RunDir, layout
 from regen.store.counts import SourceCounts
 from regen.store.parts import make_record, part_bytes
@@ -133,7 +133,7 @@ def write_first_session_plan(m, manifest: Path, run: Path) -> float:
     record of the configuration checks it passed (checks.json, written by a subprocess: this
     process must not import what those checks import); seconds."""
     t = time.perf_counter()
-    plan = plan_session(m, set(), {}, rd=RunDir.open(str(run)))
+    plan = plan_session(source_set(m), set(), {}, rd=RunDir.open(str(run)))
     plan.spill.close()
     code = (
         "import sys\n"
@@ -214,7 +214,7 @@ def resume(args: argparse.Namespace) -> None:
           f"{time.perf_counter() - t:.0f} s", flush=True)  # fmt: skip
     m = load_manifest(manifest, NO_NEAR_DUP)
     t, c = time.perf_counter(), proc_cpu_s()
-    ids = [s.id for s in read_samples(m)]
+    ids = [s.id for s in read_samples(source_set(m))]
     read_s, read_cpu = time.perf_counter() - t, proc_cpu_s() - c
     print(f"{len(ids)} samples ({read_s:.1f} s, {read_cpu:.1f} CPU-s to read the source once); "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip

@@ -51,7 +51,7 @@ from regen.engine.inputs import worker_config
 from regen.engine.schedule import WorkQueue
 from regen.engine.turns import regenerate
 from regen.manifest import Manifest, load_manifest
-from regen.sources import read_samples
+from regen.sources import read_samples, source_set
 from regen.store import RunDir
 
 SLOTS = 64
@@ -141,7 +141,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="regen-bench-util-"))
     corr = args.length_corr
     m = load_manifest(write_workload(work, args.conversations, length_corr=corr))
-    samples = list(read_samples(m))
+    samples = list(read_samples(source_set(m)))
     answers = AnswerConfig(prompt_share=corr)
     sim1 = {"max_running_requests": SLOTS, "step_ms": args.step_ms, "tokens_per_step": 1,
             "prompt_share": corr}  # fmt: skip
@@ -165,7 +165,7 @@ def main() -> int:
             km = load_manifest(
                 write_workload(work / f"x{k}", k * args.conversations, length_corr=corr)
             )
-            ks = list(read_samples(km))
+            ks = list(read_samples(source_set(km)))
             kl = chains(ks, km, answers)
             kq = WorkQueue(ks)
             kpos = {s.id: i for i, s in enumerate(ks)}

@@ -18,7 +18,7 @@ from regen.devkit.simulate import answer
 from regen.manifest import Manifest
 from regen.plan.attempts import attempt_seed
 from regen.plan.index import native_check
-from regen.sources import read_samples
+from regen.sources import read_samples, source_set
 from regen.status import RunNumbers, RunView
 from regen.store import RunDir, layout
 
@@ -54,7 +54,8 @@ def stored_rows(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def inputs(manifest: Manifest, limit: int | None = None) -> list[Any]:
-    out = list(read_samples(manifest, None, native_check(manifest)))
+    sources = source_set(manifest)
+    out = list(read_samples(sources, None, native_check(sources)))
     return out[:limit] if limit is not None else out
 
 

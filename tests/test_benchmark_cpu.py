@@ -17,7 +17,7 @@ from benchmarks import cpu
 from benchmarks._workload import MODEL, TOKENIZER, write_workload
 from regen.devkit.simulate.testing import running_simulator
 from regen.manifest import load_manifest
-from regen.sources import read_samples
+from regen.sources import read_samples, source_set
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_openai_pool_sends_regens_requests_and_measures_its_cpu(tmp_path: Path) -> None:
     m = load_manifest(write_workload(tmp_path, 6))
     m = m.model_copy(update={"sampling": m.sampling.model_copy(update={"token_ids": "stream"})})
-    samples = list(read_samples(m))
+    samples = list(read_samples(source_set(m)))
     turns = sum(1 for s in samples for msg in s.messages if msg.role == "assistant")
     log = tmp_path / "requests.jsonl"
     one = [{"role": "user", "content": "one request, no conversation"}]

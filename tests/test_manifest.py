@@ -13,7 +13,7 @@ from regen.core.errors import ConfigError, RegenError, SourceError
 from regen.core.sample import stable_hash
 from regen.manifest import ADAPTERS, load_manifest
 from regen.quality import DEFAULT_DROP_FLAGS, FLAGS
-from regen.sources import read_samples
+from regen.sources import read_samples, source_set
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,7 @@ def write(tmp: Path, data: dict[str, Any]) -> Path:
 
 
 def load_and_read(path: Path, overrides: list[str] | None = None) -> None:
-    list(read_samples(load_manifest(path, overrides)))
+    list(read_samples(source_set(load_manifest(path, overrides))))
 
 
 def _set(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:

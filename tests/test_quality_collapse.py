@@ -23,7 +23,7 @@ from regen.export.select import collapse_finder
 from regen.manifest import load_manifest
 from regen.quality import DEFAULT_DROP_FLAGS, FLAGS, QualityConfig
 from regen.quality.collapse import NEAR_WORDS, CollapseFinder, answer_text, prompt_key
-from regen.sources import read_samples
+from regen.sources import read_samples, source_set
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULTS = QualityConfig()
@@ -213,7 +213,7 @@ DEMOS = sorted(
 
 @pytest.mark.parametrize("manifest", DEMOS, ids=lambda p: Path(p).stem)
 def test_none_of_the_demo_answers_collapse(manifest: str) -> None:
-    samples = list(read_samples(load_manifest(manifest)))
+    samples = list(read_samples(source_set(load_manifest(manifest))))
     flagged, largest = _margin(list(_answers(iter(samples))))
     assert flagged == 0 and largest <= 1  # the sources' own answers: no long one shared
     target = list(_demo_target(samples))
@@ -259,7 +259,7 @@ def test_none_of_the_rehearsal_sources_answers_collapse(tmp_path: Path) -> None:
     from benchmarks import _rehearsal_data as data
 
     made = data.make_data(tmp_path, 1000, scale=16)
-    items = list(_answers(read_samples(load_manifest(made.manifest))))
+    items = list(_answers(read_samples(source_set(load_manifest(made.manifest)))))
     assert len({s for s, _, _ in items}) == 9 and len(items) > 1500
     flagged, largest = _margin(items)
     assert flagged == 0 and largest <= 1

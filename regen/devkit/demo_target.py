@@ -68,7 +68,7 @@ from regen.core.sample import Message, ToolCall
 from regen.engine.inputs import render_settings
 from regen.engine.turns import Request, Tools, regenerate
 from regen.manifest import load_manifest
-from regen.sources.stream import read_samples
+from regen.sources import read_samples, source_set
 from regen.template.render import Renderer
 
 log = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ def training_turns(manifest: Any) -> list[TrainingTurn]:
     renderer = Renderer.of(render_settings(manifest))
     turns: list[TrainingTurn] = []
     with _quiet("regen.sources"):  # the demo sources hold bad rows on purpose
-        samples = [s for s in read_samples(manifest) if s.mode == "regenerate"]
+        samples = [s for s in read_samples(source_set(manifest)) if s.mode == "regenerate"]
     for sample in samples:
         originals = [m for m in sample.messages if m.role == "assistant"]
         if sample.turns == "last":

@@ -55,6 +55,7 @@ from regen.manifest import Endpoint, Manifest, public_url
 from regen.plan.attempts import RetryFlagged, select
 from regen.plan.packed import QueueItems
 from regen.plan.session import SessionPlan, plan_session, write_plan
+from regen.sources import source_set
 from regen.store import layout
 from regen.store.doneset import DoneSet, read_done
 from regen.store.failures import read_failures
@@ -173,6 +174,8 @@ class _Session:
         tokenizer_class: str | None = None,
     ) -> None:
         self.m = manifest
+        #: what planning reads of the manifest: its sources (regen.sources.sourceset)
+        self.sources = source_set(manifest)
         #: the endpoint check run_job made before the run directory was touched (else None)
         self.serving = serving
         #: how the actors' renderers load (the target tokenizer's class, checks.json; None:
@@ -199,9 +202,9 @@ class _Session:
     def _read_state(self) -> tuple[DoneSet, SessionPlan, StaleSet]:
         """Fold journals, verify the parts, read failures, plan, find the stale answers (in a
         thread, see run)."""
-        rd, m = self.rd, self.m
+        rd, sources = self.rd, self.sources
         with ThreadPoolExecutor(1, thread_name_prefix="regen-index") as ex:
-            index = ex.submit(open_index, rd, m, self.opts.limit)  # beside the done-set
+            index = ex.submit(open_index, rd, sources, self.opts.limit)  # beside the done-set
             recovered = recover(rd, skip=self.session)
             done = read_done(rd, repair=True, answers=bool(self.opts.retry_flagged))
             failures = read_failures(rd)
@@ -213,7 +216,7 @@ class _Session:
         if self.opts.retry_flagged:
             redo = select(done, RetryFlagged(self.opts.retry_flagged, self.opts.flagged_retries))
             self.rec.replaces = {sid: done.flagged[sid].to_counts() for sid in redo}
-        plan = plan_session(m, done.ids, self.rec.failed_ids, limit=self.opts.limit,
+        plan = plan_session(sources, done.ids, self.rec.failed_ids, limit=self.opts.limit,
                             retry_failed=self.opts.retry_failed, redo=redo, rd=rd,
                             opened=opened)  # fmt: skip
         stale, plan = self._supersede_stale(done, plan, redo)
@@ -246,9 +249,10 @@ class _Session:
         changed = {sid: stale.answers[sid].attempt + 1 for sid in stale.ids("changed")}
         if changed:
             plan.spill.close()
-            plan = plan_session(self.m, done.ids, self.rec.failed_ids, limit=self.opts.limit,
-                                retry_failed=self.opts.retry_failed, redo={**redo, **changed},
-                                rd=self.rd, stale=frozenset(changed))  # fmt: skip
+            plan = plan_session(self.sources, done.ids, self.rec.failed_ids,
+                                limit=self.opts.limit, retry_failed=self.opts.retry_failed,
+                                redo={**redo, **changed}, rd=self.rd,
+                                stale=frozenset(changed))  # fmt: skip
         for sid in plan.redo & set(changed):  # not done: what remains, not "retrying"
             self.rec.replaces[sid] = stale.answers[sid].counts
             self.rec.superseding.add(sid)
@@ -308,7 +312,7 @@ class _Session:
     ) -> None:
         """The plan written, the counters started from what is done, the first progress."""
         rd, m = self.rd, self.m
-        write_plan(rd, plan, self.session, m, self.opts.limit)
+        write_plan(rd, plan, self.session, self.sources.base_dir, self.opts.limit)
         tracker = ProgressTracker(rd, name=m.name, model=m.target.model, session=self.session,
                                   run_started_at=run_info.created_at,
                                   endpoints=[public_url(e.url) for e in m.endpoints])  # fmt: skip
@@ -344,7 +348,7 @@ class _Session:
     def _regenerate(self, done: DoneSet, plan: SessionPlan, warm: Fleet | None) -> str:
         """The dispatch: the plan's samples in the order the lengths learned so far give,
         through the workers (started now unless they were)."""
-        regen_sources = {s.name for s in self.m.sources if s.mode == "regenerate"}
+        regen_sources = {s.name for s in self.sources.sources if s.mode == "regenerate"}
         saved = layout.SCHEDULE_FILE.read(self.rd)  # None when missing or unreadable
         self.writes.lengths = lengths = LengthModel.from_done(done, regen_sources, saved)
         queue = WorkQueue(plan.todo, lengths, spill=plan.spill)

@@ -37,7 +37,7 @@ from regen.core.sample import Rejection, Sample, stable_hash
 from regen.engine.inputs import render_settings
 from regen.engine.turns import Request
 from regen.manifest import Manifest
-from regen.sources import iter_source
+from regen.sources import iter_source, source_set
 from regen.sources.locate import dir_signature, file_signature
 from regen.store.layout import ChecksRecord
 from regen.store.rundir import RunDir
@@ -168,12 +168,13 @@ def _check_template(manifest: Manifest) -> Renderer:
         renderer = Renderer.of(render_settings(manifest))
     except RegenError as e:
         raise ConfigError(f"target.tokenizer: {tok}: {e}", field="target.tokenizer") from None
-    for i, src in enumerate(manifest.sources):
+    sources = source_set(manifest)
+    for i, src in enumerate(sources.sources):
         if src.mode != "regenerate":
             continue
         sample = None
         try:
-            for item in iter_source(manifest, src):
+            for item in iter_source(sources, src):
                 if not isinstance(item, Rejection):
                     sample = item
                     break

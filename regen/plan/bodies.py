@@ -33,7 +33,7 @@ from regen.sources.locate import (
     LineReader,
     read_parquet_rows,
 )
-from regen.sources.reader import RawRow, source_field
+from regen.sources.reader import RawRow
 from regen.store import layout
 from regen.store.planned import PlanIndex, invalidate, source_codes, source_kind
 
@@ -58,13 +58,16 @@ class IndexBodies:
 
     def __init__(self, index: PlanIndex) -> None:
         self.index = index
-        self.m = index.manifest
+        self.sourceset = index.sources  #: the sources the index plans
         t = index.table
         self._ids = t.column("id").combine_chunks()
         self._sources = t.column("source").combine_chunks()
         self._hashes = t.column("content_hash").combine_chunks()
         self._ints = {k: t.column(k).to_numpy() for k in ("row", "group", "offset", "length")}
-        self._kinds = {s.name: source_kind(self.m, s) for s in self.m.sources}
+        self._kinds = {s.name: source_kind(self.sourceset, s) for s in self.sourceset.sources}
+        #: the local sources' files, resolved
+        self._paths = {s.name: p for s, p in zip(self.sourceset.sources, self.sourceset.paths,
+                                                 strict=True) if p is not None}  # fmt: skip
         self._lines: dict[str, LineReader] = {}
         self._spill: Spill | None = None
         self._spilled: dict[int, tuple[int, int]] = {}
@@ -78,11 +81,11 @@ class IndexBodies:
     # -- JSONL: one pread per sample -----------------------------------------------------
     def _jsonl(self, e: _Entry) -> Sample:
 
-        source = self.m.source(e.source)
+        source = self.sourceset.source(e.source)
         reader = self._lines.get(e.source)
         try:
             if reader is None:
-                reader = self._lines[e.source] = LineReader(self.m.resolve(source.path or ""))
+                reader = self._lines[e.source] = LineReader(self._paths[e.source])
             raw = reader.read(e.offset, e.length)
             data = json.loads(raw.decode("utf-8"))
         except (OSError, ValueError) as ex:
@@ -100,7 +103,7 @@ class IndexBodies:
         return got
 
     def _changed(self, source: Source, e: _Entry | None, why: str) -> NoReturn:
-        where = source_field(self.m, source) if source.path is not None else layout.PLAN_ROWS
+        where = self.sourceset.field(source) if source.path is not None else layout.PLAN_ROWS
         what = f"row {e.row}" if e is not None else "a row"
         msg = (f"{where}: {what} is not what the plan index recorded ({why}): the source "
                "changed during the run; rerun the command (the index is rebuilt)")  # fmt: skip
@@ -113,7 +116,7 @@ class IndexBodies:
         file (only their row groups, in file order); returns how many."""
         by_source: dict[str, dict[int, list[int]]] = {}
         where: dict[tuple[str, int, int], int] = {}
-        names = [s.name for s in self.m.sources]
+        names = [s.name for s in self.sourceset.sources]
         read_back = np.array([self._kinds[n] != "jsonl" for n in names], dtype=bool)
         if not read_back.any() or not len(rows):
             return 0
@@ -124,10 +127,10 @@ class IndexBodies:
             where[(e.source, e.group, e.offset)] = i
         n = 0
         for name, wanted in by_source.items():
-            source = self.m.source(name)
+            source = self.sourceset.source(name)
             stream: pa.NativeFile | None = None
             if self._kinds[name] == "parquet":
-                target: object = str(self.m.resolve(source.path or ""))
+                target: object = str(self._paths[name])
                 columns = None
             else:
                 stream = self.index.rd.fs.open_input_file(self.index.rd.path(layout.PLAN_ROWS))

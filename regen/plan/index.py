@@ -1,10 +1,10 @@
 """The planned stream and the plan index written from it.
 
-:func:`iter_planned` is the manifest's samples through adapters, filters, dedup,
-near-duplicates and limits, in order: what the index holds, and what a session (or
-``regen verify``) reads without a valid one. :class:`IndexBuilder` collects one entry per
-item while a session plans, and writes plan/ (files and validity: :mod:`regen.store.planned`);
-:func:`rebuild` writes it again from the sources.
+:func:`iter_planned` is the manifest's samples (its :class:`~regen.sources.SourceSet`) through
+adapters, filters, dedup, near-duplicates and limits, in order: what the index holds, and what
+a session (or ``regen verify``) reads without a valid one. :class:`IndexBuilder` collects one
+entry per item while a session plans, and writes plan/ (files and validity:
+:mod:`regen.store.planned`); :func:`rebuild` writes it again from the sources.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ import pyarrow.parquet as pq
 from regen import __version__
 from regen.core.errors import RegenError
 from regen.core.sample import Message, Sample
-from regen.manifest import Manifest
-from regen.sources import read_samples
+from regen.sources import SourceSet, read_samples
 from regen.sources.locate import (
     locate_parquet_row,
     parquet_row_starts,
@@ -51,24 +50,23 @@ from regen.store.rundir import TMP_PREFIX, RunDir
 log = logging.getLogger(__name__)
 
 
-def native_check(manifest: Manifest) -> Callable[[Sample], str | None] | None:
+def native_check(sources: SourceSet) -> Callable[[Sample], str | None] | None:
     """The check of native rows against the target tokenizer's vocabulary (None: no native
     source)."""
-    if not any(s.mode == "native" for s in manifest.sources):
+    native = sources.native
+    if native is None:
         return None
 
     vocab = VocabInfo.from_dir(
-        manifest.resolve(manifest.target.tokenizer),
-        manifest.family(),
-        trust_remote_code=manifest.target.trust_remote_code,
+        native.tokenizer, native.family(), trust_remote_code=native.trust_remote_code
     )
     return lambda s: validate_native(s, vocab)
 
 
-def iter_planned(manifest: Manifest, limit: int | None) -> Iterator[Sample]:
-    """Every sample of the manifest in plan order (what a session without a valid index reads)."""
+def iter_planned(sources: SourceSet, limit: int | None) -> Iterator[Sample]:
+    """Every sample of ``sources`` in plan order (what a session without a valid index reads)."""
 
-    samples: Iterator[Sample] = read_samples(manifest, None, native_check(manifest))
+    samples: Iterator[Sample] = read_samples(sources, None, native_check(sources))
     return itertools.islice(samples, limit) if limit is not None else samples
 
 
@@ -110,11 +108,11 @@ class IndexBuilder:
     """Collects one entry per stream item while planning reads the sources; :meth:`write`
     stores them (typed arrays: ~60 bytes per sample besides the ids)."""
 
-    def __init__(self, rd: RunDir, manifest: Manifest) -> None:
+    def __init__(self, rd: RunDir, sources: SourceSet) -> None:
         self.rd = rd
-        self.m = manifest
-        self.kinds = {s.name: source_kind(manifest, s) for s in manifest.sources}
-        self.codes = {s.name: i for i, s in enumerate(manifest.sources)}
+        self.sources = sources
+        self.kinds = {s.name: source_kind(sources, s) for s in sources.sources}
+        self.codes = {s.name: i for i, s in enumerate(sources.sources)}
         self.ids: list[str] = []
         self.hashes: list[str] = []
         self.src = array("h")
@@ -142,7 +140,8 @@ class IndexBuilder:
             elif kind == "parquet":
                 starts = self._starts.get(sample.source)
                 if starts is None:
-                    path = self.m.resolve(self.m.source(sample.source).path or "")
+                    path = self.sources.path(self.sources.source(sample.source))
+                    assert path is not None  # a Parquet source is a local file
                     starts = self._starts[sample.source] = parquet_row_starts(path)
                 group, offset = locate_parquet_row(starts, sample.row - 1)
             elif not repeat:  # hub: keep the sample itself
@@ -197,7 +196,7 @@ class IndexBuilder:
             self._rows_writer = None
 
     def table(self) -> pa.Table:
-        names = [s.name for s in self.m.sources]
+        names = [s.name for s in self.sources.sources]
         flags = np.frombuffer(bytes(self.flags), dtype=np.uint8)
         ints = {k: np.frombuffer(v, dtype=np.int64) if len(v) else np.zeros(0, np.int64)
                 for k, v in self.ints.items()}  # fmt: skip
@@ -236,7 +235,7 @@ class IndexBuilder:
             rd.write_bytes_atomic(layout.PLAN_SAMPLES, data)
             digest = hashlib.sha256(data).hexdigest()
             files[layout.PLAN_SAMPLES] = IndexedFile(bytes=len(data), sha256=digest)
-            keys = index_keys(self.m)
+            keys = index_keys(self.sources)
             rec = PlanIndexRecord(
                 version=INDEX_VERSION,
                 key=index_key(keys),
@@ -244,7 +243,7 @@ class IndexBuilder:
                 limit=limit,
                 complete=complete,
                 samples=len(self.ids),
-                sources={s.name: indexed_source(self.m, s) for s in self.m.sources},
+                sources={s.name: indexed_source(self.sources, s) for s in self.sources.sources},
                 files=files,
                 built_at=time.time(),
                 regen_version=__version__,
@@ -261,15 +260,15 @@ class IndexBuilder:
         return True
 
 
-def rebuild(rd: RunDir, manifest: Manifest, limit: int | None) -> bool:
+def rebuild(rd: RunDir, sources: SourceSet, limit: int | None) -> bool:
     """Write plan/ again from the sources (what a session does without a valid index): the
-    planned stream of ``manifest`` cut at ``limit``. False (with one warning) when it could not
+    planned stream of ``sources`` cut at ``limit``. False (with one warning) when it could not
     be written; a source that cannot be read raises (SourceError, OSError)."""
-    builder = IndexBuilder(rd, manifest)
+    builder = IndexBuilder(rd, sources)
     seen: set[str] = set()
     read = 0
     try:
-        for s in iter_planned(manifest, limit):
+        for s in iter_planned(sources, limit):
             read += 1
             builder.add(s, repeat=s.id in seen)
             seen.add(s.id)

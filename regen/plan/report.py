@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from regen.core.errors import ConfigError
 from regen.core.sample import Sample
 from regen.manifest import Dedup, Manifest
-from regen.sources import NativeCheck, ReadStats, SourceStats, read_samples
+from regen.sources import NativeCheck, ReadStats, SourceStats, read_samples, source_set
 from regen.sources.native import VocabInfo, validate_native
 from regen.sources.neardup import NearReport, lsh_params
 from regen.targets import Family
@@ -236,7 +236,7 @@ def build_plan(
         for s in manifest.sources
     }
     plan.sources = list(lines.values())
-    for name, batch in _batches(read_samples(manifest, stats, native_check,
+    for name, batch in _batches(read_samples(source_set(manifest), stats, native_check,
                                              row_warnings=row_warnings)):  # fmt: skip
         line = lines[name]
         regen = [s for s in batch if s.mode == "regenerate"]

@@ -36,7 +36,7 @@ def select(
     """The index's entries for this session: totals per source (every planned sample), the
     samples to regenerate (columns; bodies read when popped) and the native rows to store
     (read now), leaving out ``done`` and ``skip`` (recorded permanent failures)."""
-    m = index.manifest
+    sources = index.sources.sources
     t = index.entries(limit)
     ids = t.column("id")
 
@@ -48,10 +48,10 @@ def select(
     skip_np = left & flags(pc.is_in(ids, value_set=pa.array(list(skip), pa.string())))
     left &= ~skip_np
     native_np = flags(t.column("native"))
-    names = [s.name for s in m.sources]
+    names = [s.name for s in sources]
     src = source_codes(t.column("source"), names)
     counts = np.bincount(src[keep_np], minlength=len(names))
-    totals = {s.name: (int(counts[c]), s.mode == "regenerate") for c, s in enumerate(m.sources)}
+    totals = {s.name: (int(counts[c]), s.mode == "regenerate") for c, s in enumerate(sources)}
     todo_rows = np.flatnonzero(left & ~native_np)
     native_rows = np.flatnonzero(left & native_np)
     bodies.preload(np.concatenate([todo_rows, native_rows]))

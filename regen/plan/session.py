@@ -1,11 +1,11 @@
 """Planning a session: which samples still need work, and ``plan.json``.
 
-:func:`plan_session` takes the manifest's samples (filtered, deduplicated, limited) and splits
-them into work to regenerate, native rows to store as they are, and samples already done or
-failed permanently. :func:`write_plan` records the per-source totals as ``plan.json``
-(:class:`regen.store.layout.PlanRecord`, written through the layout's file), which the
-dashboard reads for its expected turns per sample; ``plan/`` is the plan index's
-(:mod:`regen.store.planned`).
+:func:`plan_session` takes the manifest's samples (its :class:`~regen.sources.SourceSet`:
+filtered, deduplicated, limited) and splits them into work to regenerate, native rows to store
+as they are, and samples already done or failed permanently. :func:`write_plan` records the
+per-source totals as ``plan.json`` (:class:`regen.store.layout.PlanRecord`, written through
+the layout's file), which the dashboard reads for its expected turns per sample; ``plan/`` is
+the plan index's (:mod:`regen.store.planned`).
 
 Where the samples come from: given the run directory, a valid plan index
 (:mod:`regen.store.planned`) answers which samples exist and where their rows are; the
@@ -26,15 +26,18 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from regen.core.sample import Sample
-from regen.manifest import Manifest
+from regen.manifest import Source
 from regen.plan.attempts import as_attempt
 from regen.plan.bodies import IndexBodies
 from regen.plan.index import IndexBuilder, iter_planned
 from regen.plan.packed import PackedSample, QueueItems, Spill
 from regen.plan.select import select
+from regen.sources import SourceSet
 from regen.store import layout
 from regen.store.failures import FailureRecord
 from regen.store.layout import PlanEntry, PlanRecord
@@ -83,7 +86,7 @@ class SessionPlan:
 
 
 def plan_session(
-    manifest: Manifest,
+    sources: SourceSet,
     done: set[str],
     failures: dict[str, FailureRecord],
     *,
@@ -94,11 +97,12 @@ def plan_session(
     opened: tuple[PlanIndex | None, str] | None = None,
     stale: frozenset[str] = frozenset(),
 ) -> SessionPlan:
-    """Split the samples into work (regenerate), native rows and already-done. ``redo``: done
-    samples requested again, with their new attempt number; those of ``stale`` answer a
-    source row that changed (regen.store.stale: native ones are stored again too, and they are
-    not counted as ``retries``, which are the new attempts of flagged answers). The bodies of
-    the work wait in a temporary file or in the sources (closed with the plan's ``spill``).
+    """Split the samples of ``sources`` into work (regenerate), native rows and already-done.
+    ``redo``: done samples requested again, with their new attempt number; those of ``stale``
+    answer a source row that changed (regen.store.stale: native ones are stored again too, and
+    they are not counted as ``retries``, which are the new attempts of flagged answers). The
+    bodies of the work wait in a temporary file or in the sources (closed with the plan's
+    ``spill``).
 
     With ``rd``, the plan index in it is used when valid (and no ``redo``), else written when
     missing or stale (module docstring); ``opened``: what
@@ -109,14 +113,14 @@ def plan_session(
     skip = set() if retry_failed else {k for k, f in failures.items() if f.permanent}
     builder: IndexBuilder | None = None
     if rd is not None:
-        index, why = opened if opened is not None else open_index(rd, manifest, limit)
+        index, why = opened if opened is not None else open_index(rd, sources, limit)
         if index is not None and not redo:
             return plan_from_index(index, done, skip, limit)
-        builder = _index_builder(rd, manifest, index, why)
-    sorter = _Sorter(manifest, done, skip, redo, stale)
+        builder = _index_builder(rd, sources, index, why)
+    sorter = _Sorter(sources.sources, done, skip, redo, stale)
     read = 0
     try:
-        for s in iter_planned(manifest, limit):
+        for s in iter_planned(sources, limit):
             read += 1
             repeat = s.id in sorter.seen
             if builder is not None:
@@ -151,7 +155,7 @@ def plan_from_index(
 
 
 def _index_builder(
-    rd: RunDir, manifest: Manifest, index: PlanIndex | None, why: str
+    rd: RunDir, sources: SourceSet, index: PlanIndex | None, why: str
 ) -> IndexBuilder | None:
     """The sources are read: the plan index to write on the way (None: it stays as it is,
     when it is valid and only new attempts made it unusable), with one line saying why."""
@@ -165,7 +169,7 @@ def _index_builder(
     else:
         log.info("no plan index yet: reading the sources (%s is written for the next "
                  "session)", layout.PLAN_INDEX)  # fmt: skip
-    return IndexBuilder(rd, manifest)
+    return IndexBuilder(rd, sources)
 
 
 class _Sorter:
@@ -175,7 +179,7 @@ class _Sorter:
 
     def __init__(
         self,
-        manifest: Manifest,
+        sources: Sequence[Source],
         done: set[str],
         skip: set[str],
         redo: dict[str, int],
@@ -186,7 +190,7 @@ class _Sorter:
         self.todo: list[PackedSample] = []
         self.native: list[Sample] = []
         self.totals: dict[str, list[int | bool]] = {
-            s.name: [0, s.mode == "regenerate"] for s in manifest.sources
+            s.name: [0, s.mode == "regenerate"] for s in sources
         }
         self.seen: set[str] = set()  #: ids taken (a repeated id keeps the first)
         self.skipped = 0
@@ -230,11 +234,12 @@ class _Sorter:
 
 
 def write_plan(
-    rd: RunDir, plan: SessionPlan, session: str, manifest: Manifest, limit: int | None
+    rd: RunDir, plan: SessionPlan, session: str, manifest_dir: Path, limit: int | None
 ) -> PlanRecord:
-    """Record ``plan.json`` for this session (with what re-reading the plan needs)."""
+    """Record ``plan.json`` for this session, with what re-reading the plan needs: the folder
+    the manifest's relative paths resolve against (:attr:`SourceSet.base_dir`) and ``limit``."""
     rec = plan.record(session)
-    rec.manifest_dir = str(manifest.resolve("."))
+    rec.manifest_dir = str(manifest_dir)
     rec.limit = limit
     layout.PLAN_FILE.write(rd, rec)
     return rec

@@ -35,9 +35,10 @@ from regen.core.sample import (
     normalized_message,
     stable_hash,
 )
-from regen.manifest import NATIVE_ADAPTERS, AdapterName, Manifest, Source
+from regen.manifest import NATIVE_ADAPTERS, AdapterName, Source
 from regen.sources import shapes
 from regen.sources.reader import RawRow, iter_raw
+from regen.sources.sourceset import SourceSet
 
 log = logging.getLogger(__name__)
 
@@ -118,17 +119,18 @@ def _messages_hash(messages: list[Message]) -> str:
 
 
 def iter_source(
-    manifest: Manifest,
+    sources: SourceSet,
     source: Source,
     native_check: NativeCheck | None = None,
 ) -> Iterator[Sample | Rejection]:
-    """Every row of ``source`` as a sample with a stable id, or a rejection with a reason.
+    """Every row of ``source`` (one of ``sources``) as a sample with a stable id, or a
+    rejection with a reason.
 
     ``native_check`` (from regen.sources.native) is asked about each structurally valid native row
     and returns a rejection reason or None. Raises SourceError when the source cannot be read.
     """
     seen: dict[str, str] = {}  # id → content hash of its first row
-    for raw in iter_raw(manifest, source):
+    for raw in iter_raw(sources, source):
         if isinstance(raw, Rejection):
             yield raw
             continue

@@ -32,7 +32,8 @@ from urllib.parse import urlsplit
 from regen.core import jsontext
 from regen.core.errors import SourceError
 from regen.core.sample import Rejection, unencodable_field
-from regen.manifest import Manifest, Source
+from regen.manifest import Source
+from regen.sources.sourceset import SourceSet
 
 log = logging.getLogger(__name__)
 
@@ -60,17 +61,12 @@ class RawRow:
     loc: tuple[int, int] | None = dataclasses.field(default=None, compare=False)
 
 
-def source_field(manifest: Manifest, source: Source) -> str:
-    """The dotted manifest field that says where ``source`` lives (for error messages)."""
-    idx = next(i for i, s in enumerate(manifest.sources) if s.name == source.name)
-    return f"sources.{idx}.{'path' if source.path is not None else 'hub'}"
-
-
-def iter_raw(manifest: Manifest, source: Source) -> Iterator[RawRow | Rejection]:
-    """Every row of ``source`` in order, decoded, or a rejection for a row that cannot be."""
-    field = source_field(manifest, source)
-    if source.path is not None:
-        path = manifest.resolve(source.path)
+def iter_raw(sources: SourceSet, source: Source) -> Iterator[RawRow | Rejection]:
+    """Every row of ``source`` (one of ``sources``) in order, decoded, or a rejection for a row
+    that cannot be."""
+    field = sources.field(source)
+    path = sources.path(source)
+    if path is not None:
         if not path.is_file():
             raise SourceError(source.name, f"{field}: file not found: {path}")
         name = path.name.lower()

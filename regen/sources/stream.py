@@ -1,4 +1,5 @@
-"""All sources of a manifest as one deterministic stream of samples, with counts.
+"""All sources of a manifest (its :class:`~regen.sources.sourceset.SourceSet`) as one
+deterministic stream of samples, with counts.
 
 Order of work per source, sources in manifest order:
 adapter → filters (min/max prompt chars, max turns; regenerate mode only) → exact-duplicate drop
@@ -19,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from regen.core.sample import Rejection, Sample
-from regen.manifest import Filters, Manifest, Source
+from regen.manifest import Dedup, Filters, Source
 from regen.sources.adapters import NativeCheck, iter_source
 from regen.sources.neardup import NearDuplicates, NearReport, near_text
+from regen.sources.sourceset import SourceSet
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +104,13 @@ def filter_reason(sample: Sample, filters: Filters) -> str | None:
 
 
 def read_samples(
-    manifest: Manifest,
+    sources: SourceSet,
     stats: ReadStats | None = None,
     native_check: NativeCheck | None = None,
     *,
     row_warnings: bool = True,
 ) -> Iterator[Sample]:
-    """Filtered, deduplicated, limited samples of all sources in manifest order.
+    """Filtered, deduplicated, limited samples of all ``sources``, in the manifest's order.
 
     Each rejected row is a warning (the first :data:`WARNINGS_PER_SOURCE` of a source), or a
     debug line without ``row_warnings`` (a caller that lists them itself, `regen plan`).
@@ -117,18 +119,18 @@ def read_samples(
     sources before it have already been yielded.
     """
     stats = stats if stats is not None else ReadStats()
-    duplicates = Duplicates(manifest, stats)
-    for source in manifest.sources:
+    duplicates = Duplicates(sources.dedup, stats)
+    for source in sources.sources:
         st = stats.for_source(source.name)
         if source.limit == 0:
             st.limit_reached = True
             continue
-        yield from _read_source(manifest, source, st, duplicates, native_check, row_warnings)
+        yield from _read_source(sources, source, st, duplicates, native_check, row_warnings)
         _log_source(st, row_warnings)
 
 
 def _read_source(
-    manifest: Manifest,
+    sources: SourceSet,
     source: Source,
     st: SourceStats,
     duplicates: Duplicates,
@@ -137,7 +139,7 @@ def _read_source(
 ) -> Iterator[Sample]:
     """One source's samples: rows rejected, filtered and duplicates dropped (each counted in
     ``st``), up to its limit."""
-    for item in iter_source(manifest, source, native_check):
+    for item in iter_source(sources, source, native_check):
         st.read += 1
         if isinstance(item, Rejection):
             _reject(st, item, row_warnings)
@@ -191,9 +193,9 @@ class Duplicates:
     ``Sample.content_hash``), and near-duplicates of regenerate samples when ``dedup.near``
     (:mod:`regen.sources.neardup`); the first kept occurrence wins."""
 
-    def __init__(self, manifest: Manifest, stats: ReadStats) -> None:
+    def __init__(self, dedup: Dedup, stats: ReadStats) -> None:
         self.seen: set[str] = set()  #: content hashes kept
-        self.near = NearDuplicates(manifest.dedup) if manifest.dedup.near else None
+        self.near = NearDuplicates(dedup) if dedup.near else None
         self.stats = stats  #: where near-duplicates are reported by source pair
 
     def drop(self, item: Sample, st: SourceStats) -> bool:

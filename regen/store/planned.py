@@ -18,7 +18,8 @@ Validity (:func:`open_index`): the index is used only when all of these hold, el
 are read as before and the index is written again, with one line saying why:
 
 - ``plan/index.json`` parses, and has this module's :data:`INDEX_VERSION`;
-- its key equals this manifest's (:func:`index_keys`: the sources' definitions — adapter,
+- its key equals this plan's (:func:`index_keys` of the manifest's
+  :class:`~regen.sources.sourceset.SourceSet`: the sources' definitions — adapter,
   path or hub id, config, split and revision, mode, turns, filters, limit — the dedup
   settings, the native check's tokenizer files when a native source exists, regen's version);
 - the stream it holds covers this session's ``--limit`` (it was read to its end, or was cut
@@ -51,7 +52,7 @@ import pyarrow.parquet as pq
 from regen import __version__
 from regen.core.errors import RegenError, RunDirError
 from regen.core.sample import stable_hash
-from regen.manifest import Manifest, Source
+from regen.manifest import Source
 from regen.sources.locate import (
     FileSignature,
     dir_signature,
@@ -59,6 +60,7 @@ from regen.sources.locate import (
     signature_change,
 )
 from regen.sources.reader import JSONL_SUFFIXES
+from regen.sources.sourceset import SourceSet
 from regen.store import layout
 from regen.store.layout import IndexedSource, PlanIndexRecord
 from regen.store.rundir import RunDir
@@ -95,12 +97,12 @@ SCHEMA = pa.schema(
 ROWS_SCHEMA = pa.schema([pa.field("sample", pa.string(), nullable=False)])
 
 
-def source_kind(manifest: Manifest, source: Source) -> SourceKind:
+def source_kind(sources: SourceSet, source: Source) -> SourceKind:
     """ "jsonl", "parquet" or "hub" (as regen.sources.reader decides)."""
-    if source.path is None:
+    path = sources.path(source)
+    if path is None:
         return "hub"
-    jsonl = manifest.resolve(source.path).name.lower().endswith(JSONL_SUFFIXES)
-    return "jsonl" if jsonl else "parquet"
+    return "jsonl" if path.name.lower().endswith(JSONL_SUFFIXES) else "parquet"
 
 
 def source_codes(column: pa.ChunkedArray | pa.Array, names: list[str]) -> np.ndarray:
@@ -112,20 +114,20 @@ def source_codes(column: pa.ChunkedArray | pa.Array, names: list[str]) -> np.nda
     return lut[enc.indices.to_numpy(zero_copy_only=False)] if len(lut) else np.zeros(0, np.int32)
 
 
-def index_keys(manifest: Manifest) -> dict[str, str]:
+def index_keys(sources: SourceSet) -> dict[str, str]:
     """The components of the index key: everything that decides which samples are planned."""
     keys = {
         "format": str(INDEX_VERSION),
         "regen": __version__,
         "sources": stable_hash(
-            [s.model_dump(mode="json", exclude={"output_tokens"}) for s in manifest.sources], n=32
+            [s.model_dump(mode="json", exclude={"output_tokens"}) for s in sources.sources], n=32
         ),
-        "dedup": stable_hash(manifest.dedup.model_dump(mode="json"), n=32),
+        "dedup": stable_hash(sources.dedup.model_dump(mode="json"), n=32),
     }
-    if any(s.mode == "native" for s in manifest.sources):
-        tok = manifest.target
+    if sources.native is not None:
+        native = sources.native
         keys["native_check"] = stable_hash(
-            [dir_signature(manifest.resolve(tok.tokenizer)), tok.trust_remote_code], n=32
+            [dir_signature(native.tokenizer), native.trust_remote_code], n=32
         )
     return keys
 
@@ -134,14 +136,13 @@ def index_key(keys: dict[str, str]) -> str:
     return stable_hash(keys, n=32)
 
 
-def indexed_source(manifest: Manifest, source: Source) -> IndexedSource:
-    kind = source_kind(manifest, source)
-    if kind == "hub":
+def indexed_source(sources: SourceSet, source: Source) -> IndexedSource:
+    path = sources.path(source)
+    if path is None:
         return IndexedSource(kind="hub")
-    path = manifest.resolve(source.path or "")
     sig = file_signature(path)
-    return IndexedSource(kind=kind, path=str(path), size=sig.size, mtime_ns=sig.mtime_ns,
-                         head_tail=sig.head_tail)  # fmt: skip
+    return IndexedSource(kind=source_kind(sources, source), path=str(path), size=sig.size,
+                         mtime_ns=sig.mtime_ns, head_tail=sig.head_tail)  # fmt: skip
 
 
 def _sig(s: IndexedSource) -> FileSignature:
@@ -150,10 +151,10 @@ def _sig(s: IndexedSource) -> FileSignature:
 
 @dataclass(slots=True)
 class PlanIndex:
-    """A valid index of this manifest's plan."""
+    """A valid index of the plan of these sources."""
 
     rd: RunDir
-    manifest: Manifest
+    sources: SourceSet
     record: PlanIndexRecord
     table: pa.Table  #: plan/samples.parquet
 
@@ -168,13 +169,13 @@ class PlanIndex:
         return set(keep.column("id").to_pylist())
 
 
-def open_index(rd: RunDir, manifest: Manifest, limit: int | None) -> tuple[PlanIndex | None, str]:
-    """The plan index when it is valid for ``manifest`` and ``limit`` (module docstring), else
+def open_index(rd: RunDir, sources: SourceSet, limit: int | None) -> tuple[PlanIndex | None, str]:
+    """The plan index when it is valid for ``sources`` and ``limit`` (module docstring), else
     (None, why not)."""
     rec, why = _read_record(rd)
     if rec is None:
         return None, why
-    keys = index_keys(manifest)
+    keys = index_keys(sources)
     if rec.key != index_key(keys):
         changed = sorted(k for k in keys.keys() | rec.keys.keys() if keys.get(k) != rec.keys.get(k))
         what = {"sources": "the sources' definitions", "dedup": "the dedup settings",
@@ -184,14 +185,14 @@ def open_index(rd: RunDir, manifest: Manifest, limit: int | None) -> tuple[PlanI
     if not rec.complete and (limit is None or rec.limit is None or limit > rec.limit):
         want = "all samples" if limit is None else f"--limit {limit}"
         return None, f"it holds the first {rec.limit} samples and this session plans {want}"
-    for i, s in enumerate(manifest.sources):
+    for i, s in enumerate(sources.sources):
         got = rec.sources.get(s.name)
-        kind = source_kind(manifest, s)
+        kind = source_kind(sources, s)
         if got is None or got.kind != kind:
             return None, f"source {s.name!r} is not in it as a {kind} source"
-        if kind == "hub":
+        path = sources.path(s)
+        if path is None:  # a hub dataset
             continue
-        path = manifest.resolve(s.path or "")
         if str(path) != got.path:
             return None, f"sources.{i}.path is {path}, it indexed {got.path}"
         try:
@@ -211,7 +212,7 @@ def open_index(rd: RunDir, manifest: Manifest, limit: int | None) -> tuple[PlanI
     table, why = _read_samples(rd, rec)
     if table is None:
         return None, why
-    return PlanIndex(rd, manifest, rec, table), ""
+    return PlanIndex(rd, sources, rec, table), ""
 
 
 def _read_record(rd: RunDir) -> tuple[PlanIndexRecord | None, str]:

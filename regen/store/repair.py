@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from regen.core.errors import RegenError, RunDirError
-from regen.manifest import Manifest
+from regen.sources import SourceSet, source_set
 from regen.store import layout
 from regen.store.counts import SourceCounts
 from regen.store.doneset import DoneSet, read_done
@@ -49,8 +49,9 @@ from regen.store.stale import current_counts, planned_totals, stale_answers
 
 log = logging.getLogger(__name__)
 
-#: writes plan/ again from the sources: (run dir, manifest, --limit) -> written
-RebuildPlan = Callable[[RunDir, Manifest, int | None], bool]
+#: writes plan/ again from the sources: (run dir, the recorded manifest's sources, --limit)
+#: -> written
+RebuildPlan = Callable[[RunDir, SourceSet, int | None], bool]
 
 
 @dataclass(slots=True)
@@ -121,7 +122,7 @@ def _rebuild_index(rd: RunDir, why: str, rebuild: RebuildPlan | None) -> str:
         if rd.exists(rel):
             _set_aside(rd, rel)
     try:
-        written = rebuild(rd, manifest, plan.limit)
+        written = rebuild(rd, source_set(manifest), plan.limit)
     except (RegenError, OSError) as e:
         return f"{layout.PLAN_INDEX} ({why}) not rebuilt: the sources cannot be read here ({e})"
     if not written:

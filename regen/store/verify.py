@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 import pyarrow as pa
 
 from regen.core.errors import RunDirError
+from regen.sources import source_set
 from regen.store import layout
 from regen.store.counts import SourceCounts
 from regen.store.doneset import DoneSet, fold_part, replaced_samples
@@ -363,7 +364,7 @@ def _check_plan(
     if plan is not None and manifest is not None:
         if plan.manifest_dir:
             manifest = manifest.model_copy(update={"base_dir": plan.manifest_dir})
-        index, changed = open_index(rd, manifest, plan.limit)
+        index, changed = open_index(rd, source_set(manifest), plan.limit)
         if index is None and changed:
             rep.notes.append(
                 f"the sources changed since the latest session planned ({changed}): the next "

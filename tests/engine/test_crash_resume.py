@@ -30,7 +30,7 @@ from regen.devkit.simulate.testing import running_simulator
 from regen.engine import RunOptions, run_job
 from regen.manifest import load_manifest
 from regen.plan.index import native_check as _native_check
-from regen.sources import read_samples
+from regen.sources import read_samples, source_set
 from regen.store import RunDir, layout
 from regen.store.doneset import read_done
 from regen.store.layout import LOCK as LOCK_FILE
@@ -116,7 +116,7 @@ def crashed(tmp_path_factory, sim, ray_head, ray_env) -> dict[str, Any]:
     assert run2.returncode == 0, run2.stdout[-3000:] + run2.stderr[-3000:]
     after = Counter(sim.stats(keys=True)["conversations"])
     manifest = load_manifest(DEMO, OVERRIDES)
-    inputs = list(read_samples(manifest, None, _native_check(manifest)))
+    inputs = list(read_samples(sources := source_set(manifest), None, _native_check(sources)))
     return {
         "out": out,
         "rd": rd,

@@ -17,7 +17,7 @@ import pytest
 from regen.cli.main import main as regen_main
 from regen.manifest import load_manifest
 from regen.plan.index import native_check as _native_check
-from regen.sources import read_samples
+from regen.sources import read_samples, source_set
 from regen.store import RunDir, layout
 
 pytestmark = [pytest.mark.ray, pytest.mark.server]
@@ -40,7 +40,7 @@ def demo_run(tmp_path_factory, ray_head, demo_target: Path) -> dict:
         r for p in sorted((out / "parts").glob("*.parquet")) for r in pq.read_table(p).to_pylist()
     ]
     manifest = load_manifest(DEMO)
-    inputs = list(read_samples(manifest, None, _native_check(manifest)))
+    inputs = list(read_samples(sources := source_set(manifest), None, _native_check(sources)))
     return {"out": out, "export": export, "rows": rows, "inputs": inputs, "manifest": manifest}
 
 

@@ -1,13 +1,16 @@
 """Where the manifest goes from ``run_job``, traced statically (tests/engine/_manifest_trace.py):
 it never goes back up to a caller's module, never reaches the modules below the driver (the
 actors, the pool, the workers, the router, the row builder, the clients, the renderer: they take
-:mod:`regen.engine.inputs`' records), and in the engine it passes through the driver, the one
-cut (:mod:`regen.engine.inputs`) and the fail-fast checks only.
+:mod:`regen.engine.inputs`' records), in the engine it passes through the driver, the one
+cut (:mod:`regen.engine.inputs`) and the fail-fast checks only, and outside it through the run
+record (:mod:`regen.store.run`: run.json's fingerprint and settings, manifest.yaml) and the cut
+of the sources (:func:`regen.sources.source_set`) only: planning, the plan index and the
+readers take the :class:`regen.sources.SourceSet`.
 
 Counted by this tracer on main before issue 44 (52b666f): 14 modules, 0 back-ups, 12 revisits
-(pool, actor, worker, the renderer and the chat client among them); after it: 10 modules, 0
-back-ups, 11 revisits (the seven outside the engine are planning, the sources and the run
-record, which take the manifest by their own signatures)."""
+(pool, actor, worker, the renderer and the chat client among them); after it: 5 modules, 0
+back-ups, 3 revisits (the driver, regen.engine.inputs, regen.store.run,
+regen.sources.sourceset, regen.engine.failfast)."""
 
 from __future__ import annotations
 
@@ -15,11 +18,24 @@ from pathlib import Path
 
 import pytest
 from _manifest_trace import Tracer, trace_run_job
-from test_signatures import BELOW_THE_DRIVER
+from test_signatures import BELOW_THE_DRIVER, offenders
 
 REPO = Path(__file__).resolve().parents[2]
 #: the engine's modules the manifest may reach: the driver, its one cut, the fail-fast checks
 ENGINE_SIDE = {"regen.engine.driver", "regen.engine.inputs", "regen.engine.failfast"}
+#: outside the engine: the run record, and the one cut of the sources
+RECORD_AND_SOURCES = {"regen.store.run", "regen.sources.sourceset"}
+#: planning, the plan index and the readers: they take the SourceSet, never the manifest
+TAKE_THE_SOURCES = (
+    "regen.plan.session",
+    "regen.plan.index",
+    "regen.plan.select",
+    "regen.plan.bodies",
+    "regen.store.planned",
+    "regen.sources.stream",
+    "regen.sources.adapters",
+    "regen.sources.reader",
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +53,18 @@ def test_the_manifest_stops_at_the_driver_and_its_one_cut(trace) -> None:
     assert engine | {m for m in trace.modules if m.startswith("regen.template")} == ENGINE_SIDE
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="planning (regen.plan.session, regen.plan.index), the sources (regen.sources.stream, "
-    ".adapters, .reader) and the run record (regen.store.run, regen.store.planned) take the "
-    "whole manifest by their own signatures: 10 modules",
-)
 def test_the_manifest_passes_through_at_most_six_modules(trace) -> None:
     assert len(trace.modules) <= 6, trace.modules
+
+
+def test_outside_the_engine_only_the_run_record_and_the_sources_cut_see_it(trace) -> None:
+    assert set(trace.modules) - ENGINE_SIDE == RECORD_AND_SOURCES
+
+
+@pytest.mark.parametrize("module_name", TAKE_THE_SOURCES)
+def test_planning_and_the_readers_take_no_manifest(module_name: str) -> None:
+    """Read from the live signatures (tests/engine/test_signatures.py's check)."""
+    assert offenders(module_name) == []
 
 
 def test_the_tracer_follows_what_it_claims(tmp_path: Path) -> None:

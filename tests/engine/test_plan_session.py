@@ -7,7 +7,7 @@ from pathlib import Path
 from regen.manifest import load_manifest
 from regen.plan.index import native_check as _native_check
 from regen.plan.session import plan_session
-from regen.sources import read_samples
+from regen.sources import read_samples, source_set
 from regen.store.failures import FailureRecord
 
 DEMO = Path(__file__).resolve().parents[2] / "manifests" / "demo.yaml"
@@ -19,7 +19,7 @@ def fail(sid: str, permanent: bool) -> FailureRecord:
 
 
 def test_limit_done_failures_and_order() -> None:
-    m = load_manifest(DEMO)
+    m = source_set(load_manifest(DEMO))
     ids = [s.id for s in read_samples(m, None, _native_check(m))]
     first = ids[:20]
     done = set(first[:5])
@@ -43,10 +43,10 @@ def test_plan_record_counts_what_is_left(tmp_path) -> None:
     from regen.plan.session import write_plan
     from regen.store import RunDir, layout
 
-    m = load_manifest(DEMO)
+    m = source_set(load_manifest(DEMO))
     plan = plan_session(m, set(), {}, limit=30)
     rd = RunDir.open(tmp_path / "run")
-    rec = write_plan(rd, plan, "S", m, 30)
+    rec = write_plan(rd, plan, "S", m.base_dir, 30)
     plan.spill.close()
     assert layout.PLAN_FILE.read(rd) == rec
     assert rec.limit == 30 and rec.manifest_dir == str(DEMO.parent)
@@ -58,7 +58,7 @@ def test_plan_record_counts_what_is_left(tmp_path) -> None:
 
 
 def test_done_samples_to_redo_are_planned_as_their_new_attempt() -> None:
-    m = load_manifest(DEMO)
+    m = source_set(load_manifest(DEMO))
     samples = list(read_samples(m, None, _native_check(m)))[:20]
     regen = [s.id for s in samples if s.mode == "regenerate"]
     native = next((s.id for s in samples if s.mode == "native"), None)

@@ -42,7 +42,7 @@ from regen.export import ExportSettings, export_run
 from regen.manifest import load_manifest
 from regen.plan.index import native_check
 from regen.quality import DEFAULT_DROP_FLAGS
-from regen.sources import read_samples
+from regen.sources import read_samples, source_set
 from regen.store import RunDir, layout
 from regen.store.doneset import read_done
 from regen.store.segments import read_journal_lines
@@ -248,7 +248,7 @@ def e2e(tmp_path_factory, ray_head, ray_env) -> dict[str, Any]:
         "attempts_at_kill": dict(at_kill.attempts),
         "again_out": again.stdout,
         "rows": stored_rows(out),
-        "inputs": list(read_samples(manifest, None, native_check(manifest))),
+        "inputs": list(read_samples(sources := source_set(manifest), None, native_check(sources))),
     }
 
 

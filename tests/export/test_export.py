@@ -680,12 +680,14 @@ def _planned(root: Path, samples: list[Sample]) -> None:
     """Record ``samples`` as the latest plan (plan/, plan.json), as a session writes it."""
     from regen.manifest import parse_manifest
     from regen.plan.index import IndexBuilder
+    from regen.sources import source_set
 
     rd = RunDir.open(root)
     m = parse_manifest({"name": "x", "target": {"model": "m", "tokenizer": str(TOKENIZER)},
                         "sources": [{"name": n, "adapter": "xlam", "hub": {"id": f"d/{n}"}}
                                     for n in sorted({s.source for s in samples})]})  # fmt: skip
-    b = IndexBuilder(rd, m)  # hub sources: the planned samples themselves are kept in plan/
+    # hub sources: the planned samples themselves are kept in plan/
+    b = IndexBuilder(rd, source_set(m))
     for s in samples:
         b.add(s, repeat=False)
     assert b.write(limit=None, complete=True)

@@ -20,7 +20,7 @@ from regen.manifest import Manifest, load_manifest, parse_manifest
 from regen.plan.index import iter_planned
 from regen.plan.packed import unpacked
 from regen.plan.session import SessionPlan, plan_session
-from regen.sources import locate
+from regen.sources import locate, source_set
 from regen.store import RunDir, layout
 from regen.store.failures import FailureRecord
 from regen.store.planned import open_index, recorded_plan
@@ -54,11 +54,11 @@ def contents(plan: SessionPlan) -> dict:
 
 def fresh(m: Manifest, done: set[str] = frozenset(), failures=None, **kw) -> dict:  # type: ignore[assignment]
     """What reading the sources plans (no run directory: no index)."""
-    return contents(plan_session(m, set(done), failures or {}, **kw))
+    return contents(plan_session(source_set(m), set(done), failures or {}, **kw))
 
 
 def indexed(rd: RunDir, m: Manifest, done=frozenset(), failures=None, **kw) -> tuple[bool, dict]:  # type: ignore[no-untyped-def]
-    plan = plan_session(m, set(done), failures or {}, rd=rd, **kw)
+    plan = plan_session(source_set(m), set(done), failures or {}, rd=rd, **kw)
     return plan.indexed, contents(plan)
 
 
@@ -195,7 +195,7 @@ def test_a_damaged_index_is_rebuilt_never_trusted(demo, tmp_path, damage) -> Non
 def test_a_resume_reads_only_the_unfinished_rows_when_dispatched(demo, tmp_path, monkeypatch):
     m = load_manifest(demo)
     rd = RunDir.open(tmp_path / "run")
-    first = plan_session(m, set(), {}, rd=rd)
+    first = plan_session(source_set(m), set(), {}, rd=rd)
     first.spill.close()
     reads: list[tuple[str, int]] = []
     real = locate.LineReader.read
@@ -207,7 +207,7 @@ def test_a_resume_reads_only_the_unfinished_rows_when_dispatched(demo, tmp_path,
     monkeypatch.setattr(locate.LineReader, "read", spy)
     todo_ids = [p.id for p in first.todo]
     done = set(todo_ids[::2])
-    plan = plan_session(m, done, {}, rd=rd)
+    plan = plan_session(source_set(m), done, {}, rd=rd)
     assert plan.indexed
     native = len(plan.native)
     assert len(reads) == native  # only the native rows to store are read before dispatch
@@ -217,7 +217,7 @@ def test_a_resume_reads_only_the_unfinished_rows_when_dispatched(demo, tmp_path,
         got = [unpacked(q.pop()) for _ in range(len(q))]  # type: ignore[arg-type]
     assert sorted(s.id for s in got) == sorted(set(todo_ids) - done)
     assert len(reads) == len(got)  # one read per unfinished sample, none for done ones
-    entries = open_index(rd, m, None)[0].table.to_pylist()  # type: ignore[union-attr]
+    entries = open_index(rd, source_set(m), None)[0].table.to_pylist()  # type: ignore[union-attr]
     where = {(Path(m.resolve(m.source(e["source"]).path or "")).name, e["offset"]): e["id"]
              for e in entries}  # fmt: skip
     assert sorted(where[r] for r in reads) == sorted(s.id for s in got)
@@ -226,8 +226,8 @@ def test_a_resume_reads_only_the_unfinished_rows_when_dispatched(demo, tmp_path,
 def test_a_row_changed_during_the_run_stops_with_one_error(demo, tmp_path) -> None:
     m = load_manifest(demo)
     rd = RunDir.open(tmp_path / "run")
-    plan_session(m, set(), {}, rd=rd).spill.close()
-    plan = plan_session(m, set(), {}, rd=rd)
+    plan_session(source_set(m), set(), {}, rd=rd).spill.close()
+    plan = plan_session(source_set(m), set(), {}, rd=rd)
     path = demo.parent / "demo" / "sharegpt.jsonl"
     data = path.read_bytes()
     path.write_bytes(data.replace(b"e", b"E"))  # same size, other content (after planning)
@@ -250,7 +250,7 @@ def test_parquet_sources_are_indexed_by_row_group_and_read_by_row_group(tmp_path
                        base_dir=tmp_path)  # fmt: skip
     rd = RunDir.open(tmp_path / "run")
     indexed(rd, m)
-    t = open_index(rd, m, None)[0].table  # type: ignore[union-attr]
+    t = open_index(rd, source_set(m), None)[0].table  # type: ignore[union-attr]
     assert t.column("group").to_pylist() == [i // 5 for i in range(23)]
     assert t.column("offset").to_pylist() == [i % 5 for i in range(23)]
     ids = sorted(t.column("id").to_pylist())
@@ -293,12 +293,12 @@ def test_the_recorded_plan_is_read_from_the_index_alone(demo, tmp_path, monkeypa
 
     m = load_manifest(demo)
     rd = RunDir.open(tmp_path / "run")
-    plan = plan_session(m, set(), {}, rd=rd, limit=30)
-    write_plan(rd, plan, "S", m, 30)
+    plan = plan_session(source_set(m), set(), {}, rd=rd, limit=30)
+    write_plan(rd, plan, "S", source_set(m).base_dir, 30)
     write_manifest(rd, m)
     plan.spill.close()
     want = {p.id for p in plan.todo} | {s.id for s in plan.native}
-    hashes = {s.id: s.content_hash for s in iter_planned(m, 30)}
+    hashes = {s.id: s.content_hash for s in iter_planned(source_set(m), 30)}
 
     def no_reading(*a, **k):  # type: ignore[no-untyped-def]
         raise AssertionError("the sources were read")

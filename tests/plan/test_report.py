@@ -15,7 +15,7 @@ import pytest
 from regen.cli.main import main
 from regen.manifest import load_manifest, parse_manifest
 from regen.plan.report import build_plan, limits_band
-from regen.sources import read_samples
+from regen.sources import read_samples, source_set
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "manifests" / "demo.yaml"
@@ -141,8 +141,8 @@ def test_demo_plan_reports_the_planted_near_duplicates_exactly(demo_plan: dict[s
 
 
 def test_demo_near_duplicates_dropped_are_the_planted_ones_and_ids_stay() -> None:
-    on = {s.id for s in read_samples(load_manifest(DEMO))}
-    off = {s.id for s in read_samples(load_manifest(DEMO, ["dedup.near=false"]))}
+    on = {s.id for s in read_samples(source_set(load_manifest(DEMO)))}
+    off = {s.id for s in read_samples(source_set(load_manifest(DEMO, ["dedup.near=false"])))}
     planted = {dropped for ids in DEMO_NEAR.values() for dropped, _ in ids}
     assert off - on == planted and on <= off  # the others keep their ids
     kept_originals = {orig for ids in DEMO_NEAR.values() for _, orig in ids}

@@ -12,12 +12,12 @@ from _sources_helpers import one_source
 
 from regen.core.sample import Message, Rejection, Sample, ToolCall
 from regen.manifest import ADAPTERS
-from regen.sources import NATIVE_ADAPTERS, PARSERS, iter_source
+from regen.sources import NATIVE_ADAPTERS, PARSERS, iter_source, source_set
 
 
 def run(tmp: Path, adapter: str, rows: list[Any], **extra: Any) -> list[Sample | Rejection]:
     m = one_source(tmp, adapter, rows, **extra)
-    return list(iter_source(m, m.sources[0]))
+    return list(iter_source(source_set(m), m.sources[0]))
 
 
 def only_sample(items: list[Sample | Rejection]) -> Sample:
@@ -476,7 +476,7 @@ def test_kimi_native_check_hook_rejects_with_its_reason(tmp_path: Path) -> None:
         seen.append(s.id)
         return "id_out_of_vocab" if max(s.input_ids or [0]) >= 100 else None
 
-    a, b = list(iter_source(m, m.sources[0], native_check=check))
+    a, b = list(iter_source(source_set(m), m.sources[0], native_check=check))
     assert isinstance(a, Rejection) and (a.reason, a.row) == ("id_out_of_vocab", 1)
     assert isinstance(b, Sample) and b.id == "kimi_native:b"
     assert seen == ["kimi_native:a", "kimi_native:b"]

@@ -11,7 +11,7 @@ from _sources_helpers import manifest_for, write_jsonl
 from regen.core.sample import Message, Sample, ToolCall
 from regen.core.text import words
 from regen.manifest import Dedup
-from regen.sources import ReadStats, neardup, read_samples
+from regen.sources import ReadStats, neardup, read_samples, source_set
 from regen.sources.neardup import (
     NearDuplicates,
     expected_recall,
@@ -212,7 +212,7 @@ def test_stream_drops_near_duplicates_across_sources_before_the_limit(tmp_path: 
         ],
     )
     stats = ReadStats()
-    got = list(read_samples(m, stats))
+    got = list(read_samples(source_set(m), stats))
     assert [(s.source, s.row) for s in got] == [("a", 1), ("a", 2), ("b", 4)]
     b = stats.sources["b"]
     assert (b.read, b.duplicates, b.near_duplicates, b.kept, b.limit_reached) == (4, 1, 2, 1, True)
@@ -224,7 +224,7 @@ def test_stream_drops_near_duplicates_across_sources_before_the_limit(tmp_path: 
     both = [{"name": n, "adapter": "sharegpt", "path": f"{n}.jsonl"} for n in "ab"]
     off = manifest_for(tmp_path, both).model_copy(update={"dedup": Dedup(near=False)})
     stats_off = ReadStats()
-    ids_off = [s.id for s in read_samples(off, stats_off)]
+    ids_off = [s.id for s in read_samples(source_set(off), stats_off)]
     assert stats_off.sources["b"].near_duplicates == 0 and len(ids_off) == 2 + 4
     assert ids_off[:2] == [s.id for s in got[:2]]  # ids do not depend on dedup
 
@@ -233,7 +233,7 @@ def test_exact_copy_of_a_near_dropped_sample_counts_as_exact(tmp_path: Path) -> 
     write_jsonl(tmp_path / "a.jsonl", [_conv(Q1), _conv(Q1.upper(), "y"), _conv(Q1.upper(), "y")])
     m = manifest_for(tmp_path, [{"name": "a", "adapter": "sharegpt", "path": "a.jsonl"}])
     stats = ReadStats()
-    assert len(list(read_samples(m, stats))) == 1
+    assert len(list(read_samples(source_set(m), stats))) == 1
     assert (stats.sources["a"].near_duplicates, stats.sources["a"].duplicates) == (1, 1)
     assert stats.near.counts == {("a", "a"): 1}
 
@@ -246,4 +246,4 @@ def test_native_samples_are_not_compared(tmp_path: Path) -> None:
         [{"name": "n", "adapter": "kimi_native", "path": "n.jsonl", "mode": "native"}],
     )
     stats = ReadStats()
-    assert len(list(read_samples(m, stats))) == 3 and stats.near.total == 0
+    assert len(list(read_samples(source_set(m), stats))) == 3 and stats.near.total == 0

@@ -15,7 +15,7 @@ from _sources_helpers import manifest_for, write_jsonl
 
 from regen.core.errors import SourceError
 from regen.core.sample import Rejection
-from regen.sources import RawRow, iter_raw, reader
+from regen.sources import RawRow, iter_raw, reader, source_set
 
 
 def test_jsonl_rows_numbered_by_line_with_per_row_rejections(tmp_path: Path) -> None:
@@ -31,7 +31,7 @@ def test_jsonl_rows_numbered_by_line_with_per_row_rejections(tmp_path: Path) -> 
         ],
     )
     m = manifest_for(tmp_path, [{"name": "a", "adapter": "sharegpt", "path": path.name}])
-    out = list(iter_raw(m, m.sources[0]))
+    out = list(iter_raw(source_set(m), m.sources[0]))
     assert out[0] == RawRow(1, {"k": 1})
     assert [(r.row, r.reason) for r in out[1:4] if isinstance(r, Rejection)] == [
         (3, "malformed_json"),
@@ -49,7 +49,7 @@ def test_jsonl_overlong_line_is_rejected_without_losing_the_next(
     monkeypatch.setattr(reader, "MAX_ROW_BYTES", 64)
     path = write_jsonl(tmp_path / "a.jsonl", [{"v": "x" * 300}, {"v": "ok"}])
     m = manifest_for(tmp_path, [{"name": "a", "adapter": "sharegpt", "path": path.name}])
-    out = list(iter_raw(m, m.sources[0]))
+    out = list(iter_raw(source_set(m), m.sources[0]))
     assert isinstance(out[0], Rejection) and (out[0].row, out[0].reason) == (1, "too_long")
     assert out[1] == RawRow(2, {"v": "ok"})
 
@@ -59,7 +59,7 @@ def test_parquet_rows_stream_in_batches(tmp_path: Path, monkeypatch: pytest.Monk
     rows = [{"instruction": f"q{i}", "response": f"a{i}"} for i in range(7)]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "m.parquet")
     m = manifest_for(tmp_path, [{"name": "m", "adapter": "magicoder", "path": "m.parquet"}])
-    out = list(iter_raw(m, m.sources[0]))
+    out = list(iter_raw(source_set(m), m.sources[0]))
     assert out == [RawRow(i + 1, r) for i, r in enumerate(rows)]
 
 
@@ -72,9 +72,9 @@ def test_missing_file_names_source_and_field(tmp_path: Path) -> None:
             {"name": "gone", "adapter": "magicoder", "path": "nope.jsonl"},
         ],
     )
-    assert len(list(iter_raw(m, m.sources[0]))) == 1
+    assert len(list(iter_raw(source_set(m), m.sources[0]))) == 1
     with pytest.raises(SourceError) as e:
-        list(iter_raw(m, m.sources[1]))
+        list(iter_raw(source_set(m), m.sources[1]))
     assert e.value.source == "gone"
     assert "sources.1.path" in str(e.value) and "nope.jsonl" in str(e.value)
     assert "\n" not in str(e.value)
@@ -84,7 +84,7 @@ def test_unknown_file_type(tmp_path: Path) -> None:
     (tmp_path / "rows.csv").write_text("a,b\n")
     m = manifest_for(tmp_path, [{"name": "c", "adapter": "magicoder", "path": "rows.csv"}])
     with pytest.raises(SourceError, match=r"sources\.0\.path: unknown file type '\.csv'"):
-        list(iter_raw(m, m.sources[0]))
+        list(iter_raw(source_set(m), m.sources[0]))
 
 
 def _closed_port() -> int:
@@ -108,7 +108,7 @@ def test_unreachable_hub_fails_fast_with_one_line(
     asked: list[str] = []  # the hub client retries for ~25 s: it must not even be asked
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: asked.append(a[0]))
     with pytest.raises(SourceError) as e:
-        list(iter_raw(m, m.sources[0]))
+        list(iter_raw(source_set(m), m.sources[0]))
     assert asked == []
     msg = str(e.value)
     assert msg.startswith("source 'sg': sources.0.hub: hub dataset 'org/ds' is unreachable")
@@ -120,11 +120,11 @@ def test_offline_mode_skips_the_probe_and_still_fails_fast(tmp_path: Path) -> No
     cached: a one-line SourceError, quickly, and no connection attempt to the endpoint."""
     code = (
         "from regen.manifest import parse_manifest\n"
-        "from regen.sources import iter_raw\n"
+        "from regen.sources import iter_raw, source_set\n"
         "m = parse_manifest({'name': 'x', 'target': {'model': 'm', 'tokenizer': 't'},"
         " 'sources': [{'name': 'sg', 'adapter': 'sharegpt', 'hub': {'id': 'org/not-cached'}}]})\n"
         "try:\n"
-        "    list(iter_raw(m, m.sources[0]))\n"
+        "    list(iter_raw(source_set(m), m.sources[0]))\n"
         "except Exception as e:\n"
         "    print(type(e).__name__, e)\n"
     )

@@ -8,6 +8,7 @@ from pathlib import Path
 from _sources_helpers import manifest_for, write_jsonl
 
 from regen.core.sample import Sample
+from regen.sources import source_set
 from regen.sources.adapters import iter_source
 
 
@@ -20,7 +21,7 @@ def _ids(tmp_path: Path, rows: list[dict], adapter: str = "sharegpt") -> dict[st
     write_jsonl(tmp_path / "a.jsonl", rows)
     m = manifest_for(tmp_path, [{"name": "a", "adapter": adapter, "path": "a.jsonl"}])
     out = {}
-    for s in iter_source(m, m.sources[0]):
+    for s in iter_source(source_set(m), m.sources[0]):
         assert isinstance(s, Sample)
         out[s.messages[0].content] = s.id
     return out

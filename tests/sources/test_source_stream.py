@@ -11,7 +11,7 @@ from _sources_helpers import manifest_for, write_jsonl
 
 from regen.core.errors import SourceError
 from regen.manifest import load_manifest
-from regen.sources import ReadStats, iter_source, read_samples
+from regen.sources import ReadStats, iter_source, read_samples, source_set
 
 DEMO = Path(__file__).resolve().parents[2] / "manifests" / "demo.yaml"
 
@@ -42,7 +42,7 @@ def test_dedup_within_and_across_sources_first_wins(tmp_path: Path) -> None:
         ],
     )
     stats = ReadStats()
-    got = list(read_samples(m, stats))
+    got = list(read_samples(source_set(m), stats))
     assert [(s.source, s.row) for s in got] == [("a", 1), ("a", 2), ("b", 2)]
     # the last row differs only in whitespace: normalized, it is a duplicate too
     assert (stats.sources["a"].duplicates, stats.sources["a"].kept) == (2, 2)
@@ -73,7 +73,7 @@ def test_filters_and_limit_counted(tmp_path: Path) -> None:
         ],
     )
     stats = ReadStats()
-    got = list(read_samples(m, stats))
+    got = list(read_samples(source_set(m), stats))
     st = stats.sources["a"]
     assert [s.row for s in got] == [4, 5]
     assert st.filtered == {"max_prompt_chars": 1, "min_prompt_chars": 1, "max_turns": 1}
@@ -92,7 +92,7 @@ def test_limit_zero_reads_nothing_and_limited_source_does_not_block_dedup(tmp_pa
         ],
     )
     stats = ReadStats()
-    got = [s.id.split(":")[0] for s in read_samples(m, stats)]
+    got = [s.id.split(":")[0] for s in read_samples(source_set(m), stats)]
     assert got == ["a", "b"]  # "q" was never kept by a (limit), so b keeps it
     assert stats.sources["z"].read == 0
 
@@ -101,18 +101,18 @@ def test_repeated_upstream_id_with_other_content_is_disambiguated(tmp_path: Path
     rows = [dict(conv("first"), id="x"), dict(conv("second"), id="x"), dict(conv("first"), id="x")]
     write_jsonl(tmp_path / "a.jsonl", rows)
     m = manifest_for(tmp_path, [{"name": "a", "adapter": "sharegpt", "path": "a.jsonl"}])
-    ids = [s.id for s in iter_source(m, m.sources[0])]  # type: ignore[union-attr]
+    ids = [s.id for s in iter_source(source_set(m), m.sources[0])]  # type: ignore[union-attr]
     # every row of a non-unique upstream id carries its content hash: order-independent
     assert ids[0] == ids[2] != ids[1]
     assert all(i.startswith("a:x#") and len(i) == len("a:x#") + 8 for i in ids)
     stats = ReadStats()
-    assert [s.id for s in read_samples(m, stats)] == ids[:2]
+    assert [s.id for s in read_samples(source_set(m), stats)] == ids[:2]
     assert stats.sources["a"].duplicates == 1
 
 
 def test_demo_ids_identical_across_runs_and_after_shuffling(tmp_path: Path) -> None:
-    first = [s.id for s in read_samples(load_manifest(DEMO))]
-    again = [s.id for s in read_samples(load_manifest(DEMO))]
+    first = [s.id for s in read_samples(source_set(load_manifest(DEMO)))]
+    again = [s.id for s in read_samples(source_set(load_manifest(DEMO)))]
     assert first == again and len(set(first)) == len(first)
 
     # shuffle every source file's lines (no source relies on order except for duplicates,
@@ -124,7 +124,7 @@ def test_demo_ids_identical_across_runs_and_after_shuffling(tmp_path: Path) -> N
         lines = f.read_bytes().splitlines(keepends=True)
         rng.shuffle(lines)
         f.write_bytes(b"".join(x if x.endswith(b"\n") else x + b"\n" for x in lines))
-    shuffled = [s.id for s in read_samples(load_manifest(tmp_path / "demo.yaml"))]
+    shuffled = [s.id for s in read_samples(source_set(load_manifest(tmp_path / "demo.yaml")))]
     assert sorted(shuffled) == sorted(first)
     assert shuffled != first  # the order did change
 
@@ -140,6 +140,6 @@ def test_source_error_after_earlier_sources_were_yielded(tmp_path: Path) -> None
     )
     got = []
     with pytest.raises(SourceError, match=r"source 'b': sources\.1\.path: file not found"):
-        for s in read_samples(m):
+        for s in read_samples(source_set(m)):
             got.append(s.source)
     assert got == ["a"]

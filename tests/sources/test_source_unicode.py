@@ -22,7 +22,7 @@ from _sources_helpers import one_source
 from regen.core.sample import Rejection, Sample
 from regen.manifest import ADAPTERS
 from regen.plan.report import build_plan
-from regen.sources import iter_source, read_samples
+from regen.sources import iter_source, read_samples, source_set
 from regen.sources.stream import ReadStats
 
 XLAM_TOOL = {
@@ -98,7 +98,7 @@ def read(tmp: Path, adapter: str, rows: list[dict[str, Any]]) -> list[Sample | R
     # json.dumps escapes non-ASCII (ensure_ascii): a lone surrogate is written as \ud800
     lines = [json.dumps(r).encode() for r in rows]
     m = one_source(tmp, adapter, lines)
-    return list(iter_source(m, m.sources[0]))
+    return list(iter_source(source_set(m), m.sources[0]))
 
 
 def test_every_adapter_has_a_good_row() -> None:
@@ -161,7 +161,8 @@ def test_a_lone_surrogate_in_a_decoded_json_column_skips_the_row(
 
 def test_upper_case_escapes_are_found_too(tmp_path: Path) -> None:
     line = b'{"id": "u", "conversations": [{"from": "human", "value": "x\\uDBFF y"}]}'
-    (r,) = list(iter_source(m := one_source(tmp_path, "sharegpt", [line]), m.sources[0]))
+    m = one_source(tmp_path, "sharegpt", [line])
+    (r,) = list(iter_source(source_set(m), m.sources[0]))
     assert isinstance(r, Rejection) and r.reason == "invalid_unicode"
 
 
@@ -172,7 +173,7 @@ def test_plan_and_read_skip_the_same_rows_and_say_so_once(tmp_path: Path, caplog
     m = one_source(tmp_path, "sharegpt", lines)
     with caplog.at_level(logging.WARNING, logger="regen.sources.stream"):
         stats = ReadStats()
-        kept = list(read_samples(m, stats))
+        kept = list(read_samples(source_set(m), stats))
     st = stats.sources["sharegpt"]
     n_bad = len(rows) - 3
     assert st.rejected == {"invalid_unicode": n_bad} and st.kept == len(kept)

@@ -123,14 +123,15 @@ def test_ids_not_in_the_plan_are_stale_not_lost(tmp_path: Path) -> None:
     kept in their parts); --repair recounts, and the next verify is clean."""
     from regen.manifest import load_manifest
     from regen.plan.session import plan_session, write_plan
+    from regen.sources import source_set
     from regen.store.run import prepare_run
 
     demo = Path(__file__).resolve().parents[2] / "manifests" / "demo.yaml"
     m = load_manifest(demo)
     rd = run_dir(tmp_path, n=4)
     prepare_run(rd, m, [])
-    plan = plan_session(m, set(), {}, limit=10, rd=rd)
-    write_plan(rd, plan, "S1", m, 10)
+    plan = plan_session(source_set(m), set(), {}, limit=10, rd=rd)
+    write_plan(rd, plan, "S1", source_set(m).base_dir, 10)
     plan.spill.close()
     rep = verify_run(rd)
     assert any("4 stale answer(s) (4 of a sample no longer planned" in n for n in rep.notes)
@@ -213,6 +214,7 @@ def test_repair_sets_a_damaged_checks_file_aside(tmp_path: Path) -> None:
 def test_repair_rebuilds_the_plan_index_from_the_sources(tmp_path: Path, damage: str) -> None:
     from regen.manifest import load_manifest
     from regen.plan.session import plan_session, write_plan
+    from regen.sources import source_set
     from regen.store.planned import recorded_plan
     from regen.store.run import prepare_run
 
@@ -220,8 +222,8 @@ def test_repair_rebuilds_the_plan_index_from_the_sources(tmp_path: Path, damage:
     m = load_manifest(demo)
     rd = RunDir.open(tmp_path / "run")
     prepare_run(rd, m, [])
-    plan = plan_session(m, set(), {}, limit=20, rd=rd)
-    write_plan(rd, plan, "S1", m, 20)
+    plan = plan_session(source_set(m), set(), {}, limit=20, rd=rd)
+    write_plan(rd, plan, "S1", source_set(m).base_dir, 20)
     plan.spill.close()
     want, _ = recorded_plan(rd)
     assert want is not None and verify_run(rd).clean

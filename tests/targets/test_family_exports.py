@@ -23,7 +23,7 @@ from regen.core.sample import Sample, ToolCall
 from regen.engine.rows import build_rows
 from regen.export import ExportSettings, export_run
 from regen.manifest import load_manifest
-from regen.sources import read_samples
+from regen.sources import read_samples, source_set
 from regen.store import RunDir
 from regen.store.completed import CompletedSample
 from regen.store.parts import write_part
@@ -55,7 +55,7 @@ def answer(family: Family, sample: Sample) -> TurnResult:
 @pytest.fixture(scope="module")
 def samples() -> list[Sample]:
     manifest = load_manifest(DEMO)
-    out = [s for s in read_samples(manifest) if s.mode == "regenerate"]
+    out = [s for s in read_samples(source_set(manifest)) if s.mode == "regenerate"]
     assert any(s.tools for s in out)
     return out
 

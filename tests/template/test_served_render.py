@@ -28,7 +28,7 @@ from _families import REPO, family_tokenizer, has_template
 from regen.core.errors import ArgumentsError, TemplateError
 from regen.core.sample import Message, ToolCall
 from regen.manifest import load_manifest
-from regen.sources import read_samples
+from regen.sources import read_samples, source_set
 from regen.targets import FAMILIES, Family
 from regen.template.prepare import loops_over_content
 from regen.template.render import Renderer
@@ -69,7 +69,7 @@ def demo_conversations() -> list[tuple[list[Message], list[dict[str, Any]] | Non
     """The request of each demo sample's last turn whose history holds a tool call."""
     manifest = load_manifest(REPO / "manifests" / "demo.yaml")
     out: list[tuple[list[Message], Any]] = []
-    for s in read_samples(manifest):
+    for s in read_samples(source_set(manifest)):
         if s.mode != "regenerate":
             continue
         last = max((i for i, m in enumerate(s.messages) if m.role == "assistant"), default=-1)

@@ -137,9 +137,10 @@ def test_the_demo_target_thinks_closes_and_ends_its_turn(server):
 def test_the_demo_target_calls_the_offered_tool_in_kimi_format(server):
     """A demo prompt with its tools: transformers serve parses the Kimi tool-call section."""
     from regen.manifest import load_manifest
+    from regen.sources import source_set
     from regen.sources.stream import read_samples
 
-    sample = next(s for s in read_samples(load_manifest(DEMO)) if s.id == "xlam:1")
+    sample = next(s for s in read_samples(source_set(load_manifest(DEMO))) if s.id == "xlam:1")
     msgs = [m.to_openai() for m in sample.messages if m.role != "assistant"]
     r = asyncio.run(_complete(client(server, max_tokens=96, temperature=0.0), msgs, sample.tools))
     assert r.finish_reason == "tool_calls" and r.content == ""

@@ -278,7 +278,7 @@ def test_workload_prompt_z_is_the_one_of_the_request_regen_sends(workload, tmp_p
     from regen.core.sample import ToolCall
     from regen.engine.turns import regenerate
     from regen.manifest import load_manifest
-    from regen.sources import read_samples
+    from regen.sources import read_samples, source_set
 
     path = workload.write_workload(tmp_path, 60, multi=0.6, length_corr=0.5)
     m = load_manifest(path)
@@ -286,7 +286,7 @@ def test_workload_prompt_z_is_the_one_of_the_request_regen_sends(workload, tmp_p
     rows = {json.loads(line)["id"]: json.loads(line) for line in
             (tmp_path / "sharegpt.jsonl").read_text().splitlines()}  # fmt: skip
     client = client_for(m)
-    samples = list(read_samples(m))
+    samples = list(read_samples(source_set(m)))
     assert len(samples) == 60
 
     async def one(sample: Any) -> list[dict[str, Any]]:
