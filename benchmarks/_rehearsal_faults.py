@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks._rehearsal_procs import ACTOR_TITLES, cmdline
+from benchmarks._proctree import ACTOR_TITLES, cmdline
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@
   fleet; the requests cut on its endpoint; the answers thrown away (completed but not stored,
   or completed again) whose first completion falls in the minute before it.
 - **Memory**: RSS of each driver session and of the actors against the run's progress.
-- **CPU**: by group over windows (:class:`benchmarks._rehearsal_procs.ProcSampler`).
+- **CPU**: by group over windows (:class:`benchmarks._proctree.TreeSampler`).
 
 Owns no files.
 """

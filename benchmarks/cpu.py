@@ -90,6 +90,8 @@ from _workload import TOKENIZER, Measured, fleet, write_workload
 
 SLOTS = 64
 CONTENDERS = ("regen", "base", "worker", "pool", "plain", "openai")
+#: the child's process groups: the driver or pool itself, its actors, Ray's own processes
+GROUPS = ("root", "actors", "ray")
 HERE = Path(__file__).resolve()
 PY_SPY = str(Path(sys.executable).parent / "py-spy")
 
@@ -389,7 +391,8 @@ def run_sampled(
     ``also`` processes beside it: ``TreeSampler``); returns its exit status, its stdout and the
     sampler (the last sample taken while it is a zombie)."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True, cwd=cwd)
-    sampler = TreeSampler(proc.pid, interval, also=also).start()
+    sampler = TreeSampler(proc.pid, interval, group="root", below="ray", groups=GROUPS,
+                          also=also, threads=True).start()  # fmt: skip
     if follow is not None:
         follow(sampler, proc)
     os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped yet
@@ -468,8 +471,8 @@ class Spies:
         def watch() -> None:
             seen: set[int] = set()
             while proc.poll() is None:
-                for p in list(sampler.procs.values()):
-                    if p.cmdline.startswith("ray::WorkerActor") and p.pid not in seen:
+                for p in sampler.of_group("actors"):
+                    if p.pid not in seen:
                         seen.add(p.pid)
                         out = self.folder / f"{self.tag}-actor{p.pid}.txt"
                         self.files.append(out)

@@ -32,7 +32,7 @@ smaller run whose run directory is on S3 (moto on loopback; its driver SIGKILLed
 resumed), and the official ``openai`` client's asyncio pool on the same requests
 (benchmarks/cpu.py ``openai_pool_cpu``) for the client CPU comparison. The CPU of every
 process (simulators, driver, actors, Ray, tools) and the RSS of the driver and actors are
-sampled from /proc throughout (benchmarks/_rehearsal_procs.py); the utilization of every
+sampled from /proc throughout (benchmarks/_proctree.py); the utilization of every
 endpoint is read from its ``/stats`` (benchmarks/_rehearsal_measure.py).
 
 Output: a table on stdout and a JSON report (``--report``, default
@@ -78,6 +78,7 @@ from typing import Any
 
 from benchmarks import _rehearsal_data as data_mod
 from benchmarks import cpu as cpu_bench
+from benchmarks._proctree import Measured, TreeSampler, become_subreaper, run_measured
 from benchmarks._rehearsal_checks import check_run, part_files
 from benchmarks._rehearsal_faults import (
     FaultLog,
@@ -97,7 +98,6 @@ from benchmarks._rehearsal_measure import (
     rss_at_progress,
     utilization,
 )
-from benchmarks._rehearsal_procs import Measured, ProcSampler, become_subreaper, run_measured
 from regen.devkit.procs import kill_group
 
 REPO = Path(__file__).resolve().parents[1]
@@ -260,7 +260,7 @@ class Rehearsal:
         self.subreaper = subreaper
         self.t0 = time.monotonic()
         self.offset = time.time() - time.monotonic()
-        self.sampler = ProcSampler(0.5 if cfg.samples < 20000 else 1.0)
+        self.sampler = TreeSampler(interval=0.5 if cfg.samples < 20000 else 1.0, group="harness")
         self.faults = FaultLog()
         self.sessions: list[Session] = []
         self.eps: list[Endpoint] = []
@@ -371,7 +371,7 @@ class Rehearsal:
                 setattr(reh, k, raw[k])
         reh.poller = Poller([], 1.0).restore(raw["readings"])
         interval, procs, busy_t, busy, roots = raw["sampler"]
-        reh.sampler = ProcSampler(interval)
+        reh.sampler = TreeSampler(interval=interval, group="harness")
         reh.sampler.procs, reh.sampler.busy_t, reh.sampler.busy = procs, busy_t, busy
         reh.sampler.roots = roots
         reh.finish_report()
@@ -907,13 +907,13 @@ class Rehearsal:
         r["utilization"] = util
         # -- CPU ------------------------------------------------------------------------------
         t_a, t_b = self.sessions[0].launched, self.main_end
-        used = self.sampler.cpu(t_a, t_b)
+        used = self.sampler.between(t_a, t_b)
         sims = sum(v for k, v in used.items() if k.startswith("sim:"))
         drivers = sum(v for k, v in used.items() if k.startswith("driver:"))
         actors, ray = used.get("actors", 0.0), used.get("ray", 0.0)
         harness = used.get("harness", 0.0)
         wall = t_b - t_a
-        machine = self.sampler.machine(t_a, t_b)
+        machine = self.sampler.busy_between(t_a, t_b)
         ours = sum(used.values())
         received = sum(rd.received for rd in self.poller.latest().values())
         client = drivers + actors + ray
@@ -936,7 +936,7 @@ class Rehearsal:
         a = max([a] + [d.end for d in disturbances if d.end < backlog_end])
         b = backlog_end
         if b - a >= 30.0:
-            win = self.sampler.cpu(a, b)
+            win = self.sampler.between(a, b)
             got = series.received(a, b)
             c = sum(v for k, v in win.items() if k.startswith("driver:"))
             c += win.get("actors", 0.0) + win.get("ray", 0.0)
@@ -946,10 +946,11 @@ class Rehearsal:
                                         "client_cores": c / (b - a)}  # fmt: skip
         if hasattr(self, "ray_up"):
             a, b = self.ray_up
-            cpu_rep["ray_startup_cpu_s"] = sum(self.sampler.cpu(a, b, "ray").values())
+            cpu_rep["ray_startup_cpu_s"] = sum(self.sampler.between(a, b, "ray").values())
             cpu_rep["ray_startup_s"] = round(b - a, 2)
             ia, ib = self.ray_idle
-            cpu_rep["ray_idle_cores"] = sum(self.sampler.cpu(ia, ib, "ray").values()) / (ib - ia)
+            ray_idle = sum(self.sampler.between(ia, ib, "ray").values())
+            cpu_rep["ray_idle_cores"] = ray_idle / (ib - ia)
         r["cpu"] = cpu_rep
         # -- memory ---------------------------------------------------------------------------
         marks = [i / 20 for i in range(1, 21)]

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+import _leaks
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -140,6 +141,12 @@ LONGEST_FAST = (
     "bench/test_bench_reweight.py",
     "targets/test_markup_in_content.py",
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A test that leaves a file, socket, subprocess or aiohttp session open fails
+    (tests/_leaks.py)."""
+    config.pluginmanager.register(_leaks, "regen-leaks")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

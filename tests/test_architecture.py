@@ -6,7 +6,11 @@
   floor or lower ones, and every package has a floor;
 - production code (all but regen.devkit) never imports the devkit;
 - imports sit at the top of a module: inside functions only the heavy dependencies that
-  docs/architecture.md lists ("Heavy dependencies"), and the rest under 5% of all imports.
+  docs/architecture.md lists ("Heavy dependencies"), and the rest under 5% of all imports;
+- the run directory ("Who writes it"): the modules that call a ``RunDir``'s writing methods
+  themselves are exactly those of the "writes itself" table, and those that take a local path
+  from it (``rd.path(...)`` not handed straight to a stream of ``rd.fs``) exactly those of the
+  "by path" table, the store aside.
 
 (The third check of the house, no run-directory file name spelled outside
 regen/store/layout.py, is tests/store/test_layout.py.)
@@ -34,6 +38,18 @@ DEVKIT = "regen.devkit"
 #: the most imports inside functions, beside the heavy dependencies (share of all imports)
 MAX_IN_FUNCTION = 0.05
 ARCHITECTURE = REPO / "docs" / "architecture.md"
+#: a ``RunDir``'s methods that write (regen/store/rundir.py)
+RUNDIR_WRITES = frozenset({"write_json_atomic", "write_text_atomic", "write_bytes_atomic",
+                           "atomic_writer", "makedirs", "delete", "move"})  # fmt: skip
+#: the standard library's modules that have methods of those names (not a RunDir)
+STDLIB = frozenset({"os", "shutil"})
+#: a pyarrow filesystem's methods that write, called on a RunDir's ``fs``
+FS_WRITES = frozenset({"open_output_stream", "open_append_stream", "create_dir", "delete_dir",
+                       "delete_dir_contents", "delete_file", "move", "copy_file"})  # fmt: skip
+#: ... and those that read
+FS_READS = frozenset({"open_input_file", "open_input_stream"})
+#: the package that owns the run directory: it writes and takes paths as it likes
+STORE = "regen.store"
 
 
 def module_name(path: Path, repo: Path = REPO) -> str:
@@ -205,11 +221,93 @@ def check(repo: Path = REPO, doc: str | None = None) -> dict[str, list]:
             "imports": [total], "in_function": inside}  # fmt: skip
 
 
+def run_dir_tables(doc: str) -> dict[str, set[str]]:
+    """``{"writes itself": modules or packages, "by path": ...}`` from the tables of
+    docs/architecture.md's "Who writes it" (the backticked names of each row's first cell)."""
+    text = section(doc, "Run directory (the only shared state)").split("### Who writes it", 1)[1]
+    out: dict[str, set[str]] = {}
+    table = None
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("|"):
+            table = None
+        elif table is None:
+            table = cells[0]
+            out[table] = set()
+        elif not set(cells[0]) <= set("-"):
+            out[table] |= set(re.findall(r"`([\w.]+)`", cells[0]))
+    return out
+
+
+def run_dir_access(repo: Path = REPO) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """(``{module: ["line: call"]}`` of the calls of a RunDir's writing methods, and of the
+    local paths taken from a RunDir), for every module outside the store."""
+    writes: dict[str, list[str]] = {}
+    paths: dict[str, list[str]] = {}
+    for r in ROOTS:
+        for path in sorted((repo / r).rglob("*.py")):
+            mod = module_name(path, repo)
+            if mod == STORE or mod.startswith(STORE + "."):
+                continue
+            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+            # the rd.path(...) calls handed to a stream of the RunDir's fs: as its argument,
+            # or through a name that is
+            to_fs: set[int] = set()
+            fs_names: set[str] = set()
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                    continue
+                attr, recv = node.func.attr, ast.unparse(node.func.value)
+                on_fs = recv == "fs" or recv.endswith(".fs")
+                if on_fs and attr in FS_READS | FS_WRITES:
+                    to_fs |= {id(a) for a in node.args}
+                    fs_names |= {a.id for a in node.args if isinstance(a, ast.Name)}
+                if (attr in RUNDIR_WRITES and recv not in STDLIB) or (on_fs and attr in FS_WRITES):
+                    writes.setdefault(mod, []).append(f"{node.lineno}: {recv}.{attr}")
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                        and isinstance(node.targets[0], ast.Name)
+                        and node.targets[0].id in fs_names):  # fmt: skip
+                    to_fs.add(id(node.value))
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr == "path" and len(node.args) == 1
+                        and not node.keywords and id(node) not in to_fs):  # fmt: skip
+                    paths.setdefault(mod, []).append(f"{node.lineno}: {ast.unparse(node)}")
+    return writes, paths
+
+
+def _listed(mod: str, names: set[str]) -> bool:
+    return any(mod == n or mod.startswith(n + ".") for n in names)
+
+
+def run_dir_check(repo: Path = REPO, doc: str | None = None) -> dict[str, list]:
+    """What the code does against "Who writes it": modules that write (or take a local path)
+    without a row in its table, and names in a table that no module matches any more."""
+    text = ARCHITECTURE.read_text(encoding="utf-8") if doc is None else doc
+    tables = run_dir_tables(text)
+    writers, by_path = tables["writes itself"], tables["by path"]
+    writes, paths = run_dir_access(repo)
+    writers_unlisted = [f"{m}:{c}" for m, cs in writes.items() if not _listed(m, writers)
+                        for c in cs]  # fmt: skip
+    paths_unlisted = [f"{m}:{c}" for m, cs in paths.items() if not _listed(m, by_path)
+                      for c in cs]  # fmt: skip
+    return {
+        "writers_unlisted": sorted(writers_unlisted),
+        "writers_idle": sorted(
+            n for n in writers - {STORE} if not any(_listed(m, {n}) for m in writes)
+        ),
+        "paths_unlisted": sorted(paths_unlisted),
+        "paths_idle": sorted(n for n in by_path if not any(_listed(m, {n}) for m in paths)),
+    }
+
+
 @pytest.fixture(scope="module")
 def found() -> dict[str, list]:
     code = (
         f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-        "from test_architecture import check; print(json.dumps(check()))"
+        "from test_architecture import check, run_dir_check; "
+        "print(json.dumps({**check(), **run_dir_check()}))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
@@ -285,6 +383,62 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     assert got["devkit"] == ["regen.engine.planning -> regen.devkit.sim"]
     assert got["package_circles"] == [["regen.devkit", "regen.engine", "regen.store"]]
     assert got["in_function"] == ["regen.store.rundir:2 regen.store.layout"]
+
+
+def test_only_the_listed_modules_write_the_run_directory_themselves(found) -> None:
+    assert found["writers_unlisted"] == [], (
+        "writes through a RunDir's own methods, not listed in docs/architecture.md's \"Who "
+        "writes it\" (write through the store's records, or list it and say why):\n"
+        + "\n".join(found["writers_unlisted"])
+    )
+    assert found["writers_idle"] == [], f"listed as writers, write nothing: {found['writers_idle']}"
+
+
+def test_only_the_listed_modules_take_a_local_path_from_the_run_directory(found) -> None:
+    assert found["paths_unlisted"] == [], (
+        'a local path taken from a RunDir, not listed in "Who writes it"\'s by-path table '
+        "(read and write through the RunDir):\n" + "\n".join(found["paths_unlisted"])
+    )
+    assert found["paths_idle"] == [], f"listed as by path, take none: {found['paths_idle']}"
+
+
+def test_the_run_directory_checks_find_what_they_look_for(tmp_path: Path) -> None:
+    """A write through a RunDir outside the table, a local path taken outside the by-path
+    table, and table rows that match no module are found; the store's own writes, a stream
+    opened on the RunDir's fs, ``os.makedirs`` and a listed writer are not."""
+    for mod, text in {
+        "regen/store/parts.py": "def f(rd):\n    rd.write_bytes_atomic('x', b'')\n",
+        "regen/engine/tracker.py": (
+            "import os\n\ndef f(rd, n):\n    os.makedirs('tmp')\n"
+            "    rd.write_json_atomic(n, {})\n    return open(rd.path(n))\n"
+        ),
+        "regen/export/select.py": (
+            "def f(rd, n):\n    p = rd.path(n)\n    with rd.fs.open_input_file(p) as f:\n"
+            "        return f.read(), rd.fs.open_input_file(rd.path(n))\n"
+        ),
+        "regen/export/run.py": "def f(dest):\n    dest.delete('shard')\n",
+        "regen/plan/index.py": "def f(rd):\n    return rd.fs.open_output_stream(rd.path('t'))\n",
+        "monitor/__init__.py": "",
+        "pipelines/__init__.py": "",
+    }.items():
+        (tmp_path / mod).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / mod).write_text(text)
+    doc = (
+        "## Run directory (the only shared state)\n\ntree\n\n### Who writes it\n\nrules\n\n"
+        "| writes itself | what |\n|---|---|\n| `regen.store` | all |\n"
+        "| `regen.export.run`, `regen.train.launch` | export/, train/ |\n\n"
+        "| by path | what |\n|---|---|\n| `regen.devkit.cpu_train` | train/cpu/ |\n"
+    )
+    got = run_dir_check(tmp_path, doc)
+    assert got == {
+        "writers_unlisted": [
+            "regen.engine.tracker:5: rd.write_json_atomic",
+            "regen.plan.index:2: rd.fs.open_output_stream",
+        ],
+        "writers_idle": ["regen.train.launch"],
+        "paths_unlisted": ["regen.engine.tracker:6: rd.path(n)"],
+        "paths_idle": ["regen.devkit.cpu_train"],
+    }
 
 
 def test_regen_help_imports_none_of_the_heavy_dependencies() -> None:

@@ -20,6 +20,7 @@ STUBBORN = (
 
 
 def start(code: str) -> subprocess.Popen[str]:
+    """The child, once it said ready (a context manager: its pipe is closed on exit)."""
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                             start_new_session=True)  # fmt: skip
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
@@ -27,21 +28,21 @@ def start(code: str) -> subprocess.Popen[str]:
 
 
 def test_stop_group_kills_what_ignores_sigterm_including_grandchildren() -> None:
-    proc = start(STUBBORN)
-    stop_group(proc, timeout_s=0.5)
+    with start(STUBBORN) as proc:
+        stop_group(proc, timeout_s=0.5)
     assert proc.returncode == -signal.SIGKILL  # SIGTERM was ignored: it was escalated
     assert not group_alive(proc.pid)  # gone when stop_group returns, grandchild included
 
 
 def test_stop_group_lets_a_polite_process_exit_on_sigterm() -> None:
-    proc = start("import time\nprint('ready', flush=True)\ntime.sleep(60)\n")
-    stop_group(proc, timeout_s=10)
+    with start("import time\nprint('ready', flush=True)\ntime.sleep(60)\n") as proc:
+        stop_group(proc, timeout_s=10)
     assert proc.returncode == -15  # SIGTERM, not SIGKILL
     assert not group_alive(proc.pid)  # gone when stop_group returns, grandchild included
 
 
 def test_kill_group_on_an_exited_leader_is_harmless() -> None:
-    proc = start("print('ready', flush=True)\n")
-    proc.wait(timeout=10)
-    kill_group(proc)
+    with start("print('ready', flush=True)\n") as proc:
+        proc.wait(timeout=10)
+        kill_group(proc)
     assert proc.returncode == 0

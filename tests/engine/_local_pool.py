@@ -144,3 +144,5 @@ class LocalWorkerPool:
                 asyncio.run_coroutine_threadsafe(close_all(), self.loop).result(timeout=5)
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=5)
+        if not self.loop.is_running() and not self.loop.is_closed():
+            self.loop.close()  # its selector and self-pipe

@@ -132,7 +132,8 @@ def test_export_written(demo_run) -> None:
     assert stats["rows_read"] == len(rows) and stats["keep_unproven"] is False
     written = len(rows) - len(flagged) - len(local) - len(truncated)
     assert stats["rows_written"] == written > 0.6 * len(rows)
-    first = json.loads((demo_run["export"] / "shard-00000.jsonl").open().readline())
+    with (demo_run["export"] / "shard-00000.jsonl").open() as f:
+        first = json.loads(f.readline())
     assert len(first["input_ids"]) == len(first["loss_mask"])
 
 

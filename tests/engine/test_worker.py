@@ -78,18 +78,30 @@ def test_all_turns_of_a_sample_go_to_one_endpoint(two_sims) -> None:
     assert [o.requests for o in outs] == [len(o.rows) for o in outs]
 
 
+def process(w: SampleWorker, sample: Sample):
+    """``w.process(sample)`` on a loop of its own, the worker closed after (its sessions)."""
+
+    async def go():
+        try:
+            return await w.process(sample)
+        finally:
+            await w.aclose()
+
+    return asyncio.run(go())
+
+
 def test_transient_errors_retried_then_exhausted() -> None:
     with simulator_in_thread(model_name="m", instant=True, mean_tokens=8,
                              fault_sequence="500,429,ok", retry_after=0) as sim:  # fmt: skip
         w = worker(manifest(sim.url, max_attempts=3))
-        ok = asyncio.run(w.process(Sample("s:ok", "s", [Message("user", "hi")])))
+        ok = process(w, Sample("s:ok", "s", [Message("user", "hi")]))
         assert ok.status == "done" and ok.rows[0]["attempts"] == 3
         assert w.stats.retried == 2 and w.stats.sent == 3
         assert set(w.stats.errors) == {"server_error", "rate_limited"}
     with simulator_in_thread(model_name="m", instant=True, mean_tokens=8,
                              fault_sequence="500,500,500,ok") as sim:  # fmt: skip
         w = worker(manifest(sim.url, max_attempts=3))
-        out = asyncio.run(w.process(Sample("s:t", "s", [Message("user", "hi")])))
+        out = process(w, Sample("s:t", "s", [Message("user", "hi")]))
         assert out.status == "transient" and out.rows == []
         assert out.kind == "server_error" and out.http_status == 500 and out.attempts == 3
         assert w.stats.failed == 1
@@ -98,7 +110,7 @@ def test_transient_errors_retried_then_exhausted() -> None:
 def test_permanent_error_is_not_retried() -> None:
     with simulator_in_thread(model_name="m", instant=True, context_length=20) as sim:
         w = worker(manifest(sim.url))
-        out = asyncio.run(w.process(Sample("s:p", "s", [Message("user", "word " * 50)])))
+        out = process(w, Sample("s:p", "s", [Message("user", "word " * 50)]))
         # SGLang (and the simulator) say "too long" in prose only; the client maps by status
         assert out.status == "permanent" and out.kind in ("permanent", "context_length")
         assert out.http_status == 400 and out.requests == 1 and out.rows == []

@@ -77,7 +77,8 @@ def test_collapsed_answers_are_dropped_by_default_and_counted(run_dir, tmp_path)
     assert saved["flags"]["collapsed"]["rows"] == 11
     assert saved["sources"]["chat"]["flags"]["collapsed"]["rows"] == 11
     assert "collapsed" in saved["drop_flags"]
-    recs = [json.loads(x) for x in (tmp_path / "o" / "conversations-00000.jsonl").open()]
+    shard = (tmp_path / "o" / "conversations-00000.jsonl").read_text()
+    recs = [json.loads(x) for x in shard.splitlines()]
     assert all(rec["conversations"][-1]["content"] != SAME for rec in recs if "chat" in rec["id"])
 
 
@@ -85,7 +86,8 @@ def test_only_flagged_lists_the_collapsed_rows_with_the_flag(run_dir, tmp_path) 
     stats = _export(
         run_dir, tmp_path / "f", format="conversations", drop_flags="collapsed", only_flagged=True
     )
-    recs = [json.loads(x) for x in (tmp_path / "f" / "conversations-00000.jsonl").open()]
+    shard = (tmp_path / "f" / "conversations-00000.jsonl").read_text()
+    recs = [json.loads(x) for x in shard.splitlines()]
     assert sorted(rec["id"] for rec in recs) == sorted(f"chat:{i}" for i in range(1, 12))
     assert all(rec["quality_flags"] == ["collapsed"] for rec in recs)
     assert stats.flags["collapsed"].rows == 11 and stats.rows_written == 11

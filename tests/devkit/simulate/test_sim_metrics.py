@@ -54,6 +54,7 @@ def test_sglang_serves_metrics_only_when_enabled() -> None:
     with simulator_in_thread(instant=True) as sim:
         with pytest.raises(urllib.error.HTTPError) as e:
             sim.metrics_text()
+        e.value.close()  # its response holds the connection
         assert e.value.code == 404  # SGLang without --enable-metrics
     with simulator_in_thread(instant=True, enable_metrics=True) as sim:
         page = parse_page(sim.metrics_text())

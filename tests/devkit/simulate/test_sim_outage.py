@@ -53,6 +53,7 @@ def status_of(req: str | urllib.request.Request, timeout: float = 10.0) -> int:
             r.read()
             return r.status
     except urllib.error.HTTPError as e:
+        e.close()  # its response holds the connection
         return e.code
 
 
@@ -230,6 +231,7 @@ def test_while_hung_requests_get_nothing_health_fails_metrics_stay_flat(tmp_path
                                      headers={"Content-Type": "application/json"})  # fmt: skip
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=5)
+        e.value.close()  # its response holds the connection
         assert e.value.code == 404
         # /metrics answers; the generation counter and the scheduler's gauges do not move
         pages = [sim.metrics_text()]
@@ -271,6 +273,7 @@ def timed_get_post(url: str, b: dict[str, Any], timeout: float) -> tuple[int | N
             r.read()
             status: int | None = r.status
     except urllib.error.HTTPError as e:
+        e.close()
         status = e.code
     except (TimeoutError, urllib.error.URLError):
         status = None
