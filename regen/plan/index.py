@@ -140,7 +140,7 @@ class IndexBuilder:
             elif kind == "parquet":
                 starts = self._starts.get(sample.source)
                 if starts is None:
-                    path = self.sources.path(self.sources.source(sample.source))
+                    path = self.sources.local_file(self.sources.source(sample.source))
                     assert path is not None  # a Parquet source is a local file
                     starts = self._starts[sample.source] = parquet_row_starts(path)
                 group, offset = locate_parquet_row(starts, sample.row - 1)

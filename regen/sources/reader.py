@@ -65,7 +65,7 @@ def iter_raw(sources: SourceSet, source: Source) -> Iterator[RawRow | Rejection]
     """Every row of ``source`` (one of ``sources``) in order, decoded, or a rejection for a row
     that cannot be."""
     field = sources.field(source)
-    path = sources.path(source)
+    path = sources.local_file(source)
     if path is not None:
         if not path.is_file():
             raise SourceError(source.name, f"{field}: file not found: {path}")

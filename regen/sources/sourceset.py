@@ -56,7 +56,7 @@ class SourceSet:
     def source(self, name: str) -> Source:
         return self.sources[self.index(name)]
 
-    def path(self, source: Source) -> Path | None:
+    def local_file(self, source: Source) -> Path | None:
         """``source``'s local file, resolved (None: a hub dataset)."""
         return self.paths[self.index(source.name)]
 

@@ -99,7 +99,7 @@ ROWS_SCHEMA = pa.schema([pa.field("sample", pa.string(), nullable=False)])
 
 def source_kind(sources: SourceSet, source: Source) -> SourceKind:
     """ "jsonl", "parquet" or "hub" (as regen.sources.reader decides)."""
-    path = sources.path(source)
+    path = sources.local_file(source)
     if path is None:
         return "hub"
     return "jsonl" if path.name.lower().endswith(JSONL_SUFFIXES) else "parquet"
@@ -137,7 +137,7 @@ def index_key(keys: dict[str, str]) -> str:
 
 
 def indexed_source(sources: SourceSet, source: Source) -> IndexedSource:
-    path = sources.path(source)
+    path = sources.local_file(source)
     if path is None:
         return IndexedSource(kind="hub")
     sig = file_signature(path)
@@ -190,7 +190,7 @@ def open_index(rd: RunDir, sources: SourceSet, limit: int | None) -> tuple[PlanI
         kind = source_kind(sources, s)
         if got is None or got.kind != kind:
             return None, f"source {s.name!r} is not in it as a {kind} source"
-        path = sources.path(s)
+        path = sources.local_file(s)
         if path is None:  # a hub dataset
             continue
         if str(path) != got.path:

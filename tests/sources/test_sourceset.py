@@ -19,7 +19,7 @@ def test_local_files_resolved_hub_datasets_none_and_fields_named(tmp_path: Path)
     assert s.paths == (tmp_path.resolve() / "data" / "a.jsonl", None)
     assert s.base_dir == tmp_path.resolve()
     assert [s.field(x) for x in s.sources] == ["sources.0.path", "sources.1.hub"]
-    assert s.source("h").hub is not None and s.path(s.source("a")) == s.paths[0]
+    assert s.source("h").hub is not None and s.local_file(s.source("a")) == s.paths[0]
     assert s.native is None  # no native source: no tokenizer to check rows against
 
 
