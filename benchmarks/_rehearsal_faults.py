@@ -78,10 +78,10 @@ class Schedule:
     @classmethod
     def ci(cls) -> Schedule:
         """Shorter outages for the CI size (a run of a few minutes); the hang stays longer than
-        production's stall floor (``engine.stall_min_s`` 30 s) plus its check."""
+        the CI's stall floor (``Config.ci``: ``engine.stall_min_s`` 15 s) plus its check."""
         return cls(
             background_requests=3,
-            hang_for_s=60.0,
+            hang_for_s=40.0,
             disk_for_s=3.0,
             down_for_s=8.0,
             storm_for_s=8.0,

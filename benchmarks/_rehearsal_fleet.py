@@ -30,7 +30,7 @@ from typing import Any
 from regen.devkit.procs import kill_group, stop_group
 from regen.devkit.simulate.testing import options_to_args, with_tokenizer_class
 
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 120.0  #: a start, from its launch (all of a fleet launch at once)
 
 
 def free_port() -> int:
@@ -69,6 +69,8 @@ class Endpoint:
     incarnations: list[Incarnation] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     on_start: Any = None  #: called with the new process's pid (the CPU sampler registers it)
+    #: a start launched and not yet answering (:meth:`launch`, :meth:`wait_ready`)
+    launching: tuple[subprocess.Popen[bytes], Incarnation] | None = None
 
     @property
     def base(self) -> str:
@@ -85,6 +87,11 @@ class Endpoint:
 
     def start(self, **extra: Any) -> Incarnation:
         """Start the server (``extra``: flags of this start only); returns once it answers."""
+        self.launch(**extra)
+        return self.wait_ready()
+
+    def launch(self, **extra: Any) -> None:
+        """Start the server's process; :meth:`wait_ready` waits for it to answer."""
         n = len(self.incarnations)
         self.folder.mkdir(parents=True, exist_ok=True)
         log = self.folder / f"ep{self.index}-{n}.jsonl"
@@ -99,8 +106,15 @@ class Endpoint:
                                     start_new_session=True)  # fmt: skip
         if self.on_start is not None:
             self.on_start(proc.pid, self.index)
-        inc = Incarnation(n, proc.pid, log, launched, options=dict(extra))
-        deadline = launched + START_TIMEOUT_S
+        self.launching = (proc, Incarnation(n, proc.pid, log, launched, options=dict(extra)))
+
+    def wait_ready(self) -> Incarnation:
+        """Wait for the launched server to answer; it is then this endpoint's."""
+        assert self.launching is not None
+        proc, inc = self.launching
+        n = inc.n
+        ready = self.folder / f"ep{self.index}-{n}.ready"
+        deadline = inc.launched + START_TIMEOUT_S
         while True:
             if proc.poll() is not None or time.monotonic() > deadline:
                 tail = (self.folder / f"ep{self.index}-{n}.log").read_text(errors="replace")
@@ -114,7 +128,7 @@ class Endpoint:
             time.sleep(0.05)
         now = time.monotonic()
         inc.started, inc.ready = now - float(stats["uptime_s"]), now
-        self.proc = proc
+        self.proc, self.launching = proc, None
         self.incarnations.append(inc)
         return inc
 
@@ -128,6 +142,9 @@ class Endpoint:
         return t
 
     def stop(self) -> None:
+        if self.launching is not None:  # launched, never answered
+            stop_group(self.launching[0], 5)
+            self.launching = None
         if self.proc is not None:
             stop_group(self.proc, 5)
             self.incarnations[-1].stopped = time.monotonic()
@@ -245,13 +262,16 @@ def start_fleet(
     on_start: Any = None,
 ) -> list[Endpoint]:  # fmt: skip
     """``n`` endpoints on free ports, each started with ``options`` plus its own flags
-    (``per_endpoint[i]``: a second client, a scheduled hang or 503 storm). The caller stops
-    them (:meth:`Endpoint.stop`); on a failed start the ones started are stopped."""
+    (``per_endpoint[i]``: a second client, a scheduled hang or 503 storm), all launched before
+    the first is waited for. The caller stops them (:meth:`Endpoint.stop`); on a failed start
+    the ones started are stopped."""
     eps = [Endpoint(i, free_port(), {**options, **per_endpoint.get(i, {})}, folder,
                     on_start=on_start) for i in range(n)]  # fmt: skip
     try:
         for ep in eps:
-            ep.start()
+            ep.launch()
+        for ep in eps:
+            ep.wait_ready()
     except BaseException:
         for ep in eps:
             ep.stop()

@@ -37,7 +37,7 @@ endpoint is read from its ``/stats`` (benchmarks/_rehearsal_measure.py).
 
 Output: a table on stdout and a JSON report (``--report``, default
 ``runs/rehearsal-report.json``). Exit status 0 when every independent check passed and every
-fault happened. tests/reliability/test_rehearsal.py runs ~3,000 samples with the same faults.
+fault happened. tests/reliability/test_rehearsal.py runs ~1,500 samples with the same faults.
 
 Work directory (a temporary one unless ``--keep DIR``)::
 
@@ -124,22 +124,32 @@ class Config:
     engine: dict[str, Any] = field(default_factory=dict)  #: manifest engine overrides
     s3_samples: int | None = None  #: None: 2% of the samples (at least 300); 0: no S3 run
     s3_endpoints: int = 2  #: the S3 run's own simulated endpoints
+    s3_step_ms: float | None = None  #: the S3 run's endpoints' decode step (None: step_ms)
+    #: the S3 run beside the main run (from the main run's first request) instead of after it;
+    #: the main run's CPU and memory figures then hold the S3 run's actors and Ray work too
+    s3_beside: bool = False
     pool_samples: int = 1500  #: samples the openai pool sends (0: none)
     timeout_s: float = 5400.0
     disk_mb: int = 0  #: the tmpfs's size (0: from the data's size)
 
     @classmethod
-    def ci(cls, samples: int = 3000, **kw: Any) -> Config:
-        """The CI size: short outages (Schedule.ci), a quarter of the fleet's tokens per second
-        (half the batch slots, steps twice as long), four workers (production's eight, each an
-        actor process, cost the two cores 174 CPU-s where four cost 80), a small S3 run on 4
-        endpoints (on 2 it took 114 s), no openai pool. The run's requests then take ~250 s: the
-        faults' own costs (a session's start-up, an endpoint's, the hang) do not shrink with the
-        run, and on a machine with both cores busy they take twice as long; a faster fleet
-        finished the run before the last faults came."""
+    def ci(cls, samples: int = 1500, **kw: Any) -> Config:
+        """The CI size: short outages (Schedule.ci: a 40 s hang, against a stall floor,
+        ``engine.stall_min_s``, of 15 s instead of production's 30), a quarter of the fleet's
+        tokens per second (half the batch slots, steps twice as long), four workers
+        (production's eight, each an actor process, cost the two cores 174 CPU-s where four cost
+        80), a small S3 run on 4 endpoints of 24 ms steps (on 2 it took 114 s) beside the main
+        run (its ~60-90 s inside the main run's paced minutes, not after them), no openai pool.
+        The run's requests then take ~170 s (3,000 samples and a 60 s hang: ~270 s), about as
+        long as the faults, one after the other, need: their own costs (a session's start-up,
+        an endpoint's, the hang, which the next fault waits out) do not shrink with the run,
+        and on a machine with both cores busy they take twice as long; a faster fleet finished
+        the run before the last faults came."""
         base: dict[str, Any] = {"samples": samples, "schedule": Schedule.ci(), "slots": 12,
-                                "queue": 6, "step_ms": 96.0, "workers": 4, "s3_samples": 200,
-                                "s3_endpoints": 4, "pool_samples": 0,
+                                "queue": 6, "step_ms": 96.0, "workers": 4,
+                                "engine": {"stall_min_s": 15.0}, "s3_samples": 200,
+                                "s3_endpoints": 4, "s3_step_ms": 24.0, "s3_beside": True,
+                                "pool_samples": 0,
                                 "timeout_s": 1800.0}  # fmt: skip
         return cls(**{**base, **kw})
 
@@ -268,6 +278,7 @@ class Rehearsal:
         self.report: dict[str, Any] = {}
         self.phases: dict[str, float] = {}
         self.prog: list[tuple[float, float]] = []  #: (monotonic time, share of samples done)
+        self.s3_stop = threading.Event()  #: set: the S3 run beside the main run stops
 
     def say(self, msg: str) -> None:
         if not self.quiet:
@@ -309,10 +320,21 @@ class Rehearsal:
                 time.sleep(idle)
                 self.ray_idle = (self.ray_up[1], time.monotonic())
             assert self.env is not None
+            beside = cfg.s3_beside and self.s3_samples() > 0
+            s3_thread = threading.Thread(target=self.s3_beside, name="rehearsal-s3", daemon=True)
             try:
-                self.main_run()
-                self.after_run()
-                for name, step, on in (("s3", self.s3_run, self.s3_samples() > 0),
+                if beside:
+                    s3_thread.start()
+                try:
+                    self.main_run()
+                    self.after_run()
+                except BaseException:
+                    self.s3_stop.set()  # the S3 run beside it stops too (its driver killed)
+                    raise
+                finally:
+                    if beside:
+                        s3_thread.join()
+                for name, step, on in (("s3", self.s3_run, self.s3_samples() > 0 and not beside),
                                        ("pool", self.pool_run, cfg.pool_samples > 0)):  # fmt: skip
                     try:
                         if on:
@@ -676,6 +698,20 @@ class Rehearsal:
                  f"({self.phases['checks_s']:.0f} s)")  # fmt: skip
 
     # -- the S3 run ---------------------------------------------------------------------------
+    def s3_beside(self) -> None:
+        """:meth:`s3_run` in a thread beside the main run, from the main run's first request
+        (its start-up and the main run's are not made to share the cores)."""
+        while not self.s3_stop.wait(0.5):
+            if self.sessions and self.sessions[0].first_request is not None:
+                break
+        if self.s3_stop.is_set():
+            return
+        try:
+            self.s3_run()
+        except Exception as e:  # the main run's report is still written
+            self.s3 = {"error": f"{type(e).__name__}: {e}"}
+            self.say(f"s3 failed: {e}")
+
     def s3_run(self) -> None:
         from tests._s3 import moto_s3
 
@@ -687,7 +723,8 @@ class Rehearsal:
         engine = {"workers": 2, "part_interval_s": 5, **cfg.engine}
         data = data_mod.make_data(work, n, scale=cfg.scale, seed=cfg.seed + 1, engine=engine)
         res: dict[str, Any] = {"samples": data.samples, "requests": data.requests}
-        with moto_s3() as s3, fleet(cfg.s3_endpoints, work / "sims", cfg.sim_options(), {},
+        opts = {**cfg.sim_options(), "step_ms": cfg.s3_step_ms or cfg.step_ms}
+        with moto_s3() as s3, fleet(cfg.s3_endpoints, work / "sims", opts, {},
                                     on_start=lambda pid, i: self.sampler.register(
                                         pid, f"s3sim:{i}")) as eps:  # fmt: skip
             bucket = s3.bucket()
@@ -706,6 +743,8 @@ class Rehearsal:
                 self.sampler.register(proc.pid, f"s3driver:{k}")
                 try:
                     while proc.poll() is None:
+                        if self.s3_stop.is_set():
+                            raise RuntimeError("the rehearsal stopped")
                         if killed is None and poller.completed() >= 0.5 * data.requests:
                             kill_group(proc)
                             killed = {
@@ -780,7 +819,8 @@ class Rehearsal:
                        "step_ms": cfg.step_ms, "workers": cfg.workers,
                        "schedule": cfg.schedule.to_dict(),
                        "per_endpoint_flags": {str(k): v for k, v in self.per_endpoint.items()},
-                       "stall": data_mod.stall_settings(),
+                       "stall": {**data_mod.stall_settings(),
+                                 **{k: v for k, v in cfg.engine.items() if "stall" in k}},
                        "disk": "tmpfs (a real ENOSPC)" if self.disk else "none"}  # fmt: skip
         r["data"] = d.to_dict()
         r["phases"] = {k: round(v, 1) for k, v in self.phases.items()}
@@ -1193,7 +1233,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--ci", action="store_true",
                     help="the CI test's settings (short outages, 12 slots of 96 ms steps, a "
-                    "200-sample S3 run, "
+                    "200-sample S3 run beside the main run, "
                     "no pool); --samples and the other flags still apply")  # fmt: skip
     ap.add_argument("--timeout-s", type=float, default=5400.0)
     ap.add_argument("--keep", type=Path, help="work directory to keep (default: a temp dir)")

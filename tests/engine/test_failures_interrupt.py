@@ -35,7 +35,8 @@ def test_permanent_failures_skipped_until_retry_failed(
     with simulator_in_thread(model_name="demo-target", instant=True, mean_tokens=16,
                              context_length=CONTEXT) as sim:  # fmt: skip
         # the endpoint's key comes from the environment and must never be written anywhere
-        m = load_manifest(DEMO, [f"endpoints=[{{url: '{sim.url}', api_key_env: REGEN_TEST_KEY}}]"])
+        m = load_manifest(DEMO, [f"endpoints=[{{url: '{sim.url}', api_key_env: REGEN_TEST_KEY}}]",
+                                 "engine.workers=1"])  # fmt: skip
         opts = RunOptions(address=ray_head.address, handle_signals=False)
         first = run_job(m, RunDir.open(out, create=False), opts)
         rd = RunDir.open(out)
@@ -71,7 +72,8 @@ def test_permanent_failures_skipped_until_retry_failed(
 
 
 def test_stop_writes_a_part_releases_the_lock_and_resumes(ray_head, tmp_path, caplog) -> None:
-    m = load_manifest(DEMO, ["engine.part_size=1000", "engine.part_interval_s=1000"])
+    m = load_manifest(DEMO, ["engine.part_size=1000", "engine.part_interval_s=1000",
+                             "engine.workers=1"])  # fmt: skip
     out = tmp_path / "run"
     rd = RunDir.open(out)
     stop = threading.Event()

@@ -71,7 +71,8 @@ def exact_rows(rows: list[dict[str, Any]], proxy: RecordingProxy) -> Counter[str
 def demo_vllm(tmp_path_factory, vllm_server, ray_head) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("demo-vllm") / "run"
     with RecordingProxy(vllm_server.root) as proxy:
-        summary = run_job(load_manifest(DEMO), RunDir.open(out, create=False),
+        manifest = load_manifest(DEMO, ["engine.workers=1"])  # the server runs 8 at once
+        summary = run_job(manifest, RunDir.open(out, create=False),
                           RunOptions(endpoints=[proxy.url], address=ray_head.address))  # fmt: skip
         rows = stored_rows(out)
         return {"out": out, "proxy": proxy, "summary": summary, "rows": rows}

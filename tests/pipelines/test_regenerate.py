@@ -55,7 +55,7 @@ def test_ray_job_submit_finishes_the_demo(ray_head, tmp_path) -> None:
         client = JobSubmissionClient(ray_head.dashboard_url)
         deadline = time.monotonic() + JOB_TIMEOUT_S
         job = submit(client, "python -m pipelines.regenerate manifests/demo.yaml "
-                     f"--out {out} --endpoint {sim.url} --workers 2 --concurrency 4 --no-view",
+                     f"--out {out} --endpoint {sim.url} --workers 1 --concurrency 4 --no-view",
                      deadline)  # fmt: skip
         status, logs = finish(client, job, deadline)
         assert status == JobStatus.SUCCEEDED, logs[-4000:]

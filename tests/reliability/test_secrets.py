@@ -61,6 +61,10 @@ def test_a_key_in_the_manifest_is_refused_without_echoing_it(tmp_path, where) ->
     assert SECRET not in str(e.value)
 
 
+#: one Ray actor per run: what a key or a URL reaches does not depend on how many there are
+ONE_WORKER = {"workers": 1}
+
+
 def regen_run(manifest: Path, out: Path, address: str) -> list[str]:
     return [str(chaos.VENV_BIN / "regen"), "--log-level", "DEBUG", "run", str(manifest),
             "--out", str(out), "--address", address, "--no-view"]  # fmt: skip
@@ -77,13 +81,14 @@ def test_key_from_a_file_reaches_the_server_and_nowhere_else(
     out, export = tmp_path / "run", tmp_path / "export"
     with chaos_sim() as sim:
         # without the key the server refuses: this test can fail
-        nokey = chaos.write_manifest(tmp_path / "nokey.yaml", src, endpoints=[{"url": sim.url}])
+        nokey = chaos.write_manifest(tmp_path / "nokey.yaml", src, engine=ONE_WORKER,
+                                     endpoints=[{"url": sim.url}])  # fmt: skip
         r0 = subprocess.run(regen_run(nokey, tmp_path / "run0", ray_head.address), env=ray_env,
                             capture_output=True, text=True, timeout=120)  # fmt: skip
         assert r0.returncode == 2 and "answered HTTP 401" in r0.stderr
 
         eps = [{"url": sim.url, "api_key_file": str(keys / "sim.key")}]
-        path = chaos.write_manifest(tmp_path / "m.yaml", src, endpoints=eps)
+        path = chaos.write_manifest(tmp_path / "m.yaml", src, engine=ONE_WORKER, endpoints=eps)
         r1 = subprocess.run(regen_run(path, out, ray_head.address), env=ray_env,
                             capture_output=True, text=True, timeout=180)  # fmt: skip
         assert r1.returncode == 0, r1.stderr[-3000:]
@@ -168,7 +173,7 @@ def userinfo_run(tmp_path_factory, ray_head, ray_env) -> dict[str, Any]:
     """A run whose --endpoint URL carries user:password (a proxy's basic auth)."""
     work = tmp_path_factory.mktemp("userinfo")
     src = chaos.write_sharegpt(work / "s.jsonl", 6)
-    path = chaos.write_manifest(work / "m.yaml", src)
+    path = chaos.write_manifest(work / "m.yaml", src, engine=ONE_WORKER)
     out = work / "run"
     with chaos_sim(api_key=None, fault_sequence="500,ok", faulty_attempts=1) as sim:
         url = sim.url.replace("http://", f"http://regen:{SECRET}@")

@@ -33,9 +33,13 @@ A ``salt`` (vLLM's ``cache_salt``) is a first segment of no tokens: prompts with
 salts share nothing, as on vLLM (the salt is hashed into the first block).
 
 Eviction: when the tree holds more than ``capacity`` tokens, leaves go, least recently used
-first (a lazy heap); a matched or inserted node is used now. Requests in flight do not pin
-their prefix here (the engines lock it); with a capacity of many prompts the difference is
-small. Owns no files.
+first (a lazy heap); a matched or inserted node is used now. The nodes one match or insert
+touches lie on one path from the root, so no two leaves were last used at the same moment and
+the order is the leaves' last use alone: only a path's last node, the one that can be a leaf,
+enters the heap (a node whose children are all evicted enters it then). An 11,000-token prompt
+of new ids costs ~2 ms of CPU in a full cache (its lookup and two inserts). Requests in flight
+do not pin their prefix here (the engines lock it); with a capacity of many prompts the
+difference is small. Owns no files.
 """
 
 from __future__ import annotations
@@ -112,9 +116,10 @@ class PrefixCache:
             if child is None:
                 break
             child.last = now
-            self._push(child)
             common += tokens
             node = child
+        if node is not self.root:
+            self._push(node)
         cached = min(common, max(n - 1, 0)) // self.block_size * self.block_size
         c = self.counters
         c.queries += n
@@ -134,8 +139,9 @@ class PrefixCache:
                 self.tokens += tokens
                 self.nodes += 1
             child.last = now
-            self._push(child)
             node = child
+        if node is not self.root:
+            self._push(node)
         self._evict()
 
     def clear(self) -> None:

@@ -2,6 +2,10 @@
 regen regenerates, SpecForge trains on CPU, vLLM speculates with the draft, `regen bench` measures
 it against the target alone and reweights, and a second round runs with the new limits.
 
+Round 1's regeneration is the whole Kimi demo through vLLM with Kimi's parsers: its rows are
+held to what every family's vLLM run is (tests/_vllm_rows.py; the other families:
+tests/engines/test_families_vllm.py).
+
 One loop run per module (about 20-30 minutes on two busy cores), shared by the assertions; they
 read its loop.json, its bench reports and run directories, and its console output. Acceptance is
 asserted against the never-trained draft of the same run, never against a fixed number, and no
@@ -19,6 +23,15 @@ from typing import Any
 
 import pytest
 import yaml
+from _runs import stored_rows
+from _vllm_rows import (
+    check_reasoning_split,
+    check_render_matches,
+    check_server_ids,
+    check_tool_calls,
+    permanent_failures,
+    table,
+)
 
 from regen.bench.report import read_report
 from regen.devkit.loop import record
@@ -88,6 +101,22 @@ def test_two_rounds_each_benched_against_a_real_speculative_vllm(loop) -> None:
         held = {json.loads(x)["source"] for x in holdout.read_text().splitlines()}
         assert set(r.bench.sources) == held and len(held) >= 8
         assert all(s.method == "metrics" and s.accept_length is not None for s in report.sources)
+
+
+def test_round_ones_rows_are_what_a_kimi_run_on_vllm_must_hold(loop) -> None:
+    """The server's ids, the local render agreeing, tool calls parsed, the reasoning split."""
+    from regen.manifest import load_manifest
+
+    fam = load_manifest(REPO / "manifests" / "demo.yaml").family()
+    assert fam is not None and fam.name == "kimi"
+    run_dir = Path(loop["rec"].rounds[0].run_dir)
+    rows = stored_rows(run_dir)
+    assert permanent_failures(run_dir) == []
+    assert table(rows)["rows"] >= 25
+    check_server_ids(rows, fam)
+    check_render_matches(rows, fam)
+    check_tool_calls(rows, fam)
+    check_reasoning_split(rows, fam)
 
 
 def test_greedy_answers_are_identical_with_and_without_the_draft(loop) -> None:
