@@ -31,6 +31,7 @@ def fetch_server_info(
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 info = json.loads(r.read().decode("utf-8"))
         except urllib.error.HTTPError as e:
+            e.close()  # its response stays open while the error is held
             last = e
             if e.code == 404:
                 continue

@@ -10,8 +10,9 @@ when the row has them (is ``</think>`` among the output ids), else from the loca
 Server ids: when the server returned ``prompt_token_ids`` and ``output_token_ids`` those ARE
 the row. A turn that finished normally (not ``length``) must end with the end-of-turn token for
 the draft to learn where answers stop; SGLang may or may not include the stop token in the
-returned output ids, so when the last output id is not ``<|im_end|>`` (or the tokenizer's eos)
-``<|im_end|>`` is appended with mask 1 and ``im_end_added`` is set. Truncated turns get nothing
+returned output ids, so when the last output id is not the family's end-of-turn token (Kimi's
+``<|im_end|>``; ``renderer.end_id``, or the tokenizer's eos) that token is appended with mask 1
+and ``im_end_added`` is set. Truncated turns get nothing
 appended. The local render is then a cross-check recorded in ``token_check``, made without the
 tokenizer's encoder: the rendered prompt and reassembled response are compared with the server's
 prompt and response ids decoded (one batch per sample); ids that decode to the rendered text
@@ -20,7 +21,7 @@ are a ``match`` even when a whole encode would have split the text otherwise.
 Local rows (no server ids): the response is rebuilt from what the server's parsers returned
 and re-tokenized here, so it cannot be proven equal to the tokens the model produced; every
 local row says how far it can be trusted. Its length is compared with the server's
-``completion_tokens``: allowed is equal, or one more when the row ends with a ``<|im_end|>``
+``completion_tokens``: allowed is equal, or one more when the row ends with an end-of-turn token
 the server did not count (servers differ on counting the stop token); anything else is
 ``count_mismatch``. A row with tool calls is ``tool_calls_rebuilt`` even when the count agrees:
 SGLang's kimi_k2 parsers re-serialize the call ids, drop whitespace inside the section and
@@ -60,7 +61,7 @@ TurnInput = tuple[int, Sequence[Message | Mapping[str, object]], TurnResult]
 class PreparedTurn:
     """The tokenizer work of one turn, done by :func:`prepare_turns` for a whole sample: its
     local render (ids included for a local row, text only for a server row) or why it failed,
-    and for a server row its ids (``<|im_end|>`` appended where missing) and their text."""
+    and for a server row its ids (the end-of-turn token appended where missing) and their text."""
 
     local: RenderedTurn | TurnText | None
     render_error: TemplateError | None = None

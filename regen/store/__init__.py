@@ -1,5 +1,8 @@
-"""The run directory: the only shared state of a run. The store owns every file of it and
-imports nothing from the engine, the CLI, status or the monitor (tests/test_architecture.py).
+"""The run directory: the only shared state of a run. The store names every path in it
+(:mod:`regen.store.layout`), is its filesystem (``RunDir``) and writes every file that has a
+record; the few modules that write a file themselves are listed, with why, in
+docs/architecture.md "Who writes it". It imports nothing from the engine, the CLI, status or
+the monitor (tests/test_architecture.py holds both).
 
 - :mod:`regen.store.layout`: every file's name and record (the one place that names them; the
   layout is listed in its docstring), and ``JsonFile``, the reader and writer of a record.

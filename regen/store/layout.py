@@ -29,7 +29,8 @@ code for any other). Everything below ``RUN_DIR`` (a local path or a pyarrow URI
                                          cost-model inputs, where its row lives
                                          (regen.store.planned.SCHEMA)
       plan/rows.parquet                  hub sources only: the planned samples themselves
-                                         (JSON); driver (regen.store.planned), when it reads
+                                         (JSON); driver (written by regen.plan.index, kept
+                                         valid and read by regen.store.planned), when it reads
                                          the sources (first session, or the index is stale)
       checks.json       ChecksRecord     the key of the configuration checks an earlier session
                                          passed (tokenizer files, template, sources, versions)

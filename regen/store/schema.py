@@ -20,8 +20,9 @@ tool_calls         string (JSON)       tool calls the server returned (OpenAI sh
 finish_reason      string/null         ``stop``, ``length``, ``tool_calls``, ...; ``loop``: regen
                                        closed the stream, the answer looped; null: native
 truncated          bool                finish_reason == "length"
-text               string/null         the row as Kimi-format text (prompt + response);
-                                       null for native rows (no tokenizer at hand)
+text               string/null         the row as the target template's text (prompt
+                                       + response); null for native rows (no
+                                       tokenizer at hand)
 input_ids          list<int32>, req.   prompt ids + response ids
 loss_mask          list<int8>, req.    0 on the prompt, 1 on the response (same length)
 num_tokens         int32, required     len(input_ids)
