@@ -1,8 +1,8 @@
 """regen's own metrics: ``regen run --metrics-port`` serves them while a real run goes (against
 the simulator, on the test session's Ray head), they say what ``regen status --json`` says, a
-real Prometheus (Debian's ``prometheus``) scrapes them during a run and PromQL answers what
-``regen status --json`` answers, and Ray's own export carries them under the same names (a
-real local Ray in a subprocess)."""
+real Prometheus (Debian's ``prometheus``) scrapes them during the same run and PromQL answers
+what ``regen status --json`` answers, and Ray's own export carries them under the same names
+(a real local Ray in a subprocess)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _runs import DEMO, regen_cmd, wait_until
@@ -62,49 +63,107 @@ def status_json(out: Path, env: dict[str, str]) -> dict:
     return json.loads(run.stdout)
 
 
-def test_a_run_serves_its_metrics_and_they_say_what_status_says(
-    tmp_path: Path, ray_head, ray_env
-) -> None:
-    port = free_port()
-    out = tmp_path / "run"
-    with running_simulator(**SIM) as sim:
-        cmd = regen_cmd(
-            "run",
-            str(DEMO),
-            "--out",
-            str(out),
-            "--endpoint",
-            sim.url,
-            "--address",
-            ray_head.address,
-            "--no-view",
-            "--metrics-port",
-            str(port),
-        )
-        log = (tmp_path / "run.log").open("wb")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ray_env,
-                                start_new_session=True)  # fmt: skip
-        seen: list[str] = []
+PROMETHEUS_YML = """\
+global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+scrape_configs:
+  - job_name: regen
+    static_configs: [{{targets: ["127.0.0.1:{port}"]}}]
+"""
 
-        def scraped_mid_run() -> bool:
-            text = page(port)
-            if text and any(per_source(text, "ray_regen_samples_done").values()):
-                seen.append(text)
-            return bool(seen) or proc.poll() is not None
 
-        try:
-            assert wait_until(scraped_mid_run, timeout_s=180)
-            assert proc.wait(timeout=240) == 0, (tmp_path / "run.log").read_text()[-3000:]
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            log.close()
+def promql(port: int, query: str) -> list[dict]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=10) as r:
+        answer = json.loads(r.read())
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+@pytest.fixture(scope="module")
+def metrics_run(tmp_path_factory, ray_head, ray_env) -> dict[str, Any]:
+    """One run of the demo with ``--metrics-port``, watched by a real Prometheus (Debian's
+    ``prometheus``, where installed) scraping its page: the first page that shows a done
+    sample; then, with three done, the server frozen (SIGSTOP) so the run's numbers hold still
+    while Prometheus scrapes them and `regen status --json` is asked; then it goes on and the
+    run finishes."""
+    tmp = tmp_path_factory.mktemp("metrics")
+    port, pport = free_port(), free_port()
+    binary = shutil.which("prometheus")
+    prom = prom_log = None
+    if binary is not None:
+        (tmp / "prometheus.yml").write_text(PROMETHEUS_YML.format(port=port))
+        prom_log = (tmp / "prometheus.log").open("wb")
+        prom = subprocess.Popen(
+            [binary, f"--config.file={tmp / 'prometheus.yml'}",
+             f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{pport}"],
+            stdout=prom_log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    out = tmp / "run"
+    got: dict[str, Any] = {"out": out, "prometheus": binary}
+    try:
+        with running_simulator(**SIM) as sim:
+            cmd = regen_cmd("run", str(DEMO), "--out", str(out), "--endpoint", sim.url,
+                            "--address", ray_head.address, "--no-view",
+                            "--metrics-port", str(port))  # fmt: skip
+            log = (tmp / "run.log").open("wb")
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ray_env,
+                                    start_new_session=True)  # fmt: skip
+            seen: list[str] = []
+
+            def some_done() -> bool:
+                text = page(port)
+                done = sum(per_source(text, "ray_regen_samples_done").values()) if text else 0
+                if done and not seen:
+                    seen.append(text)  # type: ignore[arg-type]
+                return done >= 3 or proc.poll() is not None
+
+            try:
+                assert wait_until(some_done, timeout_s=180)
+                got["seen"] = seen
+                got["running_at_freeze"] = proc.poll() is None
+                if binary is not None and got["running_at_freeze"]:
+                    assert sim.process is not None
+                    os.kill(sim.process.pid, signal.SIGSTOP)  # the run's numbers stop moving
+                    try:
+                        got["frozen"] = _held_still(port)
+                        got["frozen_status"] = status_json(out, ray_env)
+                        want = {s["name"]: float(s["done"])
+                                for s in got["frozen_status"]["sources"]}  # fmt: skip
+
+                        def scraped() -> dict[str, float]:
+                            rows = promql(pport, "max by (source) (ray_regen_samples_done)")
+                            return {r["metric"]["source"]: float(r["value"][1]) for r in rows}
+
+                        got["scraped_equal"] = wait_until(lambda: scraped() == want,
+                                                          timeout_s=60)  # fmt: skip
+                        got["scraped"] = scraped()
+                    finally:
+                        os.kill(sim.process.pid, signal.SIGCONT)
+                got["rc"] = proc.wait(timeout=300)
+                got["log"] = (tmp / "run.log").read_text()[-3000:]
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                log.close()
+        got["page_after"] = page(port)
+    finally:
+        if prom is not None:
+            stop_group(prom, 10)
+        if prom_log is not None:
+            prom_log.close()
+    return got
+
+
+def test_a_run_serves_its_metrics_and_they_say_what_status_says(metrics_run, ray_env) -> None:
+    out = metrics_run["out"]
+    assert metrics_run["rc"] == 0, metrics_run["log"]
+    seen = metrics_run["seen"]
     assert seen, "the run ended before its page showed a done sample"
     mid = parse_page(seen[0])
     names = {f.name for f in mid.families.values()} | {s.name for s in mid.samples}
     assert {"ray_regen_samples_done", "ray_regen_tokens_out_total"} <= names
     assert mid.families["ray_regen_tokens_out"].type == "counter"
-    assert page(port) is None  # the page closed with the run
+    assert metrics_run["page_after"] is None  # the page closed with the run
 
     # the finished run's numbers, published the same way, equal regen status --json
     metrics = RunMetrics(str(out), port=0)
@@ -128,80 +187,18 @@ def test_a_run_serves_its_metrics_and_they_say_what_status_says(
     assert {n.removesuffix("_total") for n in EXPORTED} - {"ray_regen_eta_seconds"} <= got
 
 
-PROMETHEUS_YML = """\
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-scrape_configs:
-  - job_name: regen
-    static_configs: [{{targets: ["127.0.0.1:{port}"]}}]
-"""
-
-
-def promql(port: int, query: str) -> list[dict]:
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
-    with urllib.request.urlopen(url, timeout=10) as r:
-        answer = json.loads(r.read())
-    assert answer["status"] == "success", answer
-    return answer["data"]["result"]
-
-
-def test_a_real_prometheus_scrapes_a_run_and_promql_says_what_status_says(
-    tmp_path: Path, ray_head, ray_env
-) -> None:
+def test_a_real_prometheus_scrapes_a_run_and_promql_says_what_status_says(metrics_run) -> None:
     """The server is frozen (SIGSTOP) mid-run, so the run's numbers hold still while
     Prometheus scrapes them; then it goes on and the run finishes."""
-    binary = shutil.which("prometheus")
-    if binary is None:
+    if metrics_run["prometheus"] is None:
         pytest.skip("Debian's prometheus is not installed (.ci/run installs it)")
-    mport, pport = free_port(), free_port()
-    (tmp_path / "prometheus.yml").write_text(PROMETHEUS_YML.format(port=mport))
-    prom_log = (tmp_path / "prometheus.log").open("wb")
-    prom = subprocess.Popen(
-        [binary, f"--config.file={tmp_path / 'prometheus.yml'}",
-         f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{pport}"],
-        stdout=prom_log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    out = tmp_path / "run"
-    try:
-        with running_simulator(**SIM) as sim:
-            cmd = regen_cmd("run", str(DEMO), "--out", str(out), "--endpoint", sim.url,
-                            "--address", ray_head.address, "--no-view",
-                            "--metrics-port", str(mport))  # fmt: skip
-            log = (tmp_path / "run.log").open("wb")
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ray_env,
-                                    start_new_session=True)  # fmt: skip
-            try:
-
-                def some_done() -> bool:
-                    text = page(mport)
-                    return bool(text and sum(per_source(text, "ray_regen_samples_done").values())
-                                >= 3) or proc.poll() is not None  # fmt: skip
-
-                assert wait_until(some_done, timeout_s=180)
-                assert proc.poll() is None, "the run ended before it could be frozen"
-                assert sim.process is not None
-                os.kill(sim.process.pid, signal.SIGSTOP)  # the run's numbers stop moving
-                try:
-                    frozen = _held_still(mport)
-                    status = status_json(out, ray_env)
-                    want = {s["name"]: float(s["done"]) for s in status["sources"]}
-                    assert per_source(frozen, "ray_regen_samples_done") == want
-
-                    def scraped() -> dict[str, float]:
-                        rows = promql(pport, "max by (source) (ray_regen_samples_done)")
-                        return {r["metric"]["source"]: float(r["value"][1]) for r in rows}
-
-                    assert wait_until(lambda: scraped() == want, timeout_s=60), (scraped(), want)
-                    assert status["state"] == "running" and sum(want.values()) >= 3
-                finally:
-                    os.kill(sim.process.pid, signal.SIGCONT)
-                assert proc.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                log.close()
-    finally:
-        stop_group(prom, 10)
-        prom_log.close()
+    assert metrics_run["running_at_freeze"], "the run ended before it could be frozen"
+    status = metrics_run["frozen_status"]
+    want = {s["name"]: float(s["done"]) for s in status["sources"]}
+    assert per_source(metrics_run["frozen"], "ray_regen_samples_done") == want
+    assert metrics_run["scraped_equal"], (metrics_run["scraped"], want)
+    assert status["state"] == "running" and sum(want.values()) >= 3
+    assert metrics_run["rc"] == 0, metrics_run["log"]
 
 
 def _held_still(port: int, apart_s: float = 6.0, timeout_s: float = 60.0) -> str:

@@ -11,7 +11,9 @@ Per family: its demo target (regen.devkit.demo_target, built once per checkout u
 ``.cache/demo-model-FAMILY``) is served by one vLLM server with that family's flags
 (``Family.vllm_flags``), and ``regen run`` (one worker: the server runs 8 sequences at once,
 what one worker keeps in flight) regenerates a short slice of the family's demo manifest (a
-few samples of every source, the tool-call sources xlam, glaive and swe_gym included). No
+few samples of every source, the tool-call sources xlam, glaive and swe_gym included). The
+next family's server starts while a family's run goes (a start is mostly imports: ~15 s of
+CPU), so at most two servers live at once. No
 sample fails permanently (DeepSeek-V3.1's requests with a tool call in their history included:
 its demo target is served with the template a real V3.1 needs, its manifest's
 ``target.chat_template``, which the local render uses too). The rows of the run's parts are
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,35 +73,102 @@ def overrides(manifest: Path) -> list[str]:
     return out
 
 
+class FamilyServer:
+    """One family's demo target served by one vLLM server with its parsers (the uni executor:
+    a short run without a draft, VllmServer's docstring), built and started in a thread."""
+
+    def __init__(self, name: str, vllm_python: Path, tmp: Path) -> None:
+        from regen.manifest import load_manifest
+
+        self.name, self.vllm_python, self.tmp = name, vllm_python, tmp
+        self.manifest = REPO / "manifests" / CASES[name][0]
+        m = load_manifest(self.manifest)
+        self.family, self.served = m.family(), m.target.model
+        self.srv: Any = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._start, name=f"vllm-{name}", daemon=True)
+        self.thread.start()
+
+    def _start(self) -> None:
+        from regen.devkit.servers import build_demo_target
+        from regen.devkit.servers.vllm import VllmServer
+
+        try:
+            model = build_demo_target(REPO / ".cache" / CASES[self.name][1], self.manifest)
+            self.srv = VllmServer(self.vllm_python, model, served_name=self.served,
+                                  family=self.family, max_model_len=4096, max_num_seqs=8,
+                                  uni_executor=True, log_path=self.tmp / "vllm.log")  # fmt: skip
+            self.srv.start()
+        except BaseException as e:  # raised in the test that needs the server
+            self.error = e
+
+    def ready(self) -> Any:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.srv
+
+    def stop(self) -> None:
+        self.thread.join()
+        if self.srv is not None:
+            self.srv.stop()
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[str, FamilyServer]]:
+    """The families' servers started so far (by name); whatever still runs is stopped after
+    the module."""
+    started: dict[str, FamilyServer] = {}
+    yield started
+    for fs in started.values():
+        fs.stop()
+
+
+def run_order(request: pytest.FixtureRequest) -> list[str]:
+    """The families this module's selected tests run, in their order."""
+    order: list[str] = []
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or Path(str(item.path)) != Path(str(request.path)):
+            continue
+        name = callspec.params.get("family_run")
+        if name is not None and name not in order:
+            order.append(name)
+    return order
+
+
 @pytest.fixture(scope="module", params=list(CASES))
 def family_run(
-    request: pytest.FixtureRequest, vllm_python: Path, ray_head: Any,
-    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest, servers: dict[str, FamilyServer], vllm_python: Path,
+    ray_head: Any, tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, Any]]:  # fmt: skip
-    """One family's run: its demo target served by one vLLM server with its parsers (the uni
-    executor: a short run without a draft, VllmServer's docstring)."""
+    """One family's run on its server; the next family's server starts beside it."""
     from regen.cli.main import main as regen_main
-    from regen.devkit.servers import build_demo_target
-    from regen.devkit.servers.vllm import VllmServer
-    from regen.manifest import load_manifest
+
+    def server(name: str) -> FamilyServer:
+        if name not in servers:
+            servers[name] = FamilyServer(
+                name, vllm_python, tmp_path_factory.mktemp(f"family-{name}")
+            )
+        return servers[name]
 
     name = request.param
-    manifest_name, folder = CASES[name]
-    manifest = REPO / "manifests" / manifest_name
-    fam = load_manifest(manifest).family()
-    assert fam is not None and fam.name == name, f"{manifest_name}: recognised {fam}"
-    model = build_demo_target(REPO / ".cache" / folder, manifest)
-    tmp = tmp_path_factory.mktemp(f"family-{name}")
-    served = load_manifest(manifest).target.model
-    srv = VllmServer(vllm_python, model, served_name=served, family=fam,
-                     max_model_len=4096, max_num_seqs=8, uni_executor=True,
-                     log_path=tmp / "vllm.log")  # fmt: skip
-    with srv:
-        out = tmp / "run"
+    this = server(name)
+    fam, manifest = this.family, this.manifest
+    assert fam is not None and fam.name == name, f"{manifest.name}: recognised {fam}"
+    srv = this.ready()
+    order = run_order(request)
+    later = order[order.index(name) + 1 :] if name in order else []
+    if later:
+        server(later[0])  # starts while this run goes
+    try:
+        out = this.tmp / "run"
         argv = ["run", str(manifest), "--out", str(out), "--endpoint", srv.url,
                 "--address", ray_head.address, "--workers", "1", "--no-view",
                 *overrides(manifest)]  # fmt: skip
         rc = regen_main(argv)
+    finally:
+        srv.stop()
 
     yield {"family": fam, "rc": rc, "rows": stored_rows(out), "start_s": srv.start_s,
            "failed": permanent_failures(out)}  # fmt: skip

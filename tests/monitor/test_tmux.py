@@ -1,10 +1,10 @@
 """Real terminal: `regen monitor` in a tmux pane on a live `regen run` against `regen simulate`.
 
-A slow simulator (4 request slots, 25 ms per decode step, 10% degenerate answers) makes the demo
-run last ~20 s on a real local Ray head. The monitor starts before the run directory exists. Two
-captures of the pane a few seconds apart must show more samples done, bracket what `regen status
---json` said between them, and after the run the pane must show exactly `regen status --json`'s
-numbers, the flagged samples per source and their top reasons included.
+A slow simulator (4 request slots, 12 ms per decode step, 10% degenerate answers) makes the demo
+run's answers last ~10 s on a real local Ray head. The monitor starts before the run directory
+exists. Two captures of the pane a few seconds apart must show more samples done, bracket what
+`regen status --json` said between them, and after the run the pane must show exactly `regen
+status --json`'s numbers, the flagged samples per source and their top reasons included.
 Needs tmux (CI: ``apt-get install -y tmux``); skipped with the reason when it is missing.
 """
 
@@ -33,7 +33,7 @@ if TMUX is None:
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "manifests" / "demo.yaml"
 REGEN = [sys.executable, "-m", "regen"]
-SIM = {"model_name": "demo-target", "max_running_requests": 4, "step_ms": 25.0,
+SIM = {"model_name": "demo-target", "max_running_requests": 4, "step_ms": 12.0,
        "mean_tokens": 40.0, "degenerate_rate": 0.1}  # fmt: skip
 PANE = ("150", "70")  # columns, rows: room for the whole frame in wide layout
 #: one row of the sources table: name, bar, done, total, %, failed, truncated, flagged
