@@ -273,7 +273,8 @@ def test_rays_export_carries_them_under_the_pages_names(ray_env) -> None:
     finally:
         kill_group(proc, 30)
         shutil.rmtree(tmp, ignore_errors=True)
-    assert ok and texts, (proc.stdout.read() if proc.stdout else b"").decode()[-3000:]
+        said = proc.communicate(timeout=30)[0]  # what it printed, and its pipe closed
+    assert ok and texts, (said or b"").decode()[-3000:]
     page_ = parse_page(texts[0])
     regen = {f.name: f for f in page_.families.values() if f.name.startswith(RAY_PREFIX + "regen")}
     assert regen["ray_regen_samples_done"].type == "gauge"

@@ -404,6 +404,7 @@ def test_sigkill_during_the_disk_full_pause_loses_only_what_was_in_flight(
             assert proc.poll() is None  # paused, not stopped
         finally:
             kill_group(proc)
+            proc.communicate(timeout=30)  # its pipe closed
         rd = RunDir.open(out)
         before = read_done(rd).ids | {c.sample_id for c in read_journal_lines(rd)}
         assert 0 < len(before) < DISK_SAMPLES
