@@ -182,6 +182,8 @@ class RecordingProxy:
         self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
             self._thread.join(30)
+        if self._thread is None or not self._thread.is_alive():
+            self._loop.close()  # else a handler still holds it: the daemon thread ends with us
         self._loop = None
 
     def __enter__(self) -> RecordingProxy:
