@@ -14,9 +14,17 @@ checks only).
 the head's PATH), token auth off and no RAY_ADDRESS / RAY_AUTH_TOKEN* inherited, so a
 ``~/.ray/auth_token`` left by some local ``ray.init()`` changes nothing. For the whole session
 this process also runs with RAY_AUTH_MODE=disabled and RAY_ADDRESS unset. It yields
-``RayHead(address, dashboard_url)`` (unpackable as a pair); ``ray_env`` is the environment
-for subprocesses that talk to it. At the end the head's process group is stopped (SIGTERM,
-then SIGKILL); ``ray stop`` is not used because it would stop every Ray on this machine.
+``RayHead(address, dashboard_url, temp_dir)``; ``ray_env`` is the environment for subprocesses
+that talk to it. The head runs no log monitor (``--include-log-monitor=false``): that process
+polls every log file of the node ten times a second to forward the actors' output to drivers'
+consoles, ~0.03 CPU-s a second per head here; the actors' logs stay in the head's
+``temp_dir``, where tests read them. Its dashboard agent reports the node's stats every
+:data:`RAY_REPORTER_INTERVAL_MS` instead of every 5 s (no test reads them). At the end the head's
+process group is stopped (SIGTERM, then SIGKILL); ``ray stop`` is not used because it would
+stop every Ray on this machine. A worker's head is also stopped as soon as its next test does
+not use one (:func:`pytest_runtest_teardown`; the modules that do run first on each worker,
+:func:`pytest_collection_modifyitems`): an idle head costs about 0.05 CPU-s a second, and a
+later test that needs one starts it again.
 """
 
 from __future__ import annotations
@@ -41,6 +49,15 @@ from regen.devkit.procs import stop_group
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
+#: vLLM's cache (its model-class inspections: without one, every server start runs a third
+#: process that imports vLLM, ~12 CPU-s here), kept in the checkout for every test process and
+#: the subprocesses they start, whose HOME is often a temporary one (``ray_env``)
+os.environ.setdefault("VLLM_CACHE_ROOT", str(REPO / ".cache" / "vllm"))
+#: OpenMP threads sleep when they have no work instead of spinning first (libgomp's default):
+#: the suite's three workers and their servers share two cores, where a spinning thread takes
+#: a core from a process with work (a vLLM server's 48 answers under two busy cores: 11-12
+#: CPU-s instead of 31-68, 2026-12-07); every test process and subprocess inherits it
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 #: Hypothesis (the property tests, tests/_hostile.py): no deadline (two busy cores), no example
 #: database written under the checkout, a fixed budget per test: ``ci`` (the default) draws the
@@ -57,6 +74,8 @@ settings.load_profile(os.environ.get("REGEN_HYPOTHESIS", "ci"))
 RAY_START_TIMEOUT_S = 120.0
 #: seconds the head gets to stop on SIGTERM before its process group is killed
 HEAD_STOP_TIMEOUT_S = 5.0
+#: how often the head's dashboard agent samples the node's processes (Ray's default: 5,000)
+RAY_REPORTER_INTERVAL_MS = 60_000
 
 
 #: tests (a module, or one test by node id below tests/) out of the fast tier: they start server
@@ -155,7 +174,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ``fast`` (a SLOW entry that matches no test is an error: the list stays true), then put
     the modules with a ``ray``, ``server`` or ``vllm`` test first (in collection order
     otherwise): the longest run first (:data:`LONGEST`, then :data:`LONGEST_FAST` among the
-    rest), so the xdist workers (``--dist loadfile``) end together."""
+    rest), so the xdist workers (``--dist loadfile``) end together; among the heavy ones those
+    on the Ray head first, so a worker's head stops once (:func:`pytest_runtest_teardown`)."""
     here = Path(__file__).resolve().parent
     matched: set[str] = set()
     for item in items:
@@ -173,12 +193,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     heavy = {
         i.path for i in items if any(i.get_closest_marker(m) for m in ("ray", "server", "vllm"))
     }
+    on_ray = {i.path for i in items if uses_ray_head(i)}
 
-    def rank(item: pytest.Item) -> tuple[bool, bool, bool, int]:
+    def rank(item: pytest.Item) -> tuple[bool, bool, bool, bool, int]:
         rel = Path(str(item.path)).resolve().relative_to(here).as_posix()
         fast_first = LONGEST_FAST.index(rel) if rel in LONGEST_FAST else len(LONGEST_FAST)
         shared = shared_group(rel) is None
-        return rel not in LONGEST, shared, item.path not in heavy, fast_first
+        return (rel not in LONGEST, shared, item.path not in heavy, item.path not in on_ray,
+                fast_first)  # fmt: skip
 
     items.sort(key=rank)  # stable: the order within each group stays
     ran_all = {Path(str(i.path)).resolve().relative_to(here).as_posix() for i in items}
@@ -186,6 +208,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     stale += [m for m in (*LONGEST, *LONGEST_FAST) if not (here / m).is_file()]
     if stale:
         raise pytest.UsageError(f"tests/conftest.py SLOW or LONGEST names no test: {stale}")
+
+
+def uses_ray_head(item: pytest.Item) -> bool:
+    """Whether ``item`` uses the session's Ray head (directly or through another fixture)."""
+    return "ray_head" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop this worker's Ray head once its next test does not use one (the session's end
+    stops it otherwise): pytest finishes the fixture, and those that use it, as at the session's
+    end, and a later test that asks for it starts a new one."""
+    if nextitem is None or uses_ray_head(nextitem):
+        return
+    for fixturedef in item.session._fixturemanager.getfixturedefs("ray_head", item) or ():
+        if fixturedef.cached_result is not None:
+            fixturedef.finish(item._request)  # type: ignore[attr-defined]
 
 
 def shared_group(rel: str) -> str | None:
@@ -228,6 +267,7 @@ def _root_logging_restored() -> Iterator[None]:
 class RayHead(NamedTuple):
     address: str  #: GCS address, for ray.init(address=...) / --address
     dashboard_url: str  #: job API, for JobSubmissionClient / ray job submit --address
+    temp_dir: Path  #: the head's --temp-dir: its session's logs, the actors' among them
 
 
 def free_port() -> int:
@@ -268,6 +308,7 @@ def ray_head(ray_env: dict[str, str]) -> Iterator[RayHead]:
         "--num-cpus=2", "--num-gpus=8",
         "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}",
         f"--ray-client-server-port={free_port()}", f"--temp-dir={tmp}", "--disable-usage-stats",
+        "--include-log-monitor=false",  # module docstring
         # every port explicit: fixed defaults (agent 52365, ...) collide with other heads
         f"--dashboard-agent-listen-port={free_port()}",
         f"--dashboard-agent-grpc-port={free_port()}",
@@ -275,10 +316,11 @@ def ray_head(ray_env: dict[str, str]) -> Iterator[RayHead]:
         f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
     ]  # fmt: skip
     log = (tmp / "ray-start.log").open("wb")
+    env = {**ray_env, "REPORTER_UPDATE_INTERVAL_MS": str(RAY_REPORTER_INTERVAL_MS)}
     proc = subprocess.Popen(
-        argv, stdout=log, stderr=subprocess.STDOUT, env=ray_env, start_new_session=True
+        argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
     )
-    head = RayHead(f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dash_port}")
+    head = RayHead(f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dash_port}", tmp)
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
     os.environ["RAY_AUTH_MODE"] = "disabled"
     os.environ.pop("RAY_ADDRESS", None)
