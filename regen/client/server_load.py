@@ -39,6 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from regen.client.http import TextGetter
 from regen.core.errors import MetricsPageError
+from regen.manifest import public_url
 
 if TYPE_CHECKING:
     import aiohttp
@@ -447,13 +448,14 @@ class MetricsPoller:
         return got
 
     def _say(self, got: Scrape) -> None:
+        shown = public_url(got.url)  # messages never carry user:password
         if got.ok:
-            state, message = "ok", f"reading {got.url}"
+            state, message = "ok", f"reading {shown}"
         elif got.absent:
             state = "absent"
-            message = f"{got.url}: no metrics page (HTTP 404): scheduling without it"
+            message = f"{shown}: no metrics page (HTTP 404): scheduling without it"
         else:
-            state, message = "failed", f"{got.url}: {got.error}: scheduling without it"
+            state, message = "failed", f"{shown}: {got.error}: scheduling without it"
         if state != self._said:
             self._said = state
             self.on_change(self.root, message)

@@ -298,6 +298,21 @@ def test_an_absent_page_is_said_once_and_asked_again_now_and_then() -> None:
     assert len(said) == 1 and "no metrics page (HTTP 404)" in said[0]
 
 
+def test_what_the_poller_says_never_carries_the_urls_user_and_password() -> None:
+    said: list[str] = []
+
+    async def rounds(root: str) -> None:
+        async with httpx2.AsyncClient(timeout=10) as http:
+            p = MetricsPoller(http, root, SGLANG.metrics, on_change=lambda _r, m: said.append(m))
+            await p.poll()
+
+    with simulator_in_thread(instant=True) as sim:
+        asyncio.run(rounds(sim.base.replace("http://", "http://regen:pass-word-7@")))
+        public = sim.base
+    assert len(said) == 1 and said[0].startswith(f"{public}/metrics: no metrics page"), said
+    assert "pass-word-7" not in said[0]
+
+
 def test_the_poller_comes_back_when_its_consumer_asks_and_else_waits_its_interval(
     broken: str,
 ) -> None:

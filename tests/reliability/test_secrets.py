@@ -71,9 +71,7 @@ def regen_run(manifest: Path, out: Path, address: str) -> list[str]:
 
 
 @pytest.mark.ray
-def test_key_from_a_file_reaches_the_server_and_nowhere_else(
-    tmp_path, tmp_path_factory, ray_head, ray_env
-) -> None:
+def test_key_from_a_file_reaches_the_server_and_nowhere_else(tmp_path, ray_head, ray_env) -> None:
     keys = tmp_path / "keys"
     keys.mkdir()
     (keys / "sim.key").write_text(SECRET + "\n")
@@ -102,8 +100,10 @@ def test_key_from_a_file_reaches_the_server_and_nowhere_else(
     assert files_holding(out, SECRET.encode()) == []
     assert files_holding(export, SECRET.encode()) == []
     assert "api_key_file" in (out / "manifest.yaml").read_text()  # names the file only
-    for ray_tmp in tmp_path_factory.getbasetemp().glob("ray-head*"):  # the actors' logs
-        assert files_holding(ray_tmp, SECRET.encode()) == []
+    # the actors' own logs, where Ray writes them (the head forwards none to the driver)
+    actor_logs = list(ray_head.temp_dir.rglob("worker-*"))
+    assert actor_logs, f"no actor logs under {ray_head.temp_dir}"
+    assert files_holding(ray_head.temp_dir, SECRET.encode()) == []
 
 
 def chaos_sim(**options: Any):
@@ -179,7 +179,7 @@ def userinfo_run(tmp_path_factory, ray_head, ray_env) -> dict[str, Any]:
         url = sim.url.replace("http://", f"http://regen:{SECRET}@")
         cmd = [*regen_run(path, out, ray_head.address), "--endpoint", url]
         r = subprocess.run(cmd, env=ray_env, capture_output=True, text=True, timeout=180)
-    return {"r": r, "out": out}
+    return {"r": r, "out": out, "ray_logs": ray_head.temp_dir}
 
 
 @pytest.mark.ray
@@ -196,3 +196,4 @@ def test_userinfo_of_an_endpoint_url_is_nowhere_in_the_run_dir_or_logs(userinfo_
     assert r.returncode == 0
     assert SECRET not in r.stdout + r.stderr
     assert files_holding(out, SECRET.encode()) == []
+    assert files_holding(userinfo_run["ray_logs"], SECRET.encode()) == []  # the actors' logs
