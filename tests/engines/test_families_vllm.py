@@ -74,8 +74,8 @@ def overrides(manifest: Path) -> list[str]:
 
 
 class FamilyServer:
-    """One family's demo target served by one vLLM server with its parsers (the uni executor:
-    a short run without a draft, VllmServer's docstring), built and started in a thread."""
+    """One family's demo target served by one vLLM server with its parsers, built and started
+    in a thread."""
 
     def __init__(self, name: str, vllm_python: Path, tmp: Path) -> None:
         from regen.manifest import load_manifest
@@ -97,7 +97,7 @@ class FamilyServer:
             model = build_demo_target(REPO / ".cache" / CASES[self.name][1], self.manifest)
             self.srv = VllmServer(self.vllm_python, model, served_name=self.served,
                                   family=self.family, max_model_len=4096, max_num_seqs=8,
-                                  uni_executor=True, log_path=self.tmp / "vllm.log")  # fmt: skip
+                                  log_path=self.tmp / "vllm.log")  # fmt: skip
             self.srv.start()
         except BaseException as e:  # raised in the test that needs the server
             self.error = e

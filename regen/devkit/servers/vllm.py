@@ -18,16 +18,24 @@ optionally ``--max-num-queued-reqs N`` (overload answers 503 past N unfinished r
 "num_speculative_tokens": K}``). ``VLLM_CPU_KVCACHE_SPACE`` (GiB) sizes the KV cache.
 The model's attention head dimension must be one the CPU kernels support (32, 64, 80, ...).
 
-Processes: the API server and its engine core are two processes whatever the settings; by
-default the CPU build adds a third, the model's worker (the "mp" executor). ``uni_executor``
-sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, which the CPU platform reads (``platforms/cpu.py``)
-to keep the "uni" executor: the model runs in the engine core's process. Measured here
-(2026-12-06, Kimi demo target): a start takes 14 s and 15 CPU-s instead of 20 s and 22 CPU-s,
-and 48 streamed 200-token answers at 8 concurrent cost the same CPU on a quiet machine; but
-with a speculative draft on two busy cores the loop's bench and greedy phases took 3-7 times
-longer (91 s against 21, 43 s against 6). So it is for short, lightly loaded servers without a
-draft (the family runs of tests/engines), off by default. vLLM's API server itself does not
-read the variable (only the offline ``LLMEngine`` does).
+Processes: the API server and its engine core are two processes whatever the settings; the CPU
+build adds a third, the model's worker (the "mp" executor), unless
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``, which the CPU platform reads (``platforms/cpu.py``) to keep
+the "uni" executor: the model runs in the engine core's process. vLLM's API server itself does
+not read the variable (only the offline ``LLMEngine`` does). ``uni_executor`` (the default)
+sets it, and every server gets ``OMP_WAIT_POLICY=PASSIVE`` unless the caller's environment
+says otherwise: OpenMP threads that sleep when idle instead of spinning. Both measured here on
+2026-12-07 (the tests' 4-layer target, 48 answers of 128 tokens at 8 concurrent, two other
+processes busy on the two cores; CPU of the server's process group):
+
+- without a draft: a start 25-28 CPU-s uni against 35-41 mp; the answers 11-12 CPU-s uni and
+  passive, 31-68 uni spinning, 42-62 mp (its worker spins on vLLM's shared-memory queue for a
+  second after every step, whatever OpenMP does);
+- with an EAGLE-3 draft: the answers 18 CPU-s in 17 s uni and passive, against 30 CPU-s in 17 s
+  mp and passive, 67 in 35 s mp spinning and 92 in 71 s uni spinning (the spinning uni server
+  was what made the loop's bench and greedy phases 3-7 times longer with a draft before).
+
+``uni_executor=False`` keeps vLLM's default executor.
 
 A trap of the CPU build: a seeded request (``seed`` set, as regen sends ``sampling.seed``)
 whose prompt is prefilled in chunks kills the engine (``RuntimeError: CPU Generator does not
@@ -94,7 +102,7 @@ class VllmServer(LocalServer):
         family: Family | None = None,
         kv_cache_gib: int = 1,
         extra_args: Sequence[str] = (),
-        uni_executor: bool = False,
+        uni_executor: bool = True,
         startup_timeout_s: float = 600.0,
         log_path: str | Path | None = None,
         env: dict[str, str] | None = None,
@@ -122,7 +130,8 @@ class VllmServer(LocalServer):
         self.family = family
         self.kv_cache_gib = kv_cache_gib
         self.extra_args = tuple(extra_args)
-        self.env_defaults.update(VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib), VLLM_NO_USAGE_STATS="1")
+        self.env_defaults.update(VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib), VLLM_NO_USAGE_STATS="1",
+                                 OMP_WAIT_POLICY="PASSIVE")  # fmt: skip
         if uni_executor:  # the model in the engine core's process (module docstring)
             self.env_defaults["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
