@@ -6,8 +6,10 @@ loop's first round (tests/devkit/loop/test_demo_loop.py, the whole Kimi demo on 
   cut (quality.loop_cut, on by default) cut none of the demo target's answers;
 - the local render agrees with them (``token_check == "match"``) on every row without a
   quality flag (>= 99% for the three families of before, as measured then);
-- every tool-call row's calls parse (non-empty, names among the declared tools) and no content
-  holds an unparsed call;
+- every tool-call row's calls parse (non-empty) and name declared tools, but where regen flagged
+  the row ``bad_tool_call`` (a tiny demo target misspells a name now and then: Qwen3-Coder's
+  once in six tool rows here on 2026-12-07, the same row in every run of that machine), at
+  least four rows and three in four of them; no content holds an unparsed call;
 - the reasoning is split (non-empty on every finished thinking row), but for the answers to a
   tool output of a family in ``UNSPLIT_AFTER_TOOL`` (DeepSeek-V3.1: vLLM's parser leaves their
   ``<think>...</think>`` in the content; checked to be so).
@@ -101,12 +103,17 @@ def check_tool_calls(rows: list[dict[str, Any]], fam: Family) -> None:
     # calls: a second call's name cut short): the finished ones are held to the declared tools
     tool_rows = [r for r in done if not r["truncated"]
                  and (r["finish_reason"] == "tool_calls" or _calls(r))]  # fmt: skip
-    assert len(tool_rows) >= 4, "the demo target calls the offered tools"
+    fit = []
     for r in tool_rows:
         calls = _calls(r)
         assert calls, (r["sample_id"], r["turn"])
         names = {(c.get("function") or c).get("name") for c in calls}
-        assert names <= _declared(r), (r["sample_id"], names)
+        if names <= _declared(r):
+            fit.append(r)
+        else:  # a tiny target misspells a name now and then: regen flags the row
+            assert "bad_tool_call" in r["quality_flags"], (r["sample_id"], names)
+    assert len(fit) >= 4, "the demo target calls the offered tools"
+    assert len(fit) >= 0.75 * len(tool_rows), [r["sample_id"] for r in tool_rows if r not in fit]
     for r in done:  # no call left unparsed in the content
         assert not any(m in (r["content"] or "") for m in fam.call_markers), r["sample_id"]
 
