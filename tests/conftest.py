@@ -43,6 +43,7 @@ from typing import NamedTuple
 
 import _leaks
 import pytest
+from _fixtures import finish_fixture
 from hypothesis import HealthCheck, settings
 
 from regen.devkit.procs import stop_group
@@ -220,11 +221,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     """Stop this worker's Ray head once its next test does not use one (the session's end
     stops it otherwise): pytest finishes the fixture, and those that use it, as at the session's
     end, and a later test that asks for it starts a new one."""
-    if nextitem is None or uses_ray_head(nextitem):
-        return
-    for fixturedef in item.session._fixturemanager.getfixturedefs("ray_head", item) or ():
-        if fixturedef.cached_result is not None:
-            fixturedef.finish(item._request)  # type: ignore[attr-defined]
+    if nextitem is not None and not uses_ray_head(nextitem):
+        finish_fixture(item, "ray_head")
 
 
 def shared_group(rel: str) -> str | None:

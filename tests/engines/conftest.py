@@ -32,6 +32,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _fixtures import finish_fixture
 from _models import build_eagle3_draft, build_scripted_target
 from _vllm_env import vllm_python_or_skip
 
@@ -112,6 +113,4 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if nextitem is not None and Path(str(nextitem.path)).resolve().parent == HERE:
         return
     for name in SERVERS:
-        for fixturedef in item.session._fixturemanager.getfixturedefs(name, item) or ():
-            if fixturedef.cached_result is not None:
-                fixturedef.finish(item._request)  # type: ignore[attr-defined]
+        finish_fixture(item, name)
