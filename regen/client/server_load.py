@@ -448,17 +448,18 @@ class MetricsPoller:
         return got
 
     def _say(self, got: Scrape) -> None:
+        state = "ok" if got.ok else "absent" if got.absent else "failed"
+        if state == self._said:
+            return
+        self._said = state
         shown = public_url(got.url)  # messages never carry user:password
         if got.ok:
-            state, message = "ok", f"reading {shown}"
+            message = f"reading {shown}"
         elif got.absent:
-            state = "absent"
             message = f"{shown}: no metrics page (HTTP 404): scheduling without it"
         else:
-            state, message = "failed", f"{shown}: {got.error}: scheduling without it"
-        if state != self._said:
-            self._said = state
-            self.on_change(self.root, message)
+            message = f"{shown}: {got.error}: scheduling without it"
+        self.on_change(self.root, message)
 
     async def run(self, after: Callable[[], float | None] | None = None) -> None:
         """Poll every ``interval_s`` until cancelled (a round's own time counts in it);
