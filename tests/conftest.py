@@ -14,12 +14,18 @@ checks only).
 the head's PATH), token auth off and no RAY_ADDRESS / RAY_AUTH_TOKEN* inherited, so a
 ``~/.ray/auth_token`` left by some local ``ray.init()`` changes nothing. For the whole session
 this process also runs with RAY_AUTH_MODE=disabled and RAY_ADDRESS unset. It yields
-``RayHead(address, dashboard_url, temp_dir)``; ``ray_env`` is the environment for subprocesses
+a :class:`RayHead`; ``ray_env`` is the environment for subprocesses
 that talk to it. The head runs no log monitor (``--include-log-monitor=false``): that process
 polls every log file of the node ten times a second to forward the actors' output to drivers'
 consoles, ~0.03 CPU-s a second per head here; the actors' logs stay in the head's
 ``temp_dir``, where tests read them. Its dashboard agent reports the node's stats every
-:data:`RAY_REPORTER_INTERVAL_MS` instead of every 5 s (no test reads them). At the end the head's
+:data:`RAY_REPORTER_INTERVAL_MS` instead of every 5 s (no test reads them). The head runs Ray's
+dashboard (the job API of ``ray job submit`` and ``JobSubmissionClient``, the state API of
+``ray.util.state``) only for the tests marked ``ray_dashboard``: idle, a head with it took 4.3
+CPU-s a minute here, one without 1.9 (2026-12-07); a test reading ``dashboard_url`` from a head
+without one fails with a pointer to the mark. A head that runs the dashboard or not, where the
+next test wants the other, is stopped and started again the other way (the modules that want it
+run last among those on the head, :func:`pytest_collection_modifyitems`). At the end the head's
 process group is stopped (SIGTERM, then SIGKILL); ``ray stop`` is not used because it would
 stop every Ray on this machine. A worker's head is also stopped as soon as its next test does
 not use one (:func:`pytest_runtest_teardown`; the modules that do run first on each worker,
@@ -38,8 +44,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import _leaks
 import pytest
@@ -71,8 +77,11 @@ settings.register_profile("ci", max_examples=100, derandomize=True, **_QUIET)
 settings.register_profile("long", max_examples=5000, **_QUIET)
 settings.load_profile(os.environ.get("REGEN_HYPOTHESIS", "ci"))
 
-#: seconds the head may take to answer the job API
+#: seconds the head may take to start (and answer the job API, when it runs the dashboard)
 RAY_START_TIMEOUT_S = 120.0
+#: what ``ray start --block`` prints once the node's processes run and it is registered
+RAY_STARTED = "Ray runtime started"
+
 #: seconds the head gets to stop on SIGTERM before its process group is killed
 HEAD_STOP_TIMEOUT_S = 5.0
 #: how often the head's dashboard agent samples the node's processes (Ray's default: 5,000)
@@ -176,7 +185,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     the modules with a ``ray``, ``server`` or ``vllm`` test first (in collection order
     otherwise): the longest run first (:data:`LONGEST`, then :data:`LONGEST_FAST` among the
     rest), so the xdist workers (``--dist loadfile``) end together; among the heavy ones those
-    on the Ray head first, so a worker's head stops once (:func:`pytest_runtest_teardown`)."""
+    on the Ray head first, so a worker's head stops once (:func:`pytest_runtest_teardown`), and
+    among those the ones that want its dashboard last."""
     here = Path(__file__).resolve().parent
     matched: set[str] = set()
     for item in items:
@@ -195,13 +205,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         i.path for i in items if any(i.get_closest_marker(m) for m in ("ray", "server", "vllm"))
     }
     on_ray = {i.path for i in items if uses_ray_head(i)}
+    on_dashboard = {i.path for i in items if wants_dashboard(i)}
 
-    def rank(item: pytest.Item) -> tuple[bool, bool, bool, bool, int]:
+    def rank(item: pytest.Item) -> tuple[bool, bool, bool, bool, bool, int]:
         rel = Path(str(item.path)).resolve().relative_to(here).as_posix()
         fast_first = LONGEST_FAST.index(rel) if rel in LONGEST_FAST else len(LONGEST_FAST)
         shared = shared_group(rel) is None
         return (rel not in LONGEST, shared, item.path not in heavy, item.path not in on_ray,
-                fast_first)  # fmt: skip
+                item.path in on_dashboard, fast_first)  # fmt: skip
 
     items.sort(key=rank)  # stable: the order within each group stays
     ran_all = {Path(str(i.path)).resolve().relative_to(here).as_posix() for i in items}
@@ -216,12 +227,32 @@ def uses_ray_head(item: pytest.Item) -> bool:
     return "ray_head" in getattr(item, "fixturenames", ())
 
 
+def wants_dashboard(item: pytest.Item) -> bool:
+    """Whether ``item`` uses the head's dashboard (marked ``ray_dashboard``)."""
+    return uses_ray_head(item) and item.get_closest_marker("ray_dashboard") is not None
+
+
+#: this worker's live Ray head, if any, and whether the next one to start runs the dashboard
+_HEAD: dict[str, RayHead | None] = {"live": None}
+_WANT = {"dashboard": False}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A Ray head started for ``item`` runs the dashboard when ``item`` wants it."""
+    _WANT["dashboard"] = wants_dashboard(item)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """Stop this worker's Ray head once its next test does not use one (the session's end
-    stops it otherwise): pytest finishes the fixture, and those that use it, as at the session's
-    end, and a later test that asks for it starts a new one."""
-    if nextitem is not None and not uses_ray_head(nextitem):
+    """Stop this worker's Ray head once its next test does not use one, or wants the dashboard
+    where the head runs none or the other way round (the session's end stops it otherwise):
+    pytest finishes the fixture, and those that use it, as at the session's end, and a later
+    test that asks for it starts a new one."""
+    live = _HEAD["live"]
+    if nextitem is None or live is None:
+        return
+    if not uses_ray_head(nextitem) or live.has_dashboard != wants_dashboard(nextitem):
         finish_fixture(item, "ray_head")
 
 
@@ -262,10 +293,25 @@ def _root_logging_restored() -> Iterator[None]:
     root.setLevel(level)
 
 
-class RayHead(NamedTuple):
+@dataclass(frozen=True)
+class RayHead:
     address: str  #: GCS address, for ray.init(address=...) / --address
-    dashboard_url: str  #: job API, for JobSubmissionClient / ray job submit --address
     temp_dir: Path  #: the head's --temp-dir: its session's logs, the actors' among them
+    dashboard: str | None = None  #: the dashboard's URL, when the head runs one
+
+    @property
+    def has_dashboard(self) -> bool:
+        return self.dashboard is not None
+
+    @property
+    def dashboard_url(self) -> str:
+        """The job and state APIs (JobSubmissionClient, ``ray job submit --address``,
+        ``ray.util.state``); only a test marked ``ray_dashboard`` gets a head that has them."""
+        if self.dashboard is None:
+            raise pytest.UsageError(
+                "this Ray head runs no dashboard: mark the test `ray_dashboard` (tests/conftest.py)"
+            )
+        return self.dashboard
 
 
 def free_port() -> int:
@@ -293,18 +339,37 @@ def ray_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return isolated_ray_env(home)
 
 
+def head_ready(head: RayHead, log: Path) -> bool:
+    """Whether ``ray start`` has said it started (its node registered with the GCS) and, on a
+    head with a dashboard, the job API answers."""
+    if RAY_STARTED not in log.read_text(errors="replace"):
+        return False
+    if head.dashboard is None:
+        return True
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        JobSubmissionClient(head.dashboard).list_jobs()
+    except Exception:
+        return False
+    return True
+
+
 @pytest.fixture(scope="session")
 def ray_head(ray_env: dict[str, str]) -> Iterator[RayHead]:
-    """A real local Ray head: 2 CPUs, 8 logical GPUs, dashboard on 127.0.0.1."""
+    """A real local Ray head: 2 CPUs, 8 logical GPUs, on 127.0.0.1; its dashboard when the test
+    it starts for wants it (module docstring)."""
     # a short temp dir of its own: Ray's socket paths below it must stay under 107 bytes (a
     # pytest-xdist worker's basetemp is longer), removed with the head
     tmp = Path(tempfile.mkdtemp(prefix="regen-ray-"))
     gcs_port, dash_port = free_port(), free_port()
+    dashboard = _WANT["dashboard"]
     argv = [
         str(VENV_BIN / "ray"), "start", "--head", "--block",
         f"--port={gcs_port}", "--node-ip-address=127.0.0.1",
         "--num-cpus=2", "--num-gpus=8",
-        "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash_port}",
+        f"--include-dashboard={str(dashboard).lower()}", "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dash_port}",
         f"--ray-client-server-port={free_port()}", f"--temp-dir={tmp}", "--disable-usage-stats",
         "--include-log-monitor=false",  # module docstring
         # every port explicit: fixed defaults (agent 52365, ...) collide with other heads
@@ -318,26 +383,23 @@ def ray_head(ray_env: dict[str, str]) -> Iterator[RayHead]:
     proc = subprocess.Popen(
         argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
     )
-    head = RayHead(f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dash_port}", tmp)
+    head = RayHead(f"127.0.0.1:{gcs_port}", tmp,
+                   f"http://127.0.0.1:{dash_port}" if dashboard else None)  # fmt: skip
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
     os.environ["RAY_AUTH_MODE"] = "disabled"
     os.environ.pop("RAY_ADDRESS", None)
     try:
-        from ray.job_submission import JobSubmissionClient
-
         deadline = time.monotonic() + RAY_START_TIMEOUT_S
-        while True:
+        while not head_ready(head, tmp / "ray-start.log"):
             if proc.poll() is not None:
                 pytest.fail(f"ray start exited with {proc.returncode}: see {tmp}/ray-start.log")
-            try:
-                JobSubmissionClient(head.dashboard_url).list_jobs()
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"the Ray head did not come up in {RAY_START_TIMEOUT_S:.0f} s")
-                time.sleep(0.5)
+            if time.monotonic() > deadline:
+                pytest.fail(f"the Ray head did not come up in {RAY_START_TIMEOUT_S:.0f} s")
+            time.sleep(0.5)
+        _HEAD["live"] = head
         yield head
     finally:
+        _HEAD["live"] = None
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

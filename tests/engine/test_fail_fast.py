@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from _runs import DEMO, REPO, regen_cmd
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.ray_dashboard]  # the state API counts actors
 
 TOKENIZER = REPO / "manifests" / "demo" / "tokenizer"
 

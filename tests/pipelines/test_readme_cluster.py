@@ -19,7 +19,7 @@ import pytest
 
 from regen.devkit.simulate.testing import running_simulator
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.ray_dashboard]
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent

@@ -14,7 +14,7 @@ from regen.manifest import load_manifest
 from regen.store import RunDir
 from regen.store.doneset import read_done
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.ray_dashboard]
 
 REPO = Path(__file__).resolve().parents[2]
 #: bound on the whole job (submission, working-dir upload, run)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from _reliability import node_loss
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.ray_dashboard]  # the state API finds the actors
 
 SAMPLES = 120
 

@@ -25,7 +25,7 @@ from benchmarks.rehearsal import Config, Rehearsal
 
 #: the module fixture's whole rehearsal runs in its first test's setup: ~4 minutes on a quiet
 #: machine, more beside two busy cores, so the suite's 300 s per test is raised here alone
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.ray, pytest.mark.ray_dashboard, pytest.mark.timeout(1500)]
 
 SAMPLES = 1500
 

@@ -17,6 +17,7 @@ DEMO = REPO / "manifests" / "demo.yaml"
 
 
 @pytest.mark.ray
+@pytest.mark.ray_dashboard
 def test_then_train_submits_the_gpu_job_after_the_run(tmp_path: Path, ray_head, ray_env) -> None:
     cfg = tmp_path / "train.yaml"
     # the demo target's shape (a stand-in path: only the run's tokenizer is compared here);

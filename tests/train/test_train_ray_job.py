@@ -19,7 +19,7 @@ from regen.train.launch import (
     submit_training,
 )
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.ray, pytest.mark.ray_dashboard, pytest.mark.timeout(240)]
 
 
 def _logs(address: str, submission_id: str) -> str:
