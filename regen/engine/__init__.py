@@ -23,7 +23,24 @@ Files are owned by :mod:`regen.store` (names in :mod:`regen.store.layout`); the 
 calls it.
 """
 
-from regen.engine.driver import run_job
-from regen.engine.options import JobSummary, RunOptions
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from regen.engine.driver import run_job
+    from regen.engine.options import JobSummary, RunOptions
 
 __all__ = ["JobSummary", "RunOptions", "run_job"]
+
+#: where each name lives: imported on first use, so that a Ray actor, which imports
+#: :mod:`regen.engine.actor` and what a worker needs, does not import the driver too
+_LAZY = {"run_job": "regen.engine.driver", "JobSummary": "regen.engine.options",
+         "RunOptions": "regen.engine.options"}  # fmt: skip
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)
