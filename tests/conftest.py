@@ -65,6 +65,11 @@ os.environ.setdefault("VLLM_CACHE_ROOT", str(REPO / ".cache" / "vllm"))
 #: a core from a process with work (a vLLM server's 48 answers under two busy cores: 11-12
 #: CPU-s instead of 31-68, 2026-12-07); every test process and subprocess inherits it
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+#: no remembered tokenizer classes in the test processes themselves
+#: (regen.template.tokenizer_classes): a test that loads a tokenizer directory in process gets
+#: AutoTokenizer's own resolution each time (the golden test's ``autotokenizer`` case); the
+#: subprocesses started with ``ray_env`` remember them below its HOME
+os.environ["REGEN_CACHE_DIR"] = ""
 
 #: Hypothesis (the property tests, tests/_hostile.py): no deadline (two busy cores), no example
 #: database written under the checkout, a fixed budget per test: ``ci`` (the default) draws the
@@ -321,11 +326,13 @@ def free_port() -> int:
 
 
 def isolated_ray_env(home: Path) -> dict[str, str]:
-    """os.environ without Ray leftovers: own HOME, auth off, venv bin first on PATH."""
+    """os.environ without Ray leftovers: own HOME (regen's cache below it), auth off, venv bin
+    first on PATH."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH_TOKEN",))}
     env.pop("RAY_ADDRESS", None)
     env.update(
         HOME=str(home),
+        REGEN_CACHE_DIR=str(home / ".cache" / "regen"),
         RAY_AUTH_MODE="disabled",
         RAY_USAGE_STATS_ENABLED="0",
         PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",

@@ -38,11 +38,12 @@ from regen.engine.inputs import render_settings
 from regen.engine.turns import Request
 from regen.manifest import Manifest
 from regen.sources import iter_source, source_set
-from regen.sources.locate import dir_signature, file_signature
+from regen.sources.locate import file_signature
 from regen.store.layout import ChecksRecord
 from regen.store.rundir import RunDir
 from regen.template.render import Renderer
 from regen.template.tokenizer import class_spec
+from regen.template.tokenizer_classes import dir_signature
 
 log = logging.getLogger(__name__)
 

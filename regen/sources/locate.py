@@ -6,8 +6,6 @@ this module reads rows back from there and tells whether a file is still the one
 - :func:`file_signature`: size, mtime and the sha256 of the first and last
   :data:`HEAD_TAIL_BYTES` bytes of a file (two reads, whatever the file's size);
   :func:`signature_change` names what differs between two signatures.
-- :func:`dir_signature`: names, sizes and mtimes of every file under a directory (a
-  tokenizer's), hashed: no file is read.
 - :class:`LineReader`: one JSONL line by its byte offset and length (one ``pread``).
 - :func:`parquet_row_starts` / :func:`locate_parquet_row`: a Parquet row ordinal as (row
   group, row in the group); :func:`read_parquet_rows`: only the wanted rows, reading only the
@@ -57,18 +55,6 @@ def signature_change(old: FileSignature, new: FileSignature) -> str:
     if old.mtime_ns != new.mtime_ns:
         return "modified since (mtime)"
     return ""
-
-
-def dir_signature(path: str | os.PathLike[str]) -> str:
-    """A hash of the names, sizes and mtimes of the files under ``path`` ("" if none)."""
-    root = Path(path)
-    items = []
-    if root.is_dir():
-        for p in sorted(root.rglob("*")):
-            if p.is_file():
-                st = p.stat()
-                items.append(f"{p.relative_to(root)}\t{st.st_size}\t{st.st_mtime_ns}")
-    return hashlib.sha256("\n".join([str(root), *items]).encode()).hexdigest() if items else ""
 
 
 class LineReader:

@@ -55,7 +55,6 @@ from regen.core.sample import stable_hash
 from regen.manifest import Source
 from regen.sources.locate import (
     FileSignature,
-    dir_signature,
     file_signature,
     signature_change,
 )
@@ -64,6 +63,7 @@ from regen.sources.sourceset import SourceSet
 from regen.store import layout
 from regen.store.layout import IndexedSource, PlanIndexRecord
 from regen.store.rundir import RunDir
+from regen.template.tokenizer_classes import dir_signature
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,11 @@
 """Loading a target's tokenizer directory, once resolved by ``AutoTokenizer``, then by its class.
 
-Owns no files. :func:`load_tokenizer` is regen's one way to load a tokenizer directory:
+Owns no files (the classes it remembers: :mod:`regen.template.tokenizer_classes`).
+:func:`load_tokenizer` is regen's one way to load a tokenizer directory:
 ``AutoTokenizer.from_pretrained`` (remote code only when allowed). ``AutoTokenizer`` picks the
 class from the directory's files and its model config: transformers then loads ``AutoConfig``,
-and with it torch (about 1 CPU-s more per process, and a peak RSS of 249 MB instead of 63 MB
-for the demo's tokenizer, for a tokenizer that never touches a tensor).
+and with it torch (1 to 2 CPU-s more per process, by the machine, and a peak RSS of 249 MB
+instead of 63 MB for the demo's tokenizer, for a tokenizer that never touches a tensor).
 
 :func:`class_spec` names the class ``AutoTokenizer`` picked, as a string that another process
 can load again (``module:Class`` for a class of transformers, ``remote:file.Class`` for the
@@ -12,7 +13,9 @@ directory's own code). Given that spec, :func:`load_tokenizer` calls the class's
 ``from_pretrained`` with what ``AutoTokenizer`` passes it, skipping the resolution: the same
 tokenizer, without torch. The engine resolves once per run directory (its configuration check,
 recorded in checks.json with the key of the tokenizer's files and the transformers version)
-and its actors load by the spec. A spec that no longer loads falls back to ``AutoTokenizer``.
+and its actors load by the spec; a process given no spec loads by the one remembered for the
+directory as it is now (:mod:`regen.template.tokenizer_classes`), once any process resolved
+it. A spec that no longer loads falls back to ``AutoTokenizer``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 from typing import TYPE_CHECKING
 
 from regen.core.errors import TemplateError
+from regen.template.tokenizer_classes import remember, remembered
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -39,8 +43,10 @@ def load_tokenizer(
     path: str | os.PathLike[str], trust_remote_code: bool = False, spec: str | None = None
 ) -> PreTrainedTokenizerBase:
     """The tokenizer directory at ``path``: by the class ``spec`` names (:func:`class_spec`)
-    when given and loadable, else resolved by ``AutoTokenizer``. Raises TemplateError when it
-    does not load."""
+    when given and loadable, else by the class remembered for the directory
+    (:mod:`regen.template.tokenizer_classes`), else resolved by ``AutoTokenizer`` (and its
+    class remembered). Raises TemplateError when it does not load."""
+    spec = spec or remembered(path, trust_remote_code)
     if spec:
         try:
             return _load_by_class(str(path), spec, trust_remote_code)
@@ -49,10 +55,14 @@ def load_tokenizer(
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         hint = "" if trust_remote_code else " (does it need target.trust_remote_code: true?)"
         raise TemplateError(f"cannot load tokenizer from {str(path)!r}: {e}{hint}") from e
+    picked = class_spec(tok)
+    if picked is not None:
+        remember(path, trust_remote_code, picked)
+    return tok
 
 
 def class_spec(tokenizer: object) -> str | None:
