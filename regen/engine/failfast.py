@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from regen import __version__
@@ -43,7 +42,7 @@ from regen.store.layout import ChecksRecord
 from regen.store.rundir import RunDir
 from regen.template.render import Renderer
 from regen.template.tokenizer import class_spec
-from regen.template.tokenizer_classes import dir_signature
+from regen.template.tokenizer_classes import dir_signature, package_version
 
 log = logging.getLogger(__name__)
 
@@ -95,12 +94,6 @@ def check_run_dir(rd: RunDir) -> None:
 def checks_key(manifest: Manifest) -> str:
     """A hash of what checks 2 and 3 depend on (stat calls only: no file is read whole)."""
 
-    def pkg(name: str) -> str:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return ""
-
     sources = []
     for s in manifest.sources:
         if s.mode != "regenerate":
@@ -116,7 +109,7 @@ def checks_key(manifest: Manifest) -> str:
     return stable_hash(
         {
             "regen": __version__,
-            "packages": [pkg("transformers"), pkg("tokenizers"), pkg("jinja2")],
+            "packages": [package_version(p) for p in ("transformers", "tokenizers", "jinja2")],
             "target": manifest.target.model_dump(mode="json"),
             "template_kwargs": manifest.template_kwargs(),
             "tokenizer_files": dir_signature(manifest.resolve(manifest.target.tokenizer)),

@@ -26,7 +26,7 @@ import os
 from typing import TYPE_CHECKING
 
 from regen.core.errors import TemplateError
-from regen.template.tokenizer_classes import remember, remembered
+from regen.template.tokenizer_classes import class_entry, remember, remembered
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -46,7 +46,8 @@ def load_tokenizer(
     when given and loadable, else by the class remembered for the directory
     (:mod:`regen.template.tokenizer_classes`), else resolved by ``AutoTokenizer`` (and its
     class remembered). Raises TemplateError when it does not load."""
-    spec = spec or remembered(path, trust_remote_code)
+    entry = None if spec else class_entry(path, trust_remote_code)
+    spec = spec or remembered(entry)
     if spec:
         try:
             return _load_by_class(str(path), spec, trust_remote_code)
@@ -61,7 +62,7 @@ def load_tokenizer(
         raise TemplateError(f"cannot load tokenizer from {str(path)!r}: {e}{hint}") from e
     picked = class_spec(tok)
     if picked is not None:
-        remember(path, trust_remote_code, picked)
+        remember(entry if entry is not None else class_entry(path, trust_remote_code), picked)
     return tok
 
 

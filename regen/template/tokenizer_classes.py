@@ -65,50 +65,58 @@ def cache_root() -> Path | None:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "regen"
 
 
-def remembered(path: str | os.PathLike[str], trust_remote_code: bool) -> str | None:
-    """The spec remembered for the directory at ``path`` as it is now, else None."""
+def class_entry(path: str | os.PathLike[str], trust_remote_code: bool) -> Path | None:
+    """The file of the key of the directory at ``path`` as it is now (module docstring); None
+    without a cache, or when the directory holds no file or cannot be listed."""
+    root = cache_root()
+    if root is None:
+        return None
     try:
-        entry = _entry(path, trust_remote_code)
-        spec = entry.read_text(encoding="utf-8").strip() if entry is not None else ""
-    except (OSError, RuntimeError, UnicodeDecodeError) as e:
-        log.debug("no remembered tokenizer class for %s: %s", path, e)
+        signature = dir_signature(Path(path).resolve())
+    except (OSError, RuntimeError) as e:
+        log.debug("tokenizer directory %s not listed: %s", path, e)
+        return None
+    if not signature:
+        return None
+    key = "\n".join([signature, package_version("transformers"), package_version("tokenizers"),
+                     str(bool(trust_remote_code))])  # fmt: skip
+    return root / CLASSES / f"{hashlib.sha256(key.encode()).hexdigest()}.txt"
+
+
+def remembered(entry: Path | None) -> str | None:
+    """The spec kept in ``entry`` (:func:`class_entry`), else None."""
+    if entry is None:
+        return None
+    try:
+        spec = entry.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        log.debug("no remembered tokenizer class in %s: %s", entry, e)
         return None
     return spec or None
 
 
-def remember(path: str | os.PathLike[str], trust_remote_code: bool, spec: str) -> None:
-    """Keep ``spec`` as the class of the directory at ``path`` as it is now."""
+def remember(entry: Path | None, spec: str) -> None:
+    """Keep ``spec`` in ``entry`` (:func:`class_entry`; None: nowhere)."""
+    if entry is None:
+        return
     tmp = None
     try:
-        entry = _entry(path, trust_remote_code)
-        if entry is None:
-            return
         entry.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".", suffix=".tmp", dir=entry.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(spec + "\n")
         os.replace(tmp, entry)
         tmp = None
-    except (OSError, RuntimeError) as e:
-        log.debug("tokenizer class of %s not remembered: %s", path, e)
+    except OSError as e:
+        log.debug("tokenizer class not remembered in %s: %s", entry, e)
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
 
 
-def _entry(path: str | os.PathLike[str], trust_remote_code: bool) -> Path | None:
-    """The file of the key of ``path`` (module docstring); None without a cache or files."""
-    root = cache_root()
-    signature = dir_signature(Path(path).resolve())
-    if root is None or not signature:
-        return None
-    key = "\n".join([signature, _version("transformers"), _version("tokenizers"),
-                     str(bool(trust_remote_code))])  # fmt: skip
-    return root / CLASSES / f"{hashlib.sha256(key.encode()).hexdigest()}.txt"
-
-
-def _version(package: str) -> str:
+def package_version(package: str) -> str:
+    """The installed version of ``package`` ("" when it is not installed)."""
     try:
         return version(package)
     except PackageNotFoundError:

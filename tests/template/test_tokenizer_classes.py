@@ -23,7 +23,8 @@ import pytest
 from regen.devkit.tokenizers.tiny import TINY_FAMILIES
 from regen.template import tokenizer_classes
 from regen.template.tokenizer import class_spec, load_tokenizer
-from regen.template.tokenizer_classes import cache_root, remember, remembered
+from regen.template.tokenizer_classes import cache_root, class_entry, remember
+from regen.template.tokenizer_classes import remembered as kept
 
 REPO = Path(__file__).resolve().parents[2]
 KIMI = REPO / TINY_FAMILIES["kimi"].committed
@@ -57,6 +58,10 @@ def load_in_a_fresh_process(path: Path, cache: Path) -> dict:
     got = subprocess.run([sys.executable, "-c", LOAD, str(path), TEXT], capture_output=True,
                          text=True, cwd=REPO, env=env, check=True, timeout=120)  # fmt: skip
     return json.loads(got.stdout.strip().splitlines()[-1])
+
+
+def remembered(path: Path, trust_remote_code: bool) -> str | None:
+    return kept(class_entry(path, trust_remote_code))
 
 
 def entries(cache: Path) -> dict[str, str]:
@@ -97,7 +102,7 @@ def test_a_directory_changed_since_or_the_other_remote_code_setting_is_resolved_
 def test_a_remembered_class_that_does_not_load_is_resolved_again_and_replaced(
     tok_dir: Path, cache: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    remember(tok_dir, False, "transformers:NoSuchTokenizer")
+    remember(class_entry(tok_dir, False), "transformers:NoSuchTokenizer")
     with caplog.at_level(logging.INFO, logger="regen.template.tokenizer"):
         tok = load_tokenizer(tok_dir)
     assert "transformers:NoSuchTokenizer did not load" in caplog.text
