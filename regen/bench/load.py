@@ -6,8 +6,10 @@ aiohttp, SSE lines, the regen error taxonomy) with the body the chat client buil
 a request records (:class:`RequestRecord`): time to its first token (reasoning, content or a
 tool call), its latency, the server-counted usage from the stream's usage chunk, and SGLang's
 ``sglext.spec_tokens_details`` when the server sends it (a ``choices: []`` chunk before the
-usage chunk, SGLang 0.5.23 ``serving_chat.py``). Nothing is retried: a failed request is
-recorded with its error class (a retry would distort the latencies).
+usage chunk, SGLang 0.5.23 ``serving_chat.py``), and a digest of its answer (:func:`answer_digest`:
+its token ids when the server streamed them, vLLM's ``return_token_ids``, else its text) to
+compare the two servers' greedy answers. Nothing is retried: a failed request is recorded with
+its error class (a retry would distort the latencies).
 
 A level is a closed loop: ``concurrency`` workers, each sending its next request when the last
 one ends, until the level's requests are all sent. ``full_s`` is how long all ``concurrency``
@@ -19,6 +21,8 @@ After it the batch drains (the tail), so the level's throughput is measured insi
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +64,8 @@ class RequestRecord:
     verify_ct: int | None = None  #: spec_tokens_details.spec_verify_ct
     accept_length: float | None = None  #: spec_tokens_details.spec_accept_length
     sent_s: float | None = None  #: when it was sent, seconds after its level started
+    #: the answer's digest (:func:`answer_digest`), "ids:..." or "text:..."
+    answer: str | None = None
 
     @property
     def decode_tok_s(self) -> float | None:
@@ -129,6 +135,7 @@ async def send_one(
         rec.error = "no_usage"
         return rec
     rec.ok = True
+    rec.answer = answer_digest(acc)
     details = acc.spec
     if details is not None:
         vc = details.get("spec_verify_ct")
@@ -136,6 +143,19 @@ async def send_one(
         al = details.get("spec_accept_length")
         rec.accept_length = float(al) if isinstance(al, int | float) else None
     return rec
+
+
+def answer_digest(acc: StreamAccumulator) -> str:
+    """What the answer was, in 16 hex digits: ``ids:`` its output token ids when the server
+    streamed them, else ``text:`` its reasoning, content and tool calls. Two answers of one
+    method are the same answer when their digests are equal."""
+    if acc.choice_ids is not None:
+        method, payload = "ids", json.dumps(acc.choice_ids)
+    else:
+        calls = [(c.name, c.arguments) for c in acc.tool_calls()]
+        method = "text"
+        payload = json.dumps(["".join(acc.reasoning), "".join(acc.content), calls])
+    return f"{method}:{hashlib.sha256(payload.encode()).hexdigest()[:16]}"
 
 
 async def run_level(

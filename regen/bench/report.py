@@ -13,6 +13,7 @@ fails loudly instead of misreading)::
      "acceptance": {"overall", "method", "exact"},
      "sources": [{"source", "kind", "prompts", "requests", "completion_tokens", "verify_ct",
                   "accept_length", "method", "exact"}],
+     "greedy": {"compared", "identical", "method", "tokens", "differing"} | null,
      "verdicts": [{"severity", "code", "text"}]}
 
 ``method`` says where an acceptance length came from: ``spec_tokens_details`` (per request,
@@ -20,7 +21,9 @@ SGLang's ``sglext``; exact), ``server_info`` (the change of ``avg_spec_accept_le
 a level or a per-source pass; exact only when the server's running total started with the
 bench), ``metrics`` (vLLM: the change of its ``vllm:spec_decode_*`` counters across a level or
 a per-source pass, ``1 + Δaccepted / Δdrafts``; exact) or ``none``. ``ServerFlags.engine``
-names the engine (``sglang``, ``vllm``; absent in files written before it).
+names the engine (``sglang``, ``vllm``; absent in files written before it). ``greedy``
+compares the two servers' answers at concurrency 1 when the sampling is greedy (absent in
+files written before it; :mod:`regen.bench.greedy`).
 :func:`write_report` writes the file atomically; :func:`read_report`
 refuses another schema version with a clear error. API keys never appear (only the name of
 the environment variable that held one).
@@ -171,6 +174,21 @@ class SourceResult(_Strict):
     exact: bool = True
 
 
+class Greedy(_Strict):
+    """The two servers' answers at concurrency 1 at temperature 0: speculative decoding must
+    not change a greedy answer."""
+
+    #: prompts both servers answered at concurrency 1, compared by the same method
+    compared: int
+    identical: int
+    #: "token_ids" (the ids the servers streamed) or "text" (reasoning, content, tool calls)
+    method: Literal["token_ids", "text"]
+    #: the baseline's completion tokens of the compared answers
+    tokens: int
+    #: sample ids whose answers differ
+    differing: list[str] = Field(default_factory=list)
+
+
 class Verdict(_Strict):
     """One finding in plain words."""
 
@@ -210,6 +228,8 @@ class BenchReport(_Strict):
     crossover: Crossover = Field(default_factory=Crossover)
     acceptance: Acceptance = Field(default_factory=Acceptance)
     sources: list[SourceResult] = Field(default_factory=list)
+    #: None: not greedy, or no concurrency-1 level
+    greedy: Greedy | None = None
     verdicts: list[Verdict] = Field(default_factory=list)
 
     def source(self, name: str) -> SourceResult:

@@ -11,15 +11,21 @@ client's CPU or a shared GPU)::
                is measured
     levels     for each concurrency, ascending: baseline, then speculative (regen.bench.load);
                without per-request details, the speculative server's avg_spec_accept_length
-               (vLLM: its vllm:spec_decode_* counters) is read before and after its level
-    pass       only without per-request details: the speculative server again, one source at
-               a time at the lowest concurrency, avg_spec_accept_length read around each, so
-               each source gets its own acceptance
+               (vLLM: its vllm:spec_decode_* counters) is read before and after its level. At
+               concurrency 1 (one request at a time, every prompt once) it is also read
+               between the sources, so that level measures each source too (the readings are
+               not in its wall time)
+    pass       only without per-request details and no concurrency-1 level: the speculative
+               server again, one source at a time at the lowest concurrency, the acceptance
+               read around each, so each source gets its own
 
-The requests are identical for both servers: the same body bytes, built once per prompt by
+The requests are identical for both servers, in the same order (the prompts', by source at
+concurrency 1): the same body bytes, built once per prompt by
 the chat client's own request builder with the manifest's sampling (streaming, usage
 included, ``max_tokens`` from ``--max-tokens``, ``return_spec_tokens_details: true``, which
-a server that does not know it ignores). Owns no files.
+a server that does not know it ignores; at temperature 0 on two vLLM servers,
+``return_token_ids: true``: the greedy answers are compared by their ids,
+:mod:`regen.bench.greedy`). Owns no files.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from regen.bench.load import (
     LevelRun,
     ProgressHook,
     RequestRecord,
+    level_size,
     run_level,
     send_one,
 )
@@ -88,6 +95,8 @@ class BenchRun:
     counters: bool = False  #: acceptance from vLLM's /metrics counters
     passes: list[LevelRun] = field(default_factory=list)  #: the per-source pass's runs
     warmup: dict[Role, RequestRecord] = field(default_factory=dict)
+    #: the requests' sampling temperature (None: not known, e.g. a run built by hand)
+    temperature: float | None = None
 
 
 def _counters_or_none(url: str, api_key: str | None) -> Any:
@@ -122,9 +131,12 @@ def build_requests(
     sampling: Sampling,
     max_tokens: int,
     template_kwargs: dict[str, Any] | None = None,
+    token_ids: bool = False,
 ) -> list[BenchRequest]:
-    """One request per prompt, its body built by the chat client's own request builder."""
-    # streamed (TTFT is measured), no token ids: only the speculative statistics are asked for
+    """One request per prompt, its body built by the chat client's own request builder;
+    ``token_ids``: the output ids streamed too (vLLM's ``return_token_ids``), so greedy answers
+    are compared by their ids."""
+    # streamed (TTFT is measured); the speculative statistics asked for
     s = sampling.model_copy(update={"max_tokens": max_tokens, "token_ids": "local"})
     builder = ChatClient(Endpoint(url="http://bench.invalid/v1"), model=model, sampling=s,
                          template_kwargs=template_kwargs)  # fmt: skip
@@ -132,6 +144,8 @@ def build_requests(
     for p in prompts:
         body = builder.request_body(p.messages, p.tools)
         body["return_spec_tokens_details"] = True
+        if token_ids:
+            body["return_token_ids"] = True
         out.append(BenchRequest(source=p.source, sample_id=p.sample_id, body=body))
     return out
 
@@ -215,15 +229,25 @@ class _Bench:
 
     async def levels(self, levels: list[int]) -> None:
         """Each level, ascending, on the baseline and then the speculative server; without
-        per-request details, the acceptance is read around each speculative level."""
+        per-request details, the acceptance is read around each speculative level (and
+        between its sources at concurrency 1: :meth:`sources_level`)."""
         run = self.run
+        once = level_size(len(self.requests), 1) == len(self.requests)
         for c in levels:
+            # one request at a time, every prompt once: by source on both servers, the same order
+            grouped = c == 1 and once
+            requests = self.requests
+            if grouped:
+                requests = [r for rs in by_source(self.requests).values() for r in rs]
             for role in ROLES:
                 measured = role == "speculative" and not run.details
+                if measured and grouped:
+                    await self.sources_level()
+                    continue
                 before = await self.acceptance.now() if measured else None
                 lv = await run_level(
                     self.transports[role],
-                    self.requests,
+                    requests,
                     role=role,
                     concurrency=c,
                     progress=self.progress,
@@ -232,13 +256,43 @@ class _Bench:
                 if measured:
                     run.windows[c] = await self._window(before, lv)
 
+    async def sources_level(self) -> None:
+        """The speculative server's concurrency-1 level, one source after another, the
+        acceptance read between them: the level's window and each source's. One request at a
+        time, so this is the same level as one run over every request; its wall time is its
+        runs' (the readings left out) and its records' send times follow from them."""
+        run, spec_tokens = self.run, self.spec_tokens
+        total, done = len(self.requests), 0
+        merged = LevelRun(role="speculative", concurrency=1, wall_s=0.0)
+        first = None
+        for source, reqs in by_source(self.requests).items():
+            before = await self.acceptance.now()
+            first = before if first is None else first
+            lv = await run_level(self.transports["speculative"], reqs, role="speculative",
+                                 concurrency=1, progress=self._offset(done, total))  # fmt: skip
+            for rec in lv.records:
+                rec.sent_s = None if rec.sent_s is None else rec.sent_s + merged.wall_s
+            merged.records += lv.records
+            merged.wall_s += lv.wall_s
+            done += len(lv.records)
+            run.source_windows[source] = await self._window(before, lv)
+        merged.full_s = merged.wall_s
+        run.levels.append(merged)
+        tokens = decode_tokens(merged.records)
+        run.windows[1] = self.acceptance.window(first, await self.acceptance.now(), spec_tokens,
+                                                tokens, run.fresh)  # fmt: skip
+
+    def _offset(self, done: int, total: int) -> ProgressHook | None:
+        """The progress hook of one source's run inside a level of ``total`` requests."""
+        hook = self.progress
+        if hook is None:
+            return None
+        return lambda role, c, finished, _: hook(role, c, done + finished, total)
+
     async def source_pass(self, concurrency: int) -> None:
         """The speculative server again, one source at a time: the server's counters then
         belong to that source alone."""
-        by_source: dict[str, list[BenchRequest]] = {}
-        for r in self.requests:
-            by_source.setdefault(r.source, []).append(r)
-        for source, reqs in by_source.items():
+        for source, reqs in by_source(self.requests).items():
             before = await self.acceptance.now()
             lv = await run_level(
                 self.transports["speculative"],
@@ -258,6 +312,14 @@ class _Bench:
         )
         self.spec_tokens += tokens
         return window
+
+
+def by_source(requests: list[BenchRequest]) -> dict[str, list[BenchRequest]]:
+    """The requests by source, the sources in the order they first come."""
+    out: dict[str, list[BenchRequest]] = {}
+    for r in requests:
+        out.setdefault(r.source, []).append(r)
+    return out
 
 
 def bench_endpoints(opts: BenchOptions) -> dict[Role, Endpoint]:
@@ -287,6 +349,9 @@ async def run_bench(opts: BenchOptions, progress: ProgressHook | None = None) ->
         sampling=opts.sampling,
         max_tokens=opts.max_tokens,
         template_kwargs=opts.template_kwargs,
+        # greedy answers compared by their ids where both servers stream them (vLLM)
+        token_ids=opts.sampling.temperature == 0
+        and all(f.engine == "vllm" for f in flags.values()),
     )
     transports = {
         role: ChatTransport(
@@ -297,14 +362,14 @@ async def run_bench(opts: BenchOptions, progress: ProgressHook | None = None) ->
     counters = flags["speculative"].engine == "vllm"
     acceptance = Acceptance(endpoints["speculative"].url, info_key, counters)
     fresh = counters or flags["speculative"].accept_length_at_start is None
-    run = BenchRun(
-        model=model, flags=flags, levels=[], details=False, fresh=fresh, counters=counters
-    )
+    run = BenchRun(model=model, flags=flags, levels=[], details=False, fresh=fresh,
+                   counters=counters, temperature=opts.sampling.temperature)  # fmt: skip
     bench = _Bench(run, endpoints, transports, requests, acceptance, progress)
     try:
         await bench.warm_up()
         await bench.levels(levels)
-        if not run.details and any(w.after is not None for w in run.windows.values()):
+        measured = any(w.after is not None for w in run.windows.values())
+        if not run.details and measured and not run.source_windows:
             await bench.source_pass(levels[0])
         return run
     finally:

@@ -3,7 +3,8 @@
 Per level: each server's stats (regen.bench.stats), the speculative server's acceptance
 (pooled spec_tokens_details, else its /server_info window), the speedup. Over the bench: the
 crossover, the overall acceptance, per source acceptance (pooled details over every level,
-else the per-source pass's windows), then the verdicts (regen.bench.verdicts).
+else the per-source windows), the greedy answers compared (regen.bench.greedy), then the
+verdicts (regen.bench.verdicts).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import datetime as _dt
 from collections.abc import Mapping, Sequence
 
 import regen
+from regen.bench.greedy import compare_greedy
 from regen.bench.load import LevelRun
 from regen.bench.report import (
     Acceptance,
@@ -110,6 +112,7 @@ def summarize(
         crossover=crossover(levels),
         acceptance=overall,
         sources=sources,
+        greedy=compare_greedy(run.levels, run.temperature),
     )
     report.verdicts = verdicts(report)
     return report

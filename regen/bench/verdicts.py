@@ -4,6 +4,9 @@ The rules, in the order they are reported:
 
 - ``eagle-vs-eagle3`` / ``wrong-draft`` / ``baseline-speculates`` / ``flags-unchecked``: what
   the flags check found (the same check as ``regen verify-server``).
+- ``greedy-differs`` / ``greedy-identical``: at temperature 0, whether the speculative server
+  gave the target's own answers at concurrency 1 (regen.bench.greedy); when it did not, its
+  acceptance and speedup describe other answers.
 - ``draft-not-used``: acceptance at or below 1.1 (``regen.serve.sglang.LOW_ACCEPT_LENGTH``):
   every step keeps only the bonus token. "Is the algorithm EAGLE instead of EAGLE3?"
 - ``speedup``: the headline — speedup at the lowest and the highest level and where to serve
@@ -107,6 +110,8 @@ def verdicts(report: BenchReport) -> list[Verdict]:
             )
         out.append(_v("problem", "draft-not-used", text))
 
+    greedy = _greedy(report)  # a changed answer comes before the numbers it makes moot
+    out.extend(v for v in greedy if v.severity == "problem")
     out.extend(_speedup(report, algo))
     levels = _speedups(report)
     if accept is not None and not not_used and levels and levels[0][1] < 1.0 - SAME_BAND:
@@ -121,8 +126,27 @@ def verdicts(report: BenchReport) -> list[Verdict]:
     out.extend(_batch_limits(report))
     out.extend(_ttft(report))
     out.extend(_failures(report))
+    out.extend(v for v in greedy if v.severity != "problem")
     out.extend(_acceptance_source(report))
     return out
+
+
+def _greedy(report: BenchReport) -> list[Verdict]:
+    g = report.greedy
+    if g is None:
+        return []
+    by = "token ids" if g.method == "token_ids" else "text"
+    if g.differing:
+        shown = ", ".join(g.differing[:3]) + (", ..." if len(g.differing) > 3 else "")
+        text = (
+            f"{len(g.differing)} of {g.compared} greedy answers differ with the draft ({by}; "
+            f"{shown}): the speculative server does not decode what the target alone does, so "
+            "its acceptance and speedup describe other answers. Check that both servers load "
+            "the same target, dtype and chat template"
+        )
+        return [_v("problem", "greedy-differs", text)]
+    text = f"greedy answers identical with and without the draft: {g.identical}/{g.compared} ({by})"
+    return [_v("good", "greedy-identical", text)]
 
 
 def _speedups(report: BenchReport) -> list[tuple[LevelResult, float]]:

@@ -104,7 +104,20 @@ def test_both_servers_get_the_same_requests(
 def test_eagle3_server_passes_the_flags_check_and_acceptance_falls_back_to_server_info(
     sim_base: RunningSimulator, sim_eagle3: RunningSimulator
 ) -> None:
+    sims = (sim_base, sim_eagle3)
+    before = [Counter(sim.stats(keys=True)["keys"]) for sim in sims]
     run, rep = bench(options(sim_base.url, sim_eagle3.url, concurrency=[1, 4], draft=DRAFT))
+    # the concurrency-1 level was read between its sources: each source's acceptance without a
+    # second pass, so the speculative server got what the baseline got, request for request
+    assert not run.passes
+    after = [Counter(sim.stats(keys=True)["keys"]) for sim in sims]
+    base, spec_sent = (a - b for a, b in zip(after, before, strict=True))
+    assert base == spec_sent and sum(base.values()) == 1 + 12 + 12  # warm-up, levels 1 and 4
+    # greedy (temperature 0): the two simulators' concurrency-1 answers, by their text (SGLang
+    # streams no ids), are the same answers
+    assert rep.greedy is not None
+    assert (rep.greedy.compared, rep.greedy.identical, rep.greedy.method) == (12, 12, "text")
+    assert rep.greedy.tokens == 12 * MAX_TOKENS
     spec = rep.servers["speculative"]
     assert (spec.algorithm, spec.draft_path, spec.trap, spec.problem) == (
         "EAGLE3",
@@ -117,7 +130,6 @@ def test_eagle3_server_passes_the_flags_check_and_acceptance_falls_back_to_serve
     # the simulator sends no sglext: /server_info windows, one per level and one per source
     assert not run.details
     assert sorted(run.windows) == [1, 4] and sorted(run.source_windows) == sorted(MIX)
-    assert {p.role for p in run.passes} == {"pass"}
     assert rep.acceptance.method == "server_info"
     # 23 decode tokens per answer at 2.1: 11 verify steps (the last keeps what is left)
     assert rep.acceptance.overall == pytest.approx(23 / 11, rel=0.01)
@@ -135,12 +147,13 @@ def test_eagle3_server_passes_the_flags_check_and_acceptance_falls_back_to_serve
     }
     codes = [v.code for v in rep.verdicts]
     assert "draft-not-used" not in codes and "eagle-vs-eagle3" not in codes
-    assert "acceptance-source" in codes
-    # the simulator speculates (the default speed model): faster at low concurrency
-    model = SpeedModel()
+    assert "acceptance-source" in codes and "greedy-identical" in codes
+    # the speedup is the two servers' output tok/s of the same level, measured in this run; how
+    # close it comes to the speed model depends on how busy the machine is, so the model itself
+    # is checked on the simulator's own busy time (tests/devkit/simulate/test_sim_spec_server)
     for lv in rep.levels:
-        want = model.speedup(23 / 11, lv.concurrency) * (24 / 12) / (23 / 11)  # + the prefill
-        assert lv.speedup == pytest.approx(want, rel=0.25), (lv.concurrency, lv.speedup, want)
+        assert lv.baseline.output_tok_s > 0 and lv.speculative.output_tok_s > 0
+        assert lv.speedup == pytest.approx(lv.speculative.output_tok_s / lv.baseline.output_tok_s)
 
 
 def test_eagle_server_gets_the_draft_not_used_verdict(

@@ -96,8 +96,8 @@ def test_bench_reads_acceptance_from_vllms_counters(
     out = tmp_path / "bench"
     rc = regen_main(["bench", "--baseline", vllm_server.url, "--speculative",
                      vllm_spec_server.url, "--prompts", str(prompts), "--per-source", "2",
-                     "--concurrency", "1,2", "--max-tokens", "16", "--out", str(out),
-                     "--draft", str(engine_models["draft_vllm"])])  # fmt: skip
+                     "--concurrency", "1,2", "--max-tokens", "16", "--temperature", "0",
+                     "--out", str(out), "--draft", str(engine_models["draft_vllm"])])  # fmt: skip
     assert rc == 0
     report = read_report(out / "bench.json")
     spec, base = report.servers["speculative"], report.servers["baseline"]
@@ -109,6 +109,11 @@ def test_bench_reads_acceptance_from_vllms_counters(
     by_source = {s.source: s for s in report.sources}
     assert set(by_source) == {"chat", "code"}
     assert all(s.method == "metrics" and s.accept_length is not None for s in by_source.values())
+    # greedy: vLLM streamed each answer's ids (return_token_ids), and the draft changed none
+    # of the concurrency-1 answers (4 prompts: two per source)
+    g = report.greedy
+    assert g is not None and (g.method, g.compared, g.identical) == ("token_ids", 4, 4)
+    assert "greedy-identical" in {v.code for v in report.verdicts}
     # an untrained draft: acceptance at the floor, and the verdict says so
     assert report.acceptance.overall <= 1.1
     assert "draft-not-used" in {v.code for v in report.verdicts}

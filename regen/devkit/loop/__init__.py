@@ -13,7 +13,8 @@
                   bench        regen bench --baseline TARGET --speculative SPEC --run
                                ROUND --temperature 0: acceptance per source from vLLM's
                                counters, speedup per concurrency
-                  greedy       the held-out prompts greedy on both: the same ids?     greedy
+                  greedy       the bench's concurrency-1 answers, greedy on both:     regen.bench
+                               the same ids?                                          .greedy
                   reweight     regen plan --reweight bench.json: round N+1's limits
     untrained     after round 1, a never-trained draft of the same config, benched the same way
     summary       the rounds side by side, loop.json                                  summary,

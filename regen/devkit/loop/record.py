@@ -132,7 +132,7 @@ class RoundRecord(_Strict):
     draft_vllm: str
     bench: BenchRecord
     reweight: str | None = None
-    #: seconds per step: regenerate, train, draft, serve, bench, greedy, reweight
+    #: seconds per step: regenerate, train, draft, serve, bench, reweight
     wall_s: dict[str, float] = Field(default_factory=dict)
 
 

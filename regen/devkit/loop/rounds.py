@@ -6,8 +6,8 @@ Every step that is a regen command runs as that command (``regen run``, ``regen 
 ``regen verify-server``, ``regen bench``, ``regen plan --reweight``), printed first as the line
 a user would type; a regen error stops the loop with that command's one-line message. The
 other steps are regen's CPU training (:func:`regen.devkit.cpu_train.train_on_cpu`), SpecForge's
-exporter (:mod:`regen.devkit.loop.drafts`), the servers (:mod:`regen.devkit.loop.servers`) and the
-greedy comparison (:mod:`regen.devkit.loop.greedy`).
+exporter (:mod:`regen.devkit.loop.drafts`) and the servers (:mod:`regen.devkit.loop.servers`);
+the greedy answers are compared by the bench itself (:mod:`regen.bench.greedy`).
 
 Run again, the same command picks up where the loop was: each round's ``regen run`` resumes
 (nothing is regenerated twice); the training, the drafts and the benches are done again.
@@ -29,22 +29,24 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from regen.bench.prompts import per_source
 from regen.bench.report import BENCH_JSON, BenchReport, read_report
 from regen.cli.main import EXIT_DONE, build_parser
 from regen.core.errors import ConfigError, RunIncompleteError
 from regen.devkit.cpu_train import train_on_cpu
 from regen.devkit.loop import drafts, record
-from regen.devkit.loop.greedy import compare_greedy
-from regen.devkit.loop.record import BenchRecord, LevelRecord, LoopRecord, RoundRecord
+from regen.devkit.loop.record import (
+    BenchRecord,
+    GreedyRecord,
+    LevelRecord,
+    LoopRecord,
+    RoundRecord,
+)
 from regen.devkit.loop.servers import MAX_NUM_SEQS, speculative_server, target_server, vllm_python
 from regen.devkit.servers import build_demo_target
 from regen.devkit.servers.vllm import VllmServer
 from regen.manifest import load_manifest, read_yaml_file
 from regen.store import RunDir
 from regen.store import layout as L
-from regen.store.holdout import holdout_path, read_prompts
-from regen.store.run import read_manifest
 
 if TYPE_CHECKING:
     from regen.devkit.cpu_train import CpuTrainResult
@@ -91,6 +93,9 @@ class LoopSettings:
             raise ConfigError("--rounds must be >= 1", field="--rounds")
         if self.train_steps < 1:
             raise ConfigError("--train-steps must be >= 1", field="--train-steps")
+        if 1 not in self.concurrency:
+            raise ConfigError("--bench-concurrency must include 1: the greedy answers are "
+                              "compared there", field="--bench-concurrency")  # fmt: skip
         if max(self.concurrency) > MAX_NUM_SEQS:
             raise ConfigError(f"--bench-concurrency levels must be <= {MAX_NUM_SEQS} (the "
                               "servers' --max-num-seqs)", field="--bench-concurrency")  # fmt: skip
@@ -270,8 +275,8 @@ class Loop:
         bench_dir: Path,
         wall: dict[str, float],
     ) -> BenchRecord:
-        """Serve target + draft, verify it, bench it against the target alone, and compare
-        the greedy answers."""
+        """Serve target + draft, verify it, and bench it against the target alone (the bench
+        compares the greedy answers too)."""
         self.step(f"{name}: vLLM serves the target with the draft (EAGLE-3), then regen bench")
         with timed(wall, "serve"):
             spec = speculative_server(
@@ -290,21 +295,14 @@ class Loop:
                             "--concurrency", ",".join(map(str, self.record.concurrency)),
                             "--max-tokens", str(self.s.max_tokens), "--temperature", "0",
                             "--draft", str(copy), "--out", str(bench_dir)])  # fmt: skip
-            with timed(wall, "greedy"):
-                prompts = per_source(read_prompts(holdout_path(run_dir)), self.s.per_source)
-                manifest = read_manifest(RunDir.open(str(run_dir), create=False))
-                if manifest is None:
-                    raise ConfigError(f"{run_dir}: no resolved manifest")
-                greedy = compare_greedy(target.url, spec.url, prompts, model=self.served,
-                                        sampling=manifest.sampling,
-                                        max_tokens=self.s.max_tokens,
-                                        template_kwargs=manifest.template_kwargs())  # fmt: skip
-            self.note(f"greedy answers identical with and without the draft: "
-                      f"{greedy.identical}/{greedy.prompts} ({greedy.tokens} tokens)")  # fmt: skip
         finally:
             spec.stop()
         report = read_report(bench_dir / BENCH_JSON)
-        return bench_record(report, bench_dir / BENCH_JSON, greedy, spec.start_s)
+        record_ = bench_record(report, bench_dir / BENCH_JSON, spec.start_s)
+        g = record_.greedy
+        self.note(f"greedy answers identical with and without the draft: "
+                  f"{g.identical}/{g.prompts} ({g.tokens} tokens)")  # fmt: skip
+        return record_
 
     # ---- helpers --------------------------------------------------------------------------
 
@@ -368,10 +366,15 @@ def overlay_limits(path: Path) -> dict[str, int]:
     }
 
 
-def bench_record(
-    report: BenchReport, path: Path, greedy: Any, start_s: float | None
-) -> BenchRecord:
-    """The loop's summary of one bench report."""
+def bench_record(report: BenchReport, path: Path, start_s: float | None) -> BenchRecord:
+    """The loop's summary of one bench report (the bench ran at temperature 0 with a
+    concurrency-1 level: its greedy comparison is there)."""
+    g = report.greedy
+    if g is None:
+        raise ConfigError(f"{path}: the bench compared no greedy answers (temperature 0 and "
+                          "concurrency 1 are needed)")  # fmt: skip
+    greedy = GreedyRecord(prompts=g.compared, identical=g.identical, tokens=g.tokens,
+                          differing=g.differing)  # fmt: skip
     return BenchRecord(
         bench_json=str(path),
         prompts=report.settings.prompts,

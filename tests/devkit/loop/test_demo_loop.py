@@ -125,6 +125,9 @@ def test_greedy_answers_are_identical_with_and_without_the_draft(loop) -> None:
         assert g.prompts == b.prompts and g.prompts >= 16, head
         assert g.identical == g.prompts and not g.differing, (head, g.differing)
         assert g.tokens > 10 * g.prompts  # answers, not empty strings
+        # the bench's own concurrency-1 answers, compared by the ids vLLM streamed
+        greedy = read_report(Path(b.bench_json)).greedy
+        assert greedy is not None and greedy.method == "token_ids", head
 
 
 def test_the_trained_draft_beats_a_never_trained_one_by_a_clear_margin(loop) -> None:
