@@ -46,6 +46,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import _leaks
 import pytest
@@ -84,6 +85,8 @@ settings.load_profile(os.environ.get("REGEN_HYPOTHESIS", "ci"))
 
 #: seconds the head may take to start (and answer the job API, when it runs the dashboard)
 RAY_START_TIMEOUT_S = 120.0
+#: ``ray start`` tries before a head's fixture fails (:func:`start_head`)
+RAY_START_TRIES = 3
 #: what ``ray start --block`` prints once the node's processes run and it is registered
 RAY_STARTED = "Ray runtime started"
 
@@ -362,49 +365,75 @@ def head_ready(head: RayHead, log: Path) -> bool:
     return True
 
 
+@dataclass(slots=True)
+class _Started:
+    """A ``ray start`` process that has said it started."""
+
+    head: RayHead
+    proc: subprocess.Popen[bytes]
+    log: IO[bytes]
+
+
+def start_head(ray_env: dict[str, str], dashboard: bool) -> _Started:
+    """``ray start --head`` until it says it started: a start that exits first (a port taken
+    between :func:`free_port` and Ray's bind, under load) is tried again on other ports, up to
+    :data:`RAY_START_TRIES` times; the last failure shows the end of its log."""
+    for attempt in range(1, RAY_START_TRIES + 1):
+        # a short temp dir of its own: Ray's socket paths below it must stay under 107 bytes (a
+        # pytest-xdist worker's basetemp is longer), removed with the head
+        tmp = Path(tempfile.mkdtemp(prefix="regen-ray-"))
+        gcs_port, dash_port = free_port(), free_port()
+        argv = [
+            str(VENV_BIN / "ray"), "start", "--head", "--block",
+            f"--port={gcs_port}", "--node-ip-address=127.0.0.1",
+            "--num-cpus=2", "--num-gpus=8",
+            f"--include-dashboard={str(dashboard).lower()}", "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dash_port}",
+            f"--ray-client-server-port={free_port()}", f"--temp-dir={tmp}",
+            "--disable-usage-stats", "--include-log-monitor=false",  # module docstring
+            # every port explicit: fixed defaults (agent 52365, ...) collide with other heads
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}",
+            f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+            f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
+        ]  # fmt: skip
+        log = (tmp / "ray-start.log").open("wb")
+        env = {**ray_env, "REPORTER_UPDATE_INTERVAL_MS": str(RAY_REPORTER_INTERVAL_MS)}
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        head = RayHead(f"127.0.0.1:{gcs_port}", tmp,
+                       f"http://127.0.0.1:{dash_port}" if dashboard else None)  # fmt: skip
+        deadline = time.monotonic() + RAY_START_TIMEOUT_S
+        while not head_ready(head, tmp / "ray-start.log"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        else:
+            return _Started(head, proc, log)
+        stop_group(proc, HEAD_STOP_TIMEOUT_S)
+        log.close()
+        said = (tmp / "ray-start.log").read_text(errors="replace").splitlines()[-40:]
+        shutil.rmtree(tmp, ignore_errors=True)
+        why = "did not come up" if proc.returncode in (None, -9, -15) else "exited"
+        logging.getLogger(__name__).warning(
+            "ray start %s (try %d of %d): %s", why, attempt, RAY_START_TRIES, said[-3:]
+        )
+    pytest.fail(f"ray start {why} {RAY_START_TRIES} times; the last log ends:\n" + "\n".join(said))
+
+
 @pytest.fixture(scope="session")
 def ray_head(ray_env: dict[str, str]) -> Iterator[RayHead]:
     """A real local Ray head: 2 CPUs, 8 logical GPUs, on 127.0.0.1; its dashboard when the test
     it starts for wants it (module docstring)."""
-    # a short temp dir of its own: Ray's socket paths below it must stay under 107 bytes (a
-    # pytest-xdist worker's basetemp is longer), removed with the head
-    tmp = Path(tempfile.mkdtemp(prefix="regen-ray-"))
-    gcs_port, dash_port = free_port(), free_port()
-    dashboard = _WANT["dashboard"]
-    argv = [
-        str(VENV_BIN / "ray"), "start", "--head", "--block",
-        f"--port={gcs_port}", "--node-ip-address=127.0.0.1",
-        "--num-cpus=2", "--num-gpus=8",
-        f"--include-dashboard={str(dashboard).lower()}", "--dashboard-host=127.0.0.1",
-        f"--dashboard-port={dash_port}",
-        f"--ray-client-server-port={free_port()}", f"--temp-dir={tmp}", "--disable-usage-stats",
-        "--include-log-monitor=false",  # module docstring
-        # every port explicit: fixed defaults (agent 52365, ...) collide with other heads
-        f"--dashboard-agent-listen-port={free_port()}",
-        f"--dashboard-agent-grpc-port={free_port()}",
-        f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
-        f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
-    ]  # fmt: skip
-    log = (tmp / "ray-start.log").open("wb")
-    env = {**ray_env, "REPORTER_UPDATE_INTERVAL_MS": str(RAY_REPORTER_INTERVAL_MS)}
-    proc = subprocess.Popen(
-        argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-    )
-    head = RayHead(f"127.0.0.1:{gcs_port}", tmp,
-                   f"http://127.0.0.1:{dash_port}" if dashboard else None)  # fmt: skip
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
     os.environ["RAY_AUTH_MODE"] = "disabled"
     os.environ.pop("RAY_ADDRESS", None)
+    started: _Started | None = None
     try:
-        deadline = time.monotonic() + RAY_START_TIMEOUT_S
-        while not head_ready(head, tmp / "ray-start.log"):
-            if proc.poll() is not None:
-                pytest.fail(f"ray start exited with {proc.returncode}: see {tmp}/ray-start.log")
-            if time.monotonic() > deadline:
-                pytest.fail(f"the Ray head did not come up in {RAY_START_TIMEOUT_S:.0f} s")
-            time.sleep(0.5)
-        _HEAD["live"] = head
-        yield head
+        started = start_head(ray_env, dashboard=_WANT["dashboard"])
+        _HEAD["live"] = started.head
+        yield started.head
     finally:
         _HEAD["live"] = None
         for k, v in saved.items():
@@ -412,9 +441,10 @@ def ray_head(ray_env: dict[str, str]) -> Iterator[RayHead]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        stop_group(proc, HEAD_STOP_TIMEOUT_S)
-        log.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if started is not None:
+            stop_group(started.proc, HEAD_STOP_TIMEOUT_S)
+            started.log.close()
+            shutil.rmtree(started.head.temp_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
