@@ -261,48 +261,52 @@ class _Bench:
         acceptance read between them: the level's window and each source's. One request at a
         time, so this is the same level as one run over every request; its wall time is its
         runs' (the readings left out) and its records' send times follow from them."""
-        run, spec_tokens = self.run, self.spec_tokens
-        total, done = len(self.requests), 0
+        spec_tokens = self.spec_tokens
+        runs, first = await self._per_source("speculative", 1)
         merged = LevelRun(role="speculative", concurrency=1, wall_s=0.0)
-        first = None
-        for source, reqs in by_source(self.requests).items():
-            before = await self.acceptance.now()
-            first = before if first is None else first
-            lv = await run_level(self.transports["speculative"], reqs, role="speculative",
-                                 concurrency=1, progress=self._offset(done, total))  # fmt: skip
+        for lv in runs:
             for rec in lv.records:
                 rec.sent_s = None if rec.sent_s is None else rec.sent_s + merged.wall_s
             merged.records += lv.records
             merged.wall_s += lv.wall_s
-            done += len(lv.records)
-            run.source_windows[source] = await self._window(before, lv)
         merged.full_s = merged.wall_s
-        run.levels.append(merged)
+        self.run.levels.append(merged)
         tokens = decode_tokens(merged.records)
-        run.windows[1] = self.acceptance.window(first, await self.acceptance.now(), spec_tokens,
-                                                tokens, run.fresh)  # fmt: skip
-
-    def _offset(self, done: int, total: int) -> ProgressHook | None:
-        """The progress hook of one source's run inside a level of ``total`` requests."""
-        hook = self.progress
-        if hook is None:
-            return None
-        return lambda role, c, finished, _: hook(role, c, done + finished, total)
+        self.run.windows[1] = self.acceptance.window(
+            first, await self.acceptance.now(), spec_tokens, tokens, self.run.fresh
+        )
 
     async def source_pass(self, concurrency: int) -> None:
         """The speculative server again, one source at a time: the server's counters then
         belong to that source alone."""
-        for source, reqs in by_source(self.requests).items():
+        runs, _ = await self._per_source("pass", concurrency)
+        self.run.passes += runs
+
+    async def _per_source(self, role: str, concurrency: int) -> tuple[list[LevelRun], Any]:
+        """The speculative server, one source at a time, the acceptance read before each and
+        after it (each source's window in ``source_windows``); returns the runs and the first
+        reading. Progress counts over all of them."""
+        groups = by_source(self.requests)
+        total = sum(level_size(len(reqs), concurrency) for reqs in groups.values())
+        runs: list[LevelRun] = []
+        first = None
+        for source, reqs in groups.items():
             before = await self.acceptance.now()
-            lv = await run_level(
-                self.transports["speculative"],
-                reqs,
-                role="pass",
-                concurrency=concurrency,
-                progress=self.progress,
-            )
-            self.run.passes.append(lv)
+            first = before if first is None else first
+            done = sum(len(lv.records) for lv in runs)
+            progress = self._offset(done, total)
+            lv = await run_level(self.transports["speculative"], reqs, role=role,
+                                 concurrency=concurrency, progress=progress)  # fmt: skip
+            runs.append(lv)
             self.run.source_windows[source] = await self._window(before, lv)
+        return runs, first
+
+    def _offset(self, done: int, total: int) -> ProgressHook | None:
+        """The progress hook of one source's run among runs of ``total`` requests in all."""
+        hook = self.progress
+        if hook is None:
+            return None
+        return lambda role, c, finished, _: hook(role, c, done + finished, total)
 
     async def _window(self, before: Any, lv: LevelRun) -> AcceptWindow | CounterWindow:
         """The acceptance window of a speculative run that started at reading ``before``."""

@@ -298,11 +298,11 @@ class Loop:
         finally:
             spec.stop()
         report = read_report(bench_dir / BENCH_JSON)
-        record_ = bench_record(report, bench_dir / BENCH_JSON, spec.start_s)
-        g = record_.greedy
+        benched = bench_record(report, bench_dir / BENCH_JSON, spec.start_s)
+        g = benched.greedy
         self.note(f"greedy answers identical with and without the draft: "
                   f"{g.identical}/{g.prompts} ({g.tokens} tokens)")  # fmt: skip
-        return record_
+        return benched
 
     # ---- helpers --------------------------------------------------------------------------
 
