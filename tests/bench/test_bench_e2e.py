@@ -32,8 +32,12 @@ DEMO = REPO / "manifests" / "demo.yaml"
 #: configured acceptance per source (the prompts carry the source name: "[xlam] question ...")
 ACCEPT = {"sharegpt": 2.6, "xlam": 1.4, "magicoder": 3.1}
 #: answers longer than the bench's max_tokens, so every answer has MAX_TOKENS tokens; 93 decode
-#: tokens are close to whole verify steps at 1.4, 2.6 and 3.1 (the last step keeps what is left)
-SIM = {"mean_tokens": 400, "length_sigma": 0, "max_running_requests": 64, "step_ms": 5.0}
+#: tokens are close to whole verify steps at 1.4, 2.6 and 3.1 (the last step keeps what is left).
+#: 15 ms steps: at 5 ms, 16 streams cost the simulator most of a core, which a loaded suite did
+#: not always give it; the baseline's steps (the shortest) then fell behind more than the
+#: speculative server's, and the crossover came out at 11.7 against the model's 7.6 (a full
+#: suite on 2026-12-07)
+SIM = {"mean_tokens": 400, "length_sigma": 0, "max_running_requests": 64, "step_ms": 15.0}
 MAX_TOKENS = 94
 #: a verify cost that puts the crossover of the 2.1 mix near concurrency 8, between the 4 and
 #: 16 levels (the default puts it near 52: CI-sized levels would not reach it)
