@@ -40,15 +40,16 @@ def main(archs: list[str]) -> int:
     except Exception as e:  # an environment without vLLM: the tests skip anyway
         print(f"vllm-warm: vLLM not importable ({type(e).__name__}: {e})", file=sys.stderr)
         return 0
+    warmed = 0
     for arch in archs:
         # vLLM's private call, the one a server's config makes: the cache when current, else
         # the inspecting subprocess, whose result it then stores
         info = ModelRegistry._try_inspect_model_cls(arch)
         print(f"vllm-warm: {arch}: {'ready' if info is not None else 'not inspected'}")
-        if info is None:
-            return 0
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(want + "\n")
+        warmed += info is not None
+    if warmed == len(archs):  # the marker only once every class is in the cache
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(want + "\n")
     return 0
 
 
