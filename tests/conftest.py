@@ -21,14 +21,15 @@ consoles, ~0.03 CPU-s a second per head here; the actors' logs stay in the head'
 ``temp_dir``, where tests read them. Its dashboard agent reports the node's stats every
 :data:`RAY_REPORTER_INTERVAL_MS` instead of every 5 s (no test reads them). The head runs Ray's
 dashboard (the job API of ``ray job submit`` and ``JobSubmissionClient``, the state API of
-``ray.util.state``) only for the tests marked ``ray_dashboard``: idle, a head with it took 4.3
-CPU-s a minute here, one without 1.9 (2026-12-07); a test reading ``dashboard_url`` from a head
-without one fails with a pointer to the mark. A head that runs the dashboard or not, where the
-next test wants the other, is stopped and started again the other way (the modules that want it
-run last among those on the head, :func:`pytest_collection_modifyitems`). At the end the head's
-process group is stopped (SIGTERM, then SIGKILL); ``ray stop`` is not used because it would
-stop every Ray on this machine. A worker's head is also stopped as soon as its next test does
-not use one (:func:`pytest_runtest_teardown`; the modules that do run first on each worker,
+``ray.util.state``) only for the modules with a test marked ``ray_dashboard``: idle, a head
+with it took 4.3 CPU-s a minute here, one without 1.9 (2026-12-07); a test reading
+``dashboard_url`` from a head without one fails with a pointer to the mark. A head that runs the
+dashboard or not, where the next test's module wants the other, is stopped and started again the
+other way (the modules that want it run last among those on the head,
+:func:`pytest_collection_modifyitems`). At the end the head's process group is stopped (SIGTERM,
+then SIGKILL); ``ray stop`` is not used because it would stop every Ray on this machine. A
+worker's head is also stopped as soon as its next test is in a module with no test on the head
+(:func:`pytest_runtest_teardown`; the modules that have one run first on each worker,
 :func:`pytest_collection_modifyitems`): an idle head costs 0.03 CPU-s a second (0.07 with its
 dashboard), and a later test that needs one starts it again.
 """
@@ -45,8 +46,9 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import _leaks
 import pytest
@@ -54,6 +56,9 @@ from _fixtures import finish_fixture
 from hypothesis import HealthCheck, settings
 
 from regen.devkit.procs import stop_group
+
+if TYPE_CHECKING:
+    from regen.devkit.servers import TransformersServer
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -160,11 +165,27 @@ FIXTURE_MARKERS = {"ray_head": "ray", "vllm_python": "vllm"}
 #: the longest modules (minutes each: the whole loop with vLLM and SpecForge; the reference
 #: job rehearsed at CI size), started first, one per xdist worker, the rest beside them
 LONGEST = ("devkit/loop/test_demo_loop.py", "reliability/test_rehearsal.py")
-#: modules that share session fixtures costly to start, by the prefix of their path: each
-#: group is one xdist work unit (:func:`pytest_xdist_make_scheduler`), run on one worker one
-#: module after the other, so its servers start once in the suite (tests/engines/conftest.py
-#: stops them when the group is done); the groups start right after :data:`LONGEST`
-SHARED = {"engines/test_vllm_": "the vLLM session servers (tests/engines/conftest.py)"}
+#: modules that share what is costly to start, by name: the patterns of their paths. Each group
+#: is one xdist work unit (:func:`pytest_xdist_make_scheduler`), run on one worker one module
+#: after the other, so what they share starts once in the suite; the groups start right after
+#: :data:`LONGEST`:
+#:
+#: - ``vllm-servers``: tests/engines/conftest.py's vLLM session servers (stopped when the group
+#:   is done);
+#: - ``vllm-worker``: the vLLM environment's worker process (tests/_vllm_call.py: ~12 CPU-s of
+#:   vLLM imports, once per pytest process), which the targets' contract modules and the served
+#:   render call; spread over three xdist workers they started three.
+#: - ``demo-server``: :func:`demo_server`, ``transformers serve`` of the demo target (~20
+#:   CPU-s a start with its model process), stopped when the group is done.
+SHARED: dict[str, tuple[str, ...]] = {
+    "vllm-servers": ("engines/test_vllm_*",),
+    "vllm-worker": ("targets/test_*_contract.py", "template/test_served_render.py"),
+    "demo-server": (
+        "devkit/servers/test_transformers_server.py",
+        "targets/test_markup_in_content.py",
+        "train/test_train_demo_run.py",
+    ),
+}
 #: the longest modules of the fast tier (5-20 s each, measured with --durations: outages that
 #: last seconds, subprocesses, lock races), first among the modules that start no server, so
 #: the two workers end together there too
@@ -214,6 +235,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     }
     on_ray = {i.path for i in items if uses_ray_head(i)}
     on_dashboard = {i.path for i in items if wants_dashboard(i)}
+    _MODULES["ray"], _MODULES["dashboard"] = on_ray, on_dashboard
 
     def rank(item: pytest.Item) -> tuple[bool, bool, bool, bool, bool, int]:
         rel = Path(str(item.path)).resolve().relative_to(here).as_posix()
@@ -243,30 +265,54 @@ def wants_dashboard(item: pytest.Item) -> bool:
 #: this worker's live Ray head, if any, and whether the next one to start runs the dashboard
 _HEAD: dict[str, RayHead | None] = {"live": None}
 _WANT = {"dashboard": False}
+#: the modules (paths) with a test on the Ray head, and those with a test that wants its
+#: dashboard (:func:`pytest_collection_modifyitems`): the head's life is decided per module
+_MODULES: dict[str, set[Path]] = {"ray": set(), "dashboard": set()}
+
+
+def module_wants_dashboard(item: pytest.Item) -> bool:
+    """Whether a test of ``item``'s module wants the head's dashboard: the head of every test of
+    that module then runs it (a module whose tests differ would otherwise restart the head)."""
+    return item.path in _MODULES["dashboard"] or wants_dashboard(item)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A Ray head started for ``item`` runs the dashboard when ``item`` wants it."""
-    _WANT["dashboard"] = wants_dashboard(item)
+    """A Ray head started for ``item`` runs the dashboard when ``item``'s module wants it."""
+    _WANT["dashboard"] = module_wants_dashboard(item)
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """Stop this worker's Ray head once its next test does not use one, or wants the dashboard
-    where the head runs none or the other way round (the session's end stops it otherwise):
-    pytest finishes the fixture, and those that use it, as at the session's end, and a later
-    test that asks for it starts a new one."""
+    """Stop this worker's Ray head once its next test is in a module with no test on the head,
+    or in a module that wants the dashboard where the head runs none or the other way round
+    (the session's end stops it otherwise): pytest finishes the fixture, and those that use
+    it, as at the session's end, and a later test that asks for it starts a new one. A module's
+    tests off the head keep it: six modules mix tests on and off the head or with and without
+    its dashboard (2026-12-07: ten switches in their order), each switch was a stop and a start
+    of the head (~8 CPU-s)."""
+    _finish_demo_server(item, nextitem)
     live = _HEAD["live"]
     if nextitem is None or live is None:
         return
-    if not uses_ray_head(nextitem) or live.has_dashboard != wants_dashboard(nextitem):
+    on_ray = nextitem.path in _MODULES["ray"] or uses_ray_head(nextitem)
+    if not on_ray or live.has_dashboard != module_wants_dashboard(nextitem):
         finish_fixture(item, "ray_head")
+
+
+def _finish_demo_server(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop :func:`demo_server` once the next test is outside its :data:`SHARED` group."""
+    here = Path(__file__).resolve().parent
+    if nextitem is not None:
+        rel = Path(str(nextitem.path)).resolve().relative_to(here).as_posix()
+        if shared_group(rel) == "demo-server":
+            return
+    finish_fixture(item, "demo_server")
 
 
 def shared_group(rel: str) -> str | None:
     """The :data:`SHARED` group of the module at ``rel`` (below tests/), None when none."""
-    return next((prefix for prefix in SHARED if rel.startswith(prefix)), None)
+    return next((g for g, pats in SHARED.items() if any(fnmatch(rel, p) for p in pats)), None)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
@@ -280,7 +326,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
         def _split_scope(self, nodeid: str) -> str:
             scope = super()._split_scope(nodeid)
             group = shared_group(scope.removeprefix("tests/"))
-            return f"tests/{group}*" if group is not None else scope
+            return f"shared:{group}" if group is not None else scope
 
     return SharedScopes(config, log)
 
@@ -445,6 +491,19 @@ def ray_head(ray_env: dict[str, str]) -> Iterator[RayHead]:
             stop_group(started.proc, HEAD_STOP_TIMEOUT_S)
             started.log.close()
             shutil.rmtree(started.head.temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def demo_server(
+    demo_target: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TransformersServer]:
+    """``transformers serve`` of the demo target (regen.devkit.servers.TransformersServer),
+    shared by the modules of :data:`SHARED`'s ``demo-server`` group and stopped after them."""
+    from regen.devkit.servers import TransformersServer
+
+    log = tmp_path_factory.mktemp("demo-serve") / "server.log"
+    with TransformersServer(demo_target, log_path=log, startup_timeout_s=120) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="session")

@@ -59,11 +59,9 @@ def test_markup_in_a_reply_is_encoded_as_the_tokenizer_encodes_it_when_serving(
 
 @pytest.mark.server
 def test_transformers_serve_counts_the_rows_prompt_tokens_with_markup_in_history(
-    demo_target: Path,
+    demo_server,
 ) -> None:
     import httpx2
-
-    from regen.devkit.servers import TransformersServer
 
     renderer = Renderer.from_dir(REPO / "manifests" / "demo" / "tokenizer",
                                  template_kwargs={"thinking": True})  # fmt: skip
@@ -71,10 +69,10 @@ def test_transformers_serve_counts_the_rows_prompt_tokens_with_markup_in_history
             '<|tool_call_argument_begin|>{"city": "Oslo"}<|tool_call_end|>'
             "<|tool_calls_section_end|>")  # fmt: skip
     cases = [history(call), history("functions.</think><|tool_call_begin|>x"), history("")]
-    with TransformersServer(demo_target) as srv:
-        for messages in cases:
-            body = {"model": srv.model_name, "messages": messages, "max_tokens": 1,
-                    "chat_template_kwargs": {"thinking": True}}  # fmt: skip
-            usage = httpx2.post(f"{srv.url}/chat/completions", json=body, timeout=120).json()
-            ours = renderer.encode(renderer.render_prompt(messages))
-            assert usage["usage"]["prompt_tokens"] == len(ours), messages[1]["content"]
+    srv = demo_server
+    for messages in cases:
+        body = {"model": srv.model_name, "messages": messages, "max_tokens": 1,
+                "chat_template_kwargs": {"thinking": True}}  # fmt: skip
+        usage = httpx2.post(f"{srv.url}/chat/completions", json=body, timeout=120).json()
+        ours = renderer.encode(renderer.render_prompt(messages))
+        assert usage["usage"]["prompt_tokens"] == len(ours), messages[1]["content"]

@@ -1,8 +1,8 @@
 """Fixtures for regen.train: a run directory with an export and train.yaml files, and one real
 demo run (shared by the tests of the session).
 
-The Ray head (``ray_head``, 8 logical GPUs) and the demo target (``demo_target``) are session
-fixtures of tests/conftest.py.
+The Ray head (``ray_head``, 8 logical GPUs), the demo target (``demo_target``) and its
+``transformers serve`` (``demo_server``) are session fixtures of tests/conftest.py.
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ def write_train_yaml(tmp_path: Path):
 
 
 @pytest.fixture(scope="session")
-def demo_run(tmp_path_factory, demo_target: Path, ray_head, ray_env) -> Path:
-    """``regen run manifests/demo.yaml`` against ``transformers serve`` of the demo target, as
-    ``regen demo`` runs it: the run directory (read it; copy it before changing it)."""
+def demo_run(tmp_path_factory, demo_server, ray_head, ray_env) -> Path:
+    """``regen run manifests/demo.yaml`` against ``transformers serve`` of the demo target (the
+    session's, tests/conftest.py), as ``regen demo`` runs it: the run directory (read it; copy
+    it before changing it)."""
     tmp = tmp_path_factory.mktemp("demo-run")
-    return served_run(DEMO, demo_target, tmp, ray_head.address, ray_env, DEMO_RUN_TIMEOUT_S)
+    return served_run(DEMO, demo_server, tmp, ray_head.address, ray_env, DEMO_RUN_TIMEOUT_S)

@@ -12,9 +12,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from regen.devkit.servers import TransformersServer
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_TRAIN = REPO / "manifests" / "demo-train.yaml"
@@ -83,19 +86,37 @@ def demo_train_config(target: Path, **over: Any) -> dict[str, Any]:
 
 
 def served_run(
-    manifest: Path, target: Path, tmp: Path, address: str, env: dict[str, str], timeout_s: float
+    manifest: Path,
+    target: Path | TransformersServer,
+    tmp: Path,
+    address: str,
+    env: dict[str, str],
+    timeout_s: float,
 ) -> Path:
-    """``regen run MANIFEST`` against ``transformers serve`` of ``target``, as ``regen demo``
-    runs it (one worker, eight in flight): the run directory ``tmp/run``."""
+    """``regen run MANIFEST`` against ``transformers serve`` of ``target`` (started here), or
+    against the running server ``target``, as ``regen demo`` runs it (one worker, eight in
+    flight): the run directory ``tmp/run``."""
     from regen.devkit.servers import TransformersServer
 
-    out = tmp / "run"
+    if isinstance(target, TransformersServer):
+        return _run_against(manifest, target, tmp / "run", address, env, timeout_s)
     with TransformersServer(target, log_path=tmp / "serve.log") as srv:
-        cmd = [sys.executable, "-m", "regen", "--log-level", "WARNING", "run", str(manifest),
-               "--out", str(out), "--endpoint", srv.url, "--address", address,
-               "--workers", "1", "--concurrency", "8", "--no-view",
-               "-o", f"target.model={srv.model_name}"]  # fmt: skip
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=timeout_s, check=False)  # fmt: skip
+        return _run_against(manifest, srv, tmp / "run", address, env, timeout_s)
+
+
+def _run_against(
+    manifest: Path,
+    srv: TransformersServer,
+    out: Path,
+    address: str,
+    env: dict[str, str],
+    timeout_s: float,
+) -> Path:
+    cmd = [sys.executable, "-m", "regen", "--log-level", "WARNING", "run", str(manifest),
+           "--out", str(out), "--endpoint", srv.url, "--address", address,
+           "--workers", "1", "--concurrency", "8", "--no-view",
+           "-o", f"target.model={srv.model_name}"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout_s, check=False)  # fmt: skip
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return out

@@ -46,10 +46,9 @@ def model_dir(demo_target) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
-    log = tmp_path_factory.mktemp("serve") / "server.log"
-    with TransformersServer(model_dir, log_path=log, startup_timeout_s=120) as srv:
-        yield srv
+def server(demo_server):
+    """The demo target's server, shared with other modules (tests/conftest.py)."""
+    return demo_server
 
 
 @pytest.fixture(scope="module")
