@@ -1,6 +1,7 @@
-"""Stopping a session fixture before the session ends: the conftests that hold costly servers
-(tests/conftest.py's Ray head, tests/engines/conftest.py's vLLM servers) stop them once the
-next test does not need them, and a later test that asks for one starts it again."""
+"""Stopping a session fixture before the session ends: tests/conftest.py stops its Ray head, and
+the servers a SHARED group holds (tests/engines/conftest.py's vLLM servers, the demo target's
+``transformers serve``), once the next test does not need them; a later test that asks for one
+starts it again."""
 
 from __future__ import annotations
 

@@ -36,6 +36,7 @@ dashboard), and a later test that needs one starts it again.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
     from regen.devkit.servers import TransformersServer
 
 REPO = Path(__file__).resolve().parents[1]
+HERE = REPO / "tests"
 VENV_BIN = Path(sys.executable).parent
 #: vLLM's cache (its model-class inspections: without one, every server start runs a third
 #: process that imports vLLM, ~12 CPU-s here), kept in the checkout for every test process and
@@ -165,25 +167,29 @@ FIXTURE_MARKERS = {"ray_head": "ray", "vllm_python": "vllm"}
 #: the longest modules (minutes each: the whole loop with vLLM and SpecForge; the reference
 #: job rehearsed at CI size), started first, one per xdist worker, the rest beside them
 LONGEST = ("devkit/loop/test_demo_loop.py", "reliability/test_rehearsal.py")
-#: modules that share what is costly to start, by name: the patterns of their paths. Each group
-#: is one xdist work unit (:func:`pytest_xdist_make_scheduler`), run on one worker one module
-#: after the other, so what they share starts once in the suite; the groups start right after
-#: :data:`LONGEST`:
+#: modules that share what is costly to start, by name: the patterns of their paths, and the
+#: session fixtures the group holds. Each group is one xdist work unit
+#: (:func:`pytest_xdist_make_scheduler`), run on one worker one module after the other, so what
+#: they share starts once in the suite, and its fixtures are finished as soon as the worker's
+#: next test is outside the group (:func:`pytest_runtest_teardown`; a later test that asks for
+#: one starts it again); the groups start right after :data:`LONGEST`:
 #:
-#: - ``vllm-servers``: tests/engines/conftest.py's vLLM session servers (stopped when the group
-#:   is done);
+#: - ``vllm-servers``: tests/engines/conftest.py's vLLM session servers;
 #: - ``vllm-worker``: the vLLM environment's worker process (tests/_vllm_call.py: ~12 CPU-s of
-#:   vLLM imports, once per pytest process), which the targets' contract modules and the served
-#:   render call; spread over three xdist workers they started three.
+#:   vLLM imports, once per pytest process, closed at its exit), which the targets' contract
+#:   modules and the served render call; spread over three xdist workers they started three;
 #: - ``demo-server``: :func:`demo_server`, ``transformers serve`` of the demo target (~20
-#:   CPU-s a start with its model process), stopped when the group is done.
-SHARED: dict[str, tuple[str, ...]] = {
-    "vllm-servers": ("engines/test_vllm_*",),
-    "vllm-worker": ("targets/test_*_contract.py", "template/test_served_render.py"),
+#:   CPU-s a start with its model process).
+SHARED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "vllm-servers": (("engines/test_vllm_*",), ("vllm_server", "vllm_spec_server")),
+    "vllm-worker": (("targets/test_*_contract.py", "template/test_served_render.py"), ()),
     "demo-server": (
-        "devkit/servers/test_transformers_server.py",
-        "targets/test_markup_in_content.py",
-        "train/test_train_demo_run.py",
+        (
+            "devkit/servers/test_transformers_server.py",
+            "targets/test_markup_in_content.py",
+            "train/test_train_demo_run.py",
+        ),
+        ("demo_server",),
     ),
 }
 #: the longest modules of the fast tier (5-20 s each, measured with --durations: outages that
@@ -216,10 +222,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     rest), so the xdist workers (``--dist loadfile``) end together; among the heavy ones those
     on the Ray head first, so a worker's head stops once (:func:`pytest_runtest_teardown`), and
     among those the ones that want its dashboard last."""
-    here = Path(__file__).resolve().parent
     matched: set[str] = set()
     for item in items:
-        rel = Path(str(item.path)).resolve().relative_to(here).as_posix()
+        rel = rel_path(item)
         node = f"{rel}::{item.name.split('[', 1)[0]}"
         for entry in SLOW:
             if entry in (rel, node):
@@ -237,17 +242,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     on_dashboard = {i.path for i in items if wants_dashboard(i)}
     _MODULES["ray"], _MODULES["dashboard"] = on_ray, on_dashboard
 
-    def rank(item: pytest.Item) -> tuple[bool, bool, bool, bool, bool, int]:
-        rel = Path(str(item.path)).resolve().relative_to(here).as_posix()
+    groups = list(SHARED)
+
+    def rank(item: pytest.Item) -> tuple[bool, int, bool, bool, bool, int]:
+        rel = rel_path(item)
         fast_first = LONGEST_FAST.index(rel) if rel in LONGEST_FAST else len(LONGEST_FAST)
-        shared = shared_group(rel) is None
+        group = shared_group(rel)  # a group's modules together, the groups in SHARED's order
+        shared = groups.index(group) if group is not None else len(groups)
         return (rel not in LONGEST, shared, item.path not in heavy, item.path not in on_ray,
                 item.path in on_dashboard, fast_first)  # fmt: skip
 
     items.sort(key=rank)  # stable: the order within each group stays
-    ran_all = {Path(str(i.path)).resolve().relative_to(here).as_posix() for i in items}
+    ran_all = {rel_path(i) for i in items}
     stale = [e for e in SLOW if e not in matched and e.split("::", 1)[0] in ran_all]
-    stale += [m for m in (*LONGEST, *LONGEST_FAST) if not (here / m).is_file()]
+    stale += [m for m in (*LONGEST, *LONGEST_FAST) if not (HERE / m).is_file()]
     if stale:
         raise pytest.UsageError(f"tests/conftest.py SLOW or LONGEST names no test: {stale}")
 
@@ -273,7 +281,7 @@ _MODULES: dict[str, set[Path]] = {"ray": set(), "dashboard": set()}
 def module_wants_dashboard(item: pytest.Item) -> bool:
     """Whether a test of ``item``'s module wants the head's dashboard: the head of every test of
     that module then runs it (a module whose tests differ would otherwise restart the head)."""
-    return item.path in _MODULES["dashboard"] or wants_dashboard(item)
+    return item.path in _MODULES["dashboard"]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -284,35 +292,41 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """Stop this worker's Ray head once its next test is in a module with no test on the head,
-    or in a module that wants the dashboard where the head runs none or the other way round
-    (the session's end stops it otherwise): pytest finishes the fixture, and those that use
-    it, as at the session's end, and a later test that asks for it starts a new one. A module's
-    tests off the head keep it: six modules mix tests on and off the head or with and without
-    its dashboard (2026-12-07: ten switches in their order), each switch was a stop and a start
-    of the head (~8 CPU-s)."""
-    _finish_demo_server(item, nextitem)
+    """Finish what a fixture holds once this worker's next test does not need it (the session's
+    end does otherwise): pytest finishes the fixture, and those that use it, as at the
+    session's end, and a later test that asks for it starts it again.
+
+    - A :data:`SHARED` group's fixtures, once the next test is outside the group.
+    - The Ray head, once the next test is in a module with no test on the head, or in a module
+      that wants the dashboard where the head runs none or the other way round. A module's
+      tests off the head keep it: six modules mix tests on and off the head or with and
+      without its dashboard (2026-12-07: ten switches in their order), each switch was a stop
+      and a start of the head (~8 CPU-s)."""
+    group = shared_group(rel_path(item))
+    if group is not None and (nextitem is None or shared_group(rel_path(nextitem)) != group):
+        for name in SHARED[group][1]:
+            finish_fixture(item, name)
     live = _HEAD["live"]
     if nextitem is None or live is None:
         return
-    on_ray = nextitem.path in _MODULES["ray"] or uses_ray_head(nextitem)
-    if not on_ray or live.has_dashboard != module_wants_dashboard(nextitem):
+    on_head = nextitem.path in _MODULES["ray"]
+    if not on_head or live.has_dashboard != module_wants_dashboard(nextitem):
         finish_fixture(item, "ray_head")
 
 
-def _finish_demo_server(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """Stop :func:`demo_server` once the next test is outside its :data:`SHARED` group."""
-    here = Path(__file__).resolve().parent
-    if nextitem is not None:
-        rel = Path(str(nextitem.path)).resolve().relative_to(here).as_posix()
-        if shared_group(rel) == "demo-server":
-            return
-    finish_fixture(item, "demo_server")
+def rel_path(item: pytest.Item) -> str:
+    """The path of ``item``'s module below tests/, as the lists here name it."""
+    return _rel(str(item.path))
+
+
+@functools.cache
+def _rel(path: str) -> str:
+    return Path(path).resolve().relative_to(HERE).as_posix()
 
 
 def shared_group(rel: str) -> str | None:
     """The :data:`SHARED` group of the module at ``rel`` (below tests/), None when none."""
-    return next((g for g, pats in SHARED.items() if any(fnmatch(rel, p) for p in pats)), None)
+    return next((g for g, (pats, _) in SHARED.items() if any(fnmatch(rel, p) for p in pats)), None)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:

@@ -5,11 +5,12 @@ first; a fresh clone's ``.ci/run`` gets it that way) from the committed lock. Wh
 install failed, every test here skips with the install's own reason (``.install-failed``);
 where it is simply absent (a run that skipped ``scripts/test``), they skip saying so.
 
-Two servers at most, each started on first use and shared by the tests of this folder
-(~3 GB and 30-150 s of start each on this machine), and stopped when the session's next test
-is outside this folder (:func:`pytest_runtest_teardown`): the Ray and server modules run first
-(tests/conftest.py), so a server kept to the session's end would hold its memory beside every
-later test; should a test of this folder come again, its server starts again:
+Two servers at most, each started on first use and shared by the modules of tests/conftest.py's
+``vllm-servers`` group (~3 GB and 30-150 s of start each on this machine), which run one after
+the other on one xdist worker; they are stopped when that worker's next test is outside the
+group (tests/conftest.py's ``pytest_runtest_teardown``): the Ray and server modules run first,
+so a server kept to the session's end would hold its memory beside every later test; should a
+test of the group come again, its server starts again:
 
 - ``vllm_server``: the scripted target (tests/engines/_models.py) with vLLM's Kimi parsers;
 - ``vllm_spec_server``: the same target speculating with an untrained EAGLE-3 draft (its vLLM
@@ -32,7 +33,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _fixtures import finish_fixture
 from _models import build_eagle3_draft, build_scripted_target
 from _vllm_env import vllm_python_or_skip
 
@@ -40,8 +40,6 @@ from regen.devkit.servers.vllm import VllmServer
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-#: the fixtures that hold a vLLM server
-SERVERS = ("vllm_server", "vllm_spec_server")
 SERVED = "demo-target"
 #: SpecForge-numbered aux layers of the test draft (4-layer target; first id 1, as SpecForge's
 #: default list starts): vLLM must be given [2, 3, 4]
@@ -103,14 +101,3 @@ def vllm_spec_server(
     with srv:
         _record_start("speculative", srv)
         yield srv
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """Stop the servers once this session's next test is not in this folder (pytest finishes
-    their fixtures, and the fixtures that use them, as at the session's end; a later request
-    sets them up again)."""
-    if nextitem is not None and Path(str(nextitem.path)).resolve().parent == HERE:
-        return
-    for name in SERVERS:
-        finish_fixture(item, name)
