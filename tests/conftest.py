@@ -73,6 +73,13 @@ os.environ.setdefault("VLLM_CACHE_ROOT", str(REPO / ".cache" / "vllm"))
 #: a core from a process with work (a vLLM server's 48 answers under two busy cores: 11-12
 #: CPU-s instead of 31-68, 2026-12-07); every test process and subprocess inherits it
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+#: one compute thread per process: torch's second thread, on these tiny models, mostly costs a
+#: core without shortening anything, and the suite's processes share two cores (measured
+#: 2026-12-07 with OMP_WAIT_POLICY=PASSIVE, on a quiet machine: a vLLM server's 48 answers 7.3-7.9
+#: CPU-s in 6.6-7.1 s instead of 10.4-12.0 CPU-s in 10.3-11.6 s; SpecForge's 60 CPU training
+#: steps on the demo run 23 CPU-s instead of 30; transformers' generate 2.8-4.4 CPU-s instead of
+#: 4.9); every test process and subprocess inherits it (torch reads it when it loads)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 #: no remembered tokenizer classes in the test processes themselves
 #: (regen.template.tokenizer_classes): a test that loads a tokenizer directory in process gets
 #: AutoTokenizer's own resolution each time (the golden test's ``autotokenizer`` case); the
