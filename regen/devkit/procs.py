@@ -9,10 +9,22 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 
-def kill_group(proc: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
+class Process(Protocol):
+    """What stopping a group needs of its leader: ``subprocess.Popen``'s ``pid``, ``poll`` and
+    ``wait`` (also :class:`regen.devkit.servers.forkserver.Forked`)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def kill_group(proc: Process, timeout_s: float = 10.0) -> None:
     """SIGKILL the process group led by ``proc`` (a group may outlive its leader), reap the
     leader, and wait (up to ``timeout_s``) until no process of the group is left: a killed
     process takes a moment to exit (a large one on a busy machine, longer), and a caller that
@@ -52,7 +64,7 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def stop_group(proc: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
+def stop_group(proc: Process, timeout_s: float = 10.0) -> None:
     """SIGTERM the group, wait up to ``timeout_s`` for its leader, then SIGKILL what is left."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):

@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import IO, Any, Self
 
 from regen.core.errors import EndpointError
-from regen.devkit.procs import stop_group
+from regen.devkit.procs import Process, stop_group
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class LocalServer:
         self.env = env
         #: variables set for the process unless the caller's environment or ``env`` sets them
         self.env_defaults = dict(BASE_ENV)
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: Process | None = None
         self._log: IO[bytes] | None = None
         #: seconds from the start to the first healthy answer (None: not started)
         self.start_s: float | None = None
@@ -116,9 +116,7 @@ class LocalServer:
         cmd = self.command()
         log.info("starting %s", " ".join(cmd))
         t0 = time.monotonic()
-        self._proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+        self._proc = self.launch(cmd, out, env)
         try:
             self._wait_ready()
         except BaseException:
@@ -129,6 +127,12 @@ class LocalServer:
             "%s ready at %s after %.0f s (pid %d)", self.label, self.url, self.start_s, self.pid
         )
         return self
+
+    def launch(self, cmd: list[str], out: Any, env: dict[str, str]) -> Process:
+        """Start ``cmd`` in a process group of its own, its output into ``out``."""
+        return subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
 
     def _wait_ready(self) -> None:
         import httpx2

@@ -1,0 +1,239 @@
+"""``ForkServer``: an interpreter of another environment that imported a server's modules once
+and forks one process per server from there (:class:`regen.devkit.servers.vllm.VllmServer`'s
+API servers: ~13 of the ~27 CPU-seconds of a vLLM start on this machine are the API server's
+imports). Owns no files: each forked server writes the log its request names.
+
+The fork server is ``PYTHON -c SOURCE MODULE ATTR``: it moves its control pipe off stdout,
+imports ``MODULE``, then reads one JSON request a line on stdin (``argv``, ``env``, ``cwd``,
+``log``) and answers each with the forked process's pid. The forked process starts a session
+of its own (its process group is its pid: :func:`regen.devkit.procs.stop_group` stops it as it
+stops a ``start_new_session`` child), points stdin at /dev/null and stdout and stderr at the log,
+takes the request's environment, working directory and ``sys.argv``, and runs ``MODULE.ATTR()``;
+its exit code is what a ``python`` running that entry point would exit with. The fork server
+reaps what it forked and keeps each exit code for :class:`Forked` (its ``exits`` reply).
+
+Only what reads its settings after the import may run this way: the fork server starts with
+the first request's environment, and a request whose environment differs in a variable read at
+load time (:data:`LOAD_TIME`) gets a fork server of its own (:func:`fork_server`). The fork
+server runs OpenMP on one thread (:data:`FORK_ENV`) and forks only while it holds no thread but
+its own (otherwise every request is refused, and the caller starts a process of its own); what
+it forked stays in its own group when it stops.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: the fork server's program (``python -c SOURCE MODULE ATTR``)
+SOURCE = r"""
+import json, os, signal, sys
+ctl = os.fdopen(os.dup(1), "w", buffering=1)
+null = os.open(os.devnull, os.O_RDWR)
+os.dup2(null, 1)
+module, attr = sys.argv[1], sys.argv[2]
+entry = getattr(__import__(module, fromlist=[attr]), attr)
+threads = len(os.listdir("/proc/self/task"))
+if threads > 1:  # a fork would hold none of them: refuse to fork at all
+    for line in sys.stdin:
+        ctl.write(json.dumps({"error": f"{threads} threads after the import"}) + "\n")
+    sys.exit(0)
+exits = {}
+def reap(*_):
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        exits[pid] = os.waitstatus_to_exitcode(status)
+signal.signal(signal.SIGCHLD, reap)
+for line in sys.stdin:
+    req = json.loads(line)
+    if req.get("exits"):
+        reap()
+        ctl.write(json.dumps({"exits": exits}) + "\n")
+        continue
+    pid = os.fork()
+    if pid:
+        ctl.write(json.dumps({"pid": pid}) + "\n")
+        continue
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.setsid()
+    out = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    ctl.close()
+    os.environ.clear()
+    os.environ.update(req["env"])
+    os.chdir(req["cwd"])
+    sys.argv = req["argv"]
+    code = 0
+    try:
+        entry()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        code = 1
+    try:
+        import atexit
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+"""
+
+#: variables read when the interpreter or the C library loads: a request that differs in one
+#: of them from a fork server's own needs another fork server
+LOAD_TIME = ("PYTHON", "LD_", "MALLOC_")
+#: the fork server's own OpenMP: one thread, so that it holds no thread but its own when it
+#: forks (an API server computes nothing; the engine cores it starts take the request's)
+FORK_ENV = {"OMP_NUM_THREADS": "1"}
+
+
+class ForkServer:
+    """One fork server process (module docstring)."""
+
+    def __init__(self, python: Path, module: str, attr: str, env: dict[str, str]) -> None:
+        self.env = {**env, **FORK_ENV}
+        self._lock = threading.Lock()
+        self._proc = subprocess.Popen(
+            [str(python), "-c", SOURCE, module, attr],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=self.env,
+            start_new_session=True,
+            text=True,
+        )
+
+    def fits(self, env: dict[str, str]) -> bool:
+        """Whether a process with ``env`` may be forked from here (same load-time variables)."""
+
+        def load_time(e: dict[str, str]) -> dict[str, str]:
+            return {k: v for k, v in e.items() if k.startswith(LOAD_TIME)}
+
+        return self.alive() and load_time(env) == load_time(self.env)
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def _ask(self, request: dict[str, object]) -> dict[str, object]:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        with self._lock:
+            self._proc.stdin.write(json.dumps(request) + "\n")
+            self._proc.stdin.flush()
+            line = self._proc.stdout.readline()
+        if not line:
+            raise OSError(f"the fork server exited with code {self._proc.wait()}")
+        answer: dict[str, object] = json.loads(line)
+        return answer
+
+    def spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> Forked:
+        """Fork one process running the entry point with ``argv`` (``sys.argv``), ``env`` and
+        its output appended to ``log_path``."""
+        answer = self._ask({"argv": argv, "env": env, "cwd": os.getcwd(), "log": str(log_path)})
+        if "error" in answer:
+            raise OSError(f"the fork server does not fork: {answer['error']}")
+        pid = answer["pid"]
+        assert isinstance(pid, int)
+        return Forked(pid, self)
+
+    def exit_code(self, pid: int) -> int | None:
+        """The exit code of a process forked here, None while it runs."""
+        if not self.alive():
+            return None if _running(pid) else -9
+        exits = self._ask({"exits": True})["exits"]
+        assert isinstance(exits, dict)
+        code = exits.get(str(pid))
+        return None if code is None else int(code)
+
+    def close(self) -> None:
+        """Stop the fork server (what it forked goes on: each is stopped by its own group)."""
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+
+
+class Forked:
+    """A process a :class:`ForkServer` forked, with the part of ``subprocess.Popen`` that
+    :func:`regen.devkit.procs.stop_group` and the servers use (``pid``, ``poll``, ``wait``)."""
+
+    def __init__(self, pid: int, server: ForkServer) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._server = server
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._server.exit_code(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            time.sleep(0.05)
+        return code
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return state[state.rfind(")") + 2 :].split()[0] not in ("Z", "X")
+
+
+_SERVERS: dict[tuple[str, str, str], list[ForkServer]] = {}
+_SERVERS_LOCK = threading.Lock()
+
+
+def fork_server(python: Path, module: str, attr: str, env: dict[str, str]) -> ForkServer:
+    """This process's fork server for ``python`` and ``module.attr`` whose load-time variables
+    are ``env``'s, started on first use and stopped when this process exits."""
+    key = (str(python), module, attr)
+    with _SERVERS_LOCK:
+        servers = _SERVERS.setdefault(key, [])
+        for server in servers:
+            if server.fits(env):
+                return server
+        log.info("starting a fork server for %s.%s (%s)", module, attr, python)
+        server = ForkServer(python, module, attr, env)
+        if not servers and not _SERVERS_ATEXIT:
+            atexit.register(close_all)
+            _SERVERS_ATEXIT.append(True)
+        servers.append(server)
+        return server
+
+
+_SERVERS_ATEXIT: list[bool] = []
+
+
+def close_all() -> None:
+    """Stop every fork server this process started."""
+    with _SERVERS_LOCK:
+        for servers in _SERVERS.values():
+            for server in servers:
+                server.close()
+        _SERVERS.clear()

@@ -1,0 +1,89 @@
+"""The fork server (regen.devkit.servers.forkserver) on this venv's Python and a test entry
+point (_forked_entry.py): what a forked process is given, its exit code, its group, and the
+refusals (a fork server holding threads; another load-time environment, another fork server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from regen.devkit.procs import group_alive, stop_group
+from regen.devkit.servers import forkserver
+from regen.devkit.servers.forkserver import ForkServer, fork_server
+
+HERE = Path(__file__).resolve().parent
+PY = Path(sys.executable)
+
+
+def env(**extra: str) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if k != "FORKED_ENTRY_THREAD"}
+    return {**base, "PYTHONPATH": str(HERE), **extra}
+
+
+@pytest.fixture
+def server() -> Iterator[ForkServer]:
+    srv = ForkServer(PY, "_forked_entry", "main", env())
+    yield srv
+    srv.close()
+
+
+def test_a_forked_process_gets_its_argv_environment_directory_and_log(
+    server: ForkServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    seen, log = tmp_path / "seen.json", tmp_path / "out.log"
+    proc = server.spawn(["-c", str(seen), "3"], env(FORKED_VAR="one"), log)
+    assert proc.wait(timeout=30) == 3 and proc.returncode == 3
+    got = json.loads(seen.read_text())
+    assert got["argv"] == ["-c", str(seen), "3"] and got["var"] == "one"
+    assert got["cwd"] == str(tmp_path)
+    # a session and group of its own, like a start_new_session child
+    assert got["pid"] == proc.pid == got["pgid"] == got["sid"]
+    assert log.read_text() == "to the log\n"
+    # the next one takes its own environment, not the last one's
+    proc = server.spawn(["-c", str(seen), "0"], env(), log)
+    assert proc.wait(timeout=30) == 0 and json.loads(seen.read_text())["var"] is None
+
+
+def test_stop_group_stops_a_forked_process(server: ForkServer, tmp_path: Path) -> None:
+    seen = tmp_path / "seen.json"
+    proc = server.spawn(["-c", str(seen), "sleep"], env(), tmp_path / "out.log")
+    deadline = time.monotonic() + 30
+    while not seen.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None
+    stop_group(proc, timeout_s=10)
+    assert proc.returncode == -signal.SIGTERM
+    assert not group_alive(proc.pid)
+
+
+def test_a_fork_server_holding_threads_refuses_to_fork(tmp_path: Path) -> None:
+    srv = ForkServer(PY, "_forked_entry", "main", env(FORKED_ENTRY_THREAD="1"))
+    try:
+        with pytest.raises(OSError, match="2 threads after the import"):
+            srv.spawn(["-c", str(tmp_path / "seen.json"), "0"], env(), tmp_path / "out.log")
+        assert not (tmp_path / "seen.json").exists()
+    finally:
+        srv.close()
+
+
+def test_one_fork_server_per_load_time_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forkserver, "_SERVERS", {})
+    try:
+        first = fork_server(PY, "_forked_entry", "main", env(FORKED_VAR="a"))
+        # a variable read after the import: the same fork server
+        assert fork_server(PY, "_forked_entry", "main", env(FORKED_VAR="b")) is first
+        # one read at load time: another
+        other = fork_server(PY, "_forked_entry", "main", env(PYTHONHASHSEED="7"))
+        assert other is not first and other.env["PYTHONHASHSEED"] == "7"
+        assert first.env["OMP_NUM_THREADS"] == "1"  # the fork server's own OpenMP
+    finally:
+        forkserver.close_all()
+    assert not first.alive() and not other.alive()
