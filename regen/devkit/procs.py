@@ -14,7 +14,7 @@ from typing import Protocol
 
 class Process(Protocol):
     """What stopping a group needs of its leader: ``subprocess.Popen``'s ``pid``, ``poll`` and
-    ``wait`` (also :class:`regen.devkit.servers.forkserver.Forked`)."""
+    ``wait`` (also :class:`regen.devkit.forkserver.Forked`)."""
 
     @property
     def pid(self) -> int: ...

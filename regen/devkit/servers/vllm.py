@@ -12,13 +12,13 @@ loopback port; :meth:`VllmServer.start` waits (bounded) until ``GET /health`` an
 ``GET /v1/models`` lists the served name, and :meth:`VllmServer.stop` stops the whole group.
 
 Forked (``fork``, the default): the API server is forked from a fork server of that Python
-(:mod:`regen.devkit.servers.forkserver`, one for this process, started by its first server),
+(:mod:`regen.devkit.forkserver`, one for this process, started by its first server),
 which imported the API server's modules once; the fork then runs the same entry point with the
 same arguments, environment and log. The engine core is still started by vLLM itself (the CPU
 platform spawns it: a fresh interpreter). Measured 2026-12-07 (the demo target, three servers
 one after another, a quiet machine): each start's process group took 14.4-15.1 CPU-s and 15-16
 s to ready forked, 25.8-26.7 CPU-s and 27-28 s not; the fork server's import is ~14 CPU-s once.
-A fork server that cannot fork (:mod:`~regen.devkit.servers.forkserver`) leaves each server
+A fork server that cannot fork (:mod:`~regen.devkit.forkserver`) leaves each server
 started as a process of its own.
 
 Flags (docs/engines.md has the runbook): ``--dtype float32`` (otherwise bf16, emulated on
@@ -71,8 +71,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from regen.devkit.forkserver import fork_server
 from regen.devkit.procs import Process
-from regen.devkit.servers.forkserver import fork_server
 from regen.devkit.servers.local import LocalServer
 from regen.targets.family import Family, Parsers
 from regen.targets.kimi import KIMI

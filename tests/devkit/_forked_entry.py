@@ -1,4 +1,4 @@
-"""An entry point for tests/devkit/servers/test_forkserver.py: ``main()`` records what it was
+"""An entry point for tests/devkit/test_forkserver.py: ``main()`` records what it was
 given (argv, a variable, cwd, its pid and group) as JSON in the file ``sys.argv[1]``, then
 exits with ``sys.argv[2]`` or, given "sleep", sleeps until it is stopped. Its import starts a
 thread when ``FORKED_ENTRY_THREAD`` is set."""

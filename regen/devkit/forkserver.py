@@ -1,10 +1,13 @@
-"""``ForkServer``: an interpreter of another environment that imported a server's modules once
-and forks one process per server from there (:class:`regen.devkit.servers.vllm.VllmServer`'s
-API servers: ~13 of the ~27 CPU-seconds of a vLLM start on this machine are the API server's
-imports). Owns no files: each forked server writes the log its request names.
+"""``ForkServer``: an interpreter (of this environment or another) that imported a server's
+modules once and forks one process per server from there: vLLM's API servers
+(:class:`regen.devkit.servers.vllm.VllmServer`: ~13 of the ~27 CPU-seconds of a start on this
+machine are the API server's imports) and ``regen simulate``
+(:func:`regen.devkit.simulate.testing.running_simulator`). Owns no files: each forked server
+writes the log its request names.
 
-The fork server is ``PYTHON -c SOURCE MODULE ATTR``: it moves its control pipe off stdout,
-imports ``MODULE``, then reads one JSON request a line on stdin (``argv``, ``env``, ``cwd``,
+The fork server is ``PYTHON -c SOURCE MODULE ATTR [PRELOAD...]``: it moves its control pipe off
+stdout, imports ``MODULE`` (and the ``PRELOAD`` modules the entry point imports when it runs),
+then reads one JSON request a line on stdin (``argv``, ``env``, ``cwd``,
 ``log``) and answers each with the forked process's pid. The forked process starts a session
 of its own (its process group is its pid: :func:`regen.devkit.procs.stop_group` stops it as it
 stops a ``start_new_session`` child), points stdin at /dev/null and stdout and stderr at the log,
@@ -33,14 +36,16 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-#: the fork server's program (``python -c SOURCE MODULE ATTR``)
+#: the fork server's program (``python -c SOURCE MODULE ATTR [PRELOAD...]``)
 SOURCE = r"""
 import json, os, signal, sys
 ctl = os.fdopen(os.dup(1), "w", buffering=1)
 null = os.open(os.devnull, os.O_RDWR)
 os.dup2(null, 1)
-module, attr = sys.argv[1], sys.argv[2]
+module, attr, *preload = sys.argv[1:]
 entry = getattr(__import__(module, fromlist=[attr]), attr)
+for name in preload:
+    __import__(name)
 threads = len(os.listdir("/proc/self/task"))
 if threads > 1:  # a fork would hold none of them: refuse to fork at all
     for line in sys.stdin:
@@ -108,11 +113,18 @@ FORK_ENV = {"OMP_NUM_THREADS": "1"}
 class ForkServer:
     """One fork server process (module docstring)."""
 
-    def __init__(self, python: Path, module: str, attr: str, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        python: Path,
+        module: str,
+        attr: str,
+        env: dict[str, str],
+        preload: tuple[str, ...] = (),
+    ) -> None:
         self.env = {**env, **FORK_ENV}
         self._lock = threading.Lock()
         self._proc = subprocess.Popen(
-            [str(python), "-c", SOURCE, module, attr],
+            [str(python), "-c", SOURCE, module, attr, *preload],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=self.env,
@@ -205,21 +217,24 @@ def _running(pid: int) -> bool:
     return state[state.rfind(")") + 2 :].split()[0] not in ("Z", "X")
 
 
-_SERVERS: dict[tuple[str, str, str], list[ForkServer]] = {}
+_SERVERS: dict[tuple[str, str, str, tuple[str, ...]], list[ForkServer]] = {}
 _SERVERS_LOCK = threading.Lock()
 
 
-def fork_server(python: Path, module: str, attr: str, env: dict[str, str]) -> ForkServer:
-    """This process's fork server for ``python`` and ``module.attr`` whose load-time variables
-    are ``env``'s, started on first use and stopped when this process exits."""
-    key = (str(python), module, attr)
+def fork_server(
+    python: Path, module: str, attr: str, env: dict[str, str], preload: tuple[str, ...] = ()
+) -> ForkServer:
+    """This process's fork server for ``python`` and ``module.attr`` (having imported
+    ``preload`` too) whose load-time variables are ``env``'s, started on first use and stopped
+    when this process exits."""
+    key = (str(python), module, attr, preload)
     with _SERVERS_LOCK:
         servers = _SERVERS.setdefault(key, [])
         for server in servers:
             if server.fits(env):
                 return server
         log.info("starting a fork server for %s.%s (%s)", module, attr, python)
-        server = ForkServer(python, module, attr, env)
+        server = ForkServer(python, module, attr, env, preload)
         if not servers and not _SERVERS_ATEXIT:
             atexit.register(close_all)
             _SERVERS_ATEXIT.append(True)

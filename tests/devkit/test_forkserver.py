@@ -1,4 +1,4 @@
-"""The fork server (regen.devkit.servers.forkserver) on this venv's Python and a test entry
+"""The fork server (regen.devkit.forkserver) on this venv's Python and a test entry
 point (_forked_entry.py): what a forked process is given, its exit code, its group, and the
 refusals (a fork server holding threads; another load-time environment, another fork server)."""
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from regen.devkit import forkserver
+from regen.devkit.forkserver import ForkServer, fork_server
 from regen.devkit.procs import group_alive, stop_group
-from regen.devkit.servers import forkserver
-from regen.devkit.servers.forkserver import ForkServer, fork_server
 
 HERE = Path(__file__).resolve().parent
 PY = Path(sys.executable)
@@ -87,3 +87,23 @@ def test_one_fork_server_per_load_time_environment(monkeypatch: pytest.MonkeyPat
     finally:
         forkserver.close_all()
     assert not first.alive() and not other.alive()
+
+
+def _parent(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rfind(")") + 2 :].split()[1])
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_a_simulator_is_forked_unless_told_not_to(fork: bool) -> None:
+    from regen.devkit.simulate.testing import running_simulator
+
+    with running_simulator(fork=fork) as sim:
+        assert sim.process is not None and sim.get("/v1/models")["data"]
+        pid = sim.process.pid
+        assert os.getpgid(pid) == pid  # a group of its own either way
+        parent = _parent(pid)
+        assert (parent != os.getpid()) is fork
+        if fork:  # its parent is the fork server, this process's child
+            assert _parent(parent) == os.getpid()
+    assert sim.process.poll() is not None and not group_alive(pid)
