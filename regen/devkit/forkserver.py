@@ -13,7 +13,7 @@ of its own (its process group is its pid: :func:`regen.devkit.procs.stop_group` 
 stops a ``start_new_session`` child), points stdin at /dev/null and stdout and stderr at the log,
 takes the request's environment, working directory and ``sys.argv``, and runs ``MODULE.ATTR()``;
 its exit code is what a ``python`` running that entry point would exit with. The fork server
-reaps what it forked and keeps each exit code for :class:`Forked` (its ``exits`` reply).
+reaps what it forked and keeps each exit code for :class:`Forked` (an ``exit_of`` request).
 
 Only what reads its settings after the import may run this way: the fork server starts with
 the first request's environment, and a request whose environment differs in a variable read at
@@ -64,9 +64,9 @@ def reap(*_):
 signal.signal(signal.SIGCHLD, reap)
 for line in sys.stdin:
     req = json.loads(line)
-    if req.get("exits"):
+    if "exit_of" in req:
         reap()
-        ctl.write(json.dumps({"exits": exits}) + "\n")
+        ctl.write(json.dumps({"code": exits.get(req["exit_of"])}) + "\n")
         continue
     pid = os.fork()
     if pid:
@@ -168,10 +168,8 @@ class ForkServer:
         """The exit code of a process forked here, None while it runs."""
         if not self.alive():
             return None if _running(pid) else -9
-        exits = self._ask({"exits": True})["exits"]
-        assert isinstance(exits, dict)
-        code = exits.get(str(pid))
-        return None if code is None else int(code)
+        code = self._ask({"exit_of": pid})["code"]
+        return code if isinstance(code, int) else None
 
     def close(self) -> None:
         """Stop the fork server (what it forked goes on: each is stopped by its own group)."""
@@ -235,18 +233,32 @@ def fork_server(
                 return server
         log.info("starting a fork server for %s.%s (%s)", module, attr, python)
         server = ForkServer(python, module, attr, env, preload)
-        if not servers and not _SERVERS_ATEXIT:
-            atexit.register(close_all)
-            _SERVERS_ATEXIT.append(True)
         servers.append(server)
         return server
 
 
-_SERVERS_ATEXIT: list[bool] = []
+def fork_or_none(
+    python: Path,
+    entry: tuple[str, str],
+    argv: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    preload: tuple[str, ...] = (),
+) -> Forked | None:
+    """``entry`` (module, function) with ``argv``, ``env`` and its output appended to
+    ``log_path``, forked from this process's fork server (:func:`fork_server`); None, logged,
+    when that fork server cannot fork (the caller then starts a process of its own)."""
+    server = fork_server(python, *entry, env, preload)
+    try:
+        return server.spawn(argv, env, log_path)
+    except OSError as e:
+        log.warning("%s.%s not forked (%s): started as a process of its own", *entry, e)
+        return None
 
 
+@atexit.register
 def close_all() -> None:
-    """Stop every fork server this process started."""
+    """Stop every fork server this process started (at its exit too)."""
     with _SERVERS_LOCK:
         for servers in _SERVERS.values():
             for server in servers:

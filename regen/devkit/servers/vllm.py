@@ -65,19 +65,16 @@ Owns one file when ``log_path`` is given: the server's combined stdout/stderr.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from regen.devkit.forkserver import fork_server
+from regen.devkit.forkserver import fork_or_none
 from regen.devkit.procs import Process
 from regen.devkit.servers.local import LocalServer
 from regen.targets.family import Family, Parsers
 from regen.targets.kimi import KIMI
-
-log = logging.getLogger(__name__)
 
 
 def parser_args(parsers: Parsers | None) -> list[str]:
@@ -170,13 +167,10 @@ class VllmServer(LocalServer):
         process of its own."""
         if not self.fork or cmd[1:3] != ["-c", ENTRY]:
             return super().launch(cmd, out, env)
-        module, attr = ENTRY_POINT
-        server = fork_server(Path(self.python), module, attr, env)
-        try:  # sys.argv as `python -c CODE ARGS` sets it: "-c", then ARGS
-            return server.spawn(["-c", *cmd[3:]], env, self.log_path or Path(os.devnull))
-        except OSError as e:
-            log.warning("vLLM not forked (%s): started as a process of its own", e)
-            return super().launch(cmd, out, env)
+        # sys.argv as `python -c CODE ARGS` sets it: "-c", then ARGS
+        forked = fork_or_none(Path(self.python), ENTRY_POINT, ["-c", *cmd[3:]], env,
+                              self.log_path or Path(os.devnull))  # fmt: skip
+        return forked or super().launch(cmd, out, env)
 
     def command(self) -> list[str]:
         argv = [

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -32,13 +31,11 @@ from typing import Any
 
 import regen
 from regen.core.errors import EndpointError, TemplateError
-from regen.devkit.forkserver import fork_server
+from regen.devkit.forkserver import fork_or_none
 from regen.devkit.procs import Process, kill_group, stop_group
 from regen.devkit.simulate.config import SimConfig
 from regen.devkit.simulate.server import serve
 from regen.template.tokenizer import class_spec, load_tokenizer
-
-log = logging.getLogger(__name__)
 
 #: seconds a simulator may take to start answering /health
 START_TIMEOUT_S = 30.0
@@ -169,13 +166,12 @@ def _launch(cmd: list[str], env: dict[str, str], log_path: Path, fork: bool) -> 
     """``cmd`` (``python -m regen ...``) in a process group of its own, its output into
     ``log_path``: forked from this process's fork server (:mod:`regen.devkit.forkserver`),
     unless ``fork`` is False or the fork server cannot fork."""
-    if fork:
-        server = fork_server(Path(sys.executable), *ENTRY_POINT, env, PRELOAD)
+    if fork:  # sys.argv as `python -m regen ARGS` sets it: the module's path, then ARGS
         main = str(Path(regen.__file__).with_name("__main__.py"))
-        try:  # sys.argv as `python -m regen ARGS` sets it: the module's path, then ARGS
-            return server.spawn([main, *cmd[3:]], env, log_path)
-        except OSError as e:
-            log.warning("regen simulate not forked (%s): started as a process of its own", e)
+        forked = fork_or_none(Path(sys.executable), ENTRY_POINT, [main, *cmd[3:]], env,
+                              log_path, PRELOAD)  # fmt: skip
+        if forked is not None:
+            return forked
     with log_path.open("wb") as log_file:
         return subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=log_file, start_new_session=True, env=env
