@@ -2,8 +2,9 @@
 modules once and forks one process per server from there: vLLM's API servers
 (:class:`regen.devkit.servers.vllm.VllmServer`: ~13 of the ~27 CPU-seconds of a start on this
 machine are the API server's imports) and ``regen simulate``
-(:func:`regen.devkit.simulate.testing.running_simulator`). Owns no files: each forked server
-writes the log its request names.
+(:func:`regen.devkit.simulate.testing.running_simulator`). Owns no named files: each forked
+server writes the log its request names, and the fork server's own output goes to an anonymous
+temporary file.
 
 The fork server is ``PYTHON -c SOURCE MODULE ATTR [PRELOAD...]``: it moves its control pipe off
 stdout, imports ``MODULE`` (and the ``PRELOAD`` modules the entry point imports when it runs),
@@ -12,8 +13,12 @@ then reads one JSON request a line on stdin (``argv``, ``env``, ``cwd``,
 of its own (its process group is its pid: :func:`regen.devkit.procs.stop_group` stops it as it
 stops a ``start_new_session`` child), points stdin at /dev/null and stdout and stderr at the log,
 takes the request's environment, working directory and ``sys.argv``, and runs ``MODULE.ATTR()``;
-its exit code is what a ``python`` running that entry point would exit with. The fork server
-reaps what it forked and keeps each exit code for :class:`Forked` (an ``exit_of`` request).
+its exit code is what a ``python`` running that entry point would exit with (1 when it fails
+before the entry point: a log it cannot open, a directory gone). The fork server reaps what it
+forked and keeps each exit code for :class:`Forked` (an ``exit_of`` request). A request it
+cannot carry out (a failed fork) is answered with an error, and it goes on; what it prints
+itself is kept in a file of its own, logged with its exit code if it ever stops answering
+(then the request is an ``OSError``, and the next request starts another fork server).
 
 Only what reads its settings after the import may run this way: the fork server starts with
 the first request's environment, and a request whose environment differs in a variable read at
@@ -26,10 +31,12 @@ it forked stays in its own group when it stops.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -38,7 +45,7 @@ log = logging.getLogger(__name__)
 
 #: the fork server's program (``python -c SOURCE MODULE ATTR [PRELOAD...]``)
 SOURCE = r"""
-import json, os, signal, sys
+import json, os, signal, sys, traceback
 ctl = os.fdopen(os.dup(1), "w", buffering=1)
 null = os.open(os.devnull, os.O_RDWR)
 os.dup2(null, 1)
@@ -61,17 +68,7 @@ def reap(*_):
         if pid == 0:
             return
         exits[pid] = os.waitstatus_to_exitcode(status)
-signal.signal(signal.SIGCHLD, reap)
-for line in sys.stdin:
-    req = json.loads(line)
-    if "exit_of" in req:
-        reap()
-        ctl.write(json.dumps({"code": exits.get(req["exit_of"])}) + "\n")
-        continue
-    pid = os.fork()
-    if pid:
-        ctl.write(json.dumps({"pid": pid}) + "\n")
-        continue
+def child(req):
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.setsid()
     out = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -84,24 +81,39 @@ for line in sys.stdin:
     os.environ.update(req["env"])
     os.chdir(req["cwd"])
     sys.argv = req["argv"]
-    code = 0
     try:
         entry()
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
-        import traceback
-        traceback.print_exc()
-        code = 1
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0
+signal.signal(signal.SIGCHLD, reap)
+for line in sys.stdin:
     try:
-        import atexit
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(code)
+        req = json.loads(line)
+        if "exit_of" in req:
+            reap()
+            answer = {"code": exits.get(req["exit_of"])}
+        else:
+            pid = os.fork()
+            if pid == 0:  # the forked process: never back into this loop
+                code = 1
+                try:
+                    code = child(req)
+                except BaseException:
+                    traceback.print_exc()
+                try:
+                    import atexit
+                    atexit._run_exitfuncs()
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)
+            answer = {"pid": pid}
+    except Exception as e:  # this request fails, the fork server goes on
+        traceback.print_exc()
+        answer = {"error": f"{type(e).__name__}: {e}"}
+    ctl.write(json.dumps(answer) + "\n")
 """
-
 #: variables read when the interpreter or the C library loads: a request that differs in one
 #: of them from a fork server's own needs another fork server
 LOAD_TIME = ("PYTHON", "LD_", "MALLOC_")
@@ -123,10 +135,13 @@ class ForkServer:
     ) -> None:
         self.env = {**env, **FORK_ENV}
         self._lock = threading.Lock()
+        # what the fork server itself says (a request it failed, its own end), for the error
+        self._said = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
         self._proc = subprocess.Popen(
             [str(python), "-c", SOURCE, module, attr, *preload],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=self._said,
             env=self.env,
             start_new_session=True,
             text=True,
@@ -146,13 +161,26 @@ class ForkServer:
     def _ask(self, request: dict[str, object]) -> dict[str, object]:
         assert self._proc.stdin is not None and self._proc.stdout is not None
         with self._lock:
-            self._proc.stdin.write(json.dumps(request) + "\n")
-            self._proc.stdin.flush()
-            line = self._proc.stdout.readline()
-        if not line:
-            raise OSError(f"the fork server exited with code {self._proc.wait()}")
+            line = ""
+            with contextlib.suppress(OSError, ValueError):  # a pipe it closed, or we did
+                self._proc.stdin.write(json.dumps(request) + "\n")
+                self._proc.stdin.flush()
+                line = self._proc.stdout.readline()
+            if not line:
+                raise OSError(self._gone())
         answer: dict[str, object] = json.loads(line)
         return answer
+
+    def _gone(self) -> str:
+        """Stop what is left of a fork server that stopped answering; why, for the error."""
+        self._stop()
+        self._said.seek(0, os.SEEK_END)
+        self._said.seek(max(0, self._said.tell() - 2000))
+        said = self._said.read().decode(errors="replace").strip()
+        self._said.close()
+        why = f"the fork server exited with code {self._proc.returncode}"
+        log.warning("%s; it said: %s", why, said or "nothing")
+        return why
 
     def spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> Forked:
         """Fork one process running the entry point with ``argv`` (``sys.argv``), ``env`` and
@@ -165,16 +193,23 @@ class ForkServer:
         return Forked(pid, self)
 
     def exit_code(self, pid: int) -> int | None:
-        """The exit code of a process forked here, None while it runs."""
-        if not self.alive():
-            return None if _running(pid) else -9
-        code = self._ask({"exit_of": pid})["code"]
-        return code if isinstance(code, int) else None
+        """The exit code of a process forked here, None while it runs (-9 when the fork server
+        is gone, which took the code with it)."""
+        if self.alive():
+            with contextlib.suppress(OSError):
+                code = self._ask({"exit_of": pid})["code"]
+                return code if isinstance(code, int) else None
+        return None if _running(pid) else -9
 
     def close(self) -> None:
         """Stop the fork server (what it forked goes on: each is stopped by its own group)."""
+        self._stop()
+        self._said.close()
+
+    def _stop(self) -> None:
         if self._proc.stdin is not None:
-            self._proc.stdin.close()
+            with contextlib.suppress(OSError):  # gone already, with a request left unsent
+                self._proc.stdin.close()
         try:
             self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

@@ -74,6 +74,42 @@ def test_a_fork_server_holding_threads_refuses_to_fork(tmp_path: Path) -> None:
         srv.close()
 
 
+def test_a_process_that_cannot_start_exits_1_and_the_next_one_is_forked(
+    server: ForkServer, tmp_path: Path
+) -> None:
+    seen = tmp_path / "seen.json"
+    # its log's directory does not exist: the forked process fails before the entry point
+    proc = server.spawn(["-c", str(seen), "0"], env(), tmp_path / "no" / "out.log")
+    assert proc.wait(timeout=30) == 1 and not seen.exists()
+    proc = server.spawn(["-c", str(seen), "4"], env(), tmp_path / "out.log")
+    assert proc.wait(timeout=30) == 4 and seen.exists()
+
+
+def test_a_fork_server_that_died_is_an_error_and_the_next_one_is_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(forkserver, "_SERVERS", {})
+    try:
+        first = fork_server(PY, "_forked_entry", "main", env())
+        seen = tmp_path / "seen.json"
+        sleeper = first.spawn(["-c", str(seen), "sleep"], env(), tmp_path / "out.log")
+        os.kill(first._proc.pid, signal.SIGKILL)
+        first._proc.wait(timeout=30)
+        with pytest.raises(OSError, match="exited with code -9"):
+            first._ask({"exit_of": sleeper.pid})  # what a request finds: no answer, an error
+        assert "the fork server exited with code -9" in caplog.text
+        # what it forked goes on; its exit code went with the fork server
+        assert sleeper.poll() is None
+        stop_group(sleeper, timeout_s=10)
+        assert sleeper.returncode == -9 and not group_alive(sleeper.pid)
+        second = forkserver.fork_or_none(PY, ("_forked_entry", "main"), ["-c", str(seen), "5"],
+                                         env(), tmp_path / "out.log")  # fmt: skip
+        assert second is not None and second.wait(timeout=30) == 5
+        assert second._server is not first and second._server.alive()
+    finally:
+        forkserver.close_all()  # the dead one included: closing it raises nothing
+
+
 def test_one_fork_server_per_load_time_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(forkserver, "_SERVERS", {})
     try:
