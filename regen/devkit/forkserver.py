@@ -174,12 +174,13 @@ class ForkServer:
     def _gone(self) -> str:
         """Stop what is left of a fork server that stopped answering; why, for the error."""
         self._stop()
-        self._said.seek(0, os.SEEK_END)
-        self._said.seek(max(0, self._said.tell() - 2000))
-        said = self._said.read().decode(errors="replace").strip()
-        self._said.close()
         why = f"the fork server exited with code {self._proc.returncode}"
-        log.warning("%s; it said: %s", why, said or "nothing")
+        if not self._said.closed:  # said once, when it was found gone
+            self._said.seek(0, os.SEEK_END)
+            self._said.seek(max(0, self._said.tell() - 2000))
+            said = self._said.read().decode(errors="replace").strip()
+            self._said.close()
+            log.warning("%s; it said: %s", why, said or "nothing")
         return why
 
     def spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> Forked:

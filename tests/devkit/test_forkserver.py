@@ -98,6 +98,8 @@ def test_a_fork_server_that_died_is_an_error_and_the_next_one_is_started(
         with pytest.raises(OSError, match="exited with code -9"):
             first._ask({"exit_of": sleeper.pid})  # what a request finds: no answer, an error
         assert "the fork server exited with code -9" in caplog.text
+        with pytest.raises(OSError, match="exited with code -9"):  # and again, the same
+            first.spawn(["-c", str(seen), "0"], env(), tmp_path / "out.log")
         # what it forked goes on; its exit code went with the fork server
         assert sleeper.poll() is None
         stop_group(sleeper, timeout_s=10)
