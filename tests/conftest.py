@@ -23,15 +23,15 @@ consoles, ~0.03 CPU-s a second per head here; the actors' logs stay in the head'
 dashboard (the job API of ``ray job submit`` and ``JobSubmissionClient``, the state API of
 ``ray.util.state``) only for the modules with a test marked ``ray_dashboard``: idle, a head
 with it took 4.3 CPU-s a minute here, one without 1.9 (2026-12-07); a test reading
-``dashboard_url`` from a head without one fails with a pointer to the mark. A head that runs the
-dashboard or not, where the next test's module wants the other, is stopped and started again the
-other way (the modules that want it run last among those on the head,
-:func:`pytest_collection_modifyitems`). At the end the head's process group is stopped (SIGTERM,
-then SIGKILL); ``ray stop`` is not used because it would stop every Ray on this machine. A
-worker's head is also stopped as soon as its next test is in a module with no test on the head
-(:func:`pytest_runtest_teardown`; the modules that have one run first on each worker,
-:func:`pytest_collection_modifyitems`): an idle head costs 0.03 CPU-s a second (0.07 with its
-dashboard), and a later test that needs one starts it again.
+``dashboard_url`` from a head without one fails with a pointer to the mark. Those modules run on
+one worker, one after the other (:data:`SHARED`'s ``ray-dashboard`` group), so one head in the
+suite runs it. A head that runs the dashboard or not, where the next test's module wants the
+other, is stopped and started again the other way. At the end the head's process group is
+stopped (SIGTERM, then SIGKILL); ``ray stop`` is not used because it would stop every Ray on
+this machine. A worker's head is also stopped as soon as its next test is in a module with no
+test on the head (:func:`pytest_runtest_teardown`; the modules that have one run first on each
+worker, :func:`pytest_collection_modifyitems`): an idle head costs 0.03 CPU-s a second (0.07
+with its dashboard), and a later test that needs one starts it again.
 """
 
 from __future__ import annotations
@@ -186,7 +186,11 @@ LONGEST = ("devkit/loop/test_demo_loop.py", "reliability/test_rehearsal.py")
 #:   vLLM imports, once per pytest process, closed at its exit), which the targets' contract
 #:   modules and the served render call; spread over three xdist workers they started three;
 #: - ``demo-server``: :func:`demo_server`, ``transformers serve`` of the demo target (~20
-#:   CPU-s a start with its model process).
+#:   CPU-s a start with its model process);
+#: - ``ray-dashboard``: the modules with a test marked ``ray_dashboard`` (this list is checked
+#:   against the marks), on one head with the dashboard: spread over three workers, each worker
+#:   started a head with it (its dashboard's six module processes, ~16 CPU-s) after one
+#:   without (2026-12-07).
 SHARED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "vllm-servers": (("engines/test_vllm_*",), ("vllm_server", "vllm_spec_server")),
     "vllm-worker": (("targets/test_*_contract.py", "template/test_served_render.py"), ()),
@@ -197,6 +201,18 @@ SHARED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "train/test_train_demo_run.py",
         ),
         ("demo_server",),
+    ),
+    "ray-dashboard": (
+        (
+            "reliability/test_rehearsal.py",
+            "reliability/test_node_loss.py",
+            "pipelines/test_readme_cluster.py",
+            "pipelines/test_regenerate.py",
+            "engine/test_fail_fast.py",
+            "train/test_then_train.py",
+            "train/test_train_ray_job.py",
+        ),
+        (),
     ),
 }
 #: the longest modules of the fast tier (5-20 s each, measured with --durations: outages that
@@ -263,8 +279,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ran_all = {rel_path(i) for i in items}
     stale = [e for e in SLOW if e not in matched and e.split("::", 1)[0] in ran_all]
     stale += [m for m in (*LONGEST, *LONGEST_FAST) if not (HERE / m).is_file()]
+    # every module that wants the dashboard is in its group, which names only modules that exist
+    stale += sorted({_rel(str(m)) for m in on_dashboard} - set(SHARED["ray-dashboard"][0]))
+    stale += [m for m in SHARED["ray-dashboard"][0] if not (HERE / m).is_file()]
     if stale:
-        raise pytest.UsageError(f"tests/conftest.py SLOW or LONGEST names no test: {stale}")
+        raise pytest.UsageError(
+            f"tests/conftest.py SLOW, LONGEST or SHARED['ray-dashboard'] is stale: {stale}"
+        )
 
 
 def uses_ray_head(item: pytest.Item) -> bool:
