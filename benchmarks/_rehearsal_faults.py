@@ -18,9 +18,13 @@ start, details), which the report prints and the CI test asserts. In the order t
 - **disk full**: the run directory lives on a tmpfs of its own (:class:`TmpfsDisk`, mounted by
   this process: root); the disk fills when the tmpfs is shrunk to what it holds
   (``mount -o remount,size=USED``: the next write that needs a page gets ENOSPC, as on a
-  full disk) and space comes back ``D`` seconds later (remounted at its full size); the
-  session that stops on it is started again then. Without the right to mount (not root), the
-  fault is skipped and the report says so;
+  full disk) and space comes back ``D`` seconds after regen said the disk is full (remounted
+  at its full size): regen writes a page only now and then (a part, progress.json; a
+  journal line lands in a page it has), so a fixed few seconds could pass with no write
+  on a slow machine (a CI run at 9c9d039: 3 s, and regen met no full disk). Regen not
+  saying so within ``disk_hold_max_s`` frees it then, and the report shows it said nothing.
+  The session that stops on it is started again then. Without the right to mount (not root),
+  the fault is skipped and the report says so;
 - **endpoint down**: one endpoint's process group is SIGKILLed and started again on the same
   port ``D`` seconds later (:class:`~benchmarks._rehearsal_fleet.Endpoint`);
 - **driver killed**: ``regen run``'s whole process group is SIGKILLed
@@ -67,7 +71,8 @@ class Schedule:
     storm_at: float = 0.22  #: the share of the requests at which the storm starts
     storm_for_s: float = 30.0
     disk_at: float = 0.27
-    disk_for_s: float = 10.0
+    disk_for_s: float = 10.0  #: full this long after regen said so
+    disk_hold_max_s: float = 90.0  #: ... or this long if it never does
     down_endpoint: int = 4
     down_at: float = 0.33
     down_for_s: float = 30.0

@@ -20,10 +20,11 @@ against a loopback Ray head of its own. Output lengths are production's ÷ ``--s
 Faults on a schedule (benchmarks/_rehearsal_faults.py; shares of the samples done, printed
 with their seconds): a second client on one endpoint for the whole run, a hang of one endpoint
 (longer than production's 30 s stall floor), a 503 storm on another, the disk of the run
-directory full for a few seconds (a tmpfs: root; skipped, and said, without; regen pauses its
-writes and goes on, or, past ``engine.disk_full_wait_s``, stops and is started again), one endpoint
-killed and started again on its port, ``regen run``'s process group SIGKILLed at ~40% and
-started again (time to its first request measured at the servers), a Ray actor SIGKILLed.
+directory full until regen says so, then a few seconds more (a tmpfs: root; skipped, and said,
+without; regen pauses its writes and goes on, or, past ``engine.disk_full_wait_s``, stops and
+is started again), one endpoint killed and started again on its port, ``regen run``'s process
+group SIGKILLed at ~40% and started again (time to its first request measured at the servers),
+a Ray actor SIGKILLed.
 Then ``regen status``, ``regen monitor --once``, ``regen verify`` and ``regen export`` on the
 finished run (wall time, peak RSS of each process tree), the independent
 checks (benchmarks/_rehearsal_checks.py: request logs vs the Parquet parts read with pyarrow
@@ -223,6 +224,11 @@ LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (\w+) (\S+): (.*
 
 #: the driver's line when a full disk's pause ends (regen.engine.driver)
 PAUSED = re.compile(r"the disk has room again after ([0-9.]+) s")
+
+
+def said_full(log: Path) -> bool:
+    """Whether a session's log says regen met the full disk (regen.engine.writes)."""
+    return log.exists() and ": the disk is full (" in log.read_text(errors="replace")
 
 
 def log_notices(logs: list[Path], offset: float) -> list[tuple[float, str]]:
@@ -570,7 +576,7 @@ class Rehearsal:
                     mb = round(used / 2**20, 1)
                     disk_ev = self.faults.add("disk full", now, progress=prog,
                                               details={"used_mb": mb})  # fmt: skip
-                    disk_free_at = now + sch.disk_for_s
+                    disk_free_at = math.inf  # until regen says so (below)
                     self.say(f"disk full at {prog:.1%} ({used / 2**20:,.0f} MB on it)")
                     gate = math.inf  # until it has room again (and its session restarted)
                 elif name == "down":
@@ -606,6 +612,12 @@ class Rehearsal:
                                         details={"pid": got[0], "title": got[1],
                                                  "session": session.n})  # fmt: skip
                         self.say(f"actor {got[1]} (pid {got[0]}) SIGKILLed at {prog:.1%}")
+            if disk_ev is not None and disk_ev.end is None and "said_full_s" not in disk_ev.details:
+                if session.rc is not None or said_full(session.log):
+                    disk_ev.details["said_full_s"] = round(now - disk_ev.start, 2)
+                    disk_free_at = now + sch.disk_for_s  # D seconds from when regen met it
+                elif now - disk_ev.start >= sch.disk_hold_max_s:
+                    disk_free_at = now  # regen never met it: free it, the report shows that
             if disk_ev is not None and disk_ev.end is None and now >= disk_free_at:
                 self.disk.free()
                 disk_ev.end = time.monotonic()
