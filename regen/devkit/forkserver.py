@@ -114,6 +114,7 @@ for line in sys.stdin:
         answer = {"error": f"{type(e).__name__}: {e}"}
     ctl.write(json.dumps(answer) + "\n")
 """
+
 #: variables read when the interpreter or the C library loads: a request that differs in one
 #: of them from a fork server's own needs another fork server
 LOAD_TIME = ("PYTHON", "LD_", "MALLOC_")
