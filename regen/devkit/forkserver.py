@@ -6,12 +6,14 @@ machine are the API server's imports) and ``regen simulate``
 server writes the log its request names, and the fork server's own output goes to an anonymous
 temporary file.
 
-The fork server is ``PYTHON -c SOURCE MODULE ATTR [PRELOAD...]``: it moves its control pipe off
-stdout, imports ``MODULE`` (and the ``PRELOAD`` modules the entry point imports when it runs),
-then reads one JSON request a line on stdin (``argv``, ``env``, ``cwd``,
-``log``) and answers each with the forked process's pid. The forked process starts a session
-of its own (its process group is its pid: :func:`regen.devkit.procs.stop_group` stops it as it
-stops a ``start_new_session`` child), points stdin at /dev/null and stdout and stderr at the log,
+The fork server is ``PYTHON -c SOURCE MODULE ATTR SETUP [PRELOAD...]``: it moves its control
+pipe off stdout, imports ``MODULE`` (and the ``PRELOAD`` modules the entry point imports when it
+runs), runs ``SETUP`` (Python source, often empty: what every forked process inherits, e.g.
+:data:`regen.devkit.servers.vllm.ENGINE_CORE_FORK`), then reads one JSON request a line on
+stdin (``argv``, ``env``, ``cwd``, ``log``) and answers each with the forked process's pid.
+The forked process starts a session of its own (its process group is its pid:
+:func:`regen.devkit.procs.stop_group` stops it as it stops a ``start_new_session`` child),
+points stdin at /dev/null and stdout and stderr at the log,
 takes the request's environment, working directory and ``sys.argv``, and runs ``MODULE.ATTR()``;
 its exit code is what a ``python`` running that entry point would exit with (1 when it fails
 before the entry point: a log it cannot open, a directory gone). The fork server reaps what it
@@ -43,16 +45,17 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-#: the fork server's program (``python -c SOURCE MODULE ATTR [PRELOAD...]``)
+#: the fork server's program (``python -c SOURCE MODULE ATTR SETUP [PRELOAD...]``)
 SOURCE = r"""
 import json, os, signal, sys, traceback
 ctl = os.fdopen(os.dup(1), "w", buffering=1)
 null = os.open(os.devnull, os.O_RDWR)
 os.dup2(null, 1)
-module, attr, *preload = sys.argv[1:]
+module, attr, setup, *preload = sys.argv[1:]
 entry = getattr(__import__(module, fromlist=[attr]), attr)
 for name in preload:
     __import__(name)
+exec(setup, {})
 threads = len(os.listdir("/proc/self/task"))
 if threads > 1:  # a fork would hold none of them: refuse to fork at all
     for line in sys.stdin:
@@ -133,13 +136,14 @@ class ForkServer:
         attr: str,
         env: dict[str, str],
         preload: tuple[str, ...] = (),
+        setup: str = "",
     ) -> None:
         self.env = {**env, **FORK_ENV}
         self._lock = threading.Lock()
         # what the fork server itself says (a request it failed, its own end), for the error
         self._said = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
         self._proc = subprocess.Popen(
-            [str(python), "-c", SOURCE, module, attr, *preload],
+            [str(python), "-c", SOURCE, module, attr, setup, *preload],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._said,
@@ -252,24 +256,29 @@ def _running(pid: int) -> bool:
     return state[state.rfind(")") + 2 :].split()[0] not in ("Z", "X")
 
 
-_SERVERS: dict[tuple[str, str, str, tuple[str, ...]], list[ForkServer]] = {}
+_SERVERS: dict[tuple[str, str, str, tuple[str, ...], str], list[ForkServer]] = {}
 _SERVERS_LOCK = threading.Lock()
 
 
 def fork_server(
-    python: Path, module: str, attr: str, env: dict[str, str], preload: tuple[str, ...] = ()
+    python: Path,
+    module: str,
+    attr: str,
+    env: dict[str, str],
+    preload: tuple[str, ...] = (),
+    setup: str = "",
 ) -> ForkServer:
     """This process's fork server for ``python`` and ``module.attr`` (having imported
-    ``preload`` too) whose load-time variables are ``env``'s, started on first use and stopped
-    when this process exits."""
-    key = (str(python), module, attr, preload)
+    ``preload`` too and run ``setup``) whose load-time variables are ``env``'s, started on first
+    use and stopped when this process exits."""
+    key = (str(python), module, attr, preload, setup)
     with _SERVERS_LOCK:
         servers = _SERVERS.setdefault(key, [])
         for server in servers:
             if server.fits(env):
                 return server
         log.info("starting a fork server for %s.%s (%s)", module, attr, python)
-        server = ForkServer(python, module, attr, env, preload)
+        server = ForkServer(python, module, attr, env, preload, setup)
         servers.append(server)
         return server
 
@@ -281,11 +290,12 @@ def fork_or_none(
     env: dict[str, str],
     log_path: Path,
     preload: tuple[str, ...] = (),
+    setup: str = "",
 ) -> Forked | None:
     """``entry`` (module, function) with ``argv``, ``env`` and its output appended to
     ``log_path``, forked from this process's fork server (:func:`fork_server`); None, logged,
     when that fork server cannot fork (the caller then starts a process of its own)."""
-    server = fork_server(python, *entry, env, preload)
+    server = fork_server(python, *entry, env, preload, setup)
     try:
         return server.spawn(argv, env, log_path)
     except OSError as e:

@@ -52,6 +52,27 @@ def test_a_forked_process_gets_its_argv_environment_directory_and_log(
     assert proc.wait(timeout=30) == 0 and json.loads(seen.read_text())["var"] is None
 
 
+def test_the_setup_runs_once_in_the_fork_server_and_every_fork_inherits_it(tmp_path: Path) -> None:
+    setup = "import os, _forked_entry\n_forked_entry.SET_UP = os.getpid()\n"
+    srv = ForkServer(PY, "_forked_entry", "main", env(), setup=setup)
+    try:
+        seen = tmp_path / "seen.json"
+        for code in (0, 4):
+            proc = srv.spawn(["-c", str(seen), str(code)], env(), tmp_path / "out.log")
+            assert proc.wait(timeout=30) == code
+            got = json.loads(seen.read_text())
+            assert got["set_up"] == srv._proc.pid != got["pid"]
+    finally:
+        srv.close()
+    # none given, none run
+    proc = ForkServer(PY, "_forked_entry", "main", env())
+    try:
+        assert proc.spawn(["-c", str(seen), "0"], env(), tmp_path / "out.log").wait(timeout=30) == 0
+        assert json.loads(seen.read_text())["set_up"] is None
+    finally:
+        proc.close()
+
+
 def test_stop_group_stops_a_forked_process(server: ForkServer, tmp_path: Path) -> None:
     seen = tmp_path / "seen.json"
     proc = server.spawn(["-c", str(seen), "sleep"], env(), tmp_path / "out.log")

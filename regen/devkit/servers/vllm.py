@@ -14,12 +14,23 @@ loopback port; :meth:`VllmServer.start` waits (bounded) until ``GET /health`` an
 Forked (``fork``, the default): the API server is forked from a fork server of that Python
 (:mod:`regen.devkit.forkserver`, one for this process, started by its first server),
 which imported the API server's modules once; the fork then runs the same entry point with the
-same arguments, environment and log. The engine core is still started by vLLM itself (the CPU
-platform spawns it: a fresh interpreter). Measured 2026-12-07 (the demo target, three servers
+same arguments, environment and log. Measured 2026-12-07 (the demo target, three servers
 one after another, a quiet machine): each start's process group took 14.4-15.1 CPU-s and 15-16
 s to ready forked, 25.8-26.7 CPU-s and 27-28 s not; the fork server's import is ~14 CPU-s once.
 A fork server that cannot fork (:mod:`~regen.devkit.forkserver`) leaves each server
 started as a process of its own.
+
+The engine core forked (``fork_engine_core``, the default): vLLM starts its engine core with
+the method ``VLLM_WORKER_MULTIPROC_METHOD`` names, ``fork`` by default, but its CPU platform
+sets ``spawn`` whatever the environment says, so the engine core was a fresh interpreter that
+imported vLLM and torch again, ~10 of the ~13 CPU-s it took to ready. :data:`ENGINE_CORE_FORK`,
+run before the entry point (in the fork server, which every API server it forks inherits, or
+in the ``-c`` code of a server started on its own), sets ``fork`` back after the platform's
+check: the engine core is forked from the API server, which has started no OpenMP thread and no
+accelerator. Measured 2026-12-08 (the demo target, three forked API servers one after another,
+a quiet machine, CPU of the whole machine to ready): 12.4, 5.8 and 5.4 CPU-s (5.6-6.1 s to
+ready after the first) against 23.2, 14.1 and 12.0 (12.1-14.1 s) spawned; the answers the
+same.
 
 Flags (docs/engines.md has the runbook): ``--dtype float32`` (otherwise bf16, emulated on
 CPU), ``--enforce-eager``, ``--max-model-len``, ``--max-num-seqs``, the target family's vLLM
@@ -92,6 +103,17 @@ def parser_args(parsers: Parsers | None) -> list[str]:
 #: the API server's entry point (module, function), run with ``python -c`` (module docstring)
 ENTRY_POINT = ("vllm.entrypoints.launchers.api_server.entry", "main")
 ENTRY = f"from {ENTRY_POINT[0]} import {ENTRY_POINT[1]}; {ENTRY_POINT[1]}()"
+#: run before the entry point (``fork_engine_core``, module docstring): vLLM's CPU platform sets
+#: ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` whatever the environment says (``platforms/cpu.py``,
+#: ``check_and_update_config``); this sets ``fork`` back after it, vLLM's own default elsewhere
+ENGINE_CORE_FORK = """import os
+from vllm.platforms.cpu import CpuPlatform
+_check = CpuPlatform.check_and_update_config.__func__
+def check_and_update_config(cls, vllm_config):
+    _check(cls, vllm_config)
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
+"""
 #: vLLM's own parsers for Kimi's reasoning and tool calls (the default)
 KIMI_PARSER_ARGS = tuple(parser_args(KIMI.vllm))
 
@@ -124,6 +146,7 @@ class VllmServer(LocalServer):
         extra_args: Sequence[str] = (),
         uni_executor: bool = True,
         fork: bool = True,
+        fork_engine_core: bool = True,
         startup_timeout_s: float = 600.0,
         log_path: str | Path | None = None,
         env: dict[str, str] | None = None,
@@ -157,6 +180,8 @@ class VllmServer(LocalServer):
             self.env_defaults["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         #: the API server forked from this process's fork server (module docstring)
         self.fork = fork
+        #: the engine core forked from the API server, not spawned (module docstring)
+        self.setup = ENGINE_CORE_FORK if fork_engine_core else ""
 
     @property
     def listed_name(self) -> str:
@@ -165,16 +190,16 @@ class VllmServer(LocalServer):
     def launch(self, cmd: list[str], out: Any, env: dict[str, str]) -> Process:
         """The API server forked from the fork server of its Python (:attr:`fork`), else a
         process of its own."""
-        if not self.fork or cmd[1:3] != ["-c", ENTRY]:
+        if not self.fork or cmd[1:3] != ["-c", self.setup + ENTRY]:
             return super().launch(cmd, out, env)
         # sys.argv as `python -c CODE ARGS` sets it: "-c", then ARGS
         forked = fork_or_none(Path(self.python), ENTRY_POINT, ["-c", *cmd[3:]], env,
-                              self.log_path or Path(os.devnull))  # fmt: skip
+                              self.log_path or Path(os.devnull), setup=self.setup)  # fmt: skip
         return forked or super().launch(cmd, out, env)
 
     def command(self) -> list[str]:
         argv = [
-            self.python, "-c", ENTRY,
+            self.python, "-c", self.setup + ENTRY,
             "--model", str(self.model_dir), "--served-model-name", self.served_name,
             "--host", self.host, "--port", str(self.port),
             "--dtype", "float32", "--enforce-eager",

@@ -1,8 +1,15 @@
-"""VllmServer's command line: the target family's vLLM parsers (no server is started)."""
+"""VllmServer's command line: the target family's vLLM parsers, the engine core forked (no server
+is started)."""
 
 from __future__ import annotations
 
-from regen.devkit.servers.vllm import KIMI_PARSER_ARGS, VllmServer, parser_args
+from regen.devkit.servers.vllm import (
+    ENGINE_CORE_FORK,
+    ENTRY,
+    KIMI_PARSER_ARGS,
+    VllmServer,
+    parser_args,
+)
 from regen.targets.family import Parsers
 from regen.targets.kimi import KIMI
 
@@ -31,3 +38,14 @@ def test_a_familys_parsers_and_those_it_has_not() -> None:
     ]  # fmt: skip
     assert parser_args(KIMI.vllm) == list(KIMI_PARSER_ARGS)
     assert parser_args(None) == []
+
+
+def test_the_engine_core_is_forked_unless_told_not_to() -> None:
+    code = VllmServer("python", "model", port=1).command()[1:3]
+    assert code == ["-c", ENGINE_CORE_FORK + ENTRY]
+    # the setup runs in the interpreter before the entry point: it compiles, and puts fork back
+    # after the CPU platform's own check
+    compile(ENGINE_CORE_FORK, "<setup>", "exec")
+    assert '"VLLM_WORKER_MULTIPROC_METHOD"] = "fork"' in ENGINE_CORE_FORK
+    plain = VllmServer("python", "model", port=1, fork_engine_core=False)
+    assert plain.command()[1:3] == ["-c", ENTRY] and plain.setup == ""
