@@ -61,7 +61,25 @@ def _commands() -> list[ModuleType]:
     return sorted({m.NAME: m for m in mods}.values(), key=lambda m: m.NAME)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_in(argv: list[str]) -> str | None:
+    """The command word ``argv`` names (its first word that is neither an option nor
+    ``--log-level``'s value), or None."""
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word == "--log-level":
+            skip = True
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; given ``only`` (a command's name), only that command's own
+    arguments are built, the others listed by name and help alone: some are generated at
+    build time (``regen simulate``'s, from its config models: ~0.2 CPU-s that every other
+    command would pay)."""
     parser = argparse.ArgumentParser(
         prog="regen",
         description="Regenerate EAGLE-3 draft training data with the target model's own answers.",
@@ -74,9 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for mod in _commands():
+    commands = _commands()
+    if only not in {mod.NAME for mod in commands}:
+        only = None
+    for mod in commands:
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
-        mod.add_arguments(p)
+        if only in (None, mod.NAME):
+            mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
     return parser
 
@@ -119,7 +141,8 @@ def invoke(run: Callable[[argparse.Namespace], int | None], args: argparse.Names
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser(command_in(words)).parse_args(words)
     return invoke(args._run, args)
 
 
