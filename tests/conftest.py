@@ -242,9 +242,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ``fast`` (a SLOW entry that matches no test is an error: the list stays true), then put
     the modules with a ``ray``, ``server`` or ``vllm`` test first (in collection order
     otherwise): the longest run first (:data:`LONGEST`, then :data:`LONGEST_FAST` among the
-    rest), so the xdist workers (``--dist loadfile``) end together; among the heavy ones those
-    on the Ray head first, so a worker's head stops once (:func:`pytest_runtest_teardown`), and
-    among those the ones that want its dashboard last."""
+    rest), so the xdist workers (``--dist loadfile``) end together; before them the work units
+    (a :data:`SHARED` group or a module) whose modules are all on the Ray head, then those with
+    some on it, then the others, the groups first in each, so that a worker goes from one unit
+    on the head to the next and its head stops once (:func:`pytest_runtest_teardown`): with
+    units off the head between them, one worker started three heads (2026-12-07); within a
+    unit the modules on the head first, and among those the ones that want its dashboard
+    last."""
     matched: set[str] = set()
     for item in items:
         rel = rel_path(item)
@@ -266,14 +270,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _MODULES["ray"], _MODULES["dashboard"] = on_ray, on_dashboard
 
     groups = list(SHARED)
+    # a work unit (a SHARED group, or a module) on the head: 0 every module of it, 1 some (a
+    # group whose modules off the head, which run last in it, stop the head), 2 none
+    modules: dict[str, set[Path]] = {}
+    for item in items:
+        modules.setdefault(shared_group(rel_path(item)) or str(item.path), set()).add(item.path)
+    on_head = {u: 2 - bool(paths & on_ray) - (paths <= on_ray) for u, paths in modules.items()}
 
-    def rank(item: pytest.Item) -> tuple[bool, int, bool, bool, bool, int]:
+    def rank(item: pytest.Item) -> tuple[bool, int, int, bool, bool, bool, int]:
         rel = rel_path(item)
         fast_first = LONGEST_FAST.index(rel) if rel in LONGEST_FAST else len(LONGEST_FAST)
         group = shared_group(rel)  # a group's modules together, the groups in SHARED's order
         shared = groups.index(group) if group is not None else len(groups)
-        return (rel not in LONGEST, shared, item.path not in heavy, item.path not in on_ray,
-                item.path in on_dashboard, fast_first)  # fmt: skip
+        return (rel not in LONGEST, on_head[group or str(item.path)], shared,
+                item.path not in heavy, item.path not in on_ray, item.path in on_dashboard,
+                fast_first)  # fmt: skip
 
     items.sort(key=rank)  # stable: the order within each group stays
     ran_all = {rel_path(i) for i in items}
