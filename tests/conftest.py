@@ -108,6 +108,11 @@ RAY_STARTED = "Ray runtime started"
 HEAD_STOP_TIMEOUT_S = 5.0
 #: how often the head's dashboard agent samples the node's processes (Ray's default: 5,000)
 RAY_REPORTER_INTERVAL_MS = 60_000
+#: no Python worker started ahead of a task or actor (the raylet's ``enable_worker_prestart``
+#: and ``prestart_worker_first_driver``): a driver's actors start their own workers anyway, and
+#: a prestarted one that no actor takes idles until it is stopped (~2 CPU-s each to start; 12
+#: in a run, 2026-12-07)
+NO_PRESTART = {"RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}
 
 
 #: tests (a module, or one test by node id below tests/) out of the fast tier: they start server
@@ -497,7 +502,11 @@ def start_head(ray_env: dict[str, str], dashboard: bool) -> _Started:
             f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
         ]  # fmt: skip
         log = (tmp / "ray-start.log").open("wb")
-        env = {**ray_env, "REPORTER_UPDATE_INTERVAL_MS": str(RAY_REPORTER_INTERVAL_MS)}
+        env = {
+            **ray_env,
+            "REPORTER_UPDATE_INTERVAL_MS": str(RAY_REPORTER_INTERVAL_MS),
+            **NO_PRESTART,
+        }
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
