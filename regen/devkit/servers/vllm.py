@@ -103,6 +103,16 @@ def parser_args(parsers: Parsers | None) -> list[str]:
 #: the API server's entry point (module, function), run with ``python -c`` (module docstring)
 ENTRY_POINT = ("vllm.entrypoints.launchers.api_server.entry", "main")
 ENTRY = f"from {ENTRY_POINT[0]} import {ENTRY_POINT[1]}; {ENTRY_POINT[1]}()"
+#: what the API server and its engine core import after the fork server forked them (what the
+#: fork server imports too, once: ~1.4 CPU-s a start less here, 2026-12-08): the engine client,
+#: the engine core, the CPU worker and its model runner, the model loader, and the demo target's
+#: model classes (Llama, and EAGLE-3's draft on Llama)
+PRELOAD = (
+    "vllm.v1.engine.async_llm", "vllm.v1.engine.core", "vllm.v1.worker.cpu_worker",
+    "vllm.v1.worker.cpu_model_runner", "vllm.model_executor.model_loader",
+    "vllm.v1.sample.ops.penalties", "vllm.model_executor.warmup.kernel_warmup",
+    "vllm.model_executor.models.llama", "vllm.model_executor.models.llama_eagle3",
+)  # fmt: skip
 #: run before the entry point (``fork_engine_core``, module docstring): vLLM's CPU platform sets
 #: ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` whatever the environment says (``platforms/cpu.py``,
 #: ``check_and_update_config``); this sets ``fork`` back after it, vLLM's own default elsewhere
@@ -194,7 +204,7 @@ class VllmServer(LocalServer):
             return super().launch(cmd, out, env)
         # sys.argv as `python -c CODE ARGS` sets it: "-c", then ARGS
         forked = fork_or_none(Path(self.python), ENTRY_POINT, ["-c", *cmd[3:]], env,
-                              self.log_path or Path(os.devnull), setup=self.setup)  # fmt: skip
+                              self.log_path or Path(os.devnull), PRELOAD, self.setup)  # fmt: skip
         return forked or super().launch(cmd, out, env)
 
     def command(self) -> list[str]:
