@@ -2,8 +2,9 @@
 can be killed and started again on the same port, and a poller of their ``/stats`` (issue 32).
 
 Each :class:`Endpoint` runs ``python -m regen simulate --port P`` in a process group of its
-own; every start is an :class:`Incarnation` with its own request log
-(``WORK/sims/ep{i}-{n}.jsonl``) and stderr (``WORK/sims/ep{i}-{n}.log``), and the monotonic
+own, forked from this process's fork server (``regen.devkit.simulate.testing.launch_simulator``:
+the simulator's imports done once); every start is an :class:`Incarnation` with its own request
+log (``WORK/sims/ep{i}-{n}.jsonl``) and output (``WORK/sims/ep{i}-{n}.log``), and the monotonic
 time its server began counting (the request log's ``t`` is seconds since then; every process
 of this machine shares the monotonic clock). :class:`Poller` reads every endpoint's
 ``/stats`` every ``interval`` seconds in a thread (tokens generated, requests received and
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -27,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from regen.devkit.procs import kill_group, stop_group
-from regen.devkit.simulate.testing import options_to_args, with_tokenizer_class
+from regen.devkit.procs import Process, kill_group, stop_group
+from regen.devkit.simulate.testing import launch_simulator, options_to_args, with_tokenizer_class
 
 START_TIMEOUT_S = 120.0  #: a start, from its launch (all of a fleet launch at once)
 
@@ -67,10 +68,10 @@ class Endpoint:
     options: dict[str, Any]
     folder: Path
     incarnations: list[Incarnation] = field(default_factory=list)
-    proc: subprocess.Popen[bytes] | None = None
+    proc: Process | None = None
     on_start: Any = None  #: called with the new process's pid (the CPU sampler registers it)
     #: a start launched and not yet answering (:meth:`launch`, :meth:`wait_ready`)
-    launching: tuple[subprocess.Popen[bytes], Incarnation] | None = None
+    launching: tuple[Process, Incarnation] | None = None
 
     @property
     def base(self) -> str:
@@ -101,9 +102,7 @@ class Endpoint:
         argv = [sys.executable, "-m", "regen", "--log-level", "WARNING", "simulate",
                 *options_to_args(with_tokenizer_class(opts))]  # fmt: skip
         launched = time.monotonic()
-        with (self.folder / f"ep{self.index}-{n}.log").open("wb") as err:
-            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err,
-                                    start_new_session=True)  # fmt: skip
+        proc = launch_simulator(argv, dict(os.environ), self.folder / f"ep{self.index}-{n}.log")
         if self.on_start is not None:
             self.on_start(proc.pid, self.index)
         self.launching = (proc, Incarnation(n, proc.pid, log, launched, options=dict(extra)))

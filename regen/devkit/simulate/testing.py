@@ -156,15 +156,18 @@ def _wait_healthy(base: str, deadline: float, alive: Any) -> None:
 
 
 #: the entry point ``python -m regen`` runs, and modules ``regen simulate`` imports when it
-#: starts: a forked simulator has them already (:func:`_launch`); not ``monitor.render``, whose
-#: pyarrow starts threads when it loads (a fork server holding threads does not fork)
+#: starts: a forked simulator has them already (:func:`launch_simulator`); not
+#: ``monitor.render``, whose pyarrow starts threads when it loads (a fork server holding
+#: threads does not fork)
 ENTRY_POINT = ("regen.cli.main", "console")
 PRELOAD = ("regen.devkit.commands.simulate", "regen.devkit.simulate.server")
 
 
-def _launch(cmd: list[str], env: dict[str, str], log_path: Path, fork: bool) -> Process:
-    """``cmd`` (``python -m regen ...``) in a process group of its own, its output into
-    ``log_path``: forked from this process's fork server (:mod:`regen.devkit.forkserver`),
+def launch_simulator(
+    cmd: list[str], env: dict[str, str], log_path: Path, fork: bool = True
+) -> Process:
+    """``cmd`` (``python -m regen simulate ...``) in a process group of its own, its output
+    into ``log_path``: forked from this process's fork server (:mod:`regen.devkit.forkserver`),
     unless ``fork`` is False or the fork server cannot fork."""
     if fork:  # sys.argv as `python -m regen ARGS` sets it: the module's path, then ARGS
         main = str(Path(regen.__file__).with_name("__main__.py"))
@@ -204,7 +207,7 @@ def running_simulator(
             str(ready),
             *options_to_args(with_tokenizer_class(options)),
         ]
-        proc = _launch(cmd, {**os.environ, **(env or {})}, log_path, fork)
+        proc = launch_simulator(cmd, {**os.environ, **(env or {})}, log_path, fork)
         sim = RunningSimulator(base="", process=proc, log_path=log_path)
         try:
             deadline = time.monotonic() + start_timeout
