@@ -41,6 +41,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -126,24 +127,29 @@ LOAD_TIME = ("PYTHON", "LD_", "MALLOC_")
 FORK_ENV = {"OMP_NUM_THREADS": "1"}
 
 
+@dataclass(frozen=True)
+class Program:
+    """What a fork server runs (module docstring): ``python``, the entry point
+    ``module.attr`` its forks call, the modules it imports ahead (``preload``) and ``setup``."""
+
+    python: Path
+    module: str
+    attr: str
+    preload: tuple[str, ...] = ()
+    setup: str = ""
+
+
 class ForkServer:
     """One fork server process (module docstring)."""
 
-    def __init__(
-        self,
-        python: Path,
-        module: str,
-        attr: str,
-        env: dict[str, str],
-        preload: tuple[str, ...] = (),
-        setup: str = "",
-    ) -> None:
+    def __init__(self, program: Program, env: dict[str, str]) -> None:
+        p = program
         self.env = {**env, **FORK_ENV}
         self._lock = threading.Lock()
         # what the fork server itself says (a request it failed, its own end), for the error
         self._said = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
         self._proc = subprocess.Popen(
-            [str(python), "-c", SOURCE, module, attr, setup, *preload],
+            [str(p.python), "-c", SOURCE, p.module, p.attr, p.setup, *p.preload],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._said,
@@ -256,50 +262,37 @@ def _running(pid: int) -> bool:
     return state[state.rfind(")") + 2 :].split()[0] not in ("Z", "X")
 
 
-_SERVERS: dict[tuple[str, str, str, tuple[str, ...], str], list[ForkServer]] = {}
+_SERVERS: dict[Program, list[ForkServer]] = {}
 _SERVERS_LOCK = threading.Lock()
 
 
-def fork_server(
-    python: Path,
-    module: str,
-    attr: str,
-    env: dict[str, str],
-    preload: tuple[str, ...] = (),
-    setup: str = "",
-) -> ForkServer:
-    """This process's fork server for ``python`` and ``module.attr`` (having imported
-    ``preload`` too and run ``setup``) whose load-time variables are ``env``'s, started on first
-    use and stopped when this process exits."""
-    key = (str(python), module, attr, preload, setup)
+def fork_server(program: Program, env: dict[str, str]) -> ForkServer:
+    """This process's fork server of ``program`` whose load-time variables are ``env``'s,
+    started on first use and stopped when this process exits."""
     with _SERVERS_LOCK:
-        servers = _SERVERS.setdefault(key, [])
+        servers = _SERVERS.setdefault(program, [])
         for server in servers:
             if server.fits(env):
                 return server
-        log.info("starting a fork server for %s.%s (%s)", module, attr, python)
-        server = ForkServer(python, module, attr, env, preload, setup)
+        log.info("starting a fork server for %s.%s (%s)", program.module, program.attr,
+                 program.python)  # fmt: skip
+        server = ForkServer(program, env)
         servers.append(server)
         return server
 
 
 def fork_or_none(
-    python: Path,
-    entry: tuple[str, str],
-    argv: list[str],
-    env: dict[str, str],
-    log_path: Path,
-    preload: tuple[str, ...] = (),
-    setup: str = "",
+    program: Program, argv: list[str], env: dict[str, str], log_path: Path
 ) -> Forked | None:
-    """``entry`` (module, function) with ``argv``, ``env`` and its output appended to
+    """``program``'s entry point with ``argv``, ``env`` and its output appended to
     ``log_path``, forked from this process's fork server (:func:`fork_server`); None, logged,
     when that fork server cannot fork (the caller then starts a process of its own)."""
-    server = fork_server(python, *entry, env, preload, setup)
+    server = fork_server(program, env)
     try:
         return server.spawn(argv, env, log_path)
     except OSError as e:
-        log.warning("%s.%s not forked (%s): started as a process of its own", *entry, e)
+        log.warning("%s.%s not forked (%s): started as a process of its own", program.module,
+                    program.attr, e)  # fmt: skip
         return None
 
 

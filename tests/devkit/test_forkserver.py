@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 
 from regen.devkit import forkserver
-from regen.devkit.forkserver import ForkServer, fork_server
+from regen.devkit.forkserver import ForkServer, Program, fork_server
 from regen.devkit.procs import group_alive, stop_group
 
 HERE = Path(__file__).resolve().parent
 PY = Path(sys.executable)
+#: the test entry point, as a fork server runs it
+ENTRY = Program(PY, "_forked_entry", "main")
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -29,7 +31,7 @@ def env(**extra: str) -> dict[str, str]:
 
 @pytest.fixture
 def server() -> Iterator[ForkServer]:
-    srv = ForkServer(PY, "_forked_entry", "main", env())
+    srv = ForkServer(ENTRY, env())
     yield srv
     srv.close()
 
@@ -54,7 +56,7 @@ def test_a_forked_process_gets_its_argv_environment_directory_and_log(
 
 def test_the_setup_runs_once_in_the_fork_server_and_every_fork_inherits_it(tmp_path: Path) -> None:
     setup = "import os, _forked_entry\n_forked_entry.SET_UP = os.getpid()\n"
-    srv = ForkServer(PY, "_forked_entry", "main", env(), setup=setup)
+    srv = ForkServer(Program(PY, "_forked_entry", "main", setup=setup), env())
     try:
         seen = tmp_path / "seen.json"
         for code in (0, 4):
@@ -65,7 +67,7 @@ def test_the_setup_runs_once_in_the_fork_server_and_every_fork_inherits_it(tmp_p
     finally:
         srv.close()
     # none given, none run
-    proc = ForkServer(PY, "_forked_entry", "main", env())
+    proc = ForkServer(ENTRY, env())
     try:
         assert proc.spawn(["-c", str(seen), "0"], env(), tmp_path / "out.log").wait(timeout=30) == 0
         assert json.loads(seen.read_text())["set_up"] is None
@@ -86,7 +88,7 @@ def test_stop_group_stops_a_forked_process(server: ForkServer, tmp_path: Path) -
 
 
 def test_a_fork_server_holding_threads_refuses_to_fork(tmp_path: Path) -> None:
-    srv = ForkServer(PY, "_forked_entry", "main", env(FORKED_ENTRY_THREAD="1"))
+    srv = ForkServer(ENTRY, env(FORKED_ENTRY_THREAD="1"))
     try:
         with pytest.raises(OSError, match="2 threads after the import"):
             srv.spawn(["-c", str(tmp_path / "seen.json"), "0"], env(), tmp_path / "out.log")
@@ -111,7 +113,7 @@ def test_a_fork_server_that_died_is_an_error_and_the_next_one_is_started(
 ) -> None:
     monkeypatch.setattr(forkserver, "_SERVERS", {})
     try:
-        first = fork_server(PY, "_forked_entry", "main", env())
+        first = fork_server(ENTRY, env())
         seen = tmp_path / "seen.json"
         sleeper = first.spawn(["-c", str(seen), "sleep"], env(), tmp_path / "out.log")
         os.kill(first._proc.pid, signal.SIGKILL)
@@ -125,7 +127,7 @@ def test_a_fork_server_that_died_is_an_error_and_the_next_one_is_started(
         assert sleeper.poll() is None
         stop_group(sleeper, timeout_s=10)
         assert sleeper.returncode == -9 and not group_alive(sleeper.pid)
-        second = forkserver.fork_or_none(PY, ("_forked_entry", "main"), ["-c", str(seen), "5"],
+        second = forkserver.fork_or_none(ENTRY, ["-c", str(seen), "5"],
                                          env(), tmp_path / "out.log")  # fmt: skip
         assert second is not None and second.wait(timeout=30) == 5
         assert second._server is not first and second._server.alive()
@@ -136,11 +138,11 @@ def test_a_fork_server_that_died_is_an_error_and_the_next_one_is_started(
 def test_one_fork_server_per_load_time_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(forkserver, "_SERVERS", {})
     try:
-        first = fork_server(PY, "_forked_entry", "main", env(FORKED_VAR="a"))
+        first = fork_server(ENTRY, env(FORKED_VAR="a"))
         # a variable read after the import: the same fork server
-        assert fork_server(PY, "_forked_entry", "main", env(FORKED_VAR="b")) is first
+        assert fork_server(ENTRY, env(FORKED_VAR="b")) is first
         # one read at load time: another
-        other = fork_server(PY, "_forked_entry", "main", env(PYTHONHASHSEED="7"))
+        other = fork_server(ENTRY, env(PYTHONHASHSEED="7"))
         assert other is not first and other.env["PYTHONHASHSEED"] == "7"
         assert first.env["OMP_NUM_THREADS"] == "1"  # the fork server's own OpenMP
     finally:

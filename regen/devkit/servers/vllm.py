@@ -81,7 +81,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from regen.devkit.forkserver import fork_or_none
+from regen.devkit.forkserver import Program, fork_or_none
 from regen.devkit.procs import Process
 from regen.devkit.servers.local import LocalServer
 from regen.targets.family import Family, Parsers
@@ -203,8 +203,8 @@ class VllmServer(LocalServer):
         if not self.fork or cmd[1:3] != ["-c", self.setup + ENTRY]:
             return super().launch(cmd, out, env)
         # sys.argv as `python -c CODE ARGS` sets it: "-c", then ARGS
-        forked = fork_or_none(Path(self.python), ENTRY_POINT, ["-c", *cmd[3:]], env,
-                              self.log_path or Path(os.devnull), PRELOAD, self.setup)  # fmt: skip
+        program = Program(Path(self.python), *ENTRY_POINT, PRELOAD, self.setup)
+        forked = fork_or_none(program, ["-c", *cmd[3:]], env, self.log_path or Path(os.devnull))
         return forked or super().launch(cmd, out, env)
 
     def command(self) -> list[str]:

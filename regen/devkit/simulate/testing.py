@@ -31,7 +31,7 @@ from typing import Any
 
 import regen
 from regen.core.errors import EndpointError, TemplateError
-from regen.devkit.forkserver import fork_or_none
+from regen.devkit.forkserver import Program, fork_or_none
 from regen.devkit.procs import Process, kill_group, stop_group
 from regen.devkit.simulate.config import SimConfig
 from regen.devkit.simulate.server import serve
@@ -171,8 +171,8 @@ def launch_simulator(
     unless ``fork`` is False or the fork server cannot fork."""
     if fork:  # sys.argv as `python -m regen ARGS` sets it: the module's path, then ARGS
         main = str(Path(regen.__file__).with_name("__main__.py"))
-        forked = fork_or_none(Path(sys.executable), ENTRY_POINT, [main, *cmd[3:]], env,
-                              log_path, PRELOAD)  # fmt: skip
+        program = Program(Path(sys.executable), *ENTRY_POINT, PRELOAD)
+        forked = fork_or_none(program, [main, *cmd[3:]], env, log_path)
         if forked is not None:
             return forked
     with log_path.open("wb") as log_file:
