@@ -275,19 +275,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _MODULES["ray"], _MODULES["dashboard"] = on_ray, on_dashboard
 
     groups = list(SHARED)
-    # a work unit (a SHARED group, or a module) on the head: 0 every module of it, 1 some (a
-    # group whose modules off the head, which run last in it, stop the head), 2 none
+
+    def unit(item: pytest.Item) -> str:
+        """The xdist work unit of ``item``: its SHARED group, else its module."""
+        return shared_group(rel_path(item)) or str(item.path)
+
     modules: dict[str, set[Path]] = {}
     for item in items:
-        modules.setdefault(shared_group(rel_path(item)) or str(item.path), set()).add(item.path)
-    on_head = {u: 2 - bool(paths & on_ray) - (paths <= on_ray) for u, paths in modules.items()}
+        modules.setdefault(unit(item), set()).add(item.path)
+    # a unit on the head: 0 every module of it, 1 some (a group whose modules off the head, which
+    # run last in it, stop the head), 2 none
+    on_head = {u: 0 if paths <= on_ray else 1 if paths & on_ray else 2
+               for u, paths in modules.items()}  # fmt: skip
 
     def rank(item: pytest.Item) -> tuple[bool, int, int, bool, bool, bool, int]:
         rel = rel_path(item)
         fast_first = LONGEST_FAST.index(rel) if rel in LONGEST_FAST else len(LONGEST_FAST)
         group = shared_group(rel)  # a group's modules together, the groups in SHARED's order
         shared = groups.index(group) if group is not None else len(groups)
-        return (rel not in LONGEST, on_head[group or str(item.path)], shared,
+        return (rel not in LONGEST, on_head[unit(item)], shared,
                 item.path not in heavy, item.path not in on_ray, item.path in on_dashboard,
                 fast_first)  # fmt: skip
 

@@ -143,13 +143,20 @@ class ForkServer:
     """One fork server process (module docstring)."""
 
     def __init__(self, program: Program, env: dict[str, str]) -> None:
-        p = program
         self.env = {**env, **FORK_ENV}
         self._lock = threading.Lock()
         # what the fork server itself says (a request it failed, its own end), for the error
         self._said = tempfile.TemporaryFile()  # noqa: SIM115 (closed by close())
         self._proc = subprocess.Popen(
-            [str(p.python), "-c", SOURCE, p.module, p.attr, p.setup, *p.preload],
+            [
+                str(program.python),
+                "-c",
+                SOURCE,
+                program.module,
+                program.attr,
+                program.setup,
+                *program.preload,
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._said,

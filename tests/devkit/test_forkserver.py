@@ -67,12 +67,14 @@ def test_the_setup_runs_once_in_the_fork_server_and_every_fork_inherits_it(tmp_p
     finally:
         srv.close()
     # none given, none run
-    proc = ForkServer(ENTRY, env())
+    plain = ForkServer(ENTRY, env())
     try:
-        assert proc.spawn(["-c", str(seen), "0"], env(), tmp_path / "out.log").wait(timeout=30) == 0
+        assert (
+            plain.spawn(["-c", str(seen), "0"], env(), tmp_path / "out.log").wait(timeout=30) == 0
+        )
         assert json.loads(seen.read_text())["set_up"] is None
     finally:
-        proc.close()
+        plain.close()
 
 
 def test_stop_group_stops_a_forked_process(server: ForkServer, tmp_path: Path) -> None:

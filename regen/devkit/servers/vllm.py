@@ -194,13 +194,18 @@ class VllmServer(LocalServer):
         self.setup = ENGINE_CORE_FORK if fork_engine_core else ""
 
     @property
+    def code(self) -> str:
+        """What ``python -c`` runs: :attr:`setup`, then the API server's entry point."""
+        return self.setup + ENTRY
+
+    @property
     def listed_name(self) -> str:
         return self.served_name
 
     def launch(self, cmd: list[str], out: Any, env: dict[str, str]) -> Process:
         """The API server forked from the fork server of its Python (:attr:`fork`), else a
         process of its own."""
-        if not self.fork or cmd[1:3] != ["-c", self.setup + ENTRY]:
+        if not self.fork or cmd[1:3] != ["-c", self.code]:
             return super().launch(cmd, out, env)
         # sys.argv as `python -c CODE ARGS` sets it: "-c", then ARGS
         program = Program(Path(self.python), *ENTRY_POINT, PRELOAD, self.setup)
@@ -209,7 +214,7 @@ class VllmServer(LocalServer):
 
     def command(self) -> list[str]:
         argv = [
-            self.python, "-c", self.setup + ENTRY,
+            self.python, "-c", self.code,
             "--model", str(self.model_dir), "--served-model-name", self.served_name,
             "--host", self.host, "--port", str(self.port),
             "--dtype", "float32", "--enforce-eager",
